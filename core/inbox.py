@@ -1,0 +1,558 @@
+"""The Inbox: the async API an agent embeds. Validates, then runs one transaction per call."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import os
+import sqlite3
+from typing import Any, Awaitable, Callable, Iterable, Sequence
+
+from . import store
+from .clock import Clock, SystemClock, check_time
+from .db import Database
+from .errors import BadInput
+from .records import (
+    EVENT_STATES, Approval, ApprovalRequest, AuditEntry, Delivery, Effect, Event, FollowUp,
+    Lease, LeaseChange, Message, Overview, Reply, Run, Timer,
+)
+from .settings import Settings
+
+CATCH_UP_POLICIES = ("coalesce", "each")
+MAX_TEXT = 1024  # sources, ids, holders: keys, not documents
+
+SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
+
+
+class Outgoing(str):
+    """The text of one send; `.key` is the delivery's stable idempotency key."""
+
+    key: str
+    count: int
+
+    def __new__(cls, text: str, key: str, count: int) -> "Outgoing":
+        value = super().__new__(cls, text)
+        value.key = key
+        value.count = count
+        return value
+
+
+def _text(name: str, value: object, *, limit: int = MAX_TEXT) -> str:
+    if not isinstance(value, str):
+        raise BadInput(f"{name} must be a string, got {type(value).__name__}")
+    if not value:
+        raise BadInput(f"{name} must not be empty")
+    if len(value) > limit:
+        raise BadInput(f"{name} is {len(value)} characters; the limit is {limit}")
+    if "\x00" in value:
+        raise BadInput(f"{name} must not contain NUL characters")
+    return value
+
+
+def _positive(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BadInput(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _event_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise BadInput(f"event id must be a positive integer, got {value!r}")
+    return value
+
+
+def _encode(payload: object, limit: int, what: str = "payload") -> str:
+    try:
+        text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"{what} must be JSON-serialisable: {exc}") from None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limit:
+        raise BadInput(f"{what} is {size} bytes; the limit is {limit} (max_payload_bytes)")
+    return text
+
+
+def _actor(actor: object) -> str:
+    return _text("actor", actor, limit=200)
+
+
+def _reason(reason: object) -> str | None:
+    return None if reason is None else _text("reason", reason, limit=2000)
+
+
+class _GroupCommit:
+    """Ingests that arrive while a commit is in flight share the next transaction.
+
+    Each caller still returns only after its own event is committed, and gets its own
+    result or error.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._queue: list[tuple[tuple, asyncio.Future]] = []
+        self._draining: asyncio.Task | None = None
+
+    async def submit(self, item: tuple) -> bool:
+        future = asyncio.get_running_loop().create_future()
+        self._queue.append((item, future))
+        if self._draining is None:
+            self._draining = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        try:
+            while self._queue:
+                batch, self._queue = self._queue, []
+                try:
+                    results = await self._db.write(store.ingest_many, [i for i, _ in batch])
+                except BaseException as exc:  # the whole transaction failed: tell everyone
+                    for _, future in batch:
+                        if not future.done():
+                            future.set_exception(exc)
+                    if not isinstance(exc, Exception):
+                        raise
+                    continue
+                for (_, future), result in zip(batch, results):
+                    if future.done():
+                        continue
+                    if isinstance(result, Exception):
+                        future.set_exception(result)
+                    else:
+                        future.set_result(result)
+        finally:
+            self._draining = None
+
+    async def wait_idle(self) -> None:
+        while self._draining is not None:
+            await asyncio.shield(self._draining)
+
+
+class Inbox:
+    """One durable inbox (one SQLite file). Open with `await Inbox.open(path)`."""
+
+    def __init__(self, db: Database, clock: Clock, settings: Settings) -> None:
+        self._db = db
+        self.clock = clock
+        self._settings = settings
+        self._intake = _GroupCommit(db)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    async def open(cls, path: str | os.PathLike, *, clock: Clock | None = None,
+                   create: bool = True, busy_timeout: float = 5.0,
+                   connection_factory: type[sqlite3.Connection] | None = None) -> "Inbox":
+        """Open the inbox at `path`, creating or migrating its schema.
+
+        Raises NotAnInbox (leaving the file untouched) for a missing file when
+        `create=False`, a foreign or corrupt file, or one from a newer schema.
+        """
+        if busy_timeout <= 0:
+            raise BadInput("busy_timeout must be positive")
+        db = await Database.open(path, create=create, busy_timeout=busy_timeout,
+                                 factory=connection_factory)
+        settings = await db.read(store.load_settings)
+        return cls(db, clock or SystemClock(), settings)
+
+    async def close(self) -> None:
+        await self._intake.wait_idle()
+        await self._db.close()
+
+    async def __aenter__(self) -> "Inbox":
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    def now(self) -> int:
+        """The inbox's clock (wall clock unless one was injected at open)."""
+        return self.clock.now()
+
+    def _now(self, now: object) -> int:
+        return self.clock.now() if now is None else check_time(now)
+
+    async def _write(self, fn: Callable, *args: Any) -> Any:
+        return await self._db.write(fn, *args)
+
+    async def data_version(self) -> int:
+        """A number that changes when another connection commits (cheap change detection)."""
+        return await self._db.data_version()
+
+    # --- settings -------------------------------------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        """The settings as of the last open, configure or reload_settings."""
+        return self._settings
+
+    async def reload_settings(self) -> Settings:
+        self._settings = await self._db.read(store.load_settings)
+        return self._settings
+
+    async def configure(self, **changes: Any) -> Settings:
+        """Validate and store setting changes; raise BadInput (writing nothing) on a bad one."""
+        def apply(db: sqlite3.Connection) -> Settings:
+            updated = store.load_settings(db).replace(changes)
+            store.store_settings(db, updated)
+            return updated
+        Settings().replace(changes)  # fail fast, before taking the write lock
+        self._settings = await self._write(apply)
+        return self._settings
+
+    # --- intake ---------------------------------------------------------------------------
+
+    async def ingest(self, source: str, source_id: str, payload: Any = None, *,
+                     now: int | None = None) -> bool:
+        """Store an event: True if new, False for a duplicate (source, source_id).
+
+        Returns only after the event is durably committed. Raises BadInput for an empty
+        source/source_id or a payload that is not JSON or too large, BudgetExceeded when
+        max_pending is reached.
+        """
+        item = (_text("source", source), _text("source_id", source_id),
+                _encode(payload, self._settings.max_payload_bytes), self._now(now))
+        return await self._intake.submit(item)
+
+    async def prune_payloads(self, older_than: int, *, now: int | None = None) -> int:
+        """Drop payloads of done/cancelled events last changed before `older_than`; the
+        dedupe keys stay. Returns how many were pruned."""
+        return await self._write(store.prune_payloads, check_time(older_than, "older_than"),
+                                 self._now(now))
+
+    # --- lease ----------------------------------------------------------------------------
+
+    async def acquire(self, holder: str, *, now: int | None = None) -> int | None:
+        """Take or renew the lease; return its generation, or None if another holds it."""
+        return await self._write(store.acquire, _text("holder", holder), self._now(now))
+
+    async def renew(self, holder: str, gen: int, *, now: int | None = None) -> bool:
+        """Extend the lease for exactly this unexpired generation (fenced)."""
+        return await self._write(store.renew, _text("holder", holder), _positive("gen", gen),
+                                 self._now(now))
+
+    async def release(self, holder: str, gen: int, *, now: int | None = None) -> bool:
+        """Hand the lease back; a successor may take over at once (next generation)."""
+        return await self._write(store.release, _text("holder", holder),
+                                 _positive("gen", gen), self._now(now))
+
+    # --- runs -----------------------------------------------------------------------------
+
+    async def claim_batch(self, holder: str, gen: int, *, now: int | None = None) -> list[Event]:
+        """Claim the next run's events (see SPEC 1.3); [] unless this generation holds."""
+        return await self._write(store.claim_batch, _text("holder", holder),
+                                 _positive("gen", gen), self._now(now))
+
+    async def finish(self, holder: str, gen: int, ids: Sequence[int],
+                     messages: Iterable[str | Reply] = (), error: str | None = None, *,
+                     now: int | None = None, result: Any = None,
+                     approvals: Iterable[ApprovalRequest] = (),
+                     timers: Iterable[FollowUp] = ()) -> bool:
+        """Record a run's outcome with its messages, approval requests and follow-up timers in
+        one fenced transaction. False (nothing written) if this generation no longer holds
+        the lease or none of `ids` is still claimed by it."""
+        holder, gen = _text("holder", holder), _positive("gen", gen)
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+            raise BadInput("ids must be a list of event ids")
+        ids = [_event_id(i) for i in ids]
+        if not ids:
+            raise BadInput("ids must name at least one claimed event")
+        replies = [self._reply(m) for m in messages]
+        approvals = [self._approval_request(a) for a in approvals]
+        timers = [self._followup(t) for t in timers]
+        if error is not None:
+            error = _text("error", error, limit=10_000)
+            if replies or approvals or timers:
+                raise BadInput("a failed run (error=) cannot also queue messages, approvals "
+                               "or timers")
+        encoded = None if result is None else _encode(result, self._settings.max_payload_bytes,
+                                                      "result")
+        return await self._write(store.finish, holder, gen, ids, replies, error, encoded,
+                                 approvals, timers, self._now(now))
+
+    def _reply(self, message: object) -> Reply:
+        if isinstance(message, str):
+            message = Reply(message)
+        if not isinstance(message, Reply):
+            raise BadInput(f"a message must be a str or core.Reply, got "
+                           f"{type(message).__name__}")
+        _text("message body", message.body, limit=self._settings.max_payload_bytes)
+        if not isinstance(message.urgent, bool):
+            raise BadInput("Reply.urgent must be True or False")
+        return message
+
+    def _approval_request(self, request: object) -> ApprovalRequest:
+        if not isinstance(request, ApprovalRequest):
+            raise BadInput("approvals must be core.ApprovalRequest records")
+        _text("request_id", request.request_id)
+        _positive("expires_in", request.expires_in)
+        _text("action", request.action, limit=10_000)
+        return request
+
+    def _followup(self, timer: object) -> FollowUp:
+        if not isinstance(timer, FollowUp):
+            raise BadInput("timers must be core.FollowUp records")
+        self._check_timer(timer.timer_id, timer.due, timer.payload, timer.every, timer.key,
+                          timer.catch_up)
+        return timer
+
+    # --- effect journal -------------------------------------------------------------------
+
+    async def intend_effect(self, holder: str, gen: int, run_id: int, name: str,
+                            detail: Any = None, *, key: str | None = None,
+                            now: int | None = None) -> str | None:
+        """Record, before doing it, that this run is about to cause an external effect.
+
+        Returns the effect's idempotency key, or None (nothing written) if this generation
+        no longer holds the lease — the effect must then not be performed."""
+        return await self._write(
+            store.intend_effect, _text("holder", holder), _positive("gen", gen),
+            _positive("run_id", run_id), _text("effect name", name, limit=200),
+            _encode(detail, self._settings.max_payload_bytes, "detail"),
+            None if key is None else _text("key", key), self._now(now))
+
+    async def settle_effect(self, key: str, state: str = "confirmed", *,
+                            now: int | None = None) -> bool:
+        """Record that an intended effect happened ('confirmed') or did not ('failed')."""
+        if state not in ("confirmed", "failed"):
+            raise BadInput(f"state must be 'confirmed' or 'failed', got {state!r}")
+        return await self._write(store.settle_effect, _text("key", key), state, self._now(now))
+
+    async def effects(self, event_id: int) -> list[Effect]:
+        """The effect journal of every run that claimed this event."""
+        def read(db: sqlite3.Connection) -> list[Effect]:
+            runs = store.runs_for_event(db, _event_id(event_id))
+            return store.effects_for_run(db, [r.id for r in runs]) if runs else []
+        return await self._db.read(read)
+
+    # --- timers ---------------------------------------------------------------------------
+
+    def _check_timer(self, timer_id: object, due: object, payload: object, every: object,
+                     key: object, catch_up: object) -> str:
+        _text("timer_id", timer_id)
+        check_time(due, "due")
+        if every is not None:
+            _positive("every", every)
+        if catch_up not in CATCH_UP_POLICIES:
+            raise BadInput(f"catch_up must be one of {CATCH_UP_POLICIES}, got {catch_up!r}")
+        if key is not None:
+            if every is not None:
+                raise BadInput("a fixed event key is only allowed on a one-off timer")
+            if not (isinstance(key, tuple) and len(key) == 2):
+                raise BadInput("key must be a (source, source_id) tuple")
+            _text("key source", key[0])
+            _text("key source_id", key[1])
+        return _encode(payload, self._settings.max_payload_bytes)
+
+    async def add_timer(self, timer_id: str, due: int, payload: Any = None, *,
+                        every: int | None = None, key: tuple[str, str] | None = None,
+                        catch_up: str = "coalesce") -> None:
+        """Register (or replace the definition of) a timer. Each occurrence becomes an event
+        keyed `timer_id@scheduled_time`, or `key` for a one-off."""
+        self._check_timer(timer_id, due, payload, every, key, catch_up)
+        await self._write(store.add_timer, timer_id, due, payload, every, key, catch_up,
+                          "timer")
+
+    async def cancel_timer(self, timer_id: str) -> bool:
+        return await self._write(store.cancel_timer, _text("timer_id", timer_id))
+
+    async def run_scheduler(self, *, now: int | None = None) -> int:
+        """Turn due timers into inbox events (one transaction); return how many were due."""
+        return await self._write(store.run_scheduler, self._now(now))
+
+    async def next_timer_due(self) -> int | None:
+        return await self._db.call(store.next_timer_due)
+
+    async def next_wake(self) -> int | None:
+        """The earliest instant something becomes due: a timer, a backed-off event, or a
+        held outbox send. A worker may sleep until then (or until a new event arrives)."""
+        return await self._db.read(store.next_wake)
+
+    # --- approvals ------------------------------------------------------------------------
+
+    async def request_approval(self, request_id: str, expires_in: int, action: str, *,
+                               now: int | None = None) -> Approval:
+        """Ask a human; the answer or the expiry comes back as event ('approval', request_id).
+        Asking again for the same id keeps the first deadline."""
+        return await self._write(store.request_approval, _text("request_id", request_id),
+                                 _positive("expires_in", expires_in),
+                                 _text("action", action, limit=10_000), self._now(now))
+
+    async def answer_approval(self, request_id: str, answer: str, *, now: int | None = None,
+                              actor: str = "operator", reason: str | None = None) -> str:
+        """Store `answer` ('yes'|'no') unless the deadline passed or one is stored; return the
+        answer that stands: 'yes', 'no', 'expired', or 'unknown'."""
+        if answer not in ("yes", "no"):
+            raise BadInput(f"answer must be 'yes' or 'no', got {answer!r}")
+        return await self._write(store.answer_approval, _text("request_id", request_id), answer,
+                                 self._now(now), _actor(actor), _reason(reason))
+
+    async def expire_approval(self, request_id: str, *, now: int | None = None,
+                              actor: str = "operator", reason: str | None = None) -> str:
+        """Expire a waiting request now; return the answer that stands."""
+        return await self._write(store.expire_approval, _text("request_id", request_id),
+                                 self._now(now), _actor(actor), _reason(reason))
+
+    # --- outbox ---------------------------------------------------------------------------
+
+    async def dispatch(self, send: SendFn, *, now: int | None = None) -> int:
+        """Send what the outbox allows now, at most one send; return how many messages went.
+
+        `send` (plain or async) receives the joined text, an `Outgoing` str carrying the
+        delivery's idempotency key. It runs outside any transaction. If it raises, the
+        messages stay held (or die after max_delivery_attempts) and 0 is returned.
+        """
+        return await self._dispatch(send, self._now(now), flush=False)
+
+    async def _dispatch(self, send: SendFn, now: int, flush: bool) -> int:
+        if not callable(send):
+            raise BadInput("send must be callable")
+        picked = await self._write(store.begin_delivery, now, flush)
+        if picked is None:
+            return 0
+        delivery_id, key, text, count = picked
+        error = None
+        try:
+            outcome = send(Outgoing(text, key, count))
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception as exc:  # the channel failed; the delivery stays for a retry
+            error = f"{type(exc).__name__}: {exc}"
+        sent = await self._write(store.end_delivery, delivery_id, error, self._now(None)
+                                 if now is None else now)
+        return count if sent else 0
+
+    async def flush_outbox(self, send: SendFn, *, now: int | None = None,
+                           actor: str = "operator", reason: str | None = None) -> int:
+        """Send held messages now, ignoring the gap and any hold; return how many went."""
+        now = self._now(now)
+        actor, reason = _actor(actor), _reason(reason)
+        sent = await self._dispatch(send, now, flush=True)
+        await self._write(store.audit, now, actor, "send now", "outbox", None,
+                          f"{sent} sent", sent > 0, reason)
+        return sent
+
+    async def hold_outbox(self, *, now: int | None = None, actor: str = "operator",
+                          reason: str | None = None) -> bool:
+        """Stop paced sends until release_outbox; True if this changed anything."""
+        return await self._write(store.set_flag, "outbox_held", True, "hold outbox",
+                                 self._now(now), _actor(actor), _reason(reason))
+
+    async def release_outbox(self, *, now: int | None = None, actor: str = "operator",
+                             reason: str | None = None) -> bool:
+        return await self._write(store.set_flag, "outbox_held", False, "release outbox",
+                                 self._now(now), _actor(actor), _reason(reason))
+
+    # --- operator actions -----------------------------------------------------------------
+
+    async def requeue(self, event_id: int, *, expect: str | None = None,
+                      now: int | None = None, actor: str = "operator",
+                      reason: str | None = None) -> bool:
+        """dead/interrupted/cancelled → pending with a fresh attempt budget.
+
+        `expect` is the state the operator saw; if the row is in another state now, nothing
+        changes and False is returned (the audit log says why)."""
+        return await self._change(event_id, "requeue", ("dead", "interrupted", "cancelled"),
+                                  expect, "pending", now, actor, reason)
+
+    async def cancel(self, event_id: int, *, expect: str | None = "pending",
+                     now: int | None = None, actor: str = "operator",
+                     reason: str | None = None) -> bool:
+        """pending → cancelled; a running event cannot be cancelled (returns False)."""
+        return await self._change(event_id, "cancel", ("pending",), expect, "cancelled", now,
+                                  actor, reason)
+
+    async def resolve(self, event_id: int, *, expect: str | None = "interrupted",
+                      now: int | None = None, actor: str = "operator",
+                      reason: str | None = None) -> bool:
+        """interrupted → done: the operator confirms the uncertain effect happened."""
+        return await self._change(event_id, "mark done", ("interrupted",), expect, "done", now,
+                                  actor, reason)
+
+    async def bury(self, event_id: int, *, expect: str | None = None,
+                   now: int | None = None, actor: str = "operator",
+                   reason: str | None = None) -> bool:
+        """interrupted or pending → dead, by hand."""
+        return await self._change(event_id, "send to dead", ("interrupted", "pending"), expect,
+                                  "dead", now, actor, reason)
+
+    async def _change(self, event_id: int, action: str, allowed: tuple[str, ...],
+                      expect: str | None, after: str, now: int | None, actor: str,
+                      reason: str | None) -> bool:
+        if expect is not None and expect not in EVENT_STATES:
+            raise BadInput(f"expect must be an event state, got {expect!r}")
+        return await self._write(store.change_event, _event_id(event_id), action, allowed,
+                                 expect, after, self._now(now), _actor(actor), _reason(reason))
+
+    async def pause(self, *, now: int | None = None, actor: str = "operator",
+                    reason: str | None = None) -> bool:
+        """Claims return nothing until resume(); intake never stops. True if it changed."""
+        return await self._write(store.set_flag, "paused", True, "pause", self._now(now),
+                                 _actor(actor), _reason(reason))
+
+    async def resume(self, *, now: int | None = None, actor: str = "operator",
+                     reason: str | None = None) -> bool:
+        return await self._write(store.set_flag, "paused", False, "resume", self._now(now),
+                                 _actor(actor), _reason(reason))
+
+    # --- reads ----------------------------------------------------------------------------
+
+    async def get_event(self, event_id: int) -> Event | None:
+        return await self._db.call(store.get_event, _event_id(event_id))
+
+    async def events(self, status: str, *, limit: int = 100, after: int | None = None,
+                     before: int | None = None, search: str | None = None) -> list[Event]:
+        """A keyset page of events in `status` by id: ascending after `after` (or from the
+        start), or the page just before `before` in descending order."""
+        if status not in EVENT_STATES:
+            raise BadInput(f"status must be one of {EVENT_STATES}, got {status!r}")
+        _positive("limit", limit)
+        for name, value in (("after", after), ("before", before)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise BadInput(f"{name} must be an event id")
+        return await self._db.call(store.events, status, min(limit, 10_000), after, before,
+                                   search or None)
+
+    async def counts(self) -> dict[str, int]:
+        return await self._db.call(store.counts)
+
+    async def lease_info(self) -> Lease | None:
+        return await self._db.call(store.lease_info)
+
+    async def lease_history(self, *, limit: int = 50) -> list[LeaseChange]:
+        return await self._db.call(store.lease_history, _positive("limit", limit))
+
+    async def timers(self, *, limit: int = 1000) -> list[Timer]:
+        return await self._db.call(store.timers, _positive("limit", limit))
+
+    async def approvals(self, *, limit: int = 1000) -> list[Approval]:
+        return await self._db.read(store.approvals, _positive("limit", limit))
+
+    async def get_approval(self, request_id: str) -> Approval | None:
+        return await self._db.call(store.get_approval, _text("request_id", request_id))
+
+    async def held_messages(self, *, limit: int = 1000) -> list[Message]:
+        return await self._db.call(store.held_messages, _positive("limit", limit))
+
+    async def deliveries(self, *, limit: int = 50) -> list[Delivery]:
+        """Recent sends (newest first) with their idempotency keys and outcomes."""
+        return await self._db.read(store.deliveries, _positive("limit", limit))
+
+    async def next_send_at(self) -> int | None:
+        """When the next paced send is allowed; None when nothing is held."""
+        return await self._db.read(store.next_send_at)
+
+    async def audit(self, *, limit: int = 100, target: str | None = None) -> list[AuditEntry]:
+        return await self._db.call(store.audit_entries, _positive("limit", limit), target)
+
+    async def runs(self, event_id: int) -> list[Run]:
+        """Every run that claimed this event, oldest first."""
+        return await self._db.read(store.runs_for_event, _event_id(event_id))
+
+    async def overview(self, *, now: int | None = None) -> Overview:
+        """Counts, lease, flags and budgets in one consistent read."""
+        return await self._db.read(store.overview, self._now(now))

@@ -1,0 +1,197 @@
+"""Frozen records the inbox hands out; what the TUI, the CLI and tests read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+EVENT_STATES = ("pending", "running", "done", "dead", "interrupted", "cancelled")
+ANSWERS = ("yes", "no")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One thing that woke (or will wake) the agent."""
+
+    id: int
+    source: str
+    source_id: str
+    payload: Any  # decoded JSON; None once pruned
+    status: str
+    attempts: int
+    claim_gen: int | None
+    error: str | None
+    created: int = 0
+    updated: int = 0
+    available_at: int = 0  # pending: not claimed before this (retry backoff)
+    claimed_at: int | None = None
+    run_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who may run the agent now: holder, generation (fencing token), and expiry instant."""
+
+    holder: str
+    gen: int
+    until: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseChange:
+    """One change of lease generation: who took it, from whom, when, and how."""
+
+    gen: int
+    holder: str
+    previous_holder: str | None
+    at: int
+    how: str  # 'first' | 'takeover' | 'released'
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """A durable timer; each occurrence becomes an inbox event keyed timer_id@scheduled_time."""
+
+    id: str
+    due: int
+    every: int | None
+    catch_up: str
+    payload: Any
+    key: tuple[str, str] | None = None
+    last_fired: int | None = None  # scheduled time of the latest occurrence turned into an event
+    last_skipped: int = 0  # occurrences the latest catch-up covered without their own event
+    overflow: int = 0  # 'each' occurrences beyond the catch-up limit, counted over the life
+    kind: str = "timer"  # 'timer' | 'approval' (an approval's expiry)
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """A deferred tool call waiting for (or holding) its one standing answer."""
+
+    request_id: str
+    action: str
+    due: int
+    answer: str | None  # None while waiting; 'yes' | 'no' | 'expired'
+    requested: int = 0
+    answered_at: int | None = None
+    answered_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """An outgoing message held in the outbox until a dispatch sends it."""
+
+    id: int
+    body: str
+    urgent: bool
+    created: int
+    status: str = "held"  # 'held' | 'sent' | 'dead'
+    run_id: int | None = None
+    delivery_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One send of one or more coalesced messages, with its stable idempotency key."""
+
+    id: int
+    key: str
+    status: str  # 'sending' | 'failed' | 'sent' | 'dead'
+    attempts: int
+    created: int
+    message_count: int
+    sent_at: int | None = None
+    last_error: str | None = None
+    urgent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One claim of a batch of events and its outcome, kept apart from any delivery."""
+
+    id: int
+    holder: str
+    gen: int
+    event_ids: tuple[int, ...]
+    claimed_at: int
+    finished_at: int | None
+    outcome: str | None  # None while running; 'done' | 'error' | 'lost'
+    result: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """A journal line of an external effect: intended before it happens, confirmed after."""
+
+    id: int
+    run_id: int
+    name: str
+    key: str  # idempotency key a tool can pass on
+    state: str  # 'intended' | 'confirmed' | 'failed'
+    detail: Any
+    intended_at: int
+    settled_at: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """An operator action or a refused stale write."""
+
+    id: int
+    at: int
+    actor: str
+    action: str
+    target: str
+    before: str | None
+    after: str | None
+    applied: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """A message a run queues; `urgent` bypasses the outbox gap."""
+
+    body: str
+    urgent: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """An approval a run asks for as part of its finish."""
+
+    request_id: str
+    expires_in: int
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class FollowUp:
+    """A timer a run schedules as part of its finish."""
+
+    timer_id: str
+    due: int
+    payload: Any = None
+    every: int | None = None
+    key: tuple[str, str] | None = None
+    catch_up: str = "coalesce"
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """Everything the status strip and `onwatch status` show, read in one transaction."""
+
+    now: int
+    counts: dict[str, int]
+    lease: Lease | None
+    takeovers: int
+    refused_writes: int
+    paused: bool
+    outbox_held: bool
+    held_messages: int
+    next_send_at: int | None
+    next_timer_due: int | None
+    waiting_approvals: int
+    runs_last_day: int
+    budgets: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,266 @@
+"""The inbox schema, its forward migrations, and the checks that refuse foreign files."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from .errors import NotAnInbox
+
+# PRAGMA application_id marks a file as an onwatch inbox ("onwt").
+APPLICATION_ID = 0x6F6E7774
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+EVENT_STATES_SQL = "('pending','running','done','dead','interrupted','cancelled')"
+
+# Each entry migrates from version i to i + 1; a file at version N has run the first N.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the inbox.
+    f"""
+    CREATE TABLE meta (
+        key TEXT PRIMARY KEY,
+        value
+    ) WITHOUT ROWID;
+    INSERT INTO meta(key, value) VALUES
+        ('paused', 0), ('outbox_held', 0), ('refused_writes', 0), ('takeovers', 0),
+        ('last_paced_send', NULL), ('uid', lower(hex(randomblob(8))));
+
+    CREATE TABLE settings (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        json TEXT NOT NULL
+    );
+
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        source TEXT NOT NULL CHECK (length(source) > 0),
+        source_id TEXT NOT NULL CHECK (length(source_id) > 0),
+        payload TEXT,                    -- JSON; NULL once pruned, the key stays
+        status TEXT NOT NULL DEFAULT 'pending' CHECK (status IN {EVENT_STATES_SQL}),
+        attempts INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+        claim_gen INTEGER,
+        claimed_at INTEGER,
+        run_id INTEGER,
+        available_at INTEGER NOT NULL,
+        created INTEGER NOT NULL,
+        updated INTEGER NOT NULL,
+        error TEXT,
+        UNIQUE (source, source_id)
+    );
+    CREATE INDEX events_by_status ON events(status, id);
+    CREATE INDEX events_pending_available ON events(available_at) WHERE status = 'pending';
+    CREATE INDEX events_retried ON events(id) WHERE status = 'pending' AND attempts > 0;
+    CREATE INDEX events_running ON events(claim_gen) WHERE status = 'running';
+
+    -- Counts by state, kept by triggers so the TUI never counts a million rows.
+    CREATE TABLE event_counts (
+        status TEXT PRIMARY KEY CHECK (status IN {EVENT_STATES_SQL}),
+        n INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    INSERT INTO event_counts VALUES ('pending', 0), ('running', 0), ('done', 0), ('dead', 0),
+        ('interrupted', 0), ('cancelled', 0);
+    CREATE TRIGGER events_counted_insert AFTER INSERT ON events BEGIN
+        UPDATE event_counts SET n = n + 1 WHERE status = NEW.status;
+    END;
+    CREATE TRIGGER events_counted_update AFTER UPDATE OF status ON events
+    WHEN OLD.status <> NEW.status BEGIN
+        UPDATE event_counts SET n = n - 1 WHERE status = OLD.status;
+        UPDATE event_counts SET n = n + 1 WHERE status = NEW.status;
+    END;
+    CREATE TRIGGER events_counted_delete AFTER DELETE ON events BEGIN
+        UPDATE event_counts SET n = n - 1 WHERE status = OLD.status;
+    END;
+
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        holder TEXT NOT NULL,
+        gen INTEGER NOT NULL,
+        event_ids TEXT NOT NULL,         -- JSON list
+        claimed_at INTEGER NOT NULL,
+        finished_at INTEGER,
+        outcome TEXT CHECK (outcome IN ('done', 'error', 'lost')),
+        result TEXT,
+        error TEXT
+    );
+    CREATE INDEX runs_by_claim_time ON runs(claimed_at);
+
+    CREATE TABLE lease (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        holder TEXT NOT NULL,
+        gen INTEGER NOT NULL CHECK (gen >= 1),
+        until INTEGER NOT NULL
+    );
+    CREATE TABLE lease_history (
+        gen INTEGER PRIMARY KEY,
+        holder TEXT NOT NULL,
+        previous_holder TEXT,
+        at INTEGER NOT NULL,
+        how TEXT NOT NULL
+    );
+
+    CREATE TABLE timers (
+        id TEXT PRIMARY KEY CHECK (length(id) > 0),
+        kind TEXT NOT NULL DEFAULT 'timer' CHECK (kind IN ('timer', 'approval')),
+        due INTEGER NOT NULL,
+        every INTEGER CHECK (every IS NULL OR every > 0),
+        catch_up TEXT NOT NULL CHECK (catch_up IN ('coalesce', 'each')),
+        payload TEXT,
+        key_source TEXT,
+        key_id TEXT,
+        last_fired INTEGER,
+        last_skipped INTEGER NOT NULL DEFAULT 0,
+        overflow INTEGER NOT NULL DEFAULT 0,
+        CHECK ((key_source IS NULL) = (key_id IS NULL)),
+        CHECK (key_source IS NULL OR every IS NULL)
+    ) WITHOUT ROWID;
+    CREATE INDEX timers_by_due ON timers(due, id);
+
+    CREATE TABLE approvals (
+        request_id TEXT PRIMARY KEY CHECK (length(request_id) > 0),
+        action TEXT NOT NULL,
+        requested INTEGER NOT NULL,
+        due INTEGER NOT NULL,
+        answer TEXT CHECK (answer IN ('yes', 'no', 'expired')),
+        answered_at INTEGER,
+        answered_by TEXT,
+        run_id INTEGER
+    ) WITHOUT ROWID;
+    CREATE INDEX approvals_waiting ON approvals(due) WHERE answer IS NULL;
+
+    CREATE TABLE deliveries (
+        id INTEGER PRIMARY KEY,
+        status TEXT NOT NULL CHECK (status IN ('sending', 'failed', 'sent', 'dead')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        paced INTEGER NOT NULL,
+        at_most_once INTEGER NOT NULL DEFAULT 0,
+        created INTEGER NOT NULL,
+        retry_after INTEGER NOT NULL,    -- 'sending': another dispatcher may retry after this
+        sent_at INTEGER,
+        last_error TEXT
+    );
+    CREATE INDEX deliveries_open ON deliveries(id) WHERE status IN ('sending', 'failed');
+
+    CREATE TABLE outbox (
+        id INTEGER PRIMARY KEY,
+        body TEXT NOT NULL,
+        urgent INTEGER NOT NULL DEFAULT 0 CHECK (urgent IN (0, 1)),
+        created INTEGER NOT NULL,
+        status TEXT NOT NULL DEFAULT 'held' CHECK (status IN ('held', 'sent', 'dead')),
+        run_id INTEGER,
+        delivery_id INTEGER REFERENCES deliveries(id)
+    );
+    CREATE INDEX outbox_by_status ON outbox(status, id);
+    CREATE INDEX outbox_by_delivery ON outbox(delivery_id);
+
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        at INTEGER NOT NULL,
+        actor TEXT NOT NULL,
+        action TEXT NOT NULL,
+        target TEXT NOT NULL,
+        before TEXT,
+        after TEXT,
+        applied INTEGER NOT NULL CHECK (applied IN (0, 1)),
+        reason TEXT
+    );
+    CREATE INDEX audit_by_target ON audit(target, id);
+    """,
+    # 2: the effect journal (intended before an external effect, confirmed after).
+    """
+    CREATE TABLE effects (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL,
+        name TEXT NOT NULL CHECK (length(name) > 0),
+        key TEXT NOT NULL UNIQUE,
+        state TEXT NOT NULL CHECK (state IN ('intended', 'confirmed', 'failed')),
+        detail TEXT,
+        intended_at INTEGER NOT NULL,
+        settled_at INTEGER
+    );
+    CREATE INDEX effects_by_run ON effects(run_id, id);
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def check_file(path: str) -> bool:
+    """Refuse a file that is not SQLite before SQLite touches it; return whether it exists."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return False
+    except IsADirectoryError:
+        raise NotAnInbox(f"{path} is a directory, not an inbox file") from None
+    except PermissionError:
+        raise NotAnInbox(f"{path} cannot be read (permission denied)") from None
+    if header and header != SQLITE_HEADER:
+        raise NotAnInbox(f"{path} is not an onwatch inbox: it is not a SQLite database")
+    return True
+
+
+def inspect(db: sqlite3.Connection, path: str) -> int:
+    """Return the file's schema version (0 for an empty file) or raise NotAnInbox."""
+    try:
+        app_id = db.execute("PRAGMA application_id").fetchone()[0]
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = [r[0] for r in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    except sqlite3.DatabaseError as exc:
+        raise NotAnInbox(f"{path} is not a usable inbox: {exc}") from None
+    if app_id == 0 and not tables and version == 0:
+        return 0
+    if app_id != APPLICATION_ID:
+        listed = ", ".join(tables[:5]) + (" …" if len(tables) > 5 else "")
+        raise NotAnInbox(
+            f"{path} is a SQLite database but not an onwatch inbox "
+            f"(tables: {listed or 'none'}); refusing to touch it")
+    if version > SCHEMA_VERSION:
+        raise NotAnInbox(
+            f"{path} was written by a newer onwatch (schema {version}; this one knows up to "
+            f"{SCHEMA_VERSION}); upgrade onwatch to open it")
+    return version
+
+
+def migrate(db: sqlite3.Connection, path: str, target: int = SCHEMA_VERSION) -> int:
+    """Bring the file forward to `target` in one immediate transaction; return the old version.
+
+    The version is re-read under the write lock, so two processes opening a new file at once
+    cannot both create it.
+    """
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        version = inspect(db, path)
+        for step in range(version, target):
+            for statement in _split(MIGRATIONS[step]):
+                db.execute(statement)
+        if version < target:
+            db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            db.execute(f"PRAGMA user_version = {target}")
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return version
+
+
+def _split(script: str) -> list[str]:
+    """Split a migration into statements (executescript would commit our transaction)."""
+    statements, current = [], ""
+    for line in script.splitlines(keepends=True):
+        current += line
+        if sqlite3.complete_statement(current):
+            if current.strip():
+                statements.append(current.strip())
+            current = ""
+    if current.strip():
+        statements.append(current.strip())
+    return statements
+
+
+def file_size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -1,0 +1,108 @@
+"""Inbox settings: stored in the database so worker, scheduler, receiver and TUI agree."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import BadInput
+
+LOST_CLAIM_POLICIES = ("retry", "interrupt")
+DELIVERY_MODES = ("at_least_once", "at_most_once")
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every tunable rule of one inbox. Budgets set to None are unlimited."""
+
+    max_attempts: int = 3
+    lease_ttl: int = 120
+    outbox_gap: int = 3600
+    backoff_base: int = 10
+    backoff_cap: int = 3600
+    max_batch: int = 20
+    on_lost_claim: str = "retry"
+    # Per-source overrides of on_lost_claim, e.g. {"stripe": "interrupt"}.
+    lost_claim_by_source: Mapping[str, str] = field(default_factory=dict)
+    max_payload_bytes: int = 1 << 20
+    catch_up_limit: int = 100
+    delivery: str = "at_least_once"
+    max_delivery_attempts: int = 5
+    # How long a dispatcher may take to report a send before another may retry it.
+    send_timeout: int = 300
+    # Budgets (SPEC 1.9). Each names what happens to the excess.
+    max_runs_per_day: int | None = None  # excess delayed: claims wait for the window
+    max_pending: int | None = None  # excess refused: ingest raises BudgetExceeded
+    max_followups_per_run: int | None = None  # excess refused: finish raises BadInput
+    max_run_seconds: int | None = None  # excess treated as a lost claim
+
+    def lost_claim_policy(self, source: str) -> str:
+        """The lost-claim policy that applies to events from `source`."""
+        return self.lost_claim_by_source.get(source, self.on_lost_claim)
+
+    def backoff(self, attempts: int) -> int:
+        """Seconds to wait before retrying after the `attempts`-th failed attempt."""
+        exponent = max(attempts - 1, 0)
+        if exponent > 62:
+            return self.backoff_cap
+        return min(self.backoff_cap, self.backoff_base * (1 << exponent))
+
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["lost_claim_by_source"] = dict(self.lost_claim_by_source)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Settings":
+        known = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in json.loads(text).items() if k in known}
+        return cls(**data)
+
+    def replace(self, changes: Mapping[str, Any]) -> "Settings":
+        """Return a validated copy with `changes` applied; raise BadInput naming the bad one."""
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        for name in changes:
+            if name not in fields:
+                raise BadInput(f"unknown setting {name!r}; known: {', '.join(sorted(fields))}")
+        for name, value in changes.items():
+            _check(name, value)
+        updated = dataclasses.replace(self, **changes)
+        if updated.backoff_cap < updated.backoff_base:
+            raise BadInput("backoff_cap must be at least backoff_base")
+        return updated
+
+
+_POSITIVE = {"max_attempts", "lease_ttl", "max_batch", "max_payload_bytes", "catch_up_limit",
+             "max_delivery_attempts", "send_timeout", "backoff_base", "backoff_cap"}
+_NON_NEGATIVE = {"outbox_gap"}
+_OPTIONAL_POSITIVE = {"max_runs_per_day", "max_pending", "max_followups_per_run",
+                      "max_run_seconds"}
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check(name: str, value: object) -> None:
+    if name in _POSITIVE and not (_is_int(value) and value > 0):
+        raise BadInput(f"{name} must be a positive integer, got {value!r}")
+    if name in _NON_NEGATIVE and not (_is_int(value) and value >= 0):
+        raise BadInput(f"{name} must be a non-negative integer, got {value!r}")
+    if name in _OPTIONAL_POSITIVE and value is not None and not (_is_int(value) and value > 0):
+        raise BadInput(f"{name} must be a positive integer or None, got {value!r}")
+    if name == "on_lost_claim" and value not in LOST_CLAIM_POLICIES:
+        raise BadInput(f"on_lost_claim must be one of {LOST_CLAIM_POLICIES}, got {value!r}")
+    if name == "delivery" and value not in DELIVERY_MODES:
+        raise BadInput(f"delivery must be one of {DELIVERY_MODES}, got {value!r}")
+    if name == "lost_claim_by_source":
+        if not isinstance(value, Mapping):
+            raise BadInput("lost_claim_by_source must map a source to a policy")
+        for source, policy in value.items():
+            if not isinstance(source, str) or not source:
+                raise BadInput(f"lost_claim_by_source has a bad source {source!r}")
+            if policy not in LOST_CLAIM_POLICIES:
+                raise BadInput(
+                    f"lost_claim_by_source[{source!r}] must be one of {LOST_CLAIM_POLICIES}, "
+                    f"got {policy!r}")

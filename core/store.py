@@ -1,0 +1,776 @@
+"""Every SQL statement of the inbox: one synchronous function per transaction or read.
+
+Each function takes a `sqlite3.Connection` already inside the right transaction (see
+core/db.py) and is named for the rule it enforces. Nothing here awaits, sends, or calls the
+agent: a transaction is short by construction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any, Iterable, Sequence
+
+from .errors import BadInput, BudgetExceeded
+from .records import (
+    Approval, AuditEntry, Delivery, Effect, Event, FollowUp, Lease, LeaseChange, Message,
+    Overview, Reply, Run, Timer, ApprovalRequest,
+)
+from .settings import Settings
+
+DAY = 86_400
+EVENT_COLUMNS = ("id, source, source_id, payload, status, attempts, claim_gen, error, created, "
+                 "updated, available_at, claimed_at, run_id")
+TIMER_COLUMNS = ("id, due, every, catch_up, payload, key_source, key_id, last_fired, "
+                 "last_skipped, overflow, kind")
+
+
+# --- decoding -------------------------------------------------------------------------------
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def event_from_row(row: Sequence[Any]) -> Event:
+    return Event(row[0], row[1], row[2], _loads(row[3]), row[4], row[5], row[6], row[7],
+                 row[8], row[9], row[10], row[11], row[12])
+
+
+def timer_from_row(row: Sequence[Any]) -> Timer:
+    key = (row[5], row[6]) if row[5] is not None else None
+    return Timer(row[0], row[1], row[2], row[3], _loads(row[4]), key, row[7], row[8], row[9],
+                 row[10])
+
+
+def _placeholders(values: Sequence[Any]) -> str:
+    return ",".join("?" * len(values))
+
+
+# --- settings and flags ---------------------------------------------------------------------
+
+_settings_cache: dict[str, Settings] = {}
+
+
+def load_settings(db: sqlite3.Connection) -> Settings:
+    row = db.execute("SELECT json FROM settings WHERE id = 1").fetchone()
+    if row is None:
+        return Settings()
+    cached = _settings_cache.get(row[0])
+    if cached is None:
+        cached = _settings_cache[row[0]] = Settings.from_json(row[0])
+    return cached
+
+
+def store_settings(db: sqlite3.Connection, settings: Settings) -> None:
+    db.execute("INSERT INTO settings(id, json) VALUES (1, ?) "
+               "ON CONFLICT(id) DO UPDATE SET json = excluded.json", (settings.to_json(),))
+
+
+def get_meta(db: sqlite3.Connection, key: str) -> Any:
+    row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+    return None if row is None else row[0]
+
+
+def set_meta(db: sqlite3.Connection, key: str, value: Any) -> None:
+    db.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
+               "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+
+def _bump(db: sqlite3.Connection, key: str) -> None:
+    db.execute("UPDATE meta SET value = value + 1 WHERE key = ?", (key,))
+
+
+def audit(db: sqlite3.Connection, now: int, actor: str, action: str, target: str,
+          before: str | None, after: str | None, applied: bool,
+          reason: str | None = None) -> None:
+    db.execute("INSERT INTO audit(at, actor, action, target, before, after, applied, reason) "
+               "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+               (now, actor, action, target, before, after, int(applied), reason))
+
+
+# --- intake ---------------------------------------------------------------------------------
+
+def ingest_many(db: sqlite3.Connection,
+                items: Sequence[tuple[str, str, str, int]]) -> list[bool | Exception]:
+    """Dedupe on (source, source_id): store each new event, report duplicates as False.
+
+    Items that arrived together share this one transaction (group commit); a refused item
+    (budget) gets its own exception and does not fail its neighbours.
+    """
+    settings = load_settings(db)
+    results: list[bool | Exception] = []
+    for source, source_id, payload, now in items:
+        if settings.max_pending is not None and _refuse_over_pending(db, settings, source,
+                                                                     source_id):
+            results.append(BudgetExceeded(
+                f"inbox is full: {settings.max_pending} events pending (budget max_pending)"))
+            continue
+        cursor = db.execute(
+            "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(source, source_id) DO NOTHING",
+            (source, source_id, payload, now, now, now))
+        results.append(cursor.rowcount == 1)
+    return results
+
+
+def _refuse_over_pending(db: sqlite3.Connection, settings: Settings, source: str,
+                         source_id: str) -> bool:
+    pending = db.execute("SELECT n FROM event_counts WHERE status = 'pending'").fetchone()[0]
+    if pending < settings.max_pending:
+        return False
+    duplicate = db.execute("SELECT 1 FROM events WHERE source = ? AND source_id = ?",
+                           (source, source_id)).fetchone()
+    return duplicate is None  # a duplicate is still a harmless no-op, never a refusal
+
+
+def _insert_event(db: sqlite3.Connection, source: str, source_id: str, payload: Any,
+                  now: int) -> bool:
+    cursor = db.execute(
+        "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(source, source_id) DO NOTHING",
+        (source, source_id, json.dumps(payload), now, now, now))
+    return cursor.rowcount == 1
+
+
+def prune_payloads(db: sqlite3.Connection, older_than: int, now: int) -> int:
+    """Drop the bodies of finished events; their (source, source_id) keys keep deduping."""
+    cursor = db.execute(
+        "UPDATE events SET payload = NULL, updated = ? WHERE status IN ('done', 'cancelled') "
+        "AND updated < ? AND payload IS NOT NULL", (now, older_than))
+    return cursor.rowcount
+
+
+# --- lease and fencing ----------------------------------------------------------------------
+
+def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
+    """Renew an unexpired lease (same generation) or take over an expired one (next one)."""
+    ttl = load_settings(db).lease_ttl
+    row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
+    if row is None:
+        db.execute("INSERT INTO lease(id, holder, gen, until) VALUES (1, ?, 1, ?)",
+                   (holder, now + ttl))
+        db.execute("INSERT INTO lease_history(gen, holder, previous_holder, at, how) "
+                   "VALUES (1, ?, NULL, ?, 'first')", (holder, now))
+        return 1
+    current, gen, until = row
+    if until >= now:
+        if current != holder:
+            return None
+        db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + ttl,))
+        return gen
+    gen += 1
+    db.execute("UPDATE lease SET holder = ?, gen = ?, until = ? WHERE id = 1",
+               (holder, gen, now + ttl))
+    db.execute("INSERT INTO lease_history(gen, holder, previous_holder, at, how) "
+               "VALUES (?, ?, ?, ?, 'takeover')", (gen, holder, current, now))
+    _bump(db, "takeovers")
+    return gen
+
+
+def holds(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
+    row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
+    return row is not None and row[0] == holder and row[1] == gen and row[2] >= now
+
+
+def refuse(db: sqlite3.Connection, what: str, holder: str, gen: int, now: int,
+           reason: str | None = None) -> None:
+    """Record a refused stale write: the only thing a refused write may change."""
+    row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
+    seen = "no lease" if row is None else f"lease {row[0]} gen {row[1]} until {row[2]}"
+    audit(db, now, holder, f"refused {what}", f"gen {gen}", seen, None, False,
+          reason or "caller does not hold this lease generation")
+    _bump(db, "refused_writes")
+
+
+def renew(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
+    """Extend the lease only for the exact unexpired generation (a fenced renewal)."""
+    if not holds(db, holder, gen, now):
+        refuse(db, "renew", holder, gen, now)
+        return False
+    db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + load_settings(db).lease_ttl,))
+    return True
+
+
+def release(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
+    """Hand the lease back so a successor need not wait for the TTL."""
+    if not holds(db, holder, gen, now):
+        return False
+    db.execute("UPDATE lease SET until = ? WHERE id = 1", (now - 1,))
+    db.execute("INSERT INTO audit(at, actor, action, target, before, after, applied) "
+               "VALUES (?, ?, 'release lease', ?, 'held', 'released', 1)",
+               (now, holder, f"gen {gen}"))
+    return True
+
+
+# --- claiming -------------------------------------------------------------------------------
+
+def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list[Event]:
+    """Claim the next run's events for the holder of exactly this generation."""
+    if not holds(db, holder, gen, now):
+        refuse(db, "claim", holder, gen, now)
+        return []
+    settings = load_settings(db)
+    recover_lost_claims(db, gen, now, settings)
+    bury_exhausted(db, now, settings)
+    if get_meta(db, "paused"):
+        return []
+    if settings.max_runs_per_day is not None and runs_since(db, now - DAY) >= \
+            settings.max_runs_per_day:
+        return []  # budget: excess runs are delayed until the day's window frees a slot
+    retried = db.execute(
+        "SELECT id FROM events WHERE status = 'pending' AND attempts > 0 AND available_at <= ? "
+        "ORDER BY id LIMIT 1", (now,)).fetchone()
+    if retried is not None:
+        ids = [retried[0]]  # an attempted event runs alone: a poison event harms nobody else
+    else:
+        ids = [r[0] for r in db.execute(
+            "SELECT id FROM events INDEXED BY events_by_status "
+            "WHERE status = 'pending' AND available_at <= ? ORDER BY id LIMIT ?",
+            (now, settings.max_batch))]
+    if not ids:
+        return []
+    run_id = db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (?,?,?,?)",
+                        (holder, gen, json.dumps(ids), now)).lastrowid
+    marks = _placeholders(ids)
+    # Attempts are counted here, at claim time: a worker that crashes never reports failure.
+    db.execute(f"UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = ?, "
+               f"claimed_at = ?, run_id = ?, updated = ? WHERE id IN ({marks})",
+               (gen, now, run_id, now, *ids))
+    return [event_from_row(r) for r in db.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE id IN ({marks}) ORDER BY id", ids)]
+
+
+def recover_lost_claims(db: sqlite3.Connection, gen: int, now: int, settings: Settings) -> int:
+    """Rows running under an older generation (or past the run budget) were lost."""
+    lost = db.execute("SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_running "
+                      "WHERE status = 'running' AND claim_gen < ?", (gen,)).fetchall()
+    if settings.max_run_seconds is not None:
+        lost += db.execute(
+            "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_running "
+            "WHERE status = 'running' AND claim_gen = ? AND claimed_at < ?",
+            (gen, now - settings.max_run_seconds)).fetchall()
+    for event_id, source, claim_gen, run_id in lost:
+        why = (f"run lost: generation {claim_gen} lost its lease" if claim_gen < gen
+               else f"run lost: exceeded max_run_seconds ({settings.max_run_seconds} s)")
+        if settings.lost_claim_policy(source) == "interrupt":
+            db.execute("UPDATE events SET status = 'interrupted', error = ?, updated = ? "
+                       "WHERE id = ?", (why + "; completion uncertain", now, event_id))
+        else:
+            # Not backed off: the lease expiry already delayed it.
+            db.execute("UPDATE events SET status = 'pending', available_at = ?, error = ?, "
+                       "updated = ? WHERE id = ?", (now, why, now, event_id))
+        db.execute("UPDATE runs SET outcome = 'lost', finished_at = ?, error = ? "
+                   "WHERE id = ? AND outcome IS NULL", (now, why, run_id))
+    return len(lost)
+
+
+def bury_exhausted(db: sqlite3.Connection, now: int, settings: Settings) -> int:
+    """Pending rows out of attempts become dead, keeping why."""
+    cursor = db.execute(
+        "UPDATE events SET status = 'dead', updated = ?, error = 'too many attempts (' || "
+        "attempts || ' of ' || ? || ')' || coalesce('; last error: ' || error, '') "
+        "WHERE status = 'pending' AND attempts > 0 AND attempts >= ?",
+        (now, settings.max_attempts, settings.max_attempts))
+    return cursor.rowcount
+
+
+def runs_since(db: sqlite3.Connection, since: int) -> int:
+    return db.execute("SELECT count(*) FROM runs WHERE claimed_at > ?", (since,)).fetchone()[0]
+
+
+# --- finishing ------------------------------------------------------------------------------
+
+def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
+           replies: Sequence[Reply], error: str | None, result: str | None,
+           approvals: Sequence[ApprovalRequest], followups: Sequence[FollowUp],
+           now: int) -> bool:
+    """Commit a run's outcome and everything it produced, fenced, all or nothing."""
+    if not holds(db, holder, gen, now):
+        refuse(db, "finish", holder, gen, now)
+        return False
+    settings = load_settings(db)
+    if settings.max_followups_per_run is not None and \
+            len(followups) > settings.max_followups_per_run:
+        raise BadInput(f"run asks for {len(followups)} follow-up timers; the budget "
+                       f"max_followups_per_run allows {settings.max_followups_per_run}")
+    marks = _placeholders(ids)
+    rows = db.execute(
+        f"SELECT id, attempts, run_id FROM events WHERE id IN ({marks}) AND status = 'running' "
+        f"AND claim_gen = ?", (*ids, gen)).fetchall()
+    if not rows:
+        refuse(db, "finish", holder, gen, now,
+               "none of these events is still claimed by this generation")
+        return False
+    live = [r[0] for r in rows]
+    run_ids = sorted({r[2] for r in rows if r[2] is not None})
+    live_marks = _placeholders(live)
+    if error is None:
+        db.execute(f"UPDATE events SET status = 'done', error = NULL, updated = ? "
+                   f"WHERE id IN ({live_marks})", (now, *live))
+        run_id = run_ids[0] if run_ids else None
+        for reply in replies:
+            db.execute("INSERT INTO outbox(body, urgent, created, run_id) VALUES (?, ?, ?, ?)",
+                       (reply.body, int(reply.urgent), now, run_id))
+        for request in approvals:
+            request_approval(db, request.request_id, request.expires_in, request.action, now,
+                             run_id)
+        for timer in followups:
+            add_timer(db, timer.timer_id, timer.due, timer.payload, timer.every, timer.key,
+                      timer.catch_up, "timer")
+        outcome = "done"
+    else:
+        for event_id, attempts, _ in rows:
+            if attempts >= settings.max_attempts:
+                db.execute("UPDATE events SET status = 'dead', error = ?, updated = ? "
+                           "WHERE id = ?",
+                           (f"too many attempts ({attempts} of {settings.max_attempts}); "
+                            f"last error: {error}", now, event_id))
+            else:
+                db.execute("UPDATE events SET status = 'pending', error = ?, available_at = ?, "
+                           "updated = ? WHERE id = ?",
+                           (error, now + settings.backoff(attempts), now, event_id))
+        outcome = "error"
+    for run_id in run_ids:
+        db.execute("UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ? "
+                   "WHERE id = ? AND outcome IS NULL", (outcome, now, result, error, run_id))
+    return True
+
+
+# --- timers ---------------------------------------------------------------------------------
+
+def add_timer(db: sqlite3.Connection, timer_id: str, due: int, payload: Any,
+              every: int | None, key: tuple[str, str] | None, catch_up: str,
+              kind: str) -> None:
+    """Register or replace a timer's definition; what it last fired is kept."""
+    key_source, key_id = key if key is not None else (None, None)
+    db.execute(
+        "INSERT INTO timers(id, kind, due, every, catch_up, payload, key_source, key_id) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET kind = excluded.kind, "
+        "due = excluded.due, every = excluded.every, catch_up = excluded.catch_up, "
+        "payload = excluded.payload, key_source = excluded.key_source, key_id = excluded.key_id",
+        (timer_id, kind, due, every, catch_up, json.dumps(payload), key_source, key_id))
+
+
+def cancel_timer(db: sqlite3.Connection, timer_id: str) -> bool:
+    return db.execute("DELETE FROM timers WHERE id = ?", (timer_id,)).rowcount == 1
+
+
+def run_scheduler(db: sqlite3.Connection, now: int) -> int:
+    """Turn every due timer into inbox events and advance it, all in this one transaction."""
+    settings = load_settings(db)
+    due = [timer_from_row(r) for r in db.execute(
+        f"SELECT {TIMER_COLUMNS} FROM timers WHERE due <= ? ORDER BY due, id", (now,))]
+    for timer in due:
+        if timer.every is None:
+            _fire_once(db, timer, now)
+        elif timer.catch_up == "coalesce":
+            _fire_coalesced(db, timer, now)
+        else:
+            _fire_each(db, timer, now, settings.catch_up_limit)
+    return len(due)
+
+
+def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any) -> dict:
+    return {"timer": timer.id, "scheduled_for": scheduled, "late_by": now - scheduled,
+            "skipped": skipped, "data": timer.payload, **extra}
+
+
+def _fire_once(db: sqlite3.Connection, timer: Timer, now: int) -> None:
+    if timer.kind == "approval":
+        _expire(db, timer.payload["request_id"], now, "scheduler")
+    else:
+        source, source_id = timer.key or ("timer", f"{timer.id}@{timer.due}")
+        _insert_event(db, source, source_id, _occurrence(timer, timer.due, now, 0), now)
+    db.execute("DELETE FROM timers WHERE id = ?", (timer.id,))
+
+
+def _fire_coalesced(db: sqlite3.Connection, timer: Timer, now: int) -> None:
+    missed = (now - timer.due) // timer.every  # occurrences before the latest one
+    latest = timer.due + missed * timer.every
+    _insert_event(db, "timer", f"{timer.id}@{latest}",
+                  _occurrence(timer, latest, now, missed), now)
+    db.execute("UPDATE timers SET due = ?, last_fired = ?, last_skipped = ? WHERE id = ?",
+               (latest + timer.every, latest, missed, timer.id))
+
+
+def _fire_each(db: sqlite3.Connection, timer: Timer, now: int, limit: int) -> None:
+    count = (now - timer.due) // timer.every + 1
+    overflow = max(count - limit, 0)
+    first = timer.due + overflow * timer.every  # the newest `limit` occurrences get events
+    latest = timer.due + (count - 1) * timer.every
+    for index, scheduled in enumerate(range(first, latest + 1, timer.every)):
+        extra = {"overflow": overflow} if index == 0 and overflow else {}
+        _insert_event(db, "timer", f"{timer.id}@{scheduled}",
+                      _occurrence(timer, scheduled, now, 0, **extra), now)
+    db.execute("UPDATE timers SET due = ?, last_fired = ?, last_skipped = ?, "
+               "overflow = overflow + ? WHERE id = ?",
+               (latest + timer.every, latest, overflow, overflow, timer.id))
+
+
+def next_timer_due(db: sqlite3.Connection) -> int | None:
+    return db.execute("SELECT min(due) FROM timers").fetchone()[0]
+
+
+# --- approvals ------------------------------------------------------------------------------
+
+def request_approval(db: sqlite3.Connection, request_id: str, expires_in: int, action: str,
+                     now: int, run_id: int | None = None) -> Approval:
+    """Record a request; asking again never moves its deadline."""
+    inserted = db.execute(
+        "INSERT INTO approvals(request_id, action, requested, due, run_id) VALUES (?,?,?,?,?) "
+        "ON CONFLICT(request_id) DO NOTHING",
+        (request_id, action, now, now + expires_in, run_id)).rowcount == 1
+    if inserted:
+        add_timer(db, f"approval:{request_id}", now + expires_in, {"request_id": request_id},
+                  None, ("approval", request_id), "coalesce", "approval")
+    return get_approval(db, request_id)
+
+
+def get_approval(db: sqlite3.Connection, request_id: str) -> Approval | None:
+    row = db.execute("SELECT request_id, action, due, answer, requested, answered_at, "
+                     "answered_by FROM approvals WHERE request_id = ?", (request_id,)).fetchone()
+    return None if row is None else Approval(*row)
+
+
+def answer_approval(db: sqlite3.Connection, request_id: str, answer: str, now: int,
+                    actor: str, reason: str | None) -> str:
+    """Store the first answer unless the deadline has passed; return the answer that stands."""
+    approval = get_approval(db, request_id)
+    if approval is None:
+        audit(db, now, actor, f"answer {answer}", f"approval {request_id}", None, None, False,
+              reason or "no such request")
+        return "unknown"
+    if approval.answer is not None:
+        audit(db, now, actor, f"answer {answer}", f"approval {request_id}", approval.answer,
+              approval.answer, False, reason or "already answered")
+        return approval.answer
+    if now >= approval.due:
+        _expire(db, request_id, now, actor)
+        audit(db, now, actor, f"answer {answer}", f"approval {request_id}", "waiting",
+              "expired", False, reason or f"too late: deadline was {approval.due}")
+        return "expired"
+    _store_answer(db, approval, answer, now, actor)
+    audit(db, now, actor, f"answer {answer}", f"approval {request_id}", "waiting", answer, True,
+          reason)
+    return answer
+
+
+def expire_approval(db: sqlite3.Connection, request_id: str, now: int, actor: str,
+                    reason: str | None) -> str:
+    approval = get_approval(db, request_id)
+    if approval is None:
+        audit(db, now, actor, "expire", f"approval {request_id}", None, None, False,
+              reason or "no such request")
+        return "unknown"
+    if approval.answer is not None:
+        audit(db, now, actor, "expire", f"approval {request_id}", approval.answer,
+              approval.answer, False, reason or "already answered")
+        return approval.answer
+    _expire(db, request_id, now, actor)
+    audit(db, now, actor, "expire", f"approval {request_id}", "waiting", "expired", True, reason)
+    return "expired"
+
+
+def _expire(db: sqlite3.Connection, request_id: str, now: int, actor: str) -> None:
+    approval = get_approval(db, request_id)
+    if approval is not None and approval.answer is None:
+        _store_answer(db, approval, "expired", now, actor)
+
+
+def _store_answer(db: sqlite3.Connection, approval: Approval, answer: str, now: int,
+                  actor: str) -> None:
+    """Write-once: the answer and its resuming event share one key, ('approval', id)."""
+    db.execute("UPDATE approvals SET answer = ?, answered_at = ?, answered_by = ? "
+               "WHERE request_id = ? AND answer IS NULL",
+               (answer, now, actor, approval.request_id))
+    _insert_event(db, "approval", approval.request_id,
+                  {"request_id": approval.request_id, "answer": answer,
+                   "action": approval.action}, now)
+    db.execute("DELETE FROM timers WHERE id = ?", (f"approval:{approval.request_id}",))
+
+
+# --- outbox ---------------------------------------------------------------------------------
+
+def begin_delivery(db: sqlite3.Connection, now: int,
+                   flush: bool) -> tuple[int, str, str, int] | None:
+    """Pick what the next send carries and mark it sending; None when nothing may go now.
+
+    Returns (delivery id, idempotency key, text, message count). The send itself happens
+    after this transaction commits.
+    """
+    settings = load_settings(db)
+    held = bool(get_meta(db, "outbox_held"))
+    if held and not flush:
+        return None
+    retry = db.execute(
+        "SELECT id FROM deliveries WHERE status IN ('sending', 'failed') AND at_most_once = 0 "
+        "AND (status = 'failed' OR retry_after < ?) ORDER BY id LIMIT 1", (now,)).fetchone()
+    if retry is not None:
+        delivery_id = retry[0]
+        db.execute("UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
+                   "retry_after = ? WHERE id = ?", (now + settings.send_timeout, delivery_id))
+    else:
+        last = get_meta(db, "last_paced_send")
+        paced = flush or last is None or now >= last + settings.outbox_gap
+        condition = "" if paced else "AND urgent = 1"
+        ids = [r[0] for r in db.execute(
+            f"SELECT id FROM outbox WHERE status = 'held' AND delivery_id IS NULL {condition} "
+            f"ORDER BY id")]
+        if not ids:
+            return None
+        at_most_once = settings.delivery == "at_most_once"
+        delivery_id = db.execute(
+            "INSERT INTO deliveries(status, attempts, paced, at_most_once, created, retry_after) "
+            "VALUES ('sending', 1, ?, ?, ?, ?)",
+            (int(paced), int(at_most_once), now, now + settings.send_timeout)).lastrowid
+        db.execute(f"UPDATE outbox SET delivery_id = ? WHERE id IN ({_placeholders(ids)})",
+                   (delivery_id, *ids))
+        if paced:
+            set_meta(db, "last_paced_send", now)
+    bodies = [r[0] for r in db.execute(
+        "SELECT body FROM outbox WHERE delivery_id = ? ORDER BY id", (delivery_id,))]
+    return delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies)
+
+
+def delivery_key(db: sqlite3.Connection, delivery_id: int) -> str:
+    return f"onwatch-{get_meta(db, 'uid')}-{delivery_id}"
+
+
+def end_delivery(db: sqlite3.Connection, delivery_id: int, error: str | None,
+                 now: int) -> bool:
+    """Record a send's outcome; a failed one stays held for the next dispatch, or dies."""
+    settings = load_settings(db)
+    attempts, at_most_once = db.execute(
+        "SELECT attempts, at_most_once FROM deliveries WHERE id = ?", (delivery_id,)).fetchone()
+    if error is None:
+        db.execute("UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = NULL "
+                   "WHERE id = ?", (now, delivery_id))
+        db.execute("UPDATE outbox SET status = 'sent' WHERE delivery_id = ?", (delivery_id,))
+        return True
+    if at_most_once or attempts >= settings.max_delivery_attempts:
+        db.execute("UPDATE deliveries SET status = 'dead', last_error = ? WHERE id = ?",
+                   (error, delivery_id))
+        db.execute("UPDATE outbox SET status = 'dead' WHERE delivery_id = ?", (delivery_id,))
+    else:
+        db.execute("UPDATE deliveries SET status = 'failed', last_error = ? WHERE id = ?",
+                   (error, delivery_id))
+    return False
+
+
+def next_send_at(db: sqlite3.Connection) -> int | None:
+    """When the next paced send is allowed (None when nothing is waiting)."""
+    waiting = db.execute("SELECT 1 FROM outbox WHERE status = 'held' LIMIT 1").fetchone()
+    if waiting is None:
+        return None
+    last = get_meta(db, "last_paced_send")
+    return 0 if last is None else last + load_settings(db).outbox_gap
+
+
+# --- operator actions -----------------------------------------------------------------------
+
+_REQUEUE_FROM = ("dead", "interrupted", "cancelled")
+
+
+def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Sequence[str],
+                 expect: str | None, after: str, now: int, actor: str,
+                 reason: str | None) -> bool:
+    """Move one event from the state the operator saw; report (and change nothing) otherwise."""
+    row = db.execute("SELECT status FROM events WHERE id = ?", (event_id,)).fetchone()
+    before = None if row is None else row[0]
+    seen = expect if expect is not None else before
+    applied = before is not None and before == seen and before in allowed
+    if applied:
+        extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
+        cursor = db.execute(
+            f"UPDATE events SET status = ?, available_at = ?, updated = ?{extra} "
+            f"WHERE id = ? AND status = ?", (after, now, now, event_id, seen))
+        applied = cursor.rowcount == 1
+    why = reason
+    if not applied:
+        if before is None:
+            why = "no such event"
+        elif expect is not None and before != expect:
+            why = f"changed meanwhile: it is {before} now, not {expect}"
+        else:
+            why = f"cannot {action} a {before} event"
+    audit(db, now, actor, action, f"event {event_id}", before, after if applied else before,
+          applied, why)
+    return applied
+
+
+def set_flag(db: sqlite3.Connection, flag: str, value: bool, action: str, now: int,
+             actor: str, reason: str | None) -> bool:
+    before = bool(get_meta(db, flag))
+    if before != value:
+        set_meta(db, flag, int(value))
+    audit(db, now, actor, action, flag, str(before).lower(), str(value).lower(),
+          before != value, reason)
+    return before != value
+
+
+# --- effect journal -------------------------------------------------------------------------
+
+def intend_effect(db: sqlite3.Connection, holder: str, gen: int, run_id: int, name: str,
+                  detail: str, key: str | None, now: int) -> str | None:
+    """Record an effect before it happens (fenced); return its idempotency key."""
+    if not holds(db, holder, gen, now):
+        refuse(db, f"effect {name}", holder, gen, now)
+        return None
+    if key is None:
+        key = f"onwatch-{get_meta(db, 'uid')}-run{run_id}-{name}-{_count_effects(db, run_id) + 1}"
+    db.execute("INSERT INTO effects(run_id, name, key, state, detail, intended_at) "
+               "VALUES (?, ?, ?, 'intended', ?, ?) ON CONFLICT(key) DO NOTHING",
+               (run_id, name, key, detail, now))
+    return key
+
+
+def _count_effects(db: sqlite3.Connection, run_id: int) -> int:
+    return db.execute("SELECT count(*) FROM effects WHERE run_id = ?", (run_id,)).fetchone()[0]
+
+
+def settle_effect(db: sqlite3.Connection, key: str, state: str, now: int) -> bool:
+    """Record that an intended effect happened (or failed); facts are recorded unfenced."""
+    return db.execute("UPDATE effects SET state = ?, settled_at = ? WHERE key = ? AND "
+                      "state = 'intended'", (state, now, key)).rowcount == 1
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+def get_event(db: sqlite3.Connection, event_id: int) -> Event | None:
+    row = db.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ?", (event_id,)).fetchone()
+    return None if row is None else event_from_row(row)
+
+
+def events(db: sqlite3.Connection, status: str, limit: int, after: int | None,
+           before: int | None, search: str | None) -> list[Event]:
+    """A keyset page by id: ascending after `after`, or descending before `before`."""
+    clauses, params = ["status = ?"], [status]
+    if after is not None:
+        clauses.append("id > ?")
+        params.append(after)
+    if before is not None:
+        clauses.append("id < ?")
+        params.append(before)
+    if search:
+        clauses.append("(instr(lower(source), ?) > 0 OR instr(lower(source_id), ?) > 0 "
+                       "OR instr(lower(coalesce(error, '')), ?) > 0)")
+        params += [search.lower()] * 3
+    order = "DESC" if before is not None and after is None else "ASC"
+    rows = db.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events INDEXED BY events_by_status "
+        f"WHERE {' AND '.join(clauses)} ORDER BY id {order} LIMIT ?", (*params, limit))
+    return [event_from_row(r) for r in rows]
+
+
+def counts(db: sqlite3.Connection) -> dict[str, int]:
+    return dict(db.execute("SELECT status, n FROM event_counts"))
+
+
+def lease_info(db: sqlite3.Connection) -> Lease | None:
+    row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
+    return None if row is None else Lease(*row)
+
+
+def lease_history(db: sqlite3.Connection, limit: int) -> list[LeaseChange]:
+    return [LeaseChange(*r) for r in db.execute(
+        "SELECT gen, holder, previous_holder, at, how FROM lease_history ORDER BY gen DESC "
+        "LIMIT ?", (limit,))]
+
+
+def timers(db: sqlite3.Connection, limit: int) -> list[Timer]:
+    return [timer_from_row(r) for r in db.execute(
+        f"SELECT {TIMER_COLUMNS} FROM timers ORDER BY due, id LIMIT ?", (limit,))]
+
+
+def approvals(db: sqlite3.Connection, limit: int) -> list[Approval]:
+    """Waiting ones first (soonest deadline first), then the latest answered."""
+    columns = "request_id, action, due, answer, requested, answered_at, answered_by"
+    waiting = db.execute(f"SELECT {columns} FROM approvals WHERE answer IS NULL "
+                         f"ORDER BY due LIMIT ?", (limit,)).fetchall()
+    answered = db.execute(f"SELECT {columns} FROM approvals WHERE answer IS NOT NULL "
+                          f"ORDER BY answered_at DESC LIMIT ?",
+                          (max(limit - len(waiting), 0),)).fetchall()
+    return [Approval(*r) for r in waiting + answered]
+
+
+def held_messages(db: sqlite3.Connection, limit: int) -> list[Message]:
+    return [Message(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6]) for r in db.execute(
+        "SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox "
+        "WHERE status = 'held' ORDER BY id LIMIT ?", (limit,))]
+
+
+def deliveries(db: sqlite3.Connection, limit: int) -> list[Delivery]:
+    rows = db.execute(
+        "SELECT d.id, d.status, d.attempts, d.created, "
+        "(SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id), d.sent_at, d.last_error, "
+        "NOT d.paced FROM deliveries d ORDER BY d.id DESC LIMIT ?", (limit,)).fetchall()
+    return [Delivery(r[0], delivery_key(db, r[0]), r[1], r[2], r[3], r[4], r[5], r[6],
+                     bool(r[7])) for r in rows]
+
+
+def audit_entries(db: sqlite3.Connection, limit: int, target: str | None) -> list[AuditEntry]:
+    columns = "id, at, actor, action, target, before, after, applied, reason"
+    if target is None:
+        rows = db.execute(f"SELECT {columns} FROM audit ORDER BY id DESC LIMIT ?", (limit,))
+    else:
+        rows = db.execute(f"SELECT {columns} FROM audit WHERE target = ? ORDER BY id DESC "
+                          f"LIMIT ?", (target, limit))
+    return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in rows]
+
+
+def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
+    ids = list(ids)
+    rows = db.execute(
+        f"SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error "
+        f"FROM runs WHERE id IN ({_placeholders(ids)}) ORDER BY id", ids)
+    return [Run(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], r[5], r[6], _loads(r[7]), r[8])
+            for r in rows]
+
+
+def runs_for_event(db: sqlite3.Connection, event_id: int) -> list[Run]:
+    """Every run that claimed this event (history for the detail view)."""
+    ids = [r[0] for r in db.execute(
+        "SELECT runs.id FROM runs, json_each(runs.event_ids) WHERE json_each.value = ? "
+        "ORDER BY runs.id", (event_id,))]
+    return run_records(db, ids)
+
+
+def effects_for_run(db: sqlite3.Connection, run_ids: Sequence[int]) -> list[Effect]:
+    rows = db.execute(
+        f"SELECT id, run_id, name, key, state, detail, intended_at, settled_at FROM effects "
+        f"WHERE run_id IN ({_placeholders(run_ids)}) ORDER BY id", list(run_ids))
+    return [Effect(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6], r[7]) for r in rows]
+
+
+def overview(db: sqlite3.Connection, now: int) -> Overview:
+    settings = load_settings(db)
+    meta = dict(db.execute("SELECT key, value FROM meta"))
+    held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
+    waiting = db.execute("SELECT count(*) FROM approvals WHERE answer IS NULL").fetchone()[0]
+    runs_day = runs_since(db, now - DAY)
+    pending = counts(db)
+    budgets = {
+        "max_runs_per_day": {"limit": settings.max_runs_per_day, "used": runs_day,
+                             "excess": "delayed"},
+        "max_pending": {"limit": settings.max_pending, "used": pending.get("pending", 0),
+                        "excess": "refused"},
+        "max_followups_per_run": {"limit": settings.max_followups_per_run, "excess": "refused"},
+        "max_run_seconds": {"limit": settings.max_run_seconds, "excess": "lost claim"},
+    }
+    return Overview(
+        now=now, counts=pending, lease=lease_info(db), takeovers=meta.get("takeovers") or 0,
+        refused_writes=meta.get("refused_writes") or 0, paused=bool(meta.get("paused")),
+        outbox_held=bool(meta.get("outbox_held")), held_messages=held,
+        next_send_at=next_send_at(db) if held else None, next_timer_due=next_timer_due(db),
+        waiting_approvals=waiting, runs_last_day=runs_day, budgets=budgets)
+
+
+def next_wake(db: sqlite3.Connection) -> int | None:
+    """The earliest of: next timer, next backed-off pending event, next allowed send."""
+    candidates = [
+        next_timer_due(db),
+        db.execute("SELECT min(available_at) FROM events WHERE status = 'pending'").fetchone()[0],
+        next_send_at(db),
+    ]
+    known = [c for c in candidates if c is not None]
+    return min(known) if known else None

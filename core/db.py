@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from typing import Any, Callable, TypeVar
 
 import aiosqlite
@@ -109,11 +110,25 @@ class Database:
         await self._conn.close()
 
 
+def _retry_while_busy(step: Callable[[], Any], busy_timeout: float) -> None:
+    """Switching to WAL needs a moment alone with a brand-new file, and SQLite reports
+    SQLITE_BUSY for it without calling the busy handler: retry until the busy timeout."""
+    deadline = time.monotonic() + busy_timeout
+    while True:
+        try:
+            step()
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.005)
+
+
 def _prepare(db: sqlite3.Connection, path: str, busy_timeout: float) -> None:
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     version = schema.inspect(db, path)  # refuse foreign files before any write
     if version == 0 or db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-        db.execute("PRAGMA journal_mode = WAL")
+        _retry_while_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), busy_timeout)
     # FULL: an acknowledged commit survives power loss, not only a process crash.
     db.execute("PRAGMA synchronous = FULL")
     if version < schema.SCHEMA_VERSION:

@@ -459,14 +459,14 @@ class Inbox:
         return await self._change(event_id, "requeue", ("dead", "interrupted", "cancelled"),
                                   expect, "pending", now, actor, reason)
 
-    async def cancel(self, event_id: int, *, expect: str | None = "pending",
+    async def cancel(self, event_id: int, *, expect: str | None = None,
                      now: int | None = None, actor: str = "operator",
                      reason: str | None = None) -> bool:
         """pending → cancelled; a running event cannot be cancelled (returns False)."""
         return await self._change(event_id, "cancel", ("pending",), expect, "cancelled", now,
                                   actor, reason)
 
-    async def resolve(self, event_id: int, *, expect: str | None = "interrupted",
+    async def resolve(self, event_id: int, *, expect: str | None = None,
                       now: int | None = None, actor: str = "operator",
                       reason: str | None = None) -> bool:
         """interrupted → done: the operator confirms the uncertain effect happened."""

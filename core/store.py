@@ -592,7 +592,7 @@ def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Se
         elif expect is not None and before != expect:
             why = f"changed meanwhile: it is {before} now, not {expect}"
         else:
-            why = f"cannot {action} a {before} event"
+            why = f"cannot {action} a {before} event (only {' or '.join(allowed)})"
     audit(db, now, actor, action, f"event {event_id}", before, after if applied else before,
           applied, why)
     return applied

@@ -1,0 +1,149 @@
+"""Opening files: a foreign, corrupt or newer file is refused and left byte-for-byte untouched."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+
+import pytest
+
+from core import FakeClock, Inbox, InboxBusy, InboxError, NotAnInbox
+from core import schema
+
+
+def digest(path: str) -> str:
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def sidecars(path: str) -> list[str]:
+    return [p for p in (path + "-wal", path + "-shm", path + "-journal") if os.path.exists(p)]
+
+
+async def test_new_file_is_created_in_wal_mode_with_the_current_schema(path):
+    async with await Inbox.open(path) as box:
+        assert (await box.counts())["pending"] == 0
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
+    assert db.execute("PRAGMA application_id").fetchone()[0] == schema.APPLICATION_ID
+
+
+async def test_missing_file_without_create_is_refused_and_not_created(path):
+    with pytest.raises(NotAnInbox, match="no inbox at"):
+        await Inbox.open(path, create=False)
+    assert not os.path.exists(path)
+
+
+async def test_missing_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(NotAnInbox, match="folder does not exist"):
+        await Inbox.open(str(tmp_path / "nope" / "inbox.db"))
+
+
+async def test_a_directory_is_refused(tmp_path):
+    with pytest.raises(NotAnInbox, match="directory"):
+        await Inbox.open(str(tmp_path))
+
+
+@pytest.mark.parametrize("content", [b"hello, I am a text file\n", b"\x00" * 4096,
+                                     b"SQLite format 2\x00" + b"\x00" * 100])
+async def test_a_file_that_is_not_sqlite_is_refused_untouched(path, content):
+    with open(path, "wb") as handle:
+        handle.write(content)
+    before = digest(path)
+    with pytest.raises(NotAnInbox, match="not a SQLite database"):
+        await Inbox.open(path)
+    assert digest(path) == before and sidecars(path) == []
+
+
+async def test_someone_elses_database_is_refused_untouched(path):
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE customers(id INTEGER PRIMARY KEY, name TEXT)")
+    db.execute("INSERT INTO customers(name) VALUES ('Ada')")
+    db.commit()
+    db.close()
+    before = digest(path)
+    with pytest.raises(NotAnInbox, match="not an onwatch inbox.*customers"):
+        await Inbox.open(path)
+    assert digest(path) == before and sidecars(path) == []
+    db = sqlite3.connect(path)
+    assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["customers"]
+
+
+async def test_a_newer_schema_is_refused_untouched(path):
+    async with await Inbox.open(path):
+        pass
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+    before = digest(path)
+    with pytest.raises(NotAnInbox, match="newer onwatch"):
+        await Inbox.open(path)
+    assert digest(path) == before
+
+
+async def test_a_corrupt_inbox_is_a_clear_error(path):
+    async with await Inbox.open(path) as box:
+        for i in range(200):
+            await box.ingest("chat", f"m{i}", {"text": "x" * 200})
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:  # keep the header, scramble the pages after it
+        handle.seek(100)
+        handle.write(os.urandom(size - 100))
+    with pytest.raises(InboxError) as caught:
+        box = await Inbox.open(path)
+        await box.events("pending")
+    assert "damaged" in str(caught.value) or "not" in str(caught.value)
+
+
+async def test_a_locked_inbox_reports_busy_and_changes_nothing(path):
+    async with await Inbox.open(path, busy_timeout=0.2) as box:
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            with pytest.raises(InboxBusy, match="locked by another process"):
+                await box.ingest("chat", "m1", None)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert await box.ingest("chat", "m1", None) is True
+        assert (await box.counts())["pending"] == 1
+
+
+async def test_forward_migration_from_a_version_1_file_keeps_every_row(path):
+    # Build the file exactly as version 1 of the schema left it, with data in it.
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    schema.migrate(db, path, target=1)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 1
+    db.execute("INSERT INTO events(source, source_id, payload, available_at, created, updated) "
+               "VALUES ('chat', 'old-1', ?, 5, 5, 5)", (json.dumps({"text": "from v1"}),))
+    db.close()
+    async with await Inbox.open(path, clock=FakeClock(1_000)) as box:
+        [event] = await box.events("pending")
+        assert event.payload == {"text": "from v1"}
+        assert (await box.counts())["pending"] == 1
+        gen = await box.acquire("W")
+        [claimed] = await box.claim_batch("W", gen)
+        key = await box.intend_effect("W", gen, claimed.run_id, "mail", {"to": "a@b"})
+        assert key is not None  # the table version 2 added works
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+
+
+async def test_four_connections_creating_the_same_inbox_at_once(path):
+    import asyncio
+    boxes = await asyncio.gather(*(Inbox.open(path) for _ in range(4)))
+    for box in boxes:
+        await box.close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
+    assert db.execute("SELECT count(*) FROM event_counts").fetchone()[0] == 6
+
+
+def test_the_one_hop_hook_of_aiosqlite_exists():
+    """core/db.py runs whole transactions through aiosqlite's Connection._execute."""
+    import aiosqlite
+    assert callable(getattr(aiosqlite.Connection, "_execute", None))
+    assert isinstance(getattr(aiosqlite.Connection, "_conn", None), property)

@@ -164,8 +164,16 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX audit_by_target ON audit(target, id);
     """,
-    # 2: the effect journal (intended before an external effect, confirmed after).
+    # 2: the effect journal (intended before an external effect, confirmed after), and an
+    # index of which runs claimed which event, so an event's history is not a scan of runs.
     """
+    CREATE TABLE run_events (
+        event_id INTEGER NOT NULL,
+        run_id INTEGER NOT NULL,
+        PRIMARY KEY (event_id, run_id)
+    ) WITHOUT ROWID;
+    INSERT INTO run_events(event_id, run_id)
+        SELECT json_each.value, runs.id FROM runs, json_each(runs.event_ids);
     CREATE TABLE effects (
         id INTEGER PRIMARY KEY,
         run_id INTEGER NOT NULL,

@@ -231,6 +231,8 @@ def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list
         return []
     run_id = db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (?,?,?,?)",
                         (holder, gen, json.dumps(ids), now)).lastrowid
+    db.executemany("INSERT INTO run_events(event_id, run_id) VALUES (?, ?)",
+                   [(event_id, run_id) for event_id in ids])
     marks = _placeholders(ids)
     # Attempts are counted here, at claim time: a worker that crashes never reports failure.
     db.execute(f"UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = ?, "
@@ -512,19 +514,16 @@ def begin_delivery(db: sqlite3.Connection, now: int,
     else:
         last = get_meta(db, "last_paced_send")
         paced = flush or last is None or now >= last + settings.outbox_gap
-        condition = "" if paced else "AND urgent = 1"
-        ids = [r[0] for r in db.execute(
-            f"SELECT id FROM outbox WHERE status = 'held' AND delivery_id IS NULL {condition} "
-            f"ORDER BY id")]
-        if not ids:
+        waiting = ("status = 'held' AND delivery_id IS NULL" +
+                   ("" if paced else " AND urgent = 1"))
+        if db.execute(f"SELECT 1 FROM outbox WHERE {waiting} LIMIT 1").fetchone() is None:
             return None
         at_most_once = settings.delivery == "at_most_once"
         delivery_id = db.execute(
             "INSERT INTO deliveries(status, attempts, paced, at_most_once, created, retry_after) "
             "VALUES ('sending', 1, ?, ?, ?, ?)",
             (int(paced), int(at_most_once), now, now + settings.send_timeout)).lastrowid
-        db.execute(f"UPDATE outbox SET delivery_id = ? WHERE id IN ({_placeholders(ids)})",
-                   (delivery_id, *ids))
+        db.execute(f"UPDATE outbox SET delivery_id = ? WHERE {waiting}", (delivery_id,))
         if paced:
             set_meta(db, "last_paced_send", now)
     bodies = [r[0] for r in db.execute(
@@ -730,8 +729,7 @@ def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
 def runs_for_event(db: sqlite3.Connection, event_id: int) -> list[Run]:
     """Every run that claimed this event (history for the detail view)."""
     ids = [r[0] for r in db.execute(
-        "SELECT runs.id FROM runs, json_each(runs.event_ids) WHERE json_each.value = ? "
-        "ORDER BY runs.id", (event_id,))]
+        "SELECT run_id FROM run_events WHERE event_id = ? ORDER BY run_id", (event_id,))]
     return run_records(db, ids)
 
 

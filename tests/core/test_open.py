@@ -120,13 +120,20 @@ async def test_forward_migration_from_a_version_1_file_keeps_every_row(path):
     assert db.execute("PRAGMA user_version").fetchone()[0] == 1
     db.execute("INSERT INTO events(source, source_id, payload, available_at, created, updated) "
                "VALUES ('chat', 'old-1', ?, 5, 5, 5)", (json.dumps({"text": "from v1"}),))
+    db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at, finished_at, outcome, "
+               "error) VALUES ('old-worker', 1, '[1]', 5, 6, 'error', 'timeout')")
+    db.execute("UPDATE events SET attempts = 1 WHERE id = 1")
     db.close()
     async with await Inbox.open(path, clock=FakeClock(1_000)) as box:
         [event] = await box.events("pending")
         assert event.payload == {"text": "from v1"}
         assert (await box.counts())["pending"] == 1
+        # Version 2 indexed which runs claimed which event, backfilled from version 1's runs.
+        assert [(r.holder, r.error) for r in await box.runs(event.id)] == [
+            ("old-worker", "timeout")]
         gen = await box.acquire("W")
         [claimed] = await box.claim_batch("W", gen)
+        assert [r.holder for r in await box.runs(event.id)] == ["old-worker", "W"]
         key = await box.intend_effect("W", gen, claimed.run_id, "mail", {"to": "a@b"})
         assert key is not None  # the table version 2 added works
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2

@@ -100,6 +100,10 @@ def ingest_many(db: sqlite3.Connection,
     settings = load_settings(db)
     results: list[bool | Exception] = []
     for source, source_id, payload, now in items:
+        if len(payload) > settings.max_payload_bytes:  # the limit may have changed elsewhere
+            results.append(BadInput(f"payload is over {settings.max_payload_bytes} bytes "
+                                    f"(max_payload_bytes)"))
+            continue
         if settings.max_pending is not None and _refuse_over_pending(db, settings, source,
                                                                      source_id):
             results.append(BudgetExceeded(

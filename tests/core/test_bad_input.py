@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from core import ApprovalRequest, BadInput, FollowUp, InboxError, Reply
+from core import ApprovalRequest, BadInput, FollowUp, Inbox, InboxError, Reply
 
 from .conftest import T
 
@@ -100,3 +100,15 @@ async def test_approval_request_in_finish_is_atomic_with_the_outcome(busy_inbox)
     [approval] = await busy_inbox.approvals()
     assert approval.request_id == "refund-1" and approval.answer is None
     assert [t.id for t in await busy_inbox.timers()] == ["approval:refund-1"]
+
+
+async def test_a_payload_limit_lowered_by_another_process_still_holds(inbox, path):
+    other = await Inbox.open(path)
+    try:
+        await other.configure(max_payload_bytes=100)
+        before = dump(path)
+        with pytest.raises(BadInput, match="max_payload_bytes"):
+            await inbox.ingest("hook", "big", "x" * 200)  # this inbox's cache still says 1 MiB
+        assert dump(path) == before
+    finally:
+        await other.close()

@@ -30,6 +30,15 @@ async def test_new_file_is_created_in_wal_mode_with_the_current_schema(path):
     assert db.execute("PRAGMA application_id").fetchone()[0] == schema.APPLICATION_ID
 
 
+async def test_every_connection_commits_with_full_durability_and_a_busy_timeout(path):
+    async with await Inbox.open(path, busy_timeout=2.5) as box:
+        pragmas = await box._db.call(lambda db: (
+            db.execute("PRAGMA synchronous").fetchone()[0],
+            db.execute("PRAGMA busy_timeout").fetchone()[0],
+            db.execute("PRAGMA journal_mode").fetchone()[0]))
+    assert pragmas == (2, 2500, "wal")  # 2 = FULL
+
+
 async def test_missing_file_without_create_is_refused_and_not_created(path):
     with pytest.raises(NotAnInbox, match="no inbox at"):
         await Inbox.open(path, create=False)

@@ -1,0 +1,521 @@
+#!/usr/bin/env python3
+"""The core benchmark: the async engine against the plain-sqlite3 yardstick, side by side.
+
+    python3 dev.py bench              every benchmark (this one included)
+    python3 tests/bench/bench_core.py [--quick] [--rounds N]
+
+Both sides run the same workloads on their own files in one temporary folder (never in the
+repository), in one process, alternating which side goes first, for several rounds; each
+figure is the median over the rounds. A ratio is async / yardstick throughput, so higher is
+better and 1.0 means the async layer costs nothing. The last line printed is the minimum over
+every row of ratio / target (for the read paths: 5 ms / p95 latency); 1.00 or more means every
+target holds.
+
+--quick runs small sizes once or twice: a smoke test (CI), not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import platform
+import random
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from core import FakeClock, Inbox  # noqa: E402
+from core import schema, store  # noqa: E402
+from tests.bench.yardstick import Yardstick  # noqa: E402
+
+NOW = 1_700_000_000
+READ_TARGET_MS = 5.0
+PAYLOAD_TEXT = "x" * 120
+
+
+def payload(n: int) -> dict[str, Any]:
+    """A small webhook-like body (about 200 bytes of JSON)."""
+    return {"n": n, "event": "push", "repo": "acme/api", "ref": "refs/heads/main",
+            "text": PAYLOAD_TEXT}
+
+
+@dataclass
+class Sizes:
+    rounds: int
+    ingest: int
+    cycles: int
+    timers: int
+    messages: int
+    writers: int
+    per_writer: int
+    big_events: int
+    read_calls: int
+
+
+FULL = Sizes(rounds=7, ingest=2000, cycles=400, timers=10_000, messages=10_000, writers=64,
+             per_writer=100, big_events=1_000_000, read_calls=200)
+QUICK = Sizes(rounds=2, ingest=100, cycles=20, timers=300, messages=300, writers=64,
+              per_writer=4, big_events=5_000, read_calls=10)
+
+
+# --- setup helpers (plain sqlite3, never timed) ------------------------------------------------
+
+def _setup(path: str, fn: Callable[[sqlite3.Connection], None]) -> None:
+    with Yardstick(path) as y:
+        y.write(fn)
+
+
+def add_due_timers(count: int) -> Callable[[sqlite3.Connection], None]:
+    def fn(db: sqlite3.Connection) -> None:
+        for i in range(count):
+            store.add_timer(db, f"follow-up-{i}", NOW - 60 - i % 600, {"i": i}, None, None,
+                            "coalesce", "timer")
+    return fn
+
+
+def add_held_messages(count: int) -> Callable[[sqlite3.Connection], None]:
+    def fn(db: sqlite3.Connection) -> None:
+        db.executemany("INSERT INTO outbox(body, urgent, created) VALUES (?, 0, ?)",
+                       ((f"reply {i}: " + PAYLOAD_TEXT[:60], NOW - 10) for i in range(count)))
+    return fn
+
+
+# --- one measurement per side -------------------------------------------------------------------
+
+class Files:
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.count = 0
+
+    def new(self, stem: str) -> str:
+        self.count += 1
+        return os.path.join(self.folder, f"{stem}-{self.count}.db")
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+async def atimed(fn: Callable[[], Awaitable[Any]]) -> float:
+    gc.collect()
+    start = time.perf_counter()
+    await fn()
+    return time.perf_counter() - start
+
+
+def _expect(what: str, got: Any, wanted: Any) -> None:
+    if got != wanted:
+        raise AssertionError(f"benchmark self-check failed: {what}: got {got!r}, want {wanted!r}")
+
+
+def yard_ingest(files: Files, n: int) -> tuple[float, float]:
+    """Sequential ingest of n new events, then the same n again (all duplicates)."""
+    with Yardstick(files.new("y-ingest")) as y:
+        def fresh() -> None:
+            for i in range(n):
+                y.ingest("bench", f"key-{i}", payload(i), now=NOW)
+
+        def again() -> None:
+            for i in range(n):
+                if y.ingest("bench", f"key-{i}", payload(i), now=NOW):
+                    raise AssertionError("a duplicate was stored")
+        first = timed(fresh)
+        second = timed(again)
+        _expect("yardstick events", y.counts()["pending"], n)
+    return n / first, n / second
+
+
+async def async_ingest(files: Files, n: int) -> tuple[float, float]:
+    box = await Inbox.open(files.new("a-ingest"), clock=FakeClock(NOW))
+    try:
+        async def fresh() -> None:
+            for i in range(n):
+                await box.ingest("bench", f"key-{i}", payload(i), now=NOW)
+
+        async def again() -> None:
+            for i in range(n):
+                if await box.ingest("bench", f"key-{i}", payload(i), now=NOW):
+                    raise AssertionError("a duplicate was stored")
+        first = await atimed(fresh)
+        second = await atimed(again)
+        _expect("async events", (await box.counts())["pending"], n)
+    finally:
+        await box.close()
+    return n / first, n / second
+
+
+def yard_cycle(files: Files, n: int) -> float:
+    """n run cycles: ingest one event, acquire the lease, claim it, finish with one message."""
+    with Yardstick(files.new("y-cycle")) as y:
+        def cycles() -> None:
+            for i in range(n):
+                y.ingest("chat", f"msg-{i}", payload(i), now=NOW)
+                gen = y.acquire("worker", now=NOW)
+                claimed = y.claim_batch("worker", gen, now=NOW)
+                if not y.finish("worker", gen, [e.id for e in claimed], [f"answer {i}"],
+                                now=NOW):
+                    raise AssertionError("finish refused")
+        seconds = timed(cycles)
+        _expect("yardstick done", y.counts()["done"], n)
+    return n / seconds
+
+
+async def async_cycle(files: Files, n: int) -> float:
+    box = await Inbox.open(files.new("a-cycle"), clock=FakeClock(NOW))
+    try:
+        async def cycles() -> None:
+            for i in range(n):
+                await box.ingest("chat", f"msg-{i}", payload(i), now=NOW)
+                gen = await box.acquire("worker", now=NOW)
+                claimed = await box.claim_batch("worker", gen, now=NOW)
+                if not await box.finish("worker", gen, [e.id for e in claimed],
+                                        [f"answer {i}"], now=NOW):
+                    raise AssertionError("finish refused")
+        seconds = await atimed(cycles)
+        _expect("async done", (await box.counts())["done"], n)
+    finally:
+        await box.close()
+    return n / seconds
+
+
+def yard_scheduler(files: Files, n: int) -> float:
+    path = files.new("y-timers")
+    _setup(path, add_due_timers(n))
+    with Yardstick(path) as y:
+        fired: list[int] = []
+        seconds = timed(lambda: fired.append(y.run_scheduler(now=NOW)))
+        _expect("yardstick timers fired", (fired[0], y.counts()["pending"]), (n, n))
+    return n / seconds
+
+
+async def async_scheduler(files: Files, n: int) -> float:
+    path = files.new("a-timers")
+    _setup(path, add_due_timers(n))
+    box = await Inbox.open(path, clock=FakeClock(NOW))
+    try:
+        fired: list[int] = []
+
+        async def run() -> None:
+            fired.append(await box.run_scheduler(now=NOW))
+        seconds = await atimed(run)
+        _expect("async timers fired", (fired[0], (await box.counts())["pending"]), (n, n))
+    finally:
+        await box.close()
+    return n / seconds
+
+
+def yard_dispatch(files: Files, n: int) -> float:
+    path = files.new("y-outbox")
+    _setup(path, add_held_messages(n))
+    sent: list[str] = []
+    with Yardstick(path) as y:
+        counted: list[int] = []
+        seconds = timed(lambda: counted.append(y.dispatch(sent.append, now=NOW)))
+        _expect("yardstick messages sent", (counted[0], len(y.held_messages(limit=1))), (n, 0))
+    return n / seconds
+
+
+async def async_dispatch(files: Files, n: int) -> float:
+    path = files.new("a-outbox")
+    _setup(path, add_held_messages(n))
+    sent: list[str] = []
+    box = await Inbox.open(path, clock=FakeClock(NOW))
+    try:
+        counted: list[int] = []
+
+        async def run() -> None:
+            counted.append(await box.dispatch(sent.append, now=NOW))
+        seconds = await atimed(run)
+        _expect("async messages sent", (counted[0], len(await box.held_messages(limit=1))),
+                (n, 0))
+    finally:
+        await box.close()
+    return n / seconds
+
+
+async def async_concurrent(files: Files, writers: int, per_writer: int) -> float:
+    """`writers` coroutines ingesting at once; each ingest returns after its commit."""
+    box = await Inbox.open(files.new("a-concurrent"), clock=FakeClock(NOW))
+    try:
+        async def writer(w: int) -> None:
+            for i in range(per_writer):
+                if not await box.ingest("storm", f"w{w}-{i}", payload(i), now=NOW):
+                    raise AssertionError("a new event was reported as a duplicate")
+
+        async def storm() -> None:
+            await asyncio.gather(*(writer(w) for w in range(writers)))
+        seconds = await atimed(storm)
+        _expect("async concurrent events", (await box.counts())["pending"], writers * per_writer)
+    finally:
+        await box.close()
+    return writers * per_writer / seconds
+
+
+# --- the TUI's read paths on a big inbox --------------------------------------------------------
+
+STATUS_MIX = (("done", 0.90), ("pending", 0.06), ("dead", 0.02), ("interrupted", 0.01),
+              ("cancelled", 0.00998), ("running", 0.00002))
+
+
+def build_big_inbox(path: str, events: int) -> dict[str, list[int]]:
+    """An inbox of `events` events in every state (interleaved ids), timers, held and sent
+    messages, approvals and a lease. Returns some ids of each state for keyset pages."""
+    rng = random.Random(6)
+    statuses = [s for s, _ in STATUS_MIX]
+    weights = [w for _, w in STATUS_MIX]
+    ids: dict[str, list[int]] = {s: [] for s in statuses}
+    with Yardstick(path) as y:
+        db = y.db
+        db.execute("PRAGMA synchronous = OFF")  # setup only; every measured open is FULL
+        db.execute("BEGIN IMMEDIATE")
+
+        def rows():
+            for i in range(1, events + 1):
+                status = rng.choices(statuses, weights)[0]
+                if len(ids[status]) < 5000:
+                    ids[status].append(i)
+                running = status == "running"
+                yield (i, "github" if i % 3 else "chat", f"delivery-{i}",
+                       '{"n": %d, "event": "push"}' % i, status, 1 if status != "pending" else 0,
+                       1 if running else None, NOW - 10 if running else None,
+                       NOW - events + i, NOW - events + i, NOW - events + i)
+        db.executemany(
+            "INSERT INTO events(id, source, source_id, payload, status, attempts, claim_gen, "
+            "claimed_at, available_at, created, updated) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows())
+        for i in range(1000):
+            store.add_timer(db, f"timer-{i}", NOW + 60 * i, {"i": i}, 3600 if i % 2 else None,
+                            None, "coalesce", "timer")
+        db.executemany("INSERT INTO outbox(body, urgent, created, status) VALUES (?, ?, ?, ?)",
+                       ((f"message {i}", int(i % 10 == 0), NOW - i, "held" if i < 1000 else "sent")
+                        for i in range(3000)))
+        for i in range(200):
+            store.request_approval(db, f"approval-{i}", 3600 + i, f"deploy build {i}", NOW - 100)
+        for i in range(100):
+            store.answer_approval(db, f"approval-{i}", "yes", NOW - 50, "operator", None)
+        store.acquire(db, "worker", NOW)
+        db.execute("COMMIT")
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("ANALYZE")
+    return ids
+
+
+def read_paths(ids: dict[str, list[int]]) -> list[tuple[str, Callable[[Any], Any]]]:
+    """(name, call(api)) for every read the TUI makes; api is an Inbox or a Yardstick."""
+    paths: list[tuple[str, Callable[[Any], Any]]] = [("counts", lambda api: api.counts())]
+    for status in ("pending", "running", "done", "dead", "interrupted", "cancelled"):
+        some = ids[status]
+        mid = some[len(some) // 2] if some else 1
+        paths += [
+            (f"page {status}: first", lambda api, s=status: api.events(s, limit=50)),
+            (f"page {status}: next", lambda api, s=status, m=mid: api.events(s, limit=50,
+                                                                              after=m)),
+            (f"page {status}: previous", lambda api, s=status, m=mid: api.events(
+                s, limit=50, before=m)),
+        ]
+    paths += [
+        ("lease", lambda api: api.lease_info()),
+        ("next timers", lambda api: api.timers(limit=50)),
+        ("next timer due", lambda api: api.next_timer_due()),
+        ("held messages", lambda api: api.held_messages(limit=100)),
+        ("approvals waiting", lambda api: api.approvals(limit=100)),
+    ]
+    return paths
+
+
+def _p95(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
+
+
+async def measure_reads(path: str, ids: dict[str, list[int]], calls: int,
+                        rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Latency in ms per call, both sides, alternating order per round."""
+    samples: dict[str, dict[str, list[float]]] = {}
+    paths = read_paths(ids)
+    box = await Inbox.open(path, clock=FakeClock(NOW), create=False)
+    yard = Yardstick(path)
+    try:
+        for r in range(rounds):
+            for name, call in paths:
+                entry = samples.setdefault(name, {"yard": [], "async": []})
+                order = ("yard", "async") if r % 2 == 0 else ("async", "yard")
+                for side in order:
+                    for _ in range(calls):
+                        start = time.perf_counter()
+                        if side == "yard":
+                            call(yard)
+                        else:
+                            await call(box)
+                        entry[side].append((time.perf_counter() - start) * 1000)
+    finally:
+        yard.close()
+        await box.close()
+    return samples
+
+
+# --- the run ------------------------------------------------------------------------------------
+
+@dataclass
+class Row:
+    name: str
+    unit: str
+    yard: list[float] = field(default_factory=list)
+    engine: list[float] = field(default_factory=list)
+    ratios: list[float] = field(default_factory=list)
+    target: float = 1.0
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, "
+            f"SQLite {sqlite3.sqlite_version}, {platform.system()} {platform.release()}")
+
+
+def filesystem(folder: str) -> str:
+    best, kind = "", "unknown"
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            parts = line.split()
+            if len(parts) >= 3 and folder.startswith(parts[1]) and len(parts[1]) > len(best):
+                best, kind = parts[1], parts[2]
+    except OSError:
+        pass
+    return f"{kind} (mounted at {best or '?'})"
+
+
+def _fmt_rate(value: float, unit: str) -> str:
+    return f"{value:,.0f} {unit}"
+
+
+async def run(sizes: Sizes, folder: str, out: Callable[[str], None]) -> float:
+    files = Files(folder)
+    rows = {key: Row(name, unit, target=target) for key, name, unit, target in (
+        ("ingest", "sequential ingest (1 await/event)", "ev/s", 1.0),
+        ("duplicate", "duplicate ingest", "ev/s", 1.0),
+        ("cycle", "run cycle (ingest+acquire+claim+finish)", "cycles/s", 1.0),
+        ("scheduler", f"scheduler pass, {sizes.timers:,} due timers", "timers/s", 1.0),
+        ("dispatch", f"dispatch of {sizes.messages:,} held messages", "msgs/s", 1.0),
+        ("concurrent", f"concurrent intake, {sizes.writers} coroutines "
+                       f"(vs sequential yardstick)", "ev/s", 10.0),
+    )}
+    for r in range(sizes.rounds):
+        yard_first = r % 2 == 0
+        out(f"  round {r + 1}/{sizes.rounds} ({'yardstick' if yard_first else 'async'} first) …")
+
+        async def both(key: str, yard_fn: Callable[[], Any],
+                       async_fn: Callable[[], Awaitable[Any]]) -> tuple[Any, Any]:
+            if yard_first:
+                y = yard_fn()
+                a = await async_fn()
+            else:
+                a = await async_fn()
+                y = yard_fn()
+            return y, a
+
+        (y_new, y_dup), (a_new, a_dup) = await both(
+            "ingest", lambda: yard_ingest(files, sizes.ingest),
+            lambda: async_ingest(files, sizes.ingest))
+        y_cycle, a_cycle = await both("cycle", lambda: yard_cycle(files, sizes.cycles),
+                                      lambda: async_cycle(files, sizes.cycles))
+        y_sched, a_sched = await both("scheduler", lambda: yard_scheduler(files, sizes.timers),
+                                      lambda: async_scheduler(files, sizes.timers))
+        y_disp, a_disp = await both("dispatch", lambda: yard_dispatch(files, sizes.messages),
+                                    lambda: async_dispatch(files, sizes.messages))
+        a_conc = await async_concurrent(files, sizes.writers, sizes.per_writer)
+        for key, y, a in (("ingest", y_new, a_new), ("duplicate", y_dup, a_dup),
+                          ("cycle", y_cycle, a_cycle), ("scheduler", y_sched, a_sched),
+                          ("dispatch", y_disp, a_disp), ("concurrent", y_new, a_conc)):
+            rows[key].yard.append(y)
+            rows[key].engine.append(a)
+            rows[key].ratios.append(a / y)
+        for name in os.listdir(folder):  # keep the temp folder small between rounds
+            os.unlink(os.path.join(folder, name))
+
+    out(f"  building an inbox of {sizes.big_events:,} events for the read paths …")
+    big = os.path.join(folder, "big.db")
+    ids = build_big_inbox(big, sizes.big_events)
+    reads = await measure_reads(big, ids, sizes.read_calls, sizes.rounds)
+
+    # --- the table
+    lines = []
+    header = (f"{'workload':<52} {'yardstick':>18} {'async engine':>18} {'ratio':>7} "
+              f"{'target':>8}  ok")
+    lines.append(header)
+    lines.append("-" * len(header))
+    scores: list[tuple[float, str]] = []
+    for row in rows.values():
+        y, a, ratio = (statistics.median(row.yard), statistics.median(row.engine),
+                       statistics.median(row.ratios))
+        score = ratio / row.target
+        scores.append((score, row.name))
+        lines.append(f"{row.name:<52} {_fmt_rate(y, row.unit):>18} {_fmt_rate(a, row.unit):>18} "
+                     f"{ratio:>6.2f}x {'>= ' + format(row.target, 'g') + 'x':>8}  "
+                     f"{'yes' if score >= 1 else 'NO'}")
+    for name, entry in reads.items():
+        y_med, a_med, a_p95 = (statistics.median(entry["yard"]), statistics.median(entry["async"]),
+                               _p95(entry["async"]))
+        score = READ_TARGET_MS / a_p95
+        label = f"read on {sizes.big_events:,} events: {name}"
+        scores.append((score, label))
+        lines.append(f"{label:<52} {y_med:>15.3f} ms {a_med:>9.3f} ms p95 {a_p95:.3f}"
+                     f" {'':>1}{'< 5 ms':>8}  {'yes' if score >= 1 else 'NO'}")
+    for line in lines:
+        out(line)
+    worst, worst_name = min(scores)
+    out(f"minimum ratio/target: {worst:.2f} ({worst_name})")
+    return worst
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes, a smoke test rather than a measurement")
+    parser.add_argument("--rounds", type=int, help="rounds per workload (default 7, quick 2)")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    if args.rounds:
+        sizes = Sizes(**{**sizes.__dict__, "rounds": args.rounds})
+
+    def out(line: str) -> None:
+        print(line, flush=True)
+
+    folder = tempfile.mkdtemp(prefix="onwatch-bench-")
+    try:
+        out(f"onwatch core benchmark{' (quick: smoke test only)' if args.quick else ''}: "
+            f"async engine vs plain sqlite3 yardstick, WAL + synchronous=FULL, one commit "
+            f"per call")
+        out(f"machine: {machine()}")
+        out(f"temp folder filesystem: {filesystem(folder)}")
+        out(f"{sizes.rounds} rounds, sides alternate who goes first; medians; "
+            f"ratio = async / yardstick")
+        asyncio.run(run(sizes, folder, out))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

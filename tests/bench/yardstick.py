@@ -1,0 +1,132 @@
+"""The yardstick: the inbox's transactions in plain synchronous `sqlite3`, no event loop.
+
+This is what the async engine (core/inbox.py + core/db.py) is measured against. It runs the
+very same transactions — the SQL of core/store.py, on a file created by core's own schema
+migrations, so tables, triggers and indexes are identical — with the same durability:
+
+* WAL journal, `synchronous = FULL` (every commit is fsynced before it returns);
+* one transaction per call (per event for ingest), `BEGIN IMMEDIATE … COMMIT`;
+* the same busy timeout.
+
+What it leaves out is everything the async engine adds on top: no thread hop, no group
+commit, no argument validation beyond what `json.dumps` does. A ratio async/yardstick of 1.0
+therefore means the async layer costs nothing over calling SQLite directly.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from typing import Any, Callable, Sequence, TypeVar
+
+from core import schema, store
+from core.records import Reply
+
+T = TypeVar("T")
+
+
+class Yardstick:
+    """One plain `sqlite3` connection to one inbox file, used synchronously."""
+
+    def __init__(self, path: str, *, busy_timeout: float = 5.0) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path, isolation_level=None)
+        self.db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        self.db.execute("PRAGMA journal_mode = WAL")
+        self.db.execute("PRAGMA synchronous = FULL")
+        schema.migrate(self.db, path)  # core's migrations: the same schema, byte for byte
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "Yardstick":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # --- transactions -----------------------------------------------------------------------
+
+    def write(self, fn: Callable[..., T], *args: Any) -> T:
+        db = self.db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(db, *args)
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.execute("ROLLBACK")
+            raise
+        return result
+
+    def read(self, fn: Callable[..., T], *args: Any) -> T:
+        db = self.db
+        db.execute("BEGIN")
+        try:
+            return fn(db, *args)
+        finally:
+            if db.in_transaction:
+                db.execute("COMMIT")
+
+    # --- the API the benchmark drives ---------------------------------------------------------
+
+    def ingest(self, source: str, source_id: str, payload: Any = None, *,
+               now: int | None = None) -> bool:
+        """One event, one transaction, committed (fsynced) before returning."""
+        now = int(time.time()) if now is None else now
+        result = self.write(store.ingest_many, [(source, source_id, json.dumps(payload), now)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    def acquire(self, holder: str, *, now: int) -> int | None:
+        return self.write(store.acquire, holder, now)
+
+    def claim_batch(self, holder: str, gen: int, *, now: int) -> list:
+        return self.write(store.claim_batch, holder, gen, now)
+
+    def finish(self, holder: str, gen: int, ids: Sequence[int], messages: Sequence[str] = (),
+               *, now: int) -> bool:
+        return self.write(store.finish, holder, gen, list(ids), [Reply(m) for m in messages],
+                          None, None, [], [], now)
+
+    def run_scheduler(self, *, now: int) -> int:
+        return self.write(store.run_scheduler, now)
+
+    def dispatch(self, send: Callable[[str], Any], *, now: int) -> int:
+        """At most one send of what the outbox allows now (the same two transactions)."""
+        picked = self.write(store.begin_delivery, now, False)
+        if picked is None:
+            return 0
+        delivery_id, _key, text, count = picked
+        error = None
+        try:
+            send(text)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        return count if self.write(store.end_delivery, delivery_id, error, now) else 0
+
+    # --- the TUI's reads ------------------------------------------------------------------
+
+    def counts(self) -> dict[str, int]:
+        return store.counts(self.db)
+
+    def events(self, status: str, *, limit: int = 100, after: int | None = None,
+               before: int | None = None) -> list:
+        return store.events(self.db, status, limit, after, before, None)
+
+    def lease_info(self):
+        return store.lease_info(self.db)
+
+    def timers(self, *, limit: int = 1000) -> list:
+        return store.timers(self.db, limit)
+
+    def next_timer_due(self) -> int | None:
+        return store.next_timer_due(self.db)
+
+    def held_messages(self, *, limit: int = 1000) -> list:
+        return store.held_messages(self.db, limit)
+
+    def approvals(self, *, limit: int = 1000) -> list:
+        return self.read(store.approvals, limit)

@@ -8,6 +8,11 @@ schemes, any other configured source the generic one. The order of checks for ev
     or Stripe timestamp → 400 delivery id / JSON → ingest → 202 stored | 200 duplicate |
     503 inbox full or locked (Retry-After).
 
+A hook without a configured secret answers 404, like an unknown path, not 401: there is
+nothing it could be signed with, so it does not exist; a sender's delivery log then says
+"not found" (wrong URL, or the receiver lacks the secret) instead of sending the operator to
+hunt for a secret mismatch, and a scanner cannot tell unconfigured names from unknown ones.
+
 Nothing is parsed before the signature is verified, and nothing is answered 2xx before
 `Inbox.ingest` has returned, i.e. before the event is committed (concurrent deliveries share
 one commit through the inbox's group commit; each still waits for its own).
@@ -22,7 +27,6 @@ import logging
 import os
 import signal
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 from urllib.parse import parse_qs
@@ -76,8 +80,10 @@ class Scheme:
     """A signing scheme and where the delivery's id and payload come from."""
 
     signature_header: str
-    verify: Callable[[bytes, Mapping[str, str], tuple[bytes, ...], float], None]
-    event: Callable[[Mapping[str, str], bytes], tuple[str, Any]]  # -> (source_id, payload)
+    # (raw body, signature header value, secrets, now) -> None; raises SignatureError
+    verify: Callable[[bytes, str, tuple[bytes, ...], int], None]
+    # (request headers, verified raw body) -> (source_id, payload); raises Refused (400)
+    event: Callable[[Mapping[str, str], bytes], tuple[str, Any]]
 
 
 def _parse_json(body: bytes) -> Any:
@@ -96,12 +102,14 @@ def _header(headers: Mapping[str, str], name: str) -> str:
     return value
 
 
-def _github_verify(body, headers, secrets, now):
-    verify_sha256_header(body, headers.get("X-Hub-Signature-256"), secrets,
-                         name="X-Hub-Signature-256")
+def _hmac_scheme(header: str, event: Callable) -> Scheme:
+    """GitHub's scheme, also the generic one: `header: sha256=<hex HMAC of the raw body>`."""
+    def verify(body: bytes, value: str, secrets: tuple[bytes, ...], now: int) -> None:
+        verify_sha256_header(body, value, secrets, name=header)
+    return Scheme(header, verify, event)
 
 
-def _github_event(headers, body):
+def _github_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
     delivery = _header(headers, "X-GitHub-Delivery")
     kind = _header(headers, "X-GitHub-Event")
     if body.startswith(b"payload="):
@@ -118,11 +126,11 @@ def _github_event(headers, body):
     return delivery, {"event": kind, "body": _parse_json(body)}
 
 
-def _stripe_verify(body, headers, secrets, now):
-    verify_stripe(body, headers.get("Stripe-Signature"), secrets, now=now)
+def _stripe_verify(body: bytes, value: str, secrets: tuple[bytes, ...], now: int) -> None:
+    verify_stripe(body, value, secrets, now=now)
 
 
-def _stripe_event(headers, body):
+def _stripe_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
     event = _parse_json(body)
     event_id = event.get("id") if isinstance(event, dict) else None
     if not isinstance(event_id, str) or not event_id:
@@ -130,19 +138,13 @@ def _stripe_event(headers, body):
     return event_id, event
 
 
-def _generic_verify(body, headers, secrets, now):
-    verify_sha256_header(body, headers.get("X-Onwatch-Signature"), secrets,
-                         name="X-Onwatch-Signature")
-
-
-def _generic_event(headers, body):
+def _generic_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
     return _header(headers, "Idempotency-Key"), _parse_json(body)
 
 
-GITHUB = Scheme("X-Hub-Signature-256", _github_verify, _github_event)
-STRIPE = Scheme("Stripe-Signature", _stripe_verify, _stripe_event)
-GENERIC = Scheme("X-Onwatch-Signature", _generic_verify, _generic_event)
-SCHEMES = {"github": GITHUB, "stripe": STRIPE}
+SCHEMES = {"github": _hmac_scheme("X-Hub-Signature-256", _github_event),
+           "stripe": Scheme("Stripe-Signature", _stripe_verify, _stripe_event)}
+GENERIC = _hmac_scheme("X-Onwatch-Signature", _generic_event)
 
 
 # --- the app ------------------------------------------------------------------------------
@@ -187,7 +189,8 @@ class Receiver:
             source, scheme, secrets = self._preflight(request)
             body = await self._read_body(request)
             try:
-                scheme.verify(body, request.headers, secrets, self.inbox.now())
+                scheme.verify(body, request.headers[scheme.signature_header], secrets,
+                              self.inbox.now())
             except SignatureError as exc:
                 raise Refused(401, exc.reason) from None
             source_id, payload = scheme.event(request.headers, body)

@@ -250,3 +250,15 @@ async def test_every_step_narrates_and_time_never_runs_back(chosen, tmp_path):
             await run.step()
     finally:
         await run.close()
+
+
+def test_scenarios_load_without_textual():
+    """The scenarios drive only the core: tests and scripts play them with no UI loaded."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tui.demo, tui.demo.scenarios; "
+            "bad = [m for m in ('textual', 'rich') if m in sys.modules]; "
+            "print(','.join(bad)); sys.exit(1 if bad else 0)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, f"scenarios imported UI modules: {result.stdout} {result.stderr}"

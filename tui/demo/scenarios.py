@@ -132,6 +132,7 @@ class Step:
 
     title: str
     act: Action
+    pane: str | None = None  # the pane that shows this step's outcome (player switches to it)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,11 @@ class Scenario:
     settings: Mapping[str, Any] = field(default_factory=dict)  # on top of SETTINGS
     focus: str = "pending"  # the pane that tells this story best
     moment: int = -1  # the step (index) whose outcome is the scenario's key picture
+
+    @property
+    def start_pane(self) -> str:
+        """The pane shown before the first step: the one the first step will write to."""
+        return self.steps[0].pane or self.focus if self.steps else self.focus
 
 
 def yes_no(flag: object, yes: str, no: str) -> str:
@@ -195,9 +201,9 @@ def _webhook_twice() -> Scenario:
 
     return Scenario(1, "webhook-twice", "Webhook delivered twice",
                     "A provider that gets no answer in time delivers the same webhook again.",
-                    (Step("GitHub delivers a webhook", first),
-                     Step("GitHub retries the same delivery", retry),
-                     Step("The worker runs it once", run_once)),
+                    (Step("GitHub delivers a webhook", first, "pending"),
+                     Step("GitHub retries the same delivery", retry, "pending"),
+                     Step("The worker runs it once", run_once, "outbox")),
                     focus="pending", moment=1)
 
 
@@ -230,9 +236,9 @@ def _lease_race() -> Scenario:
 
     return Scenario(2, "lease-race", "Two workers ask for the lease at once",
                     "Two worker processes start together on the same inbox file.",
-                    (Step("A and B ask at the same instant", both_ask),
-                     Step("B asks again", b_again),
-                     Step("A renews its lease", a_renews)),
+                    (Step("A and B ask at the same instant", both_ask, "running"),
+                     Step("B asks again", b_again, "running"),
+                     Step("A renews its lease", a_renews, "running")),
                     focus="running", moment=0)
 
 
@@ -271,9 +277,9 @@ def _chat_batch() -> Scenario:
 
     return Scenario(3, "chat-batch", "Three quick chat messages",
                     "A person sends three short messages back to back.",
-                    (Step("Three messages arrive", arrive),
-                     Step("One run claims all three", claim),
-                     Step("One reply", finish)),
+                    (Step("Three messages arrive", arrive, "pending"),
+                     Step("One run claims all three", claim, "running"),
+                     Step("One reply", finish, "outbox")),
                     focus="running", moment=1)
 
 
@@ -343,13 +349,13 @@ def _takeover() -> Scenario:
 
     return Scenario(4, "takeover", "A stalls, B takes over, A wakes up",
                     "Worker A stalls mid-run; B takes over; then A wakes and tries to finish.",
-                    (Step("msg-3 arrives", arrive),
-                     Step("A claims msg-3 and stalls", a_claims),
-                     Step("B asks too early", b_refused),
-                     Step("B takes over", b_takes_over),
-                     Step("B finishes", b_finishes),
-                     Step("A wakes up", a_wakes),
-                     Step("A's late finish", a_late_finish)),
+                    (Step("msg-3 arrives", arrive, "pending"),
+                     Step("A claims msg-3 and stalls", a_claims, "running"),
+                     Step("B asks too early", b_refused, "running"),
+                     Step("B takes over", b_takes_over, "running"),
+                     Step("B finishes", b_finishes, "outbox"),
+                     Step("A wakes up", a_wakes, "outbox"),
+                     Step("A's late finish", a_late_finish, "outbox")),
                     focus="running", moment=6)
 
 
@@ -424,13 +430,15 @@ def _poison() -> Scenario:
 
     return Scenario(5, "poison", "Poison event with a healthy one",
                     "One event crashes every worker that runs it; a healthy one waits behind it.",
-                    (Step("Two e-mails arrive", arrive),
-                     Step("W0 claims both, crashes", crash_run("W0", 0)),
-                     Step("W1 retries the poison alone, crashes", crash_run("W1", 1)),
-                     Step("W2 retries the poison alone, crashes", crash_run("W2", 2)),
-                     Step("The poison is dead; W3 claims the healthy one", w3),
-                     Step("W3 finishes the healthy one", w3_finishes),
-                     Step("W4 finds nothing to do", w4)),
+                    (Step("Two e-mails arrive", arrive, "pending"),
+                     Step("W0 claims both, crashes", crash_run("W0", 0), "running"),
+                     Step("W1 retries the poison alone, crashes", crash_run("W1", 1),
+                          "running"),
+                     Step("W2 retries the poison alone, crashes", crash_run("W2", 2),
+                          "running"),
+                     Step("The poison is dead; W3 claims the healthy one", w3, "dead"),
+                     Step("W3 finishes the healthy one", w3_finishes, "dead"),
+                     Step("W4 finds nothing to do", w4, "dead")),
                     focus="dead", moment=4)
 
 
@@ -483,11 +491,11 @@ def _timers() -> Scenario:
 
     return Scenario(6, "timer-coalesce", "Timers: replays and an outage",
                     "A daily digest timer fires, is replayed by a deploy, then misses 3 days.",
-                    (Step("Register a daily timer", register),
-                     Step("The scheduler fires it", first_pass),
-                     Step("A second pass at the same instant", second_pass),
-                     Step("A deploy replays the old due time", redeploy),
-                     Step("Three days of outage", outage)),
+                    (Step("Register a daily timer", register, "timers"),
+                     Step("The scheduler fires it", first_pass, "pending"),
+                     Step("A second pass at the same instant", second_pass, "pending"),
+                     Step("A deploy replays the old due time", redeploy, "pending"),
+                     Step("Three days of outage", outage, "timers")),
                     focus="timers", moment=4)
 
 
@@ -576,16 +584,16 @@ def _approvals() -> Scenario:
 
     return Scenario(7, "approval-expiry", "Approvals with a 4-hour window",
                     "The agent asks a human before refunding; answers come late, twice, or never.",
-                    (Step("refund-1 requested", request_1),
-                     Step("refund-1 expires", expire_1),
-                     Step("A late 'yes' for refund-1", late_yes_1),
-                     Step("refund-2 requested", request_2),
-                     Step("'yes' past the deadline, scheduler idle", late_yes_2),
-                     Step("refund-3 requested", request_3),
-                     Step("'yes' in time", yes_3),
-                     Step("A second tap: 'no'", no_3),
-                     Step("refund-3's deadline passes", expiry_3),
-                     Step("An answer for an unknown request", unknown)),
+                    (Step("refund-1 requested", request_1, "approvals"),
+                     Step("refund-1 expires", expire_1, "approvals"),
+                     Step("A late 'yes' for refund-1", late_yes_1, "approvals"),
+                     Step("refund-2 requested", request_2, "approvals"),
+                     Step("'yes' past the deadline, scheduler idle", late_yes_2, "approvals"),
+                     Step("refund-3 requested", request_3, "approvals"),
+                     Step("'yes' in time", yes_3, "approvals"),
+                     Step("A second tap: 'no'", no_3, "approvals"),
+                     Step("refund-3's deadline passes", expiry_3, "approvals"),
+                     Step("An answer for an unknown request", unknown, "approvals")),
                     focus="approvals", moment=2)
 
 
@@ -650,11 +658,11 @@ def _outbox() -> Scenario:
     return Scenario(8, "outbox-pacing", "Outbox with a one-hour gap",
                     "Progress updates arrive every 10 minutes; the person gets at most one "
                     "message an hour.",
-                    (Step("The last send, two hours ago", earlier),
-                     Step("Minute 0: update 0", update(0)),
-                     Step("Minute 10: update 1", update(1)),
-                     Step("Minute 20: update 2", update(2)),
-                     Step("Minute 61: the gap is over", minute61)),
+                    (Step("The last send, two hours ago", earlier, "outbox"),
+                     Step("Minute 0: update 0", update(0), "outbox"),
+                     Step("Minute 10: update 1", update(1), "outbox"),
+                     Step("Minute 20: update 2", update(2), "outbox"),
+                     Step("Minute 61: the gap is over", minute61, "outbox")),
                     focus="outbox", moment=4)
 
 
@@ -705,10 +713,10 @@ def _restart_before_claim() -> Scenario:
 
     return Scenario(9, "restart-before-claim", "Restart before claim",
                     "A wake-up is stored, then the worker restarts before claiming it.",
-                    (Step("A wake-up is stored", wake_up),
-                     Step("The worker restarts", restart),
-                     Step("The new process claims it", claim),
-                     Step("It runs once", finish)),
+                    (Step("A wake-up is stored", wake_up, "pending"),
+                     Step("The worker restarts", restart, "pending"),
+                     Step("The new process claims it", claim, "running"),
+                     Step("It runs once", finish, "running")),
                     focus="pending", moment=1)
 
 
@@ -768,18 +776,22 @@ def _restart_during_run() -> Scenario:
                                    reason="Stripe dashboard shows the refund was paid")
         event = await s.event(s.results["event_id"])
         await s.close_workers()
+        if not ok:
+            return (f"resolve returned {ok}: the refund is already '{event.status}' (marked "
+                    f"from the Dead pane first). An action on a row that changed meanwhile "
+                    f"reports it instead of overwriting.")
         return (f"Dana checks the Stripe dashboard: the refund was paid. She marks it done "
                 f"(resolve returned {ok}): now '{event.status}', attempts {event.attempts}, "
                 f"paid once.")
 
     return Scenario(10, "interrupted", "Restart during a run (policy interrupt)",
                     "A worker dies in the middle of a refund; nobody knows if it was paid.",
-                    (Step("A refund request arrives", arrive),
-                     Step("worker-1 starts the refund", run),
-                     Step("worker-1 is killed", crash),
-                     Step("The restarted worker takes over", restart),
-                     Step("It is never retried automatically", still),
-                     Step("The operator resolves it", resolve)),
+                    (Step("A refund request arrives", arrive, "pending"),
+                     Step("worker-1 starts the refund", run, "running"),
+                     Step("worker-1 is killed", crash, "running"),
+                     Step("The restarted worker takes over", restart, "dead"),
+                     Step("It is never retried automatically", still, "dead"),
+                     Step("The operator resolves it", resolve, "dead")),
                     settings={"on_lost_claim": "interrupt"}, focus="dead", moment=4)
 
 
@@ -828,9 +840,9 @@ def _delivery_failed() -> Scenario:
 
     return Scenario(11, "delivery-failed", "Result stored, delivery failed",
                     "The run succeeds, then the chat channel is down when the reply goes out.",
-                    (Step("The run finishes", run),
-                     Step("The send fails", fail),
-                     Step("The next dispatch delivers it", retry)),
+                    (Step("The run finishes", run, "outbox"),
+                     Step("The send fails", fail, "outbox"),
+                     Step("The next dispatch delivers it", retry, "outbox")),
                     focus="outbox", moment=1)
 
 
@@ -885,11 +897,11 @@ def _cancel() -> Scenario:
 
     return Scenario(12, "cancel", "Cancel a waiting task",
                     "The operator cancels one waiting request and tries to cancel a running one.",
-                    (Step("A long run starts", first_runs),
-                     Step("A second request waits", second_waits),
-                     Step("Cancel the waiting one", cancel_pending),
-                     Step("Try to cancel the running one", cancel_running),
-                     Step("The worker never sees the cancelled one", finish)),
+                    (Step("A long run starts", first_runs, "running"),
+                     Step("A second request waits", second_waits, "pending"),
+                     Step("Cancel the waiting one", cancel_pending, "pending"),
+                     Step("Try to cancel the running one", cancel_running, "running"),
+                     Step("The worker never sees the cancelled one", finish, "pending")),
                     focus="pending", moment=3)
 
 

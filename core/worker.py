@@ -1,0 +1,589 @@
+"""The worker runtime: holds the lease, runs the scheduler, claims, calls the agent, finishes.
+
+    stats = await run_worker("alice.db", handle, holder="box-1", send=print)
+
+One process runs one `Worker`. It takes the inbox's lease and renews it (fenced) well inside
+the TTL; between runs it sleeps until the inbox's next wake-up or until another process
+commits (a new event, an answer), noticed by polling `PRAGMA data_version`, which costs one
+cheap read per poll. Each run is: scheduler pass, claim, agent call, ONE fenced finish, then a
+dispatch of the outbox. The agent never sees SQL: it gets the batch and a `RunContext`.
+
+What can go wrong and what the runtime does:
+
+- the agent raises: the run finishes with `error=` (backoff, attempts), the worker goes on;
+- the agent runs past `settings.max_run_seconds`: the call is cancelled and the run abandoned
+  (no finish); the next claim recovers it as a lost claim under the inbox's policy;
+- the lease is lost (a renewal or an effect intent is refused): the run is abandoned, never
+  finished; a successor's claim recovers it;
+- another process keeps the database locked (`InboxBusy`): logged, retried at the next step;
+- SIGTERM/SIGINT (`Worker.request_stop`): the current run may finish within `grace` seconds,
+  otherwise it is abandoned; the lease is released so a successor can start at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+
+from .clock import Clock, check_time
+from .errors import BadInput, InboxBusy, InboxError
+from .inbox import Inbox, SendFn
+from .records import ApprovalRequest, Event, FollowUp, Reply
+
+log = logging.getLogger("onwatch.worker")
+
+Agent = Callable[[list[Event], "RunContext"], Awaitable[None] | None]
+
+
+class LeaseLost(InboxError):
+    """This worker's lease generation was superseded; the run must stop and not finish."""
+
+
+class RunAbandoned(InboxError):
+    """The run was abandoned (lease lost, over budget, or stopping); its context is closed."""
+
+
+def default_holder() -> str:
+    """A holder name unique to this process: host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class RunContext:
+    """What an agent gets with its batch: the only way a run affects the world.
+
+    Replies, approval requests, follow-up timers and `result` are collected and committed by
+    the runtime in one fenced finish when the agent returns; an agent that does none of these
+    ends silently. External effects go through `effect()` / `perform()`, which journal the
+    intent durably before the effect and its outcome after.
+    """
+
+    def __init__(self, inbox: Inbox, holder: str, gen: int, batch: Sequence[Event],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        self._inbox = inbox
+        self.holder = holder
+        self.gen = gen
+        self.batch = list(batch)
+        self.run_id: int | None = next((e.run_id for e in batch if e.run_id), None)
+        self.messages: list[Reply] = []
+        self.approvals: list[ApprovalRequest] = []
+        self.timers: list[FollowUp] = []
+        self.result: Any = None
+        self._loop = loop
+        self._closed: str | None = None
+
+    @property
+    def now(self) -> int:
+        """The inbox's clock, integer seconds."""
+        return self._inbox.now()
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise RunAbandoned(f"this run was abandoned ({self._closed}); nothing more is kept")
+
+    def reply(self, text: str, urgent: bool = False) -> None:
+        """Queue a message; it reaches the outbox only if the run finishes."""
+        self._check_open()
+        if not isinstance(text, str) or not text:
+            raise BadInput("a reply must be a non-empty string")
+        self.messages.append(Reply(text, bool(urgent)))
+
+    def ask_approval(self, request_id: str, expires_in: int, action: str) -> None:
+        """Ask a human; the answer (or expiry) comes back as event ('approval', request_id)."""
+        self._check_open()
+        self.approvals.append(ApprovalRequest(request_id, expires_in, action))
+
+    def follow_up(self, timer_id: str, due: int, payload: Any = None, every: int | None = None,
+                  *, key: tuple[str, str] | None = None, catch_up: str = "coalesce") -> None:
+        """Schedule a timer (committed with the finish; budget max_followups_per_run)."""
+        self._check_open()
+        self.timers.append(FollowUp(timer_id, check_time(due, "due"), payload, every, key,
+                                    catch_up))
+
+    @contextlib.asynccontextmanager
+    async def effect(self, name: str, detail: Any = None, *,
+                     key: str | None = None) -> AsyncIterator[str]:
+        """Journal an external effect around its block; yields the idempotency key.
+
+            async with ctx.effect("refund", {"amount": 5}) as key:
+                await payments.refund(5, idempotency_key=key)
+
+        The intent is committed (fenced) before the block runs: if this generation lost the
+        lease, LeaseLost is raised and the block never runs. A block that completes marks the
+        effect confirmed; one that raises an Exception marks it failed. A cancelled block (the
+        run was abandoned) leaves it 'intended': the operator sees it may have happened.
+        """
+        self._check_open()
+        if self.run_id is None:
+            raise BadInput("this batch has no run id; effects need a claimed run")
+        intended = await self._inbox.intend_effect(self.holder, self.gen, self.run_id, name,
+                                                   detail, key=key)
+        if intended is None:
+            raise LeaseLost(f"lease generation {self.gen} is no longer held; effect {name!r} "
+                            f"was not performed")
+        try:
+            yield intended
+        except Exception:
+            await _settle(self._inbox, intended, "failed")
+            raise
+        await _settle(self._inbox, intended, "confirmed")
+
+    def perform(self, name: str, detail: Any, fn: Callable[[str], Any], *,
+                key: str | None = None) -> Any:
+        """Journal and perform `fn(key)` (plain or async); return what it returned.
+
+        From an async agent: `await ctx.perform(...)`. From a plain-def agent (which runs in a
+        thread) call it without await: it blocks until the effect is settled.
+        """
+        async def run() -> Any:
+            async with self.effect(name, detail, key=key) as idem:
+                outcome = fn(idem)
+                if inspect.isawaitable(outcome):
+                    outcome = await outcome
+                return outcome
+        if _in_loop(self._loop):
+            return run()
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
+
+    def close(self, why: str) -> None:
+        self._closed = why
+
+
+def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:
+        return False
+
+
+async def _settle(inbox: Inbox, key: str, state: str) -> None:
+    for attempt in range(10):
+        try:
+            await inbox.settle_effect(key, state)
+            return
+        except InboxBusy as exc:
+            log.warning("effect %s: could not record %s yet (%s); retrying", key, state, exc)
+            await asyncio.sleep(0.2 * (attempt + 1))
+    log.error("effect %s: outcome %s not recorded; the journal keeps it 'intended'", key, state)
+
+
+@dataclass
+class WorkerStats:
+    """What one worker did, for logs, tests and the CLI's exit line."""
+
+    runs: int = 0
+    done: int = 0
+    failed: int = 0  # the agent raised: finished with error=
+    abandoned: int = 0  # lease lost, over budget, or stopped mid-run: not finished
+    refused: int = 0  # finish refused by the fence
+    sent: int = 0  # messages dispatched
+    busy: int = 0  # steps skipped because the database stayed locked
+    generations: list[int] = field(default_factory=list)
+
+
+class Worker:
+    """One worker process's loop over one inbox. See the module docstring."""
+
+    def __init__(self, inbox: Inbox, agent: Agent, *, holder: str | None = None,
+                 send: SendFn | None = None, poll_interval: float = 0.5,
+                 grace: float = 10.0, setup: Callable[[Inbox], Any] | None = None,
+                 max_runs: int | None = None) -> None:
+        if not callable(agent):
+            raise BadInput("agent must be callable: async def agent(batch, ctx)")
+        if poll_interval <= 0:
+            raise BadInput("poll_interval must be positive")
+        self.inbox = inbox
+        self.agent = agent
+        self.holder = holder or default_holder()
+        self.send = send
+        self.poll_interval = poll_interval
+        self.grace = grace
+        self.setup = setup
+        self.max_runs = max_runs
+        self.stats = WorkerStats()
+        self.gen: int | None = None
+        self._renew_at = 0
+        self._recover_at: int | None = None  # an abandoned over-budget run becomes claimable
+        self._waiting_for: tuple[str, int] | None = None  # the other holder last logged
+        self._stop = asyncio.Event()
+        self._force = asyncio.Event()
+
+    @property
+    def clock(self) -> Clock:
+        return self.inbox.clock
+
+    def request_stop(self, force: bool = False) -> None:
+        """Stop after the current run (or abandon it now with force=True); then release."""
+        if self._stop.is_set():
+            force = True  # a second request means now
+        self._stop.set()
+        if force:
+            self._force.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    # --- the loop -------------------------------------------------------------------------
+
+    async def run(self) -> WorkerStats:
+        """Run until request_stop (or max_runs); release the lease; return the stats."""
+        if self.setup is not None:
+            outcome = self.setup(self.inbox)
+            if inspect.isawaitable(outcome):
+                await outcome
+        log.info("worker %s started on %s", self.holder, self.inbox.path)
+        try:
+            while not self.stopping:
+                if not await self._hold_lease():
+                    continue
+                await self._step(self.inbox.run_scheduler)
+                await self._step(self.inbox.reload_settings)
+                claimed_at = self.clock.now()
+                batch = await self._claim()
+                if batch:
+                    await self._run(batch)
+                    await self._dispatch()
+                    if self.max_runs is not None and self.stats.runs >= self.max_runs:
+                        break
+                    continue
+                await self._dispatch()
+                if batch is not None:  # None: the claim hit a locked database, retry soon
+                    await self._idle(claimed_at)
+                else:
+                    await self._sleep(self.poll_interval)
+        finally:
+            await self._release()
+        log.info("worker %s stopped: %s", self.holder, self.stats)
+        return self.stats
+
+    async def _step(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """One inbox call; a locked database is logged and skipped, never fatal."""
+        try:
+            return await call()
+        except InboxBusy as exc:
+            self.stats.busy += 1
+            log.warning("%s", exc)
+            return None
+
+    async def _hold_lease(self) -> bool:
+        """Renew the lease we hold, or take it; False (after waiting) if another holds it."""
+        now = self.clock.now()
+        if self.gen is not None:
+            if now < self._renew_at:
+                return True
+            renewed = await self._step(lambda: self.inbox.renew(self.holder, self.gen))
+            if renewed:
+                self._renew_at = now + self._renew_period()
+                return True
+            if renewed is None:  # busy: keep the generation, the fence decides later
+                await self._sleep(self.poll_interval)
+                return False
+            log.warning("lease generation %s lost (renewal refused)", self.gen)
+            self.gen = None
+        lease = await self._step(self.inbox.lease_info)
+        if lease is not None and lease.holder == self.holder and lease.until >= now \
+                and lease.gen not in self.stats.generations:
+            # Our name, not our process: a predecessor under the same holder name. Adopting
+            # its generation would keep its stuck claims 'running'; wait for a takeover.
+            log.warning("lease gen %s is held under this holder name by an earlier process; "
+                        "waiting for it to expire", lease.gen)
+            await self._wait_for_lease(lease.until)
+            return False
+        gen = await self._step(lambda: self.inbox.acquire(self.holder))
+        if gen is None:
+            lease = await self._step(self.inbox.lease_info)
+            if lease is not None and not self.stopping:
+                seen = (lease.holder, lease.gen)
+                log.log(logging.INFO if seen != self._waiting_for else logging.DEBUG,
+                        "lease held by %s (gen %s) until %s; waiting", lease.holder,
+                        lease.gen, lease.until)
+                self._waiting_for = seen
+                await self._wait_for_lease(lease.until)
+            return False
+        if gen not in self.stats.generations:
+            self.stats.generations.append(gen)
+            log.info("lease acquired: generation %s", gen)
+        self.gen = gen
+        self._renew_at = self.clock.now() + self._renew_period()
+        return True
+
+    def _renew_period(self) -> int:
+        return max(1, self.inbox.settings.lease_ttl // 3)
+
+    async def _wait_for_lease(self, until: int) -> None:
+        await self._idle_until(until + 1, renew=False)
+
+    async def _claim(self) -> list[Event] | None:
+        if self._recover_at is not None and self.clock.now() < self._recover_at:
+            return []
+        self._recover_at = None
+        try:
+            return await self.inbox.claim_batch(self.holder, self.gen)
+        except InboxBusy as exc:
+            self.stats.busy += 1
+            log.warning("%s", exc)
+            return None
+
+    async def _run(self, batch: list[Event]) -> None:
+        """Call the agent on one claimed batch and commit its outcome (or abandon it)."""
+        self.stats.runs += 1
+        ids = [e.id for e in batch]
+        gen = self.gen
+        claimed_at = batch[0].claimed_at or self.clock.now()
+        budget = self.inbox.settings.max_run_seconds
+        ctx = RunContext(self.inbox, self.holder, gen, batch, asyncio.get_running_loop())
+        log.info("run %s: events %s (gen %s)", ctx.run_id, ids, gen)
+        task = asyncio.create_task(self._call_agent(batch, ctx))
+        abandon_why: str | None = None
+        stop_seen: float | None = None
+        while not task.done():
+            waiters = {task} if self.stopping else {task, asyncio.ensure_future(self._stop.wait())}
+            done, pending = await asyncio.wait(waiters, timeout=min(self.poll_interval, 0.25),
+                                               return_when=asyncio.FIRST_COMPLETED)
+            for waiter in pending - {task}:
+                waiter.cancel()
+            if task.done():
+                break
+            now = self.clock.now()
+            if budget is not None and now >= claimed_at + budget:
+                abandon_why = f"exceeded max_run_seconds ({budget} s)"
+                self._recover_at = claimed_at + budget + 1
+            elif self.stopping:
+                stop_seen = stop_seen if stop_seen is not None else time.monotonic()
+                if self._force.is_set() or time.monotonic() - stop_seen >= self.grace:
+                    abandon_why = "stopping"
+            elif now >= self._renew_at:
+                renewed = await self._step(lambda: self.inbox.renew(self.holder, gen))
+                if renewed is False:
+                    abandon_why = "lease lost"
+                    self.gen = None
+                elif renewed:
+                    self._renew_at = now + self._renew_period()
+            if abandon_why is not None:
+                ctx.close(abandon_why)
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                break
+        if abandon_why is None:
+            error = task.exception()
+            if isinstance(error, (LeaseLost, RunAbandoned)):
+                abandon_why = "lease lost"
+                self.gen = None
+        if abandon_why is not None:
+            ctx.close(abandon_why)
+            self.stats.abandoned += 1
+            log.warning("run %s abandoned (%s): events %s left for recovery", ctx.run_id,
+                        abandon_why, ids)
+            return
+        ctx.close("finished")
+        error = task.exception()
+        if error is None:
+            await self._finish(ctx, ids, error=None)
+        else:
+            self.stats.failed += 1
+            log.warning("run %s: agent raised %s: %s", ctx.run_id, type(error).__name__, error)
+            await self._finish(ctx, ids, error=f"{type(error).__name__}: {error}")
+
+    async def _call_agent(self, batch: list[Event], ctx: RunContext) -> None:
+        if inspect.iscoroutinefunction(self.agent) or \
+                inspect.iscoroutinefunction(getattr(self.agent, "__call__", None)):
+            await self.agent(batch, ctx)
+            return
+        # A plain def runs in a thread so the loop keeps renewing the lease meanwhile.
+        outcome = await asyncio.to_thread(self.agent, batch, ctx)
+        if inspect.isawaitable(outcome):
+            await outcome
+
+    async def _finish(self, ctx: RunContext, ids: list[int], *, error: str | None) -> None:
+        """One fenced finish; a locked database is retried while the lease can still hold."""
+        while True:
+            try:
+                if error is None:
+                    try:
+                        accepted = await self.inbox.finish(
+                            self.holder, ctx.gen, ids, messages=ctx.messages,
+                            result=ctx.result, approvals=ctx.approvals, timers=ctx.timers)
+                    except BadInput as exc:  # e.g. over the follow-up budget: a failed run
+                        self.stats.failed += 1
+                        log.warning("run %s: outcome refused: %s", ctx.run_id, exc)
+                        error = f"BadInput: {exc}"
+                        continue
+                else:
+                    accepted = await self.inbox.finish(self.holder, ctx.gen, ids,
+                                                       error=error[:4000])
+            except InboxBusy as exc:
+                self.stats.busy += 1
+                lease = await self._step(self.inbox.lease_info)
+                if lease is not None and (lease.gen != ctx.gen or lease.until < self.clock.now()):
+                    log.warning("run %s: %s; lease gone meanwhile, run abandoned", ctx.run_id,
+                                exc)
+                    self.stats.abandoned += 1
+                    return
+                log.warning("run %s: %s; retrying the finish", ctx.run_id, exc)
+                await self._sleep(min(self.poll_interval, 0.5))
+                continue
+            break
+        if accepted:
+            if error is None:
+                self.stats.done += 1
+            log.info("run %s finished: %s", ctx.run_id, "done" if error is None else error)
+        else:
+            self.stats.refused += 1
+            self.gen = None
+            log.warning("run %s: finish refused (generation %s no longer holds the lease)",
+                        ctx.run_id, ctx.gen)
+
+    async def _dispatch(self) -> None:
+        if self.send is None:
+            return
+        sent = await self._step(lambda: self.inbox.dispatch(self.send))
+        if sent:
+            self.stats.sent += sent
+            log.info("dispatched %s message(s)", sent)
+
+    async def _release(self) -> None:
+        if self.gen is None:
+            return
+        try:
+            released = await self.inbox.release(self.holder, self.gen)
+            log.info("lease generation %s %s", self.gen,
+                     "released" if released else "was already gone")
+        except InboxError as exc:
+            log.warning("could not release the lease: %s", exc)
+        self.gen = None
+
+    # --- sleeping -------------------------------------------------------------------------
+
+    async def _idle(self, claimed_at: int) -> None:
+        """Sleep until the next wake-up, a lease renewal, or another process's commit."""
+        wake = await self._step(self.inbox.next_wake)
+        if wake is not None and wake <= claimed_at:
+            # Already due when the claim found nothing to run (paused, the runs-per-day
+            # budget, a held outbox): wait for a change rather than spin on it.
+            wake = claimed_at + 1 if wake == claimed_at else None
+        await self._idle_until(wake, renew=True)
+
+    async def _changes(self) -> tuple[int, int]:
+        """A value that moves when anyone commits: other connections (PRAGMA data_version)
+        or other tasks sharing this process's Inbox (the connection's total_changes)."""
+        version = await self.inbox.data_version()
+        conn = getattr(getattr(self.inbox, "_db", None), "_conn", None)
+        return version, getattr(conn, "total_changes", 0)
+
+    async def _idle_until(self, wake: int | None, *, renew: bool) -> None:
+        try:
+            version = await self._changes()
+        except InboxError:
+            version = None
+        while not self.stopping:
+            now = self.clock.now()
+            if wake is not None and now >= wake:
+                return
+            if renew and now >= self._renew_at:
+                return
+            if self._recover_at is not None and now >= self._recover_at:
+                return
+            await self._sleep(self.poll_interval)
+            try:
+                if await self._changes() != version:
+                    return
+            except InboxError:
+                return
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+
+
+async def run_worker(path_or_inbox: str | os.PathLike | Inbox, agent: Agent, *,
+                     holder: str | None = None, clock: Clock | None = None,
+                     stop: asyncio.Event | None = None, send: SendFn | None = None,
+                     poll_interval: float = 0.5, grace: float = 10.0,
+                     setup: Callable[[Inbox], Any] | None = None,
+                     max_runs: int | None = None, busy_timeout: float = 5.0) -> WorkerStats:
+    """Run a worker until `stop` is set (or `max_runs` runs); return what it did.
+
+    `path_or_inbox` is an open Inbox or the path of an existing inbox (NotAnInbox otherwise).
+    `send` is the outbox channel (plain or async callable taking the text); None leaves
+    dispatching to another process. Raises only for errors that are not transient.
+    """
+    own = not isinstance(path_or_inbox, Inbox)
+    inbox = await Inbox.open(path_or_inbox, clock=clock, create=False,
+                             busy_timeout=busy_timeout) if own else path_or_inbox
+    worker = Worker(inbox, agent, holder=holder, send=send, poll_interval=poll_interval,
+                    grace=grace, setup=setup, max_runs=max_runs)
+    watcher = None
+    if stop is not None:
+        async def watch() -> None:
+            await stop.wait()
+            worker.request_stop()
+        watcher = asyncio.create_task(watch())
+    try:
+        return await worker.run()
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+        if own:
+            await inbox.close()
+
+
+# --- outbox channels ------------------------------------------------------------------------
+# Each returns a `send` for Inbox.dispatch / Worker: it receives the joined text (an
+# `Outgoing` str with `.key`, the delivery's idempotency key, and `.count`) and raises if the
+# delivery failed, which leaves the messages held for the next dispatch.
+
+def stdout_channel(stream: Any = None) -> Callable[[str], None]:
+    """Print each send's text to stdout (or `stream`), flushed at once."""
+    def send(text: str) -> None:
+        import sys
+        out = stream or sys.stdout
+        out.write(text + "\n")
+        out.flush()
+    return send
+
+
+def file_channel(path: str | os.PathLike) -> Callable[[str], None]:
+    """Append one JSON line per send to `path`: {"at", "count", "key", "text"} (fsynced)."""
+    import json
+
+    def send(text: str) -> None:
+        line = json.dumps({"at": int(time.time()), "count": getattr(text, "count", 1),
+                           "key": getattr(text, "key", None), "text": str(text)},
+                          ensure_ascii=False, sort_keys=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+    return send
+
+
+def command_channel(command: str, *, timeout: float = 60.0) -> Callable[[str], Awaitable[None]]:
+    """Run `command` through the shell for each send: the text on its stdin, the delivery's
+    key in $ONWATCH_DELIVERY_KEY and the message count in $ONWATCH_MESSAGE_COUNT. A non-zero
+    exit (or a timeout) is a failed delivery."""
+    async def send(text: str) -> None:
+        env = dict(os.environ, ONWATCH_DELIVERY_KEY=str(getattr(text, "key", "")),
+                   ONWATCH_MESSAGE_COUNT=str(getattr(text, "count", 1)))
+        process = await asyncio.create_subprocess_shell(
+            command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE, env=env)
+        try:
+            _, err = await asyncio.wait_for(process.communicate(str(text).encode("utf-8")),
+                                            timeout)
+        except asyncio.TimeoutError:
+            process.kill()
+            await process.wait()
+            raise RuntimeError(f"command took longer than {timeout:g} s") from None
+        if process.returncode != 0:
+            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+            raise RuntimeError(f"command exited with {process.returncode}"
+                               + (f": {tail[0][:200]}" if tail[0] else ""))
+    return send

@@ -1,0 +1,118 @@
+"""`database is locked`: another process holds the write lock (BEGIN IMMEDIATE)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from core import Inbox, InboxBusy
+from tests.worker.helpers import (event_status, log_of, onwatch, scalar, start_worker, stop,
+                                  wait_for)
+
+pytestmark = pytest.mark.slow
+
+LOCKER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("ROLLBACK")
+"""
+
+
+def hold_lock(path: str, seconds: float) -> subprocess.Popen:
+    """Another process takes the write lock for `seconds`; returns once it holds it."""
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, path, str(seconds)],
+                              stdout=subprocess.PIPE, text=True)
+    assert locker.stdout.readline().strip() == "locked"
+    return locker
+
+
+@pytest.fixture
+def path(tmp_path) -> str:
+    path = str(tmp_path / "inbox.db")
+    assert onwatch("init", path, "lease_ttl=2", "outbox_gap=0").returncode == 0
+    return path
+
+
+async def test_lock_held_past_the_busy_timeout_is_reported_and_changes_nothing(path):
+    inbox = await Inbox.open(path, busy_timeout=0.3)
+    try:
+        locker = hold_lock(path, 1.5)
+        started = time.monotonic()
+        with pytest.raises(InboxBusy, match="locked by another process.*nothing was changed"):
+            await inbox.ingest("chat", "m1", {"text": "hi"})
+        waited = time.monotonic() - started
+        assert 0.25 <= waited < 1.4  # it waited the busy timeout, not for the lock
+        for call in (lambda: inbox.acquire("A"), lambda: inbox.pause(),
+                     lambda: inbox.run_scheduler()):
+            with pytest.raises(InboxBusy):
+                await call()
+        locker.wait(5)
+        assert await inbox.counts() == {"pending": 0, "running": 0, "done": 0, "dead": 0,
+                                        "interrupted": 0, "cancelled": 0}
+        assert await inbox.lease_info() is None
+        assert (await inbox.overview()).paused is False
+        # Reads never wait for a writer (WAL).
+        locker = hold_lock(path, 1.0)
+        started = time.monotonic()
+        await inbox.overview()
+        assert time.monotonic() - started < 0.2
+        locker.wait(5)
+    finally:
+        await inbox.close()
+
+
+async def test_lock_held_shorter_than_the_busy_timeout_is_waited_out(path):
+    inbox = await Inbox.open(path, busy_timeout=3)
+    try:
+        locker = hold_lock(path, 0.5)
+        started = time.monotonic()
+        assert await inbox.ingest("chat", "m1", {"text": "hi"}) is True
+        assert 0.3 < time.monotonic() - started < 2.5
+        locker.wait(5)
+        assert (await inbox.get_event(1)).source_id == "m1"
+    finally:
+        await inbox.close()
+
+
+def test_cli_prints_one_line_and_exits_3_when_locked(path):
+    locker = hold_lock(path, 3)
+    try:
+        result = onwatch("ingest", path, "chat", "m1", '{"text": "hi"}', "--busy-timeout",
+                         "0.2")
+        assert result.returncode == 3, result
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("onwatch: ")
+        assert "locked" in result.stderr and "Traceback" not in result.stderr
+        assert result.stdout == ""
+        # Reading status still works while a writer holds the lock.
+        assert onwatch("status", path, "--busy-timeout", "0.2").returncode == 0
+    finally:
+        locker.kill()
+        locker.wait()
+    assert onwatch("ingest", path, "chat", "m1", "{}").stdout.strip() == "stored"
+
+
+def test_worker_survives_a_locked_database_and_carries_on(path, tmp_path):
+    worker = start_worker(path, "echo", tmp_path, "--busy-timeout", "0.2", "--no-dispatch")
+    try:
+        wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
+        onwatch("ingest", path, "chat", "before", '"x"')
+        wait_for(lambda: event_status(path, "before") == "done", what="the first run")
+        locker = hold_lock(path, 3)  # longer than the lease: the worker may lose it too
+        time.sleep(0.2)
+        assert worker.poll() is None
+        locker.wait(10)
+        assert worker.poll() is None, log_of(tmp_path)
+        onwatch("ingest", path, "chat", "after", '"y"')
+        wait_for(lambda: event_status(path, "after") == "done", timeout=10,
+                 what="a run after the lock")
+    finally:
+        assert stop(worker) == 0, log_of(tmp_path)
+    log = log_of(tmp_path)
+    assert "stayed locked by another process" in log
+    assert "Traceback" not in log

@@ -1,0 +1,101 @@
+"""Helpers for tests that run onwatch in real OS processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def env(test_dir: str | os.PathLike, **extra: str) -> dict[str, str]:
+    values = dict(os.environ, ONWATCH_TEST_DIR=str(test_dir), PYTHONDONTWRITEBYTECODE="1",
+                  PYTHONPATH=str(ROOT))
+    values.update(extra)
+    return values
+
+
+def onwatch(*args: str, test_dir: str | os.PathLike = "/tmp", timeout: float = 20,
+            input: str | None = None) -> subprocess.CompletedProcess:
+    """Run the `onwatch` command line in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "tui.cli", *map(str, args)], cwd=ROOT,
+                          env=env(test_dir), capture_output=True, text=True, timeout=timeout,
+                          input=input)
+
+
+def start_worker(path, agent: str, test_dir, *extra: str, holder: str | None = None,
+                 name: str = "worker") -> subprocess.Popen:
+    """Start `onwatch worker` in its own process; its output goes to files in test_dir."""
+    args = [sys.executable, "-m", "tui.cli", "worker", str(path), "--agent",
+            f"tests.worker.agents:{agent}", "--poll", "0.1", *extra]
+    if holder:
+        args += ["--holder", holder]
+    out = open(os.path.join(test_dir, f"{name}.out"), "ab")
+    err = open(os.path.join(test_dir, f"{name}.err"), "ab")
+    try:
+        return subprocess.Popen(args, cwd=ROOT, env=env(test_dir), stdout=out, stderr=err)
+    finally:
+        out.close()
+        err.close()
+
+
+def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "it"):
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)
+
+
+def stop(process: subprocess.Popen, timeout: float = 10.0) -> int:
+    """SIGCONT then SIGTERM a process and wait for it; SIGKILL if it will not go."""
+    if process.poll() is None:
+        for signum in (signal.SIGCONT, signal.SIGTERM):
+            try:
+                process.send_signal(signum)
+            except ProcessLookupError:
+                pass
+        try:
+            return process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise AssertionError(f"process {process.pid} ignored SIGTERM for {timeout} s")
+    return process.returncode
+
+
+def query(path, sql: str, params: tuple = ()) -> list[tuple]:
+    """Read the inbox file directly (a separate connection, like any other process)."""
+    db = sqlite3.connect(path, timeout=10)
+    try:
+        return db.execute(sql, params).fetchall()
+    finally:
+        db.close()
+
+
+def scalar(path, sql: str, params: tuple = ()):
+    rows = query(path, sql, params)
+    return rows[0][0] if rows else None
+
+
+def event_status(path, source_id: str):
+    return scalar(path, "SELECT status FROM events WHERE source_id = ?", (source_id,))
+
+
+def log_of(test_dir, name: str = "worker") -> str:
+    chunks = []
+    for suffix in ("out", "err"):
+        try:
+            chunks.append(Path(test_dir, f"{name}.{suffix}").read_text(errors="replace"))
+        except FileNotFoundError:
+            pass
+    return "\n".join(chunks)

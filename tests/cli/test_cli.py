@@ -1,0 +1,284 @@
+"""The `onwatch` command line: outputs, one-line errors, exit codes, stable --json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+
+from tests.worker.helpers import ROOT
+from tui import cli
+
+
+def run(capsys, *args, stdin: str | None = None, monkeypatch=None):
+    if stdin is not None:
+        import io
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    code = cli.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line_error(err: str) -> bool:
+    return err.count("\n") == 1 and err.startswith("onwatch") and "Traceback" not in err
+
+
+@pytest.fixture
+def path(tmp_path, capsys) -> str:
+    path = str(tmp_path / "alice.db")
+    assert run(capsys, "init", path) == (0, f"created: {path}\n", "")
+    return path
+
+
+def test_help_lists_commands_examples_and_exit_codes(capsys):
+    code, out, _ = run(capsys, "--help")
+    assert code == 0
+    for word in ("init", "ingest", "status", "worker", "dispatch", "approve", "examples:",
+                 "exit codes"):
+        assert word in out
+    for sub in ("worker", "status", "config", "dispatch", "ingest", "serve", "tui"):
+        code, out, _ = run(capsys, sub, "--help")
+        assert code == 0 and "usage: onwatch " + sub in out
+
+
+def test_usage_errors_are_one_line_and_exit_2(capsys, path):
+    for args in ((), ("status",), ("frobnicate", path), ("cancel", path, "not-a-number"),
+                 ("events", path, "sleeping"), ("worker", path)):
+        code, out, err = run(capsys, *args)
+        assert code == 2, args
+        if args:
+            assert one_line_error(err), (args, err)
+
+
+def test_init_is_idempotent_and_takes_settings(capsys, path):
+    code, out, _ = run(capsys, "init", path, "max_pending=10", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["created"] is False and data["settings"]["max_pending"] == 10
+
+
+def test_ingest_prints_stored_then_duplicate_and_both_exit_0(capsys, path, monkeypatch):
+    assert run(capsys, "ingest", path, "chat", "m1", '{"text": "hi"}') == (0, "stored\n", "")
+    assert run(capsys, "ingest", path, "chat", "m1", '{"text": "hi"}') == (0, "duplicate\n",
+                                                                         "")
+    code, out, _ = run(capsys, "ingest", path, "hook", "d1", "-", stdin='[1, 2]',
+                       monkeypatch=monkeypatch)
+    assert code == 0 and out == "stored\n"
+    code, out, _ = run(capsys, "ingest", path, "hook", "d2", "--json")
+    assert json.loads(out) == {"source": "hook", "source_id": "d2", "stored": True}
+    code, out, _ = run(capsys, "show", path, "2", "--json")
+    assert json.loads(out)["event"]["payload"] == [1, 2]
+
+
+def test_bad_input_and_foreign_files_exit_2_with_one_line(capsys, path, tmp_path):
+    code, _, err = run(capsys, "ingest", path, "chat", "m1", "{not json")
+    assert code == 2 and one_line_error(err) and "not valid JSON" in err
+    code, _, err = run(capsys, "ingest", path, "", "m1")
+    assert code == 2 and one_line_error(err)
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("hello")
+    code, _, err = run(capsys, "status", foreign)
+    assert code == 2 and one_line_error(err) and "not an onwatch inbox" in err
+    code, _, err = run(capsys, "status", tmp_path / "missing.db")
+    assert code == 2 and one_line_error(err) and "onwatch init" in err
+    assert not (tmp_path / "missing.db").exists()
+
+
+def test_status_json_is_stable_and_documented(capsys, path):
+    run(capsys, "ingest", path, "chat", "m1", "{}")
+    run(capsys, "config", path, "max_pending=100", "max_runs_per_day=50")
+    code, out, _ = run(capsys, "status", path, "--json")
+    assert code == 0
+    assert out == json.dumps(json.loads(out), sort_keys=True, ensure_ascii=False) + "\n"
+    data = json.loads(out)
+    documented = {"path", "now", "counts", "lease", "lease_ttl", "on_lost_claim", "takeovers",
+                  "refused_writes", "paused", "outbox_held", "held_messages", "next_send_at",
+                  "next_timer_due", "waiting_approvals", "runs_last_day", "budgets"}
+    assert documented <= set(data)
+    _, help_text, _ = run(capsys, "status", "--help")
+    for key in documented:
+        assert key in help_text
+    assert data["counts"]["pending"] == 1 and data["lease"] is None
+    assert data["budgets"]["max_pending"] == {"excess": "refused", "limit": 100, "used": 1}
+    assert data["budgets"]["max_runs_per_day"] == {"excess": "delayed", "limit": 50, "used": 0}
+    assert data["budgets"]["max_followups_per_run"]["excess"] == "refused"
+    assert data["budgets"]["max_run_seconds"]["excess"] == "lost claim"
+    code, out, _ = run(capsys, "status", path)
+    assert code == 0 and "budgets" in out and "max_pending" in out and "1 / 100" in out
+
+
+def test_config_shows_sets_and_validates(capsys, path):
+    code, out, _ = run(capsys, "config", path)
+    assert code == 0 and "lease_ttl = 120" in out and "max_pending = null" in out
+    code, out, _ = run(capsys, "config", path, "on_lost_claim=interrupt", "max_pending=5",
+                       'lost_claim_by_source={"stripe": "retry"}')
+    assert code == 0 and 'on_lost_claim = "interrupt"   (was "retry")' in out
+    code, out, _ = run(capsys, "config", path, "max_pending=unlimited", "--json")
+    assert json.loads(out)["max_pending"] is None
+    for bad in ("max_pending=-1", "lease_ttl=1.5", "bogus=1", "on_lost_claim=maybe",
+                "no-equals-sign"):
+        code, _, err = run(capsys, "config", path, bad)
+        assert code == 2 and one_line_error(err), bad
+
+
+def test_budget_max_pending_refusal_exits_1(capsys, path):
+    run(capsys, "config", path, "max_pending=1")
+    assert run(capsys, "ingest", path, "chat", "m1", "{}")[0] == 0
+    code, _, err = run(capsys, "ingest", path, "chat", "m2", "{}")
+    assert code == 1 and one_line_error(err) and "max_pending" in err
+    assert run(capsys, "ingest", path, "chat", "m1", "{}") == (0, "duplicate\n", "")
+
+
+def test_event_actions_say_whether_they_applied(capsys, path):
+    run(capsys, "ingest", path, "chat", "m1", "{}")
+    code, out, err = run(capsys, "cancel", path, "1", "--actor", "ana", "--reason", "spam")
+    assert (code, out) == (0, "cancel: event 1 is now cancelled\n")
+    code, out, err = run(capsys, "cancel", path, "1")
+    assert code == 1 and out == "" and one_line_error(err) and "cancelled" in err
+    code, out, _ = run(capsys, "requeue", path, "1", "--expect", "dead", "--json")
+    assert code == 1 and json.loads(out)["applied"] is False
+    assert "changed meanwhile" in json.loads(out)["reason"]
+    code, out, _ = run(capsys, "requeue", path, "1", "--json")
+    assert code == 0 and json.loads(out) == {"action": "requeue", "applied": True,
+                                             "event_id": 1, "reason": None,
+                                             "status": "pending"}
+    assert run(capsys, "bury", path, "1")[0] == 0
+    assert run(capsys, "resolve", path, "1")[0] == 1
+    code, _, err = run(capsys, "cancel", path, "99")
+    assert code == 1 and "no such event" in err
+
+
+def test_answers_print_the_standing_outcome(capsys, path):
+    import asyncio
+
+    from core import Inbox
+
+    async def ask():
+        async with await Inbox.open(path) as inbox:
+            await inbox.request_approval("r1", 3600, "refund 5")
+            await inbox.request_approval("r2", 3600, "refund 6")
+    asyncio.run(ask())
+    code, out, _ = run(capsys, "approvals", path)
+    assert code == 0 and "r1\trefund 5\twaiting" in out
+    assert run(capsys, "approve", path, "r1", "--actor", "ana")[:2] == (0, "yes\n")
+    code, out, err = run(capsys, "deny", path, "r1")
+    assert (code, out) == (1, "yes\n") and "the answer that stands is 'yes'" in err
+    assert run(capsys, "expire", path, "r2")[:2] == (0, "expired\n")
+    code, out, _ = run(capsys, "approve", path, "r2", "--json")
+    assert code == 1 and json.loads(out) == {"applied": False, "request_id": "r2",
+                                             "standing": "expired"}
+    code, out, err = run(capsys, "approve", path, "never-asked")
+    assert (code, out) == (1, "unknown\n") and "no such request" in err
+
+
+def test_switches_are_idempotent(capsys, path):
+    assert run(capsys, "pause", path)[:2] == (0, "execution paused: claims return nothing, "
+                                                 "intake goes on\n")
+    code, out, _ = run(capsys, "pause", path, "--json")
+    assert code == 0 and json.loads(out) == {"changed": False, "paused": True}
+    assert "PAUSED" in run(capsys, "status", path)[1]
+    assert run(capsys, "resume", path)[0] == 0
+    assert run(capsys, "hold", path)[0] == 0
+    assert "HELD" in run(capsys, "status", path)[1]
+    assert run(capsys, "release", path)[0] == 0
+
+
+def _queue(path, *bodies):
+    import asyncio
+
+    from core import Inbox
+
+    async def queue():
+        async with await Inbox.open(path) as inbox:
+            for i, body in enumerate(bodies):
+                await inbox.ingest("chat", f"q{body}", None)
+            gen = await inbox.acquire("t")
+            batch = await inbox.claim_batch("t", gen)
+            await inbox.finish("t", gen, [e.id for e in batch], messages=list(bodies))
+            await inbox.release("t", gen)
+    asyncio.run(queue())
+
+
+def test_dispatch_channels(capsys, path, tmp_path):
+    _queue(path, "one", "two")
+    sent = tmp_path / "sent.jsonl"
+    code, out, err = run(capsys, "dispatch", path, "--file", sent)
+    assert code == 0 and "2 message(s) sent" in err
+    [line] = sent.read_text().splitlines()
+    record = json.loads(line)
+    assert record["text"] == "one\n\ntwo" and record["count"] == 2
+    assert record["key"].startswith("onwatch-") and sorted(record) == ["at", "count", "key",
+                                                                       "text"]
+    _queue(path, "three")
+    code, out, err = run(capsys, "dispatch", path, "--stdout")
+    assert code == 0 and out == "" and "nothing sent" in err and "next send allowed" in err
+    code, out, err = run(capsys, "dispatch", path, "--command", "exit 7", "--now")
+    assert code == 1 and one_line_error(err) and "exited with 7" in err
+    assert run(capsys, "status", path, "--json")[1].count('"held_messages": 1') == 1
+    target = tmp_path / "piped.txt"
+    code, out, err = run(capsys, "dispatch", path, "--now", "--command",
+                         f'cat > {target}; printf "\\n%s\\n" "$ONWATCH_DELIVERY_KEY" >> {target}')
+    assert code == 0
+    text, key = target.read_text().split("\n")[:2]
+    assert text == "three" and key.startswith("onwatch-")
+
+
+def test_show_and_events_list_what_an_operator_needs(capsys, path):
+    run(capsys, "ingest", path, "chat", "m1", '{"text": "[bold]hi[/]"}')
+    code, out, _ = run(capsys, "events", path)
+    assert code == 0 and out.startswith("1\tchat\tm1\tpending")
+    code, out, _ = run(capsys, "events", path, "done", "--json")
+    assert json.loads(out) == []
+    code, out, _ = run(capsys, "show", path, "1")
+    assert code == 0 and "[bold]hi[/]" in out
+    assert run(capsys, "show", path, "7")[0] == 1
+
+
+def test_missing_ui_modules_are_reported_not_crashed(capsys, path, monkeypatch):
+    real = cli.importlib.import_module
+
+    def missing(name, *args):
+        if name in ("tui.app", "tui.demo", "core.webhooks"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real(name, *args)
+    monkeypatch.setattr(cli.importlib, "import_module", missing)
+    for args in (("tui", path), ("demo",), ("serve", path)):
+        code, _, err = run(capsys, *args)
+        assert code == 2 and one_line_error(err) and "not available in this build" in err
+
+
+def test_serve_hands_its_arguments_to_the_webhook_receiver(capsys, path, monkeypatch):
+    seen = {}
+    fake = types.SimpleNamespace(main=lambda args: seen.update(vars(args)) or 0)
+    monkeypatch.setattr(cli, "_lazy", lambda module, what: fake)
+    code, _, _ = run(capsys, "serve", path, "--port", "9000", "--max-body", "1000",
+                     "--config", "hooks.toml")
+    assert code == 0
+    assert (seen["path"], seen["host"], seen["port"], seen["config"], seen["max_body"]) == (
+        path, "127.0.0.1", 9000, "hooks.toml", 1000)
+
+
+def test_tui_and_demo_are_called_lazily(capsys, path, monkeypatch):
+    calls = []
+    fake = types.SimpleNamespace(run=lambda *a, **k: calls.append((a, k)) or 0)
+    monkeypatch.setattr(cli, "_lazy", lambda module, what: fake)
+    assert run(capsys, "tui", path, "--read-only")[0] == 0
+    assert run(capsys, "demo", "--live")[0] == 0
+    assert calls == [((path,), {"read_only": True}), ((), {"live": True})]
+
+
+def test_status_never_imports_textual(path):
+    code = ("import sys; from tui import cli; rc = cli.main(['status', sys.argv[1]]); "
+            "bad = [m for m in ('textual', 'rich') if m in sys.modules]; "
+            "sys.exit(10 if bad else rc)")
+    result = subprocess.run([sys.executable, "-c", code, path], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_console_script_runs(path):
+    result = subprocess.run([sys.executable, "-m", "tui.cli", "status", path, "--json"],
+                            cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0 and json.loads(result.stdout)["path"] == path

@@ -1,0 +1,74 @@
+"""Fixtures for in-process worker tests: a scratch inbox on a fake clock, workers as tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from core import FakeClock, Inbox
+from core.worker import Worker
+
+T = 1_000_000
+DAY = 86_400
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(T)
+
+
+@pytest.fixture
+async def inbox(tmp_path, clock):
+    box = await Inbox.open(str(tmp_path / "inbox.db"), clock=clock)
+    await box.configure(lease_ttl=120, max_attempts=3, outbox_gap=0)
+    yield box
+    await box.close()
+
+
+async def until(predicate, timeout: float = 5.0, what: str = "it"):
+    """Await an (async or plain) predicate until truthy; fail after `timeout` real seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class Running:
+    """A worker running as a task; `stop()` asks it to stop and returns its stats."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.task = asyncio.create_task(worker.run())
+
+    async def stop(self, force: bool = False):
+        self.worker.request_stop(force)
+        return await asyncio.wait_for(self.task, 10)
+
+
+@pytest.fixture
+async def start(inbox):
+    running: list[Running] = []
+
+    def launch(agent, *, box=None, **options) -> Running:
+        options.setdefault("poll_interval", 0.02)
+        options.setdefault("holder", f"w{len(running) + 1}")
+        handle = Running(Worker(box or inbox, agent, **options))
+        running.append(handle)
+        return handle
+
+    yield launch
+    for handle in running:
+        if not handle.task.done():
+            await handle.stop(force=True)
+
+
+async def status(inbox: Inbox, event_id: int) -> str:
+    return (await inbox.get_event(event_id)).status

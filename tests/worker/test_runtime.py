@@ -1,0 +1,344 @@
+"""The worker runtime in-process, on a fake clock: runs, failures, budgets, lease loss, stop."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from core import BudgetExceeded, Inbox
+from core.worker import LeaseLost, RunAbandoned, Worker, run_worker
+
+from .conftest import DAY, T, status, until
+
+
+async def echo(batch, ctx):
+    for event in batch:
+        ctx.reply(f"echo {event.source_id}")
+    ctx.result = {"ids": [e.id for e in batch]}
+
+
+async def test_a_run_finishes_once_with_its_replies_and_result(inbox, start):
+    for i in range(3):
+        await inbox.ingest("chat", f"m{i}", {"text": i})
+    sent = []
+    running = start(echo, send=sent.append)
+    await until(lambda: sent, what="the send")
+    stats = await running.stop()
+    assert [str(s) for s in sent] == ["echo m0\n\necho m1\n\necho m2"]
+    assert (stats.runs, stats.done, stats.sent, stats.generations) == (1, 1, 3, [1])
+    runs = await inbox.runs(1)
+    assert [(r.outcome, r.result, r.event_ids) for r in runs] == [
+        ("done", {"ids": [1, 2, 3]}, (1, 2, 3))]
+    lease = await inbox.lease_info()
+    assert lease.until < inbox.now()  # released on stop
+
+
+async def test_an_agent_that_raises_is_recorded_with_backoff_and_the_worker_goes_on(
+        inbox, start, clock):
+    calls = []
+
+    async def flaky(batch, ctx):
+        calls.append(clock.now())
+        if len(calls) < 3:
+            raise RuntimeError(f"boom {len(calls)}")
+        ctx.reply("third time lucky")
+
+    await inbox.configure(backoff_base=10, backoff_cap=100)
+    await inbox.ingest("chat", "m1", "x")
+    running = start(flaky)
+    await until(lambda: len(calls) == 1)
+    event = await until(lambda: _pending_with_error(inbox, 1), what="the error recorded")
+    assert event.error == "RuntimeError: boom 1" and event.available_at == T + 10
+    clock.advance(10)
+    await until(lambda: len(calls) == 2)
+    event = await until(lambda: _pending_with_error(inbox, 1))
+    assert event.error == "RuntimeError: boom 2" and event.available_at == T + 10 + 20
+    clock.advance(20)
+    await until(lambda: _status_is(inbox, 1, "done"))
+    stats = await running.stop()
+    assert (stats.runs, stats.failed, stats.done) == (3, 2, 1)
+    assert [m.body for m in await inbox.held_messages()] == ["third time lucky"]
+
+
+async def _pending_with_error(inbox, event_id):
+    event = await inbox.get_event(event_id)
+    return event if event.status == "pending" and event.error else None
+
+
+async def _status_is(inbox, event_id, state):
+    event = await inbox.get_event(event_id)
+    return event is not None and event.status == state
+
+
+async def test_a_plain_def_agent_runs_in_a_thread_and_can_perform_effects(inbox, start):
+    performed = []
+
+    def agent(batch, ctx):
+        outcome = ctx.perform("notify", {"n": 1}, lambda key: performed.append(key) or "ok")
+        ctx.reply(f"plain {outcome}")
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent)
+    await until(lambda: _status_is(inbox, 1, "done"))
+    await running.stop()
+    [effect] = await inbox.effects(1)
+    assert (effect.name, effect.state, effect.key) == ("notify", "confirmed", performed[0])
+    assert [m.body for m in await inbox.held_messages()] == ["plain ok"]
+
+
+async def test_the_effect_journal_records_intent_then_outcome(inbox, start):
+    async def agent(batch, ctx):
+        async with ctx.effect("send-mail", {"to": "a@example.org"}) as key:
+            assert key.startswith("onwatch-")
+        with pytest.raises(ValueError):
+            async with ctx.effect("charge", {"amount": 5}):
+                raise ValueError("card declined")
+        assert await ctx.perform("sms", None, lambda key: "sent") == "sent"
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent)
+    await until(lambda: _status_is(inbox, 1, "done"))
+    await running.stop()
+    assert [(e.name, e.state) for e in await inbox.effects(1)] == [
+        ("send-mail", "confirmed"), ("charge", "failed"), ("sms", "confirmed")]
+
+
+async def test_a_run_past_max_run_seconds_is_abandoned_and_recovered_as_lost(
+        inbox, start, clock):
+    await inbox.configure(max_run_seconds=30)
+    calls = []
+    gate = asyncio.Event()
+
+    async def agent(batch, ctx):
+        calls.append(ctx.run_id)
+        if len(calls) == 1:
+            try:
+                await gate.wait()  # never set: the budget must cut this run
+            except asyncio.CancelledError:
+                with pytest.raises(RunAbandoned):
+                    ctx.reply("too late")
+                raise
+        ctx.reply("second try")
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent)
+    await until(lambda: calls)
+    clock.advance(30)
+    await until(lambda: running.worker.stats.abandoned == 1, what="the abandon")
+    assert await status(inbox, 1) == "running"
+    clock.advance(1)  # the core treats the claim as lost once it is past the budget
+    await until(lambda: _status_is(inbox, 1, "done"), what="the retry")
+    stats = await running.stop()
+    assert (stats.runs, stats.abandoned, stats.done) == (2, 1, 1)
+    runs = await inbox.runs(1)
+    assert [r.outcome for r in runs] == ["lost", "done"]
+    assert "max_run_seconds" in runs[0].error
+
+
+async def test_over_budget_under_interrupt_waits_for_the_operator(inbox, start, clock):
+    await inbox.configure(max_run_seconds=30, on_lost_claim="interrupt")
+
+    async def agent(batch, ctx):
+        async with ctx.effect("charge", {"amount": 5}):
+            await asyncio.sleep(3600)
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent)
+    await until(lambda: _status_is(inbox, 1, "running"))
+    await until(lambda: inbox.effects(1))
+    clock.advance(31)
+    await until(lambda: _status_is(inbox, 1, "interrupted"), what="interrupted")
+    await running.stop()
+    # The charge was cancelled mid-way: the journal keeps it 'intended' (it may have gone).
+    assert [(e.name, e.state) for e in await inbox.effects(1)] == [("charge", "intended")]
+
+
+async def test_a_lost_lease_abandons_the_run_and_the_successor_recovers_it(
+        inbox, start, clock):
+    gate = asyncio.Event()
+    seen = []
+
+    async def agent(batch, ctx):
+        seen.append(ctx.gen)
+        await gate.wait()
+        ctx.reply("late")
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent, holder="A")
+    await until(lambda: seen)
+    clock.advance(121)  # A stalls past its lease (no renewal happened: the clock jumped)
+    assert await inbox.acquire("B") == 2
+    await until(lambda: running.worker.stats.abandoned == 1, what="A to notice")
+    gate.set()
+    assert await inbox.claim_batch("B", 2) != []  # B recovers and re-claims the event
+    assert await inbox.held_messages() == []
+    audit = await inbox.audit(limit=5)
+    assert any(a.action == "refused renew" and a.actor == "A" for a in audit)
+    stats = await running.stop()
+    assert stats.done == 0 and stats.refused == 0
+
+
+async def test_an_effect_after_the_lease_was_lost_is_never_performed(inbox, start, clock):
+    performed = []
+    go = asyncio.Event()
+    outcome = []
+
+    async def agent(batch, ctx):
+        await go.wait()
+        try:
+            await ctx.perform("refund", {"amount": 5}, lambda key: performed.append(key))
+        except LeaseLost as exc:
+            outcome.append(str(exc))
+            raise
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent, holder="A", poll_interval=5)  # no renewal check in between
+    await until(lambda: _status_is(inbox, 1, "running"))
+    clock.advance(121)
+    assert await inbox.acquire("B") == 2
+    go.set()
+    await until(lambda: outcome, what="the refused intent")
+    await until(lambda: running.worker.stats.abandoned == 1)
+    await running.stop(force=True)
+    assert performed == [] and await inbox.effects(1) == []
+    assert any(a.action == "refused effect refund" for a in await inbox.audit(limit=5))
+
+
+async def test_stop_lets_the_current_run_finish_within_grace(inbox, start):
+    release = asyncio.Event()
+
+    async def agent(batch, ctx):
+        await release.wait()
+        ctx.reply("finished cleanly")
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent, grace=5)
+    await until(lambda: _status_is(inbox, 1, "running"))
+    running.worker.request_stop()
+    await asyncio.sleep(0.1)
+    release.set()
+    stats = await asyncio.wait_for(running.task, 5)
+    assert stats.done == 1 and stats.abandoned == 0
+    assert await status(inbox, 1) == "done"
+    assert (await inbox.lease_info()).until < inbox.now()
+
+
+async def test_a_second_stop_abandons_the_run_at_once(inbox, start):
+    async def agent(batch, ctx):
+        await asyncio.sleep(3600)
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent, grace=60)
+    await until(lambda: _status_is(inbox, 1, "running"))
+    running.worker.request_stop()
+    running.worker.request_stop()
+    stats = await asyncio.wait_for(running.task, 2)
+    assert stats.abandoned == 1
+    # Released: the next worker takes over at once and recovers the claim.
+    assert await inbox.acquire("next") == 2
+    assert [e.id for e in await inbox.claim_batch("next", 2)] == [1]
+
+
+async def test_a_restarted_process_with_the_same_holder_name_does_not_adopt_stuck_claims(
+        inbox, start, clock):
+    await inbox.ingest("chat", "m1", "x")
+    assert await inbox.acquire("box") == 1
+    await inbox.claim_batch("box", 1)  # ... and the process died
+    running = start(echo, holder="box")
+    await asyncio.sleep(0.2)
+    assert await status(inbox, 1) == "running"
+    assert (await inbox.lease_info()).gen == 1
+    clock.advance(121)
+    await until(lambda: _status_is(inbox, 1, "done"), what="the takeover")
+    await running.stop()
+    assert running.worker.stats.generations == [2]
+
+
+async def test_idle_worker_wakes_for_new_events_answers_and_timers(inbox, start, clock):
+    running = start(echo)
+    await until(lambda: inbox.lease_info())
+    await asyncio.sleep(0.1)
+    await inbox.ingest("chat", "late", "x")
+    await until(lambda: _status_is(inbox, 1, "done"), timeout=2, what="the new event")
+    await inbox.add_timer("ping", T + 50, None)
+    await asyncio.sleep(0.1)
+    assert (await inbox.counts())["done"] == 1
+    clock.advance(50)
+    await until(lambda: _status_is(inbox, 2, "done"), timeout=2, what="the timer")
+    await running.stop()
+
+
+async def test_paused_inbox_is_not_claimed_until_resumed(inbox, start):
+    await inbox.pause()
+    await inbox.ingest("chat", "m1", "x")
+    running = start(echo)
+    await until(lambda: inbox.lease_info())
+    await asyncio.sleep(0.2)
+    assert await status(inbox, 1) == "pending"
+    await inbox.resume()
+    await until(lambda: _status_is(inbox, 1, "done"), timeout=2)
+    await running.stop()
+
+
+# --- budgets (SPEC 1.9): each says whether excess is delayed or refused ------------------
+
+async def test_budget_runs_per_day_delays_the_excess(inbox, start, clock):
+    await inbox.configure(max_runs_per_day=2, max_batch=1)
+    for i in range(3):
+        await inbox.ingest("chat", f"m{i}", "x")
+    running = start(echo)
+    await until(lambda: _status_is(inbox, 2, "done"))
+    await asyncio.sleep(0.2)
+    assert await status(inbox, 3) == "pending"  # delayed, not refused
+    overview = await inbox.overview()
+    assert overview.budgets["max_runs_per_day"] == {"limit": 2, "used": 2, "excess": "delayed"}
+    clock.advance(DAY)
+    await until(lambda: _status_is(inbox, 3, "done"), timeout=3, what="the next day's run")
+    await running.stop()
+
+
+async def test_budget_max_pending_refuses_the_excess(inbox):
+    await inbox.configure(max_pending=2)
+    assert await inbox.ingest("chat", "m1", "x") is True
+    assert await inbox.ingest("chat", "m2", "x") is True
+    with pytest.raises(BudgetExceeded, match="max_pending"):
+        await inbox.ingest("chat", "m3", "x")
+    assert await inbox.ingest("chat", "m1", "x") is False  # a duplicate is never refused
+    assert (await inbox.counts())["pending"] == 2
+
+
+async def test_budget_followups_per_run_refuses_the_run_outcome(inbox, start, clock):
+    await inbox.configure(max_followups_per_run=1, backoff_base=10)
+
+    async def agent(batch, ctx):
+        ctx.follow_up("a", ctx.now + 60)
+        ctx.follow_up("b", ctx.now + 120)
+        ctx.reply("never queued")
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent)
+    event = await until(lambda: _pending_with_error(inbox, 1), what="the refused outcome")
+    await running.stop()
+    assert "max_followups_per_run" in event.error and event.available_at == T + 10
+    assert await inbox.timers() == [] and await inbox.held_messages() == []
+
+
+async def test_run_worker_opens_a_path_and_stops_on_the_event(tmp_path):
+    path = str(tmp_path / "w.db")
+    inbox = await Inbox.open(path)
+    await inbox.ingest("chat", "m1", "x")
+    await inbox.close()
+    stop = asyncio.Event()
+    sent = []
+    task = asyncio.create_task(run_worker(path, echo, stop=stop, send=sent.append,
+                                          poll_interval=0.02))
+    await until(lambda: sent)
+    stop.set()
+    stats = await asyncio.wait_for(task, 5)
+    assert stats.done == 1 and [str(s) for s in sent] == ["echo m1"]
+
+
+async def test_worker_refuses_a_non_callable_agent(inbox):
+    with pytest.raises(ValueError):
+        Worker(inbox, "not a function")

@@ -146,6 +146,7 @@ class Scenario:
     steps: tuple[Step, ...]
     settings: Mapping[str, Any] = field(default_factory=dict)  # on top of SETTINGS
     focus: str = "pending"  # the pane that tells this story best
+    watch: str = ""  # where on the screen the viewer should look
     moment: int = -1  # the step (index) whose outcome is the scenario's key picture
 
     @property
@@ -204,6 +205,7 @@ def _webhook_twice() -> Scenario:
                     (Step("GitHub delivers a webhook", first, "pending"),
                      Step("GitHub retries the same delivery", retry, "pending"),
                      Step("The worker runs it once", run_once, "outbox")),
+                    watch="Watch the Pending count: a redelivery never adds a row.",
                     focus="pending", moment=1)
 
 
@@ -239,6 +241,7 @@ def _lease_race() -> Scenario:
                     (Step("A and B ask at the same instant", both_ask, "running"),
                      Step("B asks again", b_again, "running"),
                      Step("A renews its lease", a_renews, "running")),
+                    watch="Watch the lease line at the top: holder, generation, time left.",
                     focus="running", moment=0)
 
 
@@ -280,6 +283,7 @@ def _chat_batch() -> Scenario:
                     (Step("Three messages arrive", arrive, "pending"),
                      Step("One run claims all three", claim, "running"),
                      Step("One reply", finish, "outbox")),
+                    watch="Watch the Running pane: three rows, one run number.",
                     focus="running", moment=1)
 
 
@@ -356,6 +360,8 @@ def _takeover() -> Scenario:
                      Step("B finishes", b_finishes, "outbox"),
                      Step("A wakes up", a_wakes, "outbox"),
                      Step("A's late finish", a_late_finish, "outbox")),
+                    watch="Watch the lease line at the top (holder, generation, takeovers, "
+                          "refused stale writes), then the Outbox.",
                     focus="running", moment=6)
 
 
@@ -439,6 +445,7 @@ def _poison() -> Scenario:
                      Step("The poison is dead; W3 claims the healthy one", w3, "dead"),
                      Step("W3 finishes the healthy one", w3_finishes, "dead"),
                      Step("W4 finds nothing to do", w4, "dead")),
+                    watch="Watch the tries column, then the Dead & interrupted pane.",
                     focus="dead", moment=4)
 
 
@@ -487,7 +494,7 @@ def _timers() -> Scenario:
         return (f"The machine was off for 3 days. Back at next due + 3 d 10 min: {due} due, "
                 f"{plural(len(digests), 'digest event')} in total; the new one has skipped "
                 f"{payload.get('skipped')}, late_by {payload.get('late_by')} s. Next due in "
-                f"{timer.due - s.now} s ({span(timer.due - s.now)}). One digest, not four.")
+                f"{timer.due - s.now:,} s ({span(timer.due - s.now)}). One digest, not four.")
 
     return Scenario(6, "timer-coalesce", "Timers: replays and an outage",
                     "A daily digest timer fires, is replayed by a deploy, then misses 3 days.",
@@ -496,6 +503,7 @@ def _timers() -> Scenario:
                      Step("A second pass at the same instant", second_pass, "pending"),
                      Step("A deploy replays the old due time", redeploy, "pending"),
                      Step("Three days of outage", outage, "timers")),
+                    watch="Watch the Timers pane: next due, last fired, skipped.",
                     focus="timers", moment=4)
 
 
@@ -594,6 +602,8 @@ def _approvals() -> Scenario:
                      Step("A second tap: 'no'", no_3, "approvals"),
                      Step("refund-3's deadline passes", expiry_3, "approvals"),
                      Step("An answer for an unknown request", unknown, "approvals")),
+                    watch="Watch the Approvals pane: each request's answer. Press a yourself "
+                          "on a waiting one.",
                     focus="approvals", moment=2)
 
 
@@ -663,6 +673,8 @@ def _outbox() -> Scenario:
                      Step("Minute 10: update 1", update(1), "outbox"),
                      Step("Minute 20: update 2", update(2), "outbox"),
                      Step("Minute 61: the gap is over", minute61, "outbox")),
+                    watch="Watch the Outbox pane: what is held, when the next send is allowed, "
+                          "what was sent.",
                     focus="outbox", moment=4)
 
 
@@ -717,6 +729,7 @@ def _restart_before_claim() -> Scenario:
                      Step("The worker restarts", restart, "pending"),
                      Step("The new process claims it", claim, "running"),
                      Step("It runs once", finish, "running")),
+                    watch="Watch the Pending pane across the restart.",
                     focus="pending", moment=1)
 
 
@@ -792,7 +805,10 @@ def _restart_during_run() -> Scenario:
                      Step("The restarted worker takes over", restart, "dead"),
                      Step("It is never retried automatically", still, "dead"),
                      Step("The operator resolves it", resolve, "dead")),
-                    settings={"on_lost_claim": "interrupt"}, focus="dead", moment=4)
+                    settings={"on_lost_claim": "interrupt"},
+                    watch="Watch the Dead & interrupted pane: the refund waits there for a "
+                          "human (m marks it done).",
+                    focus="dead", moment=4)
 
 
 # --- 11. Result stored, delivery failed ---------------------------------------------------------
@@ -843,6 +859,7 @@ def _delivery_failed() -> Scenario:
                     (Step("The run finishes", run, "outbox"),
                      Step("The send fails", fail, "outbox"),
                      Step("The next dispatch delivers it", retry, "outbox")),
+                    watch="Watch the Outbox pane: the reply stays held while the channel is down.",
                     focus="outbox", moment=1)
 
 
@@ -902,6 +919,7 @@ def _cancel() -> Scenario:
                      Step("Cancel the waiting one", cancel_pending, "pending"),
                      Step("Try to cancel the running one", cancel_running, "running"),
                      Step("The worker never sees the cancelled one", finish, "pending")),
+                    watch="Watch Pending and Running, and what each cancel answers.",
                     focus="pending", moment=3)
 
 

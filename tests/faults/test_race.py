@@ -78,6 +78,9 @@ def test_racing_workers_with_kills_stalls_duplicates_and_operators(tmp_path):
                 # Often past the 2 s lease, so a successor takes over meanwhile.
                 stalled[victim.pid] = time.monotonic() + rng.uniform(0.5, 5.0)
                 stalls += 1
+        for process in workers:  # the chaos is over: nobody stays stopped (or holds a lock)
+            if process.pid in stalled:
+                process.send_signal(signal.SIGCONT)
         ingested = json.loads(ingester.communicate(timeout=60)[0])
         operated = json.loads(operator.communicate(timeout=30)[0])
     finally:

@@ -260,7 +260,7 @@ class Worker:
                     await self._sleep(self.poll_interval)
         finally:
             await self._release()
-        log.info("worker %s stopped: %s", self.holder, self.stats)
+        log.debug("worker %s stopped: %s", self.holder, self.stats)
         return self.stats
 
     async def _step(self, call: Callable[[], Awaitable[Any]]) -> Any:

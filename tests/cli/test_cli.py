@@ -282,3 +282,26 @@ def test_the_console_script_runs(path):
     result = subprocess.run([sys.executable, "-m", "tui.cli", "status", path, "--json"],
                             cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0 and json.loads(result.stdout)["path"] == path
+
+
+def test_worker_agent_errors_are_one_line(capsys, path, tmp_path):
+    for spec, words in (("nocolon", "module:function"), ("no_such_module_xyz:handle",
+                                                         "cannot import"),
+                        ("core.example_agent:nope", "no function"),
+                        (f"{tmp_path}/missing.py:handle", "no file")):
+        code, _, err = run(capsys, "worker", path, "--agent", spec)
+        assert code == 2 and one_line_error(err) and words in err, (spec, err)
+
+
+def test_worker_runs_an_agent_from_a_file_and_stops_after_max_runs(path, tmp_path):
+    agent = tmp_path / "my_agent.py"
+    agent.write_text("async def handle(batch, ctx):\n"
+                     "    ctx.reply('seen ' + ', '.join(e.source_id for e in batch))\n")
+    subprocess.run([sys.executable, "-m", "tui.cli", "ingest", path, "chat", "a1"], cwd=ROOT,
+                   check=True, capture_output=True)
+    result = subprocess.run([sys.executable, "-m", "tui.cli", "worker", path, "--agent",
+                             f"{agent}:handle", "--max-runs", "1", "--holder", "file-agent"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "seen a1\n"
+    assert "1 run(s), 1 done" in result.stderr and "Traceback" not in result.stderr

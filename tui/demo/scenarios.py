@@ -534,6 +534,10 @@ def _approvals() -> Scenario:
         s.at(s.results["refund-1_at"] + 5 * HOUR)
         due = await s.inbox.run_scheduler()
         approval = await s.inbox.get_approval("refund-1")
+        if approval.answered_by != "scheduler":  # the viewer answered it from the pane
+            return (f"At T+5h the scheduler runs ({due} due): refund-1 already has its answer "
+                    f"'{approval.answer}' (from {approval.answered_by}), so its expiry has "
+                    f"nothing to do.")
         return (f"Nobody answered. At T+5h the scheduler runs ({due} due): refund-1's expiry "
                 f"timer stores '{approval.answer}', so the agent still wakes up, with a refusal.")
 
@@ -553,6 +557,9 @@ def _approvals() -> Scenario:
         s.at(s.results["refund-2_at"] + 5 * HOUR)
         standing = await s.inbox.answer_approval("refund-2", "yes", actor="dana")
         s.results["refund-2_late_yes"] = standing
+        if standing != "expired":
+            return (f"'yes' arrives at T+5h: the call returns '{standing}', the answer given "
+                    f"in time from the Approvals pane. It stands.")
         return (f"'yes' arrives at T+5h, the expiry timer not yet fired: '{standing}'. The "
                 f"deadline is checked in the answer's own transaction, not left to the "
                 f"scheduler having run.")
@@ -565,6 +572,9 @@ def _approvals() -> Scenario:
         s.at(s.results["refund-3_at"] + HOUR)
         standing = await s.inbox.answer_approval("refund-3", "yes", actor="dana")
         s.results["refund-3_yes"] = standing
+        if standing != "yes":
+            return (f"Dana answers 'yes' at T+1h: the call returns '{standing}', the answer "
+                    f"already given from the Approvals pane. She is told what stands.")
         return f"Dana answers 'yes' at T+1h, in time: '{standing}'. The agent resumes."
 
     async def no_3(s: Stage) -> str:

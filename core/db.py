@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 import time
@@ -55,10 +56,13 @@ class Database:
     pinned in pyproject.toml and tests/core/test_db.py checks the hook exists).
     """
 
-    def __init__(self, conn: aiosqlite.Connection, path: str, busy_timeout: float) -> None:
+    def __init__(self, conn: aiosqlite.Connection, path: str, busy_timeout: float,
+                 factory: type[sqlite3.Connection] | None = None) -> None:
         self._conn = conn
         self.path = path
         self.busy_timeout = busy_timeout
+        self._factory = factory
+        self._reader: sqlite3.Connection | None = None  # see peek()
 
     @classmethod
     async def open(cls, path: str | os.PathLike, *, create: bool = True,
@@ -79,7 +83,7 @@ class Database:
             conn = await aiosqlite.connect(path, **kwargs)
         except sqlite3.Error as exc:
             raise _map_error(exc, path, busy_timeout) from None
-        db = cls(conn, path, busy_timeout)
+        db = cls(conn, path, busy_timeout, factory)
         try:
             await db.call(_prepare, path, busy_timeout)
         except BaseException:
@@ -94,6 +98,54 @@ class Database:
         except sqlite3.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout) from None
 
+    def write_soon(self, fn: Callable[..., T], args: tuple,
+                   done: Callable[[T | None, BaseException | None], None]) -> None:
+        """Queue `fn` in its own write transaction; call `done(result, error)` on this loop
+        once it committed (error None) or rolled back (result None, error mapped).
+
+        The callback form of `write` for group commit: no coroutine or task per call, and
+        `done` runs even if whoever queued the work was cancelled meanwhile. It goes on the
+        same queue as `call` (aiosqlite's `_tx`, pinned version), so order is kept.
+        """
+        conn = self._conn
+        if not conn._running or conn._connection is None:
+            raise InboxError(f"inbox {self.path} is closed")
+        sqlite_conn, loop = conn._connection, asyncio.get_running_loop()
+        path, busy_timeout = self.path, self.busy_timeout
+
+        def job() -> None:  # on the connection's thread
+            try:
+                result = _write_tx(sqlite_conn, fn, args)
+            except sqlite3.Error as exc:
+                loop.call_soon_threadsafe(done, None, _map_error(exc, path, busy_timeout))
+            except BaseException as exc:  # noqa: B036 - handed to the callers, not lost
+                loop.call_soon_threadsafe(done, None, exc)
+            else:
+                loop.call_soon_threadsafe(done, result, None)
+        conn._tx.put_nowait((None, job))
+
+    def peek(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a tiny read-only `fn(connection, *args)` right here, on the event loop's thread,
+        through a second, query-only connection; raise sqlite3.Error if it cannot answer at
+        once (the caller then takes the normal path).
+
+        Only for point lookups by key. A WAL reader never waits for a writer, and the
+        connection has no busy timeout, so this cannot stall the loop on a lock; what it sees
+        is committed, and with synchronous = FULL a commit is fsynced before readers see it.
+        """
+        reader = self._reader
+        if reader is None:
+            if self._conn._connection is None:
+                raise sqlite3.OperationalError("inbox is closed")
+            kwargs: dict[str, Any] = {"isolation_level": None, "check_same_thread": False}
+            if self._factory is not None:
+                kwargs["factory"] = self._factory
+            reader = sqlite3.connect(self.path, **kwargs)
+            reader.execute("PRAGMA query_only = ON")
+            reader.execute("PRAGMA busy_timeout = 0")
+            self._reader = reader
+        return fn(reader, *args)
+
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside BEGIN IMMEDIATE … COMMIT; roll back on any exception."""
         return await self.call(_write_tx, fn, args)
@@ -107,6 +159,9 @@ class Database:
         return await self.call(lambda db: db.execute("PRAGMA data_version").fetchone()[0])
 
     async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         await self._conn.close()
 
 

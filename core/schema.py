@@ -178,13 +178,14 @@ MIGRATIONS: tuple[str, ...] = (
         id INTEGER PRIMARY KEY,
         run_id INTEGER NOT NULL,
         name TEXT NOT NULL CHECK (length(name) > 0),
-        key TEXT NOT NULL UNIQUE,
+        key TEXT NOT NULL,               -- the idempotency key; a retried run reuses it
         state TEXT NOT NULL CHECK (state IN ('intended', 'confirmed', 'failed')),
         detail TEXT,
         intended_at INTEGER NOT NULL,
         settled_at INTEGER
     );
-    CREATE INDEX effects_by_run ON effects(run_id, id);
+    CREATE UNIQUE INDEX effects_by_run ON effects(run_id, key);
+    CREATE INDEX effects_by_key ON effects(key, id);
     """,
 )
 

@@ -337,8 +337,13 @@ def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
                            (error, now + settings.backoff(attempts), now, event_id))
         outcome = "error"
     for run_id in run_ids:
-        db.execute("UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ? "
-                   "WHERE id = ? AND outcome IS NULL", (outcome, now, result, error, run_id))
+        # A run closes when its last event is finished (a run may be finished in parts);
+        # until then a lost-claim recovery can still close it as lost.
+        still_running = db.execute("SELECT 1 FROM events WHERE run_id = ? AND status = "
+                                   "'running' LIMIT 1", (run_id,)).fetchone()
+        if still_running is None:
+            db.execute("UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ? "
+                       "WHERE id = ? AND outcome IS NULL", (outcome, now, result, error, run_id))
     return True
 
 
@@ -619,22 +624,36 @@ def intend_effect(db: sqlite3.Connection, holder: str, gen: int, run_id: int, na
     if not holds(db, holder, gen, now):
         refuse(db, f"effect {name}", holder, gen, now)
         return None
+    if db.execute("SELECT 1 FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL",
+                  (run_id, gen)).fetchone() is None:
+        refuse(db, f"effect {name}", holder, gen, now,
+               f"run {run_id} is not an open run of this generation")
+        return None
     if key is None:
-        key = f"onwatch-{get_meta(db, 'uid')}-run{run_id}-{name}-{_count_effects(db, run_id) + 1}"
+        key = _default_effect_key(db, run_id, name)
     db.execute("INSERT INTO effects(run_id, name, key, state, detail, intended_at) "
-               "VALUES (?, ?, ?, 'intended', ?, ?) ON CONFLICT(key) DO NOTHING",
+               "VALUES (?, ?, ?, 'intended', ?, ?) ON CONFLICT(run_id, key) DO NOTHING",
                (run_id, name, key, detail, now))
     return key
 
 
-def _count_effects(db: sqlite3.Connection, run_id: int) -> int:
-    return db.execute("SELECT count(*) FROM effects WHERE run_id = ?", (run_id,)).fetchone()[0]
+def _default_effect_key(db: sqlite3.Connection, run_id: int, name: str) -> str:
+    """Derived from the run's events, not the run: a retry of the same batch performing the
+    same effects gets the same keys, so a tool that dedupes on them acts once."""
+    row = db.execute("SELECT event_ids FROM runs WHERE id = ?", (run_id,)).fetchone()
+    events = "-".join(str(i) for i in json.loads(row[0])) if row else f"run{run_id}"
+    nth = db.execute("SELECT count(*) FROM effects WHERE run_id = ? AND name = ?",
+                     (run_id, name)).fetchone()[0] + 1
+    return f"onwatch-{get_meta(db, 'uid')}-ev{events}-{name}-{nth}"
 
 
 def settle_effect(db: sqlite3.Connection, key: str, state: str, now: int) -> bool:
     """Record that an intended effect happened (or failed); facts are recorded unfenced."""
-    return db.execute("UPDATE effects SET state = ?, settled_at = ? WHERE key = ? AND "
-                      "state = 'intended'", (state, now, key)).rowcount == 1
+    # The newest intent under this key is the one being settled (older ones belong to
+    # earlier, lost runs of the same events and stay as they were left).
+    return db.execute("UPDATE effects SET state = ?, settled_at = ? WHERE id = (SELECT max(id) "
+                      "FROM effects WHERE key = ?) AND state = 'intended'",
+                      (state, now, key)).rowcount == 1
 
 
 # --- reads ----------------------------------------------------------------------------------
@@ -773,6 +792,9 @@ def next_wake(db: sqlite3.Connection) -> int | None:
         next_timer_due(db),
         db.execute("SELECT min(available_at) FROM events WHERE status = 'pending'").fetchone()[0],
         next_send_at(db),
+        # A send that a crashed dispatcher left half-done may be retried from then on.
+        db.execute("SELECT min(retry_after) + 1 FROM deliveries WHERE status = 'sending' "
+                   "AND at_most_once = 0").fetchone()[0],
     ]
     known = [c for c in candidates if c is not None]
     return min(known) if known else None

@@ -474,9 +474,7 @@ class Worker:
     async def _changes(self) -> tuple[int, int]:
         """A value that moves when anyone commits: other connections (PRAGMA data_version)
         or other tasks sharing this process's Inbox (the connection's total_changes)."""
-        version = await self.inbox.data_version()
-        conn = getattr(getattr(self.inbox, "_db", None), "_conn", None)
-        return version, getattr(conn, "total_changes", 0)
+        return await self.inbox.change_token()
 
     async def _idle_until(self, wake: int | None, *, renew: bool) -> None:
         try:

@@ -401,3 +401,55 @@ async def test_effect_journal_shows_intended_and_confirmed(inbox):
     assert [(j.name, j.state) for j in journal] == [("refund", "confirmed"),
                                                     ("email", "intended")]
     assert k1 != k2 and journal[0].key == k1
+
+
+async def test_a_run_finished_in_parts_closes_with_its_last_event(inbox):
+    await inbox.ingest("chat", "a", None, now=T)
+    await inbox.ingest("chat", "b", None, now=T)
+    gen = await inbox.acquire("W", now=T)
+    a, b = await inbox.claim_batch("W", gen, now=T)
+    assert await inbox.finish("W", gen, [a.id], now=T)
+    [run] = await inbox.runs(a.id)
+    assert run.outcome is None  # b is still running in it
+    await inbox.acquire("X", now=T + 121)
+    await inbox.claim_batch("X", 2, now=T + 121)  # b's claim is lost: so is the run
+    [run] = await inbox.runs(a.id)
+    assert run.outcome == "lost"
+
+
+async def test_default_effect_keys_survive_a_retry_of_the_same_batch(inbox):
+    await inbox.ingest("stripe", "refund", None, now=T)
+    gen = await inbox.acquire("A", now=T)
+    [e] = await inbox.claim_batch("A", gen, now=T)
+    first = await inbox.intend_effect("A", gen, e.run_id, "charge", None, now=T)
+    gen = await inbox.acquire("B", now=T + 121)
+    [again] = await inbox.claim_batch("B", gen, now=T + 121)
+    second = await inbox.intend_effect("B", gen, again.run_id, "charge", None, now=T + 121)
+    assert first == second  # the payment tool sees the same idempotency key
+    # A worker may only journal effects for its own open run.
+    assert await inbox.intend_effect("B", gen, e.run_id, "charge", None, now=T + 122) is None
+    assert (await inbox.audit(limit=1))[0].reason == f"run {e.run_id} is not an open run of " \
+        "this generation"
+
+
+async def test_change_token_moves_on_own_and_other_commits(inbox, path):
+    token = await inbox.change_token()
+    assert await inbox.change_token() == token  # idle: nothing moves
+    await inbox.ingest("chat", "mine", None)
+    mine = await inbox.change_token()
+    assert mine != token
+    other = await Inbox.open(path)
+    await other.ingest("chat", "theirs", None)
+    await other.close()
+    assert await inbox.change_token() != mine
+
+
+async def test_next_wake_includes_a_send_left_half_done(inbox, path, clock):
+    await queue(inbox, "hi", now=T)
+
+    async def crash(text):
+        raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        await inbox.dispatch(crash, now=T)
+    assert await inbox.next_wake() == T + inbox.settings.send_timeout + 1

@@ -1,0 +1,145 @@
+"""Group commit (core/inbox.py _GroupCommit, core/db.py write_soon/peek): per-caller results
+and errors, cancellation, failure of a whole transaction, close, and the duplicate fast path."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+
+import pytest
+
+from core import BadInput, Inbox, InboxBusy, InboxError
+
+T = 1_000_000
+
+
+@pytest.fixture
+async def box(tmp_path):
+    inbox = await Inbox.open(str(tmp_path / "inbox.db"))
+    yield inbox
+    await inbox.close()
+
+
+def _count_transactions(box: Inbox) -> list[int]:
+    """Record the size of every group-commit transaction sent from now on."""
+    sizes: list[int] = []
+    real = box._db.write_soon
+
+    def spy(fn, args, done):
+        sizes.append(len(args[0]))
+        return real(fn, args, done)
+    box._db.write_soon = spy
+    return sizes
+
+
+async def test_a_storm_shares_transactions_and_a_lone_caller_goes_at_once(box):
+    sizes = _count_transactions(box)
+    assert await box.ingest("hook", "alone", None, now=T) is True
+    assert sizes == [1]
+    results = await asyncio.gather(*(box.ingest("hook", f"k{i}", {"i": i}, now=T)
+                                     for i in range(50)))
+    assert results == [True] * 50
+    assert sum(sizes) == 51 and len(sizes) < 10  # shared, not one commit each
+    assert (await box.counts())["pending"] == 51
+
+
+async def test_one_bad_item_fails_alone_inside_a_shared_transaction(box, tmp_path):
+    other = await Inbox.open(box.path)  # lowers the limit behind this inbox's back
+    await other.configure(max_payload_bytes=100)
+    await other.close()
+    items = [{"i": i} for i in range(20)]
+    items[7] = {"big": "x" * 500}  # passes this inbox's stale check, fails in the transaction
+    results = await asyncio.gather(*(box.ingest("hook", f"k{i}", p, now=T)
+                                     for i, p in enumerate(items)), return_exceptions=True)
+    assert isinstance(results[7], BadInput)
+    assert [r for i, r in enumerate(results) if i != 7] == [True] * 19
+    assert (await box.counts())["pending"] == 19
+
+
+async def test_a_cancelled_caller_does_not_disturb_the_others(box):
+    tasks = [asyncio.create_task(box.ingest("hook", f"k{i}", None, now=T)) for i in range(20)]
+    await asyncio.sleep(0)
+    tasks[3].cancel()
+    tasks[15].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[3], asyncio.CancelledError)
+    assert [r for i, r in enumerate(results) if i not in (3, 15)] == [True] * 18
+    assert await box.ingest("hook", "after", None, now=T) is True
+    assert (await box.counts())["pending"] >= 19  # a cancelled ingest may have committed
+
+
+async def test_a_failed_transaction_reaches_every_caller_in_it_and_intake_recovers(tmp_path):
+    path = str(tmp_path / "inbox.db")
+    box = await Inbox.open(path, busy_timeout=0.2)
+    try:
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+        results = await asyncio.gather(*(box.ingest("hook", f"k{i}", None, now=T)
+                                         for i in range(10)), return_exceptions=True)
+        assert all(isinstance(r, InboxBusy) for r in results), results
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        assert await box.ingest("hook", "k1", None, now=T) is True
+        assert (await box.counts())["pending"] == 1
+    finally:
+        await box.close()
+
+
+async def test_close_waits_for_ingests_in_flight_and_later_ones_are_refused(tmp_path):
+    path = str(tmp_path / "inbox.db")
+    box = await Inbox.open(path)
+    tasks = [asyncio.create_task(box.ingest("hook", f"k{i}", None, now=T)) for i in range(30)]
+    await asyncio.sleep(0)
+    await box.close()
+    assert await asyncio.gather(*tasks) == [True] * 30
+    with pytest.raises(InboxError):
+        await box.ingest("hook", "late", None, now=T)
+    reopened = await Inbox.open(path)
+    assert (await reopened.counts())["pending"] == 30
+    await reopened.close()
+
+
+async def test_a_known_duplicate_is_answered_without_a_write_transaction(box):
+    assert await box.ingest("hook", "d1", {"v": 1}, now=T) is True
+    sizes = _count_transactions(box)
+    assert await box.ingest("hook", "d1", {"v": 2}, now=T) is False
+    assert sizes == []
+    event = (await box.events("pending"))[0]
+    assert event.payload == {"v": 1}
+
+
+async def test_the_duplicate_fast_path_checks_the_file_not_a_memory(box):
+    """If the row went away (another process), the key is stored again, not refused."""
+    assert await box.ingest("hook", "d1", None, now=T) is True
+    other = sqlite3.connect(box.path, isolation_level=None)
+    other.execute("DELETE FROM events WHERE source = 'hook' AND source_id = 'd1'")
+    other.close()
+    assert await box.ingest("hook", "d1", None, now=T) is True
+    assert (await box.counts())["pending"] == 1
+
+
+async def test_the_duplicate_fast_path_never_waits_for_a_writer(tmp_path):
+    path = str(tmp_path / "inbox.db")
+    box = await Inbox.open(path, busy_timeout=2)
+    try:
+        assert await box.ingest("hook", "d1", None, now=T) is True
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        blocker.execute("INSERT INTO events(source, source_id, available_at, created, updated) "
+                        "VALUES ('x', 'y', 1, 1, 1)")  # uncommitted, holding the write lock
+        start = time.monotonic()
+        assert await box.ingest("hook", "d1", None, now=T) is False
+        assert time.monotonic() - start < 0.5
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    finally:
+        await box.close()
+
+
+async def test_duplicates_in_one_storm_get_one_true_each_key(box):
+    keys = [f"k{i % 7}" for i in range(70)]
+    results = await asyncio.gather(*(box.ingest("hook", k, None, now=T) for k in keys))
+    assert sum(results) == 7
+    for key in set(keys):
+        assert sum(r for k, r in zip(keys, results) if k == key) == 1

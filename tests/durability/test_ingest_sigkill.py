@@ -55,25 +55,25 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 
 def _kill_mid_stream(path: str, prefix: str, writers: int, acks_before_kill: int,
                      rng: random.Random) -> list[str]:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, path, prefix, str(writers)],
-                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     acked: list[str] = []
-    try:
-        assert child.stdout.readline() == b"ready\n", child.stderr.read().decode()
-        deadline = time.monotonic() + 60
-        while len(acked) < acks_before_kill:
-            line = child.stdout.readline()
-            assert line, f"child died early: {child.stderr.read().decode()}"
-            acked.append(line.decode().strip())
-            assert time.monotonic() < deadline, "child too slow"
-        time.sleep(rng.uniform(0, 0.003))  # land the kill anywhere in a commit
-        child.send_signal(signal.SIGKILL)
-        rest = child.stdout.read()  # acknowledgements printed before the kill
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait()
+    with subprocess.Popen([sys.executable, "-c", CHILD, path, prefix, str(writers)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        try:
+            assert child.stdout.readline() == b"ready\n", child.stderr.read().decode()
+            deadline = time.monotonic() + 60
+            while len(acked) < acks_before_kill:
+                line = child.stdout.readline()
+                assert line, f"child died early: {child.stderr.read().decode()}"
+                acked.append(line.decode().strip())
+                assert time.monotonic() < deadline, "child too slow"
+            time.sleep(rng.uniform(0, 0.003))  # land the kill anywhere in a commit
+            child.send_signal(signal.SIGKILL)
+            rest = child.stdout.read()  # acknowledgements printed before the kill
+        finally:
+            if child.poll() is None:
+                child.kill()
+            child.wait()
     assert child.returncode == -signal.SIGKILL
     complete = rest.decode().split("\n")[:-1]  # a cut-off last line was never a whole ack
     return acked + complete

@@ -1,0 +1,444 @@
+"""The supervisor TUI's composition root: six live panes over one inbox file, and its keys.
+
+The app owns the inbox connection and the one clock. It reads (`_refresh`), hands each pane
+its window (`pane.show`), ticks countdowns (`tick`), follows the file with a cheap
+`PRAGMA data_version` poll that never overlaps itself and skips while a dialog is open, and
+routes the panes' requests to the core (`tui.operator`), after a confirmation where one is due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from functools import partial
+from typing import Any, Iterable
+
+from rich.console import Group as RenderGroup
+from rich.text import Text
+from textual import events
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import ContentSwitcher, Footer
+
+from core import Approval, Clock, Event, Inbox, InboxError, Overview
+
+from . import operator
+from .panes import PANES, Pane
+from .panes.panebar import PaneBar
+from .panes.status import StatusStrip
+from .panes.timefmt import compact_count
+from .safe import join, safe_text
+from .screens.confirm import ConfirmScreen, Subject
+from .screens.detail import DetailScreen, load_detail
+from .screens.filter import FilterScreen
+from .screens.help import HelpScreen, render_groups
+
+QUESTIONS = {
+    "approve": ("Approve this request?", "Approve these {n} requests?",
+                "The agent resumes with the answer yes."),
+    "deny": ("Deny this request?", "Deny these {n} requests?",
+             "The agent resumes with the answer no."),
+    "expire": ("Expire this request now?", "Expire these {n} requests now?",
+               "The request ends as if nobody answered; the agent resumes with a refusal."),
+    "cancel": ("Cancel this pending event?", "Cancel these {n} pending events?",
+               "A cancelled event is never claimed; a running one cannot be cancelled."),
+    "mark_done": ("Mark this interrupted event done?", "Mark these {n} interrupted events done?",
+                  "Only if you checked that its effect happened: it will not run again."),
+}
+
+
+class OnwatchApp(App[int]):
+    """Watch and steer one inbox: panes 1–6, actions by key, outcomes in words."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "onwatch"
+    ACTOR = "operator"  # who the audit log says acted
+    POLL_SECONDS = 0.5
+    TICK_SECONDS = 1.0
+    MUTATING = frozenset({"pause", "resume", "hold_outbox", "release_outbox", "send_now"})
+
+    BINDINGS = [
+        *(Binding(pane.KEY, f"show_pane('{pane.PANE_ID}')", pane.TITLE, show=False,
+                  id=f"pane-{pane.PANE_ID}", tooltip=pane.HELP) for pane in PANES),
+        Binding("p", "pause", "Pause", id="pause",
+                tooltip="claims return nothing until resumed; intake never stops"),
+        Binding("p", "resume", "Resume", id="resume", tooltip="the worker may claim events again"),
+        Binding("o", "hold_outbox", "Hold outbox", id="hold-outbox",
+                tooltip="paced sends wait until the outbox is released"),
+        Binding("o", "release_outbox", "Release outbox", id="release-outbox",
+                tooltip="paced sends go out again"),
+        Binding("s", "send_now", "Send now", id="send-now",
+                tooltip="every held message goes out now, ignoring the gap (confirmed)"),
+        Binding("question_mark", "help", "Help", id="help", key_display="?",
+                tooltip="this list of keys"),
+        Binding("q", "quit", "Quit", id="quit", tooltip="leave onwatch (the agent keeps running)"),
+    ]
+
+    def __init__(self, inbox: Inbox, *, clock: Clock | None = None,
+                 read_only: bool = False) -> None:
+        super().__init__()
+        self.inbox = inbox
+        self.clock = clock or inbox.clock
+        self.read_only = read_only
+        self.now = self.clock.now()
+        self.overview: Overview | None = None
+        self.loaded = asyncio.Event()  # set after the first full read (tests wait on it)
+        self._refresh_lock = asyncio.Lock()
+        self._action_lock = asyncio.Lock()
+        self._seen_version: int | None = None
+        self._polling = False
+        self._problem: str | None = None
+
+    # --- layout ---------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield StatusStrip(self.inbox.path, read_only=self.read_only, id="status")
+        yield PaneBar([(p.PANE_ID, p.KEY, p.TAB) for p in PANES], id="panebar")
+        with ContentSwitcher(initial=PANES[0].PANE_ID, id="panes"):
+            for pane_class in PANES:
+                pane = pane_class()
+                pane.read_only = self.read_only
+                yield pane
+        yield Footer()
+
+    def on_resize(self, event: events.Resize) -> None:
+        # Below the design width the footer drops its padding so every key still fits.
+        footer = self.query_one(Footer)
+        footer.compact = event.size.width < 140
+        footer.show_command_palette = event.size.width >= 100
+
+    def on_mount(self) -> None:
+        self.query_one(PaneBar).activate(PANES[0].PANE_ID)
+        self.active_pane.focus_table()
+        self.set_interval(self.TICK_SECONDS, self.tick, name="clock")
+        self.set_interval(self.POLL_SECONDS, self._poll, name="follow")
+        self.run_worker(self._start(), group="refresh", exit_on_error=False)
+
+    async def _start(self) -> None:
+        try:
+            self._seen_version = await self.inbox.data_version()
+        except InboxError as exc:
+            self._problem = f"cannot read: {exc}"
+        await self.reload()
+
+    @property
+    def panes(self) -> list[Pane]:
+        return list(self.query(Pane))
+
+    @property
+    def active_pane(self) -> Pane:
+        switcher = self.query_one("#panes", ContentSwitcher)
+        return self.query_one(f"#{switcher.current}", Pane)
+
+    def pane(self, pane_id: str) -> Pane:
+        return self.query_one(f"#{pane_id}", Pane)
+
+    # --- reading --------------------------------------------------------------------------
+
+    async def reload(self) -> None:
+        """Re-read everything from the inbox now and repaint (the clock is read again too)."""
+        await self._refresh(every_pane=True)
+
+    async def _refresh(self, *, every_pane: bool = False, panes: Iterable[Pane] = ()) -> None:
+        """Read the overview and the panes that need it, then hand each its window.
+
+        Only the shown pane (and the cheap timers window, whose count the pane bar shows) is
+        read on a change; the others are marked stale and read when shown.
+        """
+        async with self._refresh_lock:
+            now = self.clock.now()
+            active = self.active_pane
+            wanted = [p for p in self.panes
+                      if every_pane or p is active or p.PANE_ID == "timers" or p in panes]
+            try:
+                overview = await self.inbox.overview(now=now)
+                if every_pane:
+                    await self.inbox.reload_settings()
+                fetched = [(p, await p.fetch(self.inbox, p.window, overview)) for p in wanted]
+            except InboxError as exc:
+                self._problem = f"cannot read the inbox: {exc}"
+                self.query_one(StatusStrip).problem = self._problem
+                self.query_one(StatusStrip).tick(now)
+                return
+            self._problem = None
+            self.now = now
+            self.overview = overview
+            with self.batch_update():
+                for pane, data in fetched:
+                    pane.show(data, now)
+                for pane in self.panes:
+                    if pane not in wanted:
+                        pane.stale = True
+                self.query_one(StatusStrip).show(overview, now, now)
+                self.query_one(PaneBar).show_counts(self._counts())
+            self.refresh_bindings()
+            self.loaded.set()
+
+    def _counts(self) -> dict[str, str]:
+        overview = self.overview
+        if overview is None:
+            return {}
+        counts = overview.counts
+        timers = self.pane("timers").data
+        return {
+            "pending": compact_count(counts.get("pending", 0)),
+            "running": compact_count(counts.get("running", 0)),
+            "dead": compact_count(counts.get("dead", 0) + counts.get("interrupted", 0)),
+            "approvals": compact_count(overview.waiting_approvals),
+            "timers": compact_count(timers.total) + ("+" if timers.more else ""),
+            "outbox": compact_count(overview.held_messages),
+        }
+
+    def _dialog_open(self) -> bool:
+        return len(self.screen_stack) > 1
+
+    def _poll(self) -> None:
+        """Every half second: has anyone else committed? Never overlaps, skips under a dialog."""
+        if self._polling or self._dialog_open():
+            return
+        self._polling = True
+        self.run_worker(self._poll_once(), group="refresh", exit_on_error=False)
+
+    async def _poll_once(self) -> None:
+        try:
+            version = await self.inbox.data_version()
+            if version != self._seen_version:
+                self._seen_version = version
+                await self._refresh()
+            elif self._problem is None:
+                status = self.query_one(StatusStrip)
+                status.updated_at = self.clock.now()
+        except InboxError as exc:
+            self._problem = f"cannot read the inbox: {exc}"
+            self.query_one(StatusStrip).problem = self._problem
+        finally:
+            self._polling = False
+
+    def tick(self) -> None:
+        """The one clock: every countdown on screen derives from this `now`."""
+        now = self.clock.now()
+        self.now = now
+        self.query_one(StatusStrip).tick(now)
+        self.active_pane.tick(now)
+        if isinstance(self.screen, ConfirmScreen):
+            self.screen.tick(now)
+
+    # --- panes ----------------------------------------------------------------------------
+
+    def action_show_pane(self, pane_id: str) -> None:
+        self.query_one("#panes", ContentSwitcher).current = pane_id
+        self.query_one(PaneBar).activate(pane_id)
+        pane = self.pane(pane_id)
+        pane.focus_table()
+        if pane.stale:
+            self.run_worker(self._refresh(panes=(pane,)), group="refresh", exit_on_error=False)
+        else:
+            pane.tick(self.clock.now())
+        self.refresh_bindings()
+
+    def on_pane_bar_chosen(self, message: PaneBar.Chosen) -> None:
+        self.action_show_pane(message.pane_id)
+
+    def on_pane_window_changed(self, message: Pane.WindowChanged) -> None:
+        self.run_worker(self._refresh(panes=(message.pane,)), group="refresh",
+                        exit_on_error=False)
+
+    def on_pane_filter_requested(self, message: Pane.FilterRequested) -> None:
+        pane = message.pane
+        hint = ("Matches the source, the source id or the error text."
+                if pane.PAGED else "Matches the text of the rows in this pane.")
+        self.push_screen(FilterScreen(pane.TITLE, pane.window.search, hint), pane.set_filter)
+
+    def on_pane_detail_requested(self, message: Pane.DetailRequested) -> None:
+        self.run_worker(self._detail(message.record), group="dialog", exit_on_error=False)
+
+    async def _detail(self, record: Any) -> None:
+        try:
+            title, body = await load_detail(self.inbox, record, self.clock.now())
+        except InboxError as exc:
+            self.active_pane.show_outcome(f"cannot read the detail: {exc}", False)
+            return
+        await self.push_screen(DetailScreen(title, body))
+
+    # --- actions --------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action not in self.MUTATING:
+            return True
+        if self.read_only:
+            return False
+        overview = self.overview
+        paused = overview is not None and overview.paused
+        held = overview is not None and overview.outbox_held
+        if action in ("pause", "resume"):
+            return paused == (action == "resume")
+        if action in ("hold_outbox", "release_outbox"):
+            return held == (action == "release_outbox")
+        return True if overview is None or overview.held_messages else None
+
+    def on_pane_action_requested(self, message: Pane.ActionRequested) -> None:
+        message.stop()
+        if self.read_only:
+            return
+        self.run_worker(self._act(message.pane, message.action, message.targets),
+                        group="actions", exit_on_error=False)
+
+    def _confirmation(self, action: str, targets: tuple[Any, ...]) -> ConfirmScreen:
+        one, many, note = QUESTIONS[action]
+        question = one if len(targets) == 1 else many.format(n=len(targets))
+        subjects = []
+        long = 4000 if len(targets) == 1 else 200
+        for target in targets:
+            if isinstance(target, Approval):
+                text = join(safe_text(target.request_id, limit=200, style="bold"), "\n",
+                            safe_text(target.action, limit=long, multiline=True))
+                subjects.append(Subject(text, target.due))
+            elif isinstance(target, Event):
+                text = join(f"#{target.id}  ", safe_text(target.source, limit=60), " / ",
+                            safe_text(target.source_id, limit=120), f"  ({target.status}, "
+                            f"{target.attempts} attempt{'s' if target.attempts != 1 else ''})")
+                if target.error:
+                    text.append("\n")
+                    text.append_text(safe_text(target.error, limit=200, style="italic"))
+                subjects.append(Subject(text))
+        return ConfirmScreen(question, subjects, self.clock.now(), note)
+
+    async def _act(self, pane: Pane, action: str, targets: tuple[Any, ...]) -> None:
+        async with self._action_lock:
+            if action in operator.CONFIRMED:
+                if not await self.push_screen_wait(self._confirmation(action, targets)):
+                    pane.show_outcome("not confirmed: nothing changed", None)
+                    return
+            now = self.clock.now()
+            outcomes = []
+            for target in targets:
+                if action in operator.APPROVAL_ACTIONS:
+                    outcomes.append(await operator.approval_action(
+                        self.inbox, action, target, now=now, actor=self.ACTOR))
+                else:
+                    outcomes.append(await operator.event_action(
+                        self.inbox, action, target, now=now, actor=self.ACTOR))
+            outcome = operator.summarize(action, outcomes)
+            pane.clear_marks()
+            pane.show_outcome(outcome.text, outcome.applied)
+            await self._refresh()
+
+    async def _global(self, action: str) -> None:
+        async with self._action_lock:
+            pane = self.active_pane
+            if action == "send_now":
+                held = self.overview.held_messages if self.overview else 0
+                log = operator.outbox_log_path(self.inbox)
+                question = f"Send {held:,} held message{'s' if held != 1 else ''} now?"
+                note = (f"They go out at once, ignoring the gap and any hold. The TUI has no "
+                        f"channel of its own: they are appended to {log}.")
+                if not await self.push_screen_wait(ConfirmScreen(question, [], self.now, note)):
+                    pane.show_outcome("not confirmed: nothing sent", None)
+                    return
+                outcome = await operator.send_now(self.inbox, now=self.clock.now(),
+                                                  actor=self.ACTOR)
+            else:
+                outcome = await operator.flag_action(self.inbox, action, now=self.clock.now(),
+                                                     actor=self.ACTOR)
+            pane.show_outcome(outcome.text, outcome.applied)
+            await self._refresh()
+
+    def _run_global(self, action: str) -> None:
+        if self.read_only:
+            return
+        self.run_worker(self._global(action), group="actions", exit_on_error=False)
+
+    def action_pause(self) -> None:
+        self._run_global("pause")
+
+    def action_resume(self) -> None:
+        self._run_global("resume")
+
+    def action_hold_outbox(self) -> None:
+        self._run_global("hold_outbox")
+
+    def action_release_outbox(self) -> None:
+        self._run_global("release_outbox")
+
+    def action_send_now(self) -> None:
+        self._run_global("send_now")
+
+    # --- help and the command palette -----------------------------------------------------
+
+    def _help_text(self) -> RenderGroup:
+        def available(owner: Any, binding: Binding) -> bool:
+            return not (self.read_only and binding.action.split("(")[0] in
+                        (self.MUTATING | getattr(owner, "ACTIONS", frozenset())
+                         | {"mark"}))
+
+        app_bindings = [b for b in self.BINDINGS if isinstance(b, Binding)]
+        groups = [
+            ("Panes", [(b, True) for b in app_bindings if b.action.startswith("show_pane")]),
+            ("Everywhere", [(b, available(self, b)) for b in app_bindings
+                            if not b.action.startswith("show_pane")]
+             + [(Binding("ctrl+p", "command_palette", "Commands",
+                         tooltip="find any of these by name"), True)]),
+            ("In every pane", [(b, available(Pane, b)) for b in Pane.BINDINGS
+                               if not b.action.startswith("app.")]),
+        ]
+        for pane in PANES:
+            own = [(b, available(pane, b)) for b in pane.BINDINGS if b not in Pane.BINDINGS]
+            if own:
+                groups.append((f"{pane.KEY} {pane.TITLE}", own))
+        notes = [
+            "Confirmations: y or ↵ confirms, n or esc cancels.",
+            "Every action is conditional on the state you saw: a row the worker changed "
+            "meanwhile is reported, not overwritten.",
+            f"s has no channel of its own: held messages are appended to "
+            f"{operator.outbox_log_path(self.inbox)}.",
+        ]
+        if self.read_only:
+            notes.insert(0, "Read-only: every action is removed; you can watch and read.")
+        return render_groups(groups, self.get_key_display, notes)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self._help_text()))
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The palette offers every key that is active where it was opened, by name."""
+        yield from super().get_system_commands(screen)
+        seen = set()
+        for key, active in screen.active_bindings.items():
+            binding = active.binding
+            if not active.enabled or binding.system or not binding.description:
+                continue
+            if (binding.action, id(active.node)) in seen or binding.action in (
+                    "command_palette", "quit"):
+                continue
+            seen.add((binding.action, id(active.node)))
+            help_text = f"key {self.get_key_display(binding)}"
+            if binding.tooltip:
+                help_text += f": {binding.tooltip}"
+            yield SystemCommand(binding.description, help_text,
+                                partial(self.call_later, active.node.run_action, binding.action))
+
+
+def run(path: str, *, read_only: bool = False) -> int:
+    """Open the inbox at `path` and run the supervisor until the operator quits.
+
+    Returns the exit code: 0 after a normal quit; 2, with one line on stderr and no
+    traceback, when the file is missing, not an onwatch inbox (foreign or damaged), or locked.
+    """
+    async def main() -> int:
+        try:
+            inbox = await Inbox.open(path, create=False)
+        except InboxError as exc:  # NotAnInbox, InboxBusy, or another clear refusal
+            print(f"onwatch: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"onwatch: cannot open {path}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
+        try:
+            app = OnwatchApp(inbox, read_only=read_only)
+            code = await app.run_async()
+            return code if isinstance(code, int) else (app.return_code or 0)
+        finally:
+            await inbox.close()
+
+    return asyncio.run(main())

@@ -1,0 +1,172 @@
+"""Operator actions: run one core action per target and word the outcome that stands.
+
+Every action is conditional on what the operator saw (`expect=` the status on screen), so a
+row the worker changed meanwhile is reported, never overwritten. The core returns a bool or
+the standing answer and writes an audit row saying why; this module reads the row (or the
+audit entry) again to put that in words a person can act on.
+
+Outcome texts are plain strings that may contain inbox text (ids, action texts, errors):
+display them through tui.safe only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Sequence
+
+from core import Approval, Event, Inbox, InboxError
+
+from .panes.timefmt import clock
+
+# action name → (verb for the outcome line, whether it asks for confirmation first)
+EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "mark_done": "marked done"}
+APPROVAL_ACTIONS = {"approve": "yes", "deny": "no", "expire": "expired"}
+CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "mark_done", "send_now"})
+
+# What a change of state means, seen from the operator's chair.
+_CHANGED = {
+    "done": "the worker finished it",
+    "running": "the worker claimed it",
+    "pending": "it is pending again",
+    "dead": "it went to dead",
+    "interrupted": "its run was interrupted",
+    "cancelled": "it was cancelled",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What stands after one action on one target; `text` is for a person."""
+
+    applied: bool
+    text: str
+
+
+def changed_meanwhile(seen: str, now: str | None) -> str:
+    """Word a row that moved between the operator's look and the action."""
+    if now is None:
+        return "changed meanwhile: the event no longer exists"
+    return f"changed meanwhile: {_CHANGED.get(now, f'it is {now} now')} (it was {seen})"
+
+
+async def event_action(inbox: Inbox, action: str, event: Event, *, now: int,
+                       actor: str) -> Outcome:
+    """Requeue, cancel or mark done one event, expecting the status the operator saw."""
+    call = {"requeue": inbox.requeue, "cancel": inbox.cancel, "mark_done": inbox.resolve}[action]
+    label = f"#{event.id}"
+    try:
+        applied = await call(event.id, expect=event.status, now=now, actor=actor)
+    except InboxError as exc:
+        return Outcome(False, f"{label}: not done: {exc}")
+    if applied:
+        return Outcome(True, {
+            "requeue": f"requeued {label}: pending again with a fresh attempt budget",
+            "cancel": f"cancelled {label}: it will never run",
+            "mark_done": f"marked {label} done: its effect is taken as having happened",
+        }[action])
+    current = await inbox.get_event(event.id)
+    if current is None or current.status != event.status:
+        return Outcome(False, f"{label}: {changed_meanwhile(event.status, current and current.status)}")
+    if action == "cancel" and current.status == "running":
+        return Outcome(False, f"{label}: cannot cancel a running event; it must finish or fail")
+    entries = await inbox.audit(target=f"event {event.id}", limit=1)
+    why = entries[0].reason if entries and entries[0].reason else \
+        f"cannot {action.replace('_', ' ')} a {current.status} event"
+    return Outcome(False, f"{label}: {why}")
+
+
+async def approval_action(inbox: Inbox, action: str, approval: Approval, *, now: int,
+                          actor: str) -> Outcome:
+    """Approve, deny or expire one request; the outcome is the answer that stands."""
+    rid = approval.request_id
+    wanted = APPROVAL_ACTIONS[action]
+    try:
+        if action == "expire":
+            standing = await inbox.expire_approval(rid, now=now, actor=actor)
+        else:
+            standing = await inbox.answer_approval(rid, wanted, now=now, actor=actor)
+    except InboxError as exc:
+        return Outcome(False, f"{rid}: not done: {exc}")
+    entries = await inbox.audit(target=f"approval {rid}", limit=1)
+    applied = bool(entries) and entries[0].applied and entries[0].actor == actor
+    if standing == "unknown":
+        return Outcome(False, f"{rid}: no such request")
+    if applied:
+        return Outcome(True, {"yes": f"approved {rid}", "no": f"denied {rid}",
+                              "expired": f"expired {rid} now: the agent resumes with a refusal"
+                              }[wanted])
+    current = await inbox.get_approval(rid)
+    due = current.due if current else approval.due
+    if standing == "expired" and action != "expire" and (
+            current is None or current.answered_at is None or current.answered_at >= due):
+        return Outcome(False, f"{rid}: too late: expired at {clock(due)}")
+    by = ""
+    if current is not None and current.answered_by:
+        by = f" (by {current.answered_by} at {clock(current.answered_at)})"
+    return Outcome(False, f"{rid}: already answered: {standing}{by}")
+
+
+async def flag_action(inbox: Inbox, action: str, *, now: int, actor: str) -> Outcome:
+    """Pause/resume execution or hold/release the outbox."""
+    call = {"pause": inbox.pause, "resume": inbox.resume, "hold_outbox": inbox.hold_outbox,
+            "release_outbox": inbox.release_outbox}[action]
+    try:
+        changed = await call(now=now, actor=actor)
+    except InboxError as exc:
+        return Outcome(False, f"not done: {exc}")
+    done = {
+        "pause": "paused: claims return nothing until you resume (intake goes on)",
+        "resume": "resumed: the worker may claim events again",
+        "hold_outbox": "outbox held: paced sends wait until you release it",
+        "release_outbox": "outbox released: paced sends go out again",
+    }
+    already = {"pause": "already paused", "resume": "already running",
+               "hold_outbox": "outbox already held", "release_outbox": "outbox already released"}
+    if changed:
+        return Outcome(True, done[action])
+    return Outcome(False, f"changed meanwhile: {already[action]}; nothing changed")
+
+
+def outbox_log_path(inbox: Inbox) -> str:
+    """Where `s` (send now) delivers: a file next to the inbox, since the TUI has no channel."""
+    return f"{inbox.path}.outbox.log"
+
+
+async def send_now(inbox: Inbox, *, now: int, actor: str) -> Outcome:
+    """Flush held messages now, ignoring the gap and any hold, into the outbox log file."""
+    path = outbox_log_path(inbox)
+
+    def send(text: str) -> None:
+        key = getattr(text, "key", "")
+        with open(path, "a", encoding="utf-8", errors="backslashreplace") as log:
+            log.write(f"--- {key} at {now}\n{text}\n")
+            log.flush()
+            os.fsync(log.fileno())
+
+    try:
+        sent = await inbox.flush_outbox(send, now=now, actor=actor)
+    except InboxError as exc:
+        return Outcome(False, f"not sent: {exc}")
+    if sent:
+        plural = "message" if sent == 1 else "messages"
+        return Outcome(True, f"sent {sent} held {plural} now → {os.path.basename(path)}")
+    deliveries = await inbox.deliveries(limit=1)
+    if deliveries and deliveries[0].status in ("failed", "dead") and deliveries[0].last_error:
+        return Outcome(False, f"send failed, the messages stay held: {deliveries[0].last_error}")
+    return Outcome(False, "nothing was held: nothing sent")
+
+
+def summarize(action: str, outcomes: Sequence[Outcome]) -> Outcome:
+    """One line for the outcome of an action over several marked rows."""
+    if len(outcomes) == 1:
+        return outcomes[0]
+    applied = sum(o.applied for o in outcomes)
+    verb = EVENT_ACTIONS.get(action) or {"approve": "approved", "deny": "denied",
+                                         "expire": "expired"}.get(action, action)
+    head = f"{verb} {applied} of {len(outcomes)}"
+    refused = [o.text for o in outcomes if not o.applied]
+    if not refused:
+        return Outcome(True, head)
+    tail = "; ".join(refused[:3]) + ("; …" if len(refused) > 3 else "")
+    return Outcome(applied == len(outcomes), f"{head}; {tail}")

@@ -1,0 +1,15 @@
+"""The six panes of the supervisor TUI, one module each, plus the status strip and pane bar."""
+
+from .approvals import ApprovalsPane
+from .base import Pane, PaneData, Window
+from .dead import DeadPane
+from .outbox import OutboxPane
+from .pending import PendingPane
+from .running import RunningPane
+from .timers import TimersPane
+
+PANES: tuple[type[Pane], ...] = (PendingPane, RunningPane, DeadPane, ApprovalsPane, TimersPane,
+                                 OutboxPane)
+
+__all__ = ["PANES", "ApprovalsPane", "DeadPane", "OutboxPane", "Pane", "PaneData",
+           "PendingPane", "RunningPane", "TimersPane", "Window"]

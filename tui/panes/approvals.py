@@ -1,0 +1,105 @@
+"""Pane 4, Approvals: requests waiting for a human, with a live countdown to their expiry."""
+
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+from rich.text import Text
+from textual.binding import Binding
+
+from core import Approval
+
+from ..safe import safe_text
+from .base import Column, Pane, PaneData, Window
+from .timefmt import duration
+
+
+def matches(approval: Approval, search: str | None) -> bool:
+    if not search:
+        return True
+    needle = search.lower()
+    return needle in approval.request_id.lower() or needle in approval.action.lower()
+
+
+def time_left(approval: Approval, now: int) -> str:
+    """'3h59m12s left', or for a deadline passed before the scheduler ran, 'expired 12s ago'."""
+    if approval.answer is not None:
+        return approval.answer
+    left = approval.due - now
+    return f"{duration(left, precise=True)} left" if left > 0 else \
+        f"expired {duration(-left)} ago"
+
+
+class ApprovalsPane(Pane):
+    """Waiting requests first (soonest deadline first), then the latest answered, greyed.
+
+    `a` approves, `d` denies, `e` expires now; each asks for confirmation showing the action
+    text and the time left.
+    """
+
+    PANE_ID = "approvals"
+    TITLE = "Approvals"
+    TAB = "Approvals"
+    KEY = "4"
+    EMPTY = "No approval requests."
+    MARKABLE = True
+    ACTIONS = frozenset({"approve", "deny", "expire"})
+    HELP = "requests for a human's yes or no, with a live countdown; answered ones greyed"
+    COLUMNS = (
+        Column("request", "request", 18),
+        Column("left", "time left", 15, ticking=True),
+        Column("asked", "asked", 7, ticking=True),
+        Column("action", "action", 80),
+    )
+    BINDINGS = [
+        Binding("a", "approve", "Approve", id="approve",
+                tooltip="answer yes; the agent resumes with it (confirmed)"),
+        Binding("d", "deny", "Deny", id="deny",
+                tooltip="answer no; the agent resumes with a refusal (confirmed)"),
+        Binding("e", "expire", "Expire", id="expire",
+                tooltip="end the request now as if its deadline had passed (confirmed)"),
+    ]
+
+    @classmethod
+    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+        rows = await inbox.approvals(limit=window.limit)
+        shown = tuple(a for a in rows if matches(a, window.search))
+        return PaneData(shown, overview.waiting_approvals, len(rows) >= window.limit)
+
+    def row_key(self, record: Approval) -> str:
+        return record.request_id
+
+    def signature(self, record: Approval) -> Hashable:
+        return record
+
+    def count_label(self, data: PaneData) -> str:
+        return f"{data.total:,} waiting"
+
+    def cells(self, approval: Approval, now: int) -> dict[str, Text]:
+        dim = "dim" if approval.answer is not None else ""
+        return {"request": safe_text(approval.request_id, limit=40, style=dim),
+                **self.ticking_cells(approval, now),
+                "action": safe_text(approval.action, limit=300, style=dim)}
+
+    def ticking_cells(self, approval: Approval, now: int) -> dict[str, Text]:
+        if approval.answer is not None:
+            by = f" · {approval.answered_by}" if approval.answered_by else ""
+            left = Text(approval.answer, style="dim")
+            left.append_text(safe_text(by, limit=30, style="dim"))
+            return {"left": left, "asked": Text(duration(now - approval.requested), style="dim")}
+        overdue = approval.due <= now
+        return {"left": Text(time_left(approval, now), style="bold" if overdue else ""),
+                "asked": Text(duration(now - approval.requested))}
+
+    def allowed(self, action: str, targets: list[Approval]) -> bool | None:
+        return True if any(t.answer is None for t in targets) else None
+
+    def action_approve(self) -> None:
+        self.request("approve")
+
+    def action_deny(self) -> None:
+        self.request("deny")
+
+    def action_expire(self) -> None:
+        self.request("expire")
+

@@ -1,0 +1,408 @@
+"""The shape every pane shares: a titled keyset window of rows, updated by diff, with marks.
+
+The app hands a pane its data (`pane.show(data, now)`) and its clock (`pane.tick(now)`);
+the pane posts messages up when the operator asks for something (an action on the marked or
+highlighted rows, a detail view, a new window). Panes never read the inbox themselves: each
+pane class names its query as an async `fetch(inbox, window, overview)` the app runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Hashable, Iterable
+
+from rich.text import Text
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.coordinate import Coordinate
+from textual.message import Message
+from textual.widgets import DataTable, Label
+
+from ..safe import join, safe_content, safe_text
+
+WINDOW_ROWS = 300  # rows per pane window: a few screens, never the whole table
+MARK = "●"
+
+
+@dataclass(frozen=True, slots=True)
+class Column:
+    """One table column; `ticking` columns depend on the clock and are redrawn each second."""
+
+    key: str
+    label: str
+    width: int
+    ticking: bool = False
+
+
+@dataclass(slots=True)
+class Window:
+    """Which slice of the rows a pane shows: a keyset anchor, a filter, a size."""
+
+    after: int | None = None
+    search: str | None = None
+    limit: int = WINDOW_ROWS
+    previous: list[int | None] = field(default_factory=list)  # anchors of earlier pages
+
+
+@dataclass(frozen=True, slots=True)
+class PaneData:
+    """One fetched window: its rows, how many such rows exist, whether more follow."""
+
+    rows: tuple[Any, ...] = ()
+    total: int = 0
+    more: bool = False
+    extra: Any = None
+
+
+class PaneTable(DataTable):
+    """The pane's table: row cursor, no markup anywhere (cells are safe Text)."""
+
+    DEFAULT_CSS = ""
+
+
+class Pane(Vertical):
+    """Base pane. Subclasses set the class attributes and implement fetch/row_key/cells."""
+
+    PANE_ID: ClassVar[str] = ""
+    TITLE: ClassVar[str] = ""
+    TAB: ClassVar[str] = ""  # short label for the pane bar
+    KEY: ClassVar[str] = ""
+    COLUMNS: ClassVar[tuple[Column, ...]] = ()
+    EMPTY: ClassVar[str] = "Nothing here."
+    MARKABLE: ClassVar[bool] = False  # has actions that can apply to several rows
+    PAGED: ClassVar[bool] = False  # keyset pages over events
+    ACTIONS: ClassVar[frozenset[str]] = frozenset()  # actions that write to the inbox
+    HELP: ClassVar[str] = ""
+
+    BINDINGS = [
+        # Help and quit lead the footer (they are the app's; repeated here only for the
+        # order), so they stay visible at 80 columns, where the last keys are cut off.
+        Binding("question_mark", "app.help", "Help", id="help", key_display="?"),
+        Binding("q", "app.quit", "Quit", id="quit"),
+        Binding("enter", "detail", "Detail", priority=True, id="detail",
+                tooltip="the highlighted row in full: payload, attempts, errors, history"),
+        Binding("slash", "filter", "Filter", id="filter", key_display="/",
+                tooltip="show only the rows matching a text"),
+        Binding("space", "mark", "Mark", id="mark", key_display="␣",
+                tooltip="mark or unmark the row; an action applies to every marked row"),
+        Binding("right_square_bracket", "next_page", "Next page", show=False, id="next-page",
+                key_display="]", tooltip="the next window of rows (by id)"),
+        Binding("left_square_bracket", "prev_page", "Previous page", show=False,
+                id="prev-page", key_display="[", tooltip="the window before"),
+    ]
+
+    class ActionRequested(Message):
+        """The operator asked for `action` on `targets` (records as they were on screen)."""
+
+        def __init__(self, pane: "Pane", action: str, targets: tuple[Any, ...]) -> None:
+            super().__init__()
+            self.pane = pane
+            self.action = action
+            self.targets = targets
+
+    class DetailRequested(Message):
+        """The operator wants the full story of `record`."""
+
+        def __init__(self, pane: "Pane", record: Any) -> None:
+            super().__init__()
+            self.pane = pane
+            self.record = record
+
+    class WindowChanged(Message):
+        """The pane's window (filter or page) changed: fetch it again."""
+
+        def __init__(self, pane: "Pane") -> None:
+            super().__init__()
+            self.pane = pane
+
+    class FilterRequested(Message):
+        """The operator wants to set this pane's filter."""
+
+        def __init__(self, pane: "Pane") -> None:
+            super().__init__()
+            self.pane = pane
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id or self.PANE_ID, classes="pane")
+        self.window = Window()
+        self.data = PaneData()
+        self.read_only = False  # set by the app: a read-only desk offers no actions
+        self.stale = True  # the app fetches a stale pane when it is shown
+        self.now = 0
+        self._records: dict[str, Any] = {}  # row key → record, in table order
+        self._sigs: dict[str, Hashable] = {}
+        self._cells: dict[str, dict[str, Text]] = {}
+        self._marks: dict[str, Any] = {}  # row key → record as last seen
+
+    # --- what subclasses provide --------------------------------------------------------
+
+    @classmethod
+    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+        """Read this pane's window from the inbox (runs in the app's refresh)."""
+        raise NotImplementedError
+
+    def row_key(self, record: Any) -> str:
+        return str(record.id)
+
+    def signature(self, record: Any) -> Hashable:
+        """What must change for the row to be redrawn (never the payload itself)."""
+        return record
+
+    def cells(self, record: Any, now: int) -> dict[str, Text]:
+        """Every cell of the row, by column key (safe Text only)."""
+        raise NotImplementedError
+
+    def ticking_cells(self, record: Any, now: int) -> dict[str, Text]:
+        """Only the cells that depend on the clock; the default recomputes the row."""
+        ticking = {c.key for c in self.COLUMNS if c.ticking}
+        return {k: v for k, v in self.cells(record, now).items() if k in ticking}
+
+    def count_label(self, data: PaneData) -> str:
+        return f"{data.total:,}"
+
+    def allowed(self, action: str, targets: list[Any]) -> bool | None:
+        """Whether `action` applies to these targets: True, None (shown disabled), False."""
+        return True
+
+    # --- layout -------------------------------------------------------------------------
+
+    def compose(self):
+        table = PaneTable(id=f"{self.PANE_ID}-table", cursor_type="row", zebra_stripes=True)
+        if self.MARKABLE:
+            table.add_column(" ", key="mark", width=1)
+        for column in self.COLUMNS:
+            table.add_column(column.label, key=column.key, width=column.width)
+        yield table
+        yield Label(self.EMPTY, classes="empty")
+        yield Label("", classes="outcome")
+
+    def on_mount(self) -> None:
+        self.border_title = self.TITLE
+        self._show_titles()
+
+    @property
+    def table(self) -> PaneTable:
+        return self.query_one(PaneTable)
+
+    def focus_table(self) -> None:
+        self.table.focus()
+
+    # --- data down ----------------------------------------------------------------------
+
+    def show(self, data: PaneData, now: int) -> None:
+        """Show a freshly fetched window, touching only the rows and cells that changed."""
+        self.data = data
+        self.now = now
+        self.stale = False
+        table = self.table
+        fresh = [(self.row_key(r), r) for r in data.rows]
+        fresh_keys = [k for k, _ in fresh]
+        fresh_set = set(fresh_keys)
+        kept_before = [k for k in self._records if k in fresh_set]
+        kept_after = [k for k in fresh_keys if k in self._records]
+        only_appended = fresh_keys[: len(kept_after)] == kept_after
+        with self.app.batch_update():
+            if kept_before != kept_after or not only_appended:
+                self._rebuild(fresh, now)
+            else:
+                for key in [k for k in self._records if k not in fresh_set]:
+                    table.remove_row(key)
+                    del self._records[key], self._sigs[key], self._cells[key]
+                for key, record in fresh:
+                    if key in self._records:
+                        self._records[key] = record
+                        signature = self.signature(record)
+                        if signature != self._sigs[key]:
+                            self._sigs[key] = signature
+                            self._update_row(key, self._row_cells(key, record, now))
+                    else:
+                        self._add_row(key, record, now)
+            for key in self._marks:
+                if key in self._records:
+                    self._marks[key] = self._records[key]
+        self.set_class(not fresh, "-empty")
+        self._show_titles()
+        self.refresh_bindings()
+
+    def tick(self, now: int) -> None:
+        """Redraw the clock-driven cells whose text changed (the idle path: keep it cheap)."""
+        self.now = now
+        if not any(c.ticking for c in self.COLUMNS):
+            return
+        for key, record in self._records.items():
+            old = self._cells[key]
+            for column, value in self.ticking_cells(record, now).items():
+                if old.get(column) != value:
+                    old[column] = value
+                    self.table.update_cell(key, column, value)
+
+    def show_outcome(self, text: str, applied: bool | None) -> None:
+        """Show the outcome that stands after an action (inbox text inside: made safe)."""
+        label = self.query_one(".outcome", Label)
+        label.update(safe_content(text, limit=500))
+        label.set_class(applied is True, "-applied")
+        label.set_class(applied is False, "-refused")
+
+    def _rebuild(self, fresh: list[tuple[str, Any]], now: int) -> None:
+        cursor = self.cursor_key()
+        self.table.clear()
+        self._records.clear()
+        self._sigs.clear()
+        self._cells.clear()
+        for key, record in fresh:
+            self._add_row(key, record, now)
+        if cursor in self._records:
+            self.table.move_cursor(row=self.table.get_row_index(cursor), animate=False)
+
+    def _row_cells(self, key: str, record: Any, now: int) -> dict[str, Text]:
+        cells = self.cells(record, now)
+        ordered = {"mark": self._mark_cell(key)} if self.MARKABLE else {}
+        for column in self.COLUMNS:
+            ordered[column.key] = cells.get(column.key) or Text("")
+        return ordered
+
+    def _mark_cell(self, key: str) -> Text:
+        return Text(MARK if key in self._marks else " ", style="bold")
+
+    def _add_row(self, key: str, record: Any, now: int) -> None:
+        cells = self._row_cells(key, record, now)
+        self._records[key] = record
+        self._sigs[key] = self.signature(record)
+        self._cells[key] = cells
+        self.table.add_row(*cells.values(), key=key)
+
+    def _update_row(self, key: str, cells: dict[str, Text]) -> None:
+        old = self._cells[key]
+        for column, value in cells.items():
+            if old.get(column) != value:
+                self.table.update_cell(key, column, value)
+        self._cells[key] = cells
+
+    def _show_titles(self) -> None:
+        parts: list[Text | str] = [f"{self.TITLE} · {self.count_label(self.data)}"]
+        self.border_title = join(*parts)
+        notes: list[Text | str] = []
+        if self.PAGED and (self.window.after is not None or self.data.more) and self._records:
+            ids = [int(k) for k in self._records]
+            notes.append(f"ids {min(ids):,}–{max(ids):,}")
+            if self.data.more:
+                notes.append(" · ] next page")
+            if self.window.previous:
+                notes.append(" · [ previous")
+        if self.window.search:
+            notes.append(" · " if notes else "")
+            notes += ["filter “", safe_text(self.window.search, limit=40), "”"]
+        if self._marks:
+            notes.append(" · " if notes else "")
+            notes.append(f"{len(self._marks)} marked")
+        self.border_subtitle = join(*notes) if notes else None
+
+    # --- selection ----------------------------------------------------------------------
+
+    def cursor_key(self) -> str | None:
+        table = self.table
+        if table.row_count == 0:
+            return None
+        row = min(max(table.cursor_row, 0), table.row_count - 1)
+        return table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value
+
+    def cursor_record(self) -> Any | None:
+        key = self.cursor_key()
+        return None if key is None else self._records.get(key)
+
+    def targets(self) -> list[Any]:
+        """The marked rows (as last seen), else the highlighted one."""
+        if self._marks:
+            return list(self._marks.values())
+        record = self.cursor_record()
+        return [] if record is None else [record]
+
+    def clear_marks(self) -> None:
+        keys = list(self._marks)
+        self._marks.clear()
+        for key in keys:
+            if key in self._records:
+                self._update_row(key, self._row_cells(key, self._records[key], self.now))
+        self._show_titles()
+        self.refresh_bindings()
+
+    def records(self) -> Iterable[Any]:
+        return self._records.values()
+
+    # --- actions ------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.ACTIONS:
+            if self.read_only:
+                return False
+            return self.allowed(action, self.targets())
+        if action == "mark":
+            return False if (self.read_only or not self.MARKABLE) else (
+                True if self._records else None)
+        if action in ("next_page", "prev_page"):
+            if not self.PAGED:
+                return False
+            return (self.data.more if action == "next_page"
+                    else bool(self.window.previous)) or None
+        if action == "detail":
+            return True if self._records else None
+        return True
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        event.stop()
+        self.refresh_bindings()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        event.stop()  # Enter is our "detail" binding; a mouse double-click lands here too
+        self.action_detail()
+
+    def action_detail(self) -> None:
+        record = self.cursor_record()
+        if record is not None:
+            self.post_message(self.DetailRequested(self, record))
+
+    def action_filter(self) -> None:
+        self.post_message(self.FilterRequested(self))
+
+    def set_filter(self, search: str | None) -> None:
+        """Apply a new filter (None: keep the old one; "" clears) and ask for a new window."""
+        if search is None:
+            return
+        self.window.search = search.strip() or None
+        self.window.after = None
+        self.window.previous.clear()
+        self._show_titles()
+        self.post_message(self.WindowChanged(self))
+
+    def action_mark(self) -> None:
+        key = self.cursor_key()
+        if key is None or not self.MARKABLE:
+            return
+        if key in self._marks:
+            del self._marks[key]
+        else:
+            self._marks[key] = self._records[key]
+        self.table.update_cell(key, "mark", self._mark_cell(key))
+        self._cells[key]["mark"] = self._mark_cell(key)
+        self.table.action_cursor_down()
+        self._show_titles()
+        self.refresh_bindings()
+
+    def action_next_page(self) -> None:
+        if not (self.PAGED and self.data.more and self._records):
+            return
+        self.window.previous.append(self.window.after)
+        self.window.after = max(int(k) for k in self._records)
+        self.post_message(self.WindowChanged(self))
+
+    def action_prev_page(self) -> None:
+        if not (self.PAGED and self.window.previous):
+            return
+        self.window.after = self.window.previous.pop()
+        self.post_message(self.WindowChanged(self))
+
+    def request(self, action: str) -> None:
+        """Post an action request for the current targets (the app confirms and runs it)."""
+        targets = self.targets()
+        if targets and not self.read_only:
+            self.post_message(self.ActionRequested(self, action, tuple(targets)))

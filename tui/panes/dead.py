@@ -1,0 +1,71 @@
+"""Pane 3, Dead & interrupted: the rows a human must look at, with why they stopped."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.binding import Binding
+
+from core import Event
+
+from ..safe import safe_text
+from .base import Column, PaneData, Window
+from .events import EventPane, fetch_events
+from .timefmt import duration
+
+
+class DeadPane(EventPane):
+    """Dead events (out of attempts) and interrupted ones (completion uncertain).
+
+    `r` requeues with a fresh attempt budget; `m` marks an interrupted event done (confirmed):
+    the operator checked that its effect happened.
+    """
+
+    PANE_ID = "dead"
+    TITLE = "Dead & interrupted"
+    TAB = "Dead"
+    KEY = "3"
+    EMPTY = "No dead or interrupted events: nothing needs a human."
+    MARKABLE = True
+    ACTIONS = frozenset({"requeue", "mark_done"})
+    HELP = "dead events (out of attempts) and interrupted runs (completion uncertain)"
+    COLUMNS = (
+        Column("id", "id", 7),
+        Column("state", "state", 11),
+        Column("source", "source", 12),
+        Column("source_id", "source id", 22),
+        Column("attempts", "tries", 5),
+        Column("since", "since", 7, ticking=True),
+        Column("error", "reason / error", 70),
+    )
+    BINDINGS = [
+        Binding("r", "requeue", "Requeue", id="requeue",
+                tooltip="back to pending with a fresh attempt budget"),
+        Binding("m", "mark_done", "Mark done", id="mark-done",
+                tooltip="an interrupted event's effect did happen: done, never rerun (confirmed)"),
+    ]
+
+    @classmethod
+    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+        total = overview.counts.get("dead", 0) + overview.counts.get("interrupted", 0)
+        return await fetch_events(inbox, ("dead", "interrupted"), window, total)
+
+    def cells(self, event: Event, now: int) -> dict[str, Text]:
+        state = Text(event.status, style="bold" if event.status == "interrupted" else "")
+        return {"id": self.id_cell(event), "state": state, **self.source_cells(event),
+                "attempts": self.attempts_cell(event), **self.ticking_cells(event, now),
+                "error": safe_text(event.error, limit=300)}
+
+    def ticking_cells(self, event: Event, now: int) -> dict[str, Text]:
+        return {"since": Text(duration(now - event.updated))}
+
+    def allowed(self, action: str, targets: list[Event]) -> bool | None:
+        wanted = ("interrupted",) if action == "mark_done" else ("dead", "interrupted")
+        return True if any(t.status in wanted for t in targets) else None
+
+    def action_requeue(self) -> None:
+        self.request("requeue")
+
+    def action_mark_done(self) -> None:
+        self.request("mark_done")

@@ -1,0 +1,118 @@
+"""Pane 6, Outbox: held messages, the countdown to the next allowed send, recent sends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Hashable
+
+from rich.text import Text
+from textual.widgets import DataTable, Label
+
+from core import Delivery, Message
+
+from ..safe import join, safe_text
+from .base import Column, Pane, PaneData, Window
+from .timefmt import duration, period
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxState:
+    """What the outbox pane shows besides its held messages."""
+
+    deliveries: tuple[Delivery, ...]
+    next_send_at: int | None
+    held: bool  # the operator holds the outbox: paced sends wait
+    gap: int
+
+
+class OutboxPane(Pane):
+    """Messages waiting for the next paced send (urgent ones skip the gap), and recent sends.
+
+    `s` (everywhere) sends what is held now; `o` holds or releases the outbox.
+    """
+
+    PANE_ID = "outbox"
+    TITLE = "Outbox"
+    TAB = "Outbox"
+    KEY = "6"
+    EMPTY = "Nothing held: every message has gone out."
+    HELP = "held messages, countdown to the next allowed send, recent sends"
+    COLUMNS = (
+        Column("id", "id", 6),
+        Column("queued", "queued", 8, ticking=True),
+        Column("urgent", "urgent", 6),
+        Column("run", "run", 6),
+        Column("body", "message", 90),
+    )
+    SENDS = 8  # recent sends listed under the held messages
+
+    @classmethod
+    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+        held = await inbox.held_messages(limit=window.limit)
+        needle = (window.search or "").lower()
+        shown = tuple(m for m in held if needle in m.body.lower())
+        sends = tuple(await inbox.deliveries(limit=cls.SENDS))
+        state = OutboxState(sends, overview.next_send_at, overview.outbox_held,
+                            inbox.settings.outbox_gap)
+        return PaneData(shown, overview.held_messages, len(held) >= window.limit, state)
+
+    def compose(self):
+        yield Label("", classes="summary")
+        yield from super().compose()
+        sends = DataTable(id="sends", cursor_type="none", show_cursor=False)
+        sends.can_focus = False
+        for key, label, width in (("id", "send", 6), ("status", "status", 8),
+                                  ("count", "msgs", 4), ("when", "when", 10),
+                                  ("attempts", "tries", 5), ("note", "last error", 60)):
+            sends.add_column(label, key=key, width=width)
+        yield Label("Recent sends", classes="sends-title")
+        yield sends
+
+    def signature(self, record: Message) -> Hashable:
+        return record
+
+    def cells(self, message: Message, now: int) -> dict[str, Text]:
+        return {"id": Text(str(message.id), justify="right"), **self.ticking_cells(message, now),
+                "urgent": Text("urgent", style="bold") if message.urgent else Text(""),
+                "run": Text(f"#{message.run_id}" if message.run_id else "—"),
+                "body": safe_text(message.body, limit=300)}
+
+    def ticking_cells(self, message: Message, now: int) -> dict[str, Text]:
+        return {"queued": Text(duration(now - message.created))}
+
+    def show(self, data: PaneData, now: int) -> None:
+        super().show(data, now)
+        self._show_sends(now)
+        self._show_summary(now)
+
+    def tick(self, now: int) -> None:
+        super().tick(now)
+        self._show_summary(now)
+
+    def _show_summary(self, now: int) -> None:
+        state: OutboxState | None = self.data.extra
+        if state is None:
+            return
+        parts: list[str | Text] = [f"{self.data.total:,} held"]
+        if state.held:
+            parts.append(" · HELD by the operator: nothing goes out until released (o) "
+                         "or sent now (s)")
+        elif state.next_send_at is not None:
+            wait = state.next_send_at - now
+            parts.append(" · next paced send " + ("allowed now" if wait <= 0 else
+                                                  f"in {duration(wait, precise=True)}"))
+        parts.append(f" · pacing: one send {period(state.gap)}" if state.gap else
+                     " · pacing: off")
+        self.query_one(".summary", Label).update(join(*parts))
+        self.set_class(state.held, "-held")
+
+    def _show_sends(self, now: int) -> None:
+        state: OutboxState | None = self.data.extra
+        table = self.query_one("#sends", DataTable)
+        table.clear()
+        for d in state.deliveries if state else ():
+            when = d.sent_at if d.sent_at is not None else d.created
+            note = safe_text(d.last_error, limit=200)
+            table.add_row(Text(f"#{d.id}"), Text(d.status + (" !" if d.urgent else "")),
+                          Text(str(d.message_count)), Text(f"{duration(now - when)} ago"),
+                          Text(str(d.attempts)), note, key=str(d.id))

@@ -1,0 +1,63 @@
+"""Pane 1, Pending: events waiting for a run, with their age, attempts and backoff."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.binding import Binding
+
+from core import Event
+
+from ..safe import safe_text
+from .base import Column, PaneData, Window
+from .events import EventPane, fetch_events
+from .timefmt import duration
+
+
+class PendingPane(EventPane):
+    """Events waiting for the worker; `c` cancels (confirmed)."""
+
+    PANE_ID = "pending"
+    TITLE = "Pending"
+    TAB = "Pending"
+    KEY = "1"
+    EMPTY = "No pending events: the agent is caught up."
+    MARKABLE = True
+    ACTIONS = frozenset({"cancel"})
+    HELP = "events waiting for a run: age, attempts so far, when a retry is allowed (backoff)"
+    COLUMNS = (
+        Column("id", "id", 7),
+        Column("source", "source", 12),
+        Column("source_id", "source id", 22),
+        Column("age", "age", 7, ticking=True),
+        Column("attempts", "tries", 5),
+        Column("available", "available", 10, ticking=True),
+        Column("error", "last error", 60),
+    )
+    BINDINGS = [
+        Binding("c", "cancel_event", "Cancel", id="cancel",
+                tooltip="the event will never be claimed (confirmed)"),
+    ]
+
+    @classmethod
+    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+        return await fetch_events(inbox, ("pending",), window,
+                                  overview.counts.get("pending", 0))
+
+    def cells(self, event: Event, now: int) -> dict[str, Text]:
+        return {"id": self.id_cell(event), **self.source_cells(event),
+                **self.ticking_cells(event, now), "attempts": self.attempts_cell(event),
+                "error": safe_text(event.error, limit=200, style="italic")}
+
+    def ticking_cells(self, event: Event, now: int) -> dict[str, Text]:
+        wait = event.available_at - now
+        return {"age": Text(duration(now - event.created)),
+                "available": Text("now") if wait <= 0 else Text(f"in {duration(wait)}",
+                                                                style="italic")}
+
+    def allowed(self, action: str, targets: list[Event]) -> bool | None:
+        return True if any(t.status == "pending" for t in targets) else None
+
+    def action_cancel_event(self) -> None:
+        self.request("cancel")

@@ -1,0 +1,118 @@
+"""The status strip: the lease (holder, generation, time left), takeovers, refused stale
+writes, the paused / outbox-held badges and how fresh the view is. Always visible."""
+
+from __future__ import annotations
+
+import os
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Label
+
+from core import Overview
+
+from ..safe import join, safe_text
+from .timefmt import duration
+
+
+def lease_line(overview: Overview | None, now: int) -> Text:
+    """'lease worker-a · gen 3 · 1m52s left', or 'expired 12s ago' once it lapsed."""
+    if overview is None:
+        return Text("reading the inbox…")
+    lease = overview.lease
+    if lease is None:
+        head = join("lease: none yet (no worker has started)")
+    else:
+        left = lease.until - now
+        when = f"{duration(left, precise=True)} left" if left >= 0 else \
+            f"expired {duration(-left)} ago"
+        head = join("lease ", safe_text(lease.holder, limit=24, style="bold"),
+                    f" gen {lease.gen} · {when}")
+    return head
+
+
+def fencing_line(overview: Overview | None) -> Text:
+    """'takeovers 2 · refused stale writes 1': how often the lease changed hands by force,
+    and how many late writes of a lost generation the fence turned away."""
+    if overview is None:
+        return Text("")
+    text = Text(f"takeovers {overview.takeovers} · ")
+    text.append(f"refused stale writes {overview.refused_writes}",
+                style="bold" if overview.refused_writes else "")
+    return text
+
+
+def budget_line(overview: Overview | None) -> str:
+    """The budgets that are set, as 'runs today 14/100 · pending 5/1,000'."""
+    if overview is None:
+        return ""
+    parts = []
+    runs = overview.budgets.get("max_runs_per_day", {})
+    if runs.get("limit"):
+        parts.append(f"runs today {runs.get('used', 0):,}/{runs['limit']:,}")
+    pending = overview.budgets.get("max_pending", {})
+    if pending.get("limit"):
+        parts.append(f"pending {pending.get('used', 0):,}/{pending['limit']:,}")
+    for name, words in (("max_run_seconds", "run ≤ {}s"), ("max_followups_per_run",
+                                                          "≤ {} follow-ups")):
+        limit = overview.budgets.get(name, {}).get("limit")
+        if limit:
+            parts.append(words.format(limit))
+    return ("budgets: " + " · ".join(parts)) if parts else ""
+
+
+class StatusStrip(Vertical):
+    """Two lines: the lease and its history counters; badges, budgets and freshness."""
+
+    def __init__(self, path: str, *, read_only: bool = False, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.path = path
+        self.read_only = read_only
+        self.overview: Overview | None = None
+        self.updated_at: int | None = None
+        self.problem: str | None = None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(classes="status-line"):
+            yield Label("", id="lease")
+            yield Label("", id="fencing")
+        with Horizontal(classes="status-line"):
+            yield Label("PAUSED", id="paused", classes="badge")
+            yield Label("OUTBOX HELD", id="held", classes="badge")
+            yield Label("READ-ONLY", id="read-only", classes="badge")
+            yield Label("", id="budgets")
+            yield Label(safe_text(os.path.basename(self.path), limit=30), id="file")
+            yield Label("", id="updated")
+
+    def on_mount(self) -> None:
+        self.query_one("#read-only").display = self.read_only
+        self.tick(0)
+
+    def show(self, overview: Overview, now: int, updated_at: int | None,
+             problem: str | None = None) -> None:
+        """Show a fresh overview (attributes down from the app)."""
+        self.overview = overview
+        self.updated_at = updated_at
+        self.problem = problem
+        self.query_one("#paused").display = overview.paused
+        self.query_one("#held").display = overview.outbox_held
+        self.query_one("#budgets", Label).update(budget_line(overview))
+        self.query_one("#fencing", Label).update(fencing_line(overview))
+        self.tick(now)
+
+    def tick(self, now: int) -> None:
+        """Redraw what the clock moves: lease time left and 'updated Ns ago'."""
+        overview = self.overview
+        self.query_one("#lease", Label).update(lease_line(overview, now))
+        expired = overview is not None and overview.lease is not None and \
+            overview.lease.until < now
+        self.set_class(expired, "-lease-expired")
+        updated = self.query_one("#updated", Label)
+        if self.problem:
+            updated.update(safe_text(self.problem, limit=60))
+        elif self.updated_at is None:
+            updated.update("loading…")
+        else:
+            updated.update(f"updated {duration(max(now - self.updated_at, 0))} ago")
+        self.set_class(bool(self.problem), "-problem")

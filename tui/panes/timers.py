@@ -1,0 +1,66 @@
+"""Pane 5, Timers: upcoming timers with a countdown, period, catch-up policy, what they fired."""
+
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+from rich.text import Text
+
+from core import Timer
+
+from ..safe import safe_text
+from .base import Column, Pane, PaneData, Window
+from .timefmt import clock, countdown, duration, period
+
+
+class TimersPane(Pane):
+    """Durable timers, soonest first; an approval's expiry is a timer too (kind 'expiry')."""
+
+    PANE_ID = "timers"
+    TITLE = "Timers"
+    TAB = "Timers"
+    KEY = "5"
+    EMPTY = "No timers."
+    HELP = "timers soonest first: countdown, period, catch-up policy, last fired, skipped"
+    COLUMNS = (
+        Column("timer", "timer", 24),
+        Column("due", "next due", 13, ticking=True),
+        Column("at", "at", 5),
+        Column("period", "period", 11),
+        Column("catch_up", "catch-up", 8),
+        Column("last", "last fired", 10, ticking=True),
+        Column("skipped", "skipped", 7),
+    )
+
+    @classmethod
+    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+        rows = await inbox.timers(limit=window.limit)
+        needle = (window.search or "").lower()
+        shown = tuple(t for t in rows if needle in t.id.lower())
+        return PaneData(shown, len(rows), len(rows) >= window.limit)
+
+    def row_key(self, record: Timer) -> str:
+        return record.id
+
+    def signature(self, record: Timer) -> Hashable:
+        return (record.due, record.every, record.catch_up, record.last_fired,
+                record.last_skipped, record.overflow, record.kind, record.key)
+
+    def count_label(self, data: PaneData) -> str:
+        return f"{data.total:,}{'+' if data.more else ''}"
+
+    def cells(self, timer: Timer, now: int) -> dict[str, Text]:
+        expiry = timer.kind == "approval"
+        skipped = str(timer.last_skipped) if timer.last_skipped else ""
+        if timer.overflow:
+            skipped += f" +{timer.overflow} over cap"
+        return {"timer": safe_text(timer.id, limit=40, style="italic" if expiry else ""),
+                **self.ticking_cells(timer, now), "at": Text(clock(timer.due)),
+                "period": Text("expiry" if expiry else period(timer.every)),
+                "catch_up": Text("" if timer.every is None else timer.catch_up),
+                "skipped": Text(skipped)}
+
+    def ticking_cells(self, timer: Timer, now: int) -> dict[str, Text]:
+        last = "" if timer.last_fired is None else f"{duration(now - timer.last_fired)} ago"
+        return {"due": Text(countdown(now, timer.due), style="bold" if timer.due <= now else ""),
+                "last": Text(last)}

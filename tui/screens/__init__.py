@@ -1,0 +1,1 @@
+"""Dialogs of the supervisor TUI, each a ModalScreen returning its answer."""

@@ -1,0 +1,214 @@
+"""The detail view: one row's whole story — payload pretty-printed, attempts, errors, runs,
+effect journal and operator actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Label, Static
+
+from core import Approval, AuditEntry, Event, Message, Timer
+
+from ..panes.timefmt import ago, clock, countdown, period, stamp
+from ..safe import join, safe_json, safe_text
+
+
+def _field(text: Text, name: str, value: Text | str) -> None:
+    text.append(f"{name:<12}", style="bold")
+    text.append_text(value if isinstance(value, Text) else Text(value))
+    text.append("\n")
+
+
+def _section(text: Text, title: str) -> None:
+    text.append(f"\n── {title} ", style="bold")
+    text.append("─" * max(0, 50 - len(title)), style="dim")
+    text.append("\n")
+
+
+def _audit(text: Text, entries: list[AuditEntry]) -> None:
+    _section(text, "Operator actions and refusals")
+    if not entries:
+        text.append("none\n", style="dim")
+    for entry in reversed(entries):
+        text.append(f"{stamp(entry.at)}  ")
+        text.append_text(safe_text(entry.actor, limit=40))
+        text.append(f"  {entry.action}  ")
+        text.append_text(safe_text(f"{entry.before} → {entry.after}", limit=60))
+        text.append("  applied" if entry.applied else "  refused",
+                    style="" if entry.applied else "bold")
+        if entry.reason:
+            text.append(": ")
+            text.append_text(safe_text(entry.reason, limit=500))
+        text.append("\n")
+
+
+async def event_detail(inbox: Any, event_id: int, now: int) -> tuple[str, Text]:
+    """Read everything about one event; return a title and the body (safe Text)."""
+    event: Event | None = await inbox.get_event(event_id)
+    if event is None:
+        return f"Event #{event_id}", Text("This event no longer exists.")
+    runs = await inbox.runs(event_id)
+    effects = await inbox.effects(event_id)
+    audit = await inbox.audit(target=f"event {event_id}", limit=50)
+    text = Text(end="")
+    _field(text, "state", Text(event.status, style="bold"))
+    _field(text, "source", safe_text(event.source, limit=1000))
+    _field(text, "source id", safe_text(event.source_id, limit=1000))
+    _field(text, "attempts", f"{event.attempts} of {inbox.settings.max_attempts}")
+    _field(text, "created", f"{stamp(event.created)} ({ago(now, event.created)})")
+    _field(text, "changed", f"{stamp(event.updated)} ({ago(now, event.updated)})")
+    if event.status == "pending":
+        _field(text, "available", "now" if event.available_at <= now else
+               f"{stamp(event.available_at)} ({countdown(now, event.available_at)}, backoff)")
+    if event.claim_gen is not None:
+        _field(text, "claimed", f"by lease generation {event.claim_gen}"
+               + (f" at {stamp(event.claimed_at)}" if event.claimed_at else "")
+               + (f", run #{event.run_id}" if event.run_id else ""))
+    if event.error:
+        _field(text, "error", safe_text(event.error, limit=10_000, multiline=True))
+    _section(text, "Payload")
+    text.append_text(Text("(pruned: the body was dropped, the dedupe key stays)", style="dim")
+                     if event.payload is None else safe_json(event.payload))
+    text.append("\n")
+    _section(text, f"Runs ({len(runs)})")
+    if not runs:
+        text.append("never claimed\n", style="dim")
+    for run in runs:
+        text.append(f"#{run.id}  gen {run.gen}  ")
+        text.append_text(safe_text(run.holder, limit=40))
+        text.append(f"  claimed {stamp(run.claimed_at)}  ")
+        outcome = run.outcome or "running"
+        text.append(f"→ {outcome}", style="bold" if outcome in ("error", "lost") else "")
+        if run.finished_at:
+            text.append(f" at {clock(run.finished_at, seconds=True)}")
+        if run.error:
+            text.append(": ")
+            text.append_text(safe_text(run.error, limit=1000))
+        if len(run.event_ids) > 1:
+            text.append(f"  (batch of {len(run.event_ids)})", style="dim")
+        text.append("\n")
+        if run.result is not None:
+            text.append("   result ")
+            text.append_text(safe_text(run.result, limit=1000))
+            text.append("\n")
+    _section(text, f"Effect journal ({len(effects)})")
+    if not effects:
+        text.append("no external effects recorded\n", style="dim")
+    for effect in effects:
+        text.append(f"run #{effect.run_id}  ")
+        text.append_text(safe_text(effect.name, limit=80, style="bold"))
+        text.append(f"  {effect.state}", style="bold" if effect.state == "intended" else "")
+        text.append(f"  intended {clock(effect.intended_at, seconds=True)}")
+        if effect.settled_at:
+            text.append(f", settled {clock(effect.settled_at, seconds=True)}")
+        text.append("\n   key ")
+        text.append_text(safe_text(effect.key, limit=200, style="dim"))
+        if effect.detail is not None:
+            text.append("  detail ")
+            text.append_text(safe_text(effect.detail, limit=500))
+        text.append("\n")
+    _audit(text, audit)
+    return f"Event #{event.id} · {event.status}", text
+
+
+async def approval_detail(inbox: Any, request_id: str, now: int) -> tuple[str, Text]:
+    approval: Approval | None = await inbox.get_approval(request_id)
+    if approval is None:
+        return "Approval", join("No such request: ", safe_text(request_id, limit=200))
+    audit = await inbox.audit(target=f"approval {request_id}", limit=50)
+    text = Text(end="")
+    _field(text, "request", safe_text(approval.request_id, limit=1000))
+    _field(text, "asked", f"{stamp(approval.requested)} ({ago(now, approval.requested)})")
+    _field(text, "deadline", f"{stamp(approval.due)} ({countdown(now, approval.due, precise=True)})")
+    if approval.answer is None:
+        _field(text, "answer", Text("waiting", style="bold"))
+    else:
+        by = join(approval.answer, " by ", safe_text(approval.answered_by, limit=100),
+                  f" at {stamp(approval.answered_at)}")
+        _field(text, "answer", by)
+    _section(text, "Action")
+    text.append_text(safe_text(approval.action, limit=20_000, multiline=True))
+    text.append("\n")
+    _audit(text, audit)
+    state = approval.answer or "waiting"
+    return f"Approval · {state}", text
+
+
+def timer_detail(timer: Timer, now: int) -> tuple[str, Text]:
+    text = Text(end="")
+    _field(text, "timer", safe_text(timer.id, limit=1000))
+    _field(text, "kind", "approval expiry" if timer.kind == "approval" else "timer")
+    _field(text, "next due", f"{stamp(timer.due)} ({countdown(now, timer.due)})")
+    _field(text, "period", period(timer.every))
+    _field(text, "catch-up", timer.catch_up if timer.every else "—")
+    if timer.key:
+        _field(text, "event key", join(safe_text(timer.key[0], limit=200), " / ",
+                                       safe_text(timer.key[1], limit=200)))
+    _field(text, "last fired", "never" if timer.last_fired is None else
+           f"{stamp(timer.last_fired)} ({ago(now, timer.last_fired)})")
+    _field(text, "skipped", f"{timer.last_skipped} by the last catch-up; "
+                            f"{timer.overflow} over the catch-up cap in all")
+    _section(text, "Payload")
+    text.append_text(safe_json(timer.payload))
+    text.append("\n")
+    return "Timer", text
+
+
+def message_detail(message: Message, now: int) -> tuple[str, Text]:
+    text = Text(end="")
+    _field(text, "message", f"#{message.id}" + ("  urgent: skips the gap" if message.urgent
+                                                else ""))
+    _field(text, "queued", f"{stamp(message.created)} ({ago(now, message.created)})")
+    _field(text, "status", message.status)
+    if message.run_id:
+        _field(text, "from run", f"#{message.run_id}")
+    _section(text, "Body")
+    text.append_text(safe_text(message.body, limit=200_000, multiline=True))
+    text.append("\n")
+    return f"Outbox message #{message.id}", text
+
+
+async def load_detail(inbox: Any, record: Any, now: int) -> tuple[str, Text]:
+    """The title and body for any pane's row."""
+    if isinstance(record, Event):
+        return await event_detail(inbox, record.id, now)
+    if isinstance(record, Approval):
+        return await approval_detail(inbox, record.request_id, now)
+    if isinstance(record, Timer):
+        return timer_detail(record, now)
+    if isinstance(record, Message):
+        return message_detail(record, now)
+    return "Detail", safe_text(record, limit=10_000, multiline=True)
+
+
+class DetailScreen(ModalScreen[None]):
+    """A scrollable read of one row; Escape, q or Enter closes it."""
+
+    BINDINGS = [
+        Binding("escape", "close", "Close", id="detail-close", key_display="esc"),
+        Binding("q", "close", "Close", show=False, id="detail-close-q"),
+        Binding("enter", "close", "Close", show=False, id="detail-close-enter"),
+    ]
+
+    def __init__(self, title: str, body: Text) -> None:
+        super().__init__(classes="dialog-screen")
+        self.title_text = title
+        self.body = body
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog detail"):
+            yield Label(Text(self.title_text), classes="question")
+            with VerticalScroll(id="detail-scroll"):
+                yield Static(self.body, id="detail-body")
+            yield Label("↑↓ scroll    esc close", classes="keys")
+
+    def on_mount(self) -> None:
+        self.query_one("#detail-scroll").focus()
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,39 @@
+"""The filter dialog: text to match in the focused pane (empty clears the filter)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Input, Label
+
+
+class FilterScreen(ModalScreen[str | None]):
+    """Enter applies (an empty text clears the filter); Escape keeps the old one."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="filter-cancel", key_display="esc")]
+
+    def __init__(self, pane_title: str, current: str | None, hint: str) -> None:
+        super().__init__(classes="dialog-screen")
+        self.pane_title = pane_title
+        self.current = current or ""
+        self.hint = hint
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog filter"):
+            yield Label(Text(f"Filter {self.pane_title}"), classes="question")
+            yield Input(value=self.current, placeholder="text to match", id="filter-input")
+            yield Label(Text(self.hint), classes="note")
+            yield Label("↵ apply (empty clears)    esc cancel", classes="keys")
+
+    def on_mount(self) -> None:
+        self.query_one(Input).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(event.value)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

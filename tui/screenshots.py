@@ -1,0 +1,195 @@
+"""Generate screenshots/*.svg: the supervisor on a seeded inbox at a fixed time.
+
+    python -m tui.screenshots [OUT_DIR]     (default: screenshots/ next to this package)
+
+Also the home of `seed()`, the deterministic inbox the snapshot tests and the screenshots
+share: every state of every pane, written through the public Inbox API on a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from core import ApprovalRequest, FakeClock, FollowUp, Inbox, Reply
+
+T0 = 1_700_000_000  # 2023-11-14 22:13:20 UTC; screenshots and snapshots render in UTC
+SIZES = ((120, 40), (80, 24))
+
+
+def use_utc() -> None:
+    """Render clock times in UTC so screenshots and snapshots look the same everywhere."""
+    os.environ["TZ"] = "UTC"
+    if hasattr(time, "tzset"):
+        time.tzset()
+
+
+async def seed(inbox: Inbox, clock: FakeClock) -> None:
+    """Fill `inbox` with one of everything: pending (one backing off, some hostile text),
+    running, dead, interrupted, approvals waiting/answered/expired, timers, held and sent
+    messages, a lease takeover and a refused stale write. Leaves the clock at T0."""
+    def at(t: int) -> int:
+        clock.set(t)
+        return t
+
+    await inbox.configure(lost_claim_by_source={"stripe": "interrupt"}, lease_ttl=600,
+                          backoff_base=60)
+    # A crash under generation 1: the stripe charge is interrupted, the poison event retried.
+    now = at(T0 - 3000)
+    await inbox.ingest("stripe", "evt_1OqRm2", {"type": "charge.succeeded", "amount": 4200,
+                                                "customer": "cus_Nf3"}, now=now)
+    await inbox.ingest("webhook", "gh-poison-77", {"action": "opened", "size": "huge"}, now=now)
+    gen_a = await inbox.acquire("worker-a", now=now)
+    stale = await inbox.claim_batch("worker-a", gen_a, now=now)
+    gen_b = await inbox.acquire("worker-b", now=at(T0 - 2390))  # takeover: generation 2
+
+    async def run_b(t: int, **finish) -> list:
+        await inbox.acquire("worker-b", now=at(t))  # renews: same generation
+        claimed = await inbox.claim_batch("worker-b", gen_b, now=t)
+        if claimed and finish:
+            await inbox.finish("worker-b", gen_b, [e.id for e in claimed], now=at(t + 5),
+                               **finish)
+        return claimed
+
+    for t in (T0 - 2390, T0 - 2260):  # the poison event's 2nd and 3rd attempts
+        await run_b(t, error="MemoryError: payload too large to summarise")
+    await inbox.finish("worker-a", gen_a, [e.id for e in stale], messages=["late"],
+                       now=at(T0 - 2250))  # worker-a wakes up: refused, fenced out
+    # Timers, and an approval nobody answered (its expiry fires).
+    await inbox.add_timer("sync-calendar", T0 - 9000, {"calendar": "team"}, every=3600)
+    await inbox.add_timer("billing-reconcile", T0 + 40_000, {"ledger": "eu"}, every=86_400,
+                          catch_up="each")
+    await inbox.add_timer("daily-digest", T0 + 3000, {"to": "alice"}, every=86_400)
+    await inbox.request_approval("delete-branch-old", 60, "git push origin --delete old-main",
+                                 now=at(T0 - 2200))
+    await inbox.run_scheduler(now=at(T0 - 2100))
+    # A run of three chat messages: replies, approvals, a follow-up timer.
+    for i, text in enumerate(["can you refund order 991?", "it arrived broken", "thanks!"]):
+        await inbox.ingest("chat", f"msg-{i + 1}", {"from": "alice", "text": text},
+                           now=at(T0 - 2000 + i * 5))
+    await run_b(T0 - 1900, messages=[
+        "I've asked for approval to refund order 991.",
+        Reply("Your refund is being reviewed.", urgent=True)],
+        approvals=[ApprovalRequest("refund-ord-991", 4 * 3600,
+                                   "Refund $42.00 to alice@example.com for order 991 "
+                                   "(arrived broken)"),
+                   ApprovalRequest("deploy-prod-v2", 1800, "Deploy v2.3.1 to production")],
+        timers=[FollowUp("check-refund-991", T0 + 7200, {"order": 991})])
+    await inbox.answer_approval("deploy-prod-v2", "yes", now=at(T0 - 1800))
+    await inbox.dispatch(lambda text: None, now=at(T0 - 1700))  # the paced send goes out
+    # More replies queue behind the gap.
+    await inbox.ingest("chat", "msg-4", {"from": "alice", "text": "any news?"},
+                       now=at(T0 - 1500))
+    await run_b(T0 - 1400, messages=["Still waiting on the refund approval.",
+                                     "I'll tell you as soon as it is decided."])
+    await run_b(T0 - 900)
+    await run_b(T0 - 400)
+    # One event fails and backs off; one is running now under generation 2.
+    await inbox.ingest("webhook", "gh-flaky-12", {"action": "synchronize"}, now=at(T0 - 45))
+    await run_b(T0 - 40, error="ConnectionResetError: GitHub API closed the connection")
+    await inbox.run_scheduler(now=at(T0 - 30))  # the calendar sync comes due
+    await inbox.ingest("email", "<CA+x91@mail.example.com>", {"subject": "Invoice 2231"},
+                       now=at(T0 - 25))
+    await run_b(T0 - 20)
+    # Pending: fresh arrivals, one of them hostile (shown literally, never interpreted).
+    for i, (source, source_id, payload) in enumerate([
+        ("webhook", "gh-delivery-4411", {"action": "opened", "number": 4411}),
+        ("chat", "msg-5", {"from": "bob", "text": "hello?"}),
+        ("webhook", "[@click=app.quit]x[/]", {"text": "\x1b]0;pwned\x07 [bold red]z"}),
+        ("timer", "daily-digest@1699920000", {"timer": "daily-digest"}),
+    ]):
+        await inbox.ingest(source, source_id, payload, now=at(T0 - 15 + i * 3))
+    clock.set(T0)
+
+
+async def open_seeded(path: str) -> tuple[Inbox, FakeClock]:
+    """Create a fresh inbox at `path`, seed it, and return it with its clock (at T0)."""
+    clock = FakeClock(T0)
+    inbox = await Inbox.open(path, clock=clock)
+    try:
+        await seed(inbox, clock)
+    except BaseException:
+        await inbox.close()
+        raise
+    return inbox, clock
+
+
+Step = Callable[[object], Awaitable[None]]
+
+
+async def settle(app, pilot, timeout: float = 5.0) -> None:
+    """Wait (bounded) until every read and dialog load has finished; an action waiting on
+    its confirmation dialog is left waiting."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        await pilot.pause()
+        busy = [w for w in app.workers if w.group != "actions" and not w.is_finished]
+        if not busy:
+            break
+        await asyncio.sleep(0.02)
+    await pilot.pause()
+
+
+async def _shoot(path: str, out: Path, name: str, size: tuple[int, int],
+                 keys: tuple[str, ...]) -> Path:
+    from tui.app import OnwatchApp
+
+    inbox, clock = await open_seeded(path)
+    try:
+        app = OnwatchApp(inbox, clock=clock)
+        async with app.run_test(size=size) as pilot:
+            await app.loaded.wait()
+            for key in keys:
+                await pilot.press(key)
+                await pilot.pause()
+            await settle(app, pilot)
+            app.tick()
+            await pilot.pause()
+            target = out / f"{name}.svg"
+            app.save_screenshot(filename=target.name, path=str(out))
+            return target
+    finally:
+        await inbox.close()
+
+
+SHOTS: tuple[tuple[str, tuple[int, int], tuple[str, ...]], ...] = (
+    ("pending", (120, 40), ()),
+    ("running", (120, 40), ("2",)),
+    ("dead", (120, 40), ("3",)),
+    ("approvals", (120, 40), ("4",)),
+    ("timers", (120, 40), ("5",)),
+    ("outbox", (120, 40), ("6",)),
+    ("confirm-approve", (120, 40), ("4", "a")),
+    ("detail", (120, 40), ("3", "enter")),
+    ("help", (120, 40), ("question_mark",)),
+    ("pending-80x24", (80, 24), ()),
+    ("approvals-80x24", (80, 24), ("4",)),
+)
+
+
+async def generate(out: Path) -> list[Path]:
+    use_utc()
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for index, (name, size, keys) in enumerate(SHOTS):
+            path = os.path.join(scratch, f"shot{index}.db")
+            made.append(await _shoot(path, out, name, size, keys))
+    return made
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "screenshots"
+    for path in asyncio.run(generate(out)):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -96,6 +96,7 @@ async def _approval(event: Event, ctx) -> None:
         return
     amount = int(match.group(1))
     answer = payload.get("answer")
+    # The person who asked is waiting for the outcome: it bypasses the outbox gap.
     if answer == "yes":
         # The key is derived from the request, not the run: a retried run passes the same
         # key, so the payment API refunds once however often the run is repeated.
@@ -103,11 +104,12 @@ async def _approval(event: Event, ctx) -> None:
         async with ctx.effect("refund", {"amount": amount, "request": request_id},
                               key=f"refund:{request_id}") as key:
             outcome = fake_refund(amount, key)
-        ctx.reply(f"{outcome} {amount} (reference {key})")
+        ctx.reply(f"{outcome} {amount} (reference {key})", urgent=True)
     elif answer == "no":
-        ctx.reply(f"refund of {amount} was denied; nothing was refunded")
+        ctx.reply(f"refund of {amount} was denied; nothing was refunded", urgent=True)
     else:
-        ctx.reply(f"refund of {amount} expired without an answer; nothing was refunded")
+        ctx.reply(f"refund of {amount} expired without an answer; nothing was refunded",
+                  urgent=True)
 
 
 def _digest(event: Event, ctx) -> None:

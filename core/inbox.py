@@ -141,8 +141,9 @@ class _GroupCommit:
 
     @staticmethod
     def _key_stored(db: sqlite3.Connection, source: str, source_id: str) -> bool:
-        return db.execute("SELECT 1 FROM events WHERE source = ? AND source_id = ?",
-                          (source, source_id)).fetchone() is not None
+        # fetchall steps to the end, so the read snapshot is released at once
+        return bool(db.execute("SELECT 1 FROM events WHERE source = ? AND source_id = ?",
+                               (source, source_id)).fetchall())
 
     def _flush(self) -> None:
         self._flush_soon = False

@@ -262,3 +262,14 @@ def test_scenarios_load_without_textual():
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, f"scenarios imported UI modules: {result.stdout} {result.stderr}"
+
+
+def test_demo_without_a_terminal_narrates_every_scenario(capsys):
+    """`onwatch demo` piped or under CI cannot draw the TUI: it plays and prints instead."""
+    from tui.demo import run
+
+    assert run() == 0  # pytest's stdin is not a terminal
+    out = capsys.readouterr().out
+    for item in SCENARIOS:
+        assert f"{item.number}. {item.title}" in out
+    assert "finish returned False" in out  # scenario 4's refused late finish

@@ -1,0 +1,83 @@
+"""The live demo with real worker processes: kill the active one, watch the takeover.
+
+Real OS processes on a real clock (lease 5 s), so these take tens of seconds: marked slow.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tui.demo.live import LiveDemoApp, open_scratch_inbox
+
+pytestmark = pytest.mark.slow
+
+
+async def wait_for(pilot, condition, *, seconds: float, what: str) -> None:
+    """Poll `condition` (an async callable) until true, for at most `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if await condition():
+            return
+        await pilot.pause(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_kill_the_active_worker_under_both_policies(tmp_path):
+    inbox = await open_scratch_inbox(str(tmp_path))
+    app = LiveDemoApp(inbox, str(tmp_path), workers=2, agent_seconds=1.5)
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            async def leased():
+                lease = await inbox.lease_info()
+                return lease is not None and lease.until >= inbox.now()
+            await wait_for(pilot, leased, seconds=20, what="a worker to take the lease")
+            first = await inbox.lease_info()
+
+            # Policy retry: the killed run's events run again under the next generation.
+            await pilot.press("i")
+            async def running(n=3):
+                return (await inbox.counts()).get("running", 0) == n
+            await wait_for(pilot, running, seconds=10, what="the run of three messages")
+            await pilot.press("k")
+            await wait_for(pilot, lambda: _true(any(p.killed for p in app.processes)),
+                           seconds=5, what="the kill")
+            async def taken_over():
+                lease = await inbox.lease_info()
+                return lease is not None and lease.gen == first.gen + 1
+            await wait_for(pilot, taken_over, seconds=15, what="the takeover")
+            second = await inbox.lease_info()
+            assert second.holder != first.holder
+            async def all_done():
+                return (await inbox.counts()).get("done", 0) == 3
+            await wait_for(pilot, all_done, seconds=20, what="the retried events")
+            assert sorted(e.attempts for e in await inbox.events("done")) == [2, 2, 2]
+            assert any("took over as generation" in line for line in app.story)
+
+            # Policy interrupt: the same crash leaves the events for a human.
+            await pilot.press("t")
+            await wait_for(pilot, lambda: _true(inbox.settings.on_lost_claim == "interrupt"),
+                           seconds=5, what="the policy switch")
+            await pilot.press("i")
+            await wait_for(pilot, running, seconds=10, what="the second run")
+            await pilot.press("k")
+            await wait_for(pilot, lambda: _true(sum(p.killed for p in app.processes) == 2),
+                           seconds=5, what="the second kill")
+            await pilot.press("w")  # no standby left: start one
+            async def interrupted():
+                return (await inbox.counts()).get("interrupted", 0) == 3
+            await wait_for(pilot, interrupted, seconds=20, what="the interrupted events")
+            assert (await inbox.lease_info()).gen == second.gen + 1
+            assert (await inbox.counts()).get("pending", 0) == 0
+            await wait_for(pilot, lambda: _true(app.query_one("#panes").current == "dead"),
+                           seconds=5, what="the Dead & interrupted pane to be shown")
+            assert any("Policy interrupt" in line for line in app.story)
+    finally:
+        app.stop_workers()
+        await inbox.close()
+    assert not any(p.alive for p in app.processes)
+
+
+async def _true(value: bool) -> bool:
+    return value

@@ -1,0 +1,230 @@
+"""Pilot tests for the scenario player: real keys, bounded waits, the inbox checked too."""
+
+from __future__ import annotations
+
+import pytest
+
+from tui.demo.player import SPEEDS, DemoApp, PlayerBar, ScenarioPicker
+from tui.demo.scenarios import SCENARIOS, START, scenario
+
+SIZE = (120, 40)
+
+
+@pytest.fixture
+async def demo(tmp_path):
+    """A player started on scenario 4 (takeover), no picker over it."""
+    app = await DemoApp.open(str(tmp_path), scenario("takeover"), pick_first=False)
+    yield app
+    await app.close_runs()
+
+
+async def settle(pilot, app, *, until=lambda: True, rounds: int = 200) -> None:
+    """Let the app finish what a key started: no step running and `until()` true."""
+    for _ in range(rounds):
+        await pilot.pause()
+        if not app.busy and until():
+            return
+    raise AssertionError("the player did not settle")
+
+
+def narration(app) -> str:
+    return str(app.query_one("#demo-narration").render())
+
+
+def head(app) -> str:
+    return str(app.query_one("#demo-state").render())
+
+
+async def test_space_steps_and_the_panes_read_the_real_inbox(demo):
+    async with demo.run_test(size=SIZE) as pilot:
+        await demo.loaded.wait()
+        assert "Press space" in narration(demo)
+        await pilot.press("space")
+        await settle(pilot, demo, until=lambda: demo.run_.position == 1)
+        assert (await demo.inbox.counts())["pending"] == 1
+        assert narration(demo) == demo.run_.narration[-1]
+        assert "msg-3" in narration(demo)
+        for _ in range(3):
+            await pilot.press("space")
+            await settle(pilot, demo)
+        await settle(pilot, demo, until=lambda: demo.run_.position == 4)
+        lease = await demo.inbox.lease_info()
+        assert (lease.holder, lease.gen) == ("worker-B", 2)
+        assert "generation 2" in narration(demo)
+        assert "clock t+2m11s" in head(demo)  # the simulated clock is shown
+        assert demo.query_one("#panes").current == "running"  # the step's pane is shown
+        running = demo.pane("running")
+        assert [r.source_id for r in running.records()] == ["msg-3"]
+
+
+async def test_space_marks_nothing_in_a_pane_while_the_player_runs(demo):
+    async with demo.run_test(size=SIZE) as pilot:
+        await demo.loaded.wait()
+        await pilot.press("space")
+        await settle(pilot, demo, until=lambda: demo.run_.position == 1)
+        assert "marked" not in str(demo.active_pane.border_subtitle or "")
+
+
+async def test_autoplay_plays_to_the_end_and_stops(demo):
+    async with demo.run_test(size=SIZE) as pilot:
+        await demo.loaded.wait()
+        for _ in range(len(SPEEDS)):
+            await pilot.press("plus")
+        assert demo.speed == SPEEDS[0]
+        await pilot.press("g")
+        assert demo.autoplaying
+        assert "autoplay" in head(demo)
+        await settle(pilot, demo, until=lambda: demo.run_.finished and not demo.autoplaying,
+                     rounds=2000)
+        event = (await demo.inbox.events("done"))[0]
+        assert (event.source_id, event.attempts) == ("msg-3", 2)
+        assert (await demo.inbox.lease_info()).gen == 3
+        assert len(await demo.inbox.held_messages()) == 1
+        assert demo.run_.stage.results["a_late_finish"] is False
+        assert "End of this scenario" in str(demo.query_one("#demo-next").render())
+
+
+async def test_autoplay_stops_on_g_and_speed_keys_move_the_interval(demo):
+    async with demo.run_test(size=SIZE) as pilot:
+        await demo.loaded.wait()
+        start = demo.speed
+        await pilot.press("minus")
+        assert demo.speed > start
+        await pilot.press("plus", "plus")
+        assert demo.speed < start
+        await pilot.press("g")
+        assert demo.autoplaying
+        await pilot.press("g")
+        await settle(pilot, demo)
+        assert not demo.autoplaying
+
+
+async def test_restart_replays_on_a_fresh_inbox(demo):
+    async with demo.run_test(size=SIZE) as pilot:
+        await demo.loaded.wait()
+        for _ in range(4):
+            await pilot.press("space")
+            await settle(pilot, demo)
+        await settle(pilot, demo, until=lambda: demo.run_.position == 4)
+        first_path = demo.inbox.path
+        await pilot.press("b")
+        await settle(pilot, demo, until=lambda: demo.run_.position == 0)
+        assert demo.inbox.path != first_path
+        assert demo.clock.now() == START
+        assert await demo.inbox.lease_info() is None
+        assert sum((await demo.inbox.counts()).values()) == 0
+        assert "step 0 of 7" in head(demo)
+        await pilot.press("space")
+        await settle(pilot, demo, until=lambda: demo.run_.position == 1)
+        assert (await demo.inbox.counts())["pending"] == 1
+
+
+async def test_pick_a_scenario_from_the_list(tmp_path):
+    app = await DemoApp.open(str(tmp_path), SCENARIOS[0], pick_first=True)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await app.loaded.wait()
+            await settle(pilot, app, until=lambda: isinstance(app.screen, ScenarioPicker))
+            await pilot.press("space")  # belongs to the list, not to the player
+            await pilot.pause()
+            assert app.run_.position == 0
+            await pilot.press("down", "down", "down", "down", "enter")  # 1 → 5
+            await settle(pilot, app, until=lambda: app.scenario.key == "poison")
+            assert not isinstance(app.screen, ScenarioPicker)
+            assert app.query_one("#panes").current == "pending"
+            for _ in range(len(app.scenario.steps)):
+                await pilot.press("space")
+                await settle(pilot, app)
+            await settle(pilot, app, until=lambda: app.run_.finished)
+            [dead] = await app.inbox.events("dead")
+            assert (dead.source_id, dead.attempts) == ("mail-poison", 3)
+            assert app.query_one("#panes").current == "dead"
+            assert [r.source_id for r in app.pane("dead").records()] == ["mail-poison"]
+            # l opens the list again; escape keeps the current scenario.
+            await pilot.press("l")
+            await settle(pilot, app, until=lambda: isinstance(app.screen, ScenarioPicker))
+            await pilot.press("escape")
+            await settle(pilot, app, until=lambda: not isinstance(app.screen, ScenarioPicker))
+            assert app.scenario.key == "poison" and app.run_.finished
+    finally:
+        await app.close_runs()
+
+
+async def test_next_scenario_key(demo):
+    async with demo.run_test(size=SIZE) as pilot:
+        await demo.loaded.wait()
+        await pilot.press("n")
+        await settle(pilot, demo, until=lambda: demo.scenario.number == 5)
+        assert "Scenario 5 of 12" in str(demo.query_one("#demo-title").render())
+
+
+async def test_player_keys_are_bindings_listed_first_in_the_footer(demo):
+    async with demo.run_test(size=SIZE) as pilot:
+        await demo.loaded.wait()
+        await pilot.pause()
+        actions = [a.binding.action for a in demo.screen.active_bindings.values()
+                   if a.binding.show]
+        assert actions[:7] == ["step", "autoplay", "faster", "slower", "restart",
+                               "next_scenario", "pick"]
+        for binding in DemoApp.BINDINGS:
+            assert binding.description and binding.id
+
+
+async def test_viewer_can_act_on_the_demo_inbox(tmp_path):
+    """The desk's own keys work in the demo: the viewer approves refund-1 in time."""
+    app = await DemoApp.open(str(tmp_path), scenario("approval-expiry"), pick_first=False)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await app.loaded.wait()
+            await pilot.press("space")
+            await settle(pilot, app, until=lambda: app.run_.position == 1)
+            assert app.query_one("#panes").current == "approvals"
+            await settle(pilot, app, until=lambda: len(list(app.pane("approvals").records())))
+            await pilot.press("a")
+            await pilot.pause()
+            await pilot.press("y")
+            for _ in range(200):
+                await pilot.pause()
+                approval = await app.inbox.get_approval("refund-1")
+                if approval.answer is not None:
+                    break
+            assert approval.answer == "yes" and approval.answered_by == "viewer"
+            await pilot.press("space")  # the expiry timer has nothing left to expire
+            await settle(pilot, app, until=lambda: app.run_.position == 2)
+            assert "'yes'" in narration(app)
+    finally:
+        await app.close_runs()
+
+
+async def test_narration_is_shown_literally(tmp_path):
+    """Narrations quote inbox text: markup and control characters must not come alive."""
+    from tui.demo.scenarios import Scenario, Step
+
+    hostile = "[@click=app.quit]quit[/] [bold]x[/bold] \x1b]0;pwned\x07"
+
+    async def act(stage):
+        await stage.inbox.ingest("webhook", hostile, {"text": hostile})
+        return f"stored {hostile}"
+
+    trap = Scenario(99, "hostile", "Hostile text", "Text from a webhook.", (Step("x", act),))
+    app = await DemoApp.open(str(tmp_path), trap, pick_first=False)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await app.loaded.wait()
+            await pilot.press("space")
+            await settle(pilot, app, until=lambda: app.run_.position == 1)
+            shown = narration(app)
+            assert "[@click=app.quit]quit[/]" in shown and "[bold]x[/bold]" in shown
+            assert "\x1b" not in shown and "\\x1b" in shown
+            assert app.is_running  # the "button" did not quit the app
+    finally:
+        await app.close_runs()
+
+
+async def test_screenshot_script_captures_the_key_moment(tmp_path):
+    from tui.demo.screenshots import capture
+
+    path = await capture(scenario("poison"), tmp_path)
+    svg = path.read_text()
+    assert path.name == "demo-poison.svg"
+    assert "mail-poison" in svg and "dead" in svg and "Scenario&#160;5" in svg

@@ -1,0 +1,577 @@
+"""The scenario player: the real supervisor TUI over a scratch inbox, driven step by step.
+
+`DemoApp` is the supervisor app (`tui.app.OnwatchApp`) with a player bar under its panes: the
+scenario, the step, the simulated clock and the narration line. Each step drives only the core
+API (`tui.demo.scenarios`); the panes then re-read the inbox like they would for a real agent,
+so what the viewer sees is what the rules did. Every scenario (and every restart) plays on a
+fresh scratch inbox file; the app is switched over to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.table import Table
+from rich.text import Text
+from textual import events
+from textual.actions import SkipAction
+from textual.app import ComposeResult
+from textual.binding import ActiveBinding, Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen, Screen
+from textual.timer import Timer
+from textual.widgets import Footer, Label, OptionList, Static
+from textual.widgets.option_list import Option
+
+from core import FakeClock
+
+from .. import app as app_module
+from ..app import OnwatchApp
+from ..panes import Window
+from ..safe import safe_content
+from .scenarios import SCENARIOS, START, Scenario, ScenarioRun, since_start
+
+SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0)  # seconds per step in autoplay
+WIDE_BAR = (100, 30)  # the least size that shows the step list and the hints
+DEFAULT_SPEED = 3  # index into SPEEDS: 3 s per step, time to read a narration line
+
+
+@dataclass(frozen=True, slots=True)
+class PlayerView:
+    """Everything the player bar shows, handed down by the app."""
+
+    scenario: Scenario
+    position: int
+    now: int
+    narration: str
+    autoplay: bool
+    speed: float
+    busy: bool = False
+
+
+def _count(total: int) -> str:
+    return f"{total} scenario{'s' if total != 1 else ''}"
+
+
+class StepList(Vertical):
+    """The scenario's whole story, step by step, with where the player is."""
+
+    DEFAULT_CSS = """
+    StepList {
+        width: 40;
+        height: auto;
+        border-left: solid $accent 50%;
+        padding: 0 0 0 1;
+
+        #steps-body {
+            width: 1fr;
+            height: auto;
+        }
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("", id="steps-body")
+
+    def show(self, view: PlayerView) -> None:
+        body = Table.grid(padding=(0, 1))
+        body.add_column(width=1)
+        body.add_column(width=2, justify="right")
+        body.add_column(ratio=1)
+        for index, step in enumerate(view.scenario.steps):
+            if index < view.position:
+                mark, style = "✓", "dim" if index < view.position - 1 else "bold"
+            elif index == view.position:
+                mark, style = "▶", ""
+            else:
+                mark, style = "", "dim"
+            body.add_row(Text(mark, style=style), Text(str(index + 1), style=style),
+                         Text(step.title, style=style))
+        self.query_one("#steps-body", Static).update(body)
+
+
+class PlayerBar(Horizontal):
+    """Under the panes: which scenario and step, the simulated clock, the narration, and (on a
+    wide terminal) the list of steps."""
+
+    DEFAULT_CSS = """
+    PlayerBar {
+        height: auto;
+        background: $panel;
+        border-top: solid $accent;
+        padding: 0 1;
+
+        #demo-main {
+            width: 1fr;
+            height: auto;
+            padding-right: 1;
+        }
+        #demo-title {
+            width: 1fr;
+            text-style: bold;
+            color: $text-accent;
+        }
+        #demo-state {
+            width: 1fr;
+            color: $text-muted;
+        }
+        #demo-narration {
+            width: 1fr;
+            height: auto;
+            min-height: 2;
+            max-height: 5;
+            margin-top: 1;
+        }
+        #demo-watch {
+            width: 1fr;
+            height: auto;
+            margin-top: 1;
+            color: $text-muted;
+            text-style: italic;
+        }
+        #demo-next {
+            width: 1fr;
+            height: 1;
+            margin-top: 1;
+            color: $text-muted;
+        }
+        &.-autoplay #demo-state {
+            color: $text-success;
+            text-style: bold;
+        }
+        &.-narrow {
+            #demo-narration, #demo-next {
+                margin-top: 0;
+            }
+            #demo-watch, StepList {
+                display: none;
+            }
+        }
+    }
+    """
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="demo-main"):
+            yield Label("", id="demo-title")
+            yield Label("", id="demo-state")
+            yield Static("", id="demo-narration")
+            yield Static("", id="demo-watch")
+            yield Label("", id="demo-next")
+        yield StepList(id="steps")
+
+    def show(self, view: PlayerView) -> None:
+        scenario = view.scenario
+        steps = len(scenario.steps)
+        title = Text(f"Scenario {scenario.number} of {len(SCENARIOS)}: {scenario.title}",
+                     no_wrap=True, overflow="ellipsis", end="")
+        self.query_one("#demo-title", Label).update(title)
+        state = f"step {view.position} of {steps} · simulated clock {since_start(view.now)}"
+        state += (f" · ▶ autoplay, {view.speed:g} s a step" if view.autoplay
+                  else " · autoplay off")
+        self.query_one("#demo-state", Label).update(Text(state, no_wrap=True,
+                                                         overflow="ellipsis", end=""))
+        self.set_class(view.autoplay, "-autoplay")
+        # The narration quotes inbox text (sources, errors): it goes through the safe helper.
+        self.query_one("#demo-narration", Static).update(
+            safe_content(view.narration, limit=1000))
+        self.query_one("#demo-watch", Static).update(Text(scenario.watch))
+        if view.busy:
+            hint = "…"
+        elif view.position < steps:
+            hint = f"Next: {scenario.steps[view.position].title} — press space"
+        else:
+            hint = "End of this scenario — b plays it again, n the next one, l lists all"
+        self.query_one("#demo-next", Label).update(Text(hint, no_wrap=True,
+                                                        overflow="ellipsis", end=""))
+        self.query_one(StepList).show(view)
+
+
+class ScenarioPicker(ModalScreen[int | None]):
+    """The list of scenarios; Enter plays the highlighted one, Escape keeps the current one."""
+
+    DEFAULT_CSS = """
+    ScenarioPicker .dialog.picker {
+        height: 90%;
+        max-width: 96;
+
+        #picker-list {
+            height: 1fr;
+        }
+    }
+    """
+    BINDINGS = [
+        Binding("escape", "close", "Close", id="picker-close", key_display="esc"),
+    ]
+
+    def __init__(self, current: int, scenarios: tuple[Scenario, ...]) -> None:
+        super().__init__(classes="dialog-screen")
+        self.current = current
+        self.scenarios = scenarios
+
+    def compose(self) -> ComposeResult:
+        options = []
+        for item in self.scenarios:
+            # The intro wraps under the title, indented past the number.
+            label = Table.grid(padding=(0, 1))
+            label.add_column(width=2, justify="right")
+            label.add_column(ratio=1)
+            label.add_row(Text(str(item.number), style="bold"), Text(item.title, style="bold"))
+            label.add_row("", Text(item.intro, style="dim"))
+            options.append(Option(label, id=str(item.number)))
+        with Vertical(classes="dialog picker"):
+            yield Label(Text(f"onwatch demo · pick one of {_count(len(self.scenarios))}"),
+                        classes="question")
+            yield Label(Text("Each plays how an always-on agent fails, step by step, on a "
+                             "scratch inbox: the panes behind are the real supervisor."),
+                        classes="note")
+            yield OptionList(*options, id="picker-list")
+            yield Label(Text("↑↓ choose · ↵ play · esc close — then space steps, g autoplays"),
+                        classes="keys")
+
+    def on_mount(self) -> None:
+        listing = self.query_one(OptionList)
+        numbers = [s.number for s in self.scenarios]
+        listing.highlighted = numbers.index(self.current) if self.current in numbers else 0
+        listing.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.dismiss(int(event.option.id or 0))
+
+    def action_close(self) -> None:
+        self.dismiss(None)
+
+
+SPEED = Binding.Group("Speed")
+
+
+class DemoScreen(Screen):
+    """The demo's main screen: the footer lists the demo's own keys before the desk's.
+
+    The app names them in `FOOTER_FIRST` (a set of action names).
+    """
+
+    DEFAULT_CSS = """
+    DemoScreen Footer FooterLabel {
+        padding-right: 1;  /* "+ - Speed" would otherwise run into the next key */
+    }
+    """
+
+    @property
+    def active_bindings(self) -> dict[str, ActiveBinding]:
+        bindings = super().active_bindings
+        wanted = getattr(self.app, "FOOTER_FIRST", frozenset())
+        first = {key: active for key, active in bindings.items()
+                 if active.binding.action in wanted}
+        return {**first, **{k: v for k, v in bindings.items() if k not in first}}
+
+
+class DemoApp(OnwatchApp):
+    """The supervisor TUI with a scenario player: the panes are real, the clock simulated."""
+
+    TITLE = "onwatch demo"
+    ACTOR = "viewer"
+    # The supervisor's one stylesheet (a relative CSS_PATH would resolve beside this module).
+    CSS_PATH = str(Path(app_module.__file__).with_name(OnwatchApp.CSS_PATH))
+
+    BINDINGS = [
+        # The desk's keys are listed again so its help dialog, which reads BINDINGS, shows them.
+        *OnwatchApp.BINDINGS,
+        Binding("space", "step", "Step", priority=True, id="demo-step",
+                tooltip="Play the scenario's next step"),
+        Binding("g", "autoplay", "Autoplay", id="demo-autoplay",
+                tooltip="Play the steps one after another"),
+        Binding("g", "stop", "Stop", id="demo-stop", tooltip="Stop autoplay"),
+        Binding("plus", "faster", "Faster", id="demo-faster", key_display="+", group=SPEED,
+                tooltip="Autoplay: less time between steps"),
+        Binding("minus", "slower", "Slower", id="demo-slower", key_display="-", group=SPEED,
+                tooltip="Autoplay: more time between steps"),
+        Binding("b", "restart", "Restart", id="demo-restart",
+                tooltip="Play this scenario again from the start, on a fresh inbox"),
+        Binding("n", "next_scenario", "Next scenario", id="demo-next",
+                tooltip="Go on to the next scenario"),
+        Binding("l", "pick", "Scenarios", id="demo-pick",
+                tooltip="List every scenario and pick one"),
+    ]
+    PLAYER_ACTIONS = frozenset({"step", "autoplay", "stop", "faster", "slower", "restart",
+                                "next_scenario", "pick"})
+    FOOTER_FIRST = PLAYER_ACTIONS
+
+    def __init__(self, run: ScenarioRun, scratch: str, *,
+                 scenarios: tuple[Scenario, ...] = SCENARIOS, pick_first: bool = True) -> None:
+        super().__init__(run.stage.inbox, clock=run.stage.clock, read_only=False)
+        self.run_ = run
+        self.scratch = scratch
+        self.scenarios = scenarios
+        self.pick_first = pick_first
+        self.narration = run.scenario.intro
+        self.autoplaying = False
+        self.speed_index = DEFAULT_SPEED
+        self.busy = False  # a step or a switch is under way
+        self._player_lock = asyncio.Lock()
+        self._autoplay_timer: Timer | None = None
+        self._runs_made = 0
+        self._retired: list[ScenarioRun] = []
+
+    @classmethod
+    async def open(cls, scratch: str, first: Scenario = SCENARIOS[0], *,
+                   pick_first: bool = True) -> "DemoApp":
+        """A player whose scratch inboxes live under `scratch`, starting on `first`.
+
+        With `pick_first`, the scenario list opens over it at once. Call `close_runs()` after
+        the app exits.
+        """
+        folder = os.path.join(scratch, f"000-{first.key}")
+        os.makedirs(folder, exist_ok=True)
+        run = await ScenarioRun.open(first, os.path.join(folder, "demo.db"), FakeClock(START))
+        return cls(run, scratch, pick_first=pick_first)
+
+    async def close_runs(self) -> None:
+        """Close every scratch inbox this player opened."""
+        for run in [self.run_, *self._retired]:
+            with contextlib.suppress(Exception):
+                await run.close()
+        self._retired.clear()
+
+    # --- layout ---------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen:
+        return DemoScreen(id="_default")
+
+    def compose(self) -> ComposeResult:
+        for widget in super().compose():
+            if isinstance(widget, Footer):
+                yield PlayerBar(id="player")
+            yield widget
+
+    def on_resize(self, event: events.Resize) -> None:
+        super().on_resize(event)
+        # Below 100 columns (or 30 rows) the bar keeps to the narration: the panes need room.
+        self.query_one(PlayerBar).set_class(
+            event.size.width < WIDE_BAR[0] or event.size.height < WIDE_BAR[1], "-narrow")
+
+    def on_mount(self) -> None:
+        super().on_mount()
+        self._show_player()
+        self.action_show_pane(self.run_.scenario.start_pane)
+        if self.pick_first:
+            self.action_pick()
+
+    @property
+    def speed(self) -> float:
+        return SPEEDS[self.speed_index]
+
+    @property
+    def scenario(self) -> Scenario:
+        return self.run_.scenario
+
+    def _show_player(self) -> None:
+        intro = self.narration
+        if self.run_.position == 0:
+            intro = f"{self.scenario.intro} Press space to play the first step."
+        view = PlayerView(self.scenario, self.run_.position, self.clock.now(), intro,
+                          self.autoplaying, self.speed, self.busy)
+        self.query_one(PlayerBar).show(view)
+        self.refresh_bindings()
+
+    # --- keys -----------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action not in self.PLAYER_ACTIONS:
+            return super().check_action(action, parameters)
+        if self._dialog_open():
+            return False  # space and friends belong to the dialog then
+        if action == "step":
+            return True if not self.run_.finished else None
+        if action == "autoplay":
+            return not self.autoplaying
+        if action == "stop":
+            return self.autoplaying
+        if action == "faster":
+            return True if self.speed_index > 0 else None
+        if action == "slower":
+            return True if self.speed_index < len(SPEEDS) - 1 else None
+        return True
+
+    def action_step(self) -> None:
+        if self._dialog_open():
+            raise SkipAction()
+        if self.run_.finished:
+            return
+        self.run_worker(self.play_step(), group="demo", exit_on_error=False)
+
+    async def play_step(self) -> str | None:
+        """Play the next step, repaint from the inbox, and show its narration."""
+        if self.busy or self.run_.finished:
+            return None
+        async with self._player_lock:
+            run = self.run_
+            step = run.next_step
+            self.busy = True
+            try:
+                line = await run.step()
+            except Exception as exc:  # a step must never take the viewer's desk down
+                line = f"This step failed: {type(exc).__name__}: {exc}"
+                run.position += 1
+            finally:
+                self.busy = False
+            if run is not self.run_:  # switched meanwhile: this narration is stale
+                return None
+            self.narration = line
+            if step is not None and step.pane:
+                self.action_show_pane(step.pane)
+            await self.reload()
+            if run.finished and self.autoplaying:
+                self._set_autoplay(False)
+            self._show_player()
+            return line
+
+    def action_autoplay(self) -> None:
+        self._set_autoplay(True)
+        if not self.run_.finished:
+            self.run_worker(self.play_step(), group="demo", exit_on_error=False)
+
+    def action_stop(self) -> None:
+        self._set_autoplay(False)
+
+    def _set_autoplay(self, on: bool) -> None:
+        if self._autoplay_timer is not None:
+            self._autoplay_timer.stop()
+            self._autoplay_timer = None
+        self.autoplaying = on and not self.run_.finished
+        if self.autoplaying:
+            self._autoplay_timer = self.set_interval(self.speed, self._autoplay_tick,
+                                                     name="autoplay")
+        self._show_player()
+
+    def _autoplay_tick(self) -> None:
+        if self.run_.finished:
+            self._set_autoplay(False)
+        elif not self.busy and not self._dialog_open():
+            self.run_worker(self.play_step(), group="demo", exit_on_error=False)
+
+    def action_faster(self) -> None:
+        self.speed_index = max(self.speed_index - 1, 0)
+        self._set_autoplay(self.autoplaying)
+
+    def action_slower(self) -> None:
+        self.speed_index = min(self.speed_index + 1, len(SPEEDS) - 1)
+        self._set_autoplay(self.autoplaying)
+
+    def action_restart(self) -> None:
+        self.run_worker(self.load(self.scenario), group="demo", exit_on_error=False)
+
+    def action_next_scenario(self) -> None:
+        numbers = [s.number for s in self.scenarios]
+        index = (numbers.index(self.scenario.number) + 1) % len(numbers) \
+            if self.scenario.number in numbers else 0
+        self.run_worker(self.load(self.scenarios[index]), group="demo", exit_on_error=False)
+
+    def action_pick(self) -> None:
+        def chosen(number: int | None) -> None:
+            if number is None:
+                return
+            picked = next((s for s in self.scenarios if s.number == number), None)
+            if picked is not None:
+                self.run_worker(self.load(picked), group="demo", exit_on_error=False)
+        self.push_screen(ScenarioPicker(self.scenario.number, self.scenarios), chosen)
+
+    # --- switching scenarios --------------------------------------------------------------
+
+    async def load(self, scenario: Scenario) -> None:
+        """Start `scenario` from its beginning on a fresh scratch inbox (also: restart)."""
+        self._set_autoplay(False)
+        async with self._player_lock:
+            self.busy = True
+            try:
+                self._runs_made += 1
+                folder = os.path.join(self.scratch, f"{self._runs_made:03d}-{scenario.key}")
+                os.makedirs(folder, exist_ok=True)
+                run = await ScenarioRun.open(scenario, os.path.join(folder, "demo.db"),
+                                             self.clock)
+                old, self.run_ = self.run_, run
+                self.inbox = run.stage.inbox
+                with contextlib.suppress(Exception):
+                    self._seen_version = await self.inbox.data_version()
+                for pane in self.panes:
+                    pane.window = Window()
+                    pane.clear_marks()
+                    pane.show_outcome("", None)
+                self.narration = scenario.intro
+            finally:
+                self.busy = False
+            self.action_show_pane(scenario.start_pane)
+            await self.reload()
+            self._show_player()
+        self._retired.append(old)
+        self.run_worker(self._retire(), group="retire", exit_on_error=False)
+
+    async def _retire(self) -> None:
+        """Close the inboxes of earlier runs once no poll can still be reading them."""
+        for _ in range(50):
+            if not self._polling:
+                break
+            await asyncio.sleep(0.05)
+        while self._retired:
+            old = self._retired.pop()
+            with contextlib.suppress(Exception):
+                await old.close()
+
+    async def action_quit(self) -> None:
+        self._set_autoplay(False)
+        self.exit(0)
+
+
+async def _main(scratch: str, first: Scenario, pick_first: bool) -> int:
+    app = await DemoApp.open(scratch, first, pick_first=pick_first)
+    try:
+        code = await app.run_async()
+        return code if isinstance(code, int) else (app.return_code or 0)
+    finally:
+        await app.close_runs()
+
+
+def narrate(echo: Callable[[str], Any] = print) -> int:
+    """Play every scenario headless and print its narration (no terminal UI needed)."""
+    from .scenarios import play
+
+    async def everything() -> None:
+        echo("onwatch demo: no terminal here, so the scenarios are played headless and "
+             "narrated (run it in a terminal for the player).")
+        scratch = tempfile.mkdtemp(prefix="onwatch-demo-")
+        try:
+            for item in SCENARIOS:
+                echo(f"\n{item.number}. {item.title}\n   {item.intro}")
+                run = await play(item, os.path.join(scratch, f"{item.key}.db"),
+                                 echo=lambda line: echo(f"  {line}"))
+                await run.close()
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    asyncio.run(everything())
+    return 0
+
+
+def main(*, live: bool = False) -> int:
+    """`onwatch demo`: the player on a scratch inbox (deleted on exit); 0 after a normal quit.
+
+    Without a terminal (piped output, CI), the scenarios are played headless and narrated.
+    """
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return narrate()
+    if live:
+        from .live import main as live_main
+        return live_main()
+    scratch = tempfile.mkdtemp(prefix="onwatch-demo-")
+    try:
+        return asyncio.run(_main(scratch, SCENARIOS[0], pick_first=True))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -6,7 +6,9 @@
 
 Both sides run the same workloads on their own files in one temporary folder (never in the
 repository), in one process, alternating which side goes first, for several rounds; each
-figure is the median over the rounds. A ratio is async / yardstick throughput, so higher is
+figure is the median over the rounds. The per-commit workloads (sequential and duplicate
+ingest, run cycles) also alternate sides in 8 chunks within a round, so that a neighbour's
+burst of load lands on both sides alike. A ratio is async / yardstick throughput, so higher is
 better and 1.0 means the async layer costs nothing. The last line printed is the minimum over
 every row of ratio / target (for the read paths: 5 ms / p95 latency); 1.00 or more means every
 target holds.
@@ -124,74 +126,83 @@ def _expect(what: str, got: Any, wanted: Any) -> None:
         raise AssertionError(f"benchmark self-check failed: {what}: got {got!r}, want {wanted!r}")
 
 
-def yard_ingest(files: Files, n: int) -> tuple[float, float]:
-    """Sequential ingest of n new events, then the same n again (all duplicates)."""
-    with Yardstick(files.new("y-ingest")) as y:
-        def fresh() -> None:
-            for i in range(n):
-                y.ingest("bench", f"key-{i}", payload(i), now=NOW)
-
-        def again() -> None:
-            for i in range(n):
-                if y.ingest("bench", f"key-{i}", payload(i), now=NOW):
-                    raise AssertionError("a duplicate was stored")
-        first = timed(fresh)
-        second = timed(again)
-        _expect("yardstick events", y.counts()["pending"], n)
-    return n / first, n / second
+CHUNKS = 8  # per-commit workloads alternate sides in chunks, so load drift hits both alike
 
 
-async def async_ingest(files: Files, n: int) -> tuple[float, float]:
+async def _interleaved(yard_step: Callable[[int], Any], async_step: Callable[[int], Awaitable[Any]],
+                       n: int, yard_first: bool) -> tuple[float, float]:
+    """Run steps 0..n-1 on both sides in CHUNKS alternating chunks; return (yard s, async s)."""
+    spent = {"yard": 0.0, "async": 0.0}
+    bounds = [n * c // CHUNKS for c in range(CHUNKS + 1)]
+    gc.collect()
+    for c in range(CHUNKS):
+        order = ("yard", "async") if (c % 2 == 0) == yard_first else ("async", "yard")
+        for side in order:
+            start = time.perf_counter()
+            if side == "yard":
+                for i in range(bounds[c], bounds[c + 1]):
+                    yard_step(i)
+            else:
+                for i in range(bounds[c], bounds[c + 1]):
+                    await async_step(i)
+            spent[side] += time.perf_counter() - start
+    return spent["yard"], spent["async"]
+
+
+async def ingest_pair(files: Files, n: int, yard_first: bool) -> tuple[float, ...]:
+    """Sequential ingest of n new events, then the same n again (all duplicates), both sides.
+    Returns (yard new/s, async new/s, yard duplicates/s, async duplicates/s)."""
+    y = Yardstick(files.new("y-ingest"))
     box = await Inbox.open(files.new("a-ingest"), clock=FakeClock(NOW))
     try:
-        async def fresh() -> None:
-            for i in range(n):
-                await box.ingest("bench", f"key-{i}", payload(i), now=NOW)
+        def y_new(i: int) -> None:
+            y.ingest("bench", f"key-{i}", payload(i), now=NOW)
 
-        async def again() -> None:
-            for i in range(n):
-                if await box.ingest("bench", f"key-{i}", payload(i), now=NOW):
-                    raise AssertionError("a duplicate was stored")
-        first = await atimed(fresh)
-        second = await atimed(again)
-        _expect("async events", (await box.counts())["pending"], n)
+        async def a_new(i: int) -> None:
+            await box.ingest("bench", f"key-{i}", payload(i), now=NOW)
+
+        def y_dup(i: int) -> None:
+            if y.ingest("bench", f"key-{i}", payload(i), now=NOW):
+                raise AssertionError("a duplicate was stored")
+
+        async def a_dup(i: int) -> None:
+            if await box.ingest("bench", f"key-{i}", payload(i), now=NOW):
+                raise AssertionError("a duplicate was stored")
+        y_fresh, a_fresh = await _interleaved(y_new, a_new, n, yard_first)
+        y_again, a_again = await _interleaved(y_dup, a_dup, n, yard_first)
+        _expect("events stored", (y.counts()["pending"], (await box.counts())["pending"]), (n, n))
     finally:
+        y.close()
         await box.close()
-    return n / first, n / second
+    return n / y_fresh, n / a_fresh, n / y_again, n / a_again
 
 
-def yard_cycle(files: Files, n: int) -> float:
-    """n run cycles: ingest one event, acquire the lease, claim it, finish with one message."""
-    with Yardstick(files.new("y-cycle")) as y:
-        def cycles() -> None:
-            for i in range(n):
-                y.ingest("chat", f"msg-{i}", payload(i), now=NOW)
-                gen = y.acquire("worker", now=NOW)
-                claimed = y.claim_batch("worker", gen, now=NOW)
-                if not y.finish("worker", gen, [e.id for e in claimed], [f"answer {i}"],
-                                now=NOW):
-                    raise AssertionError("finish refused")
-        seconds = timed(cycles)
-        _expect("yardstick done", y.counts()["done"], n)
-    return n / seconds
-
-
-async def async_cycle(files: Files, n: int) -> float:
+async def cycle_pair(files: Files, n: int, yard_first: bool) -> tuple[float, float]:
+    """n run cycles a side: ingest one event, acquire the lease, claim it, finish with one
+    message. Returns (yard cycles/s, async cycles/s)."""
+    y = Yardstick(files.new("y-cycle"))
     box = await Inbox.open(files.new("a-cycle"), clock=FakeClock(NOW))
     try:
-        async def cycles() -> None:
-            for i in range(n):
-                await box.ingest("chat", f"msg-{i}", payload(i), now=NOW)
-                gen = await box.acquire("worker", now=NOW)
-                claimed = await box.claim_batch("worker", gen, now=NOW)
-                if not await box.finish("worker", gen, [e.id for e in claimed],
-                                        [f"answer {i}"], now=NOW):
-                    raise AssertionError("finish refused")
-        seconds = await atimed(cycles)
-        _expect("async done", (await box.counts())["done"], n)
+        def y_cycle(i: int) -> None:
+            y.ingest("chat", f"msg-{i}", payload(i), now=NOW)
+            gen = y.acquire("worker", now=NOW)
+            claimed = y.claim_batch("worker", gen, now=NOW)
+            if not y.finish("worker", gen, [e.id for e in claimed], [f"answer {i}"], now=NOW):
+                raise AssertionError("finish refused")
+
+        async def a_cycle(i: int) -> None:
+            await box.ingest("chat", f"msg-{i}", payload(i), now=NOW)
+            gen = await box.acquire("worker", now=NOW)
+            claimed = await box.claim_batch("worker", gen, now=NOW)
+            if not await box.finish("worker", gen, [e.id for e in claimed], [f"answer {i}"],
+                                    now=NOW):
+                raise AssertionError("finish refused")
+        y_spent, a_spent = await _interleaved(y_cycle, a_cycle, n, yard_first)
+        _expect("runs done", (y.counts()["done"], (await box.counts())["done"]), (n, n))
     finally:
+        y.close()
         await box.close()
-    return n / seconds
+    return n / y_spent, n / a_spent
 
 
 def yard_scheduler(files: Files, n: int) -> float:
@@ -435,11 +446,8 @@ async def run(sizes: Sizes, folder: str, out: Callable[[str], None]) -> float:
                 y = yard_fn()
             return y, a
 
-        (y_new, y_dup), (a_new, a_dup) = await both(
-            "ingest", lambda: yard_ingest(files, sizes.ingest),
-            lambda: async_ingest(files, sizes.ingest))
-        y_cycle, a_cycle = await both("cycle", lambda: yard_cycle(files, sizes.cycles),
-                                      lambda: async_cycle(files, sizes.cycles))
+        y_new, a_new, y_dup, a_dup = await ingest_pair(files, sizes.ingest, yard_first)
+        y_cycle, a_cycle = await cycle_pair(files, sizes.cycles, yard_first)
         y_sched, a_sched = await both("scheduler", lambda: yard_scheduler(files, sizes.timers),
                                       lambda: async_scheduler(files, sizes.timers))
         y_disp, a_disp = await both("dispatch", lambda: yard_dispatch(files, sizes.messages),
@@ -509,8 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             f"per call")
         out(f"machine: {machine()}")
         out(f"temp folder filesystem: {filesystem(folder)}")
-        out(f"{sizes.rounds} rounds, sides alternate who goes first; medians; "
-            f"ratio = async / yardstick")
+        out(f"{sizes.rounds} rounds, sides alternate who goes first; figures are medians over "
+            f"the rounds, ratio = median of the per-round ratios async / yardstick")
         asyncio.run(run(sizes, folder, out))
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -6,7 +6,8 @@
 
 Both sides run the same workloads on their own files in one temporary folder (never in the
 repository), in one process, alternating which side goes first, for several rounds; each
-figure is the median over the rounds. The per-commit workloads (sequential and duplicate
+figure is the median over the rounds. The one-transaction workloads (scheduler pass,
+dispatch) run A B B A within a round. The per-commit workloads (sequential and duplicate
 ingest, run cycles) also alternate sides in 8 chunks within a round, so that a neighbour's
 burst of load lands on both sides alike. A ratio is async / yardstick throughput, so higher is
 better and 1.0 means the async layer costs nothing. The last line printed is the minimum over
@@ -436,15 +437,18 @@ async def run(sizes: Sizes, folder: str, out: Callable[[str], None]) -> float:
         yard_first = r % 2 == 0
         out(f"  round {r + 1}/{sizes.rounds} ({'yardstick' if yard_first else 'async'} first) …")
 
-        async def both(key: str, yard_fn: Callable[[], Any],
-                       async_fn: Callable[[], Awaitable[Any]]) -> tuple[Any, Any]:
-            if yard_first:
-                y = yard_fn()
-                a = await async_fn()
-            else:
-                a = await async_fn()
-                y = yard_fn()
-            return y, a
+        async def both(key: str, yard_fn: Callable[[], float],
+                       async_fn: Callable[[], Awaitable[float]]) -> tuple[float, float]:
+            """One-transaction workloads: A B B A within the round (cancels a linear drift
+            of the machine's load); each side's figure is the mean of its two runs."""
+            ys, as_ = [], []
+            for side in ("yard", "async", "async", "yard") if yard_first else \
+                    ("async", "yard", "yard", "async"):
+                if side == "yard":
+                    ys.append(yard_fn())
+                else:
+                    as_.append(await async_fn())
+            return statistics.mean(ys), statistics.mean(as_)
 
         y_new, a_new, y_dup, a_dup = await ingest_pair(files, sizes.ingest, yard_first)
         y_cycle, a_cycle = await cycle_pair(files, sizes.cycles, yard_first)

@@ -37,7 +37,7 @@ class DeadPane(EventPane):
         Column("source_id", "source id", 22),
         Column("attempts", "tries", 5),
         Column("since", "since", 7, ticking=True),
-        Column("error", "reason / error", 70),
+        Column("error", "reason / error", 120),
     )
     BINDINGS = [
         Binding("r", "requeue", "Requeue", id="requeue",

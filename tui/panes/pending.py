@@ -33,10 +33,10 @@ class PendingPane(EventPane):
         Column("age", "age", 7, ticking=True),
         Column("attempts", "tries", 5),
         Column("available", "available", 10, ticking=True),
-        Column("error", "last error", 60),
+        Column("error", "last error", 120),
     )
     BINDINGS = [
-        Binding("c", "cancel_event", "Cancel", id="cancel",
+        Binding("c", "cancel", "Cancel", id="cancel",
                 tooltip="the event will never be claimed (confirmed)"),
     ]
 
@@ -59,5 +59,5 @@ class PendingPane(EventPane):
     def allowed(self, action: str, targets: list[Event]) -> bool | None:
         return True if any(t.status == "pending" for t in targets) else None
 
-    def action_cancel_event(self) -> None:
+    def action_cancel(self) -> None:
         self.request("cancel")

@@ -1,0 +1,397 @@
+"""Pilot tests: real key presses for every action, asserting the screen and the database."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import pytest
+from rich.console import Console
+
+from core import Inbox
+from tui.app import OnwatchApp
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.detail import DetailScreen
+from tui.screens.help import HelpScreen
+
+from .conftest import T0, screen_text, started, wait_for, wait_for_text
+
+SIZE = (120, 40)
+
+
+async def press(pilot, *keys: str) -> None:
+    for key in keys:
+        await pilot.press(key)
+        await pilot.pause()
+
+
+async def confirm_open(pilot) -> ConfirmScreen:
+    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen),
+                   what="the confirmation")
+    return pilot.app.screen
+
+
+async def highlight(pilot, pane_id: str, key: str) -> None:
+    """Move the cursor of `pane_id` to the row `key` (by pressing down, as a person would)."""
+    pane = pilot.app.pane(pane_id)
+    for _ in range(pane.table.row_count):
+        if pane.cursor_key() == key:
+            return
+        await press(pilot, "down")
+    assert pane.cursor_key() == key, f"row {key} not found in {pane_id}"
+
+
+# --- approvals ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, confirm, answer, words", [
+    ("a", "y", "yes", "approved refund-ord-991"),
+    ("d", "enter", "no", "denied refund-ord-991"),
+    ("e", "y", "expired", "expired refund-ord-991 now"),
+])
+async def test_approval_actions_confirm_then_store_the_answer(seeded, key, confirm, answer,
+                                                              words):
+    inbox, clock, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "4", key)
+        await confirm_open(pilot)
+        shown = screen_text(app)
+        assert "Refund $42.00 to alice@example.com for order 991" in shown
+        assert "time left 3h28m25s" in shown  # the deadline counts down in the dialog
+        clock.advance(5)
+        app.tick()
+        await pilot.pause()
+        assert "time left 3h28m20s" in screen_text(app)
+        await press(pilot, confirm)
+        await wait_for_text(pilot, words)
+        assert (await inbox.get_approval("refund-ord-991")).answer == answer
+        assert "0 waiting" in screen_text(app)
+
+
+async def test_declining_the_confirmation_changes_nothing(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "4", "a")
+        await confirm_open(pilot)
+        await press(pilot, "n")
+        await wait_for_text(pilot, "not confirmed: nothing changed")
+        await press(pilot, "d")
+        await confirm_open(pilot)
+        await press(pilot, "escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen))
+        assert (await inbox.get_approval("refund-ord-991")).answer is None
+
+
+async def test_approving_after_the_deadline_says_too_late(seeded):
+    inbox, clock, _ = seeded
+    approval = await inbox.get_approval("refund-ord-991")
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "4", "a")
+        await confirm_open(pilot)
+        clock.set(approval.due + 30)  # the operator hesitated past the deadline
+        app.tick()
+        await pilot.pause()
+        assert "deadline passed 30s ago" in screen_text(app)
+        await press(pilot, "y")
+        await wait_for_text(pilot, "refund-ord-991: too late: expired at 01:41")
+        assert (await inbox.get_approval("refund-ord-991")).answer == "expired"
+
+
+async def test_an_answer_given_elsewhere_meanwhile_stands(seeded):
+    inbox, _, path = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "4", "a")
+        await confirm_open(pilot)
+        other = await Inbox.open(path, create=False, clock=inbox.clock)
+        try:  # another operator (another process) answers first
+            assert await other.answer_approval("refund-ord-991", "no", actor="bob") == "no"
+        finally:
+            await other.close()
+        await press(pilot, "y")
+        await wait_for_text(pilot, "refund-ord-991: already answered: no (by bob at 22:13)")
+        assert (await inbox.get_approval("refund-ord-991")).answer == "no"
+
+
+# --- events ---------------------------------------------------------------------------------
+
+async def test_requeue_a_dead_event(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "3")
+        await highlight(pilot, "dead", "2")
+        await press(pilot, "r")  # no confirmation: requeue is undoable
+        await wait_for_text(pilot, "requeued #2: pending again with a fresh attempt budget")
+        event = await inbox.get_event(2)
+        assert (event.status, event.attempts) == ("pending", 0)
+        assert "2" not in app.pane("dead")._records
+
+
+async def test_cancel_a_pending_event(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await highlight(pilot, "pending", "13")
+        await press(pilot, "c")
+        screen = await confirm_open(pilot)
+        assert "gh-delivery-4411" in screen_text(app)
+        await press(pilot, "y")
+        await wait_for_text(pilot, "cancelled #13: it will never run")
+        assert screen is not app.screen
+        assert (await inbox.get_event(13)).status == "cancelled"
+        assert "Pending · 4" in screen_text(app)
+
+
+async def test_mark_an_interrupted_event_done(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "3")
+        await highlight(pilot, "dead", "1")
+        await press(pilot, "m")
+        await confirm_open(pilot)
+        assert "evt_1OqRm2" in screen_text(app)
+        await press(pilot, "y")
+        await wait_for_text(pilot, "marked #1 done")
+        assert (await inbox.get_event(1)).status == "done"
+
+
+async def test_mark_done_is_disabled_on_a_dead_row(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "3")
+        await highlight(pilot, "dead", "2")
+        await press(pilot, "m")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert (await inbox.get_event(2)).status == "dead"
+
+
+async def test_marked_rows_are_acted_on_together(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await highlight(pilot, "pending", "13")
+        await press(pilot, "space", "space")  # marks 13 and 14 (the cursor moves down)
+        assert "2 marked" in screen_text(app)
+        await press(pilot, "c")
+        await confirm_open(pilot)
+        assert "Cancel these 2 pending events?" in screen_text(app)
+        await press(pilot, "y")
+        await wait_for_text(pilot, "cancelled 2 of 2")
+        assert [(await inbox.get_event(i)).status for i in (13, 14, 15)] == \
+            ["cancelled", "cancelled", "pending"]
+        assert "marked" not in screen_text(app)
+
+
+async def test_a_row_the_worker_claimed_meanwhile_is_reported_not_overwritten(seeded):
+    inbox, _, path = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await highlight(pilot, "pending", "13")
+        await press(pilot, "c")
+        await confirm_open(pilot)
+        worker = await Inbox.open(path, create=False, clock=inbox.clock)
+        try:  # between the operator's look and the confirmation, the worker claims it
+            gen = await worker.acquire("worker-b")
+            assert 13 in [e.id for e in await worker.claim_batch("worker-b", gen)]
+        finally:
+            await worker.close()
+        await press(pilot, "y")
+        await wait_for_text(pilot, "#13: changed meanwhile: the worker claimed it "
+                                   "(it was pending)")
+        assert (await inbox.get_event(13)).status == "running"
+        audit = (await inbox.audit(target="event 13", limit=1))[0]
+        assert not audit.applied and "changed meanwhile" in audit.reason
+
+
+async def test_a_row_the_worker_finished_meanwhile_is_reported(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "2")
+        running = app.pane("running").cursor_record()
+        # The worker finishes the run after the operator looked; the TUI has not refreshed.
+        gen = await inbox.acquire("worker-b")
+        assert await inbox.finish("worker-b", gen, [running.id])
+        pane = app.pane("pending")
+        app.post_message(pane.ActionRequested(pane, "cancel", (running.__class__(
+            **{**{f: getattr(running, f) for f in running.__slots__}, "status": "pending"}),)))
+        await confirm_open(pilot)
+        await press(pilot, "y")
+        await press(pilot, "1")
+        await wait_for_text(pilot, f"#{running.id}: changed meanwhile: the worker finished it")
+        assert (await inbox.get_event(running.id)).status == "done"
+
+
+# --- execution and outbox -------------------------------------------------------------------
+
+async def test_pause_and_resume(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "p")
+        await wait_for_text(pilot, "paused: claims return nothing until you resume")
+        assert (await inbox.overview()).paused
+        assert "PAUSED" in screen_text(app)
+        assert "p Resume" in screen_text(app)
+        await press(pilot, "p")
+        await wait_for_text(pilot, "resumed: the worker may claim events again")
+        assert not (await inbox.overview()).paused
+        assert "PAUSED" not in screen_text(app)
+
+
+async def test_hold_and_release_the_outbox(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "6", "o")
+        await wait_for_text(pilot, "outbox held: paced sends wait until you release it")
+        assert (await inbox.overview()).outbox_held
+        assert "OUTBOX HELD" in screen_text(app)
+        assert "HELD by the operator" in screen_text(app)
+        await press(pilot, "o")
+        await wait_for_text(pilot, "outbox released")
+        assert not (await inbox.overview()).outbox_held
+
+
+async def test_send_now_flushes_held_messages_to_the_outbox_log(seeded):
+    inbox, _, path = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "6", "s")
+        await confirm_open(pilot)
+        assert "Send 2 held messages now?" in screen_text(app)
+        assert "inbox.db.outbox.log" in screen_text(app)
+        await press(pilot, "y")
+        await wait_for_text(pilot, "sent 2 held messages now → inbox.db.outbox.log")
+        assert await inbox.held_messages() == []
+        with open(f"{path}.outbox.log", encoding="utf-8") as log:
+            sent = log.read()
+        assert "Still waiting on the refund approval." in sent
+        assert "I'll tell you as soon as it is decided." in sent
+        assert "Outbox · 0" in screen_text(app)
+        entry = (await inbox.audit(target="outbox", limit=1))[0]
+        assert (entry.action, entry.applied) == ("send now", True)
+
+
+# --- read-only ------------------------------------------------------------------------------
+
+async def test_read_only_refuses_every_action(seeded):
+    inbox, _, path = seeded
+    before = (await inbox.counts(), await inbox.approvals(), await inbox.overview(),
+              await inbox.held_messages())
+    audit_before = await inbox.audit(limit=1000)
+    app = OnwatchApp(inbox, read_only=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        assert "READ-ONLY" in screen_text(app)
+        for pane_key, keys in (("1", ("space", "c")), ("3", ("r", "m")),
+                               ("4", ("a", "d", "e")), ("6", ("p", "o", "s"))):
+            await press(pilot, pane_key)
+            for key in keys:
+                await press(pilot, key)
+                assert not isinstance(app.screen, ConfirmScreen), key
+            footer = screen_text(app).splitlines()[-1]
+            for word in ("Cancel", "Requeue", "Mark done", "Approve", "Deny", "Expire",
+                         "Pause", "Hold outbox", "Send now", "Mark"):
+                assert word not in footer, (word, footer)
+        await app.workers.wait_for_complete()
+    after = (await inbox.counts(), await inbox.approvals(), await inbox.overview(),
+             await inbox.held_messages())
+    assert after == before
+    assert await inbox.audit(limit=1000) == audit_before
+    assert not os.path.exists(f"{path}.outbox.log")
+
+
+# --- reading --------------------------------------------------------------------------------
+
+async def test_detail_shows_payload_runs_and_audit(seeded):
+    inbox, _, _ = seeded
+    await inbox.requeue(2, expect="dead", reason="fixed the summariser")
+    await inbox.bury(2, expect="pending")
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "3")
+        await highlight(pilot, "dead", "2")
+        await press(pilot, "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen), what="detail")
+        body = app.screen.body.plain
+        assert '"size": "huge"' in body
+        assert "Runs (3)" in body and "MemoryError" in body
+        assert "requeue" in body and "fixed the summariser" in body
+        assert "Effect journal (0)" in body
+        await press(pilot, "escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, DetailScreen))
+
+
+async def test_filter_narrows_the_pane(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "slash")
+        await pilot.press(*"msg-5", "enter")
+        await wait_for(pilot, lambda: list(app.pane("pending")._records) == ["14"],
+                       what="the filtered window")
+        assert "filter “msg-5”" in screen_text(app)
+        await press(pilot, "slash", "ctrl+a", "ctrl+k", "enter")
+        await wait_for(pilot, lambda: len(app.pane("pending")._records) == 5)
+
+
+async def test_help_and_palette_read_the_bindings(seeded):
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "4", "question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "onwatch keys" in screen_text(app)
+        console = Console(width=120, file=io.StringIO(), record=True)
+        console.print(app.screen.body)
+        text = console.export_text()
+        for words in ("Approve", "answer yes", "Requeue", "Send now", "outbox.log",
+                      "Mark done", "Cancel", "Next page"):
+            assert words in text, words
+        await press(pilot, "escape")
+        names = [c.title for c in app.get_system_commands(app.screen)]
+        for name in ("Approve", "Deny", "Expire", "Pause", "Hold outbox", "Send now",
+                     "Detail", "Filter", "Pending", "Outbox"):
+            assert name in names, name
+
+
+async def test_countdowns_tick_from_the_one_clock(seeded):
+    inbox, clock, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "4")
+        assert "3h28m25s left" in screen_text(app)
+        assert "9m40s left" in screen_text(app)  # the lease, in the status strip
+        clock.advance(61)
+        app.tick()
+        await pilot.pause()
+        assert "3h27m24s left" in screen_text(app)
+        assert "8m39s left" in screen_text(app)
+        clock.advance(600)
+        app.tick()
+        await pilot.pause()
+        assert "lease worker-b gen 2 · expired 1m21s ago" in screen_text(app)

@@ -141,8 +141,12 @@ class Database:
             if self._factory is not None:
                 kwargs["factory"] = self._factory
             reader = sqlite3.connect(self.path, **kwargs)
-            reader.execute("PRAGMA query_only = ON")
-            reader.execute("PRAGMA busy_timeout = 0")
+            try:
+                reader.execute("PRAGMA query_only = ON")
+                reader.execute("PRAGMA busy_timeout = 0")
+            except BaseException:
+                reader.close()
+                raise
             self._reader = reader
         return fn(reader, *args)
 

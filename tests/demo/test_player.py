@@ -40,14 +40,14 @@ async def test_space_steps_and_the_panes_read_the_real_inbox(demo):
         await demo.loaded.wait()
         assert "Press space" in narration(demo)
         await pilot.press("space")
-        await settle(pilot, demo, until=lambda: demo.run_.position == 1)
+        await settle(pilot, demo, until=lambda: demo.playing.position == 1)
         assert (await demo.inbox.counts())["pending"] == 1
-        assert narration(demo) == demo.run_.narration[-1]
+        assert narration(demo) == demo.playing.narration[-1]
         assert "msg-3" in narration(demo)
         for _ in range(3):
             await pilot.press("space")
             await settle(pilot, demo)
-        await settle(pilot, demo, until=lambda: demo.run_.position == 4)
+        await settle(pilot, demo, until=lambda: demo.playing.position == 4)
         lease = await demo.inbox.lease_info()
         assert (lease.holder, lease.gen) == ("worker-B", 2)
         assert "generation 2" in narration(demo)
@@ -61,7 +61,7 @@ async def test_space_marks_nothing_in_a_pane_while_the_player_runs(demo):
     async with demo.run_test(size=SIZE) as pilot:
         await demo.loaded.wait()
         await pilot.press("space")
-        await settle(pilot, demo, until=lambda: demo.run_.position == 1)
+        await settle(pilot, demo, until=lambda: demo.playing.position == 1)
         assert "marked" not in str(demo.active_pane.border_subtitle or "")
 
 
@@ -74,13 +74,13 @@ async def test_autoplay_plays_to_the_end_and_stops(demo):
         await pilot.press("g")
         assert demo.autoplaying
         assert "autoplay" in head(demo)
-        await settle(pilot, demo, until=lambda: demo.run_.finished and not demo.autoplaying,
+        await settle(pilot, demo, until=lambda: demo.playing.finished and not demo.autoplaying,
                      rounds=2000)
         event = (await demo.inbox.events("done"))[0]
         assert (event.source_id, event.attempts) == ("msg-3", 2)
         assert (await demo.inbox.lease_info()).gen == 3
         assert len(await demo.inbox.held_messages()) == 1
-        assert demo.run_.stage.results["a_late_finish"] is False
+        assert demo.playing.stage.results["a_late_finish"] is False
         assert "End of this scenario" in str(demo.query_one("#demo-next").render())
 
 
@@ -105,17 +105,17 @@ async def test_restart_replays_on_a_fresh_inbox(demo):
         for _ in range(4):
             await pilot.press("space")
             await settle(pilot, demo)
-        await settle(pilot, demo, until=lambda: demo.run_.position == 4)
+        await settle(pilot, demo, until=lambda: demo.playing.position == 4)
         first_path = demo.inbox.path
         await pilot.press("b")
-        await settle(pilot, demo, until=lambda: demo.run_.position == 0)
+        await settle(pilot, demo, until=lambda: demo.playing.position == 0)
         assert demo.inbox.path != first_path
         assert demo.clock.now() == START
         assert await demo.inbox.lease_info() is None
         assert sum((await demo.inbox.counts()).values()) == 0
         assert "step 0 of 7" in head(demo)
         await pilot.press("space")
-        await settle(pilot, demo, until=lambda: demo.run_.position == 1)
+        await settle(pilot, demo, until=lambda: demo.playing.position == 1)
         assert (await demo.inbox.counts())["pending"] == 1
 
 
@@ -127,7 +127,7 @@ async def test_pick_a_scenario_from_the_list(tmp_path):
             await settle(pilot, app, until=lambda: isinstance(app.screen, ScenarioPicker))
             await pilot.press("space")  # belongs to the list, not to the player
             await pilot.pause()
-            assert app.run_.position == 0
+            assert app.playing.position == 0
             await pilot.press("down", "down", "down", "down", "enter")  # 1 → 5
             await settle(pilot, app, until=lambda: app.scenario.key == "poison")
             assert not isinstance(app.screen, ScenarioPicker)
@@ -135,7 +135,7 @@ async def test_pick_a_scenario_from_the_list(tmp_path):
             for _ in range(len(app.scenario.steps)):
                 await pilot.press("space")
                 await settle(pilot, app)
-            await settle(pilot, app, until=lambda: app.run_.finished)
+            await settle(pilot, app, until=lambda: app.playing.finished)
             [dead] = await app.inbox.events("dead")
             assert (dead.source_id, dead.attempts) == ("mail-poison", 3)
             assert app.query_one("#panes").current == "dead"
@@ -145,7 +145,7 @@ async def test_pick_a_scenario_from_the_list(tmp_path):
             await settle(pilot, app, until=lambda: isinstance(app.screen, ScenarioPicker))
             await pilot.press("escape")
             await settle(pilot, app, until=lambda: not isinstance(app.screen, ScenarioPicker))
-            assert app.scenario.key == "poison" and app.run_.finished
+            assert app.scenario.key == "poison" and app.playing.finished
     finally:
         await app.close_runs()
 
@@ -177,7 +177,7 @@ async def test_viewer_can_act_on_the_demo_inbox(tmp_path):
         async with app.run_test(size=SIZE) as pilot:
             await app.loaded.wait()
             await pilot.press("space")
-            await settle(pilot, app, until=lambda: app.run_.position == 1)
+            await settle(pilot, app, until=lambda: app.playing.position == 1)
             assert app.query_one("#panes").current == "approvals"
             await settle(pilot, app, until=lambda: len(list(app.pane("approvals").records())))
             await pilot.press("a")
@@ -190,7 +190,7 @@ async def test_viewer_can_act_on_the_demo_inbox(tmp_path):
                     break
             assert approval.answer == "yes" and approval.answered_by == "viewer"
             await pilot.press("space")  # the expiry timer has nothing left to expire
-            await settle(pilot, app, until=lambda: app.run_.position == 2)
+            await settle(pilot, app, until=lambda: app.playing.position == 2)
             assert "'yes'" in narration(app)
     finally:
         await app.close_runs()
@@ -212,7 +212,7 @@ async def test_narration_is_shown_literally(tmp_path):
         async with app.run_test(size=SIZE) as pilot:
             await app.loaded.wait()
             await pilot.press("space")
-            await settle(pilot, app, until=lambda: app.run_.position == 1)
+            await settle(pilot, app, until=lambda: app.playing.position == 1)
             shown = narration(app)
             assert "[@click=app.quit]quit[/]" in shown and "[bold]x[/bold]" in shown
             assert "\x1b" not in shown and "\\x1b" in shown

@@ -1,7 +1,8 @@
 """The scenario player: the real supervisor TUI over a scratch inbox, driven step by step.
 
 `DemoApp` is the supervisor app (`tui.app.OnwatchApp`) with a player bar under its panes: the
-scenario, the step, the simulated clock and the narration line. Each step drives only the core
+scenario, the step, the simulated clock, the narration line and (on a wide terminal) the list of
+steps; `ScenarioPicker` lists the scenarios. Each step drives only the core
 API (`tui.demo.scenarios`); the panes then re-read the inbox like they would for a real agent,
 so what the viewer sees is what the rules did. Every scenario (and every restart) plays on a
 fresh scratch inbox file; the app is switched over to it.
@@ -233,7 +234,8 @@ class ScenarioPicker(ModalScreen[int | None]):
                              "scratch inbox: the panes behind are the real supervisor."),
                         classes="note")
             yield OptionList(*options, id="picker-list")
-            yield Label(Text("↑↓ choose · ↵ play · esc close — then space steps, g autoplays"),
+            yield Label(Text("↑↓ choose · ↵ play · esc close — then space steps, g "
+                             "autoplays. onwatch demo --live runs real worker processes."),
                         classes="keys")
 
     def on_mount(self) -> None:
@@ -308,7 +310,7 @@ class DemoApp(OnwatchApp):
     def __init__(self, run: ScenarioRun, scratch: str, *,
                  scenarios: tuple[Scenario, ...] = SCENARIOS, pick_first: bool = True) -> None:
         super().__init__(run.stage.inbox, clock=run.stage.clock, read_only=False)
-        self.run_ = run
+        self.playing = run  # the ScenarioRun on screen
         self.scratch = scratch
         self.scenarios = scenarios
         self.pick_first = pick_first
@@ -336,7 +338,7 @@ class DemoApp(OnwatchApp):
 
     async def close_runs(self) -> None:
         """Close every scratch inbox this player opened."""
-        for run in [self.run_, *self._retired]:
+        for run in [self.playing, *self._retired]:
             with contextlib.suppress(Exception):
                 await run.close()
         self._retired.clear()
@@ -361,7 +363,7 @@ class DemoApp(OnwatchApp):
     def on_mount(self) -> None:
         super().on_mount()
         self._show_player()
-        self.action_show_pane(self.run_.scenario.start_pane)
+        self.action_show_pane(self.playing.scenario.start_pane)
         if self.pick_first:
             self.action_pick()
 
@@ -371,13 +373,13 @@ class DemoApp(OnwatchApp):
 
     @property
     def scenario(self) -> Scenario:
-        return self.run_.scenario
+        return self.playing.scenario
 
     def _show_player(self) -> None:
         intro = self.narration
-        if self.run_.position == 0:
+        if self.playing.position == 0:
             intro = f"{self.scenario.intro} Press space to play the first step."
-        view = PlayerView(self.scenario, self.run_.position, self.clock.now(), intro,
+        view = PlayerView(self.scenario, self.playing.position, self.clock.now(), intro,
                           self.autoplaying, self.speed, self.busy)
         self.query_one(PlayerBar).show(view)
         self.refresh_bindings()
@@ -390,7 +392,7 @@ class DemoApp(OnwatchApp):
         if self._dialog_open():
             return False  # space and friends belong to the dialog then
         if action == "step":
-            return True if not self.run_.finished else None
+            return True if not self.playing.finished else None
         if action == "autoplay":
             return not self.autoplaying
         if action == "stop":
@@ -404,16 +406,16 @@ class DemoApp(OnwatchApp):
     def action_step(self) -> None:
         if self._dialog_open():
             raise SkipAction()
-        if self.run_.finished:
+        if self.playing.finished:
             return
         self.run_worker(self.play_step(), group="demo", exit_on_error=False)
 
     async def play_step(self) -> str | None:
         """Play the next step, repaint from the inbox, and show its narration."""
-        if self.busy or self.run_.finished:
+        if self.busy or self.playing.finished:
             return None
         async with self._player_lock:
-            run = self.run_
+            run = self.playing
             step = run.next_step
             self.busy = True
             try:
@@ -423,7 +425,7 @@ class DemoApp(OnwatchApp):
                 run.position += 1
             finally:
                 self.busy = False
-            if run is not self.run_:  # switched meanwhile: this narration is stale
+            if run is not self.playing:  # switched meanwhile: this narration is stale
                 return None
             self.narration = line
             if step is not None and step.pane:
@@ -436,7 +438,7 @@ class DemoApp(OnwatchApp):
 
     def action_autoplay(self) -> None:
         self._set_autoplay(True)
-        if not self.run_.finished:
+        if not self.playing.finished:
             self.run_worker(self.play_step(), group="demo", exit_on_error=False)
 
     def action_stop(self) -> None:
@@ -446,14 +448,14 @@ class DemoApp(OnwatchApp):
         if self._autoplay_timer is not None:
             self._autoplay_timer.stop()
             self._autoplay_timer = None
-        self.autoplaying = on and not self.run_.finished
+        self.autoplaying = on and not self.playing.finished
         if self.autoplaying:
             self._autoplay_timer = self.set_interval(self.speed, self._autoplay_tick,
                                                      name="autoplay")
         self._show_player()
 
     def _autoplay_tick(self) -> None:
-        if self.run_.finished:
+        if self.playing.finished:
             self._set_autoplay(False)
         elif not self.busy and not self._dialog_open():
             self.run_worker(self.play_step(), group="demo", exit_on_error=False)
@@ -497,7 +499,7 @@ class DemoApp(OnwatchApp):
                 os.makedirs(folder, exist_ok=True)
                 run = await ScenarioRun.open(scenario, os.path.join(folder, "demo.db"),
                                              self.clock)
-                old, self.run_ = self.run_, run
+                old, self.playing = self.playing, run
                 self.inbox = run.stage.inbox
                 with contextlib.suppress(Exception):
                     self._seen_version = await self.inbox.data_version()

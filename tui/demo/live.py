@@ -26,6 +26,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.content import Content
 from textual.screen import Screen
 from textual.widgets import Footer, Label, Static
 
@@ -154,12 +155,14 @@ class LiveBar(Vertical):
                 line.append(f"○ {worker.name} standby")
         self.query_one("#live-workers", Label).update(line)
         self.query_one("#live-policy", Label).update(Text(
-            f"lost-claim policy: {policy} — "
-            + ("a killed run's events go back to pending and run again"
-               if policy == "retry" else
-               "a killed run's events become interrupted and wait for a human")))
-        self.query_one("#live-story", Static).update(
-            safe_content("\n".join(story[-3:]), multiline=True, limit=2000))
+            f"lost-claim policy {policy}: a killed run's events "
+            + ("run again" if policy == "retry" else "wait for a human (interrupted)")))
+        # Newest first, so the latest line is never the one cut off on a small terminal.
+        recent = list(reversed(story[-3:]))
+        lines = [safe_content(line, limit=600, multiline=True,
+                              style="" if index == 0 else "dim")
+                 for index, line in enumerate(recent)]
+        self.query_one("#live-story", Static).update(Content("\n").join(lines))
 
 
 class LiveDemoApp(OnwatchApp):

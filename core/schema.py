@@ -186,6 +186,7 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE UNIQUE INDEX effects_by_run ON effects(run_id, key);
     CREATE INDEX effects_by_key ON effects(key, id);
+    CREATE INDEX approvals_answered ON approvals(answered_at) WHERE answer IS NOT NULL;
     """,
 )
 

@@ -98,6 +98,8 @@ def ingest_many(db: sqlite3.Connection,
     (budget) gets its own exception and does not fail its neighbours.
     """
     settings = load_settings(db)
+    if settings.max_pending is None and len(items) > 1:
+        return _ingest_group(db, items, settings)
     results: list[bool | Exception] = []
     for source, source_id, payload, now in items:
         if len(payload) > settings.max_payload_bytes:  # the limit may have changed elsewhere
@@ -114,6 +116,44 @@ def ingest_many(db: sqlite3.Connection,
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(source, source_id) DO NOTHING",
             (source, source_id, payload, now, now, now))
         results.append(cursor.rowcount == 1)
+    return results
+
+
+_GROUP_ROWS = 150  # keys per statement: well inside SQLite's limit on bound parameters
+
+
+def _ingest_group(db: sqlite3.Connection, items: Sequence[tuple[str, str, str, int]],
+                  settings: Settings) -> list[bool | Exception]:
+    """The same rule as the per-item path, for a group: one read finds which keys exist, one
+    multi-row insert stores the new ones. Safe without ON CONFLICT because the caller holds
+    the write lock; a repeat of a key within the group is a duplicate of its first copy."""
+    results: list[bool | Exception] = [False] * len(items)
+    wanted = []
+    for index, (source, source_id, payload, now) in enumerate(items):
+        if len(payload) > settings.max_payload_bytes:
+            results[index] = BadInput(f"payload is over {settings.max_payload_bytes} bytes "
+                                      f"(max_payload_bytes)")
+        else:
+            wanted.append((index, source, source_id, payload, now))
+    for start in range(0, len(wanted), _GROUP_ROWS):
+        chunk = wanted[start:start + _GROUP_ROWS]
+        keys = [value for _, source, source_id, _, _ in chunk for value in (source, source_id)]
+        # A join from a VALUES list walks the unique index once per key; `(source,
+        # source_id) IN (VALUES …)` would scan the whole index instead.
+        seen = set(db.execute(
+            f"SELECT e.source, e.source_id FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) "
+            f"AS k CROSS JOIN events AS e ON e.source = k.column1 AND e.source_id = k.column2",
+            keys))
+        rows = []
+        for index, source, source_id, payload, now in chunk:
+            if (source, source_id) not in seen:
+                seen.add((source, source_id))
+                results[index] = True
+                rows += (source, source_id, payload, now, now, now)
+        if rows:
+            db.execute("INSERT INTO events(source, source_id, payload, available_at, created, "
+                       "updated) VALUES " + ",".join(["(?, ?, ?, ?, ?, ?)"] * (len(rows) // 6)),
+                       rows)
     return results
 
 
@@ -790,7 +830,8 @@ def next_wake(db: sqlite3.Connection) -> int | None:
     """The earliest of: next timer, next backed-off pending event, next allowed send."""
     candidates = [
         next_timer_due(db),
-        db.execute("SELECT min(available_at) FROM events WHERE status = 'pending'").fetchone()[0],
+        db.execute("SELECT min(available_at) FROM events INDEXED BY events_pending_available "
+                   "WHERE status = 'pending'").fetchone()[0],
         next_send_at(db),
         # A send that a crashed dispatcher left half-done may be retried from then on.
         db.execute("SELECT min(retry_after) + 1 FROM deliveries WHERE status = 'sending' "

@@ -102,11 +102,6 @@ def test_approvals_waiting_use_their_partial_index(inbox_file):
         assert not plan_problems(inbox_file, sql)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "store.approvals lists the latest answered approvals with ORDER BY answered_at over "
-    "`answer IS NOT NULL`; no index covers it, so it scans every approval ever made and sorts "
-    "them. Needs e.g. CREATE INDEX approvals_answered ON approvals(answered_at) WHERE answer "
-    "IS NOT NULL (a schema migration). Remove this mark when it lands."))
 def test_approvals_answered_use_an_index(inbox_file):
     statements = [sql for sql in selects_of(inbox_file, lambda db: store.approvals(db, 100))
                   if "answer IS NOT NULL" in sql]

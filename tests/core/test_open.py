@@ -163,3 +163,11 @@ def test_the_one_hop_hook_of_aiosqlite_exists():
     import aiosqlite
     assert callable(getattr(aiosqlite.Connection, "_execute", None))
     assert isinstance(getattr(aiosqlite.Connection, "_conn", None), property)
+
+
+async def test_the_group_commit_hooks_of_aiosqlite_exist(path):
+    """Database.write_soon queues work on aiosqlite's own queue (the version is pinned)."""
+    async with await Inbox.open(path) as box:
+        conn = box._db._conn
+        assert callable(conn._tx.put_nowait)
+        assert conn._running is True and conn._connection is not None

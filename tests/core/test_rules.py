@@ -453,3 +453,13 @@ async def test_next_wake_includes_a_send_left_half_done(inbox, path, clock):
     with pytest.raises(asyncio.CancelledError):
         await inbox.dispatch(crash, now=T)
     assert await inbox.next_wake() == T + inbox.settings.send_timeout + 1
+
+
+async def test_a_group_reports_repeats_within_it_and_stored_keys_as_duplicates(inbox):
+    await inbox.ingest("hook", "old", None)
+    keys = ["old", "new-1", "new-1", "new-2"] * 80  # 320 calls: more than one statement's worth
+    results = await asyncio.gather(*(inbox.ingest("hook", k, None) for k in keys))
+    assert sum(results) == 2
+    firsts = {k: results[keys.index(k)] for k in set(keys)}
+    assert firsts == {"old": False, "new-1": True, "new-2": True}
+    assert (await inbox.counts())["pending"] == 3

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tui.demo.player import SPEEDS, DemoApp, PlayerBar, ScenarioPicker
@@ -18,12 +20,14 @@ async def demo(tmp_path):
     await app.close_runs()
 
 
-async def settle(pilot, app, *, until=lambda: True, rounds: int = 200) -> None:
-    """Let the app finish what a key started: no step running and `until()` true."""
-    for _ in range(rounds):
+async def settle(pilot, app, *, until=lambda: True, seconds: float = 15.0) -> None:
+    """Let the app finish what a key started: no step running and `until()` true (bounded)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
         await pilot.pause()
         if not app.busy and until():
             return
+        await pilot.pause(0.01)
     raise AssertionError("the player did not settle")
 
 
@@ -75,7 +79,7 @@ async def test_autoplay_plays_to_the_end_and_stops(demo):
         assert demo.autoplaying
         assert "autoplay" in head(demo)
         await settle(pilot, demo, until=lambda: demo.playing.finished and not demo.autoplaying,
-                     rounds=2000)
+                     seconds=30)
         event = (await demo.inbox.events("done"))[0]
         assert (event.source_id, event.attempts) == ("msg-3", 2)
         assert (await demo.inbox.lease_info()).gen == 3
@@ -183,8 +187,9 @@ async def test_viewer_can_act_on_the_demo_inbox(tmp_path):
             await pilot.press("a")
             await pilot.pause()
             await pilot.press("y")
-            for _ in range(200):
-                await pilot.pause()
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline:
+                await pilot.pause(0.01)
                 approval = await app.inbox.get_approval("refund-1")
                 if approval.answer is not None:
                     break

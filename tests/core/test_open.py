@@ -14,7 +14,8 @@ from core import schema
 
 
 def digest(path: str) -> str:
-    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
 
 
 def sidecars(path: str) -> list[str]:
@@ -28,6 +29,7 @@ async def test_new_file_is_created_in_wal_mode_with_the_current_schema(path):
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
     assert db.execute("PRAGMA application_id").fetchone()[0] == schema.APPLICATION_ID
+    db.close()
 
 
 async def test_every_connection_commits_with_full_durability_and_a_busy_timeout(path):
@@ -78,6 +80,7 @@ async def test_someone_elses_database_is_refused_untouched(path):
     assert digest(path) == before and sidecars(path) == []
     db = sqlite3.connect(path)
     assert [r[0] for r in db.execute("SELECT name FROM sqlite_master")] == ["customers"]
+    db.close()
 
 
 async def test_a_newer_schema_is_refused_untouched(path):
@@ -145,7 +148,9 @@ async def test_forward_migration_from_a_version_1_file_keeps_every_row(path):
         assert [r.holder for r in await box.runs(event.id)] == ["old-worker", "W"]
         key = await box.intend_effect("W", gen, claimed.run_id, "mail", {"to": "a@b"})
         assert key is not None  # the table version 2 added works
-    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == 2
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    db.close()
 
 
 async def test_four_connections_creating_the_same_inbox_at_once(path):
@@ -156,6 +161,7 @@ async def test_four_connections_creating_the_same_inbox_at_once(path):
     db = sqlite3.connect(path)
     assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
     assert db.execute("SELECT count(*) FROM event_counts").fetchone()[0] == 6
+    db.close()
 
 
 def test_the_one_hop_hook_of_aiosqlite_exists():

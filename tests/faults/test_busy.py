@@ -28,7 +28,10 @@ def hold_lock(path: str, seconds: float) -> subprocess.Popen:
     """Another process takes the write lock for `seconds`; returns once it holds it."""
     locker = subprocess.Popen([sys.executable, "-c", LOCKER, path, str(seconds)],
                               stdout=subprocess.PIPE, text=True)
-    assert locker.stdout.readline().strip() == "locked"
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+    finally:
+        locker.stdout.close()  # it prints nothing more
     return locker
 
 

@@ -29,10 +29,12 @@ def use_utc() -> None:
         time.tzset()
 
 
-async def seed(inbox: Inbox, clock: FakeClock) -> None:
+async def seed(inbox: Inbox, clock: FakeClock, base: int = T0) -> None:
     """Fill `inbox` with one of everything: pending (one backing off, some hostile text),
     running, dead, interrupted, approvals waiting/answered/expired, timers, held and sent
-    messages, a lease takeover and a refused stale write. Leaves the clock at T0."""
+    messages, a lease takeover and a refused stale write. Leaves the clock at `base` (T0
+    by default; any instant, e.g. the wall clock's, to try it live)."""
+    T0 = base  # noqa: N806  (every time below is relative to it)
     def at(t: int) -> int:
         clock.set(t)
         return t
@@ -107,12 +109,12 @@ async def seed(inbox: Inbox, clock: FakeClock) -> None:
     clock.set(T0)
 
 
-async def open_seeded(path: str) -> tuple[Inbox, FakeClock]:
-    """Create a fresh inbox at `path`, seed it, and return it with its clock (at T0)."""
-    clock = FakeClock(T0)
+async def open_seeded(path: str, base: int = T0) -> tuple[Inbox, FakeClock]:
+    """Create a fresh inbox at `path`, seed it, and return it with its clock (at `base`)."""
+    clock = FakeClock(base)
     inbox = await Inbox.open(path, clock=clock)
     try:
-        await seed(inbox, clock)
+        await seed(inbox, clock, base)
     except BaseException:
         await inbox.close()
         raise
@@ -129,7 +131,9 @@ async def settle(app, pilot, timeout: float = 5.0) -> None:
     deadline = loop.time() + timeout
     while loop.time() < deadline:
         await pilot.pause()
-        busy = [w for w in app.workers if w.group != "actions" and not w.is_finished]
+        dialog = len(app.screen_stack) > 1
+        busy = [w for w in app.workers
+                if not w.is_finished and not (dialog and w.group == "actions")]
         if not busy:
             break
         await asyncio.sleep(0.02)
@@ -167,6 +171,7 @@ SHOTS: tuple[tuple[str, tuple[int, int], tuple[str, ...]], ...] = (
     ("outbox", (120, 40), ("6",)),
     ("confirm-approve", (120, 40), ("4", "a")),
     ("detail", (120, 40), ("3", "enter")),
+    ("requeued", (120, 40), ("3", "down", "r")),
     ("help", (120, 40), ("question_mark",)),
     ("pending-80x24", (80, 24), ()),
     ("approvals-80x24", (80, 24), ("4",)),
@@ -179,7 +184,9 @@ async def generate(out: Path) -> list[Path]:
     made = []
     with tempfile.TemporaryDirectory() as scratch:
         for index, (name, size, keys) in enumerate(SHOTS):
-            path = os.path.join(scratch, f"shot{index}.db")
+            folder = os.path.join(scratch, str(index))
+            os.mkdir(folder)
+            path = os.path.join(folder, "alice.db")
             made.append(await _shoot(path, out, name, size, keys))
     return made
 

@@ -49,7 +49,7 @@ class ApprovalsPane(Pane):
         Column("request", "request", 18),
         Column("left", "time left", 15, ticking=True),
         Column("asked", "asked", 7, ticking=True),
-        Column("action", "action", 120),
+        Column("action", "action", 24, fill=True),
     )
     BINDINGS = [
         Binding("a", "approve", "Approve", id="approve",

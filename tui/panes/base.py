@@ -9,6 +9,7 @@ pane class names its query as an async `fetch(inbox, window, overview)` the app 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any, ClassVar, Hashable, Iterable
 
 from rich.text import Text
@@ -30,8 +31,9 @@ class Column:
 
     key: str
     label: str
-    width: int
+    width: int  # the width, or for the fill column its minimum
     ticking: bool = False
+    fill: bool = False  # takes the width the other columns leave (one per table)
 
 
 @dataclass(slots=True)
@@ -55,9 +57,30 @@ class PaneData:
 
 
 class PaneTable(DataTable):
-    """The pane's table: row cursor, no markup anywhere (cells are safe Text)."""
+    """The pane's table: row cursor, no markup anywhere (cells are safe Text), and one column
+    that fills the width the others leave, so long texts end where the table ends."""
 
-    DEFAULT_CSS = ""
+    fill_column: str | None = None
+    fill_minimum: int = 10
+
+    def on_resize(self) -> None:
+        self.fit_fill_column()
+
+    def fit_fill_column(self) -> None:
+        if self.fill_column is None or self.fill_column not in self.columns:
+            return
+        padding = 2 * self.cell_padding
+        others = sum(c.get_render_width(self) for key, c in self.columns.items()
+                     if key != self.fill_column)
+        available = self.scrollable_content_region.width
+        column = self.columns[self.fill_column]
+        width = max(self.fill_minimum, available - others - padding)
+        if width != column.width:
+            column.width = width
+            column.auto_width = False
+            # DataTable re-measures on idle when this is set (as add_column does).
+            self._require_update_dimensions = True
+            self.refresh()
 
 
 class Pane(Vertical):
@@ -172,6 +195,8 @@ class Pane(Vertical):
             table.add_column(" ", key="mark", width=1)
         for column in self.COLUMNS:
             table.add_column(column.label, key=column.key, width=column.width)
+            if column.fill:
+                table.fill_column, table.fill_minimum = column.key, column.width
         yield table
         yield Label(self.EMPTY, classes="empty")
         yield Label("", classes="outcome")
@@ -225,11 +250,19 @@ class Pane(Vertical):
         self.refresh_bindings()
 
     def tick(self, now: int) -> None:
-        """Redraw the clock-driven cells whose text changed (the idle path: keep it cheap)."""
+        """Redraw the clock-driven cells whose text changed (the idle path: keep it cheap).
+
+        Only the rows on screen are redrawn; a row scrolled into view catches up at the next
+        tick, within a second.
+        """
         self.now = now
-        if not any(c.ticking for c in self.COLUMNS):
+        if not any(c.ticking for c in self.COLUMNS) or not self._records:
             return
-        for key, record in self._records.items():
+        table = self.table
+        first = max(int(table.scroll_y) - 1, 0)
+        last = first + table.size.height + 2
+        for key in islice(self._records, first, last):
+            record = self._records[key]
             old = self._cells[key]
             for column, value in self.ticking_cells(record, now).items():
                 if old.get(column) != value:

@@ -33,11 +33,11 @@ class DeadPane(EventPane):
     COLUMNS = (
         Column("id", "id", 7),
         Column("state", "state", 11),
-        Column("source", "source", 12),
-        Column("source_id", "source id", 22),
         Column("attempts", "tries", 5),
         Column("since", "since", 7, ticking=True),
-        Column("error", "reason / error", 120),
+        Column("error", "reason / error", 30, fill=True),
+        Column("source", "source", 12),
+        Column("source_id", "source id", 22),
     )
     BINDINGS = [
         Binding("r", "requeue", "Requeue", id="requeue",

@@ -42,7 +42,7 @@ class OutboxPane(Pane):
         Column("queued", "queued", 8, ticking=True),
         Column("urgent", "urgent", 6),
         Column("run", "run", 6),
-        Column("body", "message", 120),
+        Column("body", "message", 24, fill=True),
     )
     SENDS = 8  # recent sends listed under the held messages
 

@@ -33,7 +33,7 @@ class PendingPane(EventPane):
         Column("age", "age", 7, ticking=True),
         Column("attempts", "tries", 5),
         Column("available", "available", 10, ticking=True),
-        Column("error", "last error", 120),
+        Column("error", "last error", 20, fill=True),
     )
     BINDINGS = [
         Binding("c", "cancel", "Cancel", id="cancel",

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tui.demo.player import SPEEDS, DemoApp, PlayerBar, ScenarioPicker
+from tui.demo.player import SPEEDS, DemoApp, ScenarioPicker
 from tui.demo.scenarios import SCENARIOS, START, scenario
 
 SIZE = (120, 40)

@@ -637,7 +637,9 @@ def build_parser() -> Parser:
 
     p = sub("demo", "play every failure scenario in the TUI on a scratch inbox", cmd_demo, (),
             path=False)
-    p.add_argument("--live", action="store_true", help="autoplay the scenarios")
+    p.add_argument("--live", action="store_true",
+                   help="real worker processes running the example agent: kill the active one "
+                        "and watch the takeover")
 
     p = sub("worker", "run an agent on the inbox: lease, scheduler, claims, finishes, sends",
             cmd_worker, (common, channel), epilog=WORKER_EPILOG)

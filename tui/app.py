@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import sys
 from functools import partial
+from pathlib import Path
 from typing import Any, Iterable
 
 from rich.console import Group as RenderGroup
-from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
@@ -33,6 +34,8 @@ from .screens.confirm import ConfirmScreen, Subject
 from .screens.detail import DetailScreen, load_detail
 from .screens.filter import FilterScreen
 from .screens.help import HelpScreen, render_groups
+
+STYLESHEET = Path(__file__).with_name("app.tcss")
 
 QUESTIONS = {
     "approve": ("Approve this request?", "Approve these {n} requests?",
@@ -77,7 +80,10 @@ class OnwatchApp(App[int]):
 
     def __init__(self, inbox: Inbox, *, clock: Clock | None = None,
                  read_only: bool = False) -> None:
-        super().__init__()
+        # CSS_PATH is relative to the class that names it: a subclass in another package
+        # that keeps ours gets it by absolute path.
+        own_css = type(self).CSS_PATH == OnwatchApp.CSS_PATH
+        super().__init__(css_path=str(STYLESHEET) if own_css else None)
         self.inbox = inbox
         self.clock = clock or inbox.clock
         self.read_only = read_only
@@ -158,6 +164,7 @@ class OnwatchApp(App[int]):
                 fetched = [(p, await p.fetch(self.inbox, p.window, overview)) for p in wanted]
             except InboxError as exc:
                 self._problem = f"cannot read the inbox: {exc}"
+                self._seen_version = None  # the next poll tries again
                 self.query_one(StatusStrip).problem = self._problem
                 self.query_one(StatusStrip).tick(now)
                 return
@@ -219,8 +226,11 @@ class OnwatchApp(App[int]):
         """The one clock: every countdown on screen derives from this `now`."""
         now = self.clock.now()
         self.now = now
-        self.query_one(StatusStrip).tick(now)
-        self.active_pane.tick(now)
+        try:
+            self.query_one(StatusStrip).tick(now)
+            self.active_pane.tick(now)
+        except NoMatches:  # starting up or shutting down: nothing on screen to move
+            return
         if isinstance(self.screen, ConfirmScreen):
             self.screen.tick(now)
 

@@ -14,7 +14,7 @@ from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
 from tui.screens.help import HelpScreen
 
-from .conftest import T0, screen_text, started, wait_for, wait_for_text
+from .conftest import screen_text, started, wait_for, wait_for_text
 
 SIZE = (120, 40)
 

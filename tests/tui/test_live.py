@@ -136,3 +136,26 @@ def test_run_reports_a_file_locked_by_another_process(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert err.startswith("onwatch: ") and "Traceback" not in err and "\n" not in err
+
+
+async def test_a_failed_read_is_shown_and_retried(seeded):
+    from core import InboxBusy
+
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        original = inbox.overview
+
+        async def busy(*args, **kwargs):
+            raise InboxBusy("inbox stayed locked by another process for more than 5 s")
+
+        inbox.overview = busy
+        try:
+            await app.reload()
+            await pilot.pause()
+            assert "cannot read the inbox: inbox stayed locked" in screen_text(app)
+        finally:
+            inbox.overview = original
+        await wait_for(pilot, lambda: "updated 0s ago" in screen_text(app), timeout=3,
+                       what="the poll to read again")

@@ -17,7 +17,6 @@ from tui.screens.detail import DetailScreen
 from tui.screens.help import HelpScreen
 from tui.screenshots import open_seeded, settle
 
-from .conftest import use_utc  # noqa: F401  (UTC clock times, set on import)
 
 WIDE, NARROW = (120, 40), (80, 24)
 

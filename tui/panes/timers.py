@@ -24,12 +24,12 @@ class TimersPane(Pane):
     HELP = "timers soonest first: countdown, period, catch-up policy, last fired, skipped"
     COLUMNS = (
         Column("timer", "timer", 24),
-        Column("due", "next due", 13, ticking=True),
-        Column("at", "at", 5),
-        Column("period", "period", 11),
+        Column("due", "next due", 12, ticking=True),
+        Column("period", "period", 10),
         Column("catch_up", "catch-up", 8),
         Column("last", "last fired", 10, ticking=True),
         Column("skipped", "skipped", 7),
+        Column("at", "due at", 6),
     )
 
     @classmethod

@@ -25,6 +25,14 @@ MAX_TEXT = 1024  # sources, ids, holders: keys, not documents
 SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 
 
+def _ingest_all_or_none(db: sqlite3.Connection, batch: list[tuple]) -> list[bool]:
+    results = store.ingest_many(db, batch)
+    for result in results:
+        if isinstance(result, Exception):
+            raise result  # rolls the whole batch back
+    return results
+
+
 def _change_token(db: sqlite3.Connection) -> tuple[int, int]:
     return db.execute("PRAGMA data_version").fetchone()[0], db.total_changes
 
@@ -299,6 +307,26 @@ class Inbox:
         item = (_text("source", source), _text("source_id", source_id),
                 _encode(payload, self._settings.max_payload_bytes), self._now(now))
         return await self._intake.submit(item)
+
+    async def ingest_batch(self, items: Iterable[tuple[str, str, Any]], *,
+                           now: int | None = None) -> list[bool]:
+        """Store several events in one transaction: all or none. Returns, per item, True if
+        new and False for a duplicate (of a stored event or of an earlier item).
+
+        A worker sees them together (three quick messages become one run). Raises BadInput
+        for any bad item and BudgetExceeded if any would go over max_pending, writing nothing.
+        """
+        when = self._now(now)
+        batch = []
+        for item in items:
+            if not (isinstance(item, tuple) and len(item) == 3):
+                raise BadInput("each item must be a (source, source_id, payload) tuple")
+            source, source_id, payload = item
+            batch.append((_text("source", source), _text("source_id", source_id),
+                          _encode(payload, self._settings.max_payload_bytes), when))
+        if not batch:
+            return []
+        return await self._write(_ingest_all_or_none, batch)
 
     async def prune_payloads(self, older_than: int, *, now: int | None = None) -> int:
         """Drop payloads of done/cancelled events last changed before `older_than`; the
@@ -587,9 +615,12 @@ class Inbox:
         return await self._db.call(store.get_event, _event_id(event_id))
 
     async def events(self, status: str, *, limit: int = 100, after: int | None = None,
-                     before: int | None = None, search: str | None = None) -> list[Event]:
+                     before: int | None = None, search: str | None = None,
+                     payload: bool = True) -> list[Event]:
         """A keyset page of events in `status` by id: ascending after `after` (or from the
-        start), or the page just before `before` in descending order."""
+        start), or the page just before `before` in descending order. `search` keeps rows
+        whose source, source id or error contains it; `payload=False` leaves payloads out
+        (None), for lists that do not show them."""
         if status not in EVENT_STATES:
             raise BadInput(f"status must be one of {EVENT_STATES}, got {status!r}")
         _positive("limit", limit)
@@ -597,7 +628,7 @@ class Inbox:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise BadInput(f"{name} must be an event id")
         return await self._db.call(store.events, status, min(limit, 10_000), after, before,
-                                   search or None)
+                                   search or None, bool(payload))
 
     async def counts(self) -> dict[str, int]:
         return await self._db.call(store.counts)

@@ -195,3 +195,4 @@ class Overview:
     waiting_approvals: int
     runs_last_day: int
     budgets: dict[str, Any] = field(default_factory=dict)
+    timers: int = 0  # registered timers, approval expiries included

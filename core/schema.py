@@ -216,6 +216,10 @@ def inspect(db: sqlite3.Connection, path: str) -> int:
         version = db.execute("PRAGMA user_version").fetchone()[0]
         tables = [r[0] for r in db.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):
+            raise  # another process holds it: busy, not foreign (core/db.py says so)
+        raise NotAnInbox(f"{path} is not a usable inbox: {exc}") from None
     except sqlite3.DatabaseError as exc:
         raise NotAnInbox(f"{path} is not a usable inbox: {exc}") from None
     if app_id == 0 and not tables and version == 0:

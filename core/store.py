@@ -704,8 +704,9 @@ def get_event(db: sqlite3.Connection, event_id: int) -> Event | None:
 
 
 def events(db: sqlite3.Connection, status: str, limit: int, after: int | None,
-           before: int | None, search: str | None) -> list[Event]:
-    """A keyset page by id: ascending after `after`, or descending before `before`."""
+           before: int | None, search: str | None, payload: bool = True) -> list[Event]:
+    """A keyset page by id: ascending after `after`, or descending before `before`; without
+    payloads (None) when `payload` is false, so a list never reads or decodes documents."""
     clauses, params = ["status = ?"], [status]
     if after is not None:
         clauses.append("id > ?")
@@ -718,8 +719,9 @@ def events(db: sqlite3.Connection, status: str, limit: int, after: int | None,
                        "OR instr(lower(coalesce(error, '')), ?) > 0)")
         params += [search.lower()] * 3
     order = "DESC" if before is not None and after is None else "ASC"
+    columns = EVENT_COLUMNS if payload else EVENT_COLUMNS.replace("payload", "NULL")
     rows = db.execute(
-        f"SELECT {EVENT_COLUMNS} FROM events INDEXED BY events_by_status "
+        f"SELECT {columns} FROM events INDEXED BY events_by_status "
         f"WHERE {' AND '.join(clauses)} ORDER BY id {order} LIMIT ?", (*params, limit))
     return [event_from_row(r) for r in rows]
 
@@ -808,6 +810,7 @@ def overview(db: sqlite3.Connection, now: int) -> Overview:
     meta = dict(db.execute("SELECT key, value FROM meta"))
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
     waiting = db.execute("SELECT count(*) FROM approvals WHERE answer IS NULL").fetchone()[0]
+    timer_count = db.execute("SELECT count(*) FROM timers").fetchone()[0]
     runs_day = runs_since(db, now - DAY)
     pending = counts(db)
     budgets = {
@@ -823,7 +826,7 @@ def overview(db: sqlite3.Connection, now: int) -> Overview:
         refused_writes=meta.get("refused_writes") or 0, paused=bool(meta.get("paused")),
         outbox_held=bool(meta.get("outbox_held")), held_messages=held,
         next_send_at=next_send_at(db) if held else None, next_timer_due=next_timer_due(db),
-        waiting_approvals=waiting, runs_last_day=runs_day, budgets=budgets)
+        waiting_approvals=waiting, runs_last_day=runs_day, budgets=budgets, timers=timer_count)
 
 
 def next_wake(db: sqlite3.Connection) -> int | None:

@@ -187,13 +187,12 @@ class OnwatchApp(App[int]):
         if overview is None:
             return {}
         counts = overview.counts
-        timers = self.pane("timers").data
         return {
             "pending": compact_count(counts.get("pending", 0)),
             "running": compact_count(counts.get("running", 0)),
             "dead": compact_count(counts.get("dead", 0) + counts.get("interrupted", 0)),
             "approvals": compact_count(overview.waiting_approvals),
-            "timers": compact_count(timers.total) + ("+" if timers.more else ""),
+            "timers": compact_count(overview.timers),
             "outbox": compact_count(overview.held_messages),
         }
 

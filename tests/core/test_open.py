@@ -177,3 +177,18 @@ async def test_the_group_commit_hooks_of_aiosqlite_exist(path):
         conn = box._db._conn
         assert callable(conn._tx.put_nowait)
         assert conn._running is True and conn._connection is not None
+
+
+async def test_opening_an_inbox_another_process_holds_exclusively_says_busy(path):
+    async with await Inbox.open(path):
+        pass
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA locking_mode = EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    holder.execute("UPDATE meta SET value = value WHERE key = 'paused'")
+    try:
+        with pytest.raises(InboxBusy, match="locked by another process"):
+            await Inbox.open(path, busy_timeout=0.2)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

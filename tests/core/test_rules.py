@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from core import BudgetExceeded, FakeClock, FollowUp, Inbox, Reply
+from core import BadInput, BudgetExceeded, FakeClock, FollowUp, Inbox, Reply
 
 from .conftest import DAY, T
 
@@ -463,3 +463,23 @@ async def test_a_group_reports_repeats_within_it_and_stored_keys_as_duplicates(i
     firsts = {k: results[keys.index(k)] for k in set(keys)}
     assert firsts == {"old": False, "new-1": True, "new-2": True}
     assert (await inbox.counts())["pending"] == 3
+
+
+async def test_a_list_without_payloads_reads_no_documents(inbox):
+    await inbox.ingest("hook", "big", {"blob": "x" * 100_000})
+    [row] = await inbox.events("pending", payload=False)
+    assert row.payload is None and row.source_id == "big"
+    [full] = await inbox.events("pending")
+    assert full.payload == {"blob": "x" * 100_000}
+
+
+async def test_a_batch_is_stored_all_or_none(inbox):
+    assert await inbox.ingest_batch([("chat", "a", 1), ("chat", "b", 2), ("chat", "a", 3)]) == [
+        True, True, False]
+    await inbox.configure(max_pending=3)
+    with pytest.raises(BudgetExceeded):
+        await inbox.ingest_batch([("chat", "c", None), ("chat", "d", None)])
+    assert (await inbox.counts())["pending"] == 2  # c was not kept either
+    with pytest.raises(BadInput):
+        await inbox.ingest_batch([("chat", "e", None), ("chat", "", None)])
+    assert await inbox.ingest("chat", "e", None) is True

@@ -233,10 +233,11 @@ class LiveDemoApp(OnwatchApp):
 
     async def action_send_messages(self) -> None:
         texts = ("hello", "are you there?", "please summarise my day")
-        for text in texts:
-            self.messages_sent += 1
-            await self.inbox.ingest("chat", f"msg-{self.messages_sent}", {"text": text})
-        first = self.messages_sent - len(texts) + 1
+        first = self.messages_sent + 1
+        # One transaction: the worker sees all three at once and runs them as one batch.
+        await self.inbox.ingest_batch([("chat", f"msg-{first + i}", {"text": text})
+                                       for i, text in enumerate(texts)])
+        self.messages_sent += len(texts)
         self.tell(f"msg-{first}…msg-{self.messages_sent} arrived. The lease holder claims them "
                   f"as one run; the agent takes {self.agent_seconds:g} s — press k meanwhile.")
         self.action_show_pane("running")

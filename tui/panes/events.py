@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Hashable
 
 from rich.text import Text
@@ -11,12 +10,6 @@ from core import Event
 
 from ..safe import safe_text
 from .base import Pane, PaneData, Window
-
-
-def lean(event: Event) -> Event:
-    """The event without its payload: a window holds rows, not documents (the detail view
-    reads the payload again)."""
-    return dataclasses.replace(event, payload=None) if event.payload is not None else event
 
 
 async def fetch_events(inbox: Any, statuses: tuple[str, ...], window: Window,
@@ -28,11 +21,13 @@ async def fetch_events(inbox: Any, statuses: tuple[str, ...], window: Window,
     """
     rows: list[Event] = []
     for status in statuses:
+        # Without payloads: a window holds rows, not documents (the detail view reads the
+        # payload of the one row it shows).
         rows += await inbox.events(status, limit=window.limit + 1, after=window.after,
-                                   search=window.search)
+                                   search=window.search, payload=False)
     rows.sort(key=lambda e: e.id)
     more = len(rows) > window.limit
-    rows = [lean(e) for e in rows[: window.limit]]
+    rows = rows[: window.limit]
     return PaneData(tuple(rows), total, more, inbox.settings.max_attempts)
 
 

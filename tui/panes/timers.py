@@ -37,7 +37,8 @@ class TimersPane(Pane):
         rows = await inbox.timers(limit=window.limit)
         needle = (window.search or "").lower()
         shown = tuple(t for t in rows if needle in t.id.lower())
-        return PaneData(shown, len(rows), len(rows) >= window.limit)
+        total = len(shown) if needle else overview.timers
+        return PaneData(shown, total, len(rows) >= window.limit)
 
     def row_key(self, record: Timer) -> str:
         return record.id
@@ -45,9 +46,6 @@ class TimersPane(Pane):
     def signature(self, record: Timer) -> Hashable:
         return (record.due, record.every, record.catch_up, record.last_fired,
                 record.last_skipped, record.overflow, record.kind, record.key)
-
-    def count_label(self, data: PaneData) -> str:
-        return f"{data.total:,}{'+' if data.more else ''}"
 
     def cells(self, timer: Timer, now: int) -> dict[str, Text]:
         expiry = timer.kind == "approval"

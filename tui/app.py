@@ -381,8 +381,13 @@ class OnwatchApp(App[int]):
                         (self.MUTATING | getattr(owner, "ACTIONS", frozenset())
                          | {"mark"}))
 
-        app_bindings = [b for b in self.BINDINGS if isinstance(b, Binding)]
-        groups = [
+        app_bindings = [b for b in OnwatchApp.BINDINGS if isinstance(b, Binding)]
+        # A subclass (the demo player) adds its own keys: they come first, under its title.
+        added = [b for cls in type(self).__mro__[:type(self).__mro__.index(OnwatchApp)]
+                 for b in cls.__dict__.get("BINDINGS", ()) if isinstance(b, Binding)
+                 and b not in app_bindings]
+        groups = [(self.TITLE, [(b, True) for b in added])] if added else []
+        groups += [
             ("Panes", [(b, True) for b in app_bindings if b.action.startswith("show_pane")]),
             ("Everywhere", [(b, available(self, b)) for b in app_bindings
                             if not b.action.startswith("show_pane")]

@@ -174,8 +174,6 @@ class LiveDemoApp(OnwatchApp):
     OBSERVE_SECONDS = 0.5
 
     BINDINGS = [
-        # The desk's keys are listed again so its help dialog, which reads BINDINGS, shows them.
-        *OnwatchApp.BINDINGS,
         Binding("i", "send_messages", "Send messages", id="live-ingest",
                 tooltip="Three chat messages arrive; a worker runs them as one slow run"),
         Binding("k", "kill", "Kill active worker", id="live-kill",

@@ -285,8 +285,6 @@ class DemoApp(OnwatchApp):
     CSS_PATH = str(Path(app_module.__file__).with_name(OnwatchApp.CSS_PATH))
 
     BINDINGS = [
-        # The desk's keys are listed again so its help dialog, which reads BINDINGS, shows them.
-        *OnwatchApp.BINDINGS,
         Binding("space", "step", "Step", priority=True, id="demo-step",
                 tooltip="Play the scenario's next step"),
         Binding("g", "autoplay", "Autoplay", id="demo-autoplay",

@@ -296,17 +296,18 @@ def recover_lost_claims(db: sqlite3.Connection, gen: int, now: int, settings: Se
             "WHERE status = 'running' AND claim_gen = ? AND claimed_at < ?",
             (gen, now - settings.max_run_seconds)).fetchall()
     for event_id, source, claim_gen, run_id in lost:
-        why = (f"run lost: generation {claim_gen} lost its lease" if claim_gen < gen
-               else f"run lost: exceeded max_run_seconds ({settings.max_run_seconds} s)")
+        why = (f"generation {claim_gen} lost its lease" if claim_gen < gen
+               else f"ran past max_run_seconds ({settings.max_run_seconds} s)")
+        # What matters most comes first: lists cut long reasons at their width.
         if settings.lost_claim_policy(source) == "interrupt":
             db.execute("UPDATE events SET status = 'interrupted', error = ?, updated = ? "
-                       "WHERE id = ?", (why + "; completion uncertain", now, event_id))
+                       "WHERE id = ?", ("completion uncertain: run lost, " + why, now, event_id))
         else:
             # Not backed off: the lease expiry already delayed it.
             db.execute("UPDATE events SET status = 'pending', available_at = ?, error = ?, "
-                       "updated = ? WHERE id = ?", (now, why, now, event_id))
+                       "updated = ? WHERE id = ?", (now, "run lost: " + why, now, event_id))
         db.execute("UPDATE runs SET outcome = 'lost', finished_at = ?, error = ? "
-                   "WHERE id = ? AND outcome IS NULL", (now, why, run_id))
+                   "WHERE id = ? AND outcome IS NULL", (now, "run lost: " + why, run_id))
     return len(lost)
 
 
@@ -314,7 +315,7 @@ def bury_exhausted(db: sqlite3.Connection, now: int, settings: Settings) -> int:
     """Pending rows out of attempts become dead, keeping why."""
     cursor = db.execute(
         "UPDATE events SET status = 'dead', updated = ?, error = 'too many attempts (' || "
-        "attempts || ' of ' || ? || ')' || coalesce('; last error: ' || error, '') "
+        "attempts || '/' || ? || ')' || coalesce(': ' || error, '') "
         "WHERE status = 'pending' AND attempts > 0 AND attempts >= ?",
         (now, settings.max_attempts, settings.max_attempts))
     return cursor.rowcount
@@ -369,8 +370,8 @@ def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
             if attempts >= settings.max_attempts:
                 db.execute("UPDATE events SET status = 'dead', error = ?, updated = ? "
                            "WHERE id = ?",
-                           (f"too many attempts ({attempts} of {settings.max_attempts}); "
-                            f"last error: {error}", now, event_id))
+                           (f"too many attempts ({attempts}/{settings.max_attempts}): {error}",
+                            now, event_id))
             else:
                 db.execute("UPDATE events SET status = 'pending', error = ?, available_at = ?, "
                            "updated = ? WHERE id = ?",

@@ -1,6 +1,8 @@
-"""Generate screenshots/*.svg: the supervisor on a seeded inbox at a fixed time.
+"""Generate screenshots/*.svg: the supervisor on a seeded inbox at a fixed time, and the demo.
 
     python -m tui.screenshots [OUT_DIR]     (default: screenshots/ next to this package)
+
+The demo's own shots (screenshots/demo-*.svg) come from tui/demo/screenshots.py, called last.
 
 Also the home of `seed()`, the deterministic inbox the snapshot tests and the screenshots
 share: every state of every pane, written through the public Inbox API on a fake clock.
@@ -192,8 +194,13 @@ async def generate(out: Path) -> list[Path]:
 
 
 def main(argv: list[str]) -> int:
+    """Write every screenshot: the supervisor's, then each demo scenario's key moment."""
+    from .demo import screenshots as demo_screenshots
+
     out = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "screenshots"
     for path in asyncio.run(generate(out)):
+        print(path)
+    for path in asyncio.run(demo_screenshots.capture_all(out)):
         print(path)
     return 0
 

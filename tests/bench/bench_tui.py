@@ -75,8 +75,8 @@ def seed(path: str, sizes: dict[str, int]) -> float:
             created = T0 - 86_400 + i % 86_400
             attempts = {"pending": i % 3, "running": 1, "dead": 3, "interrupted": 1}.get(
                 status, 1 if status == "done" else 0)
-            error = ("too many attempts (3 of 3); last error: TimeoutError" if status == "dead"
-                     else "run lost: generation 1 lost its lease; completion uncertain"
+            error = ("too many attempts (3/3): TimeoutError" if status == "dead"
+                     else "completion uncertain: run lost, generation 1 lost its lease"
                      if status == "interrupted" else None)
             yield (rng.choice(("webhook", "chat", "email", "timer")), f"bench-{i}",
                    json.dumps({"n": i, "text": "hello " * 8}), status, attempts,

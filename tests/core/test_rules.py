@@ -112,7 +112,7 @@ async def test_failed_run_backs_off_exponentially_and_dies_after_max_attempts(in
             now = after.available_at
     assert waits == [10, 15]  # 10, then 20 capped at 15
     dead = await inbox.get_event(event.id)
-    assert dead.status == "dead" and dead.error == "too many attempts (3 of 3); last error: boom 2"
+    assert dead.status == "dead" and dead.error == "too many attempts (3/3): boom 2"
 
 
 async def test_lost_claims_follow_the_per_source_policy(inbox):

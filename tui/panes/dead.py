@@ -36,8 +36,8 @@ class DeadPane(EventPane):
         Column("attempts", "tries", 5),
         Column("since", "since", 7, ticking=True),
         Column("error", "reason / error", 30, fill=True),
-        Column("source", "source", 12),
-        Column("source_id", "source id", 22),
+        Column("source", "source", 10),
+        Column("source_id", "source id", 16),
     )
     BINDINGS = [
         Binding("r", "requeue", "Requeue", id="requeue",

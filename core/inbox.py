@@ -59,6 +59,12 @@ def _text(name: str, value: object, *, limit: int = MAX_TEXT) -> str:
         raise BadInput(f"{name} is {len(value)} characters; the limit is {limit}")
     if "\x00" in value:
         raise BadInput(f"{name} must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(f"{name} is not valid Unicode text (it has a lone surrogate)") \
+                from None
     return value
 
 
@@ -74,12 +80,25 @@ def _event_id(value: object) -> int:
     return value
 
 
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+_JSON_ASCII = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
+
+
 def _encode(payload: object, limit: int, what: str = "payload") -> str:
     try:
-        text = json.dumps(payload, ensure_ascii=False, allow_nan=False)
+        text = _JSON.encode(payload)
     except (TypeError, ValueError) as exc:
         raise BadInput(f"{what} must be JSON-serialisable: {exc}") from None
-    size = len(text.encode("utf-8", "surrogatepass"))
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            # A lone surrogate (valid in JSON as an escape, not in UTF-8): keep it escaped,
+            # so the payload round-trips exactly and the database gets valid text.
+            text = _JSON_ASCII.encode(payload)
+            size = len(text)
     if size > limit:
         raise BadInput(f"{what} is {size} bytes; the limit is {limit} (max_payload_bytes)")
     return text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 
 import pytest
@@ -112,3 +113,20 @@ async def test_a_payload_limit_lowered_by_another_process_still_holds(inbox, pat
         assert dump(path) == before
     finally:
         await other.close()
+
+
+async def test_a_lone_surrogate_in_a_payload_round_trips_and_harms_no_neighbour(inbox):
+    # JSON allows "\ud800" as an escape; UTF-8 does not. A webhook may well send one.
+    results = await asyncio.gather(inbox.ingest("hook", "ok-1", 1),
+                                   inbox.ingest("hook", "odd", {"t": "bad \ud800 half"}),
+                                   inbox.ingest("hook", "ok-2", 2))
+    assert results == [True, True, True]
+    [odd] = [e for e in await inbox.events("pending") if e.source_id == "odd"]
+    assert odd.payload == {"t": "bad \ud800 half"}
+
+
+async def test_a_lone_surrogate_in_a_key_is_bad_input(inbox, path):
+    before = dump(path)
+    with pytest.raises(BadInput, match="not valid Unicode"):
+        await inbox.ingest("hook", "id-\udfff", None)
+    assert dump(path) == before

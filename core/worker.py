@@ -36,6 +36,7 @@ from .clock import Clock, check_time
 from .errors import BadInput, InboxBusy, InboxError
 from .inbox import Inbox, SendFn
 from .records import ApprovalRequest, Event, FollowUp, Reply
+from .text import printable
 
 log = logging.getLogger("onwatch.worker")
 
@@ -539,11 +540,12 @@ async def run_worker(path_or_inbox: str | os.PathLike | Inbox, agent: Agent, *,
 # delivery failed, which leaves the messages held for the next dispatch.
 
 def stdout_channel(stream: Any = None) -> Callable[[str], None]:
-    """Print each send's text to stdout (or `stream`), flushed at once."""
+    """Print each send's text to stdout (or `stream`), flushed at once, with control and
+    invisible characters escaped: an agent's text must not drive the reader's terminal."""
     def send(text: str) -> None:
         import sys
         out = stream or sys.stdout
-        out.write(text + "\n")
+        out.write(printable(text, keep="\n\t") + "\n")
         out.flush()
     return send
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import datetime as dt
 import getpass
@@ -25,9 +26,10 @@ import logging
 import os
 import signal
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
+from core.text import printable
 
 PROG = "onwatch"
 OK, NOT_APPLIED, BAD, BUSY = 0, 1, 2, 3
@@ -55,7 +57,8 @@ def _one_line(text: object) -> str:
 
 
 def _emit_json(data: Any) -> None:
-    print(json.dumps(data, sort_keys=True, ensure_ascii=False, default=_json_default))
+    # ASCII-only: every control or invisible character in inbox text stays a JSON escape.
+    print(json.dumps(data, sort_keys=True, ensure_ascii=True, default=_json_default))
 
 
 def _json_default(value: Any) -> Any:
@@ -711,7 +714,10 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "handler", None) is None:
             parser.print_help(sys.stderr)
             return BAD
-        return int(args.handler(args) or OK)
+        if args.handler in (cmd_tui, cmd_demo):  # the app owns the terminal
+            return int(args.handler(args) or OK)
+        with _terminal_safe_output():
+            return int(args.handler(args) or OK)
     except SystemExit as exc:  # --help, or argparse's own exit
         return exc.code if isinstance(exc.code, int) else BAD
     except CliError as exc:
@@ -742,8 +748,32 @@ def main(argv: list[str] | None = None) -> int:
         return NOT_APPLIED
 
 
+class _TerminalSafe:
+    """A text stream that escapes control and invisible characters on the way out: what the
+    commands print includes inbox text (sources, ids, actions, errors, message bodies)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(printable(text, keep="\n\t"))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def _terminal_safe_output() -> Iterator[None]:
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _TerminalSafe(sys.stdout), _TerminalSafe(sys.stderr)
+    try:
+        yield
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
 def _fail(message: str) -> None:
-    text = _one_line(message)
+    text = printable(_one_line(message))
     print(text if text.startswith(PROG) else f"{PROG}: {text}", file=sys.stderr)
 
 

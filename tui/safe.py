@@ -19,34 +19,17 @@ marks), line/paragraph separators and lone surrogates are shown as visible escap
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from rich.text import Text
 from textual.content import Content
 
+# The unsafe characters and their escapes are defined once, for the TUI and every plain-text
+# output alike.
+from core.text import UNSAFE, escape_char
+
 ESCAPE_STYLE = "reverse"
 ELLIPSIS = "…"
-
-# Characters that must never reach the terminal raw: C0 controls, DEL and C1 controls,
-# invisible/format characters that reorder or hide text (bidi embeddings, overrides and
-# isolates, zero-width marks, BOM, interlinear annotations, tag characters), Unicode line and
-# paragraph separators, and lone surrogates (which cannot even be encoded for output).
-_UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u206f"
-    "\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e007f]"
-)
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape_char(char: str) -> str:
-    named = _NAMED.get(char)
-    if named is not None:
-        return named
-    code = ord(char)
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF \
-        else f"\\U{code:08x}"
-
 
 def _to_str(value: object) -> str:
     if value is None:
@@ -78,7 +61,7 @@ def safe_text(value: object, *, style: str = "", limit: int | None = None,
         raw = raw[: max(limit, 0)]
     text = Text(style=style, end="", no_wrap=not multiline)
     position = 0
-    for match in _UNSAFE.finditer(raw):
+    for match in UNSAFE.finditer(raw):
         char = match.group()
         start = match.start()
         if start > position:
@@ -88,7 +71,7 @@ def safe_text(value: object, *, style: str = "", limit: int | None = None,
         elif multiline and char == "\t":
             text.append("    ")
         else:
-            text.append(_escape_char(char), style=ESCAPE_STYLE)
+            text.append(escape_char(char), style=ESCAPE_STYLE)
         position = match.end()
     if position < len(raw):
         text.append(raw[position:])

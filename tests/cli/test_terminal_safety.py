@@ -1,0 +1,51 @@
+"""Inbox text printed by the command line never drives the reader's terminal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from core.text import printable
+
+HOSTILE = "x\x1b]0;pwned\x07 \x1b[2J\rback\b \u202eevil \x9b31m"
+
+
+def onwatch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_printable_escapes_what_a_terminal_would_obey_and_is_idempotent():
+    shown = printable(HOSTILE)
+    assert "\x1b" not in shown and "\x07" not in shown and "\r" not in shown
+    assert "\u202e" not in shown and "\x9b" not in shown
+    assert "\\x1b]0;pwned\\x07" in shown and "\\u202e" in shown
+    assert printable(shown) == shown
+    assert printable("a\nb\tc", keep="\n\t") == "a\nb\tc"
+
+
+@pytest.fixture
+def inbox(tmp_path):
+    path = str(tmp_path / "inbox.db")
+    assert onwatch("init", path).returncode == 0
+    assert onwatch("ingest", path, "hook", HOSTILE, json.dumps({"t": HOSTILE})).returncode == 0
+    return path
+
+
+def test_events_show_and_errors_print_escaped(inbox):
+    for args in (("events", inbox, "pending"), ("show", inbox, "1"),
+                 ("cancel", inbox, "1"), ("cancel", inbox, "1")):
+        result = onwatch(*args)
+        for stream in (result.stdout, result.stderr):
+            assert "\x1b" not in stream and "\x07" not in stream and "\u202e" not in stream
+    assert "\\x1b]0;pwned" in onwatch("events", inbox, "cancelled").stdout
+
+
+def test_json_output_is_ascii_and_round_trips(inbox):
+    result = onwatch("events", inbox, "pending", "--json")
+    assert result.stdout.isascii()
+    [event] = json.loads(result.stdout)
+    assert event["source_id"] == HOSTILE and event["payload"] == {"t": HOSTILE}

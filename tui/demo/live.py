@@ -108,30 +108,6 @@ def start_worker(path: str, name: str, scratch: str, *,
 class LiveBar(Vertical):
     """Under the panes: the worker processes, the policy, and what just happened."""
 
-    DEFAULT_CSS = """
-    LiveBar {
-        height: auto;
-        background: $panel;
-        border-top: solid $accent;
-        padding: 0 1;
-
-        #live-title {
-            width: 1fr;
-            text-style: bold;
-            color: $text-accent;
-        }
-        #live-workers, #live-policy {
-            width: 1fr;
-            color: $text-muted;
-        }
-        #live-story {
-            width: 1fr;
-            height: auto;
-            max-height: 6;
-        }
-    }
-    """
-
     def compose(self) -> ComposeResult:
         yield Label(Text(f"Live: real worker processes on a real clock · lease {LEASE_TTL} s"),
                     id="live-title")

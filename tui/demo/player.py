@@ -65,20 +65,6 @@ def _count(total: int) -> str:
 class StepList(Vertical):
     """The scenario's whole story, step by step, with where the player is."""
 
-    DEFAULT_CSS = """
-    StepList {
-        width: 40;
-        height: auto;
-        border-left: solid $accent 50%;
-        padding: 0 0 0 1;
-
-        #steps-body {
-            width: 1fr;
-            height: auto;
-        }
-    }
-    """
-
     def compose(self) -> ComposeResult:
         yield Static("", id="steps-body")
 
@@ -102,62 +88,6 @@ class StepList(Vertical):
 class PlayerBar(Horizontal):
     """Under the panes: which scenario and step, the simulated clock, the narration, and (on a
     wide terminal) the list of steps."""
-
-    DEFAULT_CSS = """
-    PlayerBar {
-        height: auto;
-        background: $panel;
-        border-top: solid $accent;
-        padding: 0 1;
-
-        #demo-main {
-            width: 1fr;
-            height: auto;
-            padding-right: 1;
-        }
-        #demo-title {
-            width: 1fr;
-            text-style: bold;
-            color: $text-accent;
-        }
-        #demo-state {
-            width: 1fr;
-            color: $text-muted;
-        }
-        #demo-narration {
-            width: 1fr;
-            height: auto;
-            min-height: 2;
-            max-height: 5;
-            margin-top: 1;
-        }
-        #demo-watch {
-            width: 1fr;
-            height: auto;
-            margin-top: 1;
-            color: $text-muted;
-            text-style: italic;
-        }
-        #demo-next {
-            width: 1fr;
-            height: 1;
-            margin-top: 1;
-            color: $text-muted;
-        }
-        &.-autoplay #demo-state {
-            color: $text-success;
-            text-style: bold;
-        }
-        &.-narrow {
-            #demo-narration, #demo-next {
-                margin-top: 0;
-            }
-            #demo-watch, StepList {
-                display: none;
-            }
-        }
-    }
-    """
 
     def compose(self) -> ComposeResult:
         with Vertical(id="demo-main"):
@@ -198,16 +128,6 @@ class PlayerBar(Horizontal):
 class ScenarioPicker(ModalScreen[int | None]):
     """The list of scenarios; Enter plays the highlighted one, Escape keeps the current one."""
 
-    DEFAULT_CSS = """
-    ScenarioPicker .dialog.picker {
-        height: 90%;
-        max-width: 96;
-
-        #picker-list {
-            height: 1fr;
-        }
-    }
-    """
     BINDINGS = [
         Binding("escape", "close", "Close", id="picker-close", key_display="esc"),
     ]
@@ -259,12 +179,6 @@ class DemoScreen(Screen):
     """The demo's main screen: the footer lists the demo's own keys before the desk's.
 
     The app names them in `FOOTER_FIRST` (a set of action names).
-    """
-
-    DEFAULT_CSS = """
-    DemoScreen Footer FooterLabel {
-        padding-right: 1;  /* "+ - Speed" would otherwise run into the next key */
-    }
     """
 
     @property

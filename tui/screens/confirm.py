@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
 from ..panes.timefmt import clock, duration
-from ..safe import join
+from ..safe import join, safe_content
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,8 @@ class ConfirmScreen(ModalScreen[bool]):
                 if subject.due is not None:
                     yield Label("", id=f"left-{index}", classes="time-left")
             if len(self.subjects) > self.SHOWN:
-                yield Label(f"… and {len(self.subjects) - self.SHOWN} more", classes="more")
+                more = len(self.subjects) - self.SHOWN
+                yield Label(safe_content(f"… and {more} more"), classes="more")
             if self.note:
                 yield Label(Text(self.note), classes="note")
             yield Label(join("y / ↵ ", "confirm    ", "n / esc ", "cancel"), classes="keys")

@@ -26,7 +26,8 @@ def _map_error(exc: sqlite3.Error, path: str, busy_timeout: float) -> InboxError
     return InboxError(f"inbox {path}: {text}")
 
 
-def _write_tx(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
+def write_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
+    """`fn(db, *args)` inside BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
     db.execute("BEGIN IMMEDIATE")
     try:
         result = fn(db, *args)
@@ -38,7 +39,8 @@ def _write_tx(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
     return result
 
 
-def _read_tx(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
+def read_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
+    """`fn(db, *args)` inside one read snapshot."""
     db.execute("BEGIN")  # deferred: one consistent snapshot, no write lock
     try:
         return fn(db, *args)
@@ -115,7 +117,7 @@ class Database:
 
         def job() -> None:  # on the connection's thread
             try:
-                result = _write_tx(sqlite_conn, fn, args)
+                result = write_transaction(sqlite_conn, fn, args)
             except sqlite3.Error as exc:
                 loop.call_soon_threadsafe(done, None, _map_error(exc, path, busy_timeout))
             except BaseException as exc:  # noqa: B036 - handed to the callers, not lost
@@ -152,11 +154,11 @@ class Database:
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside BEGIN IMMEDIATE … COMMIT; roll back on any exception."""
-        return await self.call(_write_tx, fn, args)
+        return await self.call(write_transaction, fn, args)
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside one read snapshot."""
-        return await self.call(_read_tx, fn, args)
+        return await self.call(read_transaction, fn, args)
 
     async def data_version(self) -> int:
         """Changes whenever another connection commits to the file (PRAGMA data_version)."""

@@ -21,6 +21,7 @@ import time
 from typing import Any, Callable, Sequence, TypeVar
 
 from core import schema, store
+from core.db import read_transaction, write_transaction
 from core.records import Reply
 
 T = TypeVar("T")
@@ -49,25 +50,11 @@ class Yardstick:
     # --- transactions -----------------------------------------------------------------------
 
     def write(self, fn: Callable[..., T], *args: Any) -> T:
-        db = self.db
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            result = fn(db, *args)
-            db.execute("COMMIT")
-        except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
-            raise
-        return result
+        """`fn` in BEGIN IMMEDIATE … COMMIT: the engine's own wrapper, called directly."""
+        return write_transaction(self.db, fn, args)
 
     def read(self, fn: Callable[..., T], *args: Any) -> T:
-        db = self.db
-        db.execute("BEGIN")
-        try:
-            return fn(db, *args)
-        finally:
-            if db.in_transaction:
-                db.execute("COMMIT")
+        return read_transaction(self.db, fn, args)
 
     # --- the API the benchmark drives ---------------------------------------------------------
 

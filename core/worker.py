@@ -517,15 +517,15 @@ async def run_worker(path_or_inbox: str | os.PathLike | Inbox, agent: Agent, *,
     own = not isinstance(path_or_inbox, Inbox)
     inbox = await Inbox.open(path_or_inbox, clock=clock, create=False,
                              busy_timeout=busy_timeout) if own else path_or_inbox
-    worker = Worker(inbox, agent, holder=holder, send=send, poll_interval=poll_interval,
-                    grace=grace, setup=setup, max_runs=max_runs)
     watcher = None
-    if stop is not None:
-        async def watch() -> None:
-            await stop.wait()
-            worker.request_stop()
-        watcher = asyncio.create_task(watch())
     try:
+        worker = Worker(inbox, agent, holder=holder, send=send, poll_interval=poll_interval,
+                        grace=grace, setup=setup, max_runs=max_runs)
+        if stop is not None:
+            async def watch() -> None:
+                await stop.wait()
+                worker.request_stop()
+            watcher = asyncio.create_task(watch())
         return await worker.run()
     finally:
         if watcher is not None:

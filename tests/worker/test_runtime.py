@@ -342,3 +342,19 @@ async def test_run_worker_opens_a_path_and_stops_on_the_event(tmp_path):
 async def test_worker_refuses_a_non_callable_agent(inbox):
     with pytest.raises(ValueError):
         Worker(inbox, "not a function")
+
+
+async def test_run_worker_closes_the_inbox_it_opened_when_the_worker_is_refused(
+        tmp_path, monkeypatch):
+    path = str(tmp_path / "w.db")
+    await (await Inbox.open(path)).close()
+    closed = []
+    real_close = Inbox.close
+
+    async def close(self):
+        closed.append(self)
+        await real_close(self)
+    monkeypatch.setattr(Inbox, "close", close)
+    with pytest.raises(ValueError, match="agent must be callable"):
+        await run_worker(path, "not a function")
+    assert len(closed) == 1  # else its connection thread keeps the process from exiting

@@ -390,8 +390,11 @@ class Worker:
             await self._finish(ctx, ids, error=None)
         else:
             self.stats.failed += 1
-            log.warning("run %s: agent raised %s: %s", ctx.run_id, type(error).__name__, error)
-            await self._finish(ctx, ids, error=f"{type(error).__name__}: {error}")
+            # Escaped: the agent's message may hold a NUL or a lone surrogate, which the
+            # inbox refuses to store, and it will be shown on terminals.
+            text = printable(f"{type(error).__name__}: {error}", keep="\n\t")
+            log.warning("run %s: agent raised %s", ctx.run_id, text)
+            await self._finish(ctx, ids, error=text)
 
     async def _call_agent(self, batch: list[Event], ctx: RunContext) -> None:
         if inspect.iscoroutinefunction(self.agent) or \

@@ -61,6 +61,20 @@ async def test_an_agent_that_raises_is_recorded_with_backoff_and_the_worker_goes
     assert [m.body for m in await inbox.held_messages()] == ["third time lucky"]
 
 
+async def test_an_agent_error_the_inbox_would_refuse_to_store_is_stored_escaped(
+        inbox, start):
+    async def agent(batch, ctx):
+        raise ValueError("bad byte \x00, lone \ud800, line\nbreak")
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent)
+    event = await until(lambda: _pending_with_error(inbox, 1), what="the error recorded")
+    assert event.error == "ValueError: bad byte \\x00, lone \\ud800, line\nbreak"
+    assert not running.task.done()  # the worker goes on
+    stats = await running.stop()
+    assert (stats.runs, stats.failed) == (1, 1)
+
+
 async def _pending_with_error(inbox, event_id):
     event = await inbox.get_event(event_id)
     return event if event.status == "pending" and event.error else None

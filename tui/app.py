@@ -217,6 +217,7 @@ class OnwatchApp(App[int]):
                 status.updated_at = self.clock.now()
         except InboxError as exc:
             self._problem = f"cannot read the inbox: {exc}"
+            self._seen_version = None  # the next poll that gets an answer reads again
             self.query_one(StatusStrip).problem = self._problem
         finally:
             self._polling = False

@@ -159,3 +159,32 @@ async def test_a_failed_read_is_shown_and_retried(seeded):
             inbox.overview = original
         await wait_for(pilot, lambda: "updated 0s ago" in screen_text(app), timeout=3,
                        what="the poll to read again")
+
+
+async def test_a_failed_poll_is_shown_and_cleared_once_the_file_answers(seeded):
+    """A poll that cannot ask whether anything changed shows why, and the next poll that can
+    reads again, though nobody committed in between."""
+    from core import InboxBusy
+
+    inbox, _, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        failures = 0
+
+        async def busy(*args, **kwargs):
+            nonlocal failures
+            failures += 1
+            raise InboxBusy("inbox stayed locked by another process for more than 5 s")
+
+        saved = {name: getattr(inbox, name) for name in ("data_version", "change_token")}
+        for name in saved:
+            setattr(inbox, name, busy)
+        try:
+            await wait_for(pilot, lambda: failures > 0, timeout=3, what="a failed poll")
+            await wait_for_text(pilot, "cannot read the inbox: inbox stayed locked", timeout=3)
+        finally:
+            for name in saved:
+                delattr(inbox, name)
+        await wait_for(pilot, lambda: "updated 0s ago" in screen_text(app), timeout=3,
+                       what="the next poll to clear the problem")

@@ -373,8 +373,11 @@ class Worker:
                 with contextlib.suppress(BaseException):
                     await task
                 break
+        error: BaseException | None = None
         if abandon_why is None:
-            error = task.exception()
+            # An agent whose own code raised CancelledError ends a cancelled task: a failure.
+            error = asyncio.CancelledError("the agent's run was cancelled") \
+                if task.cancelled() else task.exception()
             if isinstance(error, (LeaseLost, RunAbandoned)):
                 abandon_why = "lease lost"
                 self.gen = None
@@ -385,7 +388,6 @@ class Worker:
                         abandon_why, ids)
             return
         ctx.close("finished")
-        error = task.exception()
         if error is None:
             await self._finish(ctx, ids, error=None)
         else:

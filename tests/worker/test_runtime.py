@@ -75,6 +75,20 @@ async def test_an_agent_error_the_inbox_would_refuse_to_store_is_stored_escaped(
     assert (stats.runs, stats.failed) == (1, 1)
 
 
+async def test_an_agent_that_raises_cancelled_error_is_a_failed_run_not_a_crash(
+        inbox, start):
+    async def agent(batch, ctx):
+        raise asyncio.CancelledError()  # e.g. a sub-task's cancellation let through
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent)
+    event = await until(lambda: _pending_with_error(inbox, 1), what="the error recorded")
+    assert event.error.startswith("CancelledError: ")
+    assert not running.task.done()
+    stats = await running.stop()
+    assert (stats.runs, stats.failed, stats.abandoned) == (1, 1, 0)
+
+
 async def _pending_with_error(inbox, event_id):
     event = await inbox.get_event(event_id)
     return event if event.status == "pending" and event.error else None

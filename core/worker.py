@@ -344,35 +344,40 @@ class Worker:
         task = asyncio.create_task(self._call_agent(batch, ctx))
         abandon_why: str | None = None
         stop_seen: float | None = None
-        while not task.done():
-            waiters = {task} if self.stopping else {task, asyncio.ensure_future(self._stop.wait())}
-            done, pending = await asyncio.wait(waiters, timeout=min(self.poll_interval, 0.25),
-                                               return_when=asyncio.FIRST_COMPLETED)
-            for waiter in pending - {task}:
-                waiter.cancel()
-            if task.done():
-                break
-            now = self.clock.now()
-            if budget is not None and now >= claimed_at + budget:
-                abandon_why = f"exceeded max_run_seconds ({budget} s)"
-                self._recover_at = claimed_at + budget + 1
-            elif self.stopping:
-                stop_seen = stop_seen if stop_seen is not None else time.monotonic()
-                if self._force.is_set() or time.monotonic() - stop_seen >= self.grace:
-                    abandon_why = "stopping"
-            elif now >= self._renew_at:
-                renewed = await self._step(lambda: self.inbox.renew(self.holder, gen))
-                if renewed is False:
-                    abandon_why = "lease lost"
-                    self.gen = None
-                elif renewed:
-                    self._renew_at = now + self._renew_period()
-            if abandon_why is not None:
-                ctx.close(abandon_why)
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        try:
+            while not task.done():
+                await asyncio.wait({task} if stop_wait.done() else {task, stop_wait},
+                                   timeout=min(self.poll_interval, 0.25),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if task.done():
+                    break
+                now = self.clock.now()
+                if budget is not None and now >= claimed_at + budget:
+                    abandon_why = f"exceeded max_run_seconds ({budget} s)"
+                    self._recover_at = claimed_at + budget + 1
+                elif self.stopping:
+                    stop_seen = stop_seen if stop_seen is not None else time.monotonic()
+                    if self._force.is_set() or time.monotonic() - stop_seen >= self.grace:
+                        abandon_why = "stopping"
+                elif now >= self._renew_at:
+                    renewed = await self._step(lambda: self.inbox.renew(self.holder, gen))
+                    if renewed is False:
+                        abandon_why = "lease lost"
+                        self.gen = None
+                    elif renewed:
+                        self._renew_at = now + self._renew_period()
+                if abandon_why is not None:
+                    ctx.close(abandon_why)
+                    task.cancel()
+                    with contextlib.suppress(BaseException):
+                        await task
+                    break
+        finally:
+            stop_wait.cancel()
+            if not task.done():  # the worker itself was cancelled: its run must not go on
+                ctx.close("the worker was cancelled")
                 task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-                break
         error: BaseException | None = None
         if abandon_why is None:
             # An agent whose own code raised CancelledError ends a cancelled task: a failure.

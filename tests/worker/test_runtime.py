@@ -268,6 +268,27 @@ async def test_a_second_stop_abandons_the_run_at_once(inbox, start):
     assert [e.id for e in await inbox.claim_batch("next", 2)] == [1]
 
 
+async def test_cancelling_the_worker_mid_run_cancels_the_agent_too(inbox, start):
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    async def agent(batch, ctx):
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent)
+    await asyncio.wait_for(started.wait(), 5)
+    running.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running.task
+    # Not left running on its own after the worker released the lease.
+    await asyncio.wait_for(cancelled.wait(), 2)
+
+
 async def test_a_restarted_process_with_the_same_holder_name_does_not_adopt_stuck_claims(
         inbox, start, clock):
     await inbox.ingest("chat", "m1", "x")

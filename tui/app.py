@@ -1,8 +1,8 @@
 """The supervisor TUI's composition root: six live panes over one inbox file, and its keys.
 
 The app owns the inbox connection and the one clock. It reads (`_refresh`), hands each pane
-its window (`pane.show`), ticks countdowns (`tick`), follows the file with a cheap
-`PRAGMA data_version` poll that never overlaps itself and skips while a dialog is open, and
+its window (`pane.show`), ticks countdowns (`tick`), follows the file with a cheap poll of
+`Inbox.change_token()` that never overlaps itself and skips while a dialog is open, and
 routes the panes' requests to the core (`tui.operator`), after a confirmation where one is due.
 """
 
@@ -92,7 +92,7 @@ class OnwatchApp(App[int]):
         self.loaded = asyncio.Event()  # set after the first full read (tests wait on it)
         self._refresh_lock = asyncio.Lock()
         self._action_lock = asyncio.Lock()
-        self._seen_version: int | None = None
+        self._seen_token: tuple[int, int] | None = None  # the change token the panes show
         self._polling = False
         self._problem: str | None = None
 
@@ -119,14 +119,7 @@ class OnwatchApp(App[int]):
         self.active_pane.focus_table()
         self.set_interval(self.TICK_SECONDS, self.tick, name="clock")
         self.set_interval(self.POLL_SECONDS, self._poll, name="follow")
-        self.run_worker(self._start(), group="refresh", exit_on_error=False)
-
-    async def _start(self) -> None:
-        try:
-            self._seen_version = await self.inbox.data_version()
-        except InboxError as exc:
-            self._problem = f"cannot read: {exc}"
-        await self.reload()
+        self.run_worker(self.reload(), group="refresh", exit_on_error=False)
 
     @property
     def panes(self) -> list[Pane]:
@@ -158,16 +151,20 @@ class OnwatchApp(App[int]):
             wanted = [p for p in self.panes
                       if every_pane or p is active or p.PANE_ID == "timers" or p in panes]
             try:
+                # Read before the data: a commit after this moves the token, so the next poll
+                # reads again; none is missed, and the app's own writes are followed too.
+                token = await self.inbox.change_token()
                 overview = await self.inbox.overview(now=now)
                 if every_pane:
                     await self.inbox.reload_settings()
                 fetched = [(p, await p.fetch(self.inbox, p.window, overview)) for p in wanted]
             except InboxError as exc:
                 self._problem = f"cannot read the inbox: {exc}"
-                self._seen_version = None  # the next poll tries again
+                self._seen_token = None  # the next poll tries again
                 self.query_one(StatusStrip).problem = self._problem
                 self.query_one(StatusStrip).tick(now)
                 return
+            self._seen_token = token
             self._problem = None
             self.now = now
             self.overview = overview
@@ -200,7 +197,7 @@ class OnwatchApp(App[int]):
         return len(self.screen_stack) > 1
 
     def _poll(self) -> None:
-        """Every half second: has anyone else committed? Never overlaps, skips under a dialog."""
+        """Every half second: has anyone committed? Never overlaps, skips under a dialog."""
         if self._polling or self._dialog_open():
             return
         self._polling = True
@@ -208,16 +205,14 @@ class OnwatchApp(App[int]):
 
     async def _poll_once(self) -> None:
         try:
-            version = await self.inbox.data_version()
-            if version != self._seen_version:
-                self._seen_version = version
+            if await self.inbox.change_token() != self._seen_token:
                 await self._refresh()
             elif self._problem is None:
                 status = self.query_one(StatusStrip)
                 status.updated_at = self.clock.now()
         except InboxError as exc:
             self._problem = f"cannot read the inbox: {exc}"
-            self._seen_version = None  # the next poll that gets an answer reads again
+            self._seen_token = None  # the next poll that gets an answer reads again
             self.query_one(StatusStrip).problem = self._problem
         finally:
             self._polling = False

@@ -412,9 +412,7 @@ class DemoApp(OnwatchApp):
                 run = await ScenarioRun.open(scenario, os.path.join(folder, "demo.db"),
                                              self.clock)
                 old, self.playing = self.playing, run
-                self.inbox = run.stage.inbox
-                with contextlib.suppress(Exception):
-                    self._seen_version = await self.inbox.data_version()
+                self.inbox = run.stage.inbox  # the reload below reads its change token
                 for pane in self.panes:
                     pane.window = Window()
                     pane.clear_marks()

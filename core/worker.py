@@ -27,6 +27,7 @@ import contextlib
 import inspect
 import logging
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -582,16 +583,21 @@ def command_channel(command: str, *, timeout: float = 60.0) -> Callable[[str], A
     async def send(text: str) -> None:
         env = dict(os.environ, ONWATCH_DELIVERY_KEY=str(getattr(text, "key", "")),
                    ONWATCH_MESSAGE_COUNT=str(getattr(text, "count", 1)))
+        # Its own process group, so that a timeout can stop what the shell started too
+        # (a child left holding the stderr pipe would keep the wait below going).
         process = await asyncio.create_subprocess_shell(
             command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=env)
+            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
         try:
             _, err = await asyncio.wait_for(process.communicate(str(text).encode("utf-8")),
                                             timeout)
-        except asyncio.TimeoutError:
-            process.kill()
+        except BaseException as exc:  # timed out, or the dispatch was cancelled
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
             await process.wait()
-            raise RuntimeError(f"command took longer than {timeout:g} s") from None
+            if isinstance(exc, asyncio.TimeoutError):
+                raise RuntimeError(f"command took longer than {timeout:g} s") from None
+            raise
         if process.returncode != 0:
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
             raise RuntimeError(f"command exited with {process.returncode}"

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import time
 
 import pytest
 
 from core import BudgetExceeded, Inbox
-from core.worker import LeaseLost, RunAbandoned, Worker, run_worker
+from core.worker import LeaseLost, RunAbandoned, Worker, command_channel, run_worker
 
 from .conftest import DAY, T, status, until
 
@@ -407,3 +411,23 @@ async def test_run_worker_closes_the_inbox_it_opened_when_the_worker_is_refused(
     with pytest.raises(ValueError, match="agent must be callable"):
         await run_worker(path, "not a function")
     assert len(closed) == 1  # else its connection thread keeps the process from exiting
+
+
+async def test_command_channel_never_leaves_its_command_running(tmp_path):
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="longer than 0.2 s"):
+        await command_channel("sleep 30; true", timeout=0.2)("hello")
+    assert time.monotonic() - started < 5  # the shell's child went with it
+    pid_file = tmp_path / "pid"
+    task = asyncio.create_task(command_channel(f"echo $$ > {pid_file}; exec sleep 30")("hi"))
+    pid = int(await until(lambda: pid_file.exists() and pid_file.read_text().strip(),
+                          what="the command to start"))
+    task.cancel()  # e.g. the dispatching worker is cancelled
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    try:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # killed and reaped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

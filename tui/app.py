@@ -142,14 +142,13 @@ class OnwatchApp(App[int]):
     async def _refresh(self, *, every_pane: bool = False, panes: Iterable[Pane] = ()) -> None:
         """Read the overview and the panes that need it, then hand each its window.
 
-        Only the shown pane (and the cheap timers window, whose count the pane bar shows) is
-        read on a change; the others are marked stale and read when shown.
+        Only the shown pane is read on a change (the pane bar's counts come from the
+        overview); the others are marked stale and read when shown.
         """
         async with self._refresh_lock:
             now = self.clock.now()
             active = self.active_pane
-            wanted = [p for p in self.panes
-                      if every_pane or p is active or p.PANE_ID == "timers" or p in panes]
+            wanted = [p for p in self.panes if every_pane or p is active or p in panes]
             try:
                 # Read before the data: a commit after this moves the token, so the next poll
                 # reads again; none is missed, and the app's own writes are followed too.

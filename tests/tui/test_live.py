@@ -8,7 +8,7 @@ from core import Inbox, InboxBusy
 from tui import app as app_module
 from tui.app import OnwatchApp
 
-from .conftest import screen_text, started, wait_for, wait_for_text
+from .conftest import T0, screen_text, started, wait_for, wait_for_text
 
 SIZE = (120, 40)
 
@@ -189,3 +189,28 @@ async def test_a_failed_poll_is_shown_and_cleared_once_the_file_answers(seeded):
             del inbox.change_token
         await wait_for(pilot, lambda: "updated 0s ago" in screen_text(app), timeout=3,
                        what="the next poll to clear the problem")
+
+
+async def test_a_change_reads_only_the_shown_pane(seeded):
+    """The pane bar's counts come from the overview: a change reads the shown pane's window
+    and no other (the rest are read when shown)."""
+    inbox, clock, path = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        windows = []
+        for name in ("events", "timers", "approvals", "held_messages"):
+            def counting(*args, _original=getattr(inbox, name), _name=name, **kwargs):
+                windows.append(_name)
+                return _original(*args, **kwargs)
+            setattr(inbox, name, counting)
+        other = await Inbox.open(path, create=False, clock=clock)
+        try:
+            await other.add_timer("nightly", T0 + 600, {})
+            await wait_for_text(pilot, "5 Timers 6", timeout=3)  # the count moved
+            assert windows == ["events"]  # the Pending pane's window, and nothing else
+            assert app.pane("timers").stale
+            await pilot.press("5")
+            await wait_for_text(pilot, "nightly", timeout=3)
+        finally:
+            await other.close()

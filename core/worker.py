@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import math
 import os
 import signal
 import socket
@@ -198,8 +199,14 @@ class Worker:
                  max_runs: int | None = None) -> None:
         if not callable(agent):
             raise BadInput("agent must be callable: async def agent(batch, ctx)")
-        if poll_interval <= 0:
-            raise BadInput("poll_interval must be positive")
+        if not 0 < poll_interval < math.inf:  # NaN too: it would make every wait a spin
+            raise BadInput(f"poll_interval must be a positive number of seconds, got "
+                           f"{poll_interval!r}")
+        if not 0 <= grace < math.inf:
+            raise BadInput(f"grace must be a number of seconds, got {grace!r}")
+        if max_runs is not None and (isinstance(max_runs, bool) or
+                                     not isinstance(max_runs, int) or max_runs < 1):
+            raise BadInput(f"max_runs must be a positive integer or None, got {max_runs!r}")
         self.inbox = inbox
         self.agent = agent
         self.holder = holder or default_holder()

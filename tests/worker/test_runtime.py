@@ -392,9 +392,14 @@ async def test_run_worker_opens_a_path_and_stops_on_the_event(tmp_path):
     assert stats.done == 1 and [str(s) for s in sent] == ["echo m1"]
 
 
-async def test_worker_refuses_a_non_callable_agent(inbox):
+async def test_worker_refuses_a_non_callable_agent_and_bad_options(inbox):
     with pytest.raises(ValueError):
         Worker(inbox, "not a function")
+    for options in ({"poll_interval": 0}, {"poll_interval": float("nan")},
+                    {"poll_interval": float("inf")}, {"grace": -1}, {"grace": float("nan")},
+                    {"max_runs": 0}, {"max_runs": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(options))):
+            Worker(inbox, echo, **options)
 
 
 async def test_run_worker_closes_the_inbox_it_opened_when_the_worker_is_refused(

@@ -395,3 +395,18 @@ async def test_countdowns_tick_from_the_one_clock(seeded):
         app.tick()
         await pilot.pause()
         assert "lease worker-b gen 2 · expired 1m21s ago" in screen_text(app)
+
+
+async def test_the_outbox_countdowns_and_send_times_tick(seeded):
+    inbox, clock, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "6")
+        await wait_for_text(pilot, "28m20s ago")  # the last paced send
+        assert "next paced send in 31m40s" in screen_text(app)
+        clock.advance(60)
+        app.tick()
+        await pilot.pause()
+        assert "29m20s ago" in screen_text(app)
+        assert "next paced send in 30m40s" in screen_text(app)

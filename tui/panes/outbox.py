@@ -88,6 +88,10 @@ class OutboxPane(Pane):
     def tick(self, now: int) -> None:
         super().tick(now)
         self._show_summary(now)
+        state: OutboxState | None = self.data.extra
+        table = self.query_one("#sends", DataTable)
+        for d in state.deliveries if state else ():
+            table.update_cell(str(d.id), "when", self._sent_when(d, now))
 
     def _show_summary(self, now: int) -> None:
         state: OutboxState | None = self.data.extra
@@ -111,8 +115,12 @@ class OutboxPane(Pane):
         table = self.query_one("#sends", DataTable)
         table.clear()
         for d in state.deliveries if state else ():
-            when = d.sent_at if d.sent_at is not None else d.created
             note = safe_text(d.last_error, limit=200)
             table.add_row(Text(f"#{d.id}"), Text(d.status + (" !" if d.urgent else "")),
-                          Text(str(d.message_count)), Text(f"{duration(now - when)} ago"),
+                          Text(str(d.message_count)), self._sent_when(d, now),
                           Text(str(d.attempts)), note, key=str(d.id))
+
+    @staticmethod
+    def _sent_when(delivery: Delivery, now: int) -> Text:
+        when = delivery.sent_at if delivery.sent_at is not None else delivery.created
+        return Text(f"{duration(now - when)} ago")

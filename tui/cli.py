@@ -23,6 +23,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -111,6 +112,45 @@ def _assignments(pairs: list[str]) -> dict[str, Any]:
             raise CliError(f"expected key=value, got {pair!r}")
         changes[key.strip()] = _parse_value(value)
     return changes
+
+
+def _inbox_path(text: str) -> str:
+    """argparse type of PATH: SQLite would take '' for a throwaway temporary database."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected the inbox file's path, got ''")
+    return text
+
+
+def _seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
+    """argparse type: a finite number of seconds, positive (or, allow_zero, non-negative)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan  # refused below, as NaN is
+        if not (0 <= value if allow_zero else 0 < value) or value == math.inf:
+            kind = "non-negative" if allow_zero else "positive"
+            raise argparse.ArgumentTypeError(f"expected a {kind} number of seconds, got "
+                                             f"{text!r}")
+        return value
+    return parse
+
+
+_MAX_INTEGER = 2**63 - 1  # SQLite's largest INTEGER: ids and limits past it overflow
+
+
+def _whole(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer from `minimum` up to what SQLite can store."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not minimum <= value <= _MAX_INTEGER:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {minimum} to "
+                                             f"{_MAX_INTEGER}, got {text!r}")
+        return value
+    return parse
 
 
 def _default_actor() -> str:
@@ -571,7 +611,7 @@ examples:
 
 def build_parser() -> Parser:
     common = Parser(add_help=False)
-    common.add_argument("--busy-timeout", type=float, default=5.0, metavar="SECONDS",
+    common.add_argument("--busy-timeout", type=_seconds(), default=5.0, metavar="SECONDS",
                         help="how long to wait for another process's write lock (default 5)")
     as_json = Parser(add_help=False)
     as_json.add_argument("--json", action="store_true",
@@ -601,7 +641,7 @@ def build_parser() -> Parser:
         p = subs.add_parser(name, help=help_text, description=help_text, parents=list(parents),
                             epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
         if path:
-            p.add_argument("path", metavar="PATH", help="the inbox file")
+            p.add_argument("path", type=_inbox_path, metavar="PATH", help="the inbox file")
         p.set_defaults(handler=handler)
         return p
 
@@ -622,18 +662,18 @@ def build_parser() -> Parser:
 
     p = sub("show", "one event with its runs and effect journal", _run(cmd_show),
             (common, as_json))
-    p.add_argument("event_id", type=int, metavar="EVENT_ID")
+    p.add_argument("event_id", type=_whole(1), metavar="EVENT_ID")
 
     p = sub("events", "list events in one state (keyset pages by id)", _run(cmd_events),
             (common, as_json))
     p.add_argument("status", nargs="?", default="pending", metavar="STATE",
                    choices=("pending", "running", "done", "dead", "interrupted", "cancelled"))
-    p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--after", type=int, metavar="EVENT_ID", help="page after this id")
+    p.add_argument("--limit", type=_whole(1), default=50)
+    p.add_argument("--after", type=_whole(0), metavar="EVENT_ID", help="page after this id")
 
     p = sub("approvals", "list approval requests (waiting first)", _run(cmd_approvals),
             (common, as_json))
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=_whole(1), default=100)
 
     p = sub("tui", "open the supervisor TUI on an inbox", cmd_tui, ())
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
@@ -654,11 +694,11 @@ def build_parser() -> Parser:
     p.add_argument("--holder", help="lease holder name, unique per process (default host:pid)")
     p.add_argument("--no-dispatch", action="store_true",
                    help="leave the outbox to another process (`onwatch dispatch`)")
-    p.add_argument("--poll", type=float, default=0.5, metavar="SECONDS",
+    p.add_argument("--poll", type=_seconds(), default=0.5, metavar="SECONDS",
                    help="how often an idle worker checks for new commits (default 0.5)")
-    p.add_argument("--grace", type=float, default=10.0, metavar="SECONDS",
+    p.add_argument("--grace", type=_seconds(allow_zero=True), default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long the current run may take to finish (default 10)")
-    p.add_argument("--max-runs", type=int, metavar="N", help="stop after N runs")
+    p.add_argument("--max-runs", type=_whole(1), metavar="N", help="stop after N runs")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
 
@@ -673,7 +713,7 @@ def build_parser() -> Parser:
             ("resolve", "interrupted → done: the uncertain effect did happen", None),
             ("bury", "interrupted or pending → dead, by hand", None)):
         p = sub(name, help_text, _event_command(name), (common, as_json, operator))
-        p.add_argument("event_id", type=int, metavar="EVENT_ID")
+        p.add_argument("event_id", type=_whole(1), metavar="EVENT_ID")
         p.add_argument("--expect", metavar="STATE",
                        help="only act if the event is in this state (what you saw)")
 

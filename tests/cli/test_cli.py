@@ -53,6 +53,23 @@ def test_usage_errors_are_one_line_and_exit_2(capsys, path):
             assert one_line_error(err), (args, err)
 
 
+def test_out_of_range_numbers_and_an_empty_path_are_usage_errors(capsys, path):
+    huge = str(2**64)  # past SQLite's INTEGER: used to end as an 'internal error'
+    agent = ("--agent", "core.example_agent:handle")
+    for args in (("show", path, huge), ("requeue", path, huge), ("events", path, "--after", huge),
+                 ("approvals", path, "--limit", huge), ("status", path, "--busy-timeout", "nan"),
+                 ("status", path, "--busy-timeout", "inf"), ("ingest", path, "c", "1",
+                                                              "--busy-timeout", "0"),
+                 ("worker", path, *agent, "--poll", "nan"),
+                 ("worker", path, *agent, "--grace", "-1"),
+                 ("worker", path, *agent, "--max-runs", "0"),
+                 ("init", ""), ("status", "")):
+        code, out, err = run(capsys, *args)
+        assert code == 2 and out == "" and one_line_error(err), (args, err)
+        assert "argument" in err, (args, err)  # names the option or argument at fault
+    assert run(capsys, "events", path)[1] == ""  # nothing was ingested
+
+
 def test_init_is_idempotent_and_takes_settings(capsys, path):
     code, out, _ = run(capsys, "init", path, "max_pending=10", "--json")
     data = json.loads(out)

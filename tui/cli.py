@@ -257,6 +257,8 @@ def _payload(text: str | None) -> Any:
         return json.loads(text)
     except ValueError as exc:
         raise CliError(f"the payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CliError("the payload is nested too deeply") from None
 
 
 async def cmd_ingest(args: argparse.Namespace) -> int:

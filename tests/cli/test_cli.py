@@ -94,6 +94,8 @@ def test_bad_input_and_foreign_files_exit_2_with_one_line(capsys, path, tmp_path
     assert code == 2 and one_line_error(err) and "not valid JSON" in err
     code, _, err = run(capsys, "ingest", path, "", "m1")
     assert code == 2 and one_line_error(err)
+    code, _, err = run(capsys, "ingest", path, "chat", "m2", "[" * 100_000 + "]" * 100_000)
+    assert code == 2 and one_line_error(err) and "nested too deeply" in err
     foreign = tmp_path / "notes.txt"
     foreign.write_text("hello")
     code, _, err = run(capsys, "status", foreign)

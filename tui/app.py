@@ -410,15 +410,19 @@ class OnwatchApp(App[int]):
         self.push_screen(HelpScreen(self._help_text()))
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
-        """The palette offers every key that is active where it was opened, by name."""
+        """The palette offers every onwatch key that is active where it was opened, by name.
+
+        Only our bindings (each has an id): the widgets' navigation keys are listed by
+        Textual's own "Keys" command, and quitting by its "Quit".
+        """
         yield from super().get_system_commands(screen)
         seen = set()
         for key, active in screen.active_bindings.items():
             binding = active.binding
-            if not active.enabled or binding.system or not binding.description:
+            if not active.enabled or not binding.id or not binding.description:
                 continue
-            if (binding.action, id(active.node)) in seen or binding.action in (
-                    "command_palette", "quit"):
+            if (binding.action, id(active.node)) in seen or binding.action.removeprefix(
+                    "app.") in ("command_palette", "quit"):
                 continue
             seen.add((binding.action, id(active.node)))
             help_text = f"key {self.get_key_display(binding)}"

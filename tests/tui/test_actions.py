@@ -374,8 +374,10 @@ async def test_help_and_palette_read_the_bindings(seeded):
         await press(pilot, "escape")
         names = [c.title for c in app.get_system_commands(app.screen)]
         for name in ("Approve", "Deny", "Expire", "Pause", "Hold outbox", "Send now",
-                     "Detail", "Filter", "Pending", "Outbox"):
+                     "Detail", "Filter", "Pending", "Outbox", "Help", "Quit"):
             assert name in names, name
+        assert len(names) == len(set(names)), names  # one Quit, one Help
+        assert "Cursor up" not in names  # the table's own keys are Textual's "Keys" command
 
 
 async def test_countdowns_tick_from_the_one_clock(seeded):

@@ -100,7 +100,8 @@ class Pane(Vertical):
     BINDINGS = [
         # Help and quit lead the footer (they are the app's; repeated here only for the
         # order), so they stay visible at 80 columns, where the last keys are cut off.
-        Binding("question_mark", "app.help", "Help", id="help", key_display="?"),
+        Binding("question_mark", "app.help", "Help", id="help", key_display="?",
+                tooltip="this list of keys"),
         Binding("q", "app.quit", "Quit", id="quit"),
         Binding("enter", "detail", "Detail", priority=True, id="detail",
                 tooltip="the highlighted row in full: payload, attempts, errors, history"),

@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 import getpass
+import hashlib
 import importlib
 import importlib.util
 import json
@@ -27,6 +28,7 @@ import math
 import os
 import signal
 import sys
+import types
 from typing import Any, Callable, Iterator
 
 from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
@@ -182,11 +184,7 @@ def _load_callable(spec: str, what: str) -> Callable:
         sys.path.insert(0, os.getcwd())
     try:
         if module_name.endswith(".py") or os.sep in module_name:
-            location = importlib.util.spec_from_file_location("onwatch_user_agent", module_name)
-            if location is None or location.loader is None:
-                raise CliError(f"{what}: cannot load {module_name}")
-            module = importlib.util.module_from_spec(location)
-            location.loader.exec_module(module)
+            module = _load_file(module_name, what)
         else:
             module = importlib.import_module(module_name)
     except CliError:
@@ -200,6 +198,26 @@ def _load_callable(spec: str, what: str) -> Callable:
     if not callable(fn):
         raise CliError(f"{what}: {module_name} has no function {attr!r}")
     return fn
+
+
+def _load_file(path: str, what: str) -> types.ModuleType:
+    """Run a .py file as a module once, registered in sys.modules like any import: an
+    agent and its setup from one file share its globals, and @dataclass (which looks its
+    module up there) works in it."""
+    name = "onwatch_file_" + hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:16]
+    if name in sys.modules:
+        return sys.modules[name]
+    location = importlib.util.spec_from_file_location(name, path)
+    if location is None or location.loader is None:
+        raise CliError(f"{what}: cannot load {path}")
+    module = importlib.util.module_from_spec(location)
+    sys.modules[name] = module
+    try:
+        location.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def _channel(args: argparse.Namespace):

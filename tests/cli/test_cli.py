@@ -324,3 +324,25 @@ def test_worker_runs_an_agent_from_a_file_and_stops_after_max_runs(path, tmp_pat
     assert result.returncode == 0, result.stderr
     assert result.stdout == "seen a1\n"
     assert "1 run(s), 1 done" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_agent_file_is_loaded_once_as_a_real_module(tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text("from __future__ import annotations\n"
+                     "from dataclasses import dataclass\n"
+                     "@dataclass\n"
+                     "class Note:\n"
+                     "    text: str\n"
+                     "STATE = {}\n"
+                     "def setup(inbox):\n"
+                     "    STATE['ready'] = True\n"
+                     "async def handle(batch, ctx):\n"
+                     "    ctx.reply(Note(str(STATE)).text)\n")
+    setup = cli._load_callable(f"{agent}:setup", "--setup")  # a dataclass under
+    handle = cli._load_callable(f"{agent}:handle", "--agent")  # string annotations loads
+    try:
+        setup(None)
+        assert handle.__globals__ is setup.__globals__  # the setup's state reaches the agent
+        assert handle.__globals__["STATE"] == {"ready": True}
+    finally:
+        sys.modules.pop(handle.__module__, None)

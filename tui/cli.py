@@ -22,6 +22,7 @@ import getpass
 import hashlib
 import importlib
 import importlib.util
+import inspect
 import json
 import logging
 import math
@@ -508,6 +509,22 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     return OK
 
 
+def _setup_step(setup: Callable, spec: str) -> Callable[[Inbox], Any]:
+    """--setup as the worker calls it: if the user's function fails, say so (one line),
+    rather than report an onwatch 'internal error'."""
+    async def step(inbox: Inbox) -> None:
+        try:
+            outcome = setup(inbox)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except InboxError:
+            raise  # reported like every inbox refusal
+        except Exception as exc:
+            raise CliError(f"--setup {spec} failed: {type(exc).__name__}: "
+                           f"{_one_line(exc)}") from None
+    return step
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     # A stop asked for while starting up still means a clean exit 0.
     early: list[int] = []
@@ -515,7 +532,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         signal.signal(signum, lambda number, frame: early.append(number))
     from core.worker import Worker
     agent = _load_callable(args.agent, "--agent")
-    setup = _load_callable(args.setup, "--setup") if args.setup else None
+    setup = _setup_step(_load_callable(args.setup, "--setup"), args.setup) if args.setup \
+        else None
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s onwatch-worker %(levelname)s %(message)s")
 

@@ -346,3 +346,14 @@ def test_an_agent_file_is_loaded_once_as_a_real_module(tmp_path):
         assert handle.__globals__["STATE"] == {"ready": True}
     finally:
         sys.modules.pop(handle.__module__, None)
+
+
+def test_a_failing_setup_is_reported_as_the_setups_failure(path, tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text("def setup(inbox):\n    raise KeyError('timers')\n"
+                     "async def handle(batch, ctx):\n    pass\n")
+    result = subprocess.run([sys.executable, "-m", "tui.cli", "worker", path, "--agent",
+                             f"{agent}:handle", "--setup", f"{agent}:setup"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2 and one_line_error(result.stderr), result.stderr
+    assert f"--setup {agent}:setup failed: KeyError: 'timers'" in result.stderr

@@ -8,6 +8,7 @@ import pytest
 
 from tui.demo.player import SPEEDS, DemoApp, ScenarioPicker
 from tui.demo.scenarios import SCENARIOS, START, scenario
+from tui.screens.confirm import ConfirmScreen
 
 SIZE = (120, 40)
 
@@ -185,7 +186,7 @@ async def test_viewer_can_act_on_the_demo_inbox(tmp_path):
             assert app.query_one("#panes").current == "approvals"
             await settle(pilot, app, until=lambda: len(list(app.pane("approvals").records())))
             await pilot.press("a")
-            await pilot.pause()
+            await settle(pilot, app, until=lambda: isinstance(app.screen, ConfirmScreen))
             await pilot.press("y")
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:

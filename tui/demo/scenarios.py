@@ -155,10 +155,6 @@ class Scenario:
         return self.steps[0].pane or self.focus if self.steps else self.focus
 
 
-def yes_no(flag: object, yes: str, no: str) -> str:
-    return yes if flag else no
-
-
 def plural(count: int, word: str, words: str | None = None) -> str:
     """'1 event', '3 events', 'no events'."""
     many = words or word + "s"
@@ -988,11 +984,6 @@ class ScenarioRun:
         self.position += 1
         self.narration.append(line)
         return line
-
-    async def play_to_end(self) -> list[str]:
-        while not self.finished:
-            await self.step()
-        return self.narration
 
     async def close(self) -> None:
         await self.stage.close_workers()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Any
 
 from rich.text import Text
 from textual.binding import Binding
@@ -68,9 +68,6 @@ class ApprovalsPane(Pane):
 
     def row_key(self, record: Approval) -> str:
         return record.request_id
-
-    def signature(self, record: Approval) -> Hashable:
-        return record
 
     def count_label(self, data: PaneData) -> str:
         return f"{data.total:,} waiting"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Hashable
+from typing import Any
 
 from rich.text import Text
 from textual.widgets import DataTable, Label
@@ -67,9 +67,6 @@ class OutboxPane(Pane):
             sends.add_column(label, key=key, width=width)
         yield Label("Recent sends", classes="sends-title")
         yield sends
-
-    def signature(self, record: Message) -> Hashable:
-        return record
 
     def cells(self, message: Message, now: int) -> dict[str, Text]:
         return {"id": Text(str(message.id), justify="right"), **self.ticking_cells(message, now),

@@ -311,6 +311,7 @@ def run(path: str, *, host: str, port: int, secrets: Secrets, max_body: int | No
     3 if it stayed locked; 1 if it cannot be opened otherwise or the port cannot be bound."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s onwatch serve: %(message)s"))
+    saved = log.level, log.propagate
     log.addHandler(handler)
     log.setLevel(logging.INFO)
     log.propagate = False
@@ -320,6 +321,8 @@ def run(path: str, *, host: str, port: int, secrets: Secrets, max_body: int | No
         return 0
     finally:
         log.removeHandler(handler)
+        log.setLevel(saved[0])
+        log.propagate = saved[1]
 
 
 async def _serve(path: str, host: str, port: int, secrets: Secrets, max_body: int | None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from types import SimpleNamespace
 
@@ -135,10 +136,14 @@ def test_main_refuses_a_foreign_file_status_2(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ONWATCH_GITHUB_SECRET", "g")
     foreign = tmp_path / "notes.txt"
     foreign.write_text("not a database, just notes\n" * 10)
+    receiver_log = logging.getLogger("onwatch.webhooks")
+    before = receiver_log.level, receiver_log.propagate
     assert main(args(foreign)) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "onwatch serve:" in err, err
     assert foreign.read_text().startswith("not a database")
+    # The receiver's logger is as it was (an embedding app's logging still gets its lines).
+    assert (receiver_log.level, receiver_log.propagate) == before
 
 
 def test_secrets_of_checks_names():

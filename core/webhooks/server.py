@@ -36,6 +36,7 @@ from aiohttp.abc import AbstractAccessLogger
 from aiohttp.web_urldispatcher import _default_expect_handler
 
 from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
+from core.text import printable
 
 from .config import SOURCE_PATTERN, Secrets
 from .signatures import SignatureError, verify_sha256_header, verify_stripe
@@ -194,7 +195,7 @@ class Receiver:
             except SignatureError as exc:
                 raise Refused(401, exc.reason) from None
             source_id, payload = scheme.event(request.headers, body)
-            request[_NOTE] = f"{source}/{_printable(source_id, 80)}"
+            request[_NOTE] = f"{source}/{_log_text(source_id, 80)}"
             stored = await self._store(source, source_id, payload)
         except Refused as refused:
             note = request.get(_NOTE)
@@ -244,12 +245,9 @@ class Receiver:
             raise Refused(500, "could not store the delivery") from None
 
 
-def _printable(text: str, limit: int = 200) -> str:
-    """`text` safe for one log line: control characters escaped, length bounded."""
-    text = text if len(text) <= limit else text[:limit] + "…"
-    if text.isprintable():
-        return text
-    return text.encode("unicode_escape").decode("ascii")
+def _log_text(text: str, limit: int = 200) -> str:
+    """`text` safe for one log line: length bounded, escaped like all untrusted text."""
+    return printable(text if len(text) <= limit else text[:limit] + "…")
 
 
 class AccessLog(AbstractAccessLogger):
@@ -259,7 +257,7 @@ class AccessLog(AbstractAccessLogger):
     def log(self, request: web.BaseRequest, response: web.StreamResponse,
             time: float) -> None:
         self.logger.info("%s %s %s %d %s %.1fms", request.remote, request.method,
-                         _printable(request.raw_path), response.status,
+                         _log_text(request.raw_path), response.status,
                          request.get(_NOTE, "-"), time * 1000)
 
     @property

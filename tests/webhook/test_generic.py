@@ -91,3 +91,14 @@ async def test_secret_for_one_hook_name_only(serve, inbox, http):
         async with http.post(f"{server.url}/hooks/{hook}", data=body,
                              headers=generic_headers(body, "k", secret=HOOK_SECRET)) as r:
             assert r.status == 404
+
+
+async def test_the_access_log_line_escapes_a_hostile_delivery_id(server, inbox, http, caplog):
+    caplog.set_level("INFO", logger="onwatch.webhooks")
+    body, key = b"{}", "k\u202eevil\u200b"
+    headers = generic_headers(body, "x")
+    headers["Idempotency-Key"] = key
+    status, _, _ = await post(http, server.url + "/hooks/ci", body, headers)
+    assert status == 202 and key in await stored(inbox, "ci")
+    [line] = [r.getMessage() for r in caplog.records if "POST /hooks/ci" in r.getMessage()]
+    assert "ci/k\\u202eevil\\u200b stored" in line

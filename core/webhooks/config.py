@@ -4,7 +4,9 @@ Environment (a comma-separated list is several secrets, for rotation):
 
     ONWATCH_GITHUB_SECRET           /hooks/github
     ONWATCH_STRIPE_SECRET           /hooks/stripe  (the endpoint's whsec_… signing secret)
-    ONWATCH_HOOK_SECRET_<SOURCE>    /hooks/<source>  (SOURCE upper-cased, "-" written "_")
+    ONWATCH_HOOK_SECRET_<SOURCE>    /hooks/<source>  (<source> is SOURCE lower-cased, so
+                                    ..._HOME_ASSISTANT serves /hooks/home_assistant; a
+                                    name with "-" is configured in the file)
 
 Config file (`--config FILE`):
 

@@ -60,6 +60,7 @@ class WorkerProcess:
     process: subprocess.Popen
     log: str
     killed: bool = False
+    exit_told: bool = False  # the story said it exited by itself
 
     @property
     def alive(self) -> bool:
@@ -321,8 +322,8 @@ class LiveDemoApp(OnwatchApp):
             self.tell(f"{holder} finished: {done} event{'s' if done != 1 else ''} done, the "
                       f"replies went to the outbox in the same transaction.")
         for worker in self.processes:
-            if not worker.alive and not worker.killed and not getattr(worker, "_told", False):
-                worker._told = True  # type: ignore[attr-defined]
+            if not worker.alive and not worker.killed and not worker.exit_told:
+                worker.exit_told = True
                 self.tell(f"{worker.name} exited (see its log: {worker.log})")
 
     async def action_quit(self) -> None:

@@ -331,10 +331,6 @@ async def cmd_status(args: argparse.Namespace) -> int:
     return OK
 
 
-def _event_dict(event) -> dict:
-    return dataclasses.asdict(event)
-
-
 async def cmd_show(args: argparse.Namespace) -> int:
     async with await _open(args) as inbox:
         event = await inbox.get_event(args.event_id)
@@ -364,7 +360,7 @@ async def cmd_events(args: argparse.Namespace) -> int:
     async with await _open(args) as inbox:
         rows = await inbox.events(args.status, limit=args.limit, after=args.after)
     if args.json:
-        _emit_json([_event_dict(e) for e in rows])
+        _emit_json(rows)
         return OK
     for e in rows:
         error = f"  {_one_line(e.error)[:80]}" if e.error else ""

@@ -19,9 +19,11 @@ from core import Approval, Event, Inbox, InboxError
 
 from .panes.timefmt import clock
 
-# action name → (verb for the outcome line, whether it asks for confirmation first)
+# action name → verb for the outcome line over several rows
 EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "mark_done": "marked done"}
+# action name → the answer it stores
 APPROVAL_ACTIONS = {"approve": "yes", "deny": "no", "expire": "expired"}
+# the actions that ask for confirmation first
 CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "mark_done", "send_now"})
 
 # What a change of state means, seen from the operator's chair.

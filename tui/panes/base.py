@@ -268,7 +268,7 @@ class Pane(Vertical):
             for column, value in self.ticking_cells(record, now).items():
                 if old.get(column) != value:
                     old[column] = value
-                    self.table.update_cell(key, column, value)
+                    table.update_cell(key, column, value)
 
     def show_outcome(self, text: str, applied: bool | None) -> None:
         """Show the outcome that stands after an action (inbox text inside: made safe)."""

@@ -463,10 +463,22 @@ class Worker:
     async def _dispatch(self) -> None:
         if self.send is None:
             return
-        sent = await self._step(lambda: self.inbox.dispatch(self.send))
+        sent = await self._step(lambda: self.inbox.dispatch(self._send))
         if sent:
             self.stats.sent += sent
             log.info("dispatched %s message(s)", sent)
+
+    async def _send(self, text: str) -> None:
+        """The channel, its failures logged: dispatch records them and returns 0, which
+        alone would leave a broken channel silent in the worker's log."""
+        try:
+            outcome = self.send(text)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception as exc:
+            log.warning("delivery %s failed: %s", getattr(text, "key", "?"),
+                        printable(f"{type(exc).__name__}: {exc}"))
+            raise
 
     async def _release(self) -> None:
         if self.gen is None:

@@ -377,6 +377,21 @@ async def test_budget_followups_per_run_refuses_the_run_outcome(inbox, start, cl
     assert await inbox.timers() == [] and await inbox.held_messages() == []
 
 
+async def test_a_failed_delivery_is_logged_by_the_worker(inbox, start, caplog):
+    def broken(text):
+        raise ConnectionError("smtp refused")
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(echo, send=broken)
+    await until(lambda: _status_is(inbox, 1, "done"))
+    await until(lambda: any("smtp refused" in r.getMessage() for r in caplog.records),
+                what="the failure in the log")
+    await running.stop()
+    line = next(r.getMessage() for r in caplog.records if "smtp refused" in r.getMessage())
+    assert line.startswith("delivery onwatch-") and "ConnectionError: smtp refused" in line
+    assert [d.status for d in await inbox.deliveries()][-1] in ("failed", "dead")
+
+
 async def test_run_worker_opens_a_path_and_stops_on_the_event(tmp_path):
     path = str(tmp_path / "w.db")
     inbox = await Inbox.open(path)

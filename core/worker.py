@@ -37,7 +37,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 from .clock import Clock, check_time
 from .errors import BadInput, InboxBusy, InboxError
 from .inbox import Inbox, SendFn
-from .records import ApprovalRequest, Event, FollowUp, Reply
+from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
 from .text import printable
 
 log = logging.getLogger("onwatch.worker")
@@ -297,24 +297,16 @@ class Worker:
             log.warning("lease generation %s lost (renewal refused)", self.gen)
             self.gen = None
         lease = await self._step(self.inbox.lease_info)
-        if lease is not None and lease.holder == self.holder and lease.until >= now \
-                and lease.gen not in self.stats.generations:
-            # Our name, not our process: a predecessor under the same holder name. Adopting
-            # its generation would keep its stuck claims 'running'; wait for a takeover.
-            log.warning("lease gen %s is held under this holder name by an earlier process; "
-                        "waiting for it to expire", lease.gen)
-            await self._wait_for_lease(lease.until)
+        if lease is not None and lease.until >= now and (
+                lease.holder != self.holder or lease.gen not in self.stats.generations):
+            # Held by another: acquire would refuse. A standby's wake-up costs a read only.
+            await self._wait_for(lease)
             return False
         gen = await self._step(lambda: self.inbox.acquire(self.holder))
-        if gen is None:
+        if gen is None:  # taken meanwhile, or the database stayed locked
             lease = await self._step(self.inbox.lease_info)
-            if lease is not None and not self.stopping:
-                seen = (lease.holder, lease.gen)
-                log.log(logging.INFO if seen != self._waiting_for else logging.DEBUG,
-                        "lease held by %s (gen %s) until %s; waiting", lease.holder,
-                        lease.gen, lease.until)
-                self._waiting_for = seen
-                await self._wait_for_lease(lease.until)
+            if lease is not None:
+                await self._wait_for(lease)
             return False
         if gen not in self.stats.generations:
             self.stats.generations.append(gen)
@@ -326,8 +318,22 @@ class Worker:
     def _renew_period(self) -> int:
         return max(1, self.inbox.settings.lease_ttl // 3)
 
-    async def _wait_for_lease(self, until: int) -> None:
-        await self._idle_until(until + 1, renew=False)
+    async def _wait_for(self, lease: Lease) -> None:
+        """Wait until another holder's lease lapses, or anyone commits; say so once."""
+        if self.stopping:
+            return
+        if lease.holder == self.holder:
+            # Our name, not our process: a predecessor under the same holder name. Adopting
+            # its generation would keep its stuck claims 'running'; wait for a takeover.
+            log.warning("lease gen %s is held under this holder name by an earlier process; "
+                        "waiting for it to expire", lease.gen)
+        else:
+            seen = (lease.holder, lease.gen)
+            log.log(logging.INFO if seen != self._waiting_for else logging.DEBUG,
+                    "lease held by %s (gen %s) until %s; waiting", lease.holder, lease.gen,
+                    lease.until)
+            self._waiting_for = seen
+        await self._idle_until(lease.until + 1, renew=False)
 
     async def _claim(self) -> list[Event] | None:
         if self._recover_at is not None and self.clock.now() < self._recover_at:

@@ -308,6 +308,29 @@ async def test_a_restarted_process_with_the_same_holder_name_does_not_adopt_stuc
     assert running.worker.stats.generations == [2]
 
 
+async def test_a_standby_worker_waits_on_reads_without_write_transactions(
+        inbox, start, clock, monkeypatch):
+    assert await inbox.acquire("A") == 1  # the active worker, elsewhere
+    calls = {"acquire": 0, "lease_info": 0, "change_token": 0}
+    for name in calls:
+        def spy(*args, _real=getattr(inbox, name), _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(inbox, name, spy)
+    running = start(echo, holder="B")
+    for i in range(3):  # commits by others wake the standby; each costs it one read
+        polled = calls["change_token"]  # two more: B has its token and sleeps on it
+        await until(lambda: calls["change_token"] >= polled + 2, what="B idle")
+        seen = calls["lease_info"]
+        await inbox.ingest("chat", f"m{i}", "x")
+        await until(lambda: calls["lease_info"] > seen, what="B to wake")
+    assert calls["acquire"] == 0  # no BEGIN IMMEDIATE against the active worker's writes
+    clock.advance(121)  # A's lease lapses: B takes over
+    await until(lambda: _status_is(inbox, 3, "done"), what="B's takeover and run")
+    await running.stop()
+    assert calls["acquire"] >= 1 and running.worker.stats.generations == [2]
+
+
 async def test_idle_worker_wakes_for_new_events_answers_and_timers(inbox, start, clock):
     running = start(echo)
     await until(lambda: inbox.lease_info())

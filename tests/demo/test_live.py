@@ -81,3 +81,36 @@ async def test_kill_the_active_worker_under_both_policies(tmp_path):
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_the_live_narrator_does_not_read_under_a_dialog(tmp_path):
+    """Like the desk's own poll, the narrator's look at the inbox waits while a dialog is
+    open (no reads, no pane switched under the viewer's dialog)."""
+    from tui.screens.help import HelpScreen
+
+    inbox = await open_scratch_inbox(str(tmp_path))
+    app = LiveDemoApp(inbox, str(tmp_path), workers=0)  # no processes: only the narrator
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await app.loaded.wait()
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            await app.workers.wait_for_complete()
+            reads = 0
+            original = inbox.overview
+
+            async def counting(*args, **kwargs):
+                nonlocal reads
+                reads += 1
+                return await original(*args, **kwargs)
+
+            inbox.overview = counting
+            try:
+                for _ in range(15):  # three narrator intervals
+                    await pilot.pause(0.1)
+            finally:
+                del inbox.overview
+            assert reads == 0
+    finally:
+        app.stop_workers()
+        await inbox.close()

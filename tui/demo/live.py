@@ -271,7 +271,7 @@ class LiveDemoApp(OnwatchApp):
         self.refresh_bindings()
 
     def _observe_soon(self) -> None:
-        if self._observing:
+        if self._observing or self._dialog_open():  # like the desk's poll: wait for it
             return
         self._observing = True
         self.run_worker(self._observe(), group="live", exit_on_error=False)

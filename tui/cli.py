@@ -428,7 +428,7 @@ async def _answer(args: argparse.Namespace, answer: str) -> int:
         if not applied:
             why = ("no such request" if standing == "unknown"
                    else f"the answer that stands is {standing!r}")
-            print(f"onwatch: {answer} not applied to {args.request_id}: {why}",
+            print(f"onwatch: {args.subcommand} not applied to {args.request_id}: {why}",
                   file=sys.stderr)
     return OK if applied else NOT_APPLIED
 

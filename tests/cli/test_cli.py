@@ -184,6 +184,7 @@ def test_answers_print_the_standing_outcome(capsys, path):
     assert run(capsys, "approve", path, "r1", "--actor", "ana")[:2] == (0, "yes\n")
     code, out, err = run(capsys, "deny", path, "r1")
     assert (code, out) == (1, "yes\n") and "the answer that stands is 'yes'" in err
+    assert err.startswith("onwatch: deny not applied to r1")  # not "no not applied"
     assert run(capsys, "expire", path, "r2")[:2] == (0, "expired\n")
     code, out, _ = run(capsys, "approve", path, "r2", "--json")
     assert code == 1 and json.loads(out) == {"applied": False, "request_id": "r2",

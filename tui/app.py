@@ -154,8 +154,7 @@ class OnwatchApp(App[int]):
                 # reads again; none is missed, and the app's own writes are followed too.
                 token = await self.inbox.change_token()
                 overview = await self.inbox.overview(now=now)
-                if every_pane:
-                    await self.inbox.reload_settings()
+                await self.inbox.reload_settings()  # `onwatch config` may have run meanwhile
                 fetched = [(p, await p.fetch(self.inbox, p.window, overview)) for p in wanted]
             except InboxError as exc:
                 self._problem = f"cannot read the inbox: {exc}"

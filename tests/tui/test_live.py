@@ -214,3 +214,20 @@ async def test_a_change_reads_only_the_shown_pane(seeded):
             await wait_for_text(pilot, "nightly", timeout=3)
         finally:
             await other.close()
+
+
+async def test_settings_changed_by_another_process_are_shown(seeded):
+    """`onwatch config` in another terminal: the attempt budget and the pacing follow."""
+    inbox, clock, path = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        assert "1/3" in screen_text(app)  # gh-flaky-12, one attempt of three
+        other = await Inbox.open(path, create=False, clock=clock)
+        try:
+            await other.configure(max_attempts=5, outbox_gap=600)
+        finally:
+            await other.close()
+        await wait_for_text(pilot, "1/5", timeout=3)
+        await pilot.press("6")
+        await wait_for_text(pilot, "pacing: one send every 10m", timeout=3)

@@ -37,8 +37,9 @@ class EventPane(Pane):
     PAGED = True
 
     def signature(self, record: Event) -> Hashable:
+        # With the attempt budget: the tries column reads 'attempts/max_attempts'.
         return (record.updated, record.status, record.attempts, record.available_at,
-                record.claim_gen, record.error)
+                record.claim_gen, record.error, self.data.extra)
 
     def id_cell(self, event: Event) -> Text:
         return Text(str(event.id), justify="right")

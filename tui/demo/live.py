@@ -26,17 +26,15 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.widget import Widget
 from textual.content import Content
-from textual.screen import Screen
-from textual.widgets import Footer, Label, Static
+from textual.widgets import Label, Static
 
 from core import Inbox, Overview, SystemClock
 from core import example_agent
 
-from .. import app as app_module
-from ..app import OnwatchApp
 from ..safe import safe_content
-from .player import DemoScreen
+from .player import DemoDesk
 
 LEASE_TTL = 5  # seconds: short, so a takeover happens while you watch
 AGENT_SECONDS = 4.0  # how long the slow example agent "thinks" before it answers
@@ -142,12 +140,10 @@ class LiveBar(Vertical):
         self.query_one("#live-story", Static).update(Content("\n").join(lines))
 
 
-class LiveDemoApp(OnwatchApp):
+class LiveDemoApp(DemoDesk):
     """The supervisor over a scratch inbox that real worker processes are running."""
 
     TITLE = "onwatch demo --live"
-    ACTOR = "viewer"
-    CSS_PATH = str(Path(app_module.__file__).with_name(OnwatchApp.CSS_PATH))
     OBSERVE_SECONDS = 0.5
 
     BINDINGS = [
@@ -176,14 +172,8 @@ class LiveDemoApp(OnwatchApp):
         self._killed_at: dict[str, tuple[int, int]] = {}  # name → (when, its generation)
         self._observing = False
 
-    def get_default_screen(self) -> Screen:
-        return DemoScreen(id="_default")
-
-    def compose(self) -> ComposeResult:
-        for widget in super().compose():
-            if isinstance(widget, Footer):
-                yield LiveBar(id="live")
-            yield widget
+    def make_bar(self) -> Widget:
+        return LiveBar(id="live")
 
     def on_mount(self) -> None:
         super().on_mount()

@@ -29,6 +29,7 @@ from textual.binding import ActiveBinding, Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.timer import Timer
+from textual.widget import Widget
 from textual.widgets import Footer, Label, OptionList, Static
 from textual.widgets.option_list import Option
 
@@ -190,13 +191,32 @@ class DemoScreen(Screen):
         return {**first, **{k: v for k, v in bindings.items() if k not in first}}
 
 
-class DemoApp(OnwatchApp):
-    """The supervisor TUI with a scenario player: the panes are real, the clock simulated."""
+class DemoDesk(OnwatchApp):
+    """What both demo apps add to the supervisor: the viewer as actor, the one stylesheet, the
+    demo screen (their keys first in the footer), and a bar of their own above the footer."""
 
-    TITLE = "onwatch demo"
     ACTOR = "viewer"
     # The supervisor's one stylesheet (a relative CSS_PATH would resolve beside this module).
     CSS_PATH = str(Path(app_module.__file__).with_name(OnwatchApp.CSS_PATH))
+
+    def make_bar(self) -> Widget:
+        """The demo's own bar, shown between the panes and the footer."""
+        raise NotImplementedError
+
+    def get_default_screen(self) -> Screen:
+        return DemoScreen(id="_default")
+
+    def compose(self) -> ComposeResult:
+        for widget in super().compose():
+            if isinstance(widget, Footer):
+                yield self.make_bar()
+            yield widget
+
+
+class DemoApp(DemoDesk):
+    """The supervisor TUI with a scenario player: the panes are real, the clock simulated."""
+
+    TITLE = "onwatch demo"
 
     BINDINGS = [
         Binding("space", "step", "Step", priority=True, id="demo-step",
@@ -257,14 +277,8 @@ class DemoApp(OnwatchApp):
 
     # --- layout ---------------------------------------------------------------------------
 
-    def get_default_screen(self) -> Screen:
-        return DemoScreen(id="_default")
-
-    def compose(self) -> ComposeResult:
-        for widget in super().compose():
-            if isinstance(widget, Footer):
-                yield PlayerBar(id="player")
-            yield widget
+    def make_bar(self) -> Widget:
+        return PlayerBar(id="player")
 
     def on_resize(self, event: events.Resize) -> None:
         super().on_resize(event)

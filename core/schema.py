@@ -211,11 +211,20 @@ def check_file(path: str) -> bool:
 
 def inspect(db: sqlite3.Connection, path: str) -> int:
     """Return the file's schema version (0 for an empty file) or raise NotAnInbox."""
+    # One snapshot: read piecemeal, another process's creation could commit in between and
+    # an inbox would look like an empty file with someone else's tables.
+    own = not db.in_transaction
     try:
-        app_id = db.execute("PRAGMA application_id").fetchone()[0]
-        version = db.execute("PRAGMA user_version").fetchone()[0]
-        tables = [r[0] for r in db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        if own:
+            db.execute("BEGIN")
+        try:
+            app_id = db.execute("PRAGMA application_id").fetchone()[0]
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = [r[0] for r in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+        finally:
+            if own and db.in_transaction:
+                db.execute("COMMIT")
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
             raise  # another process holds it: busy, not foreign (core/db.py says so)

@@ -3,7 +3,8 @@
 No UI here (no textual import): the same steps are played headless by the tests and on screen
 by the player. Each step moves the fake clock, calls the inbox, and returns its narration line
 built from what the inbox really answered, so the demo can never show an outcome the rules did
-not produce. The rules and the figures each scenario must reproduce are in docs/rules.md.
+not produce. The rules and the figures each scenario must reproduce are in
+docs/rules.md#the-reference-scenarios.
 """
 
 from __future__ import annotations

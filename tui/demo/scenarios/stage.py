@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from core import Event, FakeClock, Inbox
 
-START = 1_000_000  # t of the reference scenarios (docs/rules.md)
+START = 1_000_000  # t of the reference scenarios (docs/rules.md#the-reference-scenarios)
 DAY = 86_400
 HOUR = 3_600
 MINUTE = 60

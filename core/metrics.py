@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import exposition
+from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from .errors import InboxError
@@ -44,6 +45,9 @@ OTHER = "other"
 # A run is one agent call: seconds to minutes. Claim latency is in the inbox's whole seconds.
 RUN_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 LATENCY_BUCKETS = (0, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600)
+# The text format every Prometheus version reads (newer clients default to 1.0.0, which only
+# differs for metric names outside the classic character set; these names are all classic).
+CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4", exposition.CONTENT_TYPE_LATEST)
 
 
 def inbox_label(path: str | os.PathLike) -> str:
@@ -255,7 +259,7 @@ class InboxMetrics:
         snapshot = await self.snapshot()
         # No await between here and generate_latest: concurrent scrapes cannot mix snapshots.
         self._snapshot = snapshot
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE
 
     async def handle(self, request: "web.Request") -> "web.Response":
         """aiohttp handler of GET /metrics."""

@@ -23,6 +23,8 @@ NO_CHROMIUM = ("no Chromium on this machine (Debian/Ubuntu: apt-get install chro
 
 HOSTILE_ACTION = ("refund 40 [@click=app.quit]x[/] <script>window.__pwned=1</script> "
                   "\x1b]0;PWNED\x07\x1b[2J<img src=x onerror=window.__pwned=2>")
+HOSTILE_PAYLOAD = ("[@click=app.quit]pay[/] <script>window.__pwned=3</script> "
+                   "\x1b]0;PAYLOAD\x07 [link=https://evil.example]here[/link]")
 CSI = re.compile(rb"\x1b\[[0-9;?<>=]*[ -/]*[@-~]")
 
 
@@ -83,6 +85,14 @@ class Screen:
     @property
     def text(self) -> str:
         return CSI.sub(b"", self.raw).decode("utf-8", "replace")
+
+    async def press(self, page, key: str, timeout: float = 10.0) -> None:
+        """Press `key` and wait until the app has redrawn something in answer."""
+        seen = len(self.frames)
+        await page.keyboard.press(key)
+        deadline = time.monotonic() + timeout
+        while len(self.frames) == seen and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     async def wait_for(self, *needles: str, timeout: float = 20.0) -> None:
         deadline = time.monotonic() + timeout

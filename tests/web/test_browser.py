@@ -25,7 +25,7 @@ async def desk(tmp_path):
     await seed(db)
     web = WebProcess(db, tmp_path).start()
     yield db, web
-    web.stop()
+    assert web.stop() == 0, web.err.read_text()
 
 
 @pytest.fixture
@@ -62,10 +62,10 @@ async def test_desk_in_the_browser_shows_the_panes_and_approves_by_keystroke(des
     await screen.wait_for("Pending", "Running", "Dead", "Approvals", "Timers", "Outbox",
                           "msg-5", "lease")
     await page.focus(".xterm-helper-textarea")
-    await page.keyboard.press("4")
+    await screen.press(page, "4")
     await screen.wait_for("send the daily digest", "refund 40")
     # the soonest deadline is first and selected; move to the hostile refund request
-    await page.keyboard.press("ArrowDown")
+    await screen.press(page, "ArrowDown")
     await page.keyboard.press("a")
     await screen.wait_for("Approve this request?")
     async with await Inbox.open(db, create=False) as inbox:
@@ -94,9 +94,16 @@ async def test_hostile_text_stays_inert_in_the_page(desk, browser):
                           "\\x1b]0;PWNED\\x07\\x1b[2J")
     assert b"\x1b]0;PWNED" not in screen.raw and b"PWNED\x07" not in screen.raw
     assert b"\x1b[2J<img" not in screen.raw
-    # the pending pane's hostile source id, clicked where it is drawn, quits nothing
-    await page.keyboard.press("1")
-    await screen.wait_for("[@click=app.quit]x[/]")
+    # the hostile event's payload, in its detail view (pane 1, last row, Enter)
+    await screen.press(page, "1")
+    for _ in range(4):
+        await screen.press(page, "ArrowDown")
+    await page.keyboard.press("Enter")
+    await screen.wait_for("[@click=app.quit]pay[/]", "<script>window.__pwned=3</script>",
+                          "[link=https://evil.example]here[/link]")
+    assert b"\x1b]0;PAYLOAD" not in screen.raw and b"PAYLOAD\x07" not in screen.raw
+    assert b"\x1b]8;" not in screen.raw  # no hyperlink was made of the [link] markup
+    await page.keyboard.press("Escape")
     assert await page.evaluate("window.__pwned") is None
     assert await page.evaluate("document.scripts.length") == scripts
     assert await page.evaluate("document.querySelectorAll('img').length") == 0

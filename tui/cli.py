@@ -8,7 +8,7 @@ Exit codes (every subcommand):
   3  the inbox stayed locked by another process for longer than the busy timeout
 
 Errors go to stderr as one line starting with "onwatch: ". The TUI (textual) is imported only
-by `onwatch tui` and `onwatch demo`, so every other subcommand starts fast.
+by `onwatch tui`, `onwatch demo` and `onwatch web`, so every other subcommand starts fast.
 """
 
 from __future__ import annotations

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+import time
+from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tui.cli import main
+
+from .helpers import WebProcess
 
 
 @pytest.fixture
@@ -54,19 +57,52 @@ def test_a_folder_is_served_as_the_fleet_desk(tmp_path):
     assert chosen.token_generated and len(chosen.token) >= 40
 
 
-def test_configured_token_allows_another_interface_and_stays_out_of_the_desks(db, tmp_path):
-    """A chosen token may listen beyond loopback; it is not printed, and the tui processes the
-    server starts do not inherit it (checked on the real process's children)."""
+def test_a_configured_token_may_listen_beyond_loopback(db):
+    from tui.web import plan
+
+    class Args:
+        target, inbox, host, port, read_only, public_url = \
+            str(db), None, "0.0.0.0", 0, False, None
+    chosen = plan(Args, {"ONWATCH_WEB_TOKEN": "a-long-chosen-token-0123456789"})
+    assert not chosen.token_generated and chosen.token == "a-long-chosen-token-0123456789"
+
+
+async def test_a_configured_token_is_not_printed_nor_inherited_by_the_desks(db, tmp_path):
+    """The real process: the token from the environment is never printed, and the tui
+    process a browser connection starts does not have it in its environment."""
     token = "a-long-chosen-token-0123456789"
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("ONWATCH_")},
-           "ONWATCH_WEB_TOKEN": token}
-    probe = ("import os, sys, tui.web as w\n"
-             "class A: target, inbox, host, port, read_only, public_url = "
-             f"{str(db)!r}, None, '0.0.0.0', 0, False, None\n"
-             "p = w.plan(A, dict(os.environ))\n"
-             "os.environ.pop(w.TOKEN_ENV, None)\n"
-             "print(p.token_generated, p.token == os.environ.get('X', p.token), "
-             "w.TOKEN_ENV in os.environ)\n")
-    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                         text=True, timeout=30)
-    assert out.stdout.split() == ["False", "True", "False"], out.stderr
+    web = WebProcess(db, tmp_path, env={"ONWATCH_WEB_TOKEN": token}).start()
+    try:
+        assert web.token == "$ONWATCH_WEB_TOKEN"
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(f"{web.url}/ws?width=80&height=24",
+                                       headers={"Authorization": f"Bearer {token}",
+                                                "Origin": web.url}) as ws:
+                screen = b""
+                deadline = time.monotonic() + 20
+                while b"Pending" not in screen and time.monotonic() < deadline:
+                    message = await ws.receive(timeout=20)
+                    if isinstance(message.data, bytes):
+                        screen += message.data
+                desks = children(web.proc.pid)
+                assert desks, "no desk process was started"
+                for pid in desks:
+                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    assert any(item.startswith(b"TEXTUAL_DRIVER=") for item in environ)
+                    assert not [item for item in environ if token.encode() in item]
+    finally:
+        assert web.stop() == 0
+    assert token not in web.out.read_text() + web.err.read_text()
+
+
+def children(pid: int) -> list[int]:
+    """Descendants of `pid` (Linux /proc): the shell textual-serve starts and what it runs."""
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        for task in os.listdir(f"/proc/{parent}/task"):
+            with open(f"/proc/{parent}/task/{task}/children") as handle:
+                kids = [int(p) for p in handle.read().split()]
+            found += kids
+            queue += kids
+    return found

@@ -8,7 +8,7 @@ Exit codes (every subcommand):
   3  the inbox stayed locked by another process for longer than the busy timeout
 
 Errors go to stderr as one line starting with "onwatch: ". The TUI (textual) is imported only
-by `onwatch tui` and `onwatch demo`, so every other subcommand starts fast.
+by `onwatch tui`, `onwatch demo` and `onwatch web`, so every other subcommand starts fast.
 """
 
 from __future__ import annotations
@@ -534,10 +534,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
                         format="%(asctime)s onwatch-worker %(levelname)s %(message)s")
 
     async def main() -> int:
-        async with await _open(args) as inbox:
+        async with await _open(args) as inbox, _metrics_server(inbox, args) as metrics:
             worker = Worker(inbox, agent, holder=args.holder, send=_channel(args),
                             poll_interval=args.poll, grace=args.grace, setup=setup,
-                            max_runs=args.max_runs)
+                            max_runs=args.max_runs, metrics=metrics)
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, worker.request_stop)
@@ -549,6 +549,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
               f"refused, {stats.sent} message(s) sent", file=sys.stderr)
         return OK
     return asyncio.run(main())
+
+
+@contextlib.asynccontextmanager
+async def _metrics_server(inbox: Inbox, args: argparse.Namespace):
+    """--metrics-port N: GET /metrics on 127.0.0.1:N for the worker's whole life; yields the
+    worker's counters (None without the option)."""
+    if args.metrics_port is None:
+        yield None
+        return
+    from core.metrics import InboxMetrics, start_metrics_server
+    metrics = InboxMetrics(inbox)
+    try:
+        server = await start_metrics_server(metrics, host="127.0.0.1", port=args.metrics_port)
+    except OSError as exc:
+        raise CliError(f"--metrics-port: cannot listen on 127.0.0.1:{args.metrics_port}: "
+                       f"{exc.strerror or exc}", NOT_APPLIED) from None
+    logging.getLogger("onwatch.worker").info("metrics on %s", server.url)
+    try:
+        yield metrics.worker
+    finally:
+        await server.close()
 
 
 def _lazy(module: str, what: str) -> Any:
@@ -568,6 +589,11 @@ def cmd_tui(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     demo = _lazy("tui.demo", "the demo")
     return demo.run(live=args.live) or OK
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    web = _lazy("tui.web", "the browser desk")
+    return web.main(args) or OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -643,6 +669,21 @@ examples:
 """
 
 
+WEB_EPILOG = """\
+The browser gets the same app as `onwatch tui TARGET`, one process per browser tab. The door
+is locked with a token: $ONWATCH_WEB_TOKEN (16 characters or more), or a new random one
+printed at start as part of the URL to open. The first visit with ?token= sets a session
+cookie and drops the token from the address bar. Listening beyond 127.0.0.1 needs
+$ONWATCH_WEB_TOKEN; put a TLS reverse proxy in front (see the README).
+
+examples:
+  onwatch web alice.db
+  onwatch web inboxes/ --read-only
+  ONWATCH_WEB_TOKEN=$(cat ~/.onwatch-web-token) onwatch web alice.db \\
+      --public-url https://desk.example.org
+"""
+
+
 def build_parser() -> Parser:
     common = Parser(add_help=False)
     common.add_argument("--busy-timeout", type=_seconds(), default=5.0, metavar="SECONDS",
@@ -712,6 +753,21 @@ def build_parser() -> Parser:
     p = sub("tui", "open the supervisor TUI on an inbox", cmd_tui, ())
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
 
+    p = sub("web", "serve the supervisor desk in a browser (token required)", cmd_web, (),
+            path=False, epilog=WEB_EPILOG)
+    p.add_argument("target", type=_inbox_path, metavar="TARGET",
+                   help="an inbox file, or a folder of inbox files (the fleet desk)")
+    p.add_argument("--inbox", metavar="NAME",
+                   help="the inbox to open in a PostgreSQL database (not for a file target)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; any other needs "
+                        "$ONWATCH_WEB_TOKEN)")
+    p.add_argument("--port", type=_whole(0), default=8000, help="port (default 8000)")
+    p.add_argument("--read-only", action="store_true", help="no actions, only watching")
+    p.add_argument("--public-url", metavar="URL",
+                   help="the address browsers use, when behind a reverse proxy "
+                        "(e.g. https://desk.example.org)")
+
     p = sub("demo", "play every failure scenario in the TUI on a scratch inbox", cmd_demo, (),
             path=False)
     p.add_argument("--live", action="store_true",
@@ -733,6 +789,9 @@ def build_parser() -> Parser:
     p.add_argument("--grace", type=_seconds(allow_zero=True), default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long the current run may take to finish (default 10)")
     p.add_argument("--max-runs", type=_whole(1), metavar="N", help="stop after N runs")
+    p.add_argument("--metrics-port", type=_whole(0), metavar="N",
+                   help="serve Prometheus metrics at http://127.0.0.1:N/metrics (default off; "
+                        "0 picks a free port, logged)")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
 

@@ -160,6 +160,10 @@ class Receiver:
         self.app = web.Application()
         self.app.router.add_post(f"/hooks/{{source:{SOURCE_PATTERN}}}", self.handle,
                                  expect_handler=self.expect)
+        # GET /metrics: the inbox's state and this receiver's counts, for Prometheus
+        from core.metrics import InboxMetrics
+        self.metrics = InboxMetrics(inbox)
+        self.app.router.add_get("/metrics", self.metrics.handle)
 
     def _preflight(self, request: web.Request) -> tuple[str, Scheme, tuple[bytes, ...]]:
         """What can be refused from the request line and headers alone."""
@@ -197,6 +201,7 @@ class Receiver:
             source_id, payload = scheme.event(request.headers, body)
             request[_NOTE] = f"{source}/{_log_text(source_id, 80)}"
             stored = await self._store(source, source_id, payload)
+            self.metrics.intake.stored(source, stored)
         except Refused as refused:
             note = request.get(_NOTE)
             request[_NOTE] = f"{note} {refused.reason}" if note else refused.reason

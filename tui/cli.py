@@ -32,7 +32,7 @@ import sys
 import types
 from typing import Any, Callable, Iterator
 
-from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
+from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox, Settings
 from core.text import printable
 
 PROG = "onwatch"
@@ -96,15 +96,33 @@ def _span(seconds: int) -> str:
     return " ".join(parts[:2])
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str, key: str = "value") -> Any:
     """A setting's value: JSON if it parses (5, true, {"a": "b"}), None for none/null/
-    unlimited, else the bare string (interrupt)."""
+    unlimited, else the bare string (interrupt). Raises CliError for a number past a 64-bit
+    integer (SQLite's) or JSON nested too deeply; NaN and Infinity stay bare strings, which
+    no setting takes."""
     if text.strip().lower() in ("none", "null", "unlimited", "off"):
         return None
+
+    def whole(digits: str) -> int:
+        value = int(digits) if len(digits) <= 20 else None
+        if value is None or not -_MAX_INTEGER - 1 <= value <= _MAX_INTEGER:
+            raise CliError(f"{key}: {_clip(digits)} is past a 64-bit integer")
+        return value
+
+    def not_a_number(name: str) -> Any:
+        raise ValueError(name)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=whole, parse_constant=not_a_number)
     except ValueError:
         return text
+    except RecursionError:
+        raise CliError(f"{key}: the value is nested too deeply") from None
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    """`text` for a one-line message: bounded, every control character escaped."""
+    return printable(text if len(text) <= limit else text[:limit] + "…")
 
 
 def _assignments(pairs: list[str]) -> dict[str, Any]:
@@ -112,8 +130,8 @@ def _assignments(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise CliError(f"expected key=value, got {pair!r}")
-        changes[key.strip()] = _parse_value(value)
+            raise CliError(f"expected key=value, got {_clip(pair)!r}")
+        changes[key.strip()] = _parse_value(value, key.strip())
     return changes
 
 
@@ -124,17 +142,21 @@ def _inbox_path(text: str) -> str:
     return text
 
 
+_MAX_SECONDS = 86_400.0  # a day: SQLite's busy timeout is a 32-bit count of milliseconds
+
+
 def _seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
-    """argparse type: a finite number of seconds, positive (or, allow_zero, non-negative)."""
+    """argparse type: a number of seconds up to a day, positive (or, allow_zero,
+    non-negative)."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan  # refused below, as NaN is
-        if not (0 <= value if allow_zero else 0 < value) or value == math.inf:
+        if not (0 <= value if allow_zero else 0 < value) or value > _MAX_SECONDS:
             kind = "non-negative" if allow_zero else "positive"
-            raise argparse.ArgumentTypeError(f"expected a {kind} number of seconds, got "
-                                             f"{text!r}")
+            raise argparse.ArgumentTypeError(f"expected a {kind} number of seconds up to "
+                                             f"{_MAX_SECONDS:g}, got {_clip(text)!r}")
         return value
     return parse
 
@@ -151,7 +173,7 @@ def _whole(minimum: int) -> Callable[[str], int]:
             value = None
         if value is None or not minimum <= value <= _MAX_INTEGER:
             raise argparse.ArgumentTypeError(f"expected a whole number from {minimum} to "
-                                             f"{_MAX_INTEGER}, got {text!r}")
+                                             f"{_MAX_INTEGER}, got {_clip(text)!r}")
         return value
     return parse
 
@@ -252,18 +274,32 @@ class _Recording:
 
 # --- subcommands ----------------------------------------------------------------------------
 
+_SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+
+
 async def cmd_init(args: argparse.Namespace) -> int:
     existed = os.path.exists(args.path) and os.path.getsize(args.path) > 0
     changes = _assignments(args.settings)
-    inbox = await _open(args, create=True)
-    async with inbox:
-        if changes:
-            await inbox.configure(**changes)
-        if args.json:
-            _emit_json({"created": not existed, "path": args.path,
-                        "settings": json.loads(inbox.settings.to_json())})
-        else:
-            print(f"{'already an inbox' if existed else 'created'}: {args.path}")
+    if changes and not existed:
+        Settings().replace(changes)  # refused before any file exists (raises BadInput)
+    # A refusal must leave nothing behind: whatever this call created goes again.
+    files = [args.path + suffix for suffix in _SQLITE_SIDE_FILES]
+    before = {name for name in files if os.path.lexists(name)}
+    try:
+        async with await _open(args, create=True) as inbox:
+            if changes:
+                await inbox.configure(**changes)
+            settings = json.loads(inbox.settings.to_json())
+    except BaseException:
+        for name in files:
+            if name not in before:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(name)
+        raise
+    if args.json:
+        _emit_json({"created": not existed, "path": args.path, "settings": settings})
+    else:
+        print(f"{'already an inbox' if existed else 'created'}: {args.path}")
     return OK
 
 
@@ -428,8 +464,8 @@ async def _answer(args: argparse.Namespace, answer: str) -> int:
         if not applied:
             why = ("no such request" if standing == "unknown"
                    else f"the answer that stands is {standing!r}")
-            print(f"onwatch: {args.subcommand} not applied to {args.request_id}: {why}",
-                  file=sys.stderr)
+            print(f"onwatch: {args.subcommand} not applied to {_clip(args.request_id, 200)}: "
+                  f"{why}", file=sys.stderr)
     return OK if applied else NOT_APPLIED
 
 
@@ -544,7 +580,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             if early:
                 worker.request_stop()
             stats = await worker.run()
-        print(f"onwatch: worker {worker.holder} stopped: {stats.runs} run(s), {stats.done} "
+        print(f"onwatch: worker {_clip(worker.holder, 200)} stopped: {stats.runs} run(s), {stats.done} "
               f"done, {stats.failed} failed, {stats.abandoned} abandoned, {stats.refused} "
               f"refused, {stats.sent} message(s) sent", file=sys.stderr)
         return OK
@@ -788,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "handler", None) is None:
             parser.print_help(sys.stderr)
             return BAD
+        _check_text_arguments(args)
         if args.handler in (cmd_tui, cmd_demo):  # the app owns the terminal
             return int(args.handler(args) or OK)
         with _terminal_safe_output():
@@ -814,12 +851,37 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return OK
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the caller gave: a bug, below
+            return _internal_error(exc)
+        _fail(f"{exc.strerror or exc}: {_clip(os.fsdecode(exc.filename), 200)}")
+        return BAD
     except Exception as exc:  # a bug: still one line, the traceback only on request
-        if os.environ.get("ONWATCH_DEBUG"):
-            raise
-        _fail(f"internal error: {type(exc).__name__}: {exc} (set ONWATCH_DEBUG=1 for the "
-              f"traceback)")
-        return NOT_APPLIED
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> int:
+    if os.environ.get("ONWATCH_DEBUG"):
+        raise exc
+    _fail(f"internal error: {type(exc).__name__}: {exc} (set ONWATCH_DEBUG=1 for the "
+          f"traceback)")
+    return NOT_APPLIED
+
+
+def _check_text_arguments(args: argparse.Namespace) -> None:
+    """Refuse (exit 2) any argument SQLite or the OS cannot take as text: a NUL (possible
+    only in-process), or bytes that are not UTF-8 (argv decodes them to lone surrogates)."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str):
+                continue
+            if "\x00" in text:
+                raise CliError(f"argument {name}: contains a NUL character")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise CliError(f"argument {name}: is not valid UTF-8 text "
+                               f"({_clip(text)!r})") from None
 
 
 class _TerminalSafe:

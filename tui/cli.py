@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
@@ -29,6 +30,8 @@ import math
 import os
 import signal
 import sys
+import threading
+import time
 import types
 from typing import Any, Callable, Iterator
 
@@ -194,8 +197,57 @@ async def _open(args: argparse.Namespace, *, create: bool = False) -> Inbox:
 
 def _run(coro_fn: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        return asyncio.run(coro_fn(args))
+        return _run_loop(coro_fn(args))
     return handler
+
+
+def _run_loop(coro: Any) -> Any:
+    """asyncio.run, except that it never waits for threads it handed work to (a plain-def
+    agent or channel run through asyncio.to_thread): asyncio.run joins them without a
+    timeout, so one stuck in a call kept a stopped or crashed worker alive for ever.
+    Whatever still runs in them is abandoned; main() makes sure the process ends."""
+    loop = asyncio.new_event_loop()
+    executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="onwatch-call")
+    loop.set_default_executor(executor)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            executor.shutdown(wait=False, cancel_futures=True)
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+LINGER = 1.0  # seconds a finished command waits for stray threads before leaving without them
+
+
+def _leave_no_thread_behind(code: int) -> None:
+    """End the process now if threads that the command started are still running (an agent
+    stuck in a call, a thread its code started): the interpreter would otherwise wait for
+    them at exit, and a stopped or crashed worker would never exit."""
+    deadline = time.monotonic() + LINGER
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.daemon:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stray = [t.name for t in threading.enumerate()
+             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not stray:
+        return
+    _fail(f"leaving {len(stray)} thread(s) still running ({', '.join(stray[:3])}): the "
+          f"command ended, the process ends too")
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _load_callable(spec: str, what: str) -> Callable:
@@ -584,7 +636,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
               f"done, {stats.failed} failed, {stats.abandoned} abandoned, {stats.refused} "
               f"refused, {stats.sent} message(s) sent", file=sys.stderr)
         return OK
-    return asyncio.run(main())
+    return _run_loop(main())
 
 
 def _lazy(module: str, what: str) -> Any:
@@ -817,7 +869,15 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `onwatch` console script; returns the exit code."""
+    """Entry point of the `onwatch` console script; returns the exit code. With `argv`
+    None the command line owns the process: it ends even if a thread is left running."""
+    code = _main(argv)
+    if argv is None:
+        _leave_no_thread_behind(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

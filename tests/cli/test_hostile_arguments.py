@@ -204,3 +204,32 @@ def test_a_refused_init_on_an_existing_inbox_changes_nothing(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["config", str(path), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["max_attempts"] == 5
+
+
+def test_no_command_leaves_a_file_behind_when_refused(tmp_path, monkeypatch, capsys):
+    """Class 13: every command that takes an inbox PATH, pointed at a missing one (and at a
+    foreign file), with --file where it has one, is refused with exit 2 and creates nothing:
+    not the inbox, not its -wal/-shm, not the --file channel's output."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ONWATCH_HOOK_SECRET_CI", STANDARD_SECRET)  # serve gets to the inbox
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("not an inbox\n")
+    checked = []
+    for name, sub in sorted(subcommands(cli.build_parser()).items()):
+        dests = {a.dest for a in sub._actions}
+        if "path" not in dests or name == "init":
+            continue
+        # (The TUI given a foreign file is the TUI's own affair; a missing one is checked.)
+        targets = [tmp_path / "missing.db"] + ([foreign] if name != "tui" else [])
+        for target in map(str, targets):
+            argv = [name] + [value for part in baseline(sub, target).values() for value in part]
+            if "file" in dests:
+                argv += ["--file", str(tmp_path / "sent.jsonl")]
+            before = snapshot(tmp_path)
+            code = cli.main(argv)
+            err = capsys.readouterr().err
+            assert code == 2, (argv, err)
+            assert err.count("\n") == 1, (argv, err)
+            assert snapshot(tmp_path) == before, argv
+        checked.append(name)
+    assert {"status", "ingest", "dispatch", "worker", "serve", "tui", "config"} <= set(checked)

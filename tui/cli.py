@@ -80,7 +80,11 @@ def _when(instant: int | None, now: int) -> str:
     """'in 3m 20s (2026-11-29 19:40:00 UTC)' / '5s ago (…)' / 'none'."""
     if instant is None:
         return "none"
-    stamp = dt.datetime.fromtimestamp(instant, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        stamp = dt.datetime.fromtimestamp(instant, dt.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError, TypeError):  # a row written by hand
+        return f"at {instant!r} (not a date)"
     delta = instant - now
     if delta == 0:
         return f"now ({stamp})"

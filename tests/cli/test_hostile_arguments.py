@@ -233,3 +233,31 @@ def test_no_command_leaves_a_file_behind_when_refused(tmp_path, monkeypatch, cap
             assert snapshot(tmp_path) == before, argv
         checked.append(name)
     assert {"status", "ingest", "dispatch", "worker", "serve", "tui", "config"} <= set(checked)
+
+
+def test_listings_survive_rows_written_by_hand(tmp_path, capsys):
+    """Class 2 (the command line's part): out-of-range instants and odd column types in rows
+    written by another version or by hand are shown, never an 'internal error'. (Rows the
+    engine itself cannot decode are the engine's to set aside.)"""
+    import sqlite3
+    path = str(tmp_path / "odd.db")
+    assert cli.main(["init", path]) == 0
+    assert cli.main(["ingest", path, "chat", "m1", "{}"]) == 0
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE events SET error = x'00ff1b', attempts = ? WHERE id = 1",
+                   (2**63 - 1,))
+        db.execute("INSERT INTO timers (id, due, catch_up) VALUES ('t', ?, 'coalesce')",
+                   (2**63 - 1,))
+        db.execute("INSERT INTO approvals (request_id, action, requested, due) "
+                   "VALUES ('r', 'act', 0, ?)", (-2**63,))
+    db.close()
+    capsys.readouterr()
+    for argv in (["status", path], ["status", path, "--json"], ["approvals", path],
+                 ["approvals", path, "--json"], ["events", path], ["show", path, "1"]):
+        code = cli.main(argv)
+        out, err = capsys.readouterr()
+        assert code == 0 and err == "", (argv, err)
+        assert out
+    cli.main(["status", path])
+    assert "not a date" in capsys.readouterr().out

@@ -19,6 +19,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import getpass
 import hashlib
 import importlib
@@ -613,6 +614,22 @@ def _setup_step(setup: Callable, spec: str) -> Callable[[Inbox], Any]:
     return step
 
 
+def _restoring_signals(handler: Callable[[argparse.Namespace], int]
+                       ) -> Callable[[argparse.Namespace], int]:
+    """Put SIGTERM/SIGINT handling back as it was when `handler` returns: main() may be
+    called in-process (by a test, or a program embedding the command line)."""
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return handler(args)
+        finally:
+            for signum, previous in saved.items():
+                signal.signal(signum, previous)
+    return run
+
+
+@_restoring_signals
 def cmd_worker(args: argparse.Namespace) -> int:
     # A stop asked for while starting up still means a clean exit 0.
     early: list[int] = []
@@ -636,9 +653,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
             if early:
                 worker.request_stop()
             stats = await worker.run()
-        print(f"onwatch: worker {_clip(worker.holder, 200)} stopped: {stats.runs} run(s), {stats.done} "
-              f"done, {stats.failed} failed, {stats.abandoned} abandoned, {stats.refused} "
-              f"refused, {stats.sent} message(s) sent", file=sys.stderr)
+        print(f"onwatch: worker {_clip(worker.holder, 200)} stopped: {stats.runs} run(s), "
+              f"{stats.done} done, {stats.failed} failed, {stats.abandoned} abandoned, "
+              f"{stats.refused} refused, {stats.sent} message(s) sent", file=sys.stderr)
         return OK
     return _run_loop(main())
 

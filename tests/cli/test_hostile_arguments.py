@@ -15,6 +15,7 @@ import dataclasses
 import io
 import json
 import os
+import signal
 from collections import Counter
 from pathlib import Path
 
@@ -28,8 +29,9 @@ from tui import cli
 # argv but can from an in-process caller of main().
 HOSTILE = [
     "", " ", "-1", "0", "1.5", str(2**63), str(2**63 - 1), str(-2**63 - 1), "9" * 40,
-    "9" * 5000, "1e300", "1e-300", "1e309", "NaN", "nan", "inf", "-Infinity", "true", "null", "[]", "{}",
-    '{"a": NaN}', "-", "[" * 900 + "]" * 900, "[" * 3000 + "]" * 3000, "[" * 100_000 + "]" * 100_000, "x" * 1_000_000,
+    "9" * 5000, "1e300", "1e-300", "1e309", "NaN", "nan", "inf", "-Infinity", "true", "null",
+    "[]", "{}", '{"a": NaN}', "-", "[" * 900 + "]" * 900, "[" * 3000 + "]" * 3000,
+    "[" * 100_000 + "]" * 100_000, "x" * 1_000_000,
     "\x00", "a\x00b", os.fsdecode(b"\xff\xfe"), "\ud800", "line\nbreak", "\x1b]0;pwned\x07",
     "approval", "timer", "../../etc/passwd",
 ]
@@ -97,6 +99,25 @@ def argument_vectors(name: str, sub: argparse.ArgumentParser, path: str):
             yield f"{name} {action.dest}={value[:20]!r}", argv
 
 
+CALL_LIMIT = 20  # seconds one in-process call may take before it counts as a hang
+
+
+class TookTooLong(BaseException):
+    """Raised into a call that ran past CALL_LIMIT (BaseException: main() must not catch it)."""
+
+
+def _bounded(fn, *args):
+    def expire(signum, frame):
+        raise TookTooLong
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, CALL_LIMIT)
+    try:
+        return fn(*args)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
@@ -140,7 +161,13 @@ def test_every_subcommand_is_total_on_hostile_arguments(tmp_path, monkeypatch, c
     for name, sub in sorted(commands.items()):
         for label, argv in argument_vectors(name, sub, path):
             before = snapshot(tmp_path)
-            code = cli.main(argv)
+            try:
+                code = _bounded(cli.main, argv)
+            except TookTooLong:
+                failures.append(f"{label}: still running after {CALL_LIMIT} s (a long-running "
+                                f"command: stop it early in quick_long_runners)")
+                capsys.readouterr()
+                continue
             out, err = capsys.readouterr()
             runs += 1
             codes[code] += 1
@@ -261,3 +288,33 @@ def test_listings_survive_rows_written_by_hand(tmp_path, capsys):
         assert out
     cli.main(["status", path])
     assert "not a date" in capsys.readouterr().out
+
+
+def test_undecodable_bytes_in_a_real_argv_are_exit_2(tmp_path):
+    """What a shell passes when a name is not UTF-8: Python decodes argv with
+    surrogateescape; SQLite cannot take such text. One line, exit 2, nothing created."""
+    import subprocess
+    import sys
+
+    from tests.worker.helpers import ROOT, env
+    path = str(tmp_path / "inbox.db")
+    assert cli.main(["init", path]) == 0
+    before = snapshot(tmp_path)
+    for argv in ([b"ingest", path.encode(), b"chat\xff", b"m1"],
+                 [b"ingest", path.encode(), b"chat", b"m1", b'{"a": "\xfe"}'],
+                 [b"init", str(tmp_path).encode() + b"/new\xff.db"],
+                 [b"approve", path.encode(), b"r\xff"]):
+        result = subprocess.run([sys.executable, "-m", "tui.cli", *argv], cwd=ROOT,
+                                env=env(tmp_path), capture_output=True, timeout=60)
+        err = result.stderr.decode("utf-8", "replace")
+        assert result.returncode == 2, (argv, err)
+        assert err.count("\n") == 1 and "not valid UTF-8" in err, (argv, err)
+        assert snapshot(tmp_path) == before, argv
+
+
+def test_an_in_process_worker_puts_signal_handling_back(tmp_path, capsys, quick_long_runners):
+    path = str(tmp_path / "inbox.db")
+    assert cli.main(["init", path]) == 0
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    assert cli.main(["worker", path, "--agent", "core.example_agent:handle"]) == 0
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

@@ -210,3 +210,60 @@ def test_serve_refuses_a_hook_named_after_an_engine_source(tmp_path, monkeypatch
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"hook name '{name}' is reserved" in err, err
     assert not (tmp_path / "inbox.db").exists()
+
+
+# --- totality: whatever the configuration holds, a Secrets or one ConfigError line ----------
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_NAMES = st.sampled_from(["ONWATCH_GITHUB_SECRET", "ONWATCH_STRIPE_SECRET",
+                          "ONWATCH_HOOK_SECRET_CI", "ONWATCH_HOOK_SECRET_APPROVAL",
+                          "ONWATCH_HOOK_SECRET_", "ONWATCH_HOOK_SECRET_\udcff",
+                          "ONWATCH_HOOK_SECRET_A-B"]) | st.text(max_size=30)
+_VALUES = st.sampled_from([H, C, f"{H},{C}", "whsec_", ",", "\udcff", "x" * 100_000]) | \
+    st.text(max_size=60)
+_ANY = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20) | \
+    st.binary(max_size=20) | st.lists(st.text(max_size=10) | st.integers(), max_size=3)
+
+
+def _one_line_config_error(call) -> None:
+    try:
+        call()
+    except ConfigError as exc:
+        assert "\n" not in str(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(environ=st.dictionaries(_NAMES, _VALUES, max_size=4))
+def test_any_environment_gives_secrets_or_one_config_error(environ):
+    _one_line_config_error(lambda: load_secrets(environ, None))
+
+
+_FIXTURE_OK = [HealthCheck.function_scoped_fixture]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=_FIXTURE_OK)
+@given(text=st.binary(max_size=300) | st.sampled_from([
+    b"[hooks.ci]\nsecret = 1\n", b"[hooks]\nci = 'x'\n", b"[[github]]\nsecret = 'a'\n",
+    b"[stripe]\nsecrets = [[]]\n", b"[hooks.ci.deeper]\nsecret = 'a'\n",
+    b"[github]\nsecret = \"\\u0000\"\n",
+    b"[hooks.ci]\nsecrets = [" + b"[" * 3000 + b"]" * 3000 + b"]\n"]))
+def test_any_config_file_gives_secrets_or_one_config_error(tmp_path, text):
+    path = tmp_path / "any.toml"
+    path.write_bytes(text)
+    _one_line_config_error(lambda: load_secrets({}, path))
+
+
+@given(name=st.text(max_size=70), value=_ANY)
+def test_secrets_of_takes_anything_or_one_config_error(name, value):
+    _one_line_config_error(lambda: Secrets.of(**{name: value}))
+
+
+@settings(max_examples=150, deadline=None)
+@given(host=_ANY, port=_ANY, max_body=_ANY)
+def test_serve_arguments_of_any_type_are_accepted_or_one_config_error(host, port, max_body):
+    from core.webhooks import _check_args
+    try:
+        _check_args(SimpleNamespace(host=host, port=port, max_body=max_body))
+    except ConfigError as exc:
+        assert "\n" not in str(exc)

@@ -110,7 +110,7 @@ def _header(headers: Mapping[str, str], name: str) -> str:
 
 
 def _hmac_scheme(header: str, event: Callable) -> Scheme:
-    """GitHub's scheme, also the generic one: `header: sha256=<hex HMAC of the raw body>`."""
+    """GitHub's scheme: `header: sha256=<hex HMAC of the raw body>`."""
     def verify(body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...],
                now: int) -> None:
         verify_sha256_header(body, headers.get(header), secrets, name=header)
@@ -363,6 +363,10 @@ async def _serve(path: str, host: str, port: int, secrets: Secrets, max_body: in
         print(f"onwatch serve: {printable(str(exc))}", file=sys.stderr)
         return 2 if isinstance(exc, (NotAnInbox, BadInput)) else 3 if isinstance(
             exc, InboxBusy) else 1
+    except (OSError, ValueError) as exc:  # a path the OS or SQLite cannot take (too long, NUL)
+        print(f"onwatch serve: cannot open {printable(repr(path))}: "
+              f"{printable(str(getattr(exc, 'strerror', None) or exc))}", file=sys.stderr)
+        return 2
     try:
         try:
             server = await start_server(inbox, secrets=secrets, host=host, port=port,

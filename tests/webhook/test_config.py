@@ -267,3 +267,14 @@ def test_serve_arguments_of_any_type_are_accepted_or_one_config_error(host, port
         _check_args(SimpleNamespace(host=host, port=port, max_body=max_body))
     except ConfigError as exc:
         assert "\n" not in str(exc)
+
+
+@pytest.mark.parametrize("path", ["x" * 5000, "a\x00b.db", "\ud800.db"])
+def test_serve_refuses_a_path_it_cannot_open_with_status_2(tmp_path, monkeypatch, capsys,
+                                                           path):
+    monkeypatch.setenv("ONWATCH_GITHUB_SECRET", "g")
+    monkeypatch.chdir(tmp_path)
+    assert main(args(path)) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("onwatch serve: "), err
+    assert list(tmp_path.iterdir()) == []

@@ -364,13 +364,25 @@ def _payload(text: str | None) -> Any:
     if text is None:
         return None
     if text == "-":
-        text = sys.stdin.read()
+        text = _read_stdin()
     try:
         return json.loads(text)
     except ValueError as exc:
         raise CliError(f"the payload is not valid JSON: {exc}") from None
     except RecursionError:
         raise CliError("the payload is nested too deeply") from None
+
+
+def _read_stdin() -> str:
+    """All of stdin as text; CliError unless it is UTF-8 (a terminal's or a C locale's
+    decoding would otherwise turn stray bytes into lone surrogates or an exception)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    try:
+        text = stream.read().decode("utf-8") if stream is not None else sys.stdin.read()
+        text.encode("utf-8")
+    except UnicodeError:
+        raise CliError("the payload on stdin is not UTF-8 text") from None
+    return text
 
 
 async def cmd_ingest(args: argparse.Namespace) -> int:

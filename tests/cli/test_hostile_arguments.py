@@ -318,3 +318,24 @@ def test_an_in_process_worker_puts_signal_handling_back(tmp_path, capsys, quick_
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     assert cli.main(["worker", path, "--agent", "core.example_agent:handle"]) == 0
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_a_payload_on_stdin_that_is_not_utf8_is_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.worker.helpers import ROOT, env
+    path = str(tmp_path / "inbox.db")
+    assert cli.main(["init", path]) == 0
+    before = snapshot(tmp_path)
+    for variables in ({}, {"LC_ALL": "C", "PYTHONUTF8": "0"}):
+        result = subprocess.run([sys.executable, "-m", "tui.cli", "ingest", path, "chat", "s1",
+                                 "-"], input=b'{"a": "\xff"}', cwd=ROOT, capture_output=True,
+                                env=env(tmp_path, **variables), timeout=60)
+        err = result.stderr.decode("utf-8", "replace")
+        assert result.returncode == 2 and err.count("\n") == 1 and "not UTF-8" in err, err
+        assert snapshot(tmp_path) == before
+    result = subprocess.run([sys.executable, "-m", "tui.cli", "ingest", path, "chat", "s2", "-"],
+                            input='{"a": "é"}'.encode(), cwd=ROOT, capture_output=True,
+                            env=env(tmp_path), timeout=60)
+    assert result.returncode == 0 and result.stdout == b"stored\n"

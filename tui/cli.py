@@ -271,7 +271,7 @@ def _load_callable(spec: str, what: str) -> Callable:
         raise
     except FileNotFoundError:
         raise CliError(f"{what}: no file {module_name}") from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import is a failed import too
         raise CliError(f"{what}: cannot import {module_name}: {type(exc).__name__}: "
                        f"{_one_line(exc)}") from None
     fn = getattr(module, attr, None)
@@ -620,7 +620,7 @@ def _setup_step(setup: Callable, spec: str) -> Callable[[Inbox], Any]:
                 await outcome
         except InboxError:
             raise  # reported like every inbox refusal
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise CliError(f"--setup {spec} failed: {type(exc).__name__}: "
                            f"{_one_line(exc)}") from None
     return step
@@ -923,7 +923,7 @@ def _main(argv: list[str] | None) -> int:
         with _terminal_safe_output():
             return int(args.handler(args) or OK)
     except SystemExit as exc:  # --help, or argparse's own exit
-        return exc.code if isinstance(exc.code, int) else BAD
+        return exc.code if exc.code in (OK, NOT_APPLIED, BAD, BUSY) else BAD
     except CliError as exc:
         _fail(str(exc))
         return exc.code

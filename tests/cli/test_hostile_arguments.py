@@ -339,3 +339,24 @@ def test_a_payload_on_stdin_that_is_not_utf8_is_exit_2(tmp_path):
                             input='{"a": "é"}'.encode(), cwd=ROOT, capture_output=True,
                             env=env(tmp_path), timeout=60)
     assert result.returncode == 0 and result.stdout == b"stored\n"
+
+
+def test_user_code_calling_sys_exit_is_one_line_and_exit_2(tmp_path, capsys):
+    """An agent module or a --setup that calls sys.exit() must not choose onwatch's exit code
+    (7 is none of 0-3) nor skip the one-line error."""
+    path = str(tmp_path / "inbox.db")
+    assert cli.main(["init", path]) == 0
+    (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(7)\n")
+    (tmp_path / "exits_in_setup.py").write_text(
+        "import sys\ndef handle(batch, ctx): pass\ndef setup(inbox): sys.exit(9)\n")
+    capsys.readouterr()
+    for argv, words in (
+            (["worker", path, "--agent", f"{tmp_path}/exits_at_import.py:handle"],
+             "cannot import"),
+            (["worker", path, "--agent", f"{tmp_path}/exits_in_setup.py:handle", "--setup",
+              f"{tmp_path}/exits_in_setup.py:setup"], "failed: SystemExit: 9")):
+        before = snapshot(tmp_path)
+        code = _bounded(cli.main, argv)
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and err.count("\n") == 1, (argv, err)
+        assert snapshot(tmp_path) == before, argv

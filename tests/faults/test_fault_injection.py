@@ -179,7 +179,7 @@ async def setup_effect(inbox: Inbox) -> None:
 
 
 async def call_effect(inbox: Inbox, sent: list) -> object:
-    return await inbox.intend_effect("A", 1, 1, "refund", {"amount": 5}, now=T + 5)
+    return await inbox.intend_effect("A", 1, 1, "refund", {"amount": 5}, event=2, now=T + 5)
 
 
 PATHS = [

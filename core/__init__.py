@@ -1,8 +1,7 @@
 """onwatch core: the durable inbox engine an always-on agent embeds (no UI imports here)."""
 
-from .clock import Clock, FakeClock, SystemClock
+from .clock import MAX_DURATION, MAX_TIME, Clock, FakeClock, SystemClock
 from .errors import BadInput, BudgetExceeded, InboxBusy, InboxError, NotAnInbox
-from .clock import MAX_DURATION, MAX_TIME
 from .inbox import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES, Inbox, Outgoing
 from .records import (
     ANSWERS, EVENT_STATES, Approval, ApprovalRequest, AuditEntry, Delivery, Effect, Event,

@@ -38,17 +38,25 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def event_from_row(row: Sequence[Any]) -> Event:
-    return Event(row[0], row[1], row[2], _loads(row[3]), row[4], row[5], row[6], row[7],
+def _shown(text: Any) -> Any:
+    """Decoded JSON for a listing; a stored value that does not decode (a row edited by
+    hand) is shown as it is stored instead of failing the whole list."""
+    try:
+        return _loads(text)
+    except ROW_ERRORS:
+        return text
+
+
+def event_from_row(row: Sequence[Any], strict: bool = False) -> Event:
+    """The event in `row`; strict (for a claim), a payload that does not decode raises."""
+    payload = _loads(row[3]) if strict else _shown(row[3])
+    return Event(row[0], row[1], row[2], payload, row[4], row[5], row[6], row[7],
                  row[8], row[9], row[10], row[11], row[12])
 
 
 def timer_from_row(row: Sequence[Any]) -> Timer:
     key = (row[5], row[6]) if row[5] is not None else None
-    try:
-        payload = _loads(row[4])
-    except ROW_ERRORS:
-        payload = row[4]  # shown as stored; the scheduler sets such a timer aside
+    payload = _shown(row[4])  # the scheduler sets aside a timer whose payload does not decode
     return Timer(row[0], row[1], row[2], row[3], payload, key, row[7], row[8], row[9],
                  row[10], row[11])
 
@@ -360,7 +368,7 @@ def _runnable(db: sqlite3.Connection, ids: Sequence[int], now: int) -> list[Even
             why = f"attempts is {str(row[5])[:40]!r}, not a count"
         else:
             try:
-                runnable.append(event_from_row(row))
+                runnable.append(event_from_row(row, strict=True))
                 continue
             except ROW_ERRORS as exc:
                 why = f"its payload cannot be read ({_reason(exc)})"
@@ -400,7 +408,8 @@ def bury_exhausted(db: sqlite3.Connection, now: int, settings: Settings) -> int:
     cursor = db.execute(
         "UPDATE events SET status = 'dead', updated = ?, error = 'too many attempts (' || "
         "attempts || '/' || ? || ')' || coalesce(': ' || error, '') "
-        "WHERE status = 'pending' AND attempts > 0 AND attempts >= ?",
+        "WHERE status = 'pending' AND typeof(attempts) = 'integer' AND attempts > 0 "
+        "AND attempts >= ?",
         (now, settings.max_attempts, settings.max_attempts))
     return cursor.rowcount
 
@@ -931,7 +940,7 @@ def intend_effect(db: sqlite3.Connection, holder: str, gen: int, run_id: int, na
         refuse(db, f"effect {name}", holder, gen, now,
                f"run {run_id} is not an open run of this generation")
         return None
-    events = json.loads(run[0])
+    events = list(_event_ids(run[0]))
     if event is None and len(events) == 1:
         event = events[0]
     elif event is None and key is None:
@@ -1065,8 +1074,13 @@ def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
     rows = db.execute(
         f"SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error "
         f"FROM runs WHERE id IN ({_placeholders(ids)}) ORDER BY id", ids)
-    return [Run(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], r[5], r[6], _loads(r[7]), r[8])
+    return [Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8])
             for r in rows]
+
+
+def _event_ids(text: Any) -> tuple[int, ...]:
+    ids = _shown(text)
+    return tuple(ids) if isinstance(ids, list) else ()
 
 
 def runs_for_event(db: sqlite3.Connection, event_id: int) -> list[Run]:
@@ -1080,7 +1094,7 @@ def effects_for_run(db: sqlite3.Connection, run_ids: Sequence[int]) -> list[Effe
     rows = db.execute(
         f"SELECT id, run_id, name, key, state, detail, intended_at, settled_at FROM effects "
         f"WHERE run_id IN ({_placeholders(run_ids)}) ORDER BY id", list(run_ids))
-    return [Effect(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6], r[7]) for r in rows]
+    return [Effect(r[0], r[1], r[2], r[3], r[4], _shown(r[5]), r[6], r[7]) for r in rows]
 
 
 def overview(db: sqlite3.Connection, now: int) -> Overview:

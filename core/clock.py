@@ -56,7 +56,7 @@ def check_int(value: object, name: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         kind = ("a positive integer" if low == 1 else "a non-negative integer" if low == 0
                 else f"an integer from {low}")
-        raise BadInput(f"{name} must be {kind} up to {high}, got {_show(value)}")
+        raise BadInput(f"{name} must be {kind} up to {high}, got {show(value)}")
     return value
 
 
@@ -67,18 +67,18 @@ def check_time(value: object, name: str = "now") -> int:
     A float is refused, never rounded: rounding would give two keys to one timer occurrence.
     """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadInput(f"{name} must be an integer number of seconds, got {_show(value)}")
+        raise BadInput(f"{name} must be an integer number of seconds, got {show(value)}")
     return check_int(value, name, 0, MAX_TIME)
 
 
 def check_duration(value: object, name: str, *, minimum: int = 1) -> int:
     """Return `value` if it is an integer number of seconds in minimum..MAX_DURATION."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadInput(f"{name} must be an integer number of seconds, got {_show(value)}")
+        raise BadInput(f"{name} must be an integer number of seconds, got {show(value)}")
     return check_int(value, name, minimum, MAX_DURATION)
 
 
-def _show(value: object) -> str:
+def show(value: object) -> str:
     """A short repr for an error message (a 10**5000 or a megabyte string stays short)."""
     try:
         text = repr(value)

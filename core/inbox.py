@@ -12,7 +12,7 @@ from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from . import store
 from .clock import (
-    MAX_COUNT, MAX_ID, Clock, SystemClock, check_duration, check_int, check_time,
+    MAX_COUNT, MAX_ID, Clock, SystemClock, check_duration, check_int, check_time, show,
 )
 from .db import Database
 from .errors import BadInput
@@ -308,10 +308,21 @@ class Inbox:
         Raises NotAnInbox (leaving the file untouched) for a missing file when
         `create=False`, a foreign or corrupt file, or one from a newer schema.
         """
+        if not isinstance(path, (str, os.PathLike)):
+            raise BadInput(f"path must be a file path, got {type(path).__name__}")
+        try:
+            text = os.fsdecode(os.fspath(path))
+            os.fsencode(text)  # a lone surrogate cannot name a file
+        except (TypeError, ValueError) as exc:
+            raise BadInput(f"path is not a usable file path: {exc}") from None
+        if not text or "\x00" in text:
+            raise BadInput("path must be a non-empty file path without NUL characters")
+        if not isinstance(create, bool):
+            raise BadInput(f"create must be True or False, got {show(create)}")
         if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or \
                 not 0 < busy_timeout <= 86_400:  # NaN too
             raise BadInput(f"busy_timeout must be a positive number of seconds, got "
-                           f"{busy_timeout!r}")
+                           f"{show(busy_timeout)}")
         db = await Database.open(path, create=create, busy_timeout=busy_timeout,
                                  factory=connection_factory)
         settings = await db.read(store.load_settings)
@@ -525,7 +536,7 @@ class Inbox:
                             now: int | None = None) -> bool:
         """Record that an intended effect happened ('confirmed') or did not ('failed')."""
         if state not in ("confirmed", "failed"):
-            raise BadInput(f"state must be 'confirmed' or 'failed', got {state!r}")
+            raise BadInput(f"state must be 'confirmed' or 'failed', got {show(state)}")
         return await self._write(store.settle_effect, _text("key", key), state, self._now(now))
 
     async def effects(self, event_id: int) -> list[Effect]:
@@ -544,7 +555,7 @@ class Inbox:
         if every is not None:
             check_duration(every, "every")
         if catch_up not in CATCH_UP_POLICIES:
-            raise BadInput(f"catch_up must be one of {CATCH_UP_POLICIES}, got {catch_up!r}")
+            raise BadInput(f"catch_up must be one of {CATCH_UP_POLICIES}, got {show(catch_up)}")
         if key is not None:
             if every is not None:
                 raise BadInput("a fixed event key is only allowed on a one-off timer")
@@ -600,7 +611,7 @@ class Inbox:
         """Store `answer` ('yes'|'no') unless the deadline passed or one is stored; return the
         answer that stands: 'yes', 'no', 'expired', or 'unknown'."""
         if answer not in ("yes", "no"):
-            raise BadInput(f"answer must be 'yes' or 'no', got {answer!r}")
+            raise BadInput(f"answer must be 'yes' or 'no', got {show(answer)}")
         return await self._write(store.answer_approval, _text("request_id", request_id), answer,
                                  self._now(now), _actor(actor), _reason(reason))
 
@@ -671,10 +682,10 @@ class Inbox:
         with why, unless the delivery is in the `expect`ed state (only 'uncertain' can be
         settled)."""
         if outcome not in store.SETTLE_OUTCOMES:
-            raise BadInput(f"outcome must be one of {store.SETTLE_OUTCOMES}, got {outcome!r}")
+            raise BadInput(f"outcome must be one of {store.SETTLE_OUTCOMES}, got {show(outcome)}")
         if expect not in store.DELIVERY_STATES:
             raise BadInput(f"expect must be a delivery state {store.DELIVERY_STATES}, got "
-                           f"{expect!r}")
+                           f"{show(expect)}")
         return await self._write(store.settle_delivery, _positive("delivery id", delivery_id),
                                  outcome, expect, self._now(now), _actor(actor),
                                  _reason(reason))
@@ -723,7 +734,7 @@ class Inbox:
                       expect: str | None, after: str, now: int | None, actor: str,
                       reason: str | None) -> bool:
         if expect is not None and expect not in EVENT_STATES:
-            raise BadInput(f"expect must be an event state, got {expect!r}")
+            raise BadInput(f"expect must be an event state, got {show(expect)}")
         if not isinstance(expect, (str, type(None))):
             raise BadInput("expect must be an event state")
         return await self._write(store.change_event, _event_id(event_id), action, allowed,
@@ -753,7 +764,7 @@ class Inbox:
         whose source, source id or error contains it; `payload=False` leaves payloads out
         (None), for lists that do not show them."""
         if not isinstance(status, str) or status not in EVENT_STATES:
-            raise BadInput(f"status must be one of {EVENT_STATES}, got {status!r}")
+            raise BadInput(f"status must be one of {EVENT_STATES}, got {show(status)}")
         _positive("limit", limit)
         for name, value in (("after", after), ("before", before)):
             if value is not None:

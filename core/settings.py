@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .clock import MAX_COUNT, MAX_DURATION
+from .clock import MAX_COUNT, MAX_DURATION, show
 from .errors import BadInput
 
 LOST_CLAIM_POLICIES = ("retry", "interrupt")
@@ -112,31 +112,23 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _short(value: object) -> str:
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - e.g. an int too long to print
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _check(name: str, value: object) -> None:
     if name in _POSITIVE and not (_is_int(value) and 0 < value <= _POSITIVE[name]):
         raise BadInput(f"{name} must be a positive integer up to {_POSITIVE[name]}, "
-                       f"got {_short(value)}")
+                       f"got {show(value)}")
     if name in _NON_NEGATIVE and not (_is_int(value) and 0 <= value <= _NON_NEGATIVE[name]):
         raise BadInput(f"{name} must be a non-negative integer up to {_NON_NEGATIVE[name]}, "
-                       f"got {_short(value)}")
+                       f"got {show(value)}")
     if name in _OPTIONAL_POSITIVE and value is not None and not (
             _is_int(value) and 0 < value <= _OPTIONAL_POSITIVE[name]):
         raise BadInput(f"{name} must be a positive integer up to "
-                       f"{_OPTIONAL_POSITIVE[name]} or None, got {_short(value)}")
+                       f"{_OPTIONAL_POSITIVE[name]} or None, got {show(value)}")
     if name in ("on_lost_claim", "delivery") and not isinstance(value, str):
-        raise BadInput(f"{name} must be a string, got {_short(value)}")
+        raise BadInput(f"{name} must be a string, got {show(value)}")
     if name == "on_lost_claim" and value not in LOST_CLAIM_POLICIES:
-        raise BadInput(f"on_lost_claim must be one of {LOST_CLAIM_POLICIES}, got {value!r}")
+        raise BadInput(f"on_lost_claim must be one of {LOST_CLAIM_POLICIES}, got {show(value)}")
     if name == "delivery" and value not in DELIVERY_MODES:
-        raise BadInput(f"delivery must be one of {DELIVERY_MODES}, got {value!r}")
+        raise BadInput(f"delivery must be one of {DELIVERY_MODES}, got {show(value)}")
     if name == "lost_claim_by_source":
         if not isinstance(value, Mapping):
             raise BadInput("lost_claim_by_source must map a source to a policy")
@@ -145,14 +137,14 @@ def _check(name: str, value: object) -> None:
         for source, policy in value.items():
             if not isinstance(source, str) or not source or len(source) > 1024 or \
                     not _encodable(source):
-                raise BadInput(f"lost_claim_by_source has a bad source {_short(source)}")
+                raise BadInput(f"lost_claim_by_source has a bad source {show(source)}")
             if not isinstance(policy, str):
-                raise BadInput(f"lost_claim_by_source[{source!r}] must be one of "
+                raise BadInput(f"lost_claim_by_source[{show(source)}] must be one of "
                                f"{LOST_CLAIM_POLICIES}")
             if policy not in LOST_CLAIM_POLICIES:
                 raise BadInput(
-                    f"lost_claim_by_source[{source!r}] must be one of {LOST_CLAIM_POLICIES}, "
-                    f"got {policy!r}")
+                    f"lost_claim_by_source[{show(source)}] must be one of {LOST_CLAIM_POLICIES}, "
+                    f"got {show(policy)}")
 
 
 def _encodable(text: str) -> bool:

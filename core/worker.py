@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
-from .clock import Clock, check_time
+from .clock import Clock, check_time, show
 from .errors import BadInput, InboxBusy, InboxError
 from .inbox import Inbox, SendFn
 from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
@@ -166,6 +166,10 @@ class RunContext:
         self._closed = why
 
 
+def _seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
     try:
         return asyncio.get_running_loop() is loop
@@ -207,14 +211,21 @@ class Worker:
                  max_runs: int | None = None) -> None:
         if not callable(agent):
             raise BadInput("agent must be callable: async def agent(batch, ctx)")
-        if not 0 < poll_interval < math.inf:  # NaN too: it would make every wait a spin
+        if not _seconds(poll_interval) or not 0 < poll_interval < math.inf:  # NaN too
             raise BadInput(f"poll_interval must be a positive number of seconds, got "
-                           f"{poll_interval!r}")
-        if not 0 <= grace < math.inf:
-            raise BadInput(f"grace must be a number of seconds, got {grace!r}")
+                           f"{show(poll_interval)}")
+        if not _seconds(grace) or not 0 <= grace < math.inf:
+            raise BadInput(f"grace must be a number of seconds, got {show(grace)}")
         if max_runs is not None and (isinstance(max_runs, bool) or
                                      not isinstance(max_runs, int) or max_runs < 1):
-            raise BadInput(f"max_runs must be a positive integer or None, got {max_runs!r}")
+            raise BadInput(f"max_runs must be a positive integer or None, got {show(max_runs)}")
+        if holder is not None and (not isinstance(holder, str) or not holder or
+                                   len(holder) > 1024 or not holder.isprintable()):
+            raise BadInput(f"holder must be a short printable name, got {show(holder)}")
+        if send is not None and not callable(send):
+            raise BadInput("send must be callable (or None)")
+        if setup is not None and not callable(setup):
+            raise BadInput("setup must be callable (or None)")
         self.inbox = inbox
         self.agent = agent
         self.holder = holder or default_holder()

@@ -259,6 +259,11 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
                    "VALUES (1, ?, NULL, ?, 'first')", (holder, now))
         return 1
     current, gen, until = row
+    if not _is_int(gen, 1, 1 << 62):  # a lease row edited by hand: continue its history
+        gen = db.execute("SELECT coalesce(max(gen), 0) FROM lease_history").fetchone()[0]
+        until = now - 1
+    elif not _is_int(until, -1, MAX_TIME + MAX_DURATION):
+        until = now - 1  # an expiry that is not a time has expired: a takeover follows
     if until >= now:
         if current != holder:
             return None
@@ -275,7 +280,8 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
 
 def holds(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
     row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
-    return row is not None and row[0] == holder and row[1] == gen and row[2] >= now
+    return row is not None and row[0] == holder and row[1] == gen and \
+        type(row[2]) is int and row[2] >= now
 
 
 def refuse(db: sqlite3.Connection, what: str, holder: str, gen: int, now: int,
@@ -467,7 +473,7 @@ def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
         outcome = "done"
     else:
         for event_id, attempts, _ in rows:
-            if attempts >= settings.max_attempts:
+            if not _is_int(attempts, 0, MAX_COUNT) or attempts >= settings.max_attempts:
                 db.execute("UPDATE events SET status = 'dead', error = ?, updated = ? "
                            "WHERE id = ?",
                            (f"too many attempts ({attempts}/{settings.max_attempts}): {error}",
@@ -652,7 +658,8 @@ def answer_approval(db: sqlite3.Connection, request_id: str, answer: str, now: i
         audit(db, now, actor, f"answer {answer}", f"approval {request_id}", approval.answer,
               approval.answer, False, reason or "already answered")
         return approval.answer
-    if now >= approval.due:
+    if not _is_int(approval.due, 0, MAX_TIME + MAX_DURATION) or now >= approval.due:
+        # (a deadline that is not a time, written by hand, counts as passed)
         _expire(db, request_id, now, actor)
         audit(db, now, actor, f"answer {answer}", f"approval {request_id}", "waiting",
               "expired", False, reason or f"too late: deadline was {approval.due}")

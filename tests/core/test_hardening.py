@@ -555,3 +555,27 @@ async def test_class13_an_open_with_a_bad_busy_timeout_creates_nothing(tmp_path)
         with pytest.raises(BadInput):
             await Inbox.open(path, busy_timeout=bad)
     assert not path.exists()
+
+
+async def test_class2_a_broken_lease_row_is_taken_over_not_a_wedge(inbox, path):
+    gen = await inbox.acquire("W")
+    sql(path, "UPDATE lease SET until = 'soon'")
+    assert not await inbox.renew("W", gen)  # an expiry that is not a time has passed
+    assert await inbox.acquire("V") == gen + 1
+    sql(path, "UPDATE lease SET gen = 'x'")
+    assert await inbox.acquire("U") == gen + 2  # the history continues
+    await inbox.ingest("chat", "m", None)
+    assert len(await inbox.claim_batch("U", gen + 2)) == 1
+
+
+async def test_class2_a_broken_approval_or_running_row_fails_nothing_else(inbox, path):
+    await inbox.request_approval("r", 600, "do")
+    sql(path, "UPDATE approvals SET due = 'later'")
+    assert await inbox.answer_approval("r", "yes") == "expired"
+    await inbox.ingest("chat", "m", None)
+    gen = await inbox.acquire("W")
+    batch = await inbox.claim_batch("W", gen)  # the expiry's event and the chat one
+    [event] = [e for e in batch if e.source == "chat"]
+    sql(path, "UPDATE events SET attempts = 'x' WHERE id = ?", (event.id,))
+    assert await inbox.finish("W", gen, [e.id for e in batch], error="boom")
+    assert (await inbox.get_event(event.id)).status == "dead"

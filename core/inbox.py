@@ -571,8 +571,8 @@ class Inbox:
         """Register (or replace the definition of) a timer. Each occurrence becomes an event
         keyed `timer_id@scheduled_time`, or `key` for a one-off."""
         encoded = self._check_timer(timer_id, due, payload, every, key, catch_up)
-        await self._write(store.add_timer, timer_id, due, encoded, every, key, catch_up,
-                          "timer")
+        await self._write(lambda db: store.add_timer(db, timer_id, due, encoded, every, key,
+                                                     catch_up, "timer", encoded=True))
 
     async def cancel_timer(self, timer_id: str) -> bool:
         """Remove a timer; False if there was none. An approval's expiry cannot be cancelled

@@ -469,7 +469,7 @@ def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
                              run_id)
         for timer in followups:
             add_timer(db, timer.timer_id, timer.due, timer.payload, timer.every, timer.key,
-                      timer.catch_up, "timer")
+                      timer.catch_up, "timer", encoded=True)  # checked and encoded by Inbox
         outcome = "done"
     else:
         for event_id, attempts, _ in rows:
@@ -496,12 +496,15 @@ def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
 
 # --- timers ---------------------------------------------------------------------------------
 
-def add_timer(db: sqlite3.Connection, timer_id: str, due: int, payload: str,
+def add_timer(db: sqlite3.Connection, timer_id: str, due: int, payload: Any,
               every: int | None, key: tuple[str, str] | None, catch_up: str,
-              kind: str) -> None:
-    """Register or replace a timer's definition (payload: checked JSON text); what it last
-    fired is kept, and a definition replaced by a valid one is no longer set aside."""
+              kind: str, *, encoded: bool = False) -> None:
+    """Register or replace a timer's definition (`payload` already JSON text when
+    `encoded`); what it last fired is kept, and a definition replaced by a valid one is no
+    longer set aside."""
     key_source, key_id = key if key is not None else (None, None)
+    if not encoded:
+        payload = json.dumps(payload)
     db.execute(
         "INSERT INTO timers(id, kind, due, every, catch_up, payload, key_source, key_id) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET kind = excluded.kind, "
@@ -634,9 +637,8 @@ def request_approval(db: sqlite3.Connection, request_id: str, expires_in: int, a
         "ON CONFLICT(request_id) DO NOTHING",
         (request_id, action, now, now + expires_in, run_id)).rowcount == 1
     if inserted:
-        add_timer(db, f"approval:{request_id}", now + expires_in,
-                  json.dumps({"request_id": request_id}), None, ("approval", request_id),
-                  "coalesce", "approval")
+        add_timer(db, f"approval:{request_id}", now + expires_in, {"request_id": request_id},
+                  None, ("approval", request_id), "coalesce", "approval")
     return get_approval(db, request_id)
 
 
@@ -710,7 +712,9 @@ DELIVERY_STATES = ("sending", "failed", "sent", "dead", "uncertain")
 SETTLE_OUTCOMES = ("sent", "send again")
 # An at-most-once delivery still 'sending' after its send_timeout was cut off mid-send: it
 # may or may not have gone out. It is never sent again by itself; an operator settles it.
-_UNCERTAIN = "status = 'sending' AND at_most_once = 1 AND retry_after < ?"
+# (The IN term lets SQLite use the partial index of open deliveries, never a scan.)
+_UNCERTAIN = ("status IN ('sending', 'failed') AND status = 'sending' AND at_most_once = 1 "
+              "AND retry_after < ?")
 
 
 def begin_delivery(db: sqlite3.Connection, now: int,

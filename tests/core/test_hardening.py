@@ -579,3 +579,16 @@ async def test_class2_a_broken_approval_or_running_row_fails_nothing_else(inbox,
     sql(path, "UPDATE events SET attempts = 'x' WHERE id = ?", (event.id,))
     assert await inbox.finish("W", gen, [e.id for e in batch], error="boom")
     assert (await inbox.get_event(event.id)).status == "dead"
+
+
+async def test_class2_a_broken_settings_row_falls_back_to_defaults(path, clock):
+    async with await Inbox.open(path, clock=clock) as box:
+        await box.configure(max_attempts=7, lease_ttl=300)
+    sql(path, "UPDATE settings SET json = json_set(json, '$.lease_ttl', 9223372036854775807)")
+    async with await Inbox.open(path, clock=clock) as box:
+        assert (box.settings.max_attempts, box.settings.lease_ttl) == (7, 120)
+        assert await box.acquire("W") == 1  # now + lease_ttl cannot overflow
+    sql(path, "UPDATE settings SET json = '{not json'")
+    async with await Inbox.open(path, clock=clock) as box:
+        assert box.settings.max_attempts == 3
+        assert await box.renew("W", 1)

@@ -186,6 +186,14 @@ def _whole(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port, 0 (any free one) to 65535."""
+    value = _whole(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {_clip(text)!r}")
+    return value
+
+
 def _default_actor() -> str:
     env = os.environ.get("ONWATCH_ACTOR")
     if env:
@@ -883,7 +891,7 @@ def build_parser() -> Parser:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default 127.0.0.1; any other needs "
                         "$ONWATCH_WEB_TOKEN)")
-    p.add_argument("--port", type=_whole(0), default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
     p.add_argument("--public-url", metavar="URL",
                    help="the address browsers use, when behind a reverse proxy "
@@ -910,7 +918,7 @@ def build_parser() -> Parser:
     p.add_argument("--grace", type=_seconds(allow_zero=True), default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long the current run may take to finish (default 10)")
     p.add_argument("--max-runs", type=_whole(1), metavar="N", help="stop after N runs")
-    p.add_argument("--metrics-port", type=_whole(0), metavar="N",
+    p.add_argument("--metrics-port", type=_port, metavar="N",
                    help="serve Prometheus metrics at http://127.0.0.1:N/metrics (default off; "
                         "0 picks a free port, logged)")
     p.add_argument("--log-level", default="info",
@@ -954,7 +962,7 @@ def build_parser() -> Parser:
             cmd_serve, (common,))
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
                    "127.0.0.1)")
-    p.add_argument("--port", type=int, default=8787, help="port (default 8787)")
+    p.add_argument("--port", type=_port, default=8787, help="port (default 8787)")
     p.add_argument("--config", metavar="FILE", help="sources and their secrets")
     p.add_argument("--max-body", type=int, metavar="BYTES", help="largest accepted body")
     return parser

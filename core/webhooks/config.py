@@ -34,6 +34,8 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
+from ..inbox import RESERVED_SOURCES
+
 PROVIDERS = ("github", "stripe")
 SOURCE_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"
 _SOURCE = re.compile(SOURCE_PATTERN)
@@ -42,10 +44,6 @@ ENV_STRIPE = "ONWATCH_STRIPE_SECRET"
 ENV_HOOK_PREFIX = "ONWATCH_HOOK_SECRET_"
 STANDARD_PREFIX = "whsec_"
 MIN_STANDARD_KEY = 16  # bytes: below 128 bits a key can be guessed offline from one delivery
-# The engine's own sources, used when `core` does not export its list (RESERVED_SOURCES).
-_ENGINE_SOURCES = ("approval", "timer")
-
-
 class ConfigError(ValueError):
     """The secrets configuration is unusable; the message is one line for a person."""
 
@@ -138,8 +136,7 @@ def config_file_warning(path: str | os.PathLike) -> str | None:
 def reserved_sources() -> tuple[str, ...]:
     """The sources the engine writes itself (approval answers, timer ticks): no hook may
     take their names."""
-    import core
-    return tuple(getattr(core, "RESERVED_SOURCES", _ENGINE_SOURCES))
+    return tuple(RESERVED_SOURCES)
 
 
 def _check_source(name: str, where: str) -> None:

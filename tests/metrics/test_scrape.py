@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from core import Inbox
-from tests.webhook.helpers import ServerProcess, generic_headers, post
+from tests.webhook.helpers import ServerProcess, post, standard_headers
 
 from .helpers import samples, scrape, value
 
@@ -74,7 +74,7 @@ async def test_serve_metrics_while_deliveries_arrive(tmp_path):
             for key in ("build-1", "build-2", "build-1"):
                 body = json.dumps({"build": key}).encode()
                 status, _, _ = await post(http, f"{url}/hooks/ci", body,
-                                          generic_headers(body, key))
+                                          standard_headers(body, key))
                 assert status in (200, 202)
         # another process ingests too: state comes from the file, counters from serve alone
         async with await Inbox.open(db, create=False) as inbox:

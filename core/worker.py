@@ -39,6 +39,7 @@ from .errors import BadInput, InboxBusy, InboxError
 from .inbox import Inbox, SendFn
 from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
 from .text import printable
+from .wake import SLOW_POLL
 
 log = logging.getLogger("onwatch.worker")
 
@@ -514,10 +515,13 @@ class Worker:
         return await self.inbox.change_token()
 
     async def _idle_until(self, wake: int | None, *, renew: bool) -> None:
+        notifier = self.inbox.wake
+        seen = notifier.seq  # before the token: a commit after it moves one or the other
         try:
             version = await self._changes()
         except InboxError:
             version = None
+        checked = time.monotonic()
         while not self.stopping:
             now = self.clock.now()
             if wake is not None and now >= wake:
@@ -526,12 +530,36 @@ class Worker:
                 return
             if self._recover_at is not None and now >= self._recover_at:
                 return
-            await self._sleep(self.poll_interval)
+            woke = await self._nap(seen)
+            seen = notifier.seq
             try:
+                if woke:
+                    if await notifier.confirm(self._changes, version):
+                        return
+                    continue
+                if notifier.watching and \
+                        time.monotonic() - checked < max(self.poll_interval, SLOW_POLL):
+                    continue  # the notifier would have said so; the poll is its insurance
+                checked = time.monotonic()
                 if await self._changes() != version:
                     return
             except InboxError:
                 return
+
+    async def _nap(self, seen: int) -> bool:
+        """Sleep up to poll_interval; True if the notifier says the file may have changed
+        (another process committed, or this process's Inbox did), False otherwise."""
+        if self.stopping:
+            return False
+        waiting = asyncio.ensure_future(self.inbox.wake.wait(seen, self.poll_interval))
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({waiting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_wait.cancel()
+            if not waiting.done():
+                waiting.cancel()
+        return not waiting.cancelled() and waiting.done() and waiting.result()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

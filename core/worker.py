@@ -248,7 +248,9 @@ class Worker:
             outcome = self.setup(self.inbox)
             if inspect.isawaitable(outcome):
                 await outcome
-        log.info("worker %s started on %s", self.holder, self.inbox.path)
+        log.info("worker %s started on %s (%s)", self.holder, self.inbox.path,
+                 "woken by file notification" if self.inbox.wake.watching else
+                 f"polling for changes every {self.poll_interval:g} s")
         try:
             while not self.stopping:
                 if not await self._hold_lease():

@@ -39,6 +39,7 @@ log = logging.getLogger("onwatch.wake")
 
 SLOW_POLL = 5.0  # seconds: a waiter's change poll while the notifier runs (its insurance)
 CONFIRM_DELAYS = (0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)  # see confirm
+CONFIRM_READS = 64  # at most this many token reads per confirm, whatever the folder does
 
 T = TypeVar("T")
 
@@ -108,11 +109,18 @@ class Wake:
         commit is visible (the fsync and the WAL index update come after, and the index is
         shared memory, which sends no notification). So an unchanged token is read again a
         few times over about 0.1 s before the wake-up is called spurious: our own writes and
-        a checkpoint cost those reads and nothing more.
+        a checkpoint cost those reads and nothing more. A notification that arrives
+        meanwhile cuts the wait short, so a real commit is not kept behind a spurious one.
         """
-        for delay in CONFIRM_DELAYS:
-            if delay:
-                await asyncio.sleep(delay)
+        seen, step, reads = self.seq, 0, 0
+        while step < len(CONFIRM_DELAYS) and reads < CONFIRM_READS:
+            delay = CONFIRM_DELAYS[step]
+            step += 1
+            if delay and await self.wait(seen, delay):
+                # Another write meanwhile (often the commit that matters, after one of ours
+                # woke us): look at once, and take the short steps again.
+                seen, step = self.seq, 1
+            reads += 1
             if await read_token() != old:
                 return True
         return False

@@ -71,6 +71,11 @@ class Wake:
             return INotify is not None and not _disabled()
         return self._notifier is not None
 
+    @property
+    def waiting(self) -> int:
+        """How many waits are in progress (an idle worker is one)."""
+        return len(self._waiters)
+
     def notify(self) -> None:
         """Something may have changed (a commit through this process's own connection)."""
         self.seq += 1

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
-from .clock import Clock, check_time
+from .clock import Clock, SystemClock, check_time
 from .errors import BadInput, InboxBusy, InboxError
 from .inbox import Inbox, SendFn
 from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
@@ -532,7 +532,7 @@ class Worker:
                 return
             if self._recover_at is not None and now >= self._recover_at:
                 return
-            woke = await self._nap(seen)
+            woke = await self._nap(seen, self._nap_seconds(wake, renew))
             seen = notifier.seq
             try:
                 if woke:
@@ -548,12 +548,24 @@ class Worker:
             except InboxError:
                 return
 
-    async def _nap(self, seen: int) -> bool:
-        """Sleep up to poll_interval; True if the notifier says the file may have changed
+    def _nap_seconds(self, wake: int | None, renew: bool) -> float:
+        """How long an idle nap may last. Polling: poll_interval, as ever. Woken by the
+        notifier on the system clock: until the next thing due (a wake-up, the renewal, a
+        recovery), at most the slow poll; an injected clock may jump, so it keeps the poll."""
+        if not (self.inbox.wake.watching and isinstance(self.clock, SystemClock)):
+            return self.poll_interval
+        seconds = max(self.poll_interval, SLOW_POLL)
+        for due in (wake, self._renew_at if renew else None, self._recover_at):
+            if due is not None:
+                seconds = min(seconds, due - time.time())
+        return max(seconds, 0.001)
+
+    async def _nap(self, seen: int, seconds: float) -> bool:
+        """Sleep up to `seconds`; True if the notifier says the file may have changed
         (another process committed, or this process's Inbox did), False otherwise."""
         if self.stopping:
             return False
-        waiting = asyncio.ensure_future(self.inbox.wake.wait(seen, self.poll_interval))
+        waiting = asyncio.ensure_future(self.inbox.wake.wait(seen, seconds))
         stop_wait = asyncio.ensure_future(self._stop.wait())
         try:
             await asyncio.wait({waiting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)

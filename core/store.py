@@ -410,16 +410,46 @@ def cancel_timer(db: sqlite3.Connection, timer_id: str) -> bool:
 def run_scheduler(db: sqlite3.Connection, now: int) -> int:
     """Turn every due timer into inbox events and advance it, all in this one transaction."""
     settings = load_settings(db)
-    due = [timer_from_row(r) for r in db.execute(
-        f"SELECT {TIMER_COLUMNS} FROM timers WHERE due <= ? ORDER BY due, id", (now,))]
-    for timer in due:
+    rows = db.execute(f"SELECT {TIMER_COLUMNS} FROM timers WHERE due <= ? ORDER BY due, id",
+                      (now,)).fetchall()
+    plain: list[tuple] = []  # one-shot plain timers in a row, fired together (see below)
+    for row in rows:
+        if row[2] is None and row[10] != "approval":
+            plain.append(row)
+            continue
+        _fire_plain(db, plain, now)
+        timer = timer_from_row(row)
         if timer.every is None:
             _fire_once(db, timer, now)
         elif timer.catch_up == "coalesce":
             _fire_coalesced(db, timer, now)
         else:
             _fire_each(db, timer, now, settings.catch_up_limit)
-    return len(due)
+    _fire_plain(db, plain, now)
+    return len(rows)
+
+
+def _fire_plain(db: sqlite3.Connection, rows: list[tuple], now: int) -> None:
+    """`_fire_once` for a run of one-shot plain timers (the common case, thousands at a time):
+    two statements for all of them, and each occurrence's JSON built around the payload's
+    stored text (json.dumps of the same dict, byte for byte), never decoded and re-encoded.
+    Order is kept: the caller flushes before any other kind of timer."""
+    if not rows:
+        return
+    events = []
+    for row in rows:
+        timer_id, due, payload = row[0], row[1], row[4]
+        source, source_id = (row[5], row[6]) if row[5] is not None else \
+            ("timer", f"{timer_id}@{due}")
+        occurrence = (f'{{"timer": {json.dumps(timer_id)}, "scheduled_for": {due}, '
+                      f'"late_by": {now - due}, "skipped": 0, '
+                      f'"data": {"null" if payload is None else payload}}}')
+        events.append((source, source_id, occurrence, now, now, now))
+    db.executemany(
+        "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
+        "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(source, source_id) DO NOTHING", events)
+    db.executemany("DELETE FROM timers WHERE id = ?", [(row[0],) for row in rows])
+    rows.clear()
 
 
 def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any) -> dict:

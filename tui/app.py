@@ -2,7 +2,8 @@
 
 The app owns the inbox connection and the one clock. It reads (`_refresh`), hands each pane
 its window (`pane.show`), ticks countdowns (`tick`), follows the file with a cheap poll of
-`Inbox.change_token()` that never overlaps itself and skips while a dialog is open, and
+`Inbox.change_token()` that never overlaps itself and skips while a dialog is open (run as
+soon as the file notifier of core/wake.py reports a write, and on an interval as fallback), and
 routes the panes' requests to the core (`tui.operator`), after a confirmation where one is due.
 """
 

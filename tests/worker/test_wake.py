@@ -187,8 +187,8 @@ async def test_a_burst_of_ten_thousand_commits_does_not_make_the_watcher_spin(tm
     assert reads <= wakeups + 2  # every drain of the notifier fed a wake-up: no idle spinning
     assert woken == settled + 1  # only our own stop notification after the burst ended
     assert quiet_cpu < 0.05  # asleep once it is over
-    # This process did a little work per wake-up, not per event the OS reported.
-    assert cpu_burst < burst_seconds * 0.8
+    # A little work per commit at most (measured: about 0.15 ms), whatever the OS reported.
+    assert cpu_burst < BURST * 0.0004
 
 
 @needs_inotify

@@ -12,6 +12,7 @@ import aiosqlite
 
 from . import schema
 from .errors import InboxBusy, InboxError, NotAnInbox
+from .wake import Wake
 
 T = TypeVar("T")
 
@@ -65,6 +66,7 @@ class Database:
         self.busy_timeout = busy_timeout
         self._factory = factory
         self._reader: sqlite3.Connection | None = None  # see peek()
+        self.wake = Wake(path)  # our own commits notify it; other processes' through the OS
 
     @classmethod
     async def open(cls, path: str | os.PathLike, *, create: bool = True,
@@ -125,7 +127,11 @@ class Database:
             except BaseException as exc:  # noqa: B036 - handed to the callers, not lost
                 loop.call_soon_threadsafe(done, None, exc)
             else:
-                loop.call_soon_threadsafe(done, result, None)
+                loop.call_soon_threadsafe(committed, result)
+
+        def committed(result: T) -> None:  # on the loop
+            self.wake.notify()
+            done(result, None)
         conn._tx.put_nowait((None, job))
 
     def peek(self, fn: Callable[..., T], *args: Any) -> T:
@@ -156,7 +162,9 @@ class Database:
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside BEGIN IMMEDIATE … COMMIT; roll back on any exception."""
-        return await self.call(write_transaction, fn, args)
+        result = await self.call(write_transaction, fn, args)
+        self.wake.notify()
+        return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside one read snapshot."""
@@ -167,6 +175,7 @@ class Database:
         return await self.call(lambda db: db.execute("PRAGMA data_version").fetchone()[0])
 
     async def close(self) -> None:
+        self.wake.close()
         if self._reader is not None:
             self._reader.close()
             self._reader = None

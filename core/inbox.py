@@ -21,6 +21,7 @@ from .records import (
     Lease, LeaseChange, Message, Overview, Reply, Run, Timer,
 )
 from .settings import MAX_BATCH, Settings
+from .wake import Wake
 
 CATCH_UP_POLICIES = ("coalesce", "each")
 MAX_TEXT = 1024  # sources, ids, holders: keys, not documents
@@ -361,6 +362,12 @@ class Inbox:
         connection (PRAGMA data_version) or this Inbox itself (the connection's change
         count). One cheap call, no table read: what an idle poller compares."""
         return await self._db.call(_change_token)
+
+    @property
+    def wake(self) -> Wake:
+        """Wakes this process's waiters when the file may have changed (core/wake.py):
+        another process's commit through the OS's file notification, ours directly."""
+        return self._db.wake
 
     # --- settings -------------------------------------------------------------------------
 

@@ -34,11 +34,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
-from .clock import Clock, check_time, show
+from .clock import Clock, SystemClock, check_time, show
 from .errors import BadInput, InboxBusy, InboxError
 from .inbox import Inbox, SendFn
 from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
 from .text import printable
+from .wake import SLOW_POLL
 
 log = logging.getLogger("onwatch.worker")
 
@@ -268,7 +269,9 @@ class Worker:
             outcome = self.setup(self.inbox)
             if inspect.isawaitable(outcome):
                 await outcome
-        log.info("worker %s started on %s", self.holder, self.inbox.path)
+        log.info("worker %s started on %s (%s)", self.holder, self.inbox.path,
+                 "woken by file notification" if self.inbox.wake.watching else
+                 f"polling for changes every {self.poll_interval:g} s")
         try:
             while not self.stopping:
                 if not await self._hold_lease():
@@ -543,10 +546,13 @@ class Worker:
         return await self.inbox.change_token()
 
     async def _idle_until(self, wake: int | None, *, renew: bool) -> None:
+        notifier = self.inbox.wake
+        seen = notifier.seq  # before the token: a commit after it moves one or the other
         try:
             version = await self._changes()
         except InboxError:
             version = None
+        checked = time.monotonic()
         while not self.stopping:
             now = self.clock.now()
             if wake is not None and now >= wake:
@@ -555,12 +561,48 @@ class Worker:
                 return
             if self._recover_at is not None and now >= self._recover_at:
                 return
-            await self._sleep(self.poll_interval)
+            woke = await self._nap(seen, self._nap_seconds(wake, renew))
+            seen = notifier.seq
             try:
+                if woke:
+                    if await notifier.confirm(self._changes, version):
+                        return
+                    continue
+                if notifier.watching and \
+                        time.monotonic() - checked < max(self.poll_interval, SLOW_POLL):
+                    continue  # the notifier would have said so; the poll is its insurance
+                checked = time.monotonic()
                 if await self._changes() != version:
                     return
             except InboxError:
                 return
+
+    def _nap_seconds(self, wake: int | None, renew: bool) -> float:
+        """How long an idle nap may last. Polling: poll_interval, as ever. Woken by the
+        notifier on the system clock: until the next thing due (a wake-up, the renewal, a
+        recovery), at most the slow poll; an injected clock may jump, so it keeps the poll."""
+        if not (self.inbox.wake.watching and isinstance(self.clock, SystemClock)):
+            return self.poll_interval
+        seconds = max(self.poll_interval, SLOW_POLL)
+        for due in (wake, self._renew_at if renew else None, self._recover_at):
+            if due is not None:
+                seconds = min(seconds, due - time.time())
+        return max(seconds, 0.001)
+
+    async def _nap(self, seen: int, seconds: float) -> bool:
+        """Sleep up to `seconds`; True if the notifier says the file may have changed
+        (another process committed, or this process's Inbox did), False otherwise."""
+        if self.stopping:
+            return False
+        waiting = asyncio.ensure_future(self.inbox.wake.wait(seen, seconds))
+        stop_wait = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({waiting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop_wait.cancel()
+            if not waiting.done():
+                waiting.cancel()
+        return not waiting.cancelled() and waiting.done() and waiting.result()
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):

@@ -2,7 +2,8 @@
 
 The app owns the inbox connection and the one clock. It reads (`_refresh`), hands each pane
 its window (`pane.show`), ticks countdowns (`tick`), follows the file with a cheap poll of
-`Inbox.change_token()` that never overlaps itself and skips while a dialog is open, and
+`Inbox.change_token()` that never overlaps itself and skips while a dialog is open (run as
+soon as the file notifier of core/wake.py reports a write, and on an interval as fallback), and
 routes the panes' requests to the core (`tui.operator`), after a confirmation where one is due.
 """
 
@@ -23,6 +24,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer
 
 from core import Approval, Clock, Event, Inbox, InboxError, Overview
+from core.wake import SLOW_POLL
 
 from . import operator
 from .panes import PANES, Pane
@@ -58,6 +60,7 @@ class OnwatchApp(App[int]):
     TITLE = "onwatch"
     ACTOR = "operator"  # who the audit log says acted
     POLL_SECONDS = 0.5
+    FALLBACK_POLL_SECONDS = 1.0  # while the notifier runs: it also retries a failed read
     TICK_SECONDS = 1.0
     MUTATING = frozenset({"pause", "resume", "hold_outbox", "release_outbox", "send_now"})
 
@@ -94,6 +97,7 @@ class OnwatchApp(App[int]):
         self._action_lock = asyncio.Lock()
         self._seen_token: tuple[int, int] | None = None  # the change token the panes show
         self._polling = False
+        self._follower: asyncio.Task | None = None  # wakes the poll, see _follow
         self._problem: str | None = None
 
     # --- layout ---------------------------------------------------------------------------
@@ -118,7 +122,11 @@ class OnwatchApp(App[int]):
         self.query_one(PaneBar).activate(PANES[0].PANE_ID)
         self.active_pane.focus_table()
         self.set_interval(self.TICK_SECONDS, self.tick, name="clock")
-        self.set_interval(self.POLL_SECONDS, self._poll, name="follow")
+        # The poll is the fallback; the notifier (core/wake.py) triggers it at once.
+        self.set_interval(self.FALLBACK_POLL_SECONDS if self.inbox.wake.watching
+                          else self.POLL_SECONDS, self._poll, name="follow")
+        # A plain task, not a worker: tests wait for the workers to complete.
+        self._follower = asyncio.create_task(self._follow())
         self.run_worker(self.reload(), group="refresh", exit_on_error=False)
 
     @property
@@ -194,16 +202,35 @@ class OnwatchApp(App[int]):
     def _dialog_open(self) -> bool:
         return len(self.screen_stack) > 1
 
-    def _poll(self) -> None:
-        """Every half second: has anyone committed? Never overlaps, skips under a dialog."""
+    def _poll(self, confirm: bool = False) -> bool:
+        """Has anyone committed? Never overlaps, skips under a dialog; False if skipped."""
         if self._polling or self._dialog_open():
-            return
+            return False
         self._polling = True
-        self.run_worker(self._poll_once(), group="refresh", exit_on_error=False)
+        self.run_worker(self._poll_once(confirm), group="refresh", exit_on_error=False)
+        return True
 
-    async def _poll_once(self) -> None:
+    def on_unmount(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+
+    async def _follow(self) -> None:
+        """Poll as soon as the file may have changed: another process's commit (the OS's
+        file notification) or one of ours. A poll skipped meanwhile is tried again."""
+        wake = self.inbox.wake
+        seen = wake.seq
+        while True:
+            if not await wake.wait(seen, SLOW_POLL):
+                continue
+            seen = wake.seq
+            while not self._poll(confirm=True):
+                await asyncio.sleep(0.1)
+
+    async def _poll_once(self, confirm: bool = False) -> None:
         try:
-            if await self.inbox.change_token() != self._seen_token:
+            # After a wake-up the commit may not be visible yet: confirm reads a little longer.
+            if await self.inbox.wake.confirm(self.inbox.change_token, self._seen_token) \
+                    if confirm else await self.inbox.change_token() != self._seen_token:
                 await self._refresh()
             elif self._problem is None:
                 status = self.query_one(StatusStrip)

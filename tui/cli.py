@@ -733,6 +733,59 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return main(args) or OK
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    """The receiver, the scheduler and the worker in one process on one inbox: a stored
+    delivery wakes the worker directly; SIGTERM stops the worker (lease released), then the
+    server (requests in flight finish)."""
+    early: list[int] = []
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda number, frame: early.append(number))
+    from core.webhooks import ConfigError, config_file_warning, load_secrets, start_server
+    from core.worker import Worker
+    if not 0 <= args.port <= 65535:
+        raise CliError(f"--port must be 0-65535, got {args.port}")
+    try:
+        secrets = load_secrets(os.environ, args.config)
+    except ConfigError as exc:
+        raise CliError(str(exc)) from None
+    if args.config is not None and (warning := config_file_warning(args.config)):
+        print(f"onwatch: warning: {warning}", file=sys.stderr)
+    agent = _load_callable(args.agent, "--agent")
+    setup = _setup_step(_load_callable(args.setup, "--setup"), args.setup) if args.setup \
+        else None
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s onwatch-run %(levelname)s %(message)s")
+
+    async def main() -> int:
+        async with await _open(args) as inbox:
+            worker = Worker(inbox, agent, holder=args.holder, send=_channel(args),
+                            poll_interval=args.poll, grace=args.grace, setup=setup,
+                            max_runs=args.max_runs)
+            try:
+                server = await start_server(inbox, secrets=secrets, host=args.host,
+                                            port=args.port, max_body=args.max_body)
+            except OSError as exc:
+                raise CliError(f"cannot listen on {args.host}:{args.port}: "
+                               f"{exc.strerror or exc}", NOT_APPLIED) from None
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, worker.request_stop)
+            if early:
+                worker.request_stop()
+            logging.getLogger("onwatch.run").info(
+                "listening on %s (%s); worker %s on %s", server.url, secrets.describe(),
+                worker.holder, inbox.path)
+            try:
+                stats = await worker.run()
+            finally:
+                await server.close()
+        print(f"onwatch: run {worker.holder} stopped: {stats.runs} run(s), {stats.done} done, "
+              f"{stats.failed} failed, {stats.abandoned} abandoned, {stats.sent} message(s) "
+              f"sent", file=sys.stderr)
+        return OK
+    return asyncio.run(main())
+
+
 # --- the parser -----------------------------------------------------------------------------
 
 EPILOG = """\
@@ -965,7 +1018,41 @@ def build_parser() -> Parser:
     p.add_argument("--port", type=_port, default=8787, help="port (default 8787)")
     p.add_argument("--config", metavar="FILE", help="sources and their secrets")
     p.add_argument("--max-body", type=int, metavar="BYTES", help="largest accepted body")
+
+    p = sub("run", "receiver, scheduler and worker in one process (serve + worker options)",
+            cmd_run, (common, channel), epilog=RUN_EPILOG)
+    p.add_argument("--agent", required=True, metavar="MODULE:FUNCTION",
+                   help="the agent function, e.g. core.example_agent:handle or ./a.py:handle")
+    p.add_argument("--setup", metavar="MODULE:FUNCTION",
+                   help="called once with the inbox before the first run")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
+                   "127.0.0.1)")
+    p.add_argument("--port", type=int, default=8787, help="port (default 8787)")
+    p.add_argument("--config", metavar="FILE", help="sources and their secrets")
+    p.add_argument("--max-body", type=_whole(1), metavar="BYTES", help="largest accepted body")
+    p.add_argument("--holder", help="lease holder name, unique per process (default host:pid)")
+    p.add_argument("--no-dispatch", action="store_true",
+                   help="leave the outbox to another process (`onwatch dispatch`)")
+    p.add_argument("--poll", type=_seconds(), default=0.5, metavar="SECONDS",
+                   help="the fallback poll for other processes' commits (default 0.5)")
+    p.add_argument("--grace", type=_seconds(allow_zero=True), default=10.0, metavar="SECONDS",
+                   help="on SIGTERM, how long the current run may take to finish (default 10)")
+    p.add_argument("--max-runs", type=_whole(1), metavar="N", help="stop after N runs")
+    p.add_argument("--log-level", default="info",
+                   choices=("debug", "info", "warning", "error"))
     return parser
+
+
+RUN_EPILOG = """\
+One process, one inbox: webhook deliveries are answered 2xx once committed, and the commit
+wakes the worker in the same process at once. SIGTERM/SIGINT: the current run may finish
+within --grace, the lease is released, then the server stops (requests in flight finish);
+exit 0. Secrets come from the environment or --config, as for `onwatch serve`.
+
+examples:
+  ONWATCH_HOOK_SECRET_CHAT=s3cret onwatch run alice.db --agent core.example_agent:handle
+  onwatch run alice.db --agent my_agent:handle --config hooks.toml --port 9000 --file out.jsonl
+"""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -425,9 +425,11 @@ def _fmt_rate(value: float, unit: str) -> str:
 async def run(sizes: Sizes, folder: str, out: Callable[[str], None]) -> float:
     files = Files(folder)
     rows = {key: Row(name, unit, target=target) for key, name, unit, target in (
-        ("ingest", "sequential ingest (1 await/event)", "ev/s", 1.0),
+        # Per-commit workloads pay the loop <-> thread hand-off, a price accepted so that
+        # commits stay off the event loop: their target is 0.7x.
+        ("ingest", "sequential ingest (1 await/event)", "ev/s", 0.7),
         ("duplicate", "duplicate ingest", "ev/s", 1.0),
-        ("cycle", "run cycle (ingest+acquire+claim+finish)", "cycles/s", 1.0),
+        ("cycle", "run cycle (ingest+acquire+claim+finish)", "cycles/s", 0.7),
         ("scheduler", f"scheduler pass, {sizes.timers:,} due timers", "timers/s", 1.0),
         ("dispatch", f"dispatch of {sizes.messages:,} held messages", "msgs/s", 1.0),
         ("concurrent", f"concurrent intake, {sizes.writers} coroutines "

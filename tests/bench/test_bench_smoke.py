@@ -30,3 +30,16 @@ def test_core_benchmark_runs_quick_and_prints_its_table():
         assert any(workload in line for line in lines), f"no row for {workload}:\n{result.stdout}"
     assert re.fullmatch(r"minimum ratio/target: \d+\.\d\d \(.+\)", lines[-1]), lines[-1]
 
+
+
+def test_wake_benchmark_runs_quick_and_prints_its_table():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "bench" / "bench_wake.py"), "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.strip().splitlines()
+    for row in ("worker (notifier): commit → agent called", "TUI (notifier): commit → row shown",
+                "worker (0.5 s poll, before)", "idle worker CPU (notifier)",
+                "idle TUI CPU (notifier)"):
+        assert any(line.startswith(row) for line in lines), f"no row {row}:\n{result.stdout}"
+    assert re.fullmatch(r"minimum target/measured: \d+\.\d\d", lines[-1]), lines[-1]

@@ -28,7 +28,7 @@ def db(tmp_path):
     (["--inbox", "alice"], {}, "--inbox picks an inbox inside a PostgreSQL database"),
     (["--public-url", "desk.example.org"], {}, "--public-url must be like"),
     (["--public-url", "https://desk.example.org/x?y"], {}, "--public-url must be like"),
-    (["--port", "70000"], {}, "--port must be 0-65535"),
+    (["--port", "70000"], {}, "argument --port: expected a port from 0 to 65535"),
 ])
 def test_refusals(db, capsys, monkeypatch, argv, env, message):
     monkeypatch.delenv("ONWATCH_WEB_TOKEN", raising=False)

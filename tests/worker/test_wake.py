@@ -1,0 +1,209 @@
+"""Waking on another process's commit: the OS notifier, its fallback poll, and bursts.
+
+The worker processes here poll for changes only every 30 s unless a test says otherwise, so a
+run that follows a commit within a second can only have been woken by the notifier.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from core import Inbox
+from core import wake as wake_module
+from tests.worker.helpers import (
+    ROOT, env, event_status, log_of, onwatch, scalar, start_worker, stop, wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+needs_inotify = pytest.mark.skipif(wake_module.INotify is None,
+                                   reason="file notification is Linux-only")
+
+
+def make_inbox(tmp_path) -> str:
+    path = str(tmp_path / "inbox.db")
+    assert onwatch("init", path, "lease_ttl=30", "outbox_gap=0").returncode == 0
+    return path
+
+
+async def ingest(path: str, source_id: str) -> float:
+    """Ingest from this process (another process to the worker); return when it committed."""
+    async with await Inbox.open(path, create=False) as box:
+        await box.ingest("chat", source_id, {"text": source_id})
+        return time.monotonic()
+
+
+@needs_inotify
+def test_another_process_commit_wakes_an_idle_worker_within_a_second(tmp_path):
+    path = make_inbox(tmp_path)
+    worker = start_worker(path, "echo", tmp_path, "--poll", "30")
+    try:
+        wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
+        wait_for(lambda: "woken by file notification" in log_of(tmp_path),
+                 what="the worker's start")
+        for n in range(3):  # more than once: the notifier re-arms after each wake
+            time.sleep(0.3)
+            committed = asyncio.run(ingest(path, f"wake-{n}"))
+            wait_for(lambda: event_status(path, f"wake-{n}") == "done", timeout=10,
+                     interval=0.005, what="the run")
+            assert time.monotonic() - committed < 1.0, log_of(tmp_path)
+    finally:
+        assert stop(worker) == 0, log_of(tmp_path)
+
+
+def test_without_the_notifier_the_fallback_poll_still_wakes_the_worker(tmp_path):
+    path = make_inbox(tmp_path)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tui.cli", "worker", path, "--agent", "tests.worker.agents:echo",
+         "--poll", "0.3"], cwd=ROOT, env=env(tmp_path, ONWATCH_NO_NOTIFY="1"),
+        stdout=open(tmp_path / "worker.out", "wb"), stderr=open(tmp_path / "worker.err", "wb"))
+    try:
+        wait_for(lambda: "polling for changes every 0.3 s" in log_of(tmp_path),
+                 what="the worker's start without notification")
+        wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
+        time.sleep(0.5)
+        committed = asyncio.run(ingest(path, "polled"))
+        wait_for(lambda: event_status(path, "polled") == "done", timeout=10, what="the run")
+        assert time.monotonic() - committed < 3.0  # one poll period, with room for load
+    finally:
+        assert stop(worker) == 0, log_of(tmp_path)
+
+
+async def test_a_notifier_that_fails_falls_back_to_the_poll(tmp_path, monkeypatch):
+    if wake_module.INotify is None:
+        pytest.skip("file notification is Linux-only")
+    path = str(tmp_path / "inbox.db")
+    async with await Inbox.open(path) as box:
+        wake = box.wake
+        seen = wake.seq
+        assert not await wake.wait(seen, 0.01)  # starts the notifier; nothing changed
+        assert wake.watching
+
+        def broken(*args, **kwargs):
+            raise OSError(5, "Input/output error")
+        monkeypatch.setattr(wake._notifier, "read", broken)
+        waiting = asyncio.ensure_future(wake.wait(seen, 30))
+        await asyncio.sleep(0.05)
+        async with await Inbox.open(path) as other:  # another connection's commit
+            await other.ingest("chat", "x")
+        assert await asyncio.wait_for(waiting, 5)  # the failure itself wakes the waiter
+        assert not wake.watching  # and waiters poll from now on
+        seen = wake.seq
+        started = time.monotonic()
+        assert not await wake.wait(seen, 0.2)  # a plain timeout now, no notifier behind it
+        assert time.monotonic() - started >= 0.19
+
+
+async def test_in_process_commit_wakes_a_waiter_directly(tmp_path, monkeypatch):
+    monkeypatch.setenv("ONWATCH_NO_NOTIFY", "1")  # only the in-process path is left
+    async with await Inbox.open(str(tmp_path / "inbox.db")) as box:
+        seen = box.wake.seq
+        waiting = asyncio.ensure_future(box.wake.wait(seen, 30))
+        await asyncio.sleep(0.01)
+        started = time.monotonic()
+        await box.ingest("chat", "1")
+        assert await asyncio.wait_for(waiting, 1)
+        assert time.monotonic() - started < 0.5
+        assert not box.wake.watching
+
+
+BURST = 10_000
+
+BURSTER = """
+import asyncio, sys
+from core import Inbox
+
+async def main(path, n):
+    async with await Inbox.open(path, create=False) as box:
+        for i in range(n):
+            await box.ingest("burst", str(i))   # one commit each
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def _cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+@needs_inotify
+async def test_a_burst_of_ten_thousand_commits_does_not_make_the_watcher_spin(tmp_path):
+    """A waiter that wakes, confirms and works (like a worker) while another process commits
+    10,000 times: at most one wake per wait, the notifier drained at each wake, and no
+    wake-ups at all once the burst is over."""
+    path = str(tmp_path / "inbox.db")
+    async with await Inbox.open(path) as box:
+        wake = box.wake
+        woken = 0
+        stop = asyncio.Event()
+
+        async def waiter() -> None:
+            nonlocal woken
+            token = await box.change_token()
+            while not stop.is_set():
+                seen = wake.seq
+                if await wake.wait(seen, 30):
+                    woken += 1
+                    if await wake.confirm(box.change_token, token):
+                        token = await box.change_token()
+                        await box.counts()  # the work a wake-up leads to
+
+        task = asyncio.create_task(waiter())
+        await asyncio.sleep(0.05)
+        cpu_before, started = _cpu(), time.monotonic()
+        burster = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", BURSTER, path, str(BURST), cwd=ROOT,
+            env=env(tmp_path))
+        assert await burster.wait() == 0
+        burst_seconds = time.monotonic() - started
+        cpu_burst = _cpu() - cpu_before
+        assert (await box.counts())["pending"] == BURST
+
+        # Quiet again: the waiter settles (its last confirm reads end) and then stays asleep.
+        for _ in range(100):
+            settled = woken
+            await asyncio.sleep(0.2)
+            if woken == settled:
+                break
+        settled, reads, wakeups, cpu_quiet = woken, wake.reads, wake.wakeups, _cpu()
+        await asyncio.sleep(1.0)
+        quiet_cpu = _cpu() - cpu_quiet
+        stop.set()
+        wake.notify()
+        await task
+
+    print(f"\nburst of {BURST} commits in {burst_seconds:.1f} s: {settled} wake-ups of the "
+          f"waiter, {wakeups} in all (confirm's included), {reads} notifier reads, "
+          f"{cpu_burst:.2f} s CPU here; quiet 1 s: {quiet_cpu:.3f} s")
+    assert settled <= BURST  # at most one wake per commit (fewer when commits come together)
+    assert wakeups <= 2 * BURST
+    assert reads <= wakeups + 2  # every drain of the notifier fed a wake-up: no idle spinning
+    assert woken == settled + 1  # only our own stop notification after the burst ended
+    assert quiet_cpu < 0.05  # asleep once it is over
+    # A little work per commit at most (measured: about 0.15 ms), whatever the OS reported.
+    assert cpu_burst < BURST * 0.0004
+
+
+@needs_inotify
+async def test_nobody_waiting_means_the_notifier_is_not_read(tmp_path):
+    """Disarmed between waits: commits by another process while nobody waits cost this
+    process nothing, and the next wait returns at once."""
+    path = str(tmp_path / "inbox.db")
+    async with await Inbox.open(path) as box:
+        wake = box.wake
+        assert not await wake.wait(wake.seq, 0.01)  # started, then disarmed
+        async with await Inbox.open(path) as other:
+            for i in range(200):
+                await other.ingest("chat", str(i))
+        assert wake.reads == 0
+        started = time.monotonic()
+        assert await wake.wait(wake.seq, 5)  # the queued notification, read now
+        assert time.monotonic() - started < 0.5
+        assert wake.reads == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -14,8 +15,10 @@ import urllib.request
 
 import pytest
 
-from tests.webhook.helpers import HOOK_SECRET, generic_headers
+from tests.webhook.helpers import HOOK_SECRET, standard_headers
 from tests.worker.helpers import ROOT, env, event_status, onwatch, scalar, wait_for
+
+WRONG_SECRET = "whsec_" + base64.b64encode(b"not the secret the receiver has").decode()
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +55,7 @@ def test_run_receives_a_signed_webhook_calls_the_agent_replies_and_stops_on_sigt
         assert scalar(path, "SELECT holder FROM lease")  # the worker holds the lease
         body = json.dumps({"text": "hello"}).encode()
         started = time.monotonic()
-        assert post(f"{url}/hooks/ci", body, generic_headers(body, "delivery-1")) == 202
+        assert post(f"{url}/hooks/ci", body, standard_headers(body, "delivery-1")) == 202
         # Acknowledged means stored: the event is in the file when the 2xx arrives.
         assert scalar(path, "SELECT count(*) FROM events WHERE source_id = 'delivery-1'") == 1
         wait_for(lambda: event_status(path, "delivery-1") == "done", timeout=10,
@@ -63,10 +66,10 @@ def test_run_receives_a_signed_webhook_calls_the_agent_replies_and_stops_on_sigt
                         (tmp_path / "sent.jsonl").read_text().splitlines(), what="the reply")
         assert json.loads(sent[0])["text"] == "reply ci/delivery-1"
         # A retry of the same delivery is a duplicate: answered 2xx, still one event.
-        assert post(f"{url}/hooks/ci", body, generic_headers(body, "delivery-1")) == 200
+        assert post(f"{url}/hooks/ci", body, standard_headers(body, "delivery-1")) == 200
         # A bad signature is refused and stores nothing.
-        assert post(f"{url}/hooks/ci", body, generic_headers(body, "delivery-2",
-                                                             secret="wrong")) == 401
+        assert post(f"{url}/hooks/ci", body, standard_headers(body, "delivery-2",
+                                                              secret=WRONG_SECRET)) == 401
         assert scalar(path, "SELECT count(*) FROM events") == 1
     finally:
         if process.poll() is None:

@@ -167,7 +167,8 @@ def _default_actor() -> str:
 
 
 async def _open(args: argparse.Namespace, *, create: bool = False) -> Inbox:
-    return await Inbox.open(args.path, create=create, busy_timeout=args.busy_timeout)
+    return await Inbox.open(args.path, name=getattr(args, "inbox", "default"), create=create,
+                            busy_timeout=args.busy_timeout)
 
 
 def _run(coro_fn: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
@@ -676,6 +677,9 @@ def build_parser() -> Parser:
                             epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
         if path:
             p.add_argument("path", type=_inbox_path, metavar="PATH", help="the inbox file")
+            p.add_argument("--inbox", default="default", metavar="NAME",
+                           help="which inbox of a postgresql:// database PATH (a file is one "
+                                "inbox)")
         p.set_defaults(handler=handler)
         return p
 

@@ -130,8 +130,10 @@ class Database:
     @staticmethod
     def _connect(url: str, busy_timeout: float) -> "psycopg.Connection":
         # lock_timeout plays SQLite's busy timeout: how long a write waits for the inbox.
-        return psycopg.connect(url, autocommit=True, connect_timeout=10,
-                               options=f"-c lock_timeout={max(int(busy_timeout * 1000), 1)}")
+        # (SET, not the options parameter: that would replace any the URL carries.)
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        conn.execute(f"SET lock_timeout = {max(int(busy_timeout * 1000), 1)}")
+        return conn
 
     @classmethod
     async def open(cls, url: str, *, name: str = "default", create: bool = True,

@@ -3,8 +3,9 @@
 The rule tests are one conformance suite: in the modules named in CONFORMANCE every test that
 uses an inbox runs once per backend (`[sqlite]`, `[postgresql]`) through the one parametrized
 fixture `inbox_target`, which `path` and `inbox` build on. On PostgreSQL each test gets a
-fresh database of the session's server (tests/pg/server.py) and opens its "default" inbox,
-so `Inbox.open(path)` means the same inbox on both. Elsewhere `path` is a file.
+fresh schema (a URL whose search_path names it) in a database of the session's server
+(tests/pg/server.py) and opens its "default" inbox, so `Inbox.open(path)` means the same
+inbox on both. Elsewhere `path` is a file.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def inbox_target(request, tmp_path) -> str:
         return str(tmp_path / "inbox.db")
     from tests.pg.server import Unavailable, cluster
     try:
-        return cluster().new_database()
+        return cluster().new_schema()
     except Unavailable as exc:
         pytest.skip(f"PostgreSQL tests skipped: {exc}")
 

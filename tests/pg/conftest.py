@@ -18,4 +18,5 @@ def pg() -> Cluster:
 
 @pytest.fixture
 def url(pg) -> str:
-    return pg.new_database()
+    """An empty database: these tests also check what opening one creates."""
+    return pg.new_database(schema=False)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 ENV_URL = "ONWATCH_TEST_DATABASE_URL"
 TEMPLATE = "onwatch_test_template"
+SHARED = "onwatch_test_schemas"
 
 
 class Unavailable(Exception):
@@ -42,6 +43,7 @@ class Cluster:
         self._names = itertools.count(1)
         self._lock = threading.Lock()
         self._template_ready = False
+        self._shared_ready = False
 
     def url(self, database: str) -> str:
         import psycopg.conninfo as conninfo
@@ -53,17 +55,43 @@ class Cluster:
         import psycopg
         return psycopg.connect(self.url("postgres"), autocommit=True)
 
-    def new_database(self) -> str:
-        """Create a fresh, empty database and return its URL."""
+    def new_database(self, *, schema: bool = True) -> str:
+        """Create a fresh database and return its URL: with the current onwatch schema and
+        no inbox yet (a copy of a template migrated once, much cheaper than the DDL per
+        test), or empty with schema=False."""
+        import psycopg
+        from core.pg import schema as pg_schema
         with self._lock:
             name = f"onwatch_t{os.getpid()}_{next(self._names)}"
             with self.admin() as conn:
                 if not self._template_ready:
                     conn.execute(f"DROP DATABASE IF EXISTS {TEMPLATE}")
                     conn.execute(f"CREATE DATABASE {TEMPLATE} TEMPLATE template0")
+                    with psycopg.connect(self.url(TEMPLATE), autocommit=True) as template:
+                        pg_schema.migrate(template, TEMPLATE)
                     self._template_ready = True
-                conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE}")
+                conn.execute(f"CREATE DATABASE {name} TEMPLATE "
+                             f"{TEMPLATE if schema else 'template0'}")
         return self.url(name)
+
+    def new_schema(self) -> str:
+        """The URL of a fresh schema with the onwatch tables, in one shared database: what
+        the conformance suite opens per test (a schema's DDL costs a fraction of a
+        CREATE DATABASE). The URL sets the connection's search_path to it."""
+        import psycopg
+        from core.pg import schema as pg_schema
+        with self._lock:
+            name = f"t{os.getpid()}_{next(self._names)}"
+            if not self._shared_ready:
+                with self.admin() as conn:
+                    conn.execute(f"DROP DATABASE IF EXISTS {SHARED}")
+                    conn.execute(f"CREATE DATABASE {SHARED} TEMPLATE template0")
+                self._shared_ready = True
+        url = f"{self.url(SHARED)}?options=-csearch_path%3D{name}"
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(f"CREATE SCHEMA {name}")
+            pg_schema.migrate(conn, name)
+        return url
 
     def pg_ctl(self, *args: str) -> None:
         """Run pg_ctl on the owned server (e.g. "restart", "-m", "immediate")."""
@@ -126,7 +154,8 @@ class _OwnedServer:
             # wait for the disk. synchronous_commit stays on, so a crash of the server
             # (pg_ctl restart -m immediate) loses nothing acknowledged.
             options = (f"-p {self.port} -h 127.0.0.1 -k {self.root} -c fsync=off "
-                       f"-c max_connections=300 -c full_page_writes=off")
+                       f"-c max_connections=300 -c full_page_writes=off"
+                       f" -c wal_level=minimal -c max_wal_senders=0")
             self.pg_ctl("-w", "-t", "60", "-l", str(self.root / "log"), "-o", options, "start")
         except (OSError, subprocess.SubprocessError) as exc:
             log = self.root / "log"

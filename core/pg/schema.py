@@ -46,9 +46,11 @@ MIGRATIONS: tuple[str, ...] = (
         CONSTRAINT inboxes_by_name UNIQUE (name)
     );
 
+    -- An event's id counts within its inbox (1, 2, 3 … as in an inbox file): the next id
+    -- is max + 1, safe because an inbox's writers take turns (core/pg/store.py).
     CREATE TABLE events (
-        id bigserial PRIMARY KEY,
         inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        id bigint NOT NULL CHECK (id > 0),
         source text NOT NULL CHECK (length(source) > 0),
         source_id text NOT NULL CHECK (length(source_id) > 0),
         payload text,                      -- JSON; NULL once pruned, the key stays
@@ -61,6 +63,7 @@ MIGRATIONS: tuple[str, ...] = (
         created bigint NOT NULL,
         updated bigint NOT NULL,
         error text,
+        PRIMARY KEY (inbox_id, id),
         UNIQUE (inbox_id, source, source_id)
     );
     CREATE INDEX events_by_status ON events(inbox_id, status, id);
@@ -97,7 +100,8 @@ MIGRATIONS: tuple[str, ...] = (
             WHERE i.id IN (SELECT inbox_id FROM new_rows WHERE status = 'pending');
         ELSIF TG_OP = 'UPDATE' THEN
             PERFORM pg_notify('onwatch', i.name) FROM inboxes i
-            WHERE i.id IN (SELECT n.inbox_id FROM new_rows n JOIN old_rows o USING (id)
+            WHERE i.id IN (SELECT n.inbox_id FROM new_rows n JOIN old_rows o
+                           USING (inbox_id, id)
                            WHERE n.status = 'pending' AND o.status <> 'pending');
         END IF;
         RETURN NULL;

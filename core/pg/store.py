@@ -111,12 +111,7 @@ def ingest_many(db: Tx, items: Sequence[tuple[str, str, str, int]]) -> list[bool
             results.append(BudgetExceeded(
                 f"inbox is full: {settings.max_pending} events pending (budget max_pending)"))
             continue
-        cursor = db.execute(
-            "INSERT INTO events(inbox_id, source, source_id, payload, available_at, created, "
-            "updated) VALUES (%s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (inbox_id, source, source_id) DO NOTHING",
-            (db.inbox, source, source_id, payload, now, now, now))
-        results.append(cursor.rowcount == 1)
+        results.append(_insert(db, source, source_id, payload, now))
     return results
 
 
@@ -136,12 +131,18 @@ def _ingest_group(db: Tx, items: Sequence[tuple[str, str, str, int]],
     if not wanted:
         return results
     columns = list(zip(*[(s, i, p, n) for _, s, i, p, n in wanted]))
+    # The first copy of each key not stored yet, numbered on from the inbox's last id.
     stored = set(db.execute(
-        "INSERT INTO events(inbox_id, source, source_id, payload, available_at, created, "
-        "updated) SELECT %s, s, i, p, n, n, n FROM unnest(%s::text[], %s::text[], %s::text[], "
-        "%s::bigint[]) WITH ORDINALITY AS k(s, i, p, n, o) ORDER BY o "
-        "ON CONFLICT (inbox_id, source, source_id) DO NOTHING RETURNING source, source_id",
-        (db.inbox, list(columns[0]), list(columns[1]), list(columns[2]), list(columns[3]))))
+        "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, "
+        "updated) SELECT %s, last.id + row_number() OVER (ORDER BY k.o), k.s, k.i, k.p, k.n, "
+        "k.n, k.n FROM (SELECT DISTINCT ON (s, i) s, i, p, n, o FROM unnest(%s::text[], "
+        "%s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY AS u(s, i, p, n, o) "
+        "ORDER BY s, i, o) AS k CROSS JOIN (SELECT coalesce(max(id), 0) AS id FROM events "
+        "WHERE inbox_id = %s) AS last WHERE NOT EXISTS (SELECT 1 FROM events e WHERE "
+        "e.inbox_id = %s AND e.source = k.s AND e.source_id = k.i) ORDER BY k.o "
+        "RETURNING source, source_id",
+        (db.inbox, list(columns[0]), list(columns[1]), list(columns[2]), list(columns[3]),
+         db.inbox, db.inbox)))
     for index, source, source_id, _, _ in wanted:
         if (source, source_id) in stored:
             stored.discard((source, source_id))
@@ -159,13 +160,17 @@ def _refuse_over_pending(db: Tx, settings: Settings, source: str, source_id: str
     return duplicate is None  # a duplicate is still a harmless no-op, never a refusal
 
 
+def _insert(db: Tx, source: str, source_id: str, payload: str, now: int) -> bool:
+    """Store one event under the inbox's next id unless its key is stored; True if stored."""
+    return db.execute(
+        "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, "
+        "updated) SELECT %s, coalesce(max(id), 0) + 1, %s, %s, %s, %s, %s, %s FROM events "
+        "WHERE inbox_id = %s ON CONFLICT (inbox_id, source, source_id) DO NOTHING",
+        (db.inbox, source, source_id, payload, now, now, now, db.inbox)).rowcount == 1
+
+
 def _insert_event(db: Tx, source: str, source_id: str, payload: Any, now: int) -> bool:
-    cursor = db.execute(
-        "INSERT INTO events(inbox_id, source, source_id, payload, available_at, created, "
-        "updated) VALUES (%s, %s, %s, %s, %s, %s, %s) "
-        "ON CONFLICT (inbox_id, source, source_id) DO NOTHING",
-        (db.inbox, source, source_id, json.dumps(payload), now, now, now))
-    return cursor.rowcount == 1
+    return _insert(db, source, source_id, json.dumps(payload), now)
 
 
 def prune_payloads(db: Tx, older_than: int, now: int) -> int:

@@ -13,6 +13,7 @@ import sqlite3
 import tempfile
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -102,11 +103,14 @@ class Model:
 
 
 class InboxMachine(RuleBasedStateMachine):
+    backend = "sqlite"
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.folder = tempfile.mkdtemp(prefix="onwatch-model-")
-        self.path = f"{self.folder}/inbox.db"
+        self.path = f"{self.folder}/inbox.db" if self.backend == "sqlite" else \
+            _pg_cluster().new_schema()
         self.clock = FakeClock(1_000_000)
         self.box = self.run(Inbox.open(self.path, clock=self.clock))
         self.run(self.box.configure(lease_ttl=TTL, max_attempts=MAX_ATTEMPTS,
@@ -202,6 +206,8 @@ class InboxMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_inbox_agrees_with_the_model(self):
+        if self.backend == "postgresql":
+            return self.agrees(*_read_postgresql(self.path))
         db = sqlite3.connect(self.path)
         try:
             rows = {r[0]: r[1:] for r in db.execute(
@@ -217,6 +223,9 @@ class InboxMachine(RuleBasedStateMachine):
                 "WHERE outcome = 'done' GROUP BY value HAVING count(*) > 1").fetchall()
         finally:
             db.close()
+        self.agrees(rows, counts, actual, lease, messages, refused, done_twice)
+
+    def agrees(self, rows, counts, actual, lease, messages, refused, done_twice) -> None:
         for event_id, event in self.model.events.items():
             status, attempts, claim_gen = rows[event_id]
             assert (status, attempts) == (event.status, event.attempts), event_id
@@ -237,3 +246,40 @@ InboxMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_lease_and_claim_rules = InboxMachine.TestCase
+
+
+def _pg_cluster():
+    from tests.pg.server import Unavailable, cluster
+    try:
+        return cluster()
+    except Unavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+
+
+def _read_postgresql(url: str) -> tuple:
+    """What the invariant reads, from the PostgreSQL inbox (the only one in its schema)."""
+    import psycopg
+    with psycopg.connect(url) as db:
+        rows = {r[0]: r[1:] for r in db.execute(
+            "SELECT id, status, attempts, claim_gen FROM events")}
+        counts = dict(db.execute("SELECT status, n FROM event_counts"))
+        actual = dict(db.execute("SELECT status, count(*) FROM events GROUP BY status"))
+        lease = db.execute("SELECT lease_holder, lease_gen, lease_until FROM inboxes").fetchone()
+        messages = db.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        refused = db.execute("SELECT refused_writes FROM inboxes").fetchone()[0]
+        done_twice = db.execute(
+            "SELECT value, count(*) FROM runs, json_array_elements_text(event_ids::json) "
+            "WHERE outcome = 'done' GROUP BY value HAVING count(*) > 1").fetchall()
+    return rows, counts, actual, lease, messages, refused, done_twice
+
+
+class PostgresInboxMachine(InboxMachine):
+    """The same machine on a PostgreSQL inbox (fewer examples: each costs a schema)."""
+
+    backend = "postgresql"
+
+
+PostgresInboxMachine.TestCase.settings = settings(
+    max_examples=30, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_lease_and_claim_rules_on_postgresql = PostgresInboxMachine.TestCase

@@ -286,6 +286,11 @@ class Inbox:
     def path(self) -> str:
         return self._db.path
 
+    @property
+    def name(self) -> str:
+        """Which inbox of its database this is ("default" for a file, which is one inbox)."""
+        return getattr(self._db, "name", "default")
+
     def now(self) -> int:
         """The inbox's clock (wall clock unless one was injected at open)."""
         return self.clock.now()

@@ -33,6 +33,7 @@ import types
 from typing import Any, Callable, Iterator
 
 from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
+from core.pg import is_url as _is_postgres_url
 from core.text import printable
 
 PROG = "onwatch"
@@ -533,6 +534,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         else None
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s onwatch-worker %(levelname)s %(message)s")
+
+    if _is_postgres_url(args.path):  # woken by NOTIFY, polling only as the fallback
+        from core.pg.worker import ListeningWorker as Worker
 
     async def main() -> int:
         async with await _open(args) as inbox:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import psycopg
 
@@ -56,3 +57,25 @@ def test_worker_waits_for_work_and_runs_it_when_it_arrives(url, tmp_path):
         stop(worker)
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT status FROM events").fetchall() == [("done",)]
+
+
+def test_a_worker_wakes_on_notify_long_before_its_next_poll(url, tmp_path):
+    assert onwatch("init", url, "--inbox", "support").returncode == 0
+    worker = start_worker(url, "echo", tmp_path, "--inbox", "support", "--max-runs", "2",
+                          "--poll", "60", holder="box-1")  # replaces the 0.1 s of the helper
+    try:
+        def status(source_id):
+            with psycopg.connect(url) as conn:
+                row = conn.execute("SELECT status FROM events WHERE source_id = %s",
+                                   (source_id,)).fetchone()
+            return row and row[0] == "done"
+        assert onwatch("ingest", url, "chat", "first", "--inbox", "support").returncode == 0
+        wait_for(lambda: status("first"), 20, what="the first run")
+        started = time.monotonic()
+        assert onwatch("ingest", url, "chat", "second", "--inbox", "support").returncode == 0
+        wait_for(lambda: status("second"), 10, what="the second run, woken by NOTIFY")
+        assert time.monotonic() - started < 10  # a poll would have taken up to 60 s
+        worker.wait(timeout=30)
+    finally:
+        stop(worker)
+    assert worker.returncode == 0

@@ -537,6 +537,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     if _is_postgres_url(args.path):  # woken by NOTIFY, polling only as the fallback
         from core.pg.worker import ListeningWorker as Worker
+    if args.all_inboxes:
+        return _fleet_worker(args, agent, early)
 
     async def main() -> int:
         async with await _open(args) as inbox:
@@ -552,6 +554,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
         print(f"onwatch: worker {worker.holder} stopped: {stats.runs} run(s), {stats.done} "
               f"done, {stats.failed} failed, {stats.abandoned} abandoned, {stats.refused} "
               f"refused, {stats.sent} message(s) sent", file=sys.stderr)
+        return OK
+    return asyncio.run(main())
+
+
+def _fleet_worker(args: argparse.Namespace, agent: Callable, early: list[int]) -> int:
+    """`worker URL --all-inboxes`: every inbox of the database that has work, N at once."""
+    if not _is_postgres_url(args.path):
+        raise CliError("--all-inboxes serves a postgresql:// database (a file is one inbox)")
+    if args.setup or args.max_runs:
+        raise CliError("--setup and --max-runs are for one inbox, not --all-inboxes")
+    from core.pg.fleet import FleetWorker
+    from core.worker import default_holder
+
+    async def main() -> int:
+        fleet = FleetWorker(args.path, agent, holder=args.holder or default_holder(),
+                            concurrency=args.concurrency, send=_channel(args),
+                            poll_interval=args.poll, grace=args.grace)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, fleet.request_stop)
+        if early:
+            fleet.request_stop()
+        runs = await fleet.run()
+        print(f"onwatch: fleet worker {fleet.holder} stopped: {runs} run(s) over "
+              f"{len(fleet.served)} inbox(es)", file=sys.stderr)
         return OK
     return asyncio.run(main())
 
@@ -741,6 +768,10 @@ def build_parser() -> Parser:
     p.add_argument("--grace", type=_seconds(allow_zero=True), default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long the current run may take to finish (default 10)")
     p.add_argument("--max-runs", type=_whole(1), metavar="N", help="stop after N runs")
+    p.add_argument("--all-inboxes", action="store_true",
+                   help="serve every inbox of a postgresql:// database that has work")
+    p.add_argument("--concurrency", type=_whole(1), default=10, metavar="N",
+                   help="with --all-inboxes: inboxes served at once (default 10)")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
 

@@ -88,11 +88,18 @@ class Listener:
         finally:
             self._waiters[name].discard(future)
 
+    async def wait_any(self, timeout: float | None) -> bool:
+        """Wait until any inbox is notified, or the connection is lost or regained (True),
+        or `timeout` seconds passed (False)."""
+        return await self.wait("", self.seen(""), timeout)
+
     def _heard(self, name: str) -> None:
         self._counts[name] += 1
-        for future in self._waiters.get(name, ()):
-            if not future.done():
-                future.set_result(None)
+        self._counts[""] += 1  # "" stands for any inbox (no inbox has an empty name)
+        for key in (name, ""):
+            for future in self._waiters.get(key, ()):
+                if not future.done():
+                    future.set_result(None)
 
     def _wake_all(self, connected: bool) -> None:
         self.connected = connected

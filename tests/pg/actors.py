@@ -68,3 +68,19 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
+
+
+async def ledgered(batch, ctx) -> None:
+    """An I/O-bound agent (50 ms) that notes when each run began and ended, per inbox (the
+    part of the source id before '/'), so a test can check no inbox ran twice at once."""
+    import os
+    inbox = batch[0].source_id.split("/")[0]
+    began = time.time()
+    await asyncio.sleep(0.05)
+    ended = time.time()
+    for event in batch:
+        ctx.reply(f"reply {event.source_id}")
+    line = json.dumps({"inbox": inbox, "began": began, "ended": ended, "pid": os.getpid(),
+                       "events": [e.source_id for e in batch]})
+    with open(os.path.join(os.environ["ONWATCH_TEST_DIR"], "ledger"), "a") as handle:
+        handle.write(line + "\n")

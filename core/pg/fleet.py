@@ -84,14 +84,15 @@ class FleetWorker:
         self.clock = clock or SystemClock()
         self.runs = 0
         self.served: dict[str, int] = {}  # inbox name → runs served here
-        self._workers: dict[str, Any] = {}
+        self._workers: dict[str, ListeningWorker | None] = {}  # inbox name → its worker
         self._stop = asyncio.Event()
         self._changed = asyncio.Event()
 
     def request_stop(self) -> None:
         self._stop.set()
         for worker in self._workers.values():
-            worker.request_stop()
+            if worker is not None:  # None: still opening; it sees the stop once it has
+                worker.request_stop()
 
     async def run(self) -> int:
         """Serve until request_stop; return how many runs were made here."""
@@ -104,6 +105,9 @@ class FleetWorker:
                     names = await asyncio.to_thread(_with_work, self.url, self.holder,
                                                     self.clock.now(), free + len(self._workers))
                     for name in [n for n in names if n not in self._workers][:free]:
+                        # Taken here, before any await: two tasks of one holder on one
+                        # inbox would share its lease, and the lease could not tell them apart.
+                        self._workers[name] = None
                         task = asyncio.create_task(self._serve(name, listener))
                         tasks.add(task)
                         task.add_done_callback(tasks.discard)
@@ -134,6 +138,7 @@ class FleetWorker:
             inbox = await Inbox.open(self.url, name=name, create=False, clock=self.clock)
         except InboxError as exc:
             log.warning("fleet: cannot open inbox %s: %s", name, exc)
+            del self._workers[name]
             self._changed.set()
             return
         worker = _UntilIdle(inbox, self.agent, holder=self.holder, send=self.send,

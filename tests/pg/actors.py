@@ -84,3 +84,8 @@ async def ledgered(batch, ctx) -> None:
                        "events": [e.source_id for e in batch]})
     with open(os.path.join(os.environ["ONWATCH_TEST_DIR"], "ledger"), "a") as handle:
         handle.write(line + "\n")
+
+
+async def io_bound(batch, ctx) -> None:
+    """The benchmark's agent: 50 ms of waiting (a model call, an HTTP request)."""
+    await asyncio.sleep(0.05)

@@ -98,12 +98,26 @@ class FleetWorker:
         """Serve until request_stop; return how many runs were made here."""
         listener = await Listener.open(self.url, poll_interval=self.poll_interval)
         tasks: set[asyncio.Task] = set()
+        backoff = 0.0
         try:
             while not self._stop.is_set():
                 free = self.concurrency - len(self._workers)
                 if free > 0:
-                    names = await asyncio.to_thread(_with_work, self.url, self.holder,
-                                                    self.clock.now(), free + len(self._workers))
+                    try:
+                        names = await asyncio.to_thread(_with_work, self.url, self.holder,
+                                                        self.clock.now(),
+                                                        free + len(self._workers))
+                    except psycopg.Error as exc:
+                        # A restart or a network cut: say so, back off, look again.
+                        backoff = min(max(backoff * 2, 0.1), 5.0)
+                        log.warning("fleet: cannot reach %s (%s); retrying in %.1f s",
+                                    redact(self.url), str(exc).strip(), backoff)
+                        await asyncio.wait([asyncio.ensure_future(self._stop.wait())],
+                                           timeout=backoff)
+                        continue
+                    if backoff:
+                        log.warning("fleet: %s reachable again", redact(self.url))
+                        backoff = 0.0
                     for name in [n for n in names if n not in self._workers][:free]:
                         # Taken here, before any await: two tasks of one holder on one
                         # inbox would share its lease, and the lease could not tell them apart.

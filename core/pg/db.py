@@ -60,14 +60,21 @@ class Tx:
         return cursor
 
 
+class ConnectionLost(InboxBusy):
+    """The server could not be reached (a restart, a network cut). Like a lock held too
+    long it is worth another try, and everything that retries on InboxBusy (the worker)
+    retries on it; the connection is reopened at the next transaction. A commit cut off
+    may or may not have happened: the rules make a retry safe (dedupe keys, fencing)."""
+
+
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
     if isinstance(exc, pg_errors.LockNotAvailable):
         return InboxBusy(f"inbox {where} stayed locked by another connection for more than "
                          f"{busy_timeout:g} s; nothing was changed, try again")
     if isinstance(exc, psycopg.OperationalError):
-        return InboxError(f"inbox {where}: lost the connection to PostgreSQL "
-                          f"({str(exc).strip()}); the transaction did not commit or its "
-                          f"outcome is unknown, try again")
+        return ConnectionLost(f"inbox {where}: lost the connection to PostgreSQL "
+                              f"({str(exc).strip()}); the transaction did not commit or its "
+                              f"outcome is unknown, try again")
     return InboxError(f"inbox {where}: {str(exc).strip()}")
 
 

@@ -8,6 +8,7 @@ import subprocess
 import time
 
 import psycopg
+import pytest
 
 from tests.worker.helpers import onwatch, start_worker, stop, wait_for
 
@@ -79,3 +80,29 @@ def test_a_worker_wakes_on_notify_long_before_its_next_poll(url, tmp_path):
     finally:
         stop(worker)
     assert worker.returncode == 0
+
+
+def test_a_worker_rides_out_a_server_restart(pg, tmp_path):
+    if pg.owned is None:
+        pytest.skip("needs a server the tests started (it is restarted)")
+    url = pg.new_database()
+    assert onwatch("init", url, "--inbox", "support").returncode == 0
+    worker = start_worker(url, "echo", tmp_path, "--inbox", "support", "--max-runs", "2",
+                          holder="box-1")
+    try:
+        def status(source_id):
+            with psycopg.connect(url) as conn:
+                row = conn.execute("SELECT status FROM events WHERE source_id = %s",
+                                   (source_id,)).fetchone()
+            return row and row[0] == "done"
+        assert onwatch("ingest", url, "chat", "before", "--inbox", "support").returncode == 0
+        wait_for(lambda: status("before"), 20, what="the run before the restart")
+        pg.pg_ctl("-w", "-m", "immediate", "restart")
+        assert onwatch("ingest", url, "chat", "after", "--inbox", "support").returncode == 0
+        wait_for(lambda: status("after"), 30, what="the run after the restart")
+        worker.wait(timeout=30)
+    finally:
+        stop(worker)
+    assert worker.returncode == 0
+    log = (tmp_path / "worker.err").read_text()
+    assert "lost the connection" in log and "reconnected" in log

@@ -91,8 +91,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
             conn.execute("UPDATE inboxes SET changes = changes + 1 WHERE id = %s", (tx.inbox,))
         conn.execute("COMMIT")
     except BaseException:
-        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            conn.execute("ROLLBACK")
+        _rollback(conn)
         raise
     return result
 
@@ -104,8 +103,15 @@ def read_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
     try:
         return fn(tx, *args)
     finally:
-        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            conn.execute("ROLLBACK")
+        _rollback(conn)
+
+
+def _rollback(conn: "psycopg.Connection") -> None:
+    """End an open transaction; a broken connection has none left to end (it is reopened
+    at the next job), and trying would hide the error that broke it."""
+    if not conn.closed and not conn.broken and \
+            conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.execute("ROLLBACK")
 
 
 def _plain(tx: Tx, fn: Callable[..., T], args: tuple) -> T:

@@ -196,7 +196,7 @@ class Worker:
     def __init__(self, inbox: Inbox, agent: Agent, *, holder: str | None = None,
                  send: SendFn | None = None, poll_interval: float = 0.5,
                  grace: float = 10.0, setup: Callable[[Inbox], Any] | None = None,
-                 max_runs: int | None = None) -> None:
+                 max_runs: int | None = None, metrics: Any = None) -> None:
         if not callable(agent):
             raise BadInput("agent must be callable: async def agent(batch, ctx)")
         if not 0 < poll_interval < math.inf:  # NaN too: it would make every wait a spin
@@ -215,6 +215,8 @@ class Worker:
         self.grace = grace
         self.setup = setup
         self.max_runs = max_runs
+        # core.metrics.WorkerMetrics (or None): counts runs, outcomes, durations, claim latency
+        self.metrics = metrics
         self.stats = WorkerStats()
         self.gen: int | None = None
         self._renew_at = 0
@@ -349,6 +351,9 @@ class Worker:
     async def _run(self, batch: list[Event]) -> None:
         """Call the agent on one claimed batch and commit its outcome (or abandon it)."""
         self.stats.runs += 1
+        started = time.monotonic()
+        if self.metrics is not None:
+            self.metrics.claimed(batch, self.clock.now())
         ids = [e.id for e in batch]
         gen = self.gen
         claimed_at = batch[0].claimed_at or self.clock.now()
@@ -405,6 +410,8 @@ class Worker:
             self.stats.abandoned += 1
             log.warning("run %s abandoned (%s): events %s left for recovery", ctx.run_id,
                         abandon_why, ids)
+            if self.metrics is not None:
+                self.metrics.ended("abandoned", time.monotonic() - started)
             return
         ctx.close("finished")
         if error is None:
@@ -416,6 +423,8 @@ class Worker:
             text = printable(f"{type(error).__name__}: {error}", keep="\n\t")
             log.warning("run %s: agent raised %s", ctx.run_id, text)
             await self._finish(ctx, ids, error=text)
+        if self.metrics is not None:
+            self.metrics.ended("done" if error is None else "failed", time.monotonic() - started)
 
     async def _call_agent(self, batch: list[Event], ctx: RunContext) -> None:
         if inspect.iscoroutinefunction(self.agent) or \

@@ -8,16 +8,18 @@ Exit codes (every subcommand):
   3  the inbox stayed locked by another process for longer than the busy timeout
 
 Errors go to stderr as one line starting with "onwatch: ". The TUI (textual) is imported only
-by `onwatch tui` and `onwatch demo`, so every other subcommand starts fast.
+by `onwatch tui`, `onwatch demo` and `onwatch web`, so every other subcommand starts fast.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import getpass
 import hashlib
 import importlib
@@ -29,10 +31,12 @@ import math
 import os
 import signal
 import sys
+import threading
+import time
 import types
 from typing import Any, Callable, Iterator
 
-from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
+from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox, Settings
 from core.pg import is_url as _is_postgres_url
 from core.text import printable
 
@@ -78,7 +82,11 @@ def _when(instant: int | None, now: int) -> str:
     """'in 3m 20s (2026-11-29 19:40:00 UTC)' / '5s ago (…)' / 'none'."""
     if instant is None:
         return "none"
-    stamp = dt.datetime.fromtimestamp(instant, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        stamp = dt.datetime.fromtimestamp(instant, dt.timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, OSError, ValueError, TypeError):  # a row written by hand
+        return f"at {instant!r} (not a date)"
     delta = instant - now
     if delta == 0:
         return f"now ({stamp})"
@@ -97,15 +105,33 @@ def _span(seconds: int) -> str:
     return " ".join(parts[:2])
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str, key: str = "value") -> Any:
     """A setting's value: JSON if it parses (5, true, {"a": "b"}), None for none/null/
-    unlimited, else the bare string (interrupt)."""
+    unlimited, else the bare string (interrupt). Raises CliError for a number past a 64-bit
+    integer (SQLite's) or JSON nested too deeply; NaN and Infinity stay bare strings, which
+    no setting takes."""
     if text.strip().lower() in ("none", "null", "unlimited", "off"):
         return None
+
+    def whole(digits: str) -> int:
+        value = int(digits) if len(digits) <= 20 else None
+        if value is None or not -_MAX_INTEGER - 1 <= value <= _MAX_INTEGER:
+            raise CliError(f"{key}: {_clip(digits)} is past a 64-bit integer")
+        return value
+
+    def not_a_number(name: str) -> Any:
+        raise ValueError(name)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_int=whole, parse_constant=not_a_number)
     except ValueError:
         return text
+    except RecursionError:
+        raise CliError(f"{key}: the value is nested too deeply") from None
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    """`text` for a one-line message: bounded, every control character escaped."""
+    return printable(text if len(text) <= limit else text[:limit] + "…")
 
 
 def _assignments(pairs: list[str]) -> dict[str, Any]:
@@ -113,8 +139,8 @@ def _assignments(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise CliError(f"expected key=value, got {pair!r}")
-        changes[key.strip()] = _parse_value(value)
+            raise CliError(f"expected key=value, got {_clip(pair)!r}")
+        changes[key.strip()] = _parse_value(value, key.strip())
     return changes
 
 
@@ -125,17 +151,21 @@ def _inbox_path(text: str) -> str:
     return text
 
 
+_MAX_SECONDS = 86_400.0  # a day: SQLite's busy timeout is a 32-bit count of milliseconds
+
+
 def _seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
-    """argparse type: a finite number of seconds, positive (or, allow_zero, non-negative)."""
+    """argparse type: a number of seconds up to a day, positive (or, allow_zero,
+    non-negative)."""
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             value = math.nan  # refused below, as NaN is
-        if not (0 <= value if allow_zero else 0 < value) or value == math.inf:
+        if not (0 <= value if allow_zero else 0 < value) or value > _MAX_SECONDS:
             kind = "non-negative" if allow_zero else "positive"
-            raise argparse.ArgumentTypeError(f"expected a {kind} number of seconds, got "
-                                             f"{text!r}")
+            raise argparse.ArgumentTypeError(f"expected a {kind} number of seconds up to "
+                                             f"{_MAX_SECONDS:g}, got {_clip(text)!r}")
         return value
     return parse
 
@@ -152,7 +182,7 @@ def _whole(minimum: int) -> Callable[[str], int]:
             value = None
         if value is None or not minimum <= value <= _MAX_INTEGER:
             raise argparse.ArgumentTypeError(f"expected a whole number from {minimum} to "
-                                             f"{_MAX_INTEGER}, got {text!r}")
+                                             f"{_MAX_INTEGER}, got {_clip(text)!r}")
         return value
     return parse
 
@@ -174,8 +204,57 @@ async def _open(args: argparse.Namespace, *, create: bool = False) -> Inbox:
 
 def _run(coro_fn: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        return asyncio.run(coro_fn(args))
+        return _run_loop(coro_fn(args))
     return handler
+
+
+def _run_loop(coro: Any) -> Any:
+    """asyncio.run, except that it never waits for threads it handed work to (a plain-def
+    agent or channel run through asyncio.to_thread): asyncio.run joins them without a
+    timeout, so one stuck in a call kept a stopped or crashed worker alive for ever.
+    Whatever still runs in them is abandoned; main() makes sure the process ends."""
+    loop = asyncio.new_event_loop()
+    executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="onwatch-call")
+    loop.set_default_executor(executor)
+    try:
+        asyncio.set_event_loop(loop)
+        return loop.run_until_complete(coro)
+    finally:
+        try:
+            tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+            for task in tasks:
+                task.cancel()
+            if tasks:
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            executor.shutdown(wait=False, cancel_futures=True)
+            asyncio.set_event_loop(None)
+            loop.close()
+
+
+LINGER = 1.0  # seconds a finished command waits for stray threads before leaving without them
+
+
+def _leave_no_thread_behind(code: int) -> None:
+    """End the process now if threads that the command started are still running (an agent
+    stuck in a call, a thread its code started): the interpreter would otherwise wait for
+    them at exit, and a stopped or crashed worker would never exit."""
+    deadline = time.monotonic() + LINGER
+    for thread in threading.enumerate():
+        if thread is threading.main_thread() or thread.daemon:
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+    stray = [t.name for t in threading.enumerate()
+             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not stray:
+        return
+    _fail(f"leaving {len(stray)} thread(s) still running ({', '.join(stray[:3])}): the "
+          f"command ended, the process ends too")
+    with contextlib.suppress(Exception):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def _load_callable(spec: str, what: str) -> Callable:
@@ -194,7 +273,7 @@ def _load_callable(spec: str, what: str) -> Callable:
         raise
     except FileNotFoundError:
         raise CliError(f"{what}: no file {module_name}") from None
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import is a failed import too
         raise CliError(f"{what}: cannot import {module_name}: {type(exc).__name__}: "
                        f"{_one_line(exc)}") from None
     fn = getattr(module, attr, None)
@@ -254,18 +333,32 @@ class _Recording:
 
 # --- subcommands ----------------------------------------------------------------------------
 
+_SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+
+
 async def cmd_init(args: argparse.Namespace) -> int:
     existed = os.path.exists(args.path) and os.path.getsize(args.path) > 0
     changes = _assignments(args.settings)
-    inbox = await _open(args, create=True)
-    async with inbox:
-        if changes:
-            await inbox.configure(**changes)
-        if args.json:
-            _emit_json({"created": not existed, "path": args.path,
-                        "settings": json.loads(inbox.settings.to_json())})
-        else:
-            print(f"{'already an inbox' if existed else 'created'}: {args.path}")
+    if changes and not existed:
+        Settings().replace(changes)  # refused before any file exists (raises BadInput)
+    # A refusal must leave nothing behind: whatever this call created goes again.
+    files = [args.path + suffix for suffix in _SQLITE_SIDE_FILES]
+    before = {name for name in files if os.path.lexists(name)}
+    try:
+        async with await _open(args, create=True) as inbox:
+            if changes:
+                await inbox.configure(**changes)
+            settings = json.loads(inbox.settings.to_json())
+    except BaseException:
+        for name in files:
+            if name not in before:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(name)
+        raise
+    if args.json:
+        _emit_json({"created": not existed, "path": args.path, "settings": settings})
+    else:
+        print(f"{'already an inbox' if existed else 'created'}: {args.path}")
     return OK
 
 
@@ -273,13 +366,25 @@ def _payload(text: str | None) -> Any:
     if text is None:
         return None
     if text == "-":
-        text = sys.stdin.read()
+        text = _read_stdin()
     try:
         return json.loads(text)
     except ValueError as exc:
         raise CliError(f"the payload is not valid JSON: {exc}") from None
     except RecursionError:
         raise CliError("the payload is nested too deeply") from None
+
+
+def _read_stdin() -> str:
+    """All of stdin as text; CliError unless it is UTF-8 (a terminal's or a C locale's
+    decoding would otherwise turn stray bytes into lone surrogates or an exception)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    try:
+        text = stream.read().decode("utf-8") if stream is not None else sys.stdin.read()
+        text.encode("utf-8")
+    except UnicodeError:
+        raise CliError("the payload on stdin is not UTF-8 text") from None
+    return text
 
 
 async def cmd_ingest(args: argparse.Namespace) -> int:
@@ -430,8 +535,8 @@ async def _answer(args: argparse.Namespace, answer: str) -> int:
         if not applied:
             why = ("no such request" if standing == "unknown"
                    else f"the answer that stands is {standing!r}")
-            print(f"onwatch: {args.subcommand} not applied to {args.request_id}: {why}",
-                  file=sys.stderr)
+            print(f"onwatch: {args.subcommand} not applied to {_clip(args.request_id, 200)}: "
+                  f"{why}", file=sys.stderr)
     return OK if applied else NOT_APPLIED
 
 
@@ -517,12 +622,28 @@ def _setup_step(setup: Callable, spec: str) -> Callable[[Inbox], Any]:
                 await outcome
         except InboxError:
             raise  # reported like every inbox refusal
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise CliError(f"--setup {spec} failed: {type(exc).__name__}: "
                            f"{_one_line(exc)}") from None
     return step
 
 
+def _restoring_signals(handler: Callable[[argparse.Namespace], int]
+                       ) -> Callable[[argparse.Namespace], int]:
+    """Put SIGTERM/SIGINT handling back as it was when `handler` returns: main() may be
+    called in-process (by a test, or a program embedding the command line)."""
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            return handler(args)
+        finally:
+            for signum, previous in saved.items():
+                signal.signal(signum, previous)
+    return run
+
+
+@_restoring_signals
 def cmd_worker(args: argparse.Namespace) -> int:
     # A stop asked for while starting up still means a clean exit 0.
     early: list[int] = []
@@ -541,29 +662,51 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return _fleet_worker(args, agent, early)
 
     async def main() -> int:
-        async with await _open(args) as inbox:
+        async with await _open(args) as inbox, _metrics_server(inbox, args) as metrics:
             worker = Worker(inbox, agent, holder=args.holder, send=_channel(args),
                             poll_interval=args.poll, grace=args.grace, setup=setup,
-                            max_runs=args.max_runs)
+                            max_runs=args.max_runs, metrics=metrics)
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, worker.request_stop)
             if early:
                 worker.request_stop()
             stats = await worker.run()
-        print(f"onwatch: worker {worker.holder} stopped: {stats.runs} run(s), {stats.done} "
-              f"done, {stats.failed} failed, {stats.abandoned} abandoned, {stats.refused} "
-              f"refused, {stats.sent} message(s) sent", file=sys.stderr)
+        print(f"onwatch: worker {_clip(worker.holder, 200)} stopped: {stats.runs} run(s), "
+              f"{stats.done} done, {stats.failed} failed, {stats.abandoned} abandoned, "
+              f"{stats.refused} refused, {stats.sent} message(s) sent", file=sys.stderr)
         return OK
-    return asyncio.run(main())
+    return _run_loop(main())
+
+
+@contextlib.asynccontextmanager
+async def _metrics_server(inbox: Inbox, args: argparse.Namespace):
+    """--metrics-port N: GET /metrics on 127.0.0.1:N for the worker's whole life; yields the
+    worker's counters (None without the option)."""
+    if args.metrics_port is None:
+        yield None
+        return
+    from core.metrics import InboxMetrics, start_metrics_server
+    metrics = InboxMetrics(inbox)
+    try:
+        server = await start_metrics_server(metrics, host="127.0.0.1", port=args.metrics_port)
+    except OSError as exc:
+        raise CliError(f"--metrics-port: cannot listen on 127.0.0.1:{args.metrics_port}: "
+                       f"{exc.strerror or exc}", NOT_APPLIED) from None
+    logging.getLogger("onwatch.worker").info("metrics on %s", server.url)
+    try:
+        yield metrics.worker
+    finally:
+        await server.close()
 
 
 def _fleet_worker(args: argparse.Namespace, agent: Callable, early: list[int]) -> int:
     """`worker URL --all-inboxes`: every inbox of the database that has work, N at once."""
     if not _is_postgres_url(args.path):
         raise CliError("--all-inboxes serves a postgresql:// database (a file is one inbox)")
-    if args.setup or args.max_runs:
-        raise CliError("--setup and --max-runs are for one inbox, not --all-inboxes")
+    if args.setup or args.max_runs or args.metrics_port is not None:
+        raise CliError("--setup, --max-runs and --metrics-port are for one inbox, not "
+                       "--all-inboxes")
     from core.pg.fleet import FleetWorker
     from core.worker import default_holder
 
@@ -577,10 +720,10 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable, early: list[int]) -
         if early:
             fleet.request_stop()
         runs = await fleet.run()
-        print(f"onwatch: fleet worker {fleet.holder} stopped: {runs} run(s) over "
+        print(f"onwatch: fleet worker {_clip(fleet.holder, 200)} stopped: {runs} run(s) over "
               f"{len(fleet.served)} inbox(es)", file=sys.stderr)
         return OK
-    return asyncio.run(main())
+    return _run_loop(main())
 
 
 def _lazy(module: str, what: str) -> Any:
@@ -600,6 +743,11 @@ def cmd_tui(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     demo = _lazy("tui.demo", "the demo")
     return demo.run(live=args.live) or OK
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    web = _lazy("tui.web", "the browser desk")
+    return web.main(args) or OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -675,6 +823,21 @@ examples:
 """
 
 
+WEB_EPILOG = """\
+The browser gets the same app as `onwatch tui TARGET`, one process per browser tab. The door
+is locked with a token: $ONWATCH_WEB_TOKEN (16 characters or more), or a new random one
+printed at start as part of the URL to open. The first visit with ?token= sets a session
+cookie and drops the token from the address bar. Listening beyond 127.0.0.1 needs
+$ONWATCH_WEB_TOKEN; put a TLS reverse proxy in front (see the README).
+
+examples:
+  onwatch web alice.db
+  onwatch web inboxes/ --read-only
+  ONWATCH_WEB_TOKEN=$(cat ~/.onwatch-web-token) onwatch web alice.db \\
+      --public-url https://desk.example.org
+"""
+
+
 def build_parser() -> Parser:
     common = Parser(add_help=False)
     common.add_argument("--busy-timeout", type=_seconds(), default=5.0, metavar="SECONDS",
@@ -747,6 +910,21 @@ def build_parser() -> Parser:
     p = sub("tui", "open the supervisor TUI on an inbox", cmd_tui, ())
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
 
+    p = sub("web", "serve the supervisor desk in a browser (token required)", cmd_web, (),
+            path=False, epilog=WEB_EPILOG)
+    p.add_argument("target", type=_inbox_path, metavar="TARGET",
+                   help="an inbox file, or a folder of inbox files (the fleet desk)")
+    p.add_argument("--inbox", metavar="NAME",
+                   help="the inbox to open in a PostgreSQL database (not for a file target)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1; any other needs "
+                        "$ONWATCH_WEB_TOKEN)")
+    p.add_argument("--port", type=_whole(0), default=8000, help="port (default 8000)")
+    p.add_argument("--read-only", action="store_true", help="no actions, only watching")
+    p.add_argument("--public-url", metavar="URL",
+                   help="the address browsers use, when behind a reverse proxy "
+                        "(e.g. https://desk.example.org)")
+
     p = sub("demo", "play every failure scenario in the TUI on a scratch inbox", cmd_demo, (),
             path=False)
     p.add_argument("--live", action="store_true",
@@ -772,6 +950,9 @@ def build_parser() -> Parser:
                    help="serve every inbox of a postgresql:// database that has work")
     p.add_argument("--concurrency", type=_whole(1), default=10, metavar="N",
                    help="with --all-inboxes: inboxes served at once (default 10)")
+    p.add_argument("--metrics-port", type=_whole(0), metavar="N",
+                   help="serve Prometheus metrics at http://127.0.0.1:N/metrics (default off; "
+                        "0 picks a free port, logged)")
     p.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
 
@@ -820,19 +1001,28 @@ def build_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `onwatch` console script; returns the exit code."""
+    """Entry point of the `onwatch` console script; returns the exit code. With `argv`
+    None the command line owns the process: it ends even if a thread is left running."""
+    code = _main(argv)
+    if argv is None:
+        _leave_no_thread_behind(code)
+    return code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         if getattr(args, "handler", None) is None:
             parser.print_help(sys.stderr)
             return BAD
+        _check_text_arguments(args)
         if args.handler in (cmd_tui, cmd_demo):  # the app owns the terminal
             return int(args.handler(args) or OK)
         with _terminal_safe_output():
             return int(args.handler(args) or OK)
     except SystemExit as exc:  # --help, or argparse's own exit
-        return exc.code if isinstance(exc.code, int) else BAD
+        return exc.code if exc.code in (OK, NOT_APPLIED, BAD, BUSY) else BAD
     except CliError as exc:
         _fail(str(exc))
         return exc.code
@@ -853,12 +1043,37 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return OK
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the caller gave: a bug, below
+            return _internal_error(exc)
+        _fail(f"{exc.strerror or exc}: {_clip(os.fsdecode(exc.filename), 200)}")
+        return BAD
     except Exception as exc:  # a bug: still one line, the traceback only on request
-        if os.environ.get("ONWATCH_DEBUG"):
-            raise
-        _fail(f"internal error: {type(exc).__name__}: {exc} (set ONWATCH_DEBUG=1 for the "
-              f"traceback)")
-        return NOT_APPLIED
+        return _internal_error(exc)
+
+
+def _internal_error(exc: Exception) -> int:
+    if os.environ.get("ONWATCH_DEBUG"):
+        raise exc
+    _fail(f"internal error: {type(exc).__name__}: {exc} (set ONWATCH_DEBUG=1 for the "
+          f"traceback)")
+    return NOT_APPLIED
+
+
+def _check_text_arguments(args: argparse.Namespace) -> None:
+    """Refuse (exit 2) any argument SQLite or the OS cannot take as text: a NUL (possible
+    only in-process), or bytes that are not UTF-8 (argv decodes them to lone surrogates)."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if not isinstance(text, str):
+                continue
+            if "\x00" in text:
+                raise CliError(f"argument {name}: contains a NUL character")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise CliError(f"argument {name}: is not valid UTF-8 text "
+                               f"({_clip(text)!r})") from None
 
 
 class _TerminalSafe:

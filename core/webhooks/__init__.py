@@ -10,6 +10,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from core.text import printable
+
 from .config import ConfigError, Secret, Secrets, config_file_warning, load_secrets
 from .signatures import SignatureError
 
@@ -33,24 +35,28 @@ def main(args: Any) -> int:
         host, port, max_body = _check_args(args)
         secrets = load_secrets(os.environ, args.config)
     except ConfigError as exc:
-        print(f"onwatch serve: {exc}", file=sys.stderr)
+        print(f"onwatch serve: {printable(str(exc))}", file=sys.stderr)
         return 2
     if args.config is not None and (warning := config_file_warning(args.config)):
-        print(f"onwatch serve: warning: {warning}", file=sys.stderr)
+        print(f"onwatch serve: warning: {printable(warning)}", file=sys.stderr)
     from .server import run
     return run(os.fspath(args.path), host=host, port=port, secrets=secrets, max_body=max_body,
                busy_timeout=getattr(args, "busy_timeout", 5.0))
 
 
+_MAX_BODY = 2**31 - 1  # bytes: far past any sane webhook, and every buffer size can hold it
+
+
 def _check_args(args: Any) -> tuple[str, int, int | None]:
     host, port, max_body = args.host, args.port, args.max_body
-    if not isinstance(host, str) or not host:
+    if not isinstance(host, str) or not host or len(host) > 253 or not host.isascii() \
+            or not host.isprintable() or " " in host:
         raise ConfigError("--host must name an interface, e.g. 127.0.0.1")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"--port must be 0-65535, got {port!r}")
     if max_body is not None and (isinstance(max_body, bool) or not isinstance(max_body, int)
-                                 or max_body <= 0):
-        raise ConfigError(f"--max-body must be a positive number of bytes, got {max_body!r}")
+                                 or not 0 < max_body <= _MAX_BODY):
+        raise ConfigError(f"--max-body must be 1-{_MAX_BODY} bytes, got {max_body!r}")
     return host, port, max_body
 
 

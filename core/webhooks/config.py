@@ -6,7 +6,8 @@ Environment (a comma-separated list is several secrets, for rotation):
     ONWATCH_STRIPE_SECRET           /hooks/stripe  (the endpoint's whsec_… signing secret)
     ONWATCH_HOOK_SECRET_<SOURCE>    /hooks/<source>  (<source> is SOURCE lower-cased, so
                                     ..._HOME_ASSISTANT serves /hooks/home_assistant; a
-                                    name with "-" is configured in the file)
+                                    name with "-" is configured in the file). Signed with
+                                    Standard Webhooks: the secret is whsec_<base64>.
 
 Config file (`--config FILE`):
 
@@ -18,11 +19,14 @@ Config file (`--config FILE`):
     secret = "…"
 
 For one route, an environment variable wins over the file. A route with no secret is not
-served at all (404).
+served at all (404). The engine's own sources (`approval`, `timer`) cannot be hook names: a
+delivery under them would forge an approval answer or a timer tick.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 import re
 import stat
@@ -36,6 +40,10 @@ _SOURCE = re.compile(SOURCE_PATTERN)
 ENV_GITHUB = "ONWATCH_GITHUB_SECRET"
 ENV_STRIPE = "ONWATCH_STRIPE_SECRET"
 ENV_HOOK_PREFIX = "ONWATCH_HOOK_SECRET_"
+STANDARD_PREFIX = "whsec_"
+MIN_STANDARD_KEY = 16  # bytes: below 128 bits a key can be guessed offline from one delivery
+# The engine's own sources, used when `core` does not export its list (RESERVED_SOURCES).
+_ENGINE_SOURCES = ("approval", "timer")
 
 
 class ConfigError(ValueError):
@@ -78,7 +86,10 @@ class Secrets:
         routes = {}
         for name, value in sources.items():
             _check_source(name, "Secrets.of")
-            routes[name] = Route(_secret_list(f"secret for {name!r}", value), "arguments")
+            secrets = _secret_list(f"secret for {name!r}", value)
+            if name not in PROVIDERS:
+                secrets = _standard_keys(f"secret for {name!r}", secrets)
+            routes[name] = Route(secrets, "arguments")
         return cls(routes)
 
     def for_source(self, source: str) -> tuple[Secret, ...]:
@@ -116,7 +127,7 @@ def config_file_warning(path: str | os.PathLike) -> str | None:
     """A warning if the config file can be read by other users (it holds secrets)."""
     try:
         mode = os.stat(path).st_mode
-    except OSError:
+    except (OSError, ValueError):
         return None
     if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
         return (f"config file {os.fspath(path)} is readable by other users; "
@@ -124,10 +135,40 @@ def config_file_warning(path: str | os.PathLike) -> str | None:
     return None
 
 
+def reserved_sources() -> tuple[str, ...]:
+    """The sources the engine writes itself (approval answers, timer ticks): no hook may
+    take their names."""
+    import core
+    return tuple(getattr(core, "RESERVED_SOURCES", _ENGINE_SOURCES))
+
+
 def _check_source(name: str, where: str) -> None:
     if not isinstance(name, str) or not _SOURCE.fullmatch(name):
         raise ConfigError(f"{where}: hook name {name!r} must be 1-64 characters of a-z, 0-9, "
                           f"'_' or '-', starting with a letter or digit")
+    if name in reserved_sources():
+        raise ConfigError(f"{where}: hook name {name!r} is reserved for the engine's own "
+                          f"events (approval answers, timers); choose another name")
+
+
+def _standard_keys(where: str, secrets: tuple[Secret, ...]) -> tuple[Secret, ...]:
+    """Standard Webhooks secrets (whsec_<base64>) → the HMAC keys they encode."""
+    keys = []
+    for secret in secrets:
+        text = secret.decode("utf-8", "replace")
+        encoded = text[len(STANDARD_PREFIX):] if text.startswith(STANDARD_PREFIX) else None
+        key = b""
+        if encoded:
+            try:  # senders print it with or without the trailing '=' padding
+                key = base64.b64decode(encoded + "=" * (-len(encoded) % 4), validate=True)
+            except (binascii.Error, ValueError):
+                key = b""
+        if len(key) < MIN_STANDARD_KEY:
+            raise ConfigError(f"{where}: a Standard Webhooks secret is {STANDARD_PREFIX!r} "
+                              f"followed by base64 of at least {MIN_STANDARD_KEY} bytes (the "
+                              f"body-only X-Onwatch-Signature scheme is gone; see the README)")
+        keys.append(Secret(key))
+    return tuple(keys)
 
 
 def _secret_list(where: str, value: object) -> tuple[Secret, ...]:
@@ -137,7 +178,10 @@ def _secret_list(where: str, value: object) -> tuple[Secret, ...]:
     secrets = []
     for item in items:
         if isinstance(item, str):
-            item = item.encode("utf-8")
+            try:  # an environment value may hold undecodable bytes (surrogate escapes)
+                item = item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(f"{where} is not valid UTF-8 text") from None
         if not isinstance(item, bytes):
             raise ConfigError(f"{where} must be a string or a non-empty list of strings")
         if not item:
@@ -164,7 +208,10 @@ def _from_environ(environ: Mapping[str, str]) -> dict[str, Route]:
             _check_source(source, name)
         else:
             continue
-        routes[source] = Route(_secret_list(name, value.split(",")), name)
+        secrets = _secret_list(name, value.split(","))
+        if source not in PROVIDERS:
+            secrets = _standard_keys(name, secrets)
+        routes[source] = Route(secrets, name)
     return routes
 
 
@@ -176,6 +223,12 @@ def _from_file(path: str) -> dict[str, Route]:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except ValueError:  # a NUL in the path
+        raise ConfigError(f"cannot read config file {path!r}: not a valid path") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} is nested too deeply") from None
     routes: dict[str, Route] = {}
     for key, table in data.items():
         if key in PROVIDERS:
@@ -189,7 +242,9 @@ def _from_file(path: str) -> dict[str, Route]:
                 _check_source(source, f"config file {path}: {where}")
                 if source in PROVIDERS:
                     raise ConfigError(f"config file {path}: use [{source}], not {where}")
-                routes[source] = _route_table(path, where, sub)
+                route = _route_table(path, where, sub)
+                routes[source] = Route(_standard_keys(f"config file {path}: {where}",
+                                                      route.secrets), route.origin)
         else:
             raise ConfigError(f"config file {path}: unknown section {key!r} "
                               f"(expected [github], [stripe] or [hooks.<source>])")

@@ -1,7 +1,9 @@
 """The webhook receiver: an aiohttp app that verifies, deduplicates and durably stores deliveries.
 
 One route, `POST /hooks/{source}`: `github` and `stripe` use their providers' signing
-schemes, any other configured source the generic one. The order of checks for every request:
+schemes, any other configured source Standard Webhooks (`webhook-id`, `webhook-timestamp`,
+`webhook-signature`; the `svix-` names too), deduplicated on `webhook-id`. The order of checks
+for every request:
 
     404 hook not configured → 413 declared Content-Length over the limit → 401 no signature
     header → read the body, counting bytes (413 past the limit, 408 too slow) → 401 signature
@@ -39,7 +41,7 @@ from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnIn
 from core.text import printable
 
 from .config import SOURCE_PATTERN, Secrets
-from .signatures import SignatureError, verify_sha256_header, verify_stripe
+from .signatures import SignatureError, verify_sha256_header, verify_standard, verify_stripe
 
 log = logging.getLogger("onwatch.webhooks")
 
@@ -81,10 +83,14 @@ class Scheme:
     """A signing scheme and where the delivery's id and payload come from."""
 
     signature_header: str
-    # (raw body, signature header value, secrets, now) -> None; raises SignatureError
-    verify: Callable[[bytes, str, tuple[bytes, ...], int], None]
+    # (raw body, request headers, secrets, now) -> None; raises SignatureError
+    verify: Callable[[bytes, Mapping[str, str], tuple[bytes, ...], int], None]
     # (request headers, verified raw body) -> (source_id, payload); raises Refused (400)
     event: Callable[[Mapping[str, str], bytes], tuple[str, Any]]
+
+    def signed(self, headers: Mapping[str, str]) -> bool:
+        """Whether the request carries this scheme's signature header at all."""
+        return bool(headers.get(self.signature_header))
 
 
 def _parse_json(body: bytes) -> Any:
@@ -104,9 +110,10 @@ def _header(headers: Mapping[str, str], name: str) -> str:
 
 
 def _hmac_scheme(header: str, event: Callable) -> Scheme:
-    """GitHub's scheme, also the generic one: `header: sha256=<hex HMAC of the raw body>`."""
-    def verify(body: bytes, value: str, secrets: tuple[bytes, ...], now: int) -> None:
-        verify_sha256_header(body, value, secrets, name=header)
+    """GitHub's scheme: `header: sha256=<hex HMAC of the raw body>`."""
+    def verify(body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...],
+               now: int) -> None:
+        verify_sha256_header(body, headers.get(header), secrets, name=header)
     return Scheme(header, verify, event)
 
 
@@ -127,8 +134,9 @@ def _github_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
     return delivery, {"event": kind, "body": _parse_json(body)}
 
 
-def _stripe_verify(body: bytes, value: str, secrets: tuple[bytes, ...], now: int) -> None:
-    verify_stripe(body, value, secrets, now=now)
+def _stripe_verify(body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...],
+                   now: int) -> None:
+    verify_stripe(body, headers.get("Stripe-Signature"), secrets, now=now)
 
 
 def _stripe_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
@@ -139,13 +147,38 @@ def _stripe_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
     return event_id, event
 
 
-def _generic_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
-    return _header(headers, "Idempotency-Key"), _parse_json(body)
+def _standard_names(headers: Mapping[str, str]) -> str:
+    """The header prefix the sender used: `webhook-` (the specification's), or `svix-`, which
+    Svix-based senders send instead unless told otherwise (the same scheme)."""
+    return "svix-" if not headers.get("webhook-signature") and headers.get("svix-signature") \
+        else "webhook-"
+
+
+def _standard_verify(body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...],
+                     now: int) -> None:
+    prefix = _standard_names(headers)
+    verify_standard(body, headers.get(prefix + "id", "").strip(),
+                    headers.get(prefix + "timestamp", "").strip(),
+                    headers.get(prefix + "signature"), secrets, now=now)
+
+
+def _standard_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
+    # The id is signed (verified above): a replay under a new id fails the signature, a
+    # replay under the same id is a duplicate.
+    return _header(headers, _standard_names(headers) + "id"), _parse_json(body)
+
+
+class _StandardScheme(Scheme):
+    def signed(self, headers: Mapping[str, str]) -> bool:
+        return bool(headers.get("webhook-signature") or headers.get("svix-signature"))
 
 
 SCHEMES = {"github": _hmac_scheme("X-Hub-Signature-256", _github_event),
            "stripe": Scheme("Stripe-Signature", _stripe_verify, _stripe_event)}
-GENERIC = _hmac_scheme("X-Onwatch-Signature", _generic_event)
+# Every other hook: Standard Webhooks. The body-only X-Onwatch-Signature scheme it replaces
+# signed neither an id nor a time, so a captured request could be replayed forever under a
+# fresh Idempotency-Key.
+STANDARD = _StandardScheme("webhook-signature", _standard_verify, _standard_event)
 
 
 # --- the app ------------------------------------------------------------------------------
@@ -160,6 +193,10 @@ class Receiver:
         self.app = web.Application()
         self.app.router.add_post(f"/hooks/{{source:{SOURCE_PATTERN}}}", self.handle,
                                  expect_handler=self.expect)
+        # GET /metrics: the inbox's state and this receiver's counts, for Prometheus
+        from core.metrics import InboxMetrics
+        self.metrics = InboxMetrics(inbox)
+        self.app.router.add_get("/metrics", self.metrics.handle)
 
     def _preflight(self, request: web.Request) -> tuple[str, Scheme, tuple[bytes, ...]]:
         """What can be refused from the request line and headers alone."""
@@ -170,8 +207,8 @@ class Receiver:
         declared = request.content_length
         if declared is not None and declared > self.max_body:
             raise Refused(413, f"body over {self.max_body} bytes", close=True)
-        scheme = SCHEMES.get(source, GENERIC)
-        if not request.headers.get(scheme.signature_header):
+        scheme = SCHEMES.get(source, STANDARD)
+        if not scheme.signed(request.headers):
             raise Refused(401, f"missing {scheme.signature_header}")
         return source, scheme, secrets
 
@@ -190,13 +227,13 @@ class Receiver:
             source, scheme, secrets = self._preflight(request)
             body = await self._read_body(request)
             try:
-                scheme.verify(body, request.headers[scheme.signature_header], secrets,
-                              self.inbox.now())
+                scheme.verify(body, request.headers, secrets, self.inbox.now())
             except SignatureError as exc:
                 raise Refused(401, exc.reason) from None
             source_id, payload = scheme.event(request.headers, body)
             request[_NOTE] = f"{source}/{_log_text(source_id, 80)}"
             stored = await self._store(source, source_id, payload)
+            self.metrics.intake.stored(source, stored)
         except Refused as refused:
             note = request.get(_NOTE)
             request[_NOTE] = f"{note} {refused.reason}" if note else refused.reason
@@ -328,15 +365,20 @@ async def _serve(path: str, host: str, port: int, secrets: Secrets, max_body: in
     try:
         inbox = await Inbox.open(path, create=False, busy_timeout=busy_timeout)
     except InboxError as exc:
-        print(f"onwatch serve: {exc}", file=sys.stderr)
+        print(f"onwatch serve: {printable(str(exc))}", file=sys.stderr)
         return 2 if isinstance(exc, (NotAnInbox, BadInput)) else 3 if isinstance(
             exc, InboxBusy) else 1
+    except (OSError, ValueError) as exc:  # a path the OS or SQLite cannot take (too long, NUL)
+        print(f"onwatch serve: cannot open {printable(repr(path))}: "
+              f"{printable(str(getattr(exc, 'strerror', None) or exc))}", file=sys.stderr)
+        return 2
     try:
         try:
             server = await start_server(inbox, secrets=secrets, host=host, port=port,
                                         max_body=max_body)
         except OSError as exc:
-            print(f"onwatch serve: cannot listen on {host}:{port}: {exc.strerror or exc}",
+            print(f"onwatch serve: cannot listen on {host}:{port}: "
+                  f"{printable(str(exc.strerror or exc))}",
                   file=sys.stderr)
             return 1
         stop = asyncio.Event()

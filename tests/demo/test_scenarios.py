@@ -1,4 +1,5 @@
-"""Each demo scenario, played headless to its end, leaves the inbox in SPEC §2's figures.
+"""Each demo scenario, played headless to its end, leaves the inbox in the figures of
+docs/rules.md#the-reference-scenarios.
 
 The demo is a second, visual proof of the rules: these tests read the inbox the scenario
 drove (not the narration) and check it shows exactly what the rules do.
@@ -98,7 +99,7 @@ async def test_4_stall_takeover_late_finish_refused(played):
     assert (lease.holder, lease.gen) == ("worker-A", 3)
     refused = [a for a in await inbox.audit() if not a.applied]
     assert refused[0].action == "refused finish" and refused[0].target == "gen 1"
-    # The two lease timings the SPEC names: B's takeover at t+10+121.
+    # B's takeover at t+10+121 (docs/rules.md#scenario-4-stall-and-takeover).
     takeover = [h for h in await inbox.lease_history() if h.gen == 2][0]
     assert (takeover.holder, takeover.previous_holder, takeover.at) == \
         ("worker-B", "worker-A", START + 10 + 121)
@@ -153,7 +154,8 @@ async def test_7_approvals_standing_answers(played):
     resumed = {e.source_id: e.payload["answer"] for e in await all_events(inbox)
                if e.source == "approval"}
     assert resumed == answers
-    # The timings: each late answer came at the SPEC's offsets from its request.
+    # The timings: each late answer came at the scenario's offsets from its request
+    # (docs/rules.md#scenario-7-approvals).
     assert results["refund-2_at"] - results["refund-1_at"] == 6 * 3600
 
 

@@ -7,6 +7,7 @@ core.webhooks, so a mistake in the receiver cannot cancel itself out.
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import hmac
 import json
@@ -21,7 +22,9 @@ from typing import Any
 GITHUB_SECRET = "gh-secret-Ünïcode"  # GitHub secrets are any text; signed as UTF-8
 STRIPE_SECRET = "whsec_test_new"
 STRIPE_OLD_SECRET = "whsec_test_old"
-HOOK_SECRET = "ci-secret"
+# Standard Webhooks secrets: whsec_ + base64 of the key bytes (here 24 fixed bytes).
+HOOK_KEY = bytes(range(40, 64))
+HOOK_SECRET = "whsec_" + base64.b64encode(HOOK_KEY).decode()
 
 LAUNCHER = Path(__file__).with_name("serve_inbox.py")
 
@@ -54,11 +57,23 @@ def stripe_event(event_id: str, kind: str = "invoice.paid") -> bytes:
                        "data": {"object": {"id": "in_1"}}}).encode()
 
 
-def generic_headers(body: bytes, key: str | None, *, secret: str = HOOK_SECRET) -> dict:
-    headers = {"X-Onwatch-Signature": github_signature(secret, body),
+def standard_signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
+    """standardwebhooks.com, "Verifying webhook signatures": v1, + base64 HMAC-SHA256 of
+    "{id}.{timestamp}.{body}", keyed by the base64-decoded part of the whsec_ secret."""
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    signed = f"{msg_id}.{timestamp}.".encode() + body
+    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
+
+
+def standard_headers(body: bytes, msg_id: str | None, *, secret: str = HOOK_SECRET,
+                     timestamp: int | None = None) -> dict:
+    """Standard Webhooks headers for `body` (webhook-id left out when msg_id is None)."""
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    headers = {"webhook-timestamp": str(timestamp),
+               "webhook-signature": standard_signature(secret, msg_id or "", timestamp, body),
                "Content-Type": "application/json"}
-    if key is not None:
-        headers["Idempotency-Key"] = key
+    if msg_id is not None:
+        headers["webhook-id"] = msg_id
     return headers
 
 

@@ -10,7 +10,7 @@ import pytest
 from core import Inbox
 from core.webhooks import server as server_module
 
-from .helpers import generic_headers, github_signature, post
+from .helpers import post, standard_headers
 
 LIMIT = 64 * 1024
 
@@ -31,15 +31,16 @@ async def read_status(reader, timeout: float = 5.0) -> tuple[int, str]:
 
 def signed_head(path: str, body_hint: bytes, *extra: str) -> list[str]:
     return [f"POST {path} HTTP/1.1", "Host: 127.0.0.1",
-            f"X-Onwatch-Signature: {github_signature('ci-secret', body_hint)}",
-            "Idempotency-Key: big", "Content-Type: application/json", *extra]
+            *(f"{name}: {value}" for name, value in standard_headers(body_hint, "big").items()
+              if name != "Content-Type"),
+            "Content-Type: application/json", *extra]
 
 
 async def test_declared_content_length_over_the_limit_is_413(serve, inbox, http):
     server = await serve(inbox, max_body=LIMIT)
     body = b'{"pad": "' + b"x" * LIMIT + b'"}'
     status, answer, headers = await post(http, server.url + "/hooks/ci", body,
-                                         generic_headers(body, "big"))
+                                         standard_headers(body, "big"))
     assert status == 413
     assert f"{LIMIT} bytes" in answer["error"]
     assert headers.get("Connection") == "close"
@@ -53,7 +54,7 @@ async def test_a_body_of_exactly_the_limit_is_accepted(serve, inbox, http):
     for key, payload in (("fits", body), ("fits-exactly", body + b" "),
                          ("one-over", body + b"  ")):
         status, _, _ = await post(http, server.url + "/hooks/ci", payload,
-                                  generic_headers(payload, key))
+                                  standard_headers(payload, key))
         assert status == {"fits": 202, "fits-exactly": 202, "one-over": 413}[key], key
 
 
@@ -90,7 +91,7 @@ async def test_endless_chunked_upload_gets_413_and_the_connection_closed(serve, 
 
     try:
         async with http.post(server.url + "/hooks/ci", data=endless(),
-                             headers=generic_headers(b"", "endless")) as response:
+                             headers=standard_headers(b"", "endless")) as response:
             assert response.status == 413
     except (OSError, asyncio.TimeoutError) as exc:  # a reset may beat the answer
         pytest.fail(f"no answer, the connection failed: {exc!r}")
@@ -154,7 +155,7 @@ async def test_payload_over_the_inbox_limit_is_413(tmp_path, serve, http):
         server = await serve(inbox, max_body=LIMIT)
         body = b'{"pad": "' + b"x" * 2000 + b'"}'
         status, answer, _ = await post(http, server.url + "/hooks/ci", body,
-                                       generic_headers(body, "k"))
+                                       standard_headers(body, "k"))
         assert status == 413
         assert "max_payload_bytes" in answer["error"]
         assert sum((await inbox.counts()).values()) == 0
@@ -177,7 +178,7 @@ async def test_full_inbox_is_503_with_retry_after_and_duplicates_still_2xx(serve
     answers = []
     for key in ("a", "b", "c", "a"):
         body = b'{"n": 1}'
-        status, _, headers = await post(http, url, body, generic_headers(body, key))
+        status, _, headers = await post(http, url, body, standard_headers(body, key))
         answers.append((status, headers.get("Retry-After")))
     assert answers[:2] == [(202, None), (202, None)]
     status, retry_after = answers[2]
@@ -195,14 +196,14 @@ async def test_locked_database_is_503_with_retry_after(tmp_path, serve, http):
         body = b'{"n": 1}'
         locker.execute("BEGIN IMMEDIATE")
         status, answer, headers = await post(http, server.url + "/hooks/ci", body,
-                                             generic_headers(body, "during-lock"))
+                                             standard_headers(body, "during-lock"))
         assert status == 503, answer
         assert int(headers["Retry-After"]) > 0
         locker.execute("ROLLBACK")
         assert sum((await inbox.counts()).values()) == 0
         # The sender's retry after the lock is gone is stored.
         status, _, _ = await post(http, server.url + "/hooks/ci", body,
-                                  generic_headers(body, "during-lock"))
+                                  standard_headers(body, "during-lock"))
         assert status == 202
     finally:
         locker.close()

@@ -16,7 +16,7 @@ import pytest
 from core import Inbox
 
 from .helpers import GITHUB_SECRET, HOOK_SECRET, STRIPE_SECRET, ServerProcess, \
-    generic_headers, github_headers, percentile, stored
+    standard_headers, github_headers, percentile, stored
 
 pytestmark = pytest.mark.slow
 
@@ -155,7 +155,7 @@ async def test_sigterm_or_sigint_stops_cleanly_with_status_0(tmp_path, sig):
     body = b'{"build": 1}'
     async with aiohttp.ClientSession() as session:
         async with session.post(server.url + "/hooks/ci", data=body,
-                                headers=generic_headers(body, "b1")) as response:
+                                headers=standard_headers(body, "b1")) as response:
             assert response.status == 202
     assert server.stop(sig) == 0
     log = server.log.read_text()

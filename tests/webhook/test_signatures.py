@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+
 import pytest
 from hypothesis import given, strategies as st
+from standardwebhooks import Webhook
 
 from core.webhooks.signatures import SignatureError, parse_stripe_header, \
-    verify_sha256_header, verify_stripe
+    verify_sha256_header, verify_standard, verify_stripe
 
 from .helpers import github_signature, stripe_signature
 
@@ -67,3 +71,62 @@ def test_stripe_rotation_any_v1_against_any_secret():
         verify_stripe(body, both, configured, now=T)
     with pytest.raises(SignatureError, match="bad signature"):
         verify_stripe(body, both, [b"other"], now=T)
+
+
+@given(body=st.binary(max_size=512).filter(lambda b: _utf8(b)),
+       msg_id=st.text(st.characters(min_codepoint=33, max_codepoint=0x2FFF,
+                                    exclude_categories=("Cs",)), min_size=1, max_size=40),
+       key=st.binary(min_size=16, max_size=64), offset=st.integers(-300, 300))
+def test_standard_accepts_what_the_reference_library_signs(body, msg_id, key, offset):
+    secret = "whsec_" + base64.b64encode(key).decode()
+    at = dt.datetime.fromtimestamp(T + offset, dt.timezone.utc)
+    signature = Webhook(secret).sign(msg_id, at, body.decode())
+    assert verify_standard(body, msg_id, str(T + offset), signature, [key], now=T) == T + offset
+    for bad_body, bad_id, bad_t in ((body + b" ", msg_id, T + offset),
+                                    (body, msg_id + "x", T + offset),
+                                    (body, msg_id, T + offset + 1)):
+        with pytest.raises(SignatureError, match="bad signature"):
+            verify_standard(bad_body, bad_id, str(bad_t), signature, [key], now=T)
+    with pytest.raises(SignatureError, match="bad signature"):
+        verify_standard(body, msg_id, str(T + offset), signature, [key + b"!"], now=T)
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("offset", [-301, 301, -10**6])
+def test_standard_refuses_stale_timestamps(offset):
+    key = b"k" * 32
+    at = dt.datetime.fromtimestamp(T + offset, dt.timezone.utc)
+    signature = Webhook(key).sign("msg", at, "{}")
+    with pytest.raises(SignatureError, match="stale timestamp"):
+        verify_standard(b"{}", "msg", str(T + offset), signature, [key], now=T)
+
+
+@pytest.mark.parametrize("msg_id, timestamp, signature", [
+    (None, str(T), "v1,AAAA"), ("m", None, "v1,AAAA"), ("m", str(T), None), ("", str(T), "x"),
+    ("m", "", "v1,AAAA"), ("m", str(T), ""), ("m", "1e9", "v1,AAAA"), ("m", "-5", "v1,AAAA"),
+    ("m", "9" * 13, "v1,AAAA"), ("m", "\u0661", "v1,AAAA"), ("m", str(T), "v1"),
+    ("m", str(T), "v2,AAAA"), ("m", str(T), "v1,@@@@"), ("m", str(T), "v1,AAAA v1a,BBBB"),
+    ("\ud800", str(T), "v1,AAAA"),
+])
+def test_standard_refusals_are_signature_errors(msg_id, timestamp, signature):
+    with pytest.raises(SignatureError):
+        verify_standard(b"{}", msg_id, timestamp, signature, [b"k" * 32], now=T)
+
+
+def test_standard_rotation_any_signature_against_any_key():
+    old, new = b"o" * 24, b"n" * 24
+    at = dt.datetime.fromtimestamp(T, dt.timezone.utc)
+    both = " ".join(Webhook(k).sign("m", at, "{}") for k in (new, old))
+    for configured in ([new], [old], [old, new]):
+        verify_standard(b"{}", "m", str(T), both, configured, now=T)
+    with pytest.raises(SignatureError, match="bad signature"):
+        verify_standard(b"{}", "m", str(T), both, [b"x" * 24], now=T)
+    with pytest.raises(SignatureError, match="no secret"):
+        verify_standard(b"{}", "m", str(T), both, [], now=T)

@@ -26,15 +26,14 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
-from textual.widget import Widget
 from textual.content import Content
+from textual.widget import Widget
 from textual.widgets import Label, Static
 
-from core import Inbox, Overview, SystemClock
-from core import example_agent
+from core import Inbox, Overview, SystemClock, example_agent
 
 from ..safe import safe_content
-from .player import DemoDesk
+from .desk import DemoDesk
 
 LEASE_TTL = 5  # seconds: short, so a takeover happens while you watch
 AGENT_SECONDS = 4.0  # how long the slow example agent "thinks" before it answers

@@ -14,31 +14,27 @@ import asyncio
 import contextlib
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
 
 from rich.table import Table
 from rich.text import Text
 from textual import events
 from textual.actions import SkipAction
 from textual.app import ComposeResult
-from textual.binding import ActiveBinding, Binding
+from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen, Screen
+from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widget import Widget
-from textual.widgets import Footer, Label, OptionList, Static
+from textual.widgets import Label, OptionList, Static
 from textual.widgets.option_list import Option
 
 from core import FakeClock
 
-from .. import app as app_module
-from ..app import OnwatchApp
 from ..panes import Window
 from ..safe import safe_content
+from .desk import DemoDesk
 from .scenarios import SCENARIOS, START, Scenario, ScenarioRun, since_start
 
 SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0)  # seconds per step in autoplay
@@ -174,43 +170,6 @@ class ScenarioPicker(ModalScreen[int | None]):
 
 
 SPEED = Binding.Group("Speed")
-
-
-class DemoScreen(Screen):
-    """The demo's main screen: the footer lists the demo's own keys before the desk's.
-
-    The app names them in `FOOTER_FIRST` (a set of action names).
-    """
-
-    @property
-    def active_bindings(self) -> dict[str, ActiveBinding]:
-        bindings = super().active_bindings
-        wanted = getattr(self.app, "FOOTER_FIRST", frozenset())
-        first = {key: active for key, active in bindings.items()
-                 if active.binding.action in wanted}
-        return {**first, **{k: v for k, v in bindings.items() if k not in first}}
-
-
-class DemoDesk(OnwatchApp):
-    """What both demo apps add to the supervisor: the viewer as actor, the one stylesheet, the
-    demo screen (their keys first in the footer), and a bar of their own above the footer."""
-
-    ACTOR = "viewer"
-    # The supervisor's one stylesheet (a relative CSS_PATH would resolve beside this module).
-    CSS_PATH = str(Path(app_module.__file__).with_name(OnwatchApp.CSS_PATH))
-
-    def make_bar(self) -> Widget:
-        """The demo's own bar, shown between the panes and the footer."""
-        raise NotImplementedError
-
-    def get_default_screen(self) -> Screen:
-        return DemoScreen(id="_default")
-
-    def compose(self) -> ComposeResult:
-        for widget in super().compose():
-            if isinstance(widget, Footer):
-                yield self.make_bar()
-            yield widget
 
 
 class DemoApp(DemoDesk):
@@ -465,37 +424,8 @@ async def _main(scratch: str, first: Scenario, pick_first: bool) -> int:
         await app.close_runs()
 
 
-def narrate(echo: Callable[[str], Any] = print) -> int:
-    """Play every scenario headless and print its narration (no terminal UI needed)."""
-    from .scenarios import play
-
-    async def everything() -> None:
-        echo("onwatch demo: no terminal here, so the scenarios are played headless and "
-             "narrated (run it in a terminal for the player).")
-        scratch = tempfile.mkdtemp(prefix="onwatch-demo-")
-        try:
-            for item in SCENARIOS:
-                echo(f"\n{item.number}. {item.title}\n   {item.intro}")
-                run = await play(item, os.path.join(scratch, f"{item.key}.db"),
-                                 echo=lambda line: echo(f"  {line}"))
-                await run.close()
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-
-    asyncio.run(everything())
-    return 0
-
-
-def main(*, live: bool = False) -> int:
-    """`onwatch demo`: the player on a scratch inbox (deleted on exit); 0 after a normal quit.
-
-    Without a terminal (piped output, CI), the scenarios are played headless and narrated.
-    """
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
-        return narrate()
-    if live:
-        from .live import main as live_main
-        return live_main()
+def main() -> int:
+    """`onwatch demo`: the player on a scratch inbox (deleted on exit); 0 after a normal quit."""
     scratch = tempfile.mkdtemp(prefix="onwatch-demo-")
     try:
         return asyncio.run(_main(scratch, SCENARIOS[0], pick_first=True))

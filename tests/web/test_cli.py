@@ -1,0 +1,108 @@
+"""`onwatch web` refuses what it cannot serve safely, in one line, exit 2, before listening."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tui.cli import main
+
+from .helpers import WebProcess
+
+
+@pytest.fixture
+def db(tmp_path):
+    path = tmp_path / "alice.db"
+    assert main(["init", str(path)]) == 0
+    return path
+
+
+@pytest.mark.parametrize("argv, env, message", [
+    (["--host", "0.0.0.0"], {}, "refusing to listen on 0.0.0.0 without $ONWATCH_WEB_TOKEN"),
+    (["--host", "192.168.1.5"], {}, "without $ONWATCH_WEB_TOKEN"),
+    ([], {"ONWATCH_WEB_TOKEN": "short"}, "ONWATCH_WEB_TOKEN is too short"),
+    (["--inbox", "alice"], {}, "--inbox picks an inbox inside a PostgreSQL database"),
+    (["--public-url", "desk.example.org"], {}, "--public-url must be like"),
+    (["--public-url", "https://desk.example.org/x?y"], {}, "--public-url must be like"),
+    (["--port", "70000"], {}, "--port must be 0-65535"),
+])
+def test_refusals(db, capsys, monkeypatch, argv, env, message):
+    monkeypatch.delenv("ONWATCH_WEB_TOKEN", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(["web", str(db), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_missing_target_and_postgres_are_refused(tmp_path, capsys):
+    assert main(["web", str(tmp_path / "nope.db")]) == 2
+    assert "no inbox at" in capsys.readouterr().err
+    assert main(["web", "postgresql://localhost/agents"]) == 2
+    assert "PostgreSQL targets are not available" in capsys.readouterr().err
+
+
+def test_a_folder_is_served_as_the_fleet_desk(tmp_path):
+    from tui.web import plan
+
+    class Args:
+        target, inbox, host, port, read_only, public_url = \
+            str(tmp_path), None, "127.0.0.1", 8000, True, None
+    chosen = plan(Args, {})
+    assert chosen.command.endswith(f"tui {tmp_path} --read-only")
+    assert chosen.token_generated and len(chosen.token) >= 40
+
+
+def test_a_configured_token_may_listen_beyond_loopback(db):
+    from tui.web import plan
+
+    class Args:
+        target, inbox, host, port, read_only, public_url = \
+            str(db), None, "0.0.0.0", 0, False, None
+    chosen = plan(Args, {"ONWATCH_WEB_TOKEN": "a-long-chosen-token-0123456789"})
+    assert not chosen.token_generated and chosen.token == "a-long-chosen-token-0123456789"
+
+
+async def test_a_configured_token_is_not_printed_nor_inherited_by_the_desks(db, tmp_path):
+    """The real process: the token from the environment is never printed, and the tui
+    process a browser connection starts does not have it in its environment."""
+    token = "a-long-chosen-token-0123456789"
+    web = WebProcess(db, tmp_path, env={"ONWATCH_WEB_TOKEN": token}).start()
+    try:
+        assert web.token == "$ONWATCH_WEB_TOKEN"
+        async with aiohttp.ClientSession() as http:
+            async with http.ws_connect(f"{web.url}/ws?width=80&height=24",
+                                       headers={"Authorization": f"Bearer {token}",
+                                                "Origin": web.url}) as ws:
+                screen = b""
+                deadline = time.monotonic() + 20
+                while b"Pending" not in screen and time.monotonic() < deadline:
+                    message = await ws.receive(timeout=20)
+                    if isinstance(message.data, bytes):
+                        screen += message.data
+                desks = children(web.proc.pid)
+                assert desks, "no desk process was started"
+                for pid in desks:
+                    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    assert any(item.startswith(b"TEXTUAL_DRIVER=") for item in environ)
+                    assert not [item for item in environ if token.encode() in item]
+    finally:
+        assert web.stop() == 0
+    assert token not in web.out.read_text() + web.err.read_text()
+
+
+def children(pid: int) -> list[int]:
+    """Descendants of `pid` (Linux /proc): the shell textual-serve starts and what it runs."""
+    found, queue = [], [pid]
+    while queue:
+        parent = queue.pop()
+        for task in os.listdir(f"/proc/{parent}/task"):
+            with open(f"/proc/{parent}/task/{task}/children") as handle:
+                kids = [int(p) for p in handle.read().split()]
+            found += kids
+            queue += kids
+    return found

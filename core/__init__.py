@@ -1,8 +1,8 @@
 """onwatch core: the durable inbox engine an always-on agent embeds (no UI imports here)."""
 
-from .clock import Clock, FakeClock, SystemClock
+from .clock import MAX_DURATION, MAX_TIME, Clock, FakeClock, SystemClock
 from .errors import BadInput, BudgetExceeded, InboxBusy, InboxError, NotAnInbox
-from .inbox import Inbox, Outgoing
+from .inbox import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES, Inbox, Outgoing
 from .records import (
     ANSWERS, EVENT_STATES, Approval, ApprovalRequest, AuditEntry, Delivery, Effect, Event,
     FollowUp, Lease, LeaseChange, Message, Overview, Reply, Run, Timer,
@@ -10,7 +10,8 @@ from .records import (
 from .settings import Settings
 
 __all__ = [
-    "ANSWERS", "EVENT_STATES", "Approval", "ApprovalRequest", "AuditEntry", "BadInput",
+    "ANSWERS", "EVENT_STATES", "MAX_DEPTH", "MAX_DURATION", "MAX_TIME", "RESERVED_SOURCES",
+    "RESERVED_TIMER_PREFIXES", "Approval", "ApprovalRequest", "AuditEntry", "BadInput",
     "BudgetExceeded", "Clock", "Delivery", "Effect", "Event", "FakeClock", "FollowUp", "Inbox",
     "InboxBusy", "InboxError", "Lease", "LeaseChange", "Message", "NotAnInbox", "Outgoing",
     "Overview", "Reply", "Run", "Settings", "SystemClock", "Timer",

@@ -82,7 +82,9 @@ class Database:
         if factory is not None:
             kwargs["factory"] = factory
         try:
-            conn = await aiosqlite.connect(path, **kwargs)
+            conn = aiosqlite.connect(path, **kwargs)
+            _daemonize(conn)
+            conn = await conn
         except sqlite3.Error as exc:
             raise _map_error(exc, path, busy_timeout) from None
         db = cls(conn, path, busy_timeout, factory)
@@ -169,6 +171,17 @@ class Database:
             self._reader.close()
             self._reader = None
         await self._conn.close()
+
+
+def _daemonize(conn: aiosqlite.Connection) -> None:
+    """Make the connection's thread a daemon before it starts: a script that raises without
+    closing its Inbox must still exit (a non-daemon thread waiting on its queue would keep the
+    interpreter alive for ever). Committed transactions are durable either way; one cut off
+    at exit rolls back like a crash. aiosqlite's `_thread` (pinned version; checked by
+    tests/core/test_exit.py)."""
+    thread = getattr(conn, "_thread", None)
+    if thread is not None and not thread.is_alive():
+        thread.daemon = True
 
 
 def _retry_while_busy(step: Callable[[], Any], busy_timeout: float) -> None:

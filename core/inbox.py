@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import os
@@ -10,17 +11,25 @@ import sqlite3
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from . import pg, store
-from .clock import Clock, SystemClock, check_time
+from .clock import (
+    MAX_COUNT, MAX_ID, Clock, SystemClock, check_duration, check_int, check_time, show,
+)
 from .db import Database
 from .errors import BadInput
 from .records import (
     EVENT_STATES, Approval, ApprovalRequest, AuditEntry, Delivery, Effect, Event, FollowUp,
     Lease, LeaseChange, Message, Overview, Reply, Run, Timer,
 )
-from .settings import Settings
+from .settings import MAX_BATCH, Settings
 
 CATCH_UP_POLICIES = ("coalesce", "each")
 MAX_TEXT = 1024  # sources, ids, holders: keys, not documents
+MAX_DEPTH = 100  # nesting of any JSON value the API takes; deeper is refused, never recursed
+# The engine's own sources: approval answers and timer occurrences. Nobody else may ingest
+# under them (a forged ("approval", id) would stand as the answer), and no timer may take an
+# id under the engine's own prefixes (it would replace an approval's expiry).
+RESERVED_SOURCES = ("approval", "timer")
+RESERVED_TIMER_PREFIXES = ("approval:",)
 
 SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 
@@ -68,16 +77,47 @@ def _text(name: str, value: object, *, limit: int = MAX_TEXT) -> str:
     return value
 
 
-def _positive(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BadInput(f"{name} must be a positive integer, got {value!r}")
-    return value
+def _positive(name: str, value: object, high: int = MAX_ID) -> int:
+    return check_int(value, name, 1, high)
 
 
 def _event_id(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise BadInput(f"event id must be a positive integer, got {value!r}")
-    return value
+    return check_int(value, "event id", 1, MAX_ID)
+
+
+def _source(name: str, value: object) -> str:
+    """An event source an outsider may use: not one of the engine's own."""
+    text = _text(name, value)
+    if text in RESERVED_SOURCES:
+        raise BadInput(f"{name} {text!r} is reserved for the engine's own events "
+                       f"(reserved: {', '.join(RESERVED_SOURCES)})")
+    return text
+
+
+def _timer_id(value: object) -> str:
+    text = _text("timer_id", value)
+    if text.startswith(RESERVED_TIMER_PREFIXES):
+        raise BadInput(f"timer ids starting with {text.split(':')[0]}: are reserved for the "
+                       f"engine's own timers")
+    return text
+
+
+def _check_shape(value: object, what: str, limit: int) -> None:
+    """Refuse JSON nested deeper than MAX_DEPTH or with more values than `limit` bytes could
+    hold, walking iteratively: a deep value must be refused, never recursed into."""
+    stack = [(value, 1)]
+    seen = 0
+    while stack:
+        item, depth = stack.pop()
+        seen += 1
+        if seen > limit:
+            raise BadInput(f"{what} has more values than {limit} bytes can hold "
+                           f"(max_payload_bytes)")
+        if isinstance(item, (dict, list, tuple)):
+            if depth > MAX_DEPTH:
+                raise BadInput(f"{what} is nested deeper than {MAX_DEPTH} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
 
 
 _JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
@@ -85,9 +125,10 @@ _JSON_ASCII = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
 
 
 def _encode(payload: object, limit: int, what: str = "payload") -> str:
+    _check_shape(payload, what, limit)
     try:
         text = _JSON.encode(payload)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise BadInput(f"{what} must be JSON-serialisable: {exc}") from None
     if text.isascii():
         size = len(text)
@@ -102,6 +143,22 @@ def _encode(payload: object, limit: int, what: str = "payload") -> str:
     if size > limit:
         raise BadInput(f"{what} is {size} bytes; the limit is {limit} (max_payload_bytes)")
     return text
+
+
+MAX_BATCH_IDS = MAX_BATCH  # ids one finish may name: what one claim can hand out
+
+
+def _listed(name: str, values: object, limit: int) -> list:
+    """`values` as a list, refused (BadInput) unless it is a finite iterable of at most
+    `limit` items; a str is not a list of anything here."""
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
+        raise BadInput(f"{name} must be a list")
+    items = []
+    for item in values:
+        items.append(item)
+        if len(items) > limit:
+            raise BadInput(f"{name} has more than {limit} items")
+    return items
 
 
 def _actor(actor: object) -> str:
@@ -256,9 +313,13 @@ class Inbox:
         untouched) for a missing inbox when `create=False`, a foreign or corrupt file or
         database, or one from a newer schema.
         """
-        if busy_timeout <= 0:
-            raise BadInput("busy_timeout must be positive")
         if pg.is_url(path):
+            if not isinstance(create, bool):
+                raise BadInput(f"create must be True or False, got {show(create)}")
+            if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) \
+                    or not 0 < busy_timeout <= 86_400:  # NaN too
+                raise BadInput(f"busy_timeout must be a positive number of seconds, got "
+                               f"{show(busy_timeout)}")
             from .pg import db as pg_db, store as pg_store  # psycopg only when asked for
             pg_database = await pg_db.Database.open(path, name=_text("inbox name", name),
                                                     create=create, busy_timeout=busy_timeout)
@@ -266,7 +327,22 @@ class Inbox:
             return cls(pg_database, clock or SystemClock(), settings, pg_store)
         if name != "default":
             raise BadInput(f"name picks an inbox of a PostgreSQL database; a file is one "
-                           f"inbox (got name={name!r} for {os.fspath(path)!r})")
+                           f"inbox (got name={show(name)} for a file)")
+        if not isinstance(path, (str, os.PathLike)):
+            raise BadInput(f"path must be a file path, got {type(path).__name__}")
+        try:
+            text = os.fsdecode(os.fspath(path))
+            os.fsencode(text)  # a lone surrogate cannot name a file
+        except (TypeError, ValueError) as exc:
+            raise BadInput(f"path is not a usable file path: {exc}") from None
+        if not text or "\x00" in text:
+            raise BadInput("path must be a non-empty file path without NUL characters")
+        if not isinstance(create, bool):
+            raise BadInput(f"create must be True or False, got {show(create)}")
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or \
+                not 0 < busy_timeout <= 86_400:  # NaN too
+            raise BadInput(f"busy_timeout must be a positive number of seconds, got "
+                           f"{show(busy_timeout)}")
         db = await Database.open(path, create=create, busy_timeout=busy_timeout,
                                  factory=connection_factory)
         settings = await db.read(store.load_settings)
@@ -342,7 +418,7 @@ class Inbox:
         source/source_id or a payload that is not JSON or too large, BudgetExceeded when
         max_pending is reached.
         """
-        item = (_text("source", source), _text("source_id", source_id),
+        item = (_source("source", source), _text("source_id", source_id),
                 _encode(payload, self._settings.max_payload_bytes), self._now(now))
         return await self._intake.submit(item)
 
@@ -355,12 +431,14 @@ class Inbox:
         for any bad item and BudgetExceeded if any would go over max_pending, writing nothing.
         """
         when = self._now(now)
+        if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
+            raise BadInput("items must be a list of (source, source_id, payload) tuples")
         batch = []
         for item in items:
             if not (isinstance(item, tuple) and len(item) == 3):
                 raise BadInput("each item must be a (source, source_id, payload) tuple")
             source, source_id, payload = item
-            batch.append((_text("source", source), _text("source_id", source_id),
+            batch.append((_source("source", source), _text("source_id", source_id),
                           _encode(payload, self._settings.max_payload_bytes), when))
         if not batch:
             return []
@@ -399,19 +477,26 @@ class Inbox:
                      messages: Iterable[str | Reply] = (), error: str | None = None, *,
                      now: int | None = None, result: Any = None,
                      approvals: Iterable[ApprovalRequest] = (),
-                     timers: Iterable[FollowUp] = ()) -> bool:
+                     timers: Iterable[FollowUp] = (), run: int | None = None) -> bool:
         """Record a run's outcome with its messages, approval requests and follow-up timers in
-        one fenced transaction. False (nothing written) if this generation no longer holds
-        the lease or none of `ids` is still claimed by it."""
+        one fenced transaction. False (nothing written, the refusal audited) if this
+        generation no longer holds the lease or none of `ids` is still claimed by it.
+
+        `run` is the claim's run id (`Event.run_id` of the claimed events; the Worker passes
+        it). With it, the finish is fenced by generation *and* run: a run recovered for
+        max_run_seconds and re-claimed in the same generation can no longer be finished by
+        its old caller. Without it, only the generation fences (the events' current run is
+        finished), which is safe only for callers that never run past max_run_seconds."""
         holder, gen = _text("holder", holder), _positive("gen", gen)
-        if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
-            raise BadInput("ids must be a list of event ids")
-        ids = [_event_id(i) for i in ids]
+        ids = [_event_id(i) for i in _listed("ids (a list of event ids)", ids, MAX_BATCH_IDS)]
         if not ids:
             raise BadInput("ids must name at least one claimed event")
-        replies = [self._reply(m) for m in messages]
-        approvals = [self._approval_request(a) for a in approvals]
-        timers = [self._followup(t) for t in timers]
+        if run is not None:
+            run = _positive("run", run)
+        replies = [self._reply(m) for m in _listed("messages", messages, MAX_COUNT)]
+        approvals = [self._approval_request(a) for a in _listed("approvals", approvals,
+                                                                  MAX_COUNT)]
+        timers = [self._followup(t) for t in _listed("timers", timers, MAX_COUNT)]
         if error is not None:
             error = _text("error", error, limit=10_000)
             if replies or approvals or timers:
@@ -420,7 +505,7 @@ class Inbox:
         encoded = None if result is None else _encode(result, self._settings.max_payload_bytes,
                                                       "result")
         return await self._write(self._sql.finish, holder, gen, ids, replies, error, encoded,
-                                 approvals, timers, self._now(now))
+                                 approvals, timers, self._now(now), run)
 
     def _reply(self, message: object) -> Reply:
         if isinstance(message, str):
@@ -437,37 +522,46 @@ class Inbox:
         if not isinstance(request, ApprovalRequest):
             raise BadInput("approvals must be core.ApprovalRequest records")
         _text("request_id", request.request_id)
-        _positive("expires_in", request.expires_in)
+        check_duration(request.expires_in, "expires_in")
         _text("action", request.action, limit=10_000)
         return request
 
     def _followup(self, timer: object) -> FollowUp:
         if not isinstance(timer, FollowUp):
             raise BadInput("timers must be core.FollowUp records")
-        self._check_timer(timer.timer_id, timer.due, timer.payload, timer.every, timer.key,
-                          timer.catch_up)
-        return timer
+        encoded = self._check_timer(timer.timer_id, timer.due, timer.payload, timer.every,
+                                    timer.key, timer.catch_up)
+        return dataclasses.replace(timer, payload=encoded)  # stored as checked JSON text
 
     # --- effect journal -------------------------------------------------------------------
 
     async def intend_effect(self, holder: str, gen: int, run_id: int, name: str,
                             detail: Any = None, *, key: str | None = None,
+                            event: int | Event | None = None,
                             now: int | None = None) -> str | None:
         """Record, before doing it, that this run is about to cause an external effect.
 
-        Returns the effect's idempotency key, or None (nothing written) if this generation
-        no longer holds the lease — the effect must then not be performed."""
+        Returns the effect's idempotency key, or None (nothing written, the refusal audited)
+        if this generation no longer holds the lease or the run is no longer open — the
+        effect must then not be performed. The default key is derived from the inbox, the
+        event the effect is for and the effect's name (and how many times this run intended
+        that effect for that event), never from which events the run batched together. A
+        run of several events must say which one the effect is for (`event=`, an id or the
+        Event); BadInput otherwise."""
+        if isinstance(event, Event):
+            event = event.id
         return await self._write(
             self._sql.intend_effect, _text("holder", holder), _positive("gen", gen),
             _positive("run_id", run_id), _text("effect name", name, limit=200),
             _encode(detail, self._settings.max_payload_bytes, "detail"),
-            None if key is None else _text("key", key), self._now(now))
+            None if key is None else _text("key", key), self._now(now),
+            None if event is None else _event_id(event))
 
     async def settle_effect(self, key: str, state: str = "confirmed", *,
                             now: int | None = None) -> bool:
         """Record that an intended effect happened ('confirmed') or did not ('failed')."""
         if state not in ("confirmed", "failed"):
-            raise BadInput(f"state must be 'confirmed' or 'failed', got {state!r}")
+            raise BadInput(f"state must be 'confirmed' or 'failed', got {show(state)}")
         return await self._write(self._sql.settle_effect, _text("key", key), state, self._now(now))
 
     async def effects(self, event_id: int) -> list[Effect]:
@@ -481,18 +575,18 @@ class Inbox:
 
     def _check_timer(self, timer_id: object, due: object, payload: object, every: object,
                      key: object, catch_up: object) -> str:
-        _text("timer_id", timer_id)
+        _timer_id(timer_id)
         check_time(due, "due")
         if every is not None:
-            _positive("every", every)
+            check_duration(every, "every")
         if catch_up not in CATCH_UP_POLICIES:
-            raise BadInput(f"catch_up must be one of {CATCH_UP_POLICIES}, got {catch_up!r}")
+            raise BadInput(f"catch_up must be one of {CATCH_UP_POLICIES}, got {show(catch_up)}")
         if key is not None:
             if every is not None:
                 raise BadInput("a fixed event key is only allowed on a one-off timer")
             if not (isinstance(key, tuple) and len(key) == 2):
                 raise BadInput("key must be a (source, source_id) tuple")
-            _text("key source", key[0])
+            _source("key source", key[0])
             _text("key source_id", key[1])
         return _encode(payload, self._settings.max_payload_bytes)
 
@@ -501,12 +595,14 @@ class Inbox:
                         catch_up: str = "coalesce") -> None:
         """Register (or replace the definition of) a timer. Each occurrence becomes an event
         keyed `timer_id@scheduled_time`, or `key` for a one-off."""
-        self._check_timer(timer_id, due, payload, every, key, catch_up)
-        await self._write(self._sql.add_timer, timer_id, due, payload, every, key, catch_up,
-                          "timer")
+        encoded = self._check_timer(timer_id, due, payload, every, key, catch_up)
+        await self._write(lambda db: self._sql.add_timer(db, timer_id, due, encoded, every, key,
+                                                     catch_up, "timer", encoded=True))
 
     async def cancel_timer(self, timer_id: str) -> bool:
-        return await self._write(self._sql.cancel_timer, _text("timer_id", timer_id))
+        """Remove a timer; False if there was none. An approval's expiry cannot be cancelled
+        here (BadInput): answer or expire the approval instead."""
+        return await self._write(self._sql.cancel_timer, _timer_id(timer_id))
 
     async def run_scheduler(self, *, now: int | None = None) -> int:
         """Turn due timers into inbox events (one transaction); return how many were due."""
@@ -515,10 +611,15 @@ class Inbox:
     async def next_timer_due(self) -> int | None:
         return await self._db.call(self._sql.next_timer_due)
 
-    async def next_wake(self) -> int | None:
+    async def next_wake(self, *, now: int | None = None) -> int | None:
         """The earliest instant something becomes due: a timer, a backed-off event, or a
-        held outbox send. A worker may sleep until then (or until a new event arrives)."""
-        return await self._db.read(self._sql.next_wake)
+        held outbox send. A worker may sleep until then (or until a new event arrives).
+
+        Only what can actually happen counts: nothing the held outbox would send, no pending
+        event while paused, and while the runs-per-day budget is used up, the instant its
+        window frees a slot. So the answer is never a past instant that nothing will act on.
+        """
+        return await self._db.read(self._sql.next_wake, self._now(now))
 
     # --- approvals ------------------------------------------------------------------------
 
@@ -527,7 +628,7 @@ class Inbox:
         """Ask a human; the answer or the expiry comes back as event ('approval', request_id).
         Asking again for the same id keeps the first deadline."""
         return await self._write(self._sql.request_approval, _text("request_id", request_id),
-                                 _positive("expires_in", expires_in),
+                                 check_duration(expires_in, "expires_in"),
                                  _text("action", action, limit=10_000), self._now(now))
 
     async def answer_approval(self, request_id: str, answer: str, *, now: int | None = None,
@@ -535,7 +636,7 @@ class Inbox:
         """Store `answer` ('yes'|'no') unless the deadline passed or one is stored; return the
         answer that stands: 'yes', 'no', 'expired', or 'unknown'."""
         if answer not in ("yes", "no"):
-            raise BadInput(f"answer must be 'yes' or 'no', got {answer!r}")
+            raise BadInput(f"answer must be 'yes' or 'no', got {show(answer)}")
         return await self._write(self._sql.answer_approval, _text("request_id", request_id), answer,
                                  self._now(now), _actor(actor), _reason(reason))
 
@@ -562,7 +663,7 @@ class Inbox:
         picked = await self._write(self._sql.begin_delivery, now, flush)
         if picked is None:
             return 0
-        delivery_id, key, text, count = picked
+        delivery_id, key, text, count, attempt = picked
         error = None
         try:
             outcome = send(Outgoing(text, key, count))
@@ -570,8 +671,10 @@ class Inbox:
                 await outcome
         except Exception as exc:  # the channel failed; the delivery stays for a retry
             error = f"{type(exc).__name__}: {exc}"
-        sent = await self._write(self._sql.end_delivery, delivery_id, error, self._now(None)
-                                 if now is None else now)
+        # The outcome is recorded only if this attempt still owns the delivery: a send that
+        # hung past send_timeout while another dispatcher re-sent must not overwrite it.
+        sent = await self._write(self._sql.end_delivery, delivery_id, attempt, error,
+                                 self._now(None) if now is None else now)
         return count if sent else 0
 
     async def flush_outbox(self, send: SendFn, *, now: int | None = None,
@@ -594,6 +697,30 @@ class Inbox:
                              reason: str | None = None) -> bool:
         return await self._write(self._sql.set_flag, "outbox_held", False, "release outbox",
                                  self._now(now), _actor(actor), _reason(reason))
+
+    async def settle_delivery(self, delivery_id: int, outcome: str, *,
+                              expect: str = "uncertain", now: int | None = None,
+                              actor: str = "operator", reason: str | None = None) -> bool:
+        """Settle an uncertain delivery (at-most-once, cut off mid-send): outcome 'sent'
+        marks it delivered; 'send again' puts its messages back in the outbox for a new
+        delivery (under a new key). Conditional like every operator action: False, audited
+        with why, unless the delivery is in the `expect`ed state (only 'uncertain' can be
+        settled)."""
+        if outcome not in store.SETTLE_OUTCOMES:
+            raise BadInput(f"outcome must be one of {store.SETTLE_OUTCOMES}, got {show(outcome)}")
+        if expect not in store.DELIVERY_STATES:
+            raise BadInput(f"expect must be a delivery state {store.DELIVERY_STATES}, got "
+                           f"{show(expect)}")
+        return await self._write(self._sql.settle_delivery, _positive("delivery id", delivery_id),
+                                 outcome, expect, self._now(now), _actor(actor),
+                                 _reason(reason))
+
+    async def uncertain_deliveries(self, *, now: int | None = None,
+                                   limit: int = 100) -> list[Delivery]:
+        """At-most-once deliveries cut off mid-send, oldest first: neither re-sent nor
+        settled until an operator says what happened (settle_delivery)."""
+        return await self._db.read(self._sql.uncertain_deliveries, self._now(now),
+                                   _positive("limit", limit))
 
     # --- operator actions -----------------------------------------------------------------
 
@@ -632,7 +759,9 @@ class Inbox:
                       expect: str | None, after: str, now: int | None, actor: str,
                       reason: str | None) -> bool:
         if expect is not None and expect not in EVENT_STATES:
-            raise BadInput(f"expect must be an event state, got {expect!r}")
+            raise BadInput(f"expect must be an event state, got {show(expect)}")
+        if not isinstance(expect, (str, type(None))):
+            raise BadInput("expect must be an event state")
         return await self._write(self._sql.change_event, _event_id(event_id), action, allowed,
                                  expect, after, self._now(now), _actor(actor), _reason(reason))
 
@@ -659,12 +788,14 @@ class Inbox:
         start), or the page just before `before` in descending order. `search` keeps rows
         whose source, source id or error contains it; `payload=False` leaves payloads out
         (None), for lists that do not show them."""
-        if status not in EVENT_STATES:
-            raise BadInput(f"status must be one of {EVENT_STATES}, got {status!r}")
+        if not isinstance(status, str) or status not in EVENT_STATES:
+            raise BadInput(f"status must be one of {EVENT_STATES}, got {show(status)}")
         _positive("limit", limit)
         for name, value in (("after", after), ("before", before)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise BadInput(f"{name} must be an event id")
+            if value is not None:
+                check_int(value, name, 0, MAX_ID)
+        if search is not None and search != "":
+            search = _text("search", search)
         return await self._db.call(self._sql.events, status, min(limit, 10_000), after, before,
                                    search or None, bool(payload))
 
@@ -691,14 +822,15 @@ class Inbox:
 
     async def deliveries(self, *, limit: int = 50) -> list[Delivery]:
         """Recent sends (newest first) with their idempotency keys and outcomes."""
-        return await self._db.read(self._sql.deliveries, _positive("limit", limit))
+        return await self._db.read(self._sql.deliveries, _positive("limit", limit), self.now())
 
     async def next_send_at(self) -> int | None:
         """When the next paced send is allowed; None when nothing is held."""
         return await self._db.read(self._sql.next_send_at)
 
     async def audit(self, *, limit: int = 100, target: str | None = None) -> list[AuditEntry]:
-        return await self._db.call(self._sql.audit_entries, _positive("limit", limit), target)
+        return await self._db.call(self._sql.audit_entries, _positive("limit", limit),
+                                   None if target is None else _text("target", target))
 
     async def runs(self, event_id: int) -> list[Run]:
         """Every run that claimed this event, oldest first."""

@@ -62,6 +62,7 @@ class Timer:
     last_skipped: int = 0  # occurrences the latest catch-up covered without their own event
     overflow: int = 0  # 'each' occurrences beyond the catch-up limit, counted over the life
     kind: str = "timer"  # 'timer' | 'approval' (an approval's expiry)
+    broken: str | None = None  # why the scheduler set this row aside (it no longer fires)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +97,9 @@ class Delivery:
 
     id: int
     key: str
-    status: str  # 'sending' | 'failed' | 'sent' | 'dead'
+    # 'sending' | 'failed' | 'sent' | 'dead', or 'uncertain': an at-most-once send cut off
+    # mid-send, which nobody re-sends until an operator settles it (Inbox.settle_delivery)
+    status: str
     attempts: int
     created: int
     message_count: int
@@ -196,3 +199,5 @@ class Overview:
     runs_last_day: int
     budgets: dict[str, Any] = field(default_factory=dict)
     timers: int = 0  # registered timers, approval expiries included
+    uncertain_deliveries: int = 0  # at-most-once sends cut off mid-send, awaiting an operator
+    set_aside: int = 0  # stored rows the engine could not process, set aside with a reason

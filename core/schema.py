@@ -188,6 +188,15 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX effects_by_key ON effects(key, id);
     CREATE INDEX approvals_answered ON approvals(answered_at) WHERE answer IS NOT NULL;
     """,
+    # 3: a stored row the engine cannot process (a timer or delivery edited by hand or
+    # written by another version) is set aside with its reason instead of stopping every
+    # pass; effects name the event they are for, so their keys never depend on the batch.
+    """
+    ALTER TABLE timers ADD COLUMN broken TEXT;
+    ALTER TABLE deliveries ADD COLUMN broken TEXT;
+    ALTER TABLE effects ADD COLUMN event_id INTEGER;
+    INSERT INTO meta(key, value) VALUES ('set_aside', 0) ON CONFLICT(key) DO NOTHING;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

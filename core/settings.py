@@ -7,9 +7,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .clock import MAX_COUNT, MAX_DURATION, show
 from .errors import BadInput
 
 LOST_CLAIM_POLICIES = ("retry", "interrupt")
+MAX_BATCH = 10_000  # events per claim (and ids per finish): well inside SQLite's bound params
+MAX_PAYLOAD = 1 << 28  # 256 MiB: inside SQLite's default limit on one value
 DELIVERY_MODES = ("at_least_once", "at_most_once")
 
 
@@ -56,9 +59,28 @@ class Settings:
 
     @classmethod
     def from_json(cls, text: str) -> "Settings":
+        """The stored settings; a value that is not valid (a row edited by hand or written by
+        another version) falls back to its default rather than stopping every pass."""
         known = {f.name for f in dataclasses.fields(cls)}
-        data = {k: v for k, v in json.loads(text).items() if k in known}
-        return cls(**data)
+        try:
+            stored = json.loads(text)
+        except (TypeError, ValueError, RecursionError):
+            return cls()
+        if not isinstance(stored, dict):
+            return cls()
+        data = {}
+        for name, value in stored.items():
+            if name in known:
+                try:
+                    _check(name, value)
+                except BadInput:
+                    continue
+                data[name] = value
+        try:
+            return cls().replace(data)
+        except BadInput:  # e.g. backoff_cap below backoff_base: keep the defaults for those
+            return cls().replace({k: v for k, v in data.items()
+                                  if k not in ("backoff_cap", "backoff_base")})
 
     def replace(self, changes: Mapping[str, Any]) -> "Settings":
         """Return a validated copy with `changes` applied; raise BadInput naming the bad one."""
@@ -74,11 +96,16 @@ class Settings:
         return updated
 
 
-_POSITIVE = {"max_attempts", "lease_ttl", "max_batch", "max_payload_bytes", "catch_up_limit",
-             "max_delivery_attempts", "send_timeout", "backoff_base", "backoff_cap"}
-_NON_NEGATIVE = {"outbox_gap"}
-_OPTIONAL_POSITIVE = {"max_runs_per_day", "max_pending", "max_followups_per_run",
-                      "max_run_seconds"}
+# Upper bounds, so that no stored setting can make later arithmetic overflow SQLite's int64
+# (now + lease_ttl, now + backoff, due + every) or a statement exceed SQLite's limits.
+_POSITIVE = {"max_attempts": MAX_COUNT, "lease_ttl": MAX_DURATION, "max_batch": MAX_BATCH,
+             "max_payload_bytes": MAX_PAYLOAD, "catch_up_limit": MAX_BATCH,
+             "max_delivery_attempts": MAX_COUNT, "send_timeout": MAX_DURATION,
+             "backoff_base": MAX_DURATION, "backoff_cap": MAX_DURATION}
+_NON_NEGATIVE = {"outbox_gap": MAX_DURATION}
+_OPTIONAL_POSITIVE = {"max_runs_per_day": MAX_COUNT, "max_pending": MAX_COUNT,
+                      "max_followups_per_run": MAX_COUNT, "max_run_seconds": MAX_DURATION}
+MAX_SOURCES = 1000  # entries of lost_claim_by_source
 
 
 def _is_int(value: object) -> bool:
@@ -86,23 +113,43 @@ def _is_int(value: object) -> bool:
 
 
 def _check(name: str, value: object) -> None:
-    if name in _POSITIVE and not (_is_int(value) and value > 0):
-        raise BadInput(f"{name} must be a positive integer, got {value!r}")
-    if name in _NON_NEGATIVE and not (_is_int(value) and value >= 0):
-        raise BadInput(f"{name} must be a non-negative integer, got {value!r}")
-    if name in _OPTIONAL_POSITIVE and value is not None and not (_is_int(value) and value > 0):
-        raise BadInput(f"{name} must be a positive integer or None, got {value!r}")
+    if name in _POSITIVE and not (_is_int(value) and 0 < value <= _POSITIVE[name]):
+        raise BadInput(f"{name} must be a positive integer up to {_POSITIVE[name]}, "
+                       f"got {show(value)}")
+    if name in _NON_NEGATIVE and not (_is_int(value) and 0 <= value <= _NON_NEGATIVE[name]):
+        raise BadInput(f"{name} must be a non-negative integer up to {_NON_NEGATIVE[name]}, "
+                       f"got {show(value)}")
+    if name in _OPTIONAL_POSITIVE and value is not None and not (
+            _is_int(value) and 0 < value <= _OPTIONAL_POSITIVE[name]):
+        raise BadInput(f"{name} must be a positive integer up to "
+                       f"{_OPTIONAL_POSITIVE[name]} or None, got {show(value)}")
+    if name in ("on_lost_claim", "delivery") and not isinstance(value, str):
+        raise BadInput(f"{name} must be a string, got {show(value)}")
     if name == "on_lost_claim" and value not in LOST_CLAIM_POLICIES:
-        raise BadInput(f"on_lost_claim must be one of {LOST_CLAIM_POLICIES}, got {value!r}")
+        raise BadInput(f"on_lost_claim must be one of {LOST_CLAIM_POLICIES}, got {show(value)}")
     if name == "delivery" and value not in DELIVERY_MODES:
-        raise BadInput(f"delivery must be one of {DELIVERY_MODES}, got {value!r}")
+        raise BadInput(f"delivery must be one of {DELIVERY_MODES}, got {show(value)}")
     if name == "lost_claim_by_source":
         if not isinstance(value, Mapping):
             raise BadInput("lost_claim_by_source must map a source to a policy")
+        if len(value) > MAX_SOURCES:
+            raise BadInput(f"lost_claim_by_source has more than {MAX_SOURCES} sources")
         for source, policy in value.items():
-            if not isinstance(source, str) or not source:
-                raise BadInput(f"lost_claim_by_source has a bad source {source!r}")
+            if not isinstance(source, str) or not source or len(source) > 1024 or \
+                    not _encodable(source):
+                raise BadInput(f"lost_claim_by_source has a bad source {show(source)}")
+            if not isinstance(policy, str):
+                raise BadInput(f"lost_claim_by_source[{show(source)}] must be one of "
+                               f"{LOST_CLAIM_POLICIES}")
             if policy not in LOST_CLAIM_POLICIES:
                 raise BadInput(
-                    f"lost_claim_by_source[{source!r}] must be one of {LOST_CLAIM_POLICIES}, "
-                    f"got {policy!r}")
+                    f"lost_claim_by_source[{show(source)}] must be one of {LOST_CLAIM_POLICIES}, "
+                    f"got {show(policy)}")
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text

@@ -7,11 +7,13 @@ agent: a transaction is short by construction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 from typing import Any, Iterable, Sequence
 
-from .errors import BadInput, BudgetExceeded
+from .clock import MAX_COUNT, MAX_DURATION, MAX_TIME
+from .errors import BadInput, BudgetExceeded, InboxError
 from .records import (
     Approval, AuditEntry, Delivery, Effect, Event, FollowUp, Lease, LeaseChange, Message,
     Overview, Reply, Run, Timer, ApprovalRequest,
@@ -22,7 +24,12 @@ DAY = 86_400
 EVENT_COLUMNS = ("id, source, source_id, payload, status, attempts, claim_gen, error, created, "
                  "updated, available_at, claimed_at, run_id")
 TIMER_COLUMNS = ("id, due, every, catch_up, payload, key_source, key_id, last_fired, "
-                 "last_skipped, overflow, kind")
+                 "last_skipped, overflow, kind, broken")
+# Row errors that mean "this stored row is not something the engine can process" (a row
+# written by hand or by another version): the row is set aside with the reason, the pass
+# goes on. Anything else (disk, locks) still stops the transaction.
+ROW_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, AttributeError,
+              RecursionError, sqlite3.IntegrityError)
 
 
 # --- decoding -------------------------------------------------------------------------------
@@ -31,15 +38,40 @@ def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
 
 
-def event_from_row(row: Sequence[Any]) -> Event:
-    return Event(row[0], row[1], row[2], _loads(row[3]), row[4], row[5], row[6], row[7],
+def _shown(text: Any) -> Any:
+    """Decoded JSON for a listing; a stored value that does not decode (a row edited by
+    hand) is shown as it is stored instead of failing the whole list."""
+    try:
+        return _loads(text)
+    except ROW_ERRORS:
+        return text
+
+
+def event_from_row(row: Sequence[Any], strict: bool = False) -> Event:
+    """The event in `row`; strict (for a claim), a payload that does not decode raises."""
+    payload = _loads(row[3]) if strict else _shown(row[3])
+    return Event(row[0], row[1], row[2], payload, row[4], row[5], row[6], row[7],
                  row[8], row[9], row[10], row[11], row[12])
 
 
 def timer_from_row(row: Sequence[Any]) -> Timer:
     key = (row[5], row[6]) if row[5] is not None else None
-    return Timer(row[0], row[1], row[2], row[3], _loads(row[4]), key, row[7], row[8], row[9],
-                 row[10])
+    payload = _shown(row[4])  # the scheduler sets aside a timer whose payload does not decode
+    return Timer(row[0], row[1], row[2], row[3], payload, key, row[7], row[8], row[9],
+                 row[10], row[11])
+
+
+def _is_int(value: Any, low: int, high: int) -> bool:
+    return type(value) is int and low <= value <= high
+
+
+def _set_aside_counted(db: sqlite3.Connection) -> None:
+    db.execute("INSERT INTO meta(key, value) VALUES ('set_aside', 1) "
+               "ON CONFLICT(key) DO UPDATE SET value = coalesce(value, 0) + 1")
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _placeholders(values: Sequence[Any]) -> str:
@@ -95,8 +127,38 @@ def ingest_many(db: sqlite3.Connection,
     """Dedupe on (source, source_id): store each new event, report duplicates as False.
 
     Items that arrived together share this one transaction (group commit); a refused item
-    (budget) gets its own exception and does not fail its neighbours.
+    (budget, or a value the database refuses) gets its own exception and does not fail its
+    neighbours: if the group fails as a whole, each item is retried alone.
     """
+    if len(items) == 1:
+        return _ingest_items(db, items)
+    db.execute("SAVEPOINT intake_group")
+    try:
+        results = _ingest_items(db, items)
+        db.execute("RELEASE intake_group")
+        return results
+    except Exception:  # noqa: BLE001 - retried item by item just below
+        db.execute("ROLLBACK TO intake_group")
+        db.execute("RELEASE intake_group")
+    results = []
+    for item in items:
+        db.execute("SAVEPOINT intake_item")
+        try:
+            [result] = _ingest_items(db, [item])
+            db.execute("RELEASE intake_item")
+        except Exception as exc:  # noqa: BLE001 - this item's own error, given to its caller
+            db.execute("ROLLBACK TO intake_item")
+            db.execute("RELEASE intake_item")
+            result = exc if isinstance(exc, InboxError) else \
+                InboxError(f"event not stored: {_reason(exc)}") if isinstance(
+                    exc, sqlite3.OperationalError) else BadInput(f"event not stored: "
+                                                                  f"{_reason(exc)}")
+        results.append(result)
+    return results
+
+
+def _ingest_items(db: sqlite3.Connection,
+                  items: Sequence[tuple[str, str, str, int]]) -> list[bool | Exception]:
     settings = load_settings(db)
     if settings.max_pending is None and len(items) > 1:
         return _ingest_group(db, items, settings)
@@ -197,6 +259,11 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
                    "VALUES (1, ?, NULL, ?, 'first')", (holder, now))
         return 1
     current, gen, until = row
+    if not _is_int(gen, 1, 1 << 62):  # a lease row edited by hand: continue its history
+        gen = db.execute("SELECT coalesce(max(gen), 0) FROM lease_history").fetchone()[0]
+        until = now - 1
+    elif not _is_int(until, -1, MAX_TIME + MAX_DURATION):
+        until = now - 1  # an expiry that is not a time has expired: a takeover follows
     if until >= now:
         if current != holder:
             return None
@@ -213,7 +280,8 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
 
 def holds(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
     row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
-    return row is not None and row[0] == holder and row[1] == gen and row[2] >= now
+    return row is not None and row[0] == holder and row[1] == gen and \
+        type(row[2]) is int and row[2] >= now
 
 
 def refuse(db: sqlite3.Connection, what: str, holder: str, gen: int, now: int,
@@ -261,18 +329,25 @@ def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list
     if settings.max_runs_per_day is not None and runs_since(db, now - DAY) >= \
             settings.max_runs_per_day:
         return []  # budget: excess runs are delayed until the day's window frees a slot
-    retried = db.execute(
-        "SELECT id FROM events WHERE status = 'pending' AND attempts > 0 AND available_at <= ? "
-        "ORDER BY id LIMIT 1", (now,)).fetchone()
-    if retried is not None:
-        ids = [retried[0]]  # an attempted event runs alone: a poison event harms nobody else
+    for _ in range(100):  # each round sets aside what it cannot run; a pass never stops
+        retried = db.execute(
+            "SELECT id FROM events WHERE status = 'pending' AND attempts > 0 "
+            "AND available_at <= ? ORDER BY id LIMIT 1", (now,)).fetchone()
+        if retried is not None:
+            ids = [retried[0]]  # an attempted event runs alone: a poison event harms no other
+        else:
+            ids = [r[0] for r in db.execute(
+                "SELECT id FROM events INDEXED BY events_by_status "
+                "WHERE status = 'pending' AND available_at <= ? ORDER BY id LIMIT ?",
+                (now, settings.max_batch))]
+        if not ids:
+            return []
+        events = _runnable(db, ids, now)
+        if events:
+            break
     else:
-        ids = [r[0] for r in db.execute(
-            "SELECT id FROM events INDEXED BY events_by_status "
-            "WHERE status = 'pending' AND available_at <= ? ORDER BY id LIMIT ?",
-            (now, settings.max_batch))]
-    if not ids:
         return []
+    ids = [e.id for e in events]
     run_id = db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (?,?,?,?)",
                         (holder, gen, json.dumps(ids), now)).lastrowid
     db.executemany("INSERT INTO run_events(event_id, run_id) VALUES (?, ?)",
@@ -282,8 +357,31 @@ def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list
     db.execute(f"UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = ?, "
                f"claimed_at = ?, run_id = ?, updated = ? WHERE id IN ({marks})",
                (gen, now, run_id, now, *ids))
-    return [event_from_row(r) for r in db.execute(
-        f"SELECT {EVENT_COLUMNS} FROM events WHERE id IN ({marks}) ORDER BY id", ids)]
+    return [dataclasses.replace(e, status="running", attempts=e.attempts + 1, claim_gen=gen,
+                                claimed_at=now, run_id=run_id, updated=now) for e in events]
+
+
+def _runnable(db: sqlite3.Connection, ids: Sequence[int], now: int) -> list[Event]:
+    """The events among `ids` an agent can run; the others are set aside (dead, with the
+    reason) so that one bad row never stops every claim: a pruned payload (nothing to run
+    on), a payload that is not JSON, an attempt count that is not a small integer."""
+    runnable = []
+    for row in db.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE id IN "
+                          f"({_placeholders(ids)}) ORDER BY id", list(ids)).fetchall():
+        if row[3] is None:
+            why = "its payload was pruned; there is nothing to run it on"
+        elif not _is_int(row[5], 0, MAX_COUNT):
+            why = f"attempts is {str(row[5])[:40]!r}, not a count"
+        else:
+            try:
+                runnable.append(event_from_row(row, strict=True))
+                continue
+            except ROW_ERRORS as exc:
+                why = f"its payload cannot be read ({_reason(exc)})"
+        db.execute("UPDATE events SET status = 'dead', error = ?, updated = ? WHERE id = ?",
+                   ("set aside, not run: " + why, now, row[0]))
+        _set_aside_counted(db)
+    return runnable
 
 
 def recover_lost_claims(db: sqlite3.Connection, gen: int, now: int, settings: Settings) -> int:
@@ -316,7 +414,8 @@ def bury_exhausted(db: sqlite3.Connection, now: int, settings: Settings) -> int:
     cursor = db.execute(
         "UPDATE events SET status = 'dead', updated = ?, error = 'too many attempts (' || "
         "attempts || '/' || ? || ')' || coalesce(': ' || error, '') "
-        "WHERE status = 'pending' AND attempts > 0 AND attempts >= ?",
+        "WHERE status = 'pending' AND typeof(attempts) = 'integer' AND attempts > 0 "
+        "AND attempts >= ?",
         (now, settings.max_attempts, settings.max_attempts))
     return cursor.rowcount
 
@@ -330,10 +429,16 @@ def runs_since(db: sqlite3.Connection, since: int) -> int:
 def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
            replies: Sequence[Reply], error: str | None, result: str | None,
            approvals: Sequence[ApprovalRequest], followups: Sequence[FollowUp],
-           now: int) -> bool:
-    """Commit a run's outcome and everything it produced, fenced, all or nothing."""
+           now: int, run: int | None = None) -> bool:
+    """Commit a run's outcome and everything it produced, fenced (by generation, and by run
+    when `run` is given), all or nothing."""
     if not holds(db, holder, gen, now):
         refuse(db, "finish", holder, gen, now)
+        return False
+    if run is not None and db.execute("SELECT 1 FROM runs WHERE id = ? AND gen = ? AND "
+                                      "outcome IS NULL", (run, gen)).fetchone() is None:
+        refuse(db, "finish", holder, gen, now,
+               f"run {run} is not an open run of this generation (recovered or finished)")
         return False
     settings = load_settings(db)
     if settings.max_followups_per_run is not None and \
@@ -343,7 +448,8 @@ def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
     marks = _placeholders(ids)
     rows = db.execute(
         f"SELECT id, attempts, run_id FROM events WHERE id IN ({marks}) AND status = 'running' "
-        f"AND claim_gen = ?", (*ids, gen)).fetchall()
+        f"AND claim_gen = ?" + ("" if run is None else " AND run_id = ?"),
+        (*ids, gen) if run is None else (*ids, gen, run)).fetchall()
     if not rows:
         refuse(db, "finish", holder, gen, now,
                "none of these events is still claimed by this generation")
@@ -363,11 +469,11 @@ def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
                              run_id)
         for timer in followups:
             add_timer(db, timer.timer_id, timer.due, timer.payload, timer.every, timer.key,
-                      timer.catch_up, "timer")
+                      timer.catch_up, "timer", encoded=True)  # checked and encoded by Inbox
         outcome = "done"
     else:
         for event_id, attempts, _ in rows:
-            if attempts >= settings.max_attempts:
+            if not _is_int(attempts, 0, MAX_COUNT) or attempts >= settings.max_attempts:
                 db.execute("UPDATE events SET status = 'dead', error = ?, updated = ? "
                            "WHERE id = ?",
                            (f"too many attempts ({attempts}/{settings.max_attempts}): {error}",
@@ -392,15 +498,20 @@ def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
 
 def add_timer(db: sqlite3.Connection, timer_id: str, due: int, payload: Any,
               every: int | None, key: tuple[str, str] | None, catch_up: str,
-              kind: str) -> None:
-    """Register or replace a timer's definition; what it last fired is kept."""
+              kind: str, *, encoded: bool = False) -> None:
+    """Register or replace a timer's definition (`payload` already JSON text when
+    `encoded`); what it last fired is kept, and a definition replaced by a valid one is no
+    longer set aside."""
     key_source, key_id = key if key is not None else (None, None)
+    if not encoded:
+        payload = json.dumps(payload)
     db.execute(
         "INSERT INTO timers(id, kind, due, every, catch_up, payload, key_source, key_id) "
         "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET kind = excluded.kind, "
         "due = excluded.due, every = excluded.every, catch_up = excluded.catch_up, "
-        "payload = excluded.payload, key_source = excluded.key_source, key_id = excluded.key_id",
-        (timer_id, kind, due, every, catch_up, json.dumps(payload), key_source, key_id))
+        "payload = excluded.payload, key_source = excluded.key_source, key_id = excluded.key_id, "
+        "broken = NULL",
+        (timer_id, kind, due, every, catch_up, payload, key_source, key_id))
 
 
 def cancel_timer(db: sqlite3.Connection, timer_id: str) -> bool:
@@ -410,16 +521,56 @@ def cancel_timer(db: sqlite3.Connection, timer_id: str) -> bool:
 def run_scheduler(db: sqlite3.Connection, now: int) -> int:
     """Turn every due timer into inbox events and advance it, all in this one transaction."""
     settings = load_settings(db)
-    due = [timer_from_row(r) for r in db.execute(
-        f"SELECT {TIMER_COLUMNS} FROM timers WHERE due <= ? ORDER BY due, id", (now,))]
-    for timer in due:
-        if timer.every is None:
-            _fire_once(db, timer, now)
-        elif timer.catch_up == "coalesce":
-            _fire_coalesced(db, timer, now)
-        else:
-            _fire_each(db, timer, now, settings.catch_up_limit)
+    due = db.execute(f"SELECT {TIMER_COLUMNS} FROM timers WHERE due <= ? AND broken IS NULL "
+                     f"ORDER BY due, id", (now,)).fetchall()
+    for row in due:
+        # Each timer fires in its own savepoint: a row the engine cannot process is rolled
+        # back and set aside with the reason, and the other timers still fire.
+        db.execute("SAVEPOINT fire_timer")
+        try:
+            timer = _checked_timer(row)
+            if timer.every is None:
+                _fire_once(db, timer, now)
+            elif timer.catch_up == "coalesce":
+                _fire_coalesced(db, timer, now)
+            else:
+                _fire_each(db, timer, now, settings.catch_up_limit)
+            db.execute("RELEASE fire_timer")
+        except ROW_ERRORS as exc:
+            db.execute("ROLLBACK TO fire_timer")
+            db.execute("RELEASE fire_timer")
+            db.execute("UPDATE timers SET broken = ? WHERE id = ?",
+                       ("set aside, not fired: " + _reason(exc), row[0]))
+            _set_aside_counted(db)
     return len(due)
+
+
+def _checked_timer(row: Sequence[Any]) -> Timer:
+    """The timer in `row`, or ValueError naming what no valid call could have stored."""
+    timer = timer_from_row(row)
+    if not _is_int(timer.due, 0, MAX_TIME):
+        raise ValueError(f"due is {str(timer.due)[:40]!r}, not a time")
+    if timer.every is not None and not _is_int(timer.every, 1, MAX_DURATION):
+        raise ValueError(f"every is {str(timer.every)[:40]!r}, not a duration")
+    if timer.last_fired is not None and not _is_int(timer.last_fired, 0, MAX_TIME):
+        raise ValueError(f"last_fired is {str(timer.last_fired)[:40]!r}, not a time")
+    if not _is_int(timer.overflow, 0, 1 << 62):
+        raise ValueError(f"overflow is {str(timer.overflow)[:40]!r}, not a count")
+    if timer.catch_up not in ("coalesce", "each"):
+        raise ValueError(f"catch_up is {str(timer.catch_up)[:40]!r}")
+    if isinstance(row[4], str):
+        json.loads(row[4])  # raises if the payload is not JSON
+    return timer
+
+
+def _first_unfired(timer: Timer) -> int:
+    """The first scheduled time not yet turned into an event. A recurring timer whose
+    definition was registered again (same or earlier due) keeps what it already fired, so
+    those occurrences (and their overflow) are not counted a second time."""
+    due, every = timer.due, timer.every
+    if every is not None and timer.last_fired is not None and due <= timer.last_fired:
+        due += ((timer.last_fired - due) // every + 1) * every
+    return due
 
 
 def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any) -> dict:
@@ -437,6 +588,11 @@ def _fire_once(db: sqlite3.Connection, timer: Timer, now: int) -> None:
 
 
 def _fire_coalesced(db: sqlite3.Connection, timer: Timer, now: int) -> None:
+    due = _first_unfired(timer)
+    if due > now:
+        db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer.id))
+        return
+    timer = dataclasses.replace(timer, due=due)
     missed = (now - timer.due) // timer.every  # occurrences before the latest one
     latest = timer.due + missed * timer.every
     _insert_event(db, "timer", f"{timer.id}@{latest}",
@@ -446,6 +602,11 @@ def _fire_coalesced(db: sqlite3.Connection, timer: Timer, now: int) -> None:
 
 
 def _fire_each(db: sqlite3.Connection, timer: Timer, now: int, limit: int) -> None:
+    due = _first_unfired(timer)
+    if due > now:
+        db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer.id))
+        return
+    timer = dataclasses.replace(timer, due=due)
     count = (now - timer.due) // timer.every + 1
     overflow = max(count - limit, 0)
     first = timer.due + overflow * timer.every  # the newest `limit` occurrences get events
@@ -460,7 +621,10 @@ def _fire_each(db: sqlite3.Connection, timer: Timer, now: int, limit: int) -> No
 
 
 def next_timer_due(db: sqlite3.Connection) -> int | None:
-    return db.execute("SELECT min(due) FROM timers").fetchone()[0]
+    """The earliest due of the timers the scheduler can fire (set-aside ones never fire)."""
+    due = db.execute("SELECT min(due) FROM timers WHERE broken IS NULL "
+                     "AND typeof(due) = 'integer'").fetchone()[0]
+    return due
 
 
 # --- approvals ------------------------------------------------------------------------------
@@ -496,7 +660,8 @@ def answer_approval(db: sqlite3.Connection, request_id: str, answer: str, now: i
         audit(db, now, actor, f"answer {answer}", f"approval {request_id}", approval.answer,
               approval.answer, False, reason or "already answered")
         return approval.answer
-    if now >= approval.due:
+    if not _is_int(approval.due, 0, MAX_TIME + MAX_DURATION) or now >= approval.due:
+        # (a deadline that is not a time, written by hand, counts as passed)
         _expire(db, request_id, now, actor)
         audit(db, now, actor, f"answer {answer}", f"approval {request_id}", "waiting",
               "expired", False, reason or f"too late: deadline was {approval.due}")
@@ -543,13 +708,47 @@ def _store_answer(db: sqlite3.Connection, approval: Approval, answer: str, now: 
 
 # --- outbox ---------------------------------------------------------------------------------
 
+DELIVERY_STATES = ("sending", "failed", "sent", "dead", "uncertain")
+SETTLE_OUTCOMES = ("sent", "send again")
+# An at-most-once delivery still 'sending' after its send_timeout was cut off mid-send: it
+# may or may not have gone out. It is never sent again by itself; an operator settles it.
+# (The IN term lets SQLite use the partial index of open deliveries, never a scan.)
+_UNCERTAIN = ("status IN ('sending', 'failed') AND status = 'sending' AND at_most_once = 1 "
+              "AND retry_after < ?")
+
+
 def begin_delivery(db: sqlite3.Connection, now: int,
-                   flush: bool) -> tuple[int, str, str, int] | None:
+                   flush: bool) -> tuple[int, str, str, int, int] | None:
     """Pick what the next send carries and mark it sending; None when nothing may go now.
 
-    Returns (delivery id, idempotency key, text, message count). The send itself happens
-    after this transaction commits.
+    Returns (delivery id, idempotency key, text, message count, attempt). The send itself
+    happens after this transaction commits; its outcome is recorded only for this attempt.
     """
+    for _ in range(100):  # each round sets aside a delivery it cannot send
+        try:
+            db.execute("SAVEPOINT begin_delivery")
+            picked = _begin_delivery(db, now, flush)
+            db.execute("RELEASE begin_delivery")
+            return picked
+        except _BrokenDelivery as exc:
+            db.execute("ROLLBACK TO begin_delivery")
+            db.execute("RELEASE begin_delivery")
+            db.execute("UPDATE deliveries SET status = 'dead', broken = ?, last_error = ? "
+                       "WHERE id = ?", (exc.why, exc.why, exc.delivery_id))
+            db.execute("UPDATE outbox SET status = 'dead' WHERE delivery_id = ?",
+                       (exc.delivery_id,))
+            _set_aside_counted(db)
+    return None
+
+
+class _BrokenDelivery(Exception):
+    def __init__(self, delivery_id: int, why: str) -> None:
+        super().__init__(why)
+        self.delivery_id, self.why = delivery_id, why
+
+
+def _begin_delivery(db: sqlite3.Connection, now: int,
+                    flush: bool) -> tuple[int, str, str, int, int] | None:
     settings = load_settings(db)
     held = bool(get_meta(db, "outbox_held"))
     if held and not flush:
@@ -561,7 +760,19 @@ def begin_delivery(db: sqlite3.Connection, now: int,
         delivery_id = retry[0]
         db.execute("UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
                    "retry_after = ? WHERE id = ?", (now + settings.send_timeout, delivery_id))
+        attempt = db.execute("SELECT attempts FROM deliveries WHERE id = ?",
+                             (delivery_id,)).fetchone()[0]
+        if not _is_int(attempt, 1, MAX_COUNT):
+            raise _BrokenDelivery(delivery_id, f"set aside, not sent: attempts is "
+                                               f"{str(attempt)[:40]!r}, not a count")
     else:
+        # A message row no valid call could have written (a body that is not text) is set
+        # aside before it joins a delivery: it would fail every send of its neighbours.
+        for (bad,) in db.execute("SELECT id FROM outbox WHERE status = 'held' AND delivery_id "
+                                 "IS NULL AND typeof(body) <> 'text'").fetchall():
+            db.execute("UPDATE outbox SET status = 'dead' WHERE id = ?", (bad,))
+            _set_aside_counted(db)
+        attempt = 1
         last = get_meta(db, "last_paced_send")
         paced = flush or last is None or now >= last + settings.outbox_gap
         waiting = ("status = 'held' AND delivery_id IS NULL" +
@@ -578,19 +789,33 @@ def begin_delivery(db: sqlite3.Connection, now: int,
             set_meta(db, "last_paced_send", now)
     bodies = [r[0] for r in db.execute(
         "SELECT body FROM outbox WHERE delivery_id = ? ORDER BY id", (delivery_id,))]
-    return delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies)
+    if not bodies or not all(isinstance(body, str) for body in bodies):
+        raise _BrokenDelivery(delivery_id, "set aside, not sent: its messages are missing or "
+                                           "not text")
+    return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies),
+            attempt)
 
 
 def delivery_key(db: sqlite3.Connection, delivery_id: int) -> str:
     return f"onwatch-{get_meta(db, 'uid')}-{delivery_id}"
 
 
-def end_delivery(db: sqlite3.Connection, delivery_id: int, error: str | None,
+def end_delivery(db: sqlite3.Connection, delivery_id: int, attempt: int, error: str | None,
                  now: int) -> bool:
-    """Record a send's outcome; a failed one stays held for the next dispatch, or dies."""
+    """Record a send's outcome, owned by the attempt that made it: a failed one stays held
+    for the next dispatch, or dies. A late outcome (another dispatcher re-sent meanwhile,
+    or an operator settled it) is refused and audited like a stale generation."""
     settings = load_settings(db)
-    attempts, at_most_once = db.execute(
-        "SELECT attempts, at_most_once FROM deliveries WHERE id = ?", (delivery_id,)).fetchone()
+    row = db.execute("SELECT status, attempts, at_most_once FROM deliveries WHERE id = ?",
+                     (delivery_id,)).fetchone()
+    if row is None or row[0] != "sending" or row[1] != attempt:
+        seen = "no such delivery" if row is None else f"{row[0]}, attempt {row[1]}"
+        audit(db, now, "dispatcher", f"refused {'sent' if error is None else 'failed'}",
+              f"delivery {delivery_id}", seen, None, False,
+              f"late outcome of attempt {attempt}: the delivery is {seen} now")
+        _bump(db, "refused_writes")
+        return False
+    _, attempts, at_most_once = row
     if error is None:
         db.execute("UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = NULL "
                    "WHERE id = ?", (now, delivery_id))
@@ -606,9 +831,58 @@ def end_delivery(db: sqlite3.Connection, delivery_id: int, error: str | None,
     return False
 
 
+def settle_delivery(db: sqlite3.Connection, delivery_id: int, outcome: str, expect: str,
+                    now: int, actor: str, reason: str | None) -> bool:
+    """An operator settles an uncertain delivery: 'sent' (it went out) or 'send again' (its
+    messages go back to the outbox, for a new delivery under a new key). Applied only if the
+    delivery is uncertain and in the state the operator saw; audited either way."""
+    before = delivery_state(db, delivery_id, now)
+    applied = before == "uncertain" and before == expect
+    if applied and outcome == "sent":
+        db.execute("UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = ? "
+                   "WHERE id = ?", (now, f"uncertain; marked sent by {actor}", delivery_id))
+        db.execute("UPDATE outbox SET status = 'sent' WHERE delivery_id = ?", (delivery_id,))
+    elif applied:
+        db.execute("UPDATE deliveries SET status = 'dead', last_error = ? WHERE id = ?",
+                   (f"uncertain; its messages sent again by {actor}", delivery_id))
+        db.execute("UPDATE outbox SET delivery_id = NULL WHERE delivery_id = ? "
+                   "AND status = 'held'", (delivery_id,))
+    why = reason
+    if not applied:
+        why = ("no such delivery" if before is None else
+               f"changed meanwhile: it is {before} now, not {expect}" if before != expect else
+               f"only an uncertain delivery can be settled (this one is {before})")
+    after = ("sent" if outcome == "sent" else "sent again") if applied else before
+    audit(db, now, actor, f"delivery {outcome}", f"delivery {delivery_id}", before, after,
+          applied, why)
+    return applied
+
+
+def delivery_state(db: sqlite3.Connection, delivery_id: int, now: int) -> str | None:
+    row = db.execute("SELECT status, at_most_once, retry_after FROM deliveries WHERE id = ?",
+                     (delivery_id,)).fetchone()
+    if row is None:
+        return None
+    return _shown_status(row[0], row[1], row[2], now)
+
+
+def _shown_status(status: str, at_most_once: Any, retry_after: Any, now: int | None) -> str:
+    if status == "sending" and at_most_once and now is not None and \
+            isinstance(retry_after, int) and retry_after < now:
+        return "uncertain"
+    return status
+
+
+def uncertain_deliveries(db: sqlite3.Connection, now: int, limit: int) -> list[Delivery]:
+    ids = [r[0] for r in db.execute(f"SELECT id FROM deliveries WHERE {_UNCERTAIN} "
+                                    f"ORDER BY id LIMIT ?", (now, limit))]
+    return [d for d in deliveries(db, MAX_COUNT, now, ids)]
+
+
 def next_send_at(db: sqlite3.Connection) -> int | None:
     """When the next paced send is allowed (None when nothing is waiting)."""
-    waiting = db.execute("SELECT 1 FROM outbox WHERE status = 'held' LIMIT 1").fetchone()
+    waiting = db.execute("SELECT 1 FROM outbox WHERE status = 'held' AND delivery_id IS NULL "
+                         "LIMIT 1").fetchone()
     if waiting is None:
         return None
     last = get_meta(db, "last_paced_send")
@@ -628,6 +902,9 @@ def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Se
     before = None if row is None else row[0]
     seen = expect if expect is not None else before
     applied = before is not None and before == seen and before in allowed
+    pruned = applied and after == "pending" and db.execute(
+        "SELECT payload IS NULL FROM events WHERE id = ?", (event_id,)).fetchone()[0]
+    applied = applied and not pruned
     if applied:
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
         cursor = db.execute(
@@ -640,6 +917,8 @@ def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Se
             why = "no such event"
         elif expect is not None and before != expect:
             why = f"changed meanwhile: it is {before} now, not {expect}"
+        elif pruned:
+            why = "its payload was pruned; an agent cannot run on nothing"
         else:
             why = f"cannot {action} a {before} event (only {' or '.join(allowed)})"
     audit(db, now, actor, action, f"event {event_id}", before, after if applied else before,
@@ -660,32 +939,42 @@ def set_flag(db: sqlite3.Connection, flag: str, value: bool, action: str, now: i
 # --- effect journal -------------------------------------------------------------------------
 
 def intend_effect(db: sqlite3.Connection, holder: str, gen: int, run_id: int, name: str,
-                  detail: str, key: str | None, now: int) -> str | None:
+                  detail: str, key: str | None, now: int,
+                  event: int | None = None) -> str | None:
     """Record an effect before it happens (fenced); return its idempotency key."""
     if not holds(db, holder, gen, now):
         refuse(db, f"effect {name}", holder, gen, now)
         return None
-    if db.execute("SELECT 1 FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL",
-                  (run_id, gen)).fetchone() is None:
+    run = db.execute("SELECT event_ids FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL",
+                     (run_id, gen)).fetchone()
+    if run is None:
         refuse(db, f"effect {name}", holder, gen, now,
                f"run {run_id} is not an open run of this generation")
         return None
+    events = list(_event_ids(run[0]))
+    if event is None and len(events) == 1:
+        event = events[0]
+    elif event is None and key is None:
+        raise BadInput(f"run {run_id} has {len(events)} events; say which one effect {name!r} "
+                       f"is for (event=), so that its key does not depend on the batch")
+    elif event is not None and event not in events:
+        raise BadInput(f"event {event} is not in run {run_id}")
     if key is None:
-        key = _default_effect_key(db, run_id, name)
-    db.execute("INSERT INTO effects(run_id, name, key, state, detail, intended_at) "
-               "VALUES (?, ?, ?, 'intended', ?, ?) ON CONFLICT(run_id, key) DO NOTHING",
-               (run_id, name, key, detail, now))
+        key = _default_effect_key(db, run_id, event, name)
+    db.execute("INSERT INTO effects(run_id, name, key, state, detail, intended_at, event_id) "
+               "VALUES (?, ?, ?, 'intended', ?, ?, ?) ON CONFLICT(run_id, key) DO NOTHING",
+               (run_id, name, key, detail, now, event))
     return key
 
 
-def _default_effect_key(db: sqlite3.Connection, run_id: int, name: str) -> str:
-    """Derived from the run's events, not the run: a retry of the same batch performing the
-    same effects gets the same keys, so a tool that dedupes on them acts once."""
-    row = db.execute("SELECT event_ids FROM runs WHERE id = ?", (run_id,)).fetchone()
-    events = "-".join(str(i) for i in json.loads(row[0])) if row else f"run{run_id}"
-    nth = db.execute("SELECT count(*) FROM effects WHERE run_id = ? AND name = ?",
-                     (run_id, name)).fetchone()[0] + 1
-    return f"onwatch-{get_meta(db, 'uid')}-ev{events}-{name}-{nth}"
+def _default_effect_key(db: sqlite3.Connection, run_id: int, event: int, name: str) -> str:
+    """Derived from what the effect is for (this inbox, the event, the effect's name, and
+    how many times this run intended it for that event), never from the run or how it was
+    batched: a retry of the event, alone or in another batch, gets the same keys, so a tool
+    that dedupes on them acts once."""
+    nth = db.execute("SELECT count(*) FROM effects WHERE run_id = ? AND name = ? AND "
+                     "event_id = ?", (run_id, name, event)).fetchone()[0] + 1
+    return f"onwatch-{get_meta(db, 'uid')}-ev{event}-{name}-{nth}"
 
 
 def settle_effect(db: sqlite3.Connection, key: str, state: str, now: int) -> bool:
@@ -764,13 +1053,21 @@ def held_messages(db: sqlite3.Connection, limit: int) -> list[Message]:
         "WHERE status = 'held' ORDER BY id LIMIT ?", (limit,))]
 
 
-def deliveries(db: sqlite3.Connection, limit: int) -> list[Delivery]:
+def deliveries(db: sqlite3.Connection, limit: int, now: int | None = None,
+               ids: Sequence[int] | None = None) -> list[Delivery]:
+    """Newest first (or the given ids, oldest first); with `now`, an at-most-once delivery
+    cut off mid-send shows as 'uncertain'."""
+    where, params = "", [limit]
+    if ids is not None:
+        where, params = f"WHERE d.id IN ({_placeholders(ids)})", [*ids, limit]
     rows = db.execute(
         "SELECT d.id, d.status, d.attempts, d.created, "
         "(SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id), d.sent_at, d.last_error, "
-        "NOT d.paced FROM deliveries d ORDER BY d.id DESC LIMIT ?", (limit,)).fetchall()
-    return [Delivery(r[0], delivery_key(db, r[0]), r[1], r[2], r[3], r[4], r[5], r[6],
-                     bool(r[7])) for r in rows]
+        "NOT d.paced, d.at_most_once, d.retry_after, d.broken FROM deliveries d "
+        f"{where} ORDER BY d.id {'ASC' if ids is not None else 'DESC'} LIMIT ?",
+        params).fetchall()
+    return [Delivery(r[0], delivery_key(db, r[0]), _shown_status(r[1], r[8], r[9], now), r[2],
+                     r[3], r[4], r[5], r[10] or r[6], bool(r[7])) for r in rows]
 
 
 def audit_entries(db: sqlite3.Connection, limit: int, target: str | None) -> list[AuditEntry]:
@@ -788,8 +1085,13 @@ def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
     rows = db.execute(
         f"SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error "
         f"FROM runs WHERE id IN ({_placeholders(ids)}) ORDER BY id", ids)
-    return [Run(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], r[5], r[6], _loads(r[7]), r[8])
+    return [Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8])
             for r in rows]
+
+
+def _event_ids(text: Any) -> tuple[int, ...]:
+    ids = _shown(text)
+    return tuple(ids) if isinstance(ids, list) else ()
 
 
 def runs_for_event(db: sqlite3.Connection, event_id: int) -> list[Run]:
@@ -803,7 +1105,7 @@ def effects_for_run(db: sqlite3.Connection, run_ids: Sequence[int]) -> list[Effe
     rows = db.execute(
         f"SELECT id, run_id, name, key, state, detail, intended_at, settled_at FROM effects "
         f"WHERE run_id IN ({_placeholders(run_ids)}) ORDER BY id", list(run_ids))
-    return [Effect(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6], r[7]) for r in rows]
+    return [Effect(r[0], r[1], r[2], r[3], r[4], _shown(r[5]), r[6], r[7]) for r in rows]
 
 
 def overview(db: sqlite3.Connection, now: int) -> Overview:
@@ -811,6 +1113,8 @@ def overview(db: sqlite3.Connection, now: int) -> Overview:
     meta = dict(db.execute("SELECT key, value FROM meta"))
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
     waiting = db.execute("SELECT count(*) FROM approvals WHERE answer IS NULL").fetchone()[0]
+    uncertain = db.execute(f"SELECT count(*) FROM deliveries WHERE {_UNCERTAIN}",
+                           (now,)).fetchone()[0]
     timer_count = db.execute("SELECT count(*) FROM timers").fetchone()[0]
     runs_day = runs_since(db, now - DAY)
     pending = counts(db)
@@ -827,19 +1131,35 @@ def overview(db: sqlite3.Connection, now: int) -> Overview:
         refused_writes=meta.get("refused_writes") or 0, paused=bool(meta.get("paused")),
         outbox_held=bool(meta.get("outbox_held")), held_messages=held,
         next_send_at=next_send_at(db) if held else None, next_timer_due=next_timer_due(db),
-        waiting_approvals=waiting, runs_last_day=runs_day, budgets=budgets, timers=timer_count)
+        waiting_approvals=waiting, runs_last_day=runs_day, budgets=budgets, timers=timer_count,
+        uncertain_deliveries=uncertain, set_aside=meta.get("set_aside") or 0)
 
 
-def next_wake(db: sqlite3.Connection) -> int | None:
-    """The earliest of: next timer, next backed-off pending event, next allowed send."""
-    candidates = [
-        next_timer_due(db),
-        db.execute("SELECT min(available_at) FROM events INDEXED BY events_pending_available "
-                   "WHERE status = 'pending'").fetchone()[0],
-        next_send_at(db),
-        # A send that a crashed dispatcher left half-done may be retried from then on.
-        db.execute("SELECT min(retry_after) + 1 FROM deliveries WHERE status = 'sending' "
-                   "AND at_most_once = 0").fetchone()[0],
-    ]
-    known = [c for c in candidates if c is not None]
+def next_wake(db: sqlite3.Connection, now: int) -> int | None:
+    """The earliest of: next timer, next backed-off pending event, next allowed send —
+    counting only what can happen then. While the outbox is held no send is due; while
+    paused no event is; while the runs-per-day budget is used up, events wait for the
+    instant the window frees a slot. (A past instant nothing acts on would make a worker
+    wait for its next renewal instead, and a timer due meanwhile would fire late.)"""
+    settings = load_settings(db)
+    candidates = [next_timer_due(db)]
+    if not get_meta(db, "paused"):
+        pending = db.execute("SELECT min(available_at) FROM events INDEXED BY "
+                             "events_pending_available WHERE status = 'pending'").fetchone()[0]
+        limit = settings.max_runs_per_day
+        if pending is not None and limit is not None:
+            oldest_counted = db.execute(
+                "SELECT claimed_at FROM runs WHERE claimed_at > ? ORDER BY claimed_at DESC "
+                "LIMIT 1 OFFSET ?", (now - DAY, limit - 1)).fetchone()
+            if oldest_counted is not None and isinstance(oldest_counted[0], int):
+                pending = max(pending, oldest_counted[0] + DAY)
+        candidates.append(pending)
+    if not get_meta(db, "outbox_held"):
+        candidates += [
+            next_send_at(db),
+            # A send that a crashed dispatcher left half-done may be retried from then on.
+            db.execute("SELECT min(retry_after) + 1 FROM deliveries WHERE status = 'sending' "
+                       "AND at_most_once = 0").fetchone()[0],
+        ]
+    known = [c for c in candidates if type(c) is int]  # a hand-edited row: never a wake-up
     return min(known) if known else None

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
-from .clock import Clock, check_time
+from .clock import Clock, check_time, show
 from .errors import BadInput, InboxBusy, InboxError
 from .inbox import Inbox, SendFn
 from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
@@ -95,23 +95,27 @@ class RunContext:
         self._check_open()
         if not isinstance(text, str) or not text:
             raise BadInput("a reply must be a non-empty string")
-        self.messages.append(Reply(text, bool(urgent)))
+        self.messages.append(self._inbox._reply(Reply(text, bool(urgent))))
 
     def ask_approval(self, request_id: str, expires_in: int, action: str) -> None:
         """Ask a human; the answer (or expiry) comes back as event ('approval', request_id)."""
         self._check_open()
-        self.approvals.append(ApprovalRequest(request_id, expires_in, action))
+        self.approvals.append(self._inbox._approval_request(
+            ApprovalRequest(request_id, expires_in, action)))
 
     def follow_up(self, timer_id: str, due: int, payload: Any = None, every: int | None = None,
                   *, key: tuple[str, str] | None = None, catch_up: str = "coalesce") -> None:
         """Schedule a timer (committed with the finish; budget max_followups_per_run)."""
         self._check_open()
-        self.timers.append(FollowUp(timer_id, check_time(due, "due"), payload, every, key,
-                                    catch_up))
+        # Checked now (BadInput here, in the agent's code, not at the finish); the finish
+        # checks again what it commits.
+        self._inbox._followup(FollowUp(timer_id, check_time(due, "due"), payload, every, key,
+                                       catch_up))
+        self.timers.append(FollowUp(timer_id, due, payload, every, key, catch_up))
 
     @contextlib.asynccontextmanager
-    async def effect(self, name: str, detail: Any = None, *,
-                     key: str | None = None) -> AsyncIterator[str]:
+    async def effect(self, name: str, detail: Any = None, *, key: str | None = None,
+                     event: int | Event | None = None) -> AsyncIterator[str]:
         """Journal an external effect around its block; yields the idempotency key.
 
             async with ctx.effect("refund", {"amount": 5}) as key:
@@ -121,12 +125,16 @@ class RunContext:
         lease, LeaseLost is raised and the block never runs. A block that completes marks the
         effect confirmed; one that raises an Exception marks it failed. A cancelled block (the
         run was abandoned) leaves it 'intended': the operator sees it may have happened.
+
+        The default key is derived from the event the effect is for and its name, so a retry
+        of that event (alone or batched differently) gets the same key. In a run of several
+        events, say which one: `event=` (an Event or its id); BadInput otherwise.
         """
         self._check_open()
         if self.run_id is None:
             raise BadInput("this batch has no run id; effects need a claimed run")
         intended = await self._inbox.intend_effect(self.holder, self.gen, self.run_id, name,
-                                                   detail, key=key)
+                                                   detail, key=key, event=event)
         if intended is None:
             raise LeaseLost(f"lease generation {self.gen} is no longer held; effect {name!r} "
                             f"was not performed")
@@ -138,14 +146,14 @@ class RunContext:
         await _settle(self._inbox, intended, "confirmed")
 
     def perform(self, name: str, detail: Any, fn: Callable[[str], Any], *,
-                key: str | None = None) -> Any:
+                key: str | None = None, event: int | Event | None = None) -> Any:
         """Journal and perform `fn(key)` (plain or async); return what it returned.
 
         From an async agent: `await ctx.perform(...)`. From a plain-def agent (which runs in a
         thread) call it without await: it blocks until the effect is settled.
         """
         async def run() -> Any:
-            async with self.effect(name, detail, key=key) as idem:
+            async with self.effect(name, detail, key=key, event=event) as idem:
                 outcome = fn(idem)
                 if inspect.isawaitable(outcome):
                     outcome = await outcome
@@ -156,6 +164,10 @@ class RunContext:
 
     def close(self, why: str) -> None:
         self._closed = why
+
+
+def _seconds(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -199,14 +211,21 @@ class Worker:
                  max_runs: int | None = None, metrics: Any = None) -> None:
         if not callable(agent):
             raise BadInput("agent must be callable: async def agent(batch, ctx)")
-        if not 0 < poll_interval < math.inf:  # NaN too: it would make every wait a spin
+        if not _seconds(poll_interval) or not 0 < poll_interval < math.inf:  # NaN too
             raise BadInput(f"poll_interval must be a positive number of seconds, got "
-                           f"{poll_interval!r}")
-        if not 0 <= grace < math.inf:
-            raise BadInput(f"grace must be a number of seconds, got {grace!r}")
+                           f"{show(poll_interval)}")
+        if not _seconds(grace) or not 0 <= grace < math.inf:
+            raise BadInput(f"grace must be a number of seconds, got {show(grace)}")
         if max_runs is not None and (isinstance(max_runs, bool) or
                                      not isinstance(max_runs, int) or max_runs < 1):
-            raise BadInput(f"max_runs must be a positive integer or None, got {max_runs!r}")
+            raise BadInput(f"max_runs must be a positive integer or None, got {show(max_runs)}")
+        if holder is not None and (not isinstance(holder, str) or not holder or
+                                   len(holder) > 1024 or not holder.isprintable()):
+            raise BadInput(f"holder must be a short printable name, got {show(holder)}")
+        if send is not None and not callable(send):
+            raise BadInput("send must be callable (or None)")
+        if setup is not None and not callable(setup):
+            raise BadInput("setup must be callable (or None)")
         self.inbox = inbox
         self.agent = agent
         self.holder = holder or default_holder()
@@ -444,7 +463,8 @@ class Worker:
                     try:
                         accepted = await self.inbox.finish(
                             self.holder, ctx.gen, ids, messages=ctx.messages,
-                            result=ctx.result, approvals=ctx.approvals, timers=ctx.timers)
+                            result=ctx.result, approvals=ctx.approvals, timers=ctx.timers,
+                            run=ctx.run_id)
                     except BadInput as exc:  # e.g. over the follow-up budget: a failed run
                         self.stats.failed += 1
                         log.warning("run %s: outcome refused: %s", ctx.run_id, exc)
@@ -452,7 +472,7 @@ class Worker:
                         continue
                 else:
                     accepted = await self.inbox.finish(self.holder, ctx.gen, ids,
-                                                       error=error[:4000])
+                                                       error=error[:4000], run=ctx.run_id)
             except InboxBusy as exc:
                 self.stats.busy += 1
                 lease = await self._step(self.inbox.lease_info)

@@ -172,3 +172,25 @@ def summarize(action: str, outcomes: Sequence[Outcome]) -> Outcome:
         return Outcome(True, head)
     tail = "; ".join(refused[:3]) + ("; …" if len(refused) > 3 else "")
     return Outcome(applied == len(outcomes), f"{head}; {tail}")
+
+
+# action name → the outcome it records for an uncertain delivery
+DELIVERY_ACTIONS = {"mark_sent": "sent", "send_again": "send again"}
+
+
+async def delivery_action(inbox: Inbox, action: str, delivery_id: int, *, now: int,
+                          actor: str) -> Outcome:
+    """Settle one uncertain delivery (an at-most-once send cut off mid-send): mark it sent,
+    or put its messages back for a new send. Applied only while it is still uncertain."""
+    label = f"send #{delivery_id}"
+    try:
+        applied = await inbox.settle_delivery(delivery_id, DELIVERY_ACTIONS[action],
+                                              expect="uncertain", now=now, actor=actor)
+    except InboxError as exc:
+        return Outcome(False, f"{label}: not done: {exc}")
+    if applied:
+        return Outcome(True, f"{label} marked sent" if action == "mark_sent" else
+                       f"{label}: its messages are held again for a new send")
+    entries = await inbox.audit(target=f"delivery {delivery_id}", limit=1)
+    why = entries[0].reason if entries and entries[0].reason else "it is no longer uncertain"
+    return Outcome(False, f"{label}: {why}")

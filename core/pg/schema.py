@@ -17,7 +17,7 @@ MIGRATION_LOCK = 0x6F6E7774
 
 # Each entry migrates from version i to i + 1; a database at version N has run the first N.
 MIGRATIONS: tuple[str, ...] = (
-    # 1: the inboxes (the shape of SQLite schema 2, with the inbox id in every key).
+    # 1: the inboxes (the shape of SQLite schema 3, with the inbox id in every key).
     f"""
     CREATE TABLE onwatch_schema (
         id integer PRIMARY KEY CHECK (id = 1),
@@ -36,6 +36,7 @@ MIGRATIONS: tuple[str, ...] = (
         outbox_held boolean NOT NULL DEFAULT false,
         refused_writes bigint NOT NULL DEFAULT 0,
         takeovers bigint NOT NULL DEFAULT 0,
+        set_aside bigint NOT NULL DEFAULT 0, -- rows the engine could not process, set aside
         last_paced_send bigint,
         changes bigint NOT NULL DEFAULT 0, -- the change token: one more per changing commit
         lease_holder text,                 -- NULL until the first acquire
@@ -160,6 +161,7 @@ MIGRATIONS: tuple[str, ...] = (
         last_fired bigint,
         last_skipped bigint NOT NULL DEFAULT 0,
         overflow bigint NOT NULL DEFAULT 0,
+        broken text,                       -- why the scheduler set it aside (never fires)
         CHECK ((key_source IS NULL) = (key_id IS NULL)),
         CHECK (key_source IS NULL OR every IS NULL),
         PRIMARY KEY (inbox_id, id)
@@ -192,7 +194,8 @@ MIGRATIONS: tuple[str, ...] = (
         created bigint NOT NULL,
         retry_after bigint NOT NULL,       -- 'sending': another dispatcher may retry after this
         sent_at bigint,
-        last_error text
+        last_error text,
+        broken text                        -- why it was set aside, not sent
     );
     CREATE INDEX deliveries_by_inbox ON deliveries(inbox_id, id);
     CREATE INDEX deliveries_open ON deliveries(inbox_id, id) WHERE status IN ('sending', 'failed');
@@ -234,7 +237,8 @@ MIGRATIONS: tuple[str, ...] = (
         state text NOT NULL CHECK (state IN ('intended', 'confirmed', 'failed')),
         detail text,
         intended_at bigint NOT NULL,
-        settled_at bigint
+        settled_at bigint,
+        event_id bigint                    -- the event the effect is for (its key names it)
     );
     CREATE UNIQUE INDEX effects_by_run ON effects(inbox_id, run_id, key);
     CREATE INDEX effects_by_key ON effects(inbox_id, key, id);

@@ -22,24 +22,34 @@ rows of that inbox. Reads run as one REPEATABLE READ snapshot and never block wr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from ..errors import BadInput, BudgetExceeded
+import psycopg
+
+from ..clock import MAX_COUNT
+from ..errors import BadInput, BudgetExceeded, InboxError
 from ..records import (
     Approval, AuditEntry, Delivery, Effect, Event, FollowUp, Lease, LeaseChange, Message,
     Overview, Reply, Run, Timer, ApprovalRequest,
 )
 from ..settings import Settings
-from ..store import DAY, EVENT_COLUMNS, TIMER_COLUMNS, event_from_row, timer_from_row, _loads
+# Decoding and the checks of a stored row are plain Python, shared with the file backend.
+from ..store import (  # noqa: F401 - re-exported: the names the Inbox reaches through here
+    DAY, DELIVERY_STATES, EVENT_COLUMNS, ROW_ERRORS as _FILE_ROW_ERRORS, SETTLE_OUTCOMES,
+    TIMER_COLUMNS, _checked_timer, _event_ids, _first_unfired, _reason, _shown,
+    _shown_status, event_from_row, timer_from_row,
+)
 from .db import Tx
 
-__all__ = ["DAY", "EVENT_COLUMNS", "TIMER_COLUMNS", "event_from_row", "timer_from_row"]
+# What makes a stored row one the engine cannot process (set aside, the pass goes on).
+ROW_ERRORS = _FILE_ROW_ERRORS + (psycopg.DataError, psycopg.IntegrityError)
 
 # The SQLite file's `meta` keys are columns of the inbox's row here.
 META_COLUMNS = {"paused", "outbox_held", "refused_writes", "takeovers", "last_paced_send",
-                "uid"}
+                "uid", "set_aside"}
 
 
 # --- settings and flags ---------------------------------------------------------------------
@@ -75,8 +85,12 @@ def set_meta(db: Tx, key: str, value: Any) -> None:
     db.execute(f"UPDATE inboxes SET {key} = %s WHERE id = %s", (value, db.inbox))
 
 
+def _set_aside_counted(db: Tx) -> None:
+    _bump(db, "set_aside")
+
+
 def _bump(db: Tx, key: str) -> None:
-    if key not in ("refused_writes", "takeovers"):
+    if key not in ("refused_writes", "takeovers", "set_aside"):
         raise KeyError(key)
     db.execute(f"UPDATE inboxes SET {key} = {key} + 1 WHERE id = %s", (db.inbox,))
 
@@ -95,8 +109,37 @@ def ingest_many(db: Tx, items: Sequence[tuple[str, str, str, int]]) -> list[bool
     """Dedupe on (source, source_id): store each new event, report duplicates as False.
 
     Items that arrived together share this one transaction (group commit); a refused item
-    (budget) gets its own exception and does not fail its neighbours.
+    (budget, or a value the database refuses) gets its own exception and does not fail its
+    neighbours: if the group fails as a whole, each item is retried alone.
     """
+    if len(items) == 1:
+        return _ingest_items(db, items)
+    db.execute("SAVEPOINT intake_group")
+    try:
+        results = _ingest_items(db, items)
+        db.execute("RELEASE intake_group")
+        return results
+    except Exception:  # noqa: BLE001 - retried item by item just below
+        db.execute("ROLLBACK TO intake_group")
+        db.execute("RELEASE intake_group")
+    results = []
+    for item in items:
+        db.execute("SAVEPOINT intake_item")
+        try:
+            [result] = _ingest_items(db, [item])
+            db.execute("RELEASE intake_item")
+        except Exception as exc:  # noqa: BLE001 - this item's own error, given to its caller
+            db.execute("ROLLBACK TO intake_item")
+            db.execute("RELEASE intake_item")
+            result = exc if isinstance(exc, InboxError) else \
+                InboxError(f"event not stored: {_reason(exc)}") if isinstance(
+                    exc, psycopg.OperationalError) else BadInput(f"event not stored: "
+                                                                 f"{_reason(exc)}")
+        results.append(result)
+    return results
+
+
+def _ingest_items(db: Tx, items: Sequence[tuple[str, str, str, int]]) -> list[bool | Exception]:
     settings = load_settings(db)
     if settings.max_pending is None and len(items) > 1:
         return _ingest_group(db, items, settings)
@@ -261,28 +304,58 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
     if settings.max_runs_per_day is not None and runs_since(db, now - DAY) >= \
             settings.max_runs_per_day:
         return []  # budget: excess runs are delayed until the day's window frees a slot
-    retried = db.execute(
-        "SELECT id FROM events WHERE inbox_id = %s AND status = 'pending' AND attempts > 0 "
-        "AND available_at <= %s ORDER BY id LIMIT 1", (db.inbox, now)).fetchone()
-    if retried is not None:
-        ids = [retried[0]]  # an attempted event runs alone: a poison event harms nobody else
+    for _ in range(100):  # each round sets aside what it cannot run; a pass never stops
+        retried = db.execute(
+            "SELECT id FROM events WHERE inbox_id = %s AND status = 'pending' AND attempts > 0 "
+            "AND available_at <= %s ORDER BY id LIMIT 1", (db.inbox, now)).fetchone()
+        if retried is not None:
+            ids = [retried[0]]  # an attempted event runs alone: a poison event harms no other
+        else:
+            ids = [r[0] for r in db.execute(
+                "SELECT id FROM events WHERE inbox_id = %s AND status = 'pending' "
+                "AND available_at <= %s ORDER BY id LIMIT %s",
+                (db.inbox, now, settings.max_batch))]
+        if not ids:
+            return []
+        events = _runnable(db, ids, now)
+        if events:
+            break
     else:
-        ids = [r[0] for r in db.execute(
-            "SELECT id FROM events WHERE inbox_id = %s AND status = 'pending' "
-            "AND available_at <= %s ORDER BY id LIMIT %s", (db.inbox, now, settings.max_batch))]
-    if not ids:
         return []
+    ids = [e.id for e in events]
     run_id = db.execute("INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at) "
                         "VALUES (%s, %s, %s, %s, %s) RETURNING id",
                         (db.inbox, holder, gen, json.dumps(ids), now)).fetchone()[0]
     db.execute("INSERT INTO run_events(inbox_id, event_id, run_id) "
                "SELECT %s, unnest(%s::bigint[]), %s", (db.inbox, ids, run_id))
     # Attempts are counted here, at claim time: a worker that crashes never reports failure.
-    rows = db.execute(
-        f"UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = %s, "
-        f"claimed_at = %s, run_id = %s, updated = %s WHERE inbox_id = %s AND id = ANY(%s) "
-        f"RETURNING {EVENT_COLUMNS}", (gen, now, run_id, now, db.inbox, ids)).fetchall()
-    return sorted((event_from_row(r) for r in rows), key=lambda e: e.id)
+    db.execute("UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = %s, "
+               "claimed_at = %s, run_id = %s, updated = %s WHERE inbox_id = %s AND id = ANY(%s)",
+               (gen, now, run_id, now, db.inbox, ids))
+    return [dataclasses.replace(e, status="running", attempts=e.attempts + 1, claim_gen=gen,
+                                claimed_at=now, run_id=run_id, updated=now) for e in events]
+
+
+def _runnable(db: Tx, ids: Sequence[int], now: int) -> list[Event]:
+    """The events among `ids` an agent can run; the others are set aside (dead, with the
+    reason) so that one bad row never stops every claim: a pruned payload (nothing to run
+    on), a payload that is not JSON."""
+    runnable = []
+    for row in db.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE inbox_id = %s AND "
+                          f"id = ANY(%s) ORDER BY id", (db.inbox, list(ids))).fetchall():
+        if row[3] is None:
+            why = "its payload was pruned; there is nothing to run it on"
+        else:
+            try:
+                runnable.append(event_from_row(row, strict=True))
+                continue
+            except ROW_ERRORS as exc:
+                why = f"its payload cannot be read ({_reason(exc)})"
+        db.execute("UPDATE events SET status = 'dead', error = %s, updated = %s "
+                   "WHERE inbox_id = %s AND id = %s",
+                   ("set aside, not run: " + why, now, db.inbox, row[0]))
+        _set_aside_counted(db)
+    return runnable
 
 
 def recover_lost_claims(db: Tx, gen: int, now: int, settings: Settings) -> int:
@@ -331,10 +404,17 @@ def runs_since(db: Tx, since: int) -> int:
 
 def finish(db: Tx, holder: str, gen: int, ids: Sequence[int], replies: Sequence[Reply],
            error: str | None, result: str | None, approvals: Sequence[ApprovalRequest],
-           followups: Sequence[FollowUp], now: int) -> bool:
-    """Commit a run's outcome and everything it produced, fenced, all or nothing."""
+           followups: Sequence[FollowUp], now: int, run: int | None = None) -> bool:
+    """Commit a run's outcome and everything it produced, fenced (by generation, and by run
+    when `run` is given), all or nothing."""
     if not holds(db, holder, gen, now):
         refuse(db, "finish", holder, gen, now)
+        return False
+    if run is not None and db.execute(
+            "SELECT 1 FROM runs WHERE inbox_id = %s AND id = %s AND gen = %s AND outcome IS "
+            "NULL", (db.inbox, run, gen)).fetchone() is None:
+        refuse(db, "finish", holder, gen, now,
+               f"run {run} is not an open run of this generation (recovered or finished)")
         return False
     settings = load_settings(db)
     if settings.max_followups_per_run is not None and \
@@ -343,8 +423,8 @@ def finish(db: Tx, holder: str, gen: int, ids: Sequence[int], replies: Sequence[
                        f"max_followups_per_run allows {settings.max_followups_per_run}")
     rows = db.execute(
         "SELECT id, attempts, run_id FROM events WHERE inbox_id = %s AND id = ANY(%s) "
-        "AND status = 'running' AND claim_gen = %s ORDER BY id",
-        (db.inbox, list(ids), gen)).fetchall()
+        "AND status = 'running' AND claim_gen = %s AND (%s::bigint IS NULL OR run_id = %s) "
+        "ORDER BY id", (db.inbox, list(ids), gen, run, run)).fetchall()
     if not rows:
         refuse(db, "finish", holder, gen, now,
                "none of these events is still claimed by this generation")
@@ -364,11 +444,11 @@ def finish(db: Tx, holder: str, gen: int, ids: Sequence[int], replies: Sequence[
                              run_id)
         for timer in followups:
             add_timer(db, timer.timer_id, timer.due, timer.payload, timer.every, timer.key,
-                      timer.catch_up, "timer")
+                      timer.catch_up, "timer", encoded=True)  # checked and encoded by Inbox
         outcome = "done"
     else:
         for event_id, attempts, _ in rows:
-            if attempts >= settings.max_attempts:
+            if not 0 <= attempts <= MAX_COUNT or attempts >= settings.max_attempts:
                 db.execute("UPDATE events SET status = 'dead', error = %s, updated = %s "
                            "WHERE inbox_id = %s AND id = %s",
                            (f"too many attempts ({attempts}/{settings.max_attempts}): {error}",
@@ -394,17 +474,21 @@ def finish(db: Tx, holder: str, gen: int, ids: Sequence[int], replies: Sequence[
 # --- timers ---------------------------------------------------------------------------------
 
 def add_timer(db: Tx, timer_id: str, due: int, payload: Any, every: int | None,
-              key: tuple[str, str] | None, catch_up: str, kind: str) -> None:
-    """Register or replace a timer's definition; what it last fired is kept."""
+              key: tuple[str, str] | None, catch_up: str, kind: str, *,
+              encoded: bool = False) -> None:
+    """Register or replace a timer's definition (`payload` already JSON text when
+    `encoded`); what it last fired is kept, and a definition replaced by a valid one is no
+    longer set aside."""
     key_source, key_id = key if key is not None else (None, None)
+    if not encoded:
+        payload = json.dumps(payload)
     db.execute(
         "INSERT INTO timers(inbox_id, id, kind, due, every, catch_up, payload, key_source, "
         "key_id) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (inbox_id, id) DO "
         "UPDATE SET kind = excluded.kind, due = excluded.due, every = excluded.every, "
         "catch_up = excluded.catch_up, payload = excluded.payload, "
-        "key_source = excluded.key_source, key_id = excluded.key_id",
-        (db.inbox, timer_id, kind, due, every, catch_up, json.dumps(payload), key_source,
-         key_id))
+        "key_source = excluded.key_source, key_id = excluded.key_id, broken = NULL",
+        (db.inbox, timer_id, kind, due, every, catch_up, payload, key_source, key_id))
 
 
 def cancel_timer(db: Tx, timer_id: str) -> bool:
@@ -415,16 +499,27 @@ def cancel_timer(db: Tx, timer_id: str) -> bool:
 def run_scheduler(db: Tx, now: int) -> int:
     """Turn every due timer into inbox events and advance it, all in this one transaction."""
     settings = load_settings(db)
-    due = [timer_from_row(r) for r in db.execute(
-        f"SELECT {TIMER_COLUMNS} FROM timers WHERE inbox_id = %s AND due <= %s "
-        f"ORDER BY due, id", (db.inbox, now))]
-    for timer in due:
-        if timer.every is None:
-            _fire_once(db, timer, now)
-        elif timer.catch_up == "coalesce":
-            _fire_coalesced(db, timer, now)
-        else:
-            _fire_each(db, timer, now, settings.catch_up_limit)
+    due = db.execute(f"SELECT {TIMER_COLUMNS} FROM timers WHERE inbox_id = %s AND due <= %s "
+                     f"AND broken IS NULL ORDER BY due, id", (db.inbox, now)).fetchall()
+    for row in due:
+        # Each timer fires in its own savepoint: a row the engine cannot process is rolled
+        # back and set aside with the reason, and the other timers still fire.
+        db.execute("SAVEPOINT fire_timer")
+        try:
+            timer = _checked_timer(row)
+            if timer.every is None:
+                _fire_once(db, timer, now)
+            elif timer.catch_up == "coalesce":
+                _fire_coalesced(db, timer, now)
+            else:
+                _fire_each(db, timer, now, settings.catch_up_limit)
+            db.execute("RELEASE fire_timer")
+        except ROW_ERRORS as exc:
+            db.execute("ROLLBACK TO fire_timer")
+            db.execute("RELEASE fire_timer")
+            db.execute("UPDATE timers SET broken = %s WHERE inbox_id = %s AND id = %s",
+                       ("set aside, not fired: " + _reason(exc), db.inbox, row[0]))
+            _set_aside_counted(db)
     return len(due)
 
 
@@ -442,7 +537,21 @@ def _fire_once(db: Tx, timer: Timer, now: int) -> None:
     db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = %s", (db.inbox, timer.id))
 
 
+def _advance_only(db: Tx, timer: Timer, now: int) -> Timer | None:
+    """The timer from its first occurrence not fired yet; None (its due moved there) when
+    that is still to come."""
+    due = _first_unfired(timer)
+    if due > now:
+        db.execute("UPDATE timers SET due = %s WHERE inbox_id = %s AND id = %s",
+                   (due, db.inbox, timer.id))
+        return None
+    return dataclasses.replace(timer, due=due)
+
+
 def _fire_coalesced(db: Tx, timer: Timer, now: int) -> None:
+    timer = _advance_only(db, timer, now)
+    if timer is None:
+        return
     missed = (now - timer.due) // timer.every  # occurrences before the latest one
     latest = timer.due + missed * timer.every
     _insert_event(db, "timer", f"{timer.id}@{latest}",
@@ -453,6 +562,9 @@ def _fire_coalesced(db: Tx, timer: Timer, now: int) -> None:
 
 
 def _fire_each(db: Tx, timer: Timer, now: int, limit: int) -> None:
+    timer = _advance_only(db, timer, now)
+    if timer is None:
+        return
     count = (now - timer.due) // timer.every + 1
     overflow = max(count - limit, 0)
     first = timer.due + overflow * timer.every  # the newest `limit` occurrences get events
@@ -467,7 +579,8 @@ def _fire_each(db: Tx, timer: Timer, now: int, limit: int) -> None:
 
 
 def next_timer_due(db: Tx) -> int | None:
-    return db.execute("SELECT min(due) FROM timers WHERE inbox_id = %s",
+    """The earliest due of the timers the scheduler can fire (set-aside ones never fire)."""
+    return db.execute("SELECT min(due) FROM timers WHERE inbox_id = %s AND broken IS NULL",
                       (db.inbox,)).fetchone()[0]
 
 
@@ -551,12 +664,43 @@ def _store_answer(db: Tx, approval: Approval, answer: str, now: int, actor: str)
 
 # --- outbox ---------------------------------------------------------------------------------
 
-def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int] | None:
+# An at-most-once delivery still 'sending' after its send_timeout was cut off mid-send: it
+# may or may not have gone out. It is never sent again by itself; an operator settles it.
+_UNCERTAIN = ("inbox_id = %s AND status IN ('sending', 'failed') AND status = 'sending' "
+              "AND at_most_once AND retry_after < %s")
+
+
+def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, int] | None:
     """Pick what the next send carries and mark it sending; None when nothing may go now.
 
-    Returns (delivery id, idempotency key, text, message count). The send itself happens
-    after this transaction commits.
+    Returns (delivery id, idempotency key, text, message count, attempt). The send itself
+    happens after this transaction commits; its outcome is recorded only for this attempt.
     """
+    for _ in range(100):  # each round sets aside a delivery it cannot send
+        try:
+            db.execute("SAVEPOINT begin_delivery")
+            picked = _begin_delivery(db, now, flush)
+            db.execute("RELEASE begin_delivery")
+            return picked
+        except _BrokenDelivery as exc:
+            db.execute("ROLLBACK TO begin_delivery")
+            db.execute("RELEASE begin_delivery")
+            db.execute("UPDATE deliveries SET status = 'dead', broken = %s, last_error = %s "
+                       "WHERE inbox_id = %s AND id = %s",
+                       (exc.why, exc.why, db.inbox, exc.delivery_id))
+            db.execute("UPDATE outbox SET status = 'dead' WHERE inbox_id = %s AND "
+                       "delivery_id = %s", (db.inbox, exc.delivery_id))
+            _set_aside_counted(db)
+    return None
+
+
+class _BrokenDelivery(Exception):
+    def __init__(self, delivery_id: int, why: str) -> None:
+        super().__init__(why)
+        self.delivery_id, self.why = delivery_id, why
+
+
+def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, int] | None:
     settings = load_settings(db)
     held = bool(get_meta(db, "outbox_held"))
     if held and not flush:
@@ -567,10 +711,15 @@ def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int] |
         (db.inbox, now)).fetchone()
     if retry is not None:
         delivery_id = retry[0]
-        db.execute("UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
-                   "retry_after = %s WHERE inbox_id = %s AND id = %s",
-                   (now + settings.send_timeout, db.inbox, delivery_id))
+        attempt = db.execute(
+            "UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
+            "retry_after = %s WHERE inbox_id = %s AND id = %s RETURNING attempts",
+            (now + settings.send_timeout, db.inbox, delivery_id)).fetchone()[0]
+        if not 1 <= attempt <= MAX_COUNT:
+            raise _BrokenDelivery(delivery_id, f"set aside, not sent: attempts is {attempt}, "
+                                               f"not a count")
     else:
+        attempt = 1
         last = get_meta(db, "last_paced_send")
         paced = flush or last is None or now >= last + settings.outbox_gap
         waiting = ("inbox_id = %s AND status = 'held' AND delivery_id IS NULL" +
@@ -590,19 +739,31 @@ def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int] |
     bodies = [r[0] for r in db.execute(
         "SELECT body FROM outbox WHERE inbox_id = %s AND delivery_id = %s ORDER BY id",
         (db.inbox, delivery_id))]
-    return delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies)
+    if not bodies:
+        raise _BrokenDelivery(delivery_id, "set aside, not sent: its messages are missing")
+    return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies),
+            attempt)
 
 
 def delivery_key(db: Tx, delivery_id: int) -> str:
     return f"onwatch-{get_meta(db, 'uid')}-{delivery_id}"
 
 
-def end_delivery(db: Tx, delivery_id: int, error: str | None, now: int) -> bool:
-    """Record a send's outcome; a failed one stays held for the next dispatch, or dies."""
+def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now: int) -> bool:
+    """Record a send's outcome, owned by the attempt that made it: a failed one stays held
+    for the next dispatch, or dies. A late outcome (another dispatcher re-sent meanwhile,
+    or an operator settled it) is refused and audited like a stale generation."""
     settings = load_settings(db)
-    attempts, at_most_once = db.execute(
-        "SELECT attempts, at_most_once FROM deliveries WHERE inbox_id = %s AND id = %s",
-        (db.inbox, delivery_id)).fetchone()
+    row = db.execute("SELECT status, attempts, at_most_once FROM deliveries "
+                     "WHERE inbox_id = %s AND id = %s", (db.inbox, delivery_id)).fetchone()
+    if row is None or row[0] != "sending" or row[1] != attempt:
+        seen = "no such delivery" if row is None else f"{row[0]}, attempt {row[1]}"
+        audit(db, now, "dispatcher", f"refused {'sent' if error is None else 'failed'}",
+              f"delivery {delivery_id}", seen, None, False,
+              f"late outcome of attempt {attempt}: the delivery is {seen} now")
+        _bump(db, "refused_writes")
+        return False
+    _, attempts, at_most_once = row
     if error is None:
         db.execute("UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = NULL "
                    "WHERE inbox_id = %s AND id = %s", (now, db.inbox, delivery_id))
@@ -620,10 +781,52 @@ def end_delivery(db: Tx, delivery_id: int, error: str | None, now: int) -> bool:
     return False
 
 
+def settle_delivery(db: Tx, delivery_id: int, outcome: str, expect: str, now: int, actor: str,
+                    reason: str | None) -> bool:
+    """An operator settles an uncertain delivery: 'sent' (it went out) or 'send again' (its
+    messages go back to the outbox, for a new delivery under a new key). Applied only if the
+    delivery is uncertain and in the state the operator saw; audited either way."""
+    before = delivery_state(db, delivery_id, now)
+    applied = before == "uncertain" and before == expect
+    if applied and outcome == "sent":
+        db.execute("UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = %s "
+                   "WHERE inbox_id = %s AND id = %s",
+                   (now, f"uncertain; marked sent by {actor}", db.inbox, delivery_id))
+        db.execute("UPDATE outbox SET status = 'sent' WHERE inbox_id = %s AND delivery_id = %s",
+                   (db.inbox, delivery_id))
+    elif applied:
+        db.execute("UPDATE deliveries SET status = 'dead', last_error = %s "
+                   "WHERE inbox_id = %s AND id = %s",
+                   (f"uncertain; its messages sent again by {actor}", db.inbox, delivery_id))
+        db.execute("UPDATE outbox SET delivery_id = NULL WHERE inbox_id = %s AND "
+                   "delivery_id = %s AND status = 'held'", (db.inbox, delivery_id))
+    why = reason
+    if not applied:
+        why = ("no such delivery" if before is None else
+               f"changed meanwhile: it is {before} now, not {expect}" if before != expect else
+               f"only an uncertain delivery can be settled (this one is {before})")
+    after = ("sent" if outcome == "sent" else "sent again") if applied else before
+    audit(db, now, actor, f"delivery {outcome}", f"delivery {delivery_id}", before, after,
+          applied, why)
+    return applied
+
+
+def delivery_state(db: Tx, delivery_id: int, now: int) -> str | None:
+    row = db.execute("SELECT status, at_most_once, retry_after FROM deliveries "
+                     "WHERE inbox_id = %s AND id = %s", (db.inbox, delivery_id)).fetchone()
+    return None if row is None else _shown_status(row[0], row[1], row[2], now)
+
+
+def uncertain_deliveries(db: Tx, now: int, limit: int) -> list[Delivery]:
+    ids = [r[0] for r in db.execute(f"SELECT id FROM deliveries WHERE {_UNCERTAIN} "
+                                    f"ORDER BY id LIMIT %s", (db.inbox, now, limit))]
+    return deliveries(db, MAX_COUNT, now, ids)
+
+
 def next_send_at(db: Tx) -> int | None:
     """When the next paced send is allowed (None when nothing is waiting)."""
-    waiting = db.execute("SELECT 1 FROM outbox WHERE inbox_id = %s AND status = 'held' LIMIT 1",
-                         (db.inbox,)).fetchone()
+    waiting = db.execute("SELECT 1 FROM outbox WHERE inbox_id = %s AND status = 'held' "
+                         "AND delivery_id IS NULL LIMIT 1", (db.inbox,)).fetchone()
     if waiting is None:
         return None
     last = get_meta(db, "last_paced_send")
@@ -641,6 +844,10 @@ def change_event(db: Tx, event_id: int, action: str, allowed: Sequence[str],
     before = None if row is None else row[0]
     seen = expect if expect is not None else before
     applied = before is not None and before == seen and before in allowed
+    pruned = applied and after == "pending" and db.execute(
+        "SELECT payload IS NULL FROM events WHERE inbox_id = %s AND id = %s",
+        (db.inbox, event_id)).fetchone()[0]
+    applied = applied and not pruned
     if applied:
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
         cursor = db.execute(
@@ -654,6 +861,8 @@ def change_event(db: Tx, event_id: int, action: str, allowed: Sequence[str],
             why = "no such event"
         elif expect is not None and before != expect:
             why = f"changed meanwhile: it is {before} now, not {expect}"
+        elif pruned:
+            why = "its payload was pruned; an agent cannot run on nothing"
         else:
             why = f"cannot {action} a {before} event (only {' or '.join(allowed)})"
     audit(db, now, actor, action, f"event {event_id}", before, after if applied else before,
@@ -674,34 +883,41 @@ def set_flag(db: Tx, flag: str, value: bool, action: str, now: int, actor: str,
 # --- effect journal -------------------------------------------------------------------------
 
 def intend_effect(db: Tx, holder: str, gen: int, run_id: int, name: str, detail: str,
-                  key: str | None, now: int) -> str | None:
+                  key: str | None, now: int, event: int | None = None) -> str | None:
     """Record an effect before it happens (fenced); return its idempotency key."""
     if not holds(db, holder, gen, now):
         refuse(db, f"effect {name}", holder, gen, now)
         return None
-    if db.execute("SELECT 1 FROM runs WHERE inbox_id = %s AND id = %s AND gen = %s "
-                  "AND outcome IS NULL", (db.inbox, run_id, gen)).fetchone() is None:
+    run = db.execute("SELECT event_ids FROM runs WHERE inbox_id = %s AND id = %s AND gen = %s "
+                     "AND outcome IS NULL", (db.inbox, run_id, gen)).fetchone()
+    if run is None:
         refuse(db, f"effect {name}", holder, gen, now,
                f"run {run_id} is not an open run of this generation")
         return None
+    events = list(_event_ids(run[0]))
+    if event is None and len(events) == 1:
+        event = events[0]
+    elif event is None and key is None:
+        raise BadInput(f"run {run_id} has {len(events)} events; say which one effect {name!r} "
+                       f"is for (event=), so that its key does not depend on the batch")
+    elif event is not None and event not in events:
+        raise BadInput(f"event {event} is not in run {run_id}")
     if key is None:
-        key = _default_effect_key(db, run_id, name)
-    db.execute("INSERT INTO effects(inbox_id, run_id, name, key, state, detail, intended_at) "
-               "VALUES (%s, %s, %s, %s, 'intended', %s, %s) "
+        key = _default_effect_key(db, run_id, event, name)
+    db.execute("INSERT INTO effects(inbox_id, run_id, name, key, state, detail, intended_at, "
+               "event_id) VALUES (%s, %s, %s, %s, 'intended', %s, %s, %s) "
                "ON CONFLICT (inbox_id, run_id, key) DO NOTHING",
-               (db.inbox, run_id, name, key, detail, now))
+               (db.inbox, run_id, name, key, detail, now, event))
     return key
 
 
-def _default_effect_key(db: Tx, run_id: int, name: str) -> str:
-    """Derived from the run's events, not the run: a retry of the same batch performing the
-    same effects gets the same keys, so a tool that dedupes on them acts once."""
-    row = db.execute("SELECT event_ids FROM runs WHERE inbox_id = %s AND id = %s",
-                     (db.inbox, run_id)).fetchone()
-    events = "-".join(str(i) for i in json.loads(row[0])) if row else f"run{run_id}"
-    nth = db.execute("SELECT count(*) FROM effects WHERE inbox_id = %s AND run_id = %s "
-                     "AND name = %s", (db.inbox, run_id, name)).fetchone()[0] + 1
-    return f"onwatch-{get_meta(db, 'uid')}-ev{events}-{name}-{nth}"
+def _default_effect_key(db: Tx, run_id: int, event: int, name: str) -> str:
+    """Derived from what the effect is for (this inbox, the event, the effect's name, and
+    how many times this run intended it for that event), never from the run or how it was
+    batched: a retry of the event, alone or in another batch, gets the same keys."""
+    nth = db.execute("SELECT count(*) FROM effects WHERE inbox_id = %s AND run_id = %s AND "
+                     "name = %s AND event_id = %s", (db.inbox, run_id, name, event)).fetchone()[0]
+    return f"onwatch-{get_meta(db, 'uid')}-ev{event}-{name}-{nth + 1}"
 
 
 def settle_effect(db: Tx, key: str, state: str, now: int) -> bool:
@@ -783,14 +999,20 @@ def held_messages(db: Tx, limit: int) -> list[Message]:
         "WHERE inbox_id = %s AND status = 'held' ORDER BY id LIMIT %s", (db.inbox, limit))]
 
 
-def deliveries(db: Tx, limit: int) -> list[Delivery]:
+def deliveries(db: Tx, limit: int, now: int | None = None,
+               ids: Sequence[int] | None = None) -> list[Delivery]:
+    """Newest first (or the given ids, oldest first); with `now`, an at-most-once delivery
+    cut off mid-send shows as 'uncertain'."""
     rows = db.execute(
         "SELECT d.id, d.status, d.attempts, d.created, (SELECT count(*) FROM outbox o "
         "WHERE o.inbox_id = d.inbox_id AND o.delivery_id = d.id), d.sent_at, d.last_error, "
-        "NOT d.paced FROM deliveries d WHERE d.inbox_id = %s ORDER BY d.id DESC LIMIT %s",
-        (db.inbox, limit)).fetchall()
-    return [Delivery(r[0], delivery_key(db, r[0]), r[1], r[2], r[3], r[4], r[5], r[6],
-                     bool(r[7])) for r in rows]
+        "NOT d.paced, d.at_most_once, d.retry_after, d.broken FROM deliveries d "
+        "WHERE d.inbox_id = %s AND (%s::bigint[] IS NULL OR d.id = ANY(%s::bigint[])) "
+        f"ORDER BY d.id {'ASC' if ids is not None else 'DESC'} LIMIT %s",
+        (db.inbox, None if ids is None else list(ids), None if ids is None else list(ids),
+         limit)).fetchall()
+    return [Delivery(r[0], delivery_key(db, r[0]), _shown_status(r[1], r[8], r[9], now), r[2],
+                     r[3], r[4], r[5], r[10] or r[6], bool(r[7])) for r in rows]
 
 
 def audit_entries(db: Tx, limit: int, target: str | None) -> list[AuditEntry]:
@@ -808,7 +1030,7 @@ def run_records(db: Tx, ids: Iterable[int]) -> list[Run]:
     rows = db.execute(
         "SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error "
         "FROM runs WHERE inbox_id = %s AND id = ANY(%s) ORDER BY id", (db.inbox, list(ids)))
-    return [Run(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], r[5], r[6], _loads(r[7]), r[8])
+    return [Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8])
             for r in rows]
 
 
@@ -824,14 +1046,16 @@ def effects_for_run(db: Tx, run_ids: Sequence[int]) -> list[Effect]:
     rows = db.execute(
         "SELECT id, run_id, name, key, state, detail, intended_at, settled_at FROM effects "
         "WHERE inbox_id = %s AND run_id = ANY(%s) ORDER BY id", (db.inbox, list(run_ids)))
-    return [Effect(r[0], r[1], r[2], r[3], r[4], _loads(r[5]), r[6], r[7]) for r in rows]
+    return [Effect(r[0], r[1], r[2], r[3], r[4], _shown(r[5]), r[6], r[7]) for r in rows]
 
 
 def overview(db: Tx, now: int) -> Overview:
     settings = load_settings(db)
-    takeovers, refused, paused, outbox_held = db.execute(
-        "SELECT takeovers, refused_writes, paused, outbox_held FROM inboxes WHERE id = %s",
-        (db.inbox,)).fetchone()
+    takeovers, refused, paused, outbox_held, set_aside = db.execute(
+        "SELECT takeovers, refused_writes, paused, outbox_held, set_aside FROM inboxes "
+        "WHERE id = %s", (db.inbox,)).fetchone()
+    uncertain = db.execute(f"SELECT count(*) FROM deliveries WHERE {_UNCERTAIN}",
+                           (db.inbox, now)).fetchone()[0]
     held = db.execute("SELECT count(*) FROM outbox WHERE inbox_id = %s AND status = 'held'",
                       (db.inbox,)).fetchone()[0]
     waiting = db.execute("SELECT count(*) FROM approvals WHERE inbox_id = %s AND answer IS NULL",
@@ -853,20 +1077,36 @@ def overview(db: Tx, now: int) -> Overview:
         refused_writes=refused, paused=bool(paused), outbox_held=bool(outbox_held),
         held_messages=held, next_send_at=next_send_at(db) if held else None,
         next_timer_due=next_timer_due(db), waiting_approvals=waiting, runs_last_day=runs_day,
-        budgets=budgets, timers=timer_count)
+        budgets=budgets, timers=timer_count, uncertain_deliveries=uncertain,
+        set_aside=set_aside)
 
 
-def next_wake(db: Tx) -> int | None:
-    """The earliest of: next timer, next backed-off pending event, next allowed send."""
-    candidates = [
-        next_timer_due(db),
-        db.execute("SELECT min(available_at) FROM events WHERE inbox_id = %s "
-                   "AND status = 'pending'", (db.inbox,)).fetchone()[0],
-        next_send_at(db),
-        # A send that a crashed dispatcher left half-done may be retried from then on.
-        db.execute("SELECT min(retry_after) + 1 FROM deliveries WHERE inbox_id = %s "
-                   "AND status = 'sending' AND NOT at_most_once", (db.inbox,)).fetchone()[0],
-    ]
+def next_wake(db: Tx, now: int) -> int | None:
+    """The earliest of: next timer, next backed-off pending event, next allowed send —
+    counting only what can happen then (see core/store.py: nothing while paused or held;
+    events wait for the runs-per-day window)."""
+    settings = load_settings(db)
+    candidates = [next_timer_due(db)]
+    if not get_meta(db, "paused"):
+        pending = db.execute("SELECT min(available_at) FROM events WHERE inbox_id = %s "
+                             "AND status = 'pending'", (db.inbox,)).fetchone()[0]
+        limit = settings.max_runs_per_day
+        if pending is not None and limit is not None:
+            oldest_counted = db.execute(
+                "SELECT claimed_at FROM runs WHERE inbox_id = %s AND claimed_at > %s "
+                "ORDER BY claimed_at DESC LIMIT 1 OFFSET %s",
+                (db.inbox, now - DAY, limit - 1)).fetchone()
+            if oldest_counted is not None:
+                pending = max(pending, oldest_counted[0] + DAY)
+        candidates.append(pending)
+    if not get_meta(db, "outbox_held"):
+        candidates += [
+            next_send_at(db),
+            # A send that a crashed dispatcher left half-done may be retried from then on.
+            db.execute("SELECT min(retry_after) + 1 FROM deliveries WHERE inbox_id = %s "
+                       "AND status = 'sending' AND NOT at_most_once",
+                       (db.inbox,)).fetchone()[0],
+        ]
     known = [c for c in candidates if c is not None]
     return min(known) if known else None
 

@@ -86,13 +86,13 @@ class Yardstick:
         picked = self.write(store.begin_delivery, now, False)
         if picked is None:
             return 0
-        delivery_id, _key, text, count = picked
+        delivery_id, _key, text, count, attempt = picked
         error = None
         try:
             send(text)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        return count if self.write(store.end_delivery, delivery_id, error, now) else 0
+        return count if self.write(store.end_delivery, delivery_id, attempt, error, now) else 0
 
     # --- the TUI's reads ------------------------------------------------------------------
 

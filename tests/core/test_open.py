@@ -149,7 +149,7 @@ async def test_forward_migration_from_a_version_1_file_keeps_every_row(path):
         key = await box.intend_effect("W", gen, claimed.run_id, "mail", {"to": "a@b"})
         assert key is not None  # the table version 2 added works
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
     db.close()
 
 
@@ -192,3 +192,31 @@ async def test_opening_an_inbox_another_process_holds_exclusively_says_busy(path
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+
+
+async def test_forward_migration_from_a_version_2_file_adds_the_set_aside_columns(path):
+    # A file exactly as version 2 left it: a timer, a delivery and an effect in it.
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    schema.migrate(db, path, target=2)
+    db.execute("INSERT INTO timers(id, due, every, catch_up, payload) "
+               "VALUES ('tick', 10, 60, 'each', 'null')")
+    db.execute("INSERT INTO deliveries(status, attempts, paced, created, retry_after) "
+               "VALUES ('sent', 1, 1, 5, 35)")
+    db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES ('w', 1, '[1]', 5)")
+    db.execute("INSERT INTO effects(run_id, name, key, state, intended_at) "
+               "VALUES (1, 'pay', 'onwatch-x-ev1-2-3-pay-1', 'intended', 5)")
+    db.close()
+    async with await Inbox.open(path, clock=FakeClock(1_000)) as box:
+        [timer] = await box.timers()
+        assert (timer.id, timer.broken) == ("tick", None)
+        assert [d.status for d in await box.deliveries()] == ["sent"]
+        assert (await box.overview()).set_aside == 0
+        assert await box.run_scheduler() == 1  # the old timer still fires
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
+        assert db.execute("SELECT key, event_id FROM effects").fetchall() == [
+            ("onwatch-x-ev1-2-3-pay-1", None)]  # old keys stay as they were issued
+    finally:
+        db.close()

@@ -154,7 +154,7 @@ async def test_8_outbox_paces_and_coalesces(inbox):
 
 async def test_9_restart_before_claim(path, clock):
     async with await Inbox.open(path, clock=clock) as box:
-        await box.ingest("timer", "wake-1", {"tick": 1})
+        await box.ingest("cron", "wake-1", {"tick": 1})
     async with await Inbox.open(path, clock=clock) as box:
         gen = await box.acquire("W")
         assert [e.source_id for e in await box.claim_batch("W", gen)] == ["wake-1"]

@@ -179,7 +179,42 @@ async def setup_effect(inbox: Inbox) -> None:
 
 
 async def call_effect(inbox: Inbox, sent: list) -> object:
-    return await inbox.intend_effect("A", 1, 1, "refund", {"amount": 5}, now=T + 5)
+    return await inbox.intend_effect("A", 1, 1, "refund", {"amount": 5}, event=2, now=T + 5)
+
+
+async def setup_broken_timer(inbox: Inbox) -> None:
+    await setup_scheduler(inbox)
+    await inbox.add_timer("hand-edited", T - 10, None, every=60)
+    # A row no valid call could write: its next occurrence would overflow SQLite's int64.
+    await inbox._db.write(lambda db: db.execute(
+        "UPDATE timers SET every = ? WHERE id = 'hand-edited'", (2 ** 63 - 1,)))
+
+
+async def setup_uncertain(inbox: Inbox) -> None:
+    await inbox.configure(delivery="at_most_once", outbox_gap=0)
+    gen = await inbox.acquire("A", now=T)
+    await _events(inbox, 1)
+    [event] = await inbox.claim_batch("A", gen, now=T)
+    await inbox.finish("A", gen, [event.id], ["pay 5"], now=T)
+
+    async def cut_off(text):
+        raise asyncio.CancelledError  # the dispatcher dies mid-send
+
+    try:
+        await inbox.dispatch(cut_off, now=T)
+    except asyncio.CancelledError:
+        pass
+
+
+async def call_settle(inbox: Inbox, sent: list) -> object:
+    return await inbox.settle_delivery(1, "send again", now=T + 400, actor="ann")
+
+
+async def call_group_with_a_bad_item(inbox: Inbox, sent: list) -> object:
+    from core import store
+    items = [("chat", "g1", "null", T), ("", "bad", "null", T), ("chat", "g2", "null", T)]
+    results = await inbox._db.write(store.ingest_many, items)
+    return [r if isinstance(r, bool) else type(r).__name__ for r in results]
 
 
 PATHS = [
@@ -194,6 +229,9 @@ PATHS = [
     Path("acquire", setup_acquire, call_acquire),
     Path("cancel", setup_ingest, call_requeue),
     Path("intend-effect", setup_effect, call_effect),
+    Path("scheduler-sets-a-row-aside", setup_broken_timer, call_scheduler),
+    Path("settle-uncertain-delivery", setup_uncertain, call_settle),
+    Path("group-with-a-bad-item", setup_ingest, call_group_with_a_bad_item),
 ]
 
 

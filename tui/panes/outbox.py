@@ -23,6 +23,8 @@ class OutboxState:
     next_send_at: int | None
     held: bool  # the operator holds the outbox: paced sends wait
     gap: int
+    # at-most-once sends cut off mid-send: maybe delivered, never re-sent by themselves
+    uncertain: tuple[Delivery, ...] = ()
 
 
 class OutboxPane(Pane):
@@ -52,8 +54,12 @@ class OutboxPane(Pane):
         needle = (window.search or "").lower()
         shown = tuple(m for m in held if needle in m.body.lower())
         sends = tuple(await inbox.deliveries(limit=cls.SENDS))
+        uncertain = tuple(await inbox.uncertain_deliveries(limit=cls.SENDS)) \
+            if getattr(overview, "uncertain_deliveries", 0) else ()
+        listed = {d.id for d in sends}
+        sends = tuple(d for d in uncertain if d.id not in listed) + sends  # never scrolled off
         state = OutboxState(sends, overview.next_send_at, overview.outbox_held,
-                            inbox.settings.outbox_gap)
+                            inbox.settings.outbox_gap, uncertain)
         return PaneData(shown, overview.held_messages, len(held) >= window.limit, state)
 
     def compose(self):
@@ -95,6 +101,11 @@ class OutboxPane(Pane):
         if state is None:
             return
         parts: list[str | Text] = [f"{self.data.total:,} held"]
+        if state.uncertain:
+            count = len(state.uncertain)
+            parts.append(Text(f" · {count} UNCERTAIN send{'s' if count != 1 else ''} (cut off "
+                              f"mid-send: may or may not have gone out; never re-sent by "
+                              f"itself — settle: mark sent or send again)", style="bold"))
         if state.held:
             parts.append(" · HELD by the operator: nothing goes out until released (o) "
                          "or sent now (s)")
@@ -113,7 +124,8 @@ class OutboxPane(Pane):
         table.clear()
         for d in state.deliveries if state else ():
             note = safe_text(d.last_error, limit=200)
-            table.add_row(Text(f"#{d.id}"), Text(d.status + (" !" if d.urgent else "")),
+            table.add_row(Text(f"#{d.id}"), Text(d.status + (" !" if d.urgent else ""),
+                                                 style="bold" if d.status == "uncertain" else ""),
                           Text(str(d.message_count)), self._sent_when(d, now),
                           Text(str(d.attempts)), note, key=str(d.id))
 

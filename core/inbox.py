@@ -637,8 +637,8 @@ class Inbox:
         answer that stands: 'yes', 'no', 'expired', or 'unknown'."""
         if answer not in ("yes", "no"):
             raise BadInput(f"answer must be 'yes' or 'no', got {show(answer)}")
-        return await self._write(self._sql.answer_approval, _text("request_id", request_id), answer,
-                                 self._now(now), _actor(actor), _reason(reason))
+        return await self._write(self._sql.answer_approval, _text("request_id", request_id),
+                                 answer, self._now(now), _actor(actor), _reason(reason))
 
     async def expire_approval(self, request_id: str, *, now: int | None = None,
                               actor: str = "operator", reason: str | None = None) -> str:

@@ -10,7 +10,7 @@ import os
 import sqlite3
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
-from . import store
+from . import pg, store
 from .clock import (
     MAX_COUNT, MAX_ID, Clock, SystemClock, check_duration, check_int, check_time, show,
 )
@@ -35,8 +35,8 @@ RESERVED_TIMER_PREFIXES = ("approval:",)
 SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 
 
-def _ingest_all_or_none(db: sqlite3.Connection, batch: list[tuple]) -> list[bool]:
-    results = store.ingest_many(db, batch)
+def _ingest_all_or_none(db: sqlite3.Connection, batch: list[tuple], sql=store) -> list[bool]:
+    results = sql.ingest_many(db, batch)
     for result in results:
         if isinstance(result, Exception):
             raise result  # rolls the whole batch back
@@ -194,8 +194,9 @@ class _GroupCommit:
 
     KNOWN_KEYS = 65_536  # keys remembered for the duplicate fast path (oldest forgotten first)
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, sql=store) -> None:
         self._db = db
+        self._sql = sql
         self._queue: list[tuple[tuple, asyncio.Future]] = []
         self._in_flight = False  # a transaction of ours is queued or running on the thread
         self._flush_soon = False  # a _flush is scheduled for the end of this loop iteration
@@ -240,7 +241,7 @@ class _GroupCommit:
         self._in_flight = True
         self._storm = len(batch) > 1
         try:
-            self._db.write_soon(store.ingest_many, ([item for item, _ in batch],),
+            self._db.write_soon(self._sql.ingest_many, ([item for item, _ in batch],),
                                 lambda results, error: self._done(batch, results, error))
         except BaseException as exc:  # closed: nothing was sent
             self._in_flight = False
@@ -292,23 +293,42 @@ class _GroupCommit:
 class Inbox:
     """One durable inbox (one SQLite file). Open with `await Inbox.open(path)`."""
 
-    def __init__(self, db: Database, clock: Clock, settings: Settings) -> None:
+    def __init__(self, db: Database, clock: Clock, settings: Settings, sql=store) -> None:
         self._db = db
+        self._sql = sql  # the backend's SQL module: core/self._sql.py or core/pg/self._sql.py
         self.clock = clock
         self._settings = settings
-        self._intake = _GroupCommit(db)
+        self._intake = _GroupCommit(db, sql)
 
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, path: str | os.PathLike, *, clock: Clock | None = None,
-                   create: bool = True, busy_timeout: float = 5.0,
+    async def open(cls, path: str | os.PathLike, *, name: str = "default",
+                   clock: Clock | None = None, create: bool = True, busy_timeout: float = 5.0,
                    connection_factory: type[sqlite3.Connection] | None = None) -> "Inbox":
         """Open the inbox at `path`, creating or migrating its schema.
 
-        Raises NotAnInbox (leaving the file untouched) for a missing file when
-        `create=False`, a foreign or corrupt file, or one from a newer schema.
+        `path` is a file (SQLite: the file is the inbox, `name` stays "default") or a
+        `postgresql://` URL (one database holds many inboxes; `name` picks one, created on
+        first open unless create=False). Raises NotAnInbox (leaving the file or database
+        untouched) for a missing inbox when `create=False`, a foreign or corrupt file or
+        database, or one from a newer schema.
         """
+        if pg.is_url(path):
+            if not isinstance(create, bool):
+                raise BadInput(f"create must be True or False, got {show(create)}")
+            if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) \
+                    or not 0 < busy_timeout <= 86_400:  # NaN too
+                raise BadInput(f"busy_timeout must be a positive number of seconds, got "
+                               f"{show(busy_timeout)}")
+            from .pg import db as pg_db, store as pg_store  # psycopg only when asked for
+            pg_database = await pg_db.Database.open(path, name=_text("inbox name", name),
+                                                    create=create, busy_timeout=busy_timeout)
+            settings = await pg_database.read(pg_store.load_settings)
+            return cls(pg_database, clock or SystemClock(), settings, pg_store)
+        if name != "default":
+            raise BadInput(f"name picks an inbox of a PostgreSQL database; a file is one "
+                           f"inbox (got name={show(name)} for a file)")
         if not isinstance(path, (str, os.PathLike)):
             raise BadInput(f"path must be a file path, got {type(path).__name__}")
         try:
@@ -343,6 +363,11 @@ class Inbox:
     def path(self) -> str:
         return self._db.path
 
+    @property
+    def name(self) -> str:
+        """Which inbox of its database this is ("default" for a file, which is one inbox)."""
+        return getattr(self._db, "name", "default")
+
     def now(self) -> int:
         """The inbox's clock (wall clock unless one was injected at open)."""
         return self.clock.now()
@@ -361,7 +386,7 @@ class Inbox:
         """A value that differs whenever anything committed since it was last read: another
         connection (PRAGMA data_version) or this Inbox itself (the connection's change
         count). One cheap call, no table read: what an idle poller compares."""
-        return await self._db.call(_change_token)
+        return await self._db.call(getattr(self._sql, "change_token", _change_token))
 
     @property
     def wake(self) -> Wake:
@@ -377,14 +402,14 @@ class Inbox:
         return self._settings
 
     async def reload_settings(self) -> Settings:
-        self._settings = await self._db.read(store.load_settings)
+        self._settings = await self._db.read(self._sql.load_settings)
         return self._settings
 
     async def configure(self, **changes: Any) -> Settings:
         """Validate and store setting changes; raise BadInput (writing nothing) on a bad one."""
         def apply(db: sqlite3.Connection) -> Settings:
-            updated = store.load_settings(db).replace(changes)
-            store.store_settings(db, updated)
+            updated = self._sql.load_settings(db).replace(changes)
+            self._sql.store_settings(db, updated)
             return updated
         Settings().replace(changes)  # fail fast, before taking the write lock
         self._settings = await self._write(apply)
@@ -424,35 +449,35 @@ class Inbox:
                           _encode(payload, self._settings.max_payload_bytes), when))
         if not batch:
             return []
-        return await self._write(_ingest_all_or_none, batch)
+        return await self._write(_ingest_all_or_none, batch, self._sql)
 
     async def prune_payloads(self, older_than: int, *, now: int | None = None) -> int:
         """Drop payloads of done/cancelled events last changed before `older_than`; the
         dedupe keys stay. Returns how many were pruned."""
-        return await self._write(store.prune_payloads, check_time(older_than, "older_than"),
+        return await self._write(self._sql.prune_payloads, check_time(older_than, "older_than"),
                                  self._now(now))
 
     # --- lease ----------------------------------------------------------------------------
 
     async def acquire(self, holder: str, *, now: int | None = None) -> int | None:
         """Take or renew the lease; return its generation, or None if another holds it."""
-        return await self._write(store.acquire, _text("holder", holder), self._now(now))
+        return await self._write(self._sql.acquire, _text("holder", holder), self._now(now))
 
     async def renew(self, holder: str, gen: int, *, now: int | None = None) -> bool:
         """Extend the lease for exactly this unexpired generation (fenced)."""
-        return await self._write(store.renew, _text("holder", holder), _positive("gen", gen),
+        return await self._write(self._sql.renew, _text("holder", holder), _positive("gen", gen),
                                  self._now(now))
 
     async def release(self, holder: str, gen: int, *, now: int | None = None) -> bool:
         """Hand the lease back; a successor may take over at once (next generation)."""
-        return await self._write(store.release, _text("holder", holder),
+        return await self._write(self._sql.release, _text("holder", holder),
                                  _positive("gen", gen), self._now(now))
 
     # --- runs -----------------------------------------------------------------------------
 
     async def claim_batch(self, holder: str, gen: int, *, now: int | None = None) -> list[Event]:
         """Claim the next run's events (see SPEC 1.3); [] unless this generation holds."""
-        return await self._write(store.claim_batch, _text("holder", holder),
+        return await self._write(self._sql.claim_batch, _text("holder", holder),
                                  _positive("gen", gen), self._now(now))
 
     async def finish(self, holder: str, gen: int, ids: Sequence[int],
@@ -486,7 +511,7 @@ class Inbox:
                                "or timers")
         encoded = None if result is None else _encode(result, self._settings.max_payload_bytes,
                                                       "result")
-        return await self._write(store.finish, holder, gen, ids, replies, error, encoded,
+        return await self._write(self._sql.finish, holder, gen, ids, replies, error, encoded,
                                  approvals, timers, self._now(now), run)
 
     def _reply(self, message: object) -> Reply:
@@ -533,7 +558,7 @@ class Inbox:
         if isinstance(event, Event):
             event = event.id
         return await self._write(
-            store.intend_effect, _text("holder", holder), _positive("gen", gen),
+            self._sql.intend_effect, _text("holder", holder), _positive("gen", gen),
             _positive("run_id", run_id), _text("effect name", name, limit=200),
             _encode(detail, self._settings.max_payload_bytes, "detail"),
             None if key is None else _text("key", key), self._now(now),
@@ -544,13 +569,13 @@ class Inbox:
         """Record that an intended effect happened ('confirmed') or did not ('failed')."""
         if state not in ("confirmed", "failed"):
             raise BadInput(f"state must be 'confirmed' or 'failed', got {show(state)}")
-        return await self._write(store.settle_effect, _text("key", key), state, self._now(now))
+        return await self._write(self._sql.settle_effect, _text("key", key), state, self._now(now))
 
     async def effects(self, event_id: int) -> list[Effect]:
         """The effect journal of every run that claimed this event."""
         def read(db: sqlite3.Connection) -> list[Effect]:
-            runs = store.runs_for_event(db, _event_id(event_id))
-            return store.effects_for_run(db, [r.id for r in runs]) if runs else []
+            runs = self._sql.runs_for_event(db, _event_id(event_id))
+            return self._sql.effects_for_run(db, [r.id for r in runs]) if runs else []
         return await self._db.read(read)
 
     # --- timers ---------------------------------------------------------------------------
@@ -578,20 +603,20 @@ class Inbox:
         """Register (or replace the definition of) a timer. Each occurrence becomes an event
         keyed `timer_id@scheduled_time`, or `key` for a one-off."""
         encoded = self._check_timer(timer_id, due, payload, every, key, catch_up)
-        await self._write(lambda db: store.add_timer(db, timer_id, due, encoded, every, key,
+        await self._write(lambda db: self._sql.add_timer(db, timer_id, due, encoded, every, key,
                                                      catch_up, "timer", encoded=True))
 
     async def cancel_timer(self, timer_id: str) -> bool:
         """Remove a timer; False if there was none. An approval's expiry cannot be cancelled
         here (BadInput): answer or expire the approval instead."""
-        return await self._write(store.cancel_timer, _timer_id(timer_id))
+        return await self._write(self._sql.cancel_timer, _timer_id(timer_id))
 
     async def run_scheduler(self, *, now: int | None = None) -> int:
         """Turn due timers into inbox events (one transaction); return how many were due."""
-        return await self._write(store.run_scheduler, self._now(now))
+        return await self._write(self._sql.run_scheduler, self._now(now))
 
     async def next_timer_due(self) -> int | None:
-        return await self._db.call(store.next_timer_due)
+        return await self._db.call(self._sql.next_timer_due)
 
     async def next_wake(self, *, now: int | None = None) -> int | None:
         """The earliest instant something becomes due: a timer, a backed-off event, or a
@@ -601,7 +626,7 @@ class Inbox:
         event while paused, and while the runs-per-day budget is used up, the instant its
         window frees a slot. So the answer is never a past instant that nothing will act on.
         """
-        return await self._db.read(store.next_wake, self._now(now))
+        return await self._db.read(self._sql.next_wake, self._now(now))
 
     # --- approvals ------------------------------------------------------------------------
 
@@ -609,7 +634,7 @@ class Inbox:
                                now: int | None = None) -> Approval:
         """Ask a human; the answer or the expiry comes back as event ('approval', request_id).
         Asking again for the same id keeps the first deadline."""
-        return await self._write(store.request_approval, _text("request_id", request_id),
+        return await self._write(self._sql.request_approval, _text("request_id", request_id),
                                  check_duration(expires_in, "expires_in"),
                                  _text("action", action, limit=10_000), self._now(now))
 
@@ -619,13 +644,13 @@ class Inbox:
         answer that stands: 'yes', 'no', 'expired', or 'unknown'."""
         if answer not in ("yes", "no"):
             raise BadInput(f"answer must be 'yes' or 'no', got {show(answer)}")
-        return await self._write(store.answer_approval, _text("request_id", request_id), answer,
-                                 self._now(now), _actor(actor), _reason(reason))
+        return await self._write(self._sql.answer_approval, _text("request_id", request_id),
+                                 answer, self._now(now), _actor(actor), _reason(reason))
 
     async def expire_approval(self, request_id: str, *, now: int | None = None,
                               actor: str = "operator", reason: str | None = None) -> str:
         """Expire a waiting request now; return the answer that stands."""
-        return await self._write(store.expire_approval, _text("request_id", request_id),
+        return await self._write(self._sql.expire_approval, _text("request_id", request_id),
                                  self._now(now), _actor(actor), _reason(reason))
 
     # --- outbox ---------------------------------------------------------------------------
@@ -642,7 +667,7 @@ class Inbox:
     async def _dispatch(self, send: SendFn, now: int, flush: bool) -> int:
         if not callable(send):
             raise BadInput("send must be callable")
-        picked = await self._write(store.begin_delivery, now, flush)
+        picked = await self._write(self._sql.begin_delivery, now, flush)
         if picked is None:
             return 0
         delivery_id, key, text, count, attempt = picked
@@ -655,7 +680,7 @@ class Inbox:
             error = f"{type(exc).__name__}: {exc}"
         # The outcome is recorded only if this attempt still owns the delivery: a send that
         # hung past send_timeout while another dispatcher re-sent must not overwrite it.
-        sent = await self._write(store.end_delivery, delivery_id, attempt, error,
+        sent = await self._write(self._sql.end_delivery, delivery_id, attempt, error,
                                  self._now(None) if now is None else now)
         return count if sent else 0
 
@@ -665,19 +690,19 @@ class Inbox:
         now = self._now(now)
         actor, reason = _actor(actor), _reason(reason)
         sent = await self._dispatch(send, now, flush=True)
-        await self._write(store.audit, now, actor, "send now", "outbox", None,
+        await self._write(self._sql.audit, now, actor, "send now", "outbox", None,
                           f"{sent} sent", sent > 0, reason)
         return sent
 
     async def hold_outbox(self, *, now: int | None = None, actor: str = "operator",
                           reason: str | None = None) -> bool:
         """Stop paced sends until release_outbox; True if this changed anything."""
-        return await self._write(store.set_flag, "outbox_held", True, "hold outbox",
+        return await self._write(self._sql.set_flag, "outbox_held", True, "hold outbox",
                                  self._now(now), _actor(actor), _reason(reason))
 
     async def release_outbox(self, *, now: int | None = None, actor: str = "operator",
                              reason: str | None = None) -> bool:
-        return await self._write(store.set_flag, "outbox_held", False, "release outbox",
+        return await self._write(self._sql.set_flag, "outbox_held", False, "release outbox",
                                  self._now(now), _actor(actor), _reason(reason))
 
     async def settle_delivery(self, delivery_id: int, outcome: str, *,
@@ -693,7 +718,7 @@ class Inbox:
         if expect not in store.DELIVERY_STATES:
             raise BadInput(f"expect must be a delivery state {store.DELIVERY_STATES}, got "
                            f"{show(expect)}")
-        return await self._write(store.settle_delivery, _positive("delivery id", delivery_id),
+        return await self._write(self._sql.settle_delivery, _positive("delivery id", delivery_id),
                                  outcome, expect, self._now(now), _actor(actor),
                                  _reason(reason))
 
@@ -701,7 +726,7 @@ class Inbox:
                                    limit: int = 100) -> list[Delivery]:
         """At-most-once deliveries cut off mid-send, oldest first: neither re-sent nor
         settled until an operator says what happened (settle_delivery)."""
-        return await self._db.read(store.uncertain_deliveries, self._now(now),
+        return await self._db.read(self._sql.uncertain_deliveries, self._now(now),
                                    _positive("limit", limit))
 
     # --- operator actions -----------------------------------------------------------------
@@ -744,24 +769,24 @@ class Inbox:
             raise BadInput(f"expect must be an event state, got {show(expect)}")
         if not isinstance(expect, (str, type(None))):
             raise BadInput("expect must be an event state")
-        return await self._write(store.change_event, _event_id(event_id), action, allowed,
+        return await self._write(self._sql.change_event, _event_id(event_id), action, allowed,
                                  expect, after, self._now(now), _actor(actor), _reason(reason))
 
     async def pause(self, *, now: int | None = None, actor: str = "operator",
                     reason: str | None = None) -> bool:
         """Claims return nothing until resume(); intake never stops. True if it changed."""
-        return await self._write(store.set_flag, "paused", True, "pause", self._now(now),
+        return await self._write(self._sql.set_flag, "paused", True, "pause", self._now(now),
                                  _actor(actor), _reason(reason))
 
     async def resume(self, *, now: int | None = None, actor: str = "operator",
                      reason: str | None = None) -> bool:
-        return await self._write(store.set_flag, "paused", False, "resume", self._now(now),
+        return await self._write(self._sql.set_flag, "paused", False, "resume", self._now(now),
                                  _actor(actor), _reason(reason))
 
     # --- reads ----------------------------------------------------------------------------
 
     async def get_event(self, event_id: int) -> Event | None:
-        return await self._db.call(store.get_event, _event_id(event_id))
+        return await self._db.call(self._sql.get_event, _event_id(event_id))
 
     async def events(self, status: str, *, limit: int = 100, after: int | None = None,
                      before: int | None = None, search: str | None = None,
@@ -778,46 +803,46 @@ class Inbox:
                 check_int(value, name, 0, MAX_ID)
         if search is not None and search != "":
             search = _text("search", search)
-        return await self._db.call(store.events, status, min(limit, 10_000), after, before,
+        return await self._db.call(self._sql.events, status, min(limit, 10_000), after, before,
                                    search or None, bool(payload))
 
     async def counts(self) -> dict[str, int]:
-        return await self._db.call(store.counts)
+        return await self._db.call(self._sql.counts)
 
     async def lease_info(self) -> Lease | None:
-        return await self._db.call(store.lease_info)
+        return await self._db.call(self._sql.lease_info)
 
     async def lease_history(self, *, limit: int = 50) -> list[LeaseChange]:
-        return await self._db.call(store.lease_history, _positive("limit", limit))
+        return await self._db.call(self._sql.lease_history, _positive("limit", limit))
 
     async def timers(self, *, limit: int = 1000) -> list[Timer]:
-        return await self._db.call(store.timers, _positive("limit", limit))
+        return await self._db.call(self._sql.timers, _positive("limit", limit))
 
     async def approvals(self, *, limit: int = 1000) -> list[Approval]:
-        return await self._db.read(store.approvals, _positive("limit", limit))
+        return await self._db.read(self._sql.approvals, _positive("limit", limit))
 
     async def get_approval(self, request_id: str) -> Approval | None:
-        return await self._db.call(store.get_approval, _text("request_id", request_id))
+        return await self._db.call(self._sql.get_approval, _text("request_id", request_id))
 
     async def held_messages(self, *, limit: int = 1000) -> list[Message]:
-        return await self._db.call(store.held_messages, _positive("limit", limit))
+        return await self._db.call(self._sql.held_messages, _positive("limit", limit))
 
     async def deliveries(self, *, limit: int = 50) -> list[Delivery]:
         """Recent sends (newest first) with their idempotency keys and outcomes."""
-        return await self._db.read(store.deliveries, _positive("limit", limit), self.now())
+        return await self._db.read(self._sql.deliveries, _positive("limit", limit), self.now())
 
     async def next_send_at(self) -> int | None:
         """When the next paced send is allowed; None when nothing is held."""
-        return await self._db.read(store.next_send_at)
+        return await self._db.read(self._sql.next_send_at)
 
     async def audit(self, *, limit: int = 100, target: str | None = None) -> list[AuditEntry]:
-        return await self._db.call(store.audit_entries, _positive("limit", limit),
+        return await self._db.call(self._sql.audit_entries, _positive("limit", limit),
                                    None if target is None else _text("target", target))
 
     async def runs(self, event_id: int) -> list[Run]:
         """Every run that claimed this event, oldest first."""
-        return await self._db.read(store.runs_for_event, _event_id(event_id))
+        return await self._db.read(self._sql.runs_for_event, _event_id(event_id))
 
     async def overview(self, *, now: int | None = None) -> Overview:
         """Counts, lease, flags and budgets in one consistent read."""
-        return await self._db.read(store.overview, self._now(now))
+        return await self._db.read(self._sql.overview, self._now(now))

@@ -37,6 +37,7 @@ import types
 from typing import Any, Callable, Iterator
 
 from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox, Settings
+from core.pg import is_url as _is_postgres_url
 from core.text import printable
 
 PROG = "onwatch"
@@ -205,7 +206,8 @@ def _default_actor() -> str:
 
 
 async def _open(args: argparse.Namespace, *, create: bool = False) -> Inbox:
-    return await Inbox.open(args.path, create=create, busy_timeout=args.busy_timeout)
+    return await Inbox.open(args.path, name=getattr(args, "inbox", "default"), create=create,
+                            busy_timeout=args.busy_timeout)
 
 
 def _run(coro_fn: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
@@ -662,6 +664,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s onwatch-worker %(levelname)s %(message)s")
 
+    if _is_postgres_url(args.path):  # woken by NOTIFY, polling only as the fallback
+        from core.pg.worker import ListeningWorker as Worker
+    if args.all_inboxes:
+        return _fleet_worker(args, agent, early)
+
     async def main() -> int:
         async with await _open(args) as inbox, _metrics_server(inbox, args) as metrics:
             worker = Worker(inbox, agent, holder=args.holder, send=_channel(args),
@@ -699,6 +706,32 @@ async def _metrics_server(inbox: Inbox, args: argparse.Namespace):
         yield metrics.worker
     finally:
         await server.close()
+
+
+def _fleet_worker(args: argparse.Namespace, agent: Callable, early: list[int]) -> int:
+    """`worker URL --all-inboxes`: every inbox of the database that has work, N at once."""
+    if not _is_postgres_url(args.path):
+        raise CliError("--all-inboxes serves a postgresql:// database (a file is one inbox)")
+    if args.setup or args.max_runs or args.metrics_port is not None:
+        raise CliError("--setup, --max-runs and --metrics-port are for one inbox, not "
+                       "--all-inboxes")
+    from core.pg.fleet import FleetWorker
+    from core.worker import default_holder
+
+    async def main() -> int:
+        fleet = FleetWorker(args.path, agent, holder=args.holder or default_holder(),
+                            concurrency=args.concurrency, send=_channel(args),
+                            poll_interval=args.poll, grace=args.grace)
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, fleet.request_stop)
+        if early:
+            fleet.request_stop()
+        runs = await fleet.run()
+        print(f"onwatch: fleet worker {_clip(fleet.holder, 200)} stopped: {runs} run(s) over "
+              f"{len(fleet.served)} inbox(es)", file=sys.stderr)
+        return OK
+    return _run_loop(main())
 
 
 def _lazy(module: str, what: str) -> Any:
@@ -899,6 +932,9 @@ def build_parser() -> Parser:
                             epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
         if path:
             p.add_argument("path", type=_inbox_path, metavar="PATH", help="the inbox file")
+            p.add_argument("--inbox", default="default", metavar="NAME",
+                           help="which inbox of a postgresql:// database PATH (a file is one "
+                                "inbox)")
         p.set_defaults(handler=handler)
         return p
 
@@ -971,6 +1007,10 @@ def build_parser() -> Parser:
     p.add_argument("--grace", type=_seconds(allow_zero=True), default=10.0, metavar="SECONDS",
                    help="on SIGTERM, how long the current run may take to finish (default 10)")
     p.add_argument("--max-runs", type=_whole(1), metavar="N", help="stop after N runs")
+    p.add_argument("--all-inboxes", action="store_true",
+                   help="serve every inbox of a postgresql:// database that has work")
+    p.add_argument("--concurrency", type=_whole(1), default=10, metavar="N",
+                   help="with --all-inboxes: inboxes served at once (default 10)")
     p.add_argument("--metrics-port", type=_port, metavar="N",
                    help="serve Prometheus metrics at http://127.0.0.1:N/metrics (default off; "
                         "0 picks a free port, logged)")

@@ -17,6 +17,7 @@ import sqlite3
 import tempfile
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -218,11 +219,14 @@ class Model:
 
 
 class InboxMachine(RuleBasedStateMachine):
+    backend = "sqlite"
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.folder = tempfile.mkdtemp(prefix="onwatch-model-")
-        self.path = f"{self.folder}/inbox.db"
+        self.path = f"{self.folder}/inbox.db" if self.backend == "sqlite" else \
+            _pg_cluster().new_schema()
         self.clock = FakeClock(1_000_000)
         self.box = self.run(Inbox.open(self.path, clock=self.clock))
         self.run(self.box.configure(lease_ttl=TTL, max_attempts=MAX_ATTEMPTS,
@@ -231,8 +235,9 @@ class InboxMachine(RuleBasedStateMachine):
                                     outbox_gap=0, send_timeout=SEND_TIMEOUT,
                                     max_delivery_attempts=MAX_SENDS))
         self.model = Model()
-        self.uid = self.run(self.box._db.read(lambda db: db.execute(
-            "SELECT value FROM meta WHERE key = 'uid'").fetchone()[0]))
+        uid_sql = "SELECT uid FROM inboxes" if self.backend == "postgresql" else \
+            "SELECT value FROM meta WHERE key = 'uid'"
+        self.uid = self.run(self.box._db.read(lambda db: db.execute(uid_sql).fetchone()[0]))
         # dispatcher -> (task, gate, what the model says it took: (delivery, attempt, count))
         self.sending: dict[str, tuple] = {}
         self.claims: dict[str, tuple[int, list[int], int]] = {}
@@ -450,29 +455,9 @@ class InboxMachine(RuleBasedStateMachine):
 
     @invariant()
     def the_inbox_agrees_with_the_model(self):
-        db = sqlite3.connect(self.path)
-        try:
-            rows = {r[0]: r[1:] for r in db.execute(
-                "SELECT id, status, attempts, claim_gen FROM events")}
-            counts = dict(db.execute("SELECT status, n FROM event_counts"))
-            actual = dict(db.execute("SELECT status, count(*) FROM events GROUP BY status"))
-            lease = db.execute("SELECT holder, gen, until FROM lease").fetchone()
-            messages = db.execute("SELECT count(*) FROM outbox").fetchone()[0]
-            outbox = db.execute("SELECT status, delivery_id FROM outbox ORDER BY id").fetchall()
-            deliveries = db.execute("SELECT id, status, attempts, retry_after FROM deliveries "
-                                    "ORDER BY id").fetchall()
-            timers = dict(db.execute("SELECT id, due FROM timers"))
-            approvals = {r[0]: [r[1], r[2]] for r in db.execute(
-                "SELECT request_id, due, answer FROM approvals")}
-            effects = db.execute("SELECT run_id, key FROM effects ORDER BY id").fetchall()
-            open_runs = {r[0] for r in db.execute("SELECT id FROM runs WHERE outcome IS NULL")}
-            refused = db.execute("SELECT value FROM meta WHERE key = 'refused_writes'"
-                                 ).fetchone()[0]
-            done_twice = db.execute(
-                "SELECT value, count(*) FROM runs, json_each(runs.event_ids) "
-                "WHERE outcome = 'done' GROUP BY value HAVING count(*) > 1").fetchall()
-        finally:
-            db.close()
+        read = _read_postgresql if self.backend == "postgresql" else _read_sqlite
+        (rows, counts, actual, lease, messages, outbox, deliveries, timers, approvals, effects,
+         open_runs, refused, done_twice) = read(self.path)
         for event_id, event in self.model.events.items():
             status, attempts, claim_gen = rows[event_id]
             assert (status, attempts) == (event.status, event.attempts), event_id
@@ -500,3 +485,78 @@ InboxMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_lease_and_claim_rules = InboxMachine.TestCase
+
+
+def _read_sqlite(path: str) -> tuple:
+    """What the invariant reads, from the inbox file."""
+    db = sqlite3.connect(path)
+    try:
+        rows = {r[0]: r[1:] for r in db.execute(
+            "SELECT id, status, attempts, claim_gen FROM events")}
+        counts = dict(db.execute("SELECT status, n FROM event_counts"))
+        actual = dict(db.execute("SELECT status, count(*) FROM events GROUP BY status"))
+        lease = db.execute("SELECT holder, gen, until FROM lease").fetchone()
+        messages = db.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        outbox = db.execute("SELECT status, delivery_id FROM outbox ORDER BY id").fetchall()
+        deliveries = db.execute("SELECT id, status, attempts, retry_after FROM deliveries "
+                                "ORDER BY id").fetchall()
+        timers = dict(db.execute("SELECT id, due FROM timers"))
+        approvals = {r[0]: [r[1], r[2]] for r in db.execute(
+            "SELECT request_id, due, answer FROM approvals")}
+        effects = db.execute("SELECT run_id, key FROM effects ORDER BY id").fetchall()
+        open_runs = {r[0] for r in db.execute("SELECT id FROM runs WHERE outcome IS NULL")}
+        refused = db.execute("SELECT value FROM meta WHERE key = 'refused_writes'"
+                             ).fetchone()[0]
+        done_twice = db.execute(
+            "SELECT value, count(*) FROM runs, json_each(runs.event_ids) "
+            "WHERE outcome = 'done' GROUP BY value HAVING count(*) > 1").fetchall()
+    finally:
+        db.close()
+    return (rows, counts, actual, lease, messages, outbox, deliveries, timers, approvals,
+            effects, open_runs, refused, done_twice)
+
+
+def _pg_cluster():
+    from tests.pg.server import Unavailable, cluster
+    try:
+        return cluster()
+    except Unavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+
+
+def _read_postgresql(url: str) -> tuple:
+    """What the invariant reads, from the PostgreSQL inbox (the only one in its schema)."""
+    import psycopg
+    with psycopg.connect(url) as db:
+        rows = {r[0]: r[1:] for r in db.execute(
+            "SELECT id, status, attempts, claim_gen FROM events")}
+        counts = dict(db.execute("SELECT status, n FROM event_counts"))
+        actual = dict(db.execute("SELECT status, count(*) FROM events GROUP BY status"))
+        lease = db.execute("SELECT lease_holder, lease_gen, lease_until FROM inboxes").fetchone()
+        messages = db.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        outbox = db.execute("SELECT status, delivery_id FROM outbox ORDER BY id").fetchall()
+        deliveries = db.execute("SELECT id, status, attempts, retry_after FROM deliveries "
+                                "ORDER BY id").fetchall()
+        timers = dict(db.execute("SELECT id, due FROM timers"))
+        approvals = {r[0]: [r[1], r[2]] for r in db.execute(
+            "SELECT request_id, due, answer FROM approvals")}
+        effects = db.execute("SELECT run_id, key FROM effects ORDER BY id").fetchall()
+        open_runs = {r[0] for r in db.execute("SELECT id FROM runs WHERE outcome IS NULL")}
+        refused = db.execute("SELECT refused_writes FROM inboxes").fetchone()[0]
+        done_twice = db.execute(
+            "SELECT value, count(*) FROM runs, json_array_elements_text(event_ids::json) "
+            "WHERE outcome = 'done' GROUP BY value HAVING count(*) > 1").fetchall()
+    return (rows, counts, actual, lease, messages, outbox, deliveries, timers, approvals,
+            effects, open_runs, refused, done_twice)
+
+
+class PostgresInboxMachine(InboxMachine):
+    """The same machine on a PostgreSQL inbox (fewer examples: each costs a schema)."""
+
+    backend = "postgresql"
+
+
+PostgresInboxMachine.TestCase.settings = settings(
+    max_examples=30, stateful_step_count=40, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow])
+test_lease_and_claim_rules_on_postgresql = PostgresInboxMachine.TestCase

@@ -1,0 +1,305 @@
+"""One inbox's PostgreSQL connection: the same interface as core/db.py's `Database`, with each
+whole transaction run on a dedicated thread through a synchronous psycopg connection.
+
+As on SQLite, a transaction is one synchronous function of the backend's SQL module
+(core/pg/store.py), handed to the connection's thread in one hop; the event loop never waits
+on the network or on a commit. Write transactions take the inbox's row lock first (see the
+top of core/pg/store.py for why that, and not SERIALIZABLE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+from typing import Any, Callable, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from ..errors import InboxBusy, InboxError, NotAnInbox
+from . import schema
+
+T = TypeVar("T")
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+except ImportError:  # pragma: no cover - psycopg is a dependency; say so if it is missing
+    psycopg = None  # type: ignore[assignment]
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for messages and `Inbox.path`."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}" if user else netloc))
+
+
+class Tx:
+    """What a store function gets: the connection, and the id of the inbox it works on.
+
+    `execute` is psycopg's; `changed` records whether any statement changed a row, so a
+    commit that changed nothing leaves the change token alone (an idle poller stays idle).
+    """
+
+    __slots__ = ("conn", "inbox", "name", "changed")
+
+    def __init__(self, conn: "psycopg.Connection", inbox: int, name: str) -> None:
+        self.conn = conn
+        self.inbox = inbox
+        self.name = name
+        self.changed = False
+
+    def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor":
+        cursor = self.conn.execute(sql, params)
+        if cursor.rowcount > 0 and not sql.startswith("SELECT"):
+            self.changed = True
+        return cursor
+
+
+class ConnectionLost(InboxBusy):
+    """The server could not be reached (a restart, a network cut). Like a lock held too
+    long it is worth another try, and everything that retries on InboxBusy (the worker)
+    retries on it; the connection is reopened at the next transaction. A commit cut off
+    may or may not have happened: the rules make a retry safe (dedupe keys, fencing)."""
+
+
+def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
+    if isinstance(exc, pg_errors.LockNotAvailable):
+        return InboxBusy(f"inbox {where} stayed locked by another connection for more than "
+                         f"{busy_timeout:g} s; nothing was changed, try again")
+    if isinstance(exc, psycopg.OperationalError):
+        return ConnectionLost(f"inbox {where}: lost the connection to PostgreSQL "
+                              f"({str(exc).strip()}); the transaction did not commit or its "
+                              f"outcome is unknown, try again")
+    return InboxError(f"inbox {where}: {str(exc).strip()}")
+
+
+def write_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
+    """`fn(tx, *args)` inside BEGIN … COMMIT holding the inbox's row lock, rolled back on any
+    exception. The lock is what BEGIN IMMEDIATE is on SQLite: one writer per inbox."""
+    conn = tx.conn
+    tx.changed = False
+    conn.execute("BEGIN")
+    try:
+        conn.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (tx.inbox,))
+        result = fn(tx, *args)
+        if tx.changed:
+            conn.execute("UPDATE inboxes SET changes = changes + 1 WHERE id = %s", (tx.inbox,))
+        conn.execute("COMMIT")
+    except BaseException:
+        _rollback(conn)
+        raise
+    return result
+
+
+def read_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
+    """`fn(tx, *args)` inside one read-only snapshot."""
+    conn = tx.conn
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        return fn(tx, *args)
+    finally:
+        _rollback(conn)
+
+
+def _rollback(conn: "psycopg.Connection") -> None:
+    """End an open transaction; a broken connection has none left to end (it is reopened
+    at the next job), and trying would hide the error that broke it."""
+    if not conn.closed and not conn.broken and \
+            conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.execute("ROLLBACK")
+
+
+def _plain(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
+    return fn(tx, *args)
+
+
+class Database:
+    """One connection to one inbox of a PostgreSQL database, with its own thread.
+
+    Jobs go through one queue to the thread in order, as on aiosqlite's connection thread:
+    `call` (autocommit statements), `read` (one snapshot), `write` and `write_soon` (one
+    locked transaction). A connection lost between jobs is reopened at the next job.
+    """
+
+    def __init__(self, url: str, name: str, inbox: int, busy_timeout: float,
+                 conn: "psycopg.Connection") -> None:
+        self.url = url
+        self.name = name
+        self.inbox = inbox
+        self.path = f"{redact(url)} inbox {name}"
+        self.busy_timeout = busy_timeout
+        self._tx = Tx(conn, inbox, name)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name=f"onwatch-pg-{name}",
+                                        daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _connect(url: str, busy_timeout: float) -> "psycopg.Connection":
+        # lock_timeout plays SQLite's busy timeout: how long a write waits for the inbox.
+        # (SET, not the options parameter: that would replace any the URL carries.)
+        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        conn.execute(f"SET lock_timeout = {max(int(busy_timeout * 1000), 1)}")
+        return conn
+
+    @classmethod
+    async def open(cls, url: str, *, name: str = "default", create: bool = True,
+                   busy_timeout: float = 5.0) -> "Database":
+        """Open (creating or migrating the schema, and creating the inbox `name` unless
+        create=False) one inbox; raise NotAnInbox and leave the database untouched if it is
+        foreign or newer, or the inbox is missing with create=False."""
+        if psycopg is None:
+            raise InboxError("PostgreSQL inboxes need psycopg 3: pip install 'psycopg[binary]'")
+        where = redact(url)
+
+        def prepare() -> tuple[psycopg.Connection, int]:
+            try:
+                conn = cls._connect(url, busy_timeout)
+            except psycopg.Error as exc:
+                raise InboxError(f"cannot connect to {where}: {str(exc).strip()}") from None
+            try:
+                version = schema.inspect(conn, where)
+                if version < schema.SCHEMA_VERSION:
+                    if not create and version == 0:
+                        raise NotAnInbox(f"no onwatch database at {where} (run `onwatch init "
+                                         f"{where} --inbox {name}` to create one)")
+                    schema.migrate(conn, where)
+                inbox = _find_inbox(conn, name, create, where)
+            except psycopg.Error as exc:
+                conn.close()
+                raise _map_error(exc, where, busy_timeout) from None
+            except BaseException:
+                conn.close()
+                raise
+            return conn, inbox
+
+        conn, inbox = await asyncio.to_thread(prepare)
+        return cls(url, name, inbox, busy_timeout, conn)
+
+    # --- the connection's thread ----------------------------------------------------------
+
+    def _serve(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                break
+            job()
+        if not self._tx.conn.closed:
+            self._tx.conn.close()
+
+    def _run(self, runner: Callable[..., T], fn: Callable[..., T], args: tuple) -> T:
+        """On the thread: run one job, reconnecting first if the connection was lost."""
+        tx = self._tx
+        if tx.conn.closed or tx.conn.broken:
+            try:
+                tx.conn = self._connect(self.url, self.busy_timeout)
+            except psycopg.Error as exc:
+                raise _map_error(exc, self.path, self.busy_timeout) from None
+        try:
+            return runner(tx, fn, args)
+        except psycopg.Error as exc:
+            raise _map_error(exc, self.path, self.busy_timeout) from None
+
+    def _submit(self, runner: Callable[..., T], fn: Callable[..., T], args: tuple,
+                done: Callable[[T | None, BaseException | None], None],
+                loop: asyncio.AbstractEventLoop) -> None:
+        if self._closed:
+            raise InboxError(f"inbox {self.path} is closed")
+
+        def job() -> None:
+            try:
+                result = self._run(runner, fn, args)
+            except BaseException as exc:  # noqa: B036 - handed to the caller, not lost
+                error: BaseException | None = exc
+                result = None
+            else:
+                error = None
+            try:
+                loop.call_soon_threadsafe(done, result, error)
+            except RuntimeError:  # the loop is gone: nobody is waiting any more
+                pass
+        self._jobs.put(job)
+
+    async def _await(self, runner: Callable[..., T], fn: Callable[..., T], args: tuple) -> T:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(result: T | None, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
+        self._submit(runner, fn, args, done, loop)
+        return await future
+
+    # --- the interface of core/db.py ------------------------------------------------------
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(tx, *args)` on the connection's thread, each statement on its own."""
+        return await self._await(_plain, fn, args)
+
+    async def write(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn` in one transaction holding the inbox's lock; roll back on any exception."""
+        return await self._await(write_transaction, fn, args)
+
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn` inside one read snapshot."""
+        return await self._await(read_transaction, fn, args)
+
+    def write_soon(self, fn: Callable[..., T], args: tuple,
+                   done: Callable[[T | None, BaseException | None], None]) -> None:
+        """Queue `fn` in its own write transaction; call `done(result, error)` on this loop
+        once it committed or rolled back (the callback form of `write`, for group commit)."""
+        self._submit(write_transaction, fn, args, done, asyncio.get_running_loop())
+
+    def peek(self, fn: Callable[..., T], *args: Any) -> T:
+        """SQLite answers tiny reads on the loop's thread from a local file; here that would be
+        a network round trip on the event loop. Always refuse, with the error type the
+        callers of `peek` treat as "take the normal path"."""
+        raise sqlite3.OperationalError("no reads on the event loop's thread on PostgreSQL")
+
+    async def data_version(self) -> int:
+        """Changes whenever a commit changed this inbox (its change counter)."""
+        return await self.call(change_count)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._jobs.put(None)
+        await asyncio.to_thread(self._thread.join)
+
+
+def change_count(tx: Tx) -> int:
+    return tx.execute("SELECT changes FROM inboxes WHERE id = %s", (tx.inbox,)).fetchone()[0]
+
+
+def _find_inbox(conn: "psycopg.Connection", name: str, create: bool, where: str) -> int:
+    """The inbox's id, creating it (one insert) unless create=False."""
+    import time
+    row = conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)).fetchone()
+    if row is not None:
+        return row[0]
+    if not create:
+        raise NotAnInbox(f"no inbox {name!r} in {where} (run `onwatch init {where} "
+                         f"--inbox {name}` to create it)")
+    with conn.transaction():
+        row = conn.execute(
+            "INSERT INTO inboxes(name, created) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING "
+            "RETURNING id", (name, int(time.time()))).fetchone()
+        if row is None:  # created by someone else meanwhile
+            row = conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)).fetchone()
+        else:
+            conn.execute(
+                "INSERT INTO event_counts(inbox_id, status) SELECT %s, s FROM unnest("
+                "ARRAY['pending','running','done','dead','interrupted','cancelled']) AS s",
+                (row[0],))
+    return row[0]

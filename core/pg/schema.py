@@ -1,0 +1,288 @@
+"""The PostgreSQL schema: many inboxes per database, versioned forward migrations, and the
+checks that refuse a database that is not ours (or is newer) before anything is written.
+
+Every table carries `inbox_id`; an inbox is one row of `inboxes`, which also holds what the
+SQLite file keeps in `meta`, `settings` and `lease`, so creating an inbox is one insert and
+the fleet listing (`store.list_inboxes`) is one walk of the `inboxes_by_name` index.
+"""
+
+from __future__ import annotations
+
+from ..errors import NotAnInbox
+
+APPLICATION = "onwatch"
+EVENT_STATES_SQL = "('pending','running','done','dead','interrupted','cancelled')"
+# Any fixed number: every process migrating the same database takes this advisory lock.
+MIGRATION_LOCK = 0x6F6E7774
+
+# Each entry migrates from version i to i + 1; a database at version N has run the first N.
+MIGRATIONS: tuple[str, ...] = (
+    # 1: the inboxes (the shape of SQLite schema 3, with the inbox id in every key).
+    f"""
+    CREATE TABLE onwatch_schema (
+        id integer PRIMARY KEY CHECK (id = 1),
+        application text NOT NULL CHECK (application = '{APPLICATION}'),
+        version integer NOT NULL
+    );
+    INSERT INTO onwatch_schema VALUES (1, '{APPLICATION}', 0);
+
+    CREATE TABLE inboxes (
+        id bigserial PRIMARY KEY,
+        name text NOT NULL CHECK (length(name) > 0),
+        uid text NOT NULL DEFAULT md5(random()::text || clock_timestamp()::text),
+        created bigint NOT NULL,
+        settings text,                     -- JSON; NULL means the defaults
+        paused boolean NOT NULL DEFAULT false,
+        outbox_held boolean NOT NULL DEFAULT false,
+        refused_writes bigint NOT NULL DEFAULT 0,
+        takeovers bigint NOT NULL DEFAULT 0,
+        set_aside bigint NOT NULL DEFAULT 0, -- rows the engine could not process, set aside
+        last_paced_send bigint,
+        changes bigint NOT NULL DEFAULT 0, -- the change token: one more per changing commit
+        lease_holder text,                 -- NULL until the first acquire
+        lease_gen bigint CHECK (lease_gen >= 1),
+        lease_until bigint,
+        CHECK ((lease_holder IS NULL) = (lease_gen IS NULL)
+               AND (lease_gen IS NULL) = (lease_until IS NULL)),
+        CONSTRAINT inboxes_by_name UNIQUE (name)
+    );
+
+    -- An event's id counts within its inbox (1, 2, 3 … as in an inbox file): the next id
+    -- is max + 1, safe because an inbox's writers take turns (core/pg/store.py).
+    CREATE TABLE events (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        id bigint NOT NULL CHECK (id > 0),
+        source text NOT NULL CHECK (length(source) > 0),
+        source_id text NOT NULL CHECK (length(source_id) > 0),
+        payload text,                      -- JSON; NULL once pruned, the key stays
+        status text NOT NULL DEFAULT 'pending' CHECK (status IN {EVENT_STATES_SQL}),
+        attempts bigint NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+        claim_gen bigint,
+        claimed_at bigint,
+        run_id bigint,
+        available_at bigint NOT NULL,
+        created bigint NOT NULL,
+        updated bigint NOT NULL,
+        error text,
+        PRIMARY KEY (inbox_id, id),
+        UNIQUE (inbox_id, source, source_id)
+    );
+    CREATE INDEX events_by_status ON events(inbox_id, status, id);
+    CREATE INDEX events_pending_available ON events(inbox_id, available_at)
+        WHERE status = 'pending';
+    CREATE INDEX events_retried ON events(inbox_id, id) WHERE status = 'pending' AND attempts > 0;
+    CREATE INDEX events_running ON events(inbox_id, claim_gen) WHERE status = 'running';
+    CREATE INDEX events_by_run ON events(inbox_id, run_id) WHERE status = 'running';
+
+    -- Counts by state, kept by statement triggers so nobody counts a million rows.
+    CREATE TABLE event_counts (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        status text NOT NULL CHECK (status IN {EVENT_STATES_SQL}),
+        n bigint NOT NULL DEFAULT 0,
+        PRIMARY KEY (inbox_id, status)
+    );
+
+    -- A commit that gives an inbox work (a new event, an answer, an expiry, a requeue)
+    -- tells its listeners: NOTIFY is delivered at commit, and only if it commits.
+    CREATE FUNCTION onwatch_events_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP IN ('UPDATE', 'DELETE') THEN
+            UPDATE event_counts c SET n = c.n - d.k
+            FROM (SELECT inbox_id, status, count(*) AS k FROM old_rows GROUP BY 1, 2) d
+            WHERE c.inbox_id = d.inbox_id AND c.status = d.status;
+        END IF;
+        IF TG_OP IN ('UPDATE', 'INSERT') THEN
+            UPDATE event_counts c SET n = c.n + d.k
+            FROM (SELECT inbox_id, status, count(*) AS k FROM new_rows GROUP BY 1, 2) d
+            WHERE c.inbox_id = d.inbox_id AND c.status = d.status;
+        END IF;
+        IF TG_OP = 'INSERT' THEN
+            PERFORM pg_notify('onwatch', i.name) FROM inboxes i
+            WHERE i.id IN (SELECT inbox_id FROM new_rows WHERE status = 'pending');
+        ELSIF TG_OP = 'UPDATE' THEN
+            PERFORM pg_notify('onwatch', i.name) FROM inboxes i
+            WHERE i.id IN (SELECT n.inbox_id FROM new_rows n JOIN old_rows o
+                           USING (inbox_id, id)
+                           WHERE n.status = 'pending' AND o.status <> 'pending');
+        END IF;
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER events_counted_insert AFTER INSERT ON events
+        REFERENCING NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION onwatch_events_changed();
+    CREATE TRIGGER events_counted_update AFTER UPDATE ON events
+        REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION onwatch_events_changed();
+    CREATE TRIGGER events_counted_delete AFTER DELETE ON events
+        REFERENCING OLD TABLE AS old_rows
+        FOR EACH STATEMENT EXECUTE FUNCTION onwatch_events_changed();
+
+    CREATE TABLE runs (
+        id bigserial PRIMARY KEY,
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        holder text NOT NULL,
+        gen bigint NOT NULL,
+        event_ids text NOT NULL,           -- JSON list
+        claimed_at bigint NOT NULL,
+        finished_at bigint,
+        outcome text CHECK (outcome IN ('done', 'error', 'lost')),
+        result text,
+        error text
+    );
+    CREATE INDEX runs_by_claim_time ON runs(inbox_id, claimed_at);
+
+    CREATE TABLE run_events (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        event_id bigint NOT NULL,
+        run_id bigint NOT NULL,
+        PRIMARY KEY (inbox_id, event_id, run_id)
+    );
+
+    CREATE TABLE lease_history (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        gen bigint NOT NULL,
+        holder text NOT NULL,
+        previous_holder text,
+        at bigint NOT NULL,
+        how text NOT NULL,
+        PRIMARY KEY (inbox_id, gen)
+    );
+
+    CREATE TABLE timers (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        id text NOT NULL CHECK (length(id) > 0),
+        kind text NOT NULL DEFAULT 'timer' CHECK (kind IN ('timer', 'approval')),
+        due bigint NOT NULL,
+        every bigint CHECK (every IS NULL OR every > 0),
+        catch_up text NOT NULL CHECK (catch_up IN ('coalesce', 'each')),
+        payload text,
+        key_source text,
+        key_id text,
+        last_fired bigint,
+        last_skipped bigint NOT NULL DEFAULT 0,
+        overflow bigint NOT NULL DEFAULT 0,
+        broken text,                       -- why the scheduler set it aside (never fires)
+        CHECK ((key_source IS NULL) = (key_id IS NULL)),
+        CHECK (key_source IS NULL OR every IS NULL),
+        PRIMARY KEY (inbox_id, id)
+    );
+    CREATE INDEX timers_by_due ON timers(inbox_id, due, id);
+
+    CREATE TABLE approvals (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        request_id text NOT NULL CHECK (length(request_id) > 0),
+        action text NOT NULL,
+        requested bigint NOT NULL,
+        due bigint NOT NULL,
+        answer text CHECK (answer IN ('yes', 'no', 'expired')),
+        answered_at bigint,
+        answered_by text,
+        run_id bigint,
+        PRIMARY KEY (inbox_id, request_id)
+    );
+    CREATE INDEX approvals_waiting ON approvals(inbox_id, due) WHERE answer IS NULL;
+    CREATE INDEX approvals_answered ON approvals(inbox_id, answered_at)
+        WHERE answer IS NOT NULL;
+
+    CREATE TABLE deliveries (
+        id bigserial PRIMARY KEY,
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        status text NOT NULL CHECK (status IN ('sending', 'failed', 'sent', 'dead')),
+        attempts bigint NOT NULL DEFAULT 0,
+        paced boolean NOT NULL,
+        at_most_once boolean NOT NULL DEFAULT false,
+        created bigint NOT NULL,
+        retry_after bigint NOT NULL,       -- 'sending': another dispatcher may retry after this
+        sent_at bigint,
+        last_error text,
+        broken text                        -- why it was set aside, not sent
+    );
+    CREATE INDEX deliveries_by_inbox ON deliveries(inbox_id, id);
+    CREATE INDEX deliveries_open ON deliveries(inbox_id, id) WHERE status IN ('sending', 'failed');
+
+    CREATE TABLE outbox (
+        id bigserial PRIMARY KEY,
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        body text NOT NULL,
+        urgent boolean NOT NULL DEFAULT false,
+        created bigint NOT NULL,
+        status text NOT NULL DEFAULT 'held' CHECK (status IN ('held', 'sent', 'dead')),
+        run_id bigint,
+        delivery_id bigint REFERENCES deliveries(id)
+    );
+    CREATE INDEX outbox_by_status ON outbox(inbox_id, status, id);
+    CREATE INDEX outbox_by_delivery ON outbox(inbox_id, delivery_id);
+
+    CREATE TABLE audit (
+        id bigserial PRIMARY KEY,
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        at bigint NOT NULL,
+        actor text NOT NULL,
+        action text NOT NULL,
+        target text NOT NULL,
+        before text,
+        after text,
+        applied boolean NOT NULL,
+        reason text
+    );
+    CREATE INDEX audit_by_inbox ON audit(inbox_id, id);
+    CREATE INDEX audit_by_target ON audit(inbox_id, target, id);
+
+    CREATE TABLE effects (
+        id bigserial PRIMARY KEY,
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        run_id bigint NOT NULL,
+        name text NOT NULL CHECK (length(name) > 0),
+        key text NOT NULL,                 -- the idempotency key; a retried run reuses it
+        state text NOT NULL CHECK (state IN ('intended', 'confirmed', 'failed')),
+        detail text,
+        intended_at bigint NOT NULL,
+        settled_at bigint,
+        event_id bigint                    -- the event the effect is for (its key names it)
+    );
+    CREATE UNIQUE INDEX effects_by_run ON effects(inbox_id, run_id, key);
+    CREATE INDEX effects_by_key ON effects(inbox_id, key, id);
+    """,
+)
+
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def inspect(conn, where: str) -> int:
+    """Return the database's schema version (0 for a database with no tables of its own) or
+    raise NotAnInbox: tables of someone else, or a newer onwatch."""
+    row = conn.execute("SELECT to_regclass('onwatch_schema') IS NOT NULL").fetchone()
+    if not row[0]:
+        tables = [r[0] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema() ORDER BY table_name LIMIT 6")]
+        if not tables:
+            return 0
+        listed = ", ".join(tables[:5]) + (" …" if len(tables) > 5 else "")
+        raise NotAnInbox(f"{where} is a PostgreSQL database but not an onwatch database "
+                         f"(tables: {listed}); refusing to touch it")
+    application, version = conn.execute(
+        "SELECT application, version FROM onwatch_schema WHERE id = 1").fetchone()
+    if application != APPLICATION:  # pragma: no cover - the CHECK forbids it
+        raise NotAnInbox(f"{where} is not an onwatch database")
+    if version > SCHEMA_VERSION:
+        raise NotAnInbox(
+            f"{where} was written by a newer onwatch (schema {version}; this one knows up to "
+            f"{SCHEMA_VERSION}); upgrade onwatch to open it")
+    return version
+
+
+def migrate(conn, where: str, target: int = SCHEMA_VERSION) -> int:
+    """Bring the database forward to `target` in one transaction; return the old version.
+
+    The version is re-read under an advisory lock, so two processes opening a new database
+    at once cannot both create it; DDL is transactional, so a failed step leaves nothing.
+    """
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        version = inspect(conn, where)
+        for step in range(version, target):
+            conn.execute(MIGRATIONS[step])
+        if version < target:
+            conn.execute("UPDATE onwatch_schema SET version = %s WHERE id = 1", (target,))
+    return version

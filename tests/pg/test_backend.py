@@ -1,0 +1,117 @@
+"""What differs on PostgreSQL: the database's identity, many inboxes in one database, and
+the fleet listing. (The rules themselves are the conformance suite in tests/core.)"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+import pytest
+
+from core import BadInput, FakeClock, Inbox, NotAnInbox
+from core.pg import schema
+from core.pg.db import _find_inbox
+from core.pg.fleet import list_inboxes
+from core.pg.store import LIST_INBOXES
+
+T = 1_000_000
+
+
+def tables(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT table_name FROM information_schema.tables "
+            "WHERE table_schema = current_schema() ORDER BY 1")]
+
+
+async def test_a_foreign_database_is_refused_untouched(url):
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE customers (id int PRIMARY KEY, name text)")
+        conn.execute("INSERT INTO customers VALUES (1, 'ada')")
+    with pytest.raises(NotAnInbox, match="not an onwatch database.*customers"):
+        await Inbox.open(url)
+    assert tables(url) == ["customers"]
+
+
+async def test_a_newer_database_is_refused_untouched(url):
+    box = await Inbox.open(url, name="a")
+    await box.ingest("chat", "m1", None)
+    await box.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE onwatch_schema SET version = %s", (schema.SCHEMA_VERSION + 1,))
+        before = conn.execute("SELECT count(*), max(changes) FROM inboxes").fetchone()
+    with pytest.raises(NotAnInbox, match="newer onwatch"):
+        await Inbox.open(url, name="b")
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT count(*), max(changes) FROM inboxes").fetchone() == before
+
+
+async def test_create_false_refuses_a_missing_database_schema_or_inbox(url):
+    with pytest.raises(NotAnInbox, match="no onwatch database"):
+        await Inbox.open(url, create=False)
+    assert tables(url) == []
+    await (await Inbox.open(url, name="a")).close()
+    with pytest.raises(NotAnInbox, match="no inbox 'b'"):
+        await Inbox.open(url, name="b", create=False)
+    assert [s.name for s in await list_inboxes(url)] == ["a"]
+
+
+async def test_a_file_is_one_inbox_so_a_name_is_bad_input(tmp_path):
+    path = str(tmp_path / "inbox.db")
+    with pytest.raises(BadInput, match="a file is one inbox"):
+        await Inbox.open(path, name="support")
+    assert not (tmp_path / "inbox.db").exists()
+
+
+async def test_many_inboxes_in_one_database_never_see_each_other(url):
+    clock = FakeClock(T)
+    a = await Inbox.open(url, name="alice", clock=clock)
+    b = await Inbox.open(url, name="bob", clock=clock)
+    try:
+        for box in (a, b):
+            await box.configure(lease_ttl=120)
+        assert await a.ingest("github", "d-1", {"to": "alice"}) is True
+        assert await b.ingest("github", "d-1", {"to": "bob"}) is True  # same key, other inbox
+        assert await a.acquire("W") == 1 and await b.acquire("W") == 1  # one lease each
+        [ea] = await a.claim_batch("W", 1)
+        assert await b.finish("W", 1, [ea.id]) is False  # alice's event is not bob's to finish
+        assert (await a.get_event(ea.id)).status == "running"
+        # Ids count within an inbox: bob's event 1 is his own.
+        assert ea.id == 1 and (await b.get_event(1)).payload == {"to": "bob"}
+        assert (await b.get_event(1)).status == "pending"
+        await a.request_approval("r1", 3600, "refund")
+        assert await b.answer_approval("r1", "yes") == "unknown"
+        assert await a.finish("W", 1, [ea.id], ["hi alice"])
+        assert [m.body for m in await a.held_messages()] == ["hi alice"]
+        assert await b.held_messages() == []
+        assert (await a.counts())["done"] == 1 and (await b.counts())["pending"] == 1
+        assert [(r.action, r.applied) for r in await b.audit()] == [
+            ("answer yes", False), ("refused finish", False)]  # newest first, bob's only
+        assert [r.action for r in await a.audit()] == []
+    finally:
+        await a.close()
+        await b.close()
+    fleet = {s.name: s for s in await list_inboxes(url)}
+    assert fleet["alice"].counts["done"] == 1 and fleet["alice"].waiting_approvals == 1
+    assert fleet["alice"].soonest_deadline == T + 3600
+    assert fleet["bob"].counts["pending"] == 1 and fleet["bob"].lease.holder == "W"
+
+
+def test_thousands_of_inboxes_cheap_to_create_and_listed_by_one_indexed_query(url):
+    with psycopg.connect(url, autocommit=True) as conn:
+        schema.migrate(conn, "test")
+        started = time.perf_counter()
+        ids = [_find_inbox(conn, f"inbox-{i:05d}", True, "test") for i in range(2000)]
+        per_inbox = (time.perf_counter() - started) / len(ids)
+        conn.execute("INSERT INTO approvals(inbox_id, request_id, action, requested, due) "
+                     "SELECT id, 'r', 'x', 0, id FROM inboxes WHERE id % 3 = 0")
+        conn.execute("ANALYZE")
+        plan = "\n".join(r[0] for r in conn.execute(
+            "EXPLAIN " + LIST_INBOXES.replace("%s", "''", 1).replace("%s", "100")))
+        page = conn.execute(LIST_INBOXES, ("inbox-00999", 3)).fetchall()
+    print(f"inbox creation: {per_inbox * 1e3:.2f} ms each; plan:\n{plan}")
+    assert "Seq Scan" not in plan, plan
+    assert "inboxes_by_name" in plan and "event_counts_pkey" in plan, plan
+    assert "approvals_waiting" in plan, plan
+    assert [r[0] for r in page] == ["inbox-01000", "inbox-01001", "inbox-01002"]
+    assert per_inbox < 0.05

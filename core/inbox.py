@@ -21,6 +21,7 @@ from .settings import Settings
 
 CATCH_UP_POLICIES = ("coalesce", "each")
 MAX_TEXT = 1024  # sources, ids, holders: keys, not documents
+MAX_TRACEBACK = 16_384  # a failed run's traceback: its end (the raising line) is kept
 
 SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 
@@ -272,6 +273,17 @@ class Inbox:
     def path(self) -> str:
         return self._db.path
 
+    def file_replaced(self) -> str | None:
+        """Why the path no longer names the file this inbox opened, or None if it still does.
+
+        Compares the path's device and inode now with those of the file opened (two stat
+        calls, cheap enough for every poll; the opened file is held open, so its inode
+        number cannot be reused by a new file). A deleted file, or a new file put in its place, keeps
+        answering through the open connection: whoever acts on it would act on a file nobody
+        else sees, so callers stop and say so.
+        """
+        return self._db.file_replaced()
+
     def now(self) -> int:
         """The inbox's clock (wall clock unless one was injected at open)."""
         return self.clock.now()
@@ -380,10 +392,11 @@ class Inbox:
                      messages: Iterable[str | Reply] = (), error: str | None = None, *,
                      now: int | None = None, result: Any = None,
                      approvals: Iterable[ApprovalRequest] = (),
-                     timers: Iterable[FollowUp] = ()) -> bool:
+                     timers: Iterable[FollowUp] = (), traceback: str | None = None) -> bool:
         """Record a run's outcome with its messages, approval requests and follow-up timers in
         one fenced transaction. False (nothing written) if this generation no longer holds
-        the lease or none of `ids` is still claimed by it."""
+        the lease or none of `ids` is still claimed by it. A failed run may carry the agent's
+        `traceback` (kept with the run, cut to its last MAX_TRACEBACK characters)."""
         holder, gen = _text("holder", holder), _positive("gen", gen)
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
             raise BadInput("ids must be a list of event ids")
@@ -398,10 +411,17 @@ class Inbox:
             if replies or approvals or timers:
                 raise BadInput("a failed run (error=) cannot also queue messages, approvals "
                                "or timers")
+        if traceback is not None:
+            if error is None:
+                raise BadInput("a traceback belongs to a failed run (error=)")
+            if not isinstance(traceback, str):
+                raise BadInput("traceback must be text")
+            # The end of a traceback names the line that raised: keep that end.
+            traceback = traceback[-MAX_TRACEBACK:]
         encoded = None if result is None else _encode(result, self._settings.max_payload_bytes,
                                                       "result")
         return await self._write(store.finish, holder, gen, ids, replies, error, encoded,
-                                 approvals, timers, self._now(now))
+                                 approvals, timers, self._now(now), traceback)
 
     def _reply(self, message: object) -> Reply:
         if isinstance(message, str):

@@ -45,7 +45,7 @@ class LeaseChange:
     holder: str
     previous_holder: str | None
     at: int
-    how: str  # 'first' | 'takeover' | 'released'
+    how: str  # 'first' | 'takeover' | 'released' (the previous holder handed it back)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +118,7 @@ class Run:
     outcome: str | None  # None while running; 'done' | 'error' | 'lost'
     result: Any = None
     error: str | None = None
+    traceback: str | None = None  # the agent's, for a failed run (bounded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,3 +197,4 @@ class Overview:
     runs_last_day: int
     budgets: dict[str, Any] = field(default_factory=dict)
     timers: int = 0  # registered timers, approval expiries included
+    lease_released: bool = False  # the current lease was handed back, not left to expire

@@ -188,6 +188,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX effects_by_key ON effects(key, id);
     CREATE INDEX approvals_answered ON approvals(answered_at) WHERE answer IS NOT NULL;
     """,
+    # 3: the agent's traceback kept with the failed run (bounded by the Inbox API), so the
+    # operator can tell which line raised without the worker's log.
+    """
+    ALTER TABLE runs ADD COLUMN traceback TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

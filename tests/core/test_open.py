@@ -149,7 +149,7 @@ async def test_forward_migration_from_a_version_1_file_keeps_every_row(path):
         key = await box.intend_effect("W", gen, claimed.run_id, "mail", {"to": "a@b"})
         assert key is not None  # the table version 2 added works
     db = sqlite3.connect(path)
-    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
     db.close()
 
 

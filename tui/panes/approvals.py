@@ -70,6 +70,9 @@ class ApprovalsPane(Pane):
         return record.request_id
 
     def count_label(self, data: PaneData) -> str:
+        if self.window.search:  # the count must be of what the filter shows
+            shown = sum(1 for a in data.rows if a.answer is None)
+            return f"{shown:,} of {data.total:,} waiting match"
         return f"{data.total:,} waiting"
 
     def cells(self, approval: Approval, now: int) -> dict[str, Text]:
@@ -89,7 +92,8 @@ class ApprovalsPane(Pane):
                 "asked": Text(duration(now - approval.requested))}
 
     def allowed(self, action: str, targets: list[Approval]) -> bool | None:
-        return True if any(t.answer is None for t in targets) else None
+        # Answered rows too: the app then says what stands instead of doing nothing.
+        return True if targets else None
 
     def action_approve(self) -> None:
         self.request("approve")

@@ -72,12 +72,14 @@ class OnwatchApp(App[int]):
     BINDINGS = [
         *(Binding(pane.KEY, f"show_pane('{pane.PANE_ID}')", pane.TITLE, show=False,
                   id=f"pane-{pane.PANE_ID}", tooltip=pane.HELP) for pane in PANES),
-        Binding("p", "pause", "Pause", id="pause",
+        # p and o are in help's first screen and the palette, not the footer: at 80
+        # columns the footer keeps the pane's own keys, s and the palette key.
+        Binding("p", "pause", "Pause", id="pause", show=False,
                 tooltip="claims return nothing until resumed; intake never stops"),
-        Binding("p", "resume", "Resume", id="resume", tooltip="the worker may claim events again"),
-        Binding("o", "hold_outbox", "Hold outbox", id="hold-outbox",
+        Binding("p", "resume", "Resume", id="resume", show=False, tooltip="the worker may claim events again"),
+        Binding("o", "hold_outbox", "Hold outbox", id="hold-outbox", show=False,
                 tooltip="paced sends wait until the outbox is released"),
-        Binding("o", "release_outbox", "Release outbox", id="release-outbox",
+        Binding("o", "release_outbox", "Release outbox", id="release-outbox", show=False,
                 tooltip="paced sends go out again"),
         Binding("s", "send_now", "Send → file", id="send-now",
                 tooltip="every held message is appended now to a log file beside the inbox "
@@ -125,7 +127,7 @@ class OnwatchApp(App[int]):
         # Below the design width the footer drops its padding so every key still fits.
         footer = self.query_one(Footer)
         footer.compact = event.size.width < 140
-        footer.show_command_palette = event.size.width >= 100
+        footer.show_command_palette = True
 
     def on_mount(self) -> None:
         self.query_one(PaneBar).activate(PANES[0].PANE_ID)

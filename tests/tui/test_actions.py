@@ -254,7 +254,7 @@ async def test_pause_and_resume(seeded):
         await wait_for_text(pilot, "paused: claims return nothing until you resume")
         assert (await inbox.overview()).paused
         assert "PAUSED" in screen_text(app)
-        assert "p Resume" in screen_text(app)
+        assert "PAUSED · p resumes" in screen_text(app)
         await press(pilot, "p")
         await wait_for_text(pilot, "resumed: the worker may claim events again")
         assert not (await inbox.overview()).paused

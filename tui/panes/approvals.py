@@ -46,8 +46,8 @@ class ApprovalsPane(Pane):
     ACTIONS = frozenset({"approve", "deny", "expire"})
     HELP = "requests for a human's yes or no, with a live countdown; answered ones greyed"
     COLUMNS = (
-        Column("request", "request", 18),
-        Column("left", "time left", 15, ticking=True),
+        Column("request", "request", 18, narrow=14),
+        Column("left", "time left", 15, narrow=14, ticking=True),
         Column("asked", "asked", 7, ticking=True),
         Column("action", "action", 24, fill=True),
     )
@@ -84,6 +84,8 @@ class ApprovalsPane(Pane):
     def ticking_cells(self, approval: Approval, now: int) -> dict[str, Text]:
         if approval.answer is not None:
             by = f" · {approval.answered_by}" if approval.answered_by else ""
+            if len(approval.answer) + len(by) > 14:  # never cut mid-word: the answer alone
+                by = ""
             left = Text(approval.answer, style="dim")
             left.append_text(safe_text(by, limit=30, style="dim"))
             return {"left": left, "asked": Text(duration(now - approval.requested), style="dim")}

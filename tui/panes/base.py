@@ -35,6 +35,7 @@ class Column:
     width: int  # the width, or for the fill column its minimum
     ticking: bool = False
     fill: bool = False  # takes the width the other columns leave (one per table)
+    narrow: int | None = None  # the width when the fill column would get less than its own
 
 
 @dataclass(slots=True)
@@ -63,6 +64,7 @@ class PaneTable(DataTable):
 
     fill_column: str | None = None
     fill_minimum: int = 10
+    widths: dict[str, tuple[int, int]] = {}  # column key → (normal, narrow) width
 
     # k9s / vim habits next to the arrows; `home`/`end` move the row cursor (DataTable's
     # own move a column cursor, which a row table does not have).
@@ -92,14 +94,31 @@ class PaneTable(DataTable):
         self.fit_fill_column()
 
     def fit_fill_column(self) -> None:
-        if self.fill_column is None or self.fill_column not in self.columns:
+        if self.fill_column is not None and self.fill_column not in self.columns:
             return
         padding = 2 * self.cell_padding
+        available = self.scrollable_content_region.width
+        # At 80 columns the other columns give up width first (their narrow widths), so
+        # the fill column (a reason, an error, an action's text) keeps what matters.
+        normal = sum(self.widths.get(key, (c.width, c.width))[0] + padding
+                     for key, c in self.columns.items() if key != self.fill_column)
+        fill = self.fill_minimum if self.fill_column is not None else 0
+        narrow = available - normal - padding < fill
+        for key, (wide, small) in self.widths.items():
+            want = small if narrow else wide
+            column = self.columns.get(key)
+            if column is not None and column.width != want:
+                column.width = want
+                column.auto_width = False
+                self._require_update_dimensions = True
+        if self.fill_column is None:
+            self.refresh()
+            return
         others = sum(c.get_render_width(self) for key, c in self.columns.items()
                      if key != self.fill_column)
-        available = self.scrollable_content_region.width
         column = self.columns[self.fill_column]
-        width = max(self.fill_minimum, available - others - padding)
+        width = max(min(self.fill_minimum, 12) if narrow else self.fill_minimum,
+                    available - others - padding)
         if width != column.width:
             column.width = width
             column.auto_width = False
@@ -127,7 +146,7 @@ class Pane(Vertical):
         # order), so they stay visible at 80 columns, where the last keys are cut off.
         Binding("question_mark", "app.help", "Help", id="help", key_display="?",
                 tooltip="this list of keys"),
-        Binding("q", "app.quit", "Quit", id="quit"),
+        Binding("q", "app.quit", "Quit", id="quit", show=False),
         Binding("enter", "detail", "Detail", priority=True, id="detail",
                 tooltip="the highlighted row in full: payload, attempts, errors, history"),
         Binding("slash", "filter", "Filter", id="filter", key_display="/",
@@ -231,6 +250,8 @@ class Pane(Vertical):
         table = PaneTable(id=f"{self.PANE_ID}-table", cursor_type="row", zebra_stripes=True)
         if self.MARKABLE:
             table.add_column(" ", key="mark", width=1)
+        table.widths = {c.key: (c.width, c.narrow) for c in self.COLUMNS
+                        if c.narrow is not None}
         for column in self.COLUMNS:
             table.add_column(column.label, key=column.key, width=column.width)
             if column.fill:

@@ -86,8 +86,9 @@ class StatusStrip(Vertical):
             yield Label("", id="lease")
             yield Label("", id="fencing")
         with Horizontal(classes="status-line"):
-            yield Label("PAUSED", id="paused", classes="badge")
-            yield Label("OUTBOX HELD", id="held", classes="badge")
+            # The key that undoes the state is on the badge: p and o left the footer.
+            yield Label("PAUSED · p resumes", id="paused", classes="badge")
+            yield Label("OUTBOX HELD · o releases", id="held", classes="badge")
             yield Label("READ-ONLY", id="read-only", classes="badge")
             yield Label("", id="budgets")
             yield Label(safe_text(os.path.basename(self.path), limit=30), id="file")

@@ -41,7 +41,7 @@ class DeadPane(EventPane):
     )
     BINDINGS = [
         Binding("r", "requeue", "Requeue", id="requeue",
-                tooltip="back to pending with a fresh attempt budget"),
+                tooltip="back to pending with a fresh attempt budget (confirmed)"),
         Binding("m", "mark_done", "Mark done", id="mark-done",
                 tooltip="an interrupted event's effect did happen: done, never rerun (confirmed)"),
     ]

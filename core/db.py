@@ -79,6 +79,10 @@ class Database:
             raise NotAnInbox(f"no inbox at {path} (run `onwatch init {path}` to create one)")
         if not exists and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise NotAnInbox(f"cannot create {path}: its folder does not exist")
+        if not exists and os.path.exists(path + "-wal"):
+            # A deleted inbox's write-ahead log: SQLite would replay it into the new file.
+            raise NotAnInbox(f"cannot create {path}: {path}-wal is left from a deleted inbox "
+                             f"(a process may still have it open); move it away first")
         kwargs: dict[str, Any] = {"isolation_level": None, "check_same_thread": False}
         if factory is not None:
             kwargs["factory"] = factory

@@ -200,8 +200,11 @@ async def measure(path: str, repeats: int,
                 pane = app.pane("dead")
                 event_id = int(pane.cursor_key())
                 app.post_message(events.Key("r", "r"))  # as the terminal driver delivers it
-                while not isinstance(app.screen, ConfirmScreen):
+                for _ in range(5000):  # bounded: a missing dialog fails below, not hangs
+                    if isinstance(app.screen, ConfirmScreen):
+                        break
                     await asyncio.sleep(0.001)
+                assert isinstance(app.screen, ConfirmScreen), "requeue asked no confirmation"
                 await pilot.pause()
                 begin = time.perf_counter()
                 app.post_message(events.Key("y", "y"))

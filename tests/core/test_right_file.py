@@ -56,6 +56,19 @@ def test_every_command_but_init_leaves_an_empty_file_as_it_is(tmp_path, command)
     assert path.stat().st_size > 0
 
 
+async def test_a_new_inbox_is_not_made_over_a_deleted_ones_wal(tmp_path):
+    path = tmp_path / "live.db"
+    old = await Inbox.open(path)
+    try:
+        await old.ingest("chat", "old-1", {})
+        os.unlink(path)  # as `rm live.db` does: the -wal stays
+        with pytest.raises(NotAnInbox, match="-wal is left from a deleted inbox"):
+            await Inbox.open(path)
+        assert not path.exists()
+    finally:
+        await old.close()
+
+
 # --- the file under a running process -------------------------------------------------------
 
 async def test_the_worker_stops_when_its_file_is_deleted(tmp_path):
@@ -104,7 +117,9 @@ async def test_the_receiver_answers_503_once_its_file_is_replaced(tmp_path):
             async with session.post(server.url + "/hooks/ci", data=body,
                                     headers=generic_headers(body, "b1")) as response:
                 assert response.status == 202
-            os.unlink(tmp_path / "hooks.db")
+            for name in ("hooks.db", "hooks.db-wal", "hooks.db-shm"):
+                if (tmp_path / name).exists():
+                    os.unlink(tmp_path / name)
             await (await Inbox.open(tmp_path / "hooks.db")).close()
             body = b'{"build": 2}'
             async with session.post(server.url + "/hooks/ci", data=body,

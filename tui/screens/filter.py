@@ -41,7 +41,9 @@ class FilterScreen(ModalScreen[str | None]):
         four queued before the dialog is up) go into the input, in order, never lost and
         never taken for the pane's keys (`c` would have opened a cancel dialog)."""
         field = self.query_one(Input)
-        if event.key == "enter":
+        # The input's own enter also reaches here (its binding runs at the app): only an
+        # enter typed ahead, before the input had the focus, submits from here.
+        if event.key == "enter" and not field.has_focus:
             event.stop()
             self.dismiss(field.value)
         elif event.is_printable and event.character:

@@ -67,6 +67,7 @@ class Database:
         self._factory = factory
         self._reader: sqlite3.Connection | None = None  # see peek()
         self.wake = Wake(path)  # our own commits notify it; other processes' through the OS
+        self._fd: int | None = None  # the opened file, held: see file_replaced()
 
     @classmethod
     async def open(cls, path: str | os.PathLike, *, create: bool = True,
@@ -80,6 +81,10 @@ class Database:
             raise NotAnInbox(f"no inbox at {path} (run `onwatch init {path}` to create one)")
         if not exists and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise NotAnInbox(f"cannot create {path}: its folder does not exist")
+        if not exists and os.path.exists(path + "-wal"):
+            # A deleted inbox's write-ahead log: SQLite would replay it into the new file.
+            raise NotAnInbox(f"cannot create {path}: {path}-wal is left from a deleted inbox "
+                             f"(a process may still have it open); move it away first")
         kwargs: dict[str, Any] = {"isolation_level": None, "check_same_thread": False}
         if factory is not None:
             kwargs["factory"] = factory
@@ -91,11 +96,29 @@ class Database:
             raise _map_error(exc, path, busy_timeout) from None
         db = cls(conn, path, busy_timeout, factory)
         try:
-            await db.call(_prepare, path, busy_timeout)
+            await db.call(_prepare, path, busy_timeout, create)
+            db._fd = os.open(path, os.O_RDONLY)
         except BaseException:
             await conn.close()
             raise
         return db
+
+    def file_replaced(self) -> str | None:
+        """Why `path` no longer names the opened file (deleted, replaced), else None."""
+        if self._fd is None:
+            return None
+        try:
+            opened = os.fstat(self._fd)
+            current = os.stat(self.path)
+        except FileNotFoundError:
+            return f"{self.path} was deleted after it was opened"
+        except OSError as exc:
+            return f"{self.path} cannot be checked: {exc.strerror or exc}"
+        if (current.st_dev, current.st_ino) != (opened.st_dev, opened.st_ino):
+            return f"{self.path} was replaced by another file after it was opened"
+        if opened.st_nlink == 0:
+            return f"{self.path} was deleted after it was opened"
+        return None
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(sqlite3_connection, *args)` on the connection's thread, mapping errors."""
@@ -176,6 +199,9 @@ class Database:
 
     async def close(self) -> None:
         self.wake.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._reader is not None:
             self._reader.close()
             self._reader = None
@@ -207,9 +233,15 @@ def _retry_while_busy(step: Callable[[], Any], busy_timeout: float) -> None:
             time.sleep(0.005)
 
 
-def _prepare(db: sqlite3.Connection, path: str, busy_timeout: float) -> None:
+def _prepare(db: sqlite3.Connection, path: str, busy_timeout: float,
+             create: bool = True) -> None:
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     version = schema.inspect(db, path)  # refuse foreign files before any write
+    if version == 0 and not create:
+        # An empty file (0 bytes, or SQLite with nothing in it) is not an inbox yet: only
+        # `onwatch init` (create=True) may make it one; everyone else leaves it as it is.
+        raise NotAnInbox(f"{path} is not an onwatch inbox (it is empty); run "
+                         f"`onwatch init {path}` to make it one")
     if version == 0 or db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         _retry_while_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), busy_timeout)
     # FULL: an acknowledged commit survives power loss, not only a process crash.

@@ -31,6 +31,7 @@ MAX_DEPTH = 100  # nesting of any JSON value the API takes; deeper is refused, n
 # id under the engine's own prefixes (it would replace an approval's expiry).
 RESERVED_SOURCES = ("approval", "timer")
 RESERVED_TIMER_PREFIXES = ("approval:",)
+MAX_TRACEBACK = 16_384  # a failed run's traceback: its end (the raising line) is kept
 
 SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 
@@ -368,6 +369,17 @@ class Inbox:
         """Which inbox of its database this is ("default" for a file, which is one inbox)."""
         return getattr(self._db, "name", "default")
 
+    def file_replaced(self) -> str | None:
+        """Why the path no longer names the file this inbox opened, or None if it still does.
+
+        Compares the path's device and inode now with those of the file opened (two stat
+        calls, cheap enough for every poll; the opened file is held open, so its inode
+        number cannot be reused by a new file). A deleted file, or a new file put in its place, keeps
+        answering through the open connection: whoever acts on it would act on a file nobody
+        else sees, so callers stop and say so.
+        """
+        return self._db.file_replaced()
+
     def now(self) -> int:
         """The inbox's clock (wall clock unless one was injected at open)."""
         return self.clock.now()
@@ -484,7 +496,8 @@ class Inbox:
                      messages: Iterable[str | Reply] = (), error: str | None = None, *,
                      now: int | None = None, result: Any = None,
                      approvals: Iterable[ApprovalRequest] = (),
-                     timers: Iterable[FollowUp] = (), run: int | None = None) -> bool:
+                     timers: Iterable[FollowUp] = (), run: int | None = None,
+                     traceback: str | None = None) -> bool:
         """Record a run's outcome with its messages, approval requests and follow-up timers in
         one fenced transaction. False (nothing written, the refusal audited) if this
         generation no longer holds the lease or none of `ids` is still claimed by it.
@@ -493,7 +506,9 @@ class Inbox:
         it). With it, the finish is fenced by generation *and* run: a run recovered for
         max_run_seconds and re-claimed in the same generation can no longer be finished by
         its old caller. Without it, only the generation fences (the events' current run is
-        finished), which is safe only for callers that never run past max_run_seconds."""
+        finished), which is safe only for callers that never run past max_run_seconds.
+        A failed run may carry the agent's `traceback` (kept with the run, cut to its last
+        MAX_TRACEBACK characters)."""
         holder, gen = _text("holder", holder), _positive("gen", gen)
         ids = [_event_id(i) for i in _listed("ids (a list of event ids)", ids, MAX_BATCH_IDS)]
         if not ids:
@@ -509,10 +524,17 @@ class Inbox:
             if replies or approvals or timers:
                 raise BadInput("a failed run (error=) cannot also queue messages, approvals "
                                "or timers")
+        if traceback is not None:
+            if error is None:
+                raise BadInput("a traceback belongs to a failed run (error=)")
+            if not isinstance(traceback, str):
+                raise BadInput("traceback must be text")
+            # The end of a traceback names the line that raised: keep that end.
+            traceback = traceback[-MAX_TRACEBACK:]
         encoded = None if result is None else _encode(result, self._settings.max_payload_bytes,
                                                       "result")
         return await self._write(self._sql.finish, holder, gen, ids, replies, error, encoded,
-                                 approvals, timers, self._now(now), run)
+                                 approvals, timers, self._now(now), run, traceback)
 
     def _reply(self, message: object) -> Reply:
         if isinstance(message, str):

@@ -45,7 +45,7 @@ class LeaseChange:
     holder: str
     previous_holder: str | None
     at: int
-    how: str  # 'first' | 'takeover' | 'released'
+    how: str  # 'first' | 'takeover' | 'released' (the previous holder handed it back)
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +121,7 @@ class Run:
     outcome: str | None  # None while running; 'done' | 'error' | 'lost'
     result: Any = None
     error: str | None = None
+    traceback: str | None = None  # the agent's, for a failed run (bounded)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,3 +202,4 @@ class Overview:
     timers: int = 0  # registered timers, approval expiries included
     uncertain_deliveries: int = 0  # at-most-once sends cut off mid-send, awaiting an operator
     set_aside: int = 0  # stored rows the engine could not process, set aside with a reason
+    lease_released: bool = False  # the current lease was handed back, not left to expire

@@ -197,6 +197,11 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE effects ADD COLUMN event_id INTEGER;
     INSERT INTO meta(key, value) VALUES ('set_aside', 0) ON CONFLICT(key) DO NOTHING;
     """,
+    # 4: the agent's traceback kept with the failed run (bounded by the Inbox API), so the
+    # operator can tell which line raised without the worker's log.
+    """
+    ALTER TABLE runs ADD COLUMN traceback TEXT;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -269,12 +269,17 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
             return None
         db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + ttl,))
         return gen
+    # A lease its holder handed back (a clean restart) is a succession, not a takeover: only
+    # a lease left to expire means a worker died or stalled.
+    released = get_meta(db, "released_gen") == gen
     gen += 1
     db.execute("UPDATE lease SET holder = ?, gen = ?, until = ? WHERE id = 1",
                (holder, gen, now + ttl))
     db.execute("INSERT INTO lease_history(gen, holder, previous_holder, at, how) "
-               "VALUES (?, ?, ?, ?, 'takeover')", (gen, holder, current, now))
-    _bump(db, "takeovers")
+               "VALUES (?, ?, ?, ?, ?)",
+               (gen, holder, current, now, "released" if released else "takeover"))
+    if not released:
+        _bump(db, "takeovers")
     return gen
 
 
@@ -308,6 +313,7 @@ def release(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
     if not holds(db, holder, gen, now):
         return False
     db.execute("UPDATE lease SET until = ? WHERE id = 1", (now - 1,))
+    set_meta(db, "released_gen", gen)
     db.execute("INSERT INTO audit(at, actor, action, target, before, after, applied) "
                "VALUES (?, ?, 'release lease', ?, 'held', 'released', 1)",
                (now, holder, f"gen {gen}"))
@@ -429,7 +435,7 @@ def runs_since(db: sqlite3.Connection, since: int) -> int:
 def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
            replies: Sequence[Reply], error: str | None, result: str | None,
            approvals: Sequence[ApprovalRequest], followups: Sequence[FollowUp],
-           now: int, run: int | None = None) -> bool:
+           now: int, run: int | None = None, traceback: str | None = None) -> bool:
     """Commit a run's outcome and everything it produced, fenced (by generation, and by run
     when `run` is given), all or nothing."""
     if not holds(db, holder, gen, now):
@@ -489,8 +495,9 @@ def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
         still_running = db.execute("SELECT 1 FROM events WHERE run_id = ? AND status = "
                                    "'running' LIMIT 1", (run_id,)).fetchone()
         if still_running is None:
-            db.execute("UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ? "
-                       "WHERE id = ? AND outcome IS NULL", (outcome, now, result, error, run_id))
+            db.execute("UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ?, "
+                       "traceback = ? WHERE id = ? AND outcome IS NULL",
+                       (outcome, now, result, error, traceback, run_id))
     return True
 
 
@@ -907,9 +914,14 @@ def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Se
     applied = applied and not pruned
     if applied:
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
+        args: tuple = ()
+        if after == "dead":
+            # The Dead pane and `onwatch show` read the event's error: say who buried it, why.
+            extra = ", error = ?"
+            args = (f"sent to dead by {actor}" + (f": {reason}" if reason else ""),)
         cursor = db.execute(
             f"UPDATE events SET status = ?, available_at = ?, updated = ?{extra} "
-            f"WHERE id = ? AND status = ?", (after, now, now, event_id, seen))
+            f"WHERE id = ? AND status = ?", (after, now, now, *args, event_id, seen))
         applied = cursor.rowcount == 1
     why = reason
     if not applied:
@@ -1083,9 +1095,9 @@ def audit_entries(db: sqlite3.Connection, limit: int, target: str | None) -> lis
 def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
     ids = list(ids)
     rows = db.execute(
-        f"SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error "
-        f"FROM runs WHERE id IN ({_placeholders(ids)}) ORDER BY id", ids)
-    return [Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8])
+        f"SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, "
+        f"traceback FROM runs WHERE id IN ({_placeholders(ids)}) ORDER BY id", ids)
+    return [Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
             for r in rows]
 
 
@@ -1132,7 +1144,13 @@ def overview(db: sqlite3.Connection, now: int) -> Overview:
         outbox_held=bool(meta.get("outbox_held")), held_messages=held,
         next_send_at=next_send_at(db) if held else None, next_timer_due=next_timer_due(db),
         waiting_approvals=waiting, runs_last_day=runs_day, budgets=budgets, timers=timer_count,
-        uncertain_deliveries=uncertain, set_aside=meta.get("set_aside") or 0)
+        uncertain_deliveries=uncertain, set_aside=meta.get("set_aside") or 0,
+        lease_released=_lease_released(db))
+
+
+def _lease_released(db: sqlite3.Connection) -> bool:
+    row = db.execute("SELECT gen FROM lease WHERE id = 1").fetchone()
+    return row is not None and get_meta(db, "released_gen") == row[0]
 
 
 def next_wake(db: sqlite3.Connection, now: int) -> int | None:

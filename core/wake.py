@@ -51,9 +51,10 @@ def _disabled() -> bool:
 class Wake:
     """Tells this process's waiters that one inbox file may have changed."""
 
-    def __init__(self, path: str) -> None:
-        self.path = os.path.abspath(path)
-        base = os.path.basename(self.path)
+    def __init__(self, path: str | None) -> None:
+        # None: no file to watch (an inbox in a database server); only notify() wakes.
+        self.path = None if path is None else os.path.abspath(path)
+        base = "" if self.path is None else os.path.basename(self.path)
         self._names = frozenset({base, base + "-wal"})
         self.seq = 0  # moves whenever a change may have happened
         self.wakeups = 0  # times waiters were woken (a spin would show here)
@@ -68,7 +69,7 @@ class Wake:
     def watching(self) -> bool:
         """True while the OS notifier runs (after the first wait), False if it cannot."""
         if not self._started:
-            return INotify is not None and not _disabled()
+            return INotify is not None and not _disabled() and self.path is not None
         return self._notifier is not None
 
     @property
@@ -143,7 +144,7 @@ class Wake:
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._started = True
         self._loop = loop
-        if INotify is None or _disabled():
+        if INotify is None or _disabled() or self.path is None:
             return
         try:
             notifier = INotify(nonblocking=True)

@@ -31,6 +31,7 @@ import os
 import signal
 import socket
 import time
+import traceback as tb
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
@@ -242,6 +243,7 @@ class Worker:
         self._renew_at = 0
         self._recover_at: int | None = None  # an abandoned over-budget run becomes claimable
         self._waiting_for: tuple[str, int] | None = None  # the other holder last logged
+        self._held_logged: int | None = None  # the paced send a "reply held" line named
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
 
@@ -274,6 +276,7 @@ class Worker:
                  f"polling for changes every {self.poll_interval:g} s")
         try:
             while not self.stopping:
+                self._check_file()
                 if not await self._hold_lease():
                     continue
                 await self._step(self.inbox.run_scheduler)
@@ -295,6 +298,17 @@ class Worker:
             await self._release()
         log.debug("worker %s stopped: %s", self.holder, self.stats)
         return self.stats
+
+    def _check_file(self) -> None:
+        """Stop (InboxError) if the path no longer names the file opened: every write from
+        here on would go to a deleted or replaced file that no other process sees."""
+        why = self.inbox.file_replaced()
+        if why is None:
+            return
+        self.gen = None  # nothing to release: the lease lives in the file we lost
+        log.error("stopping: %s; this worker will not write to a file nobody else sees "
+                  "(start it again to serve the file now at that path)", why)
+        raise InboxError(f"worker stopped: {why}")
 
     async def _step(self, call: Callable[[], Awaitable[Any]]) -> Any:
         """One inbox call; a locked database is logged and skipped, never fatal."""
@@ -443,8 +457,9 @@ class Worker:
             # Escaped: the agent's message may hold a NUL or a lone surrogate, which the
             # inbox refuses to store, and it will be shown on terminals.
             text = printable(f"{type(error).__name__}: {error}", keep="\n\t")
-            log.warning("run %s: agent raised %s", ctx.run_id, text)
-            await self._finish(ctx, ids, error=text)
+            trace = printable("".join(tb.format_exception(error)), keep="\n\t")
+            log.warning("run %s: agent raised %s\n%s", ctx.run_id, text, trace.rstrip())
+            await self._finish(ctx, ids, error=text, trace=trace)
         if self.metrics is not None:
             self.metrics.ended("done" if error is None else "failed", time.monotonic() - started)
 
@@ -458,7 +473,8 @@ class Worker:
         if inspect.isawaitable(outcome):
             await outcome
 
-    async def _finish(self, ctx: RunContext, ids: list[int], *, error: str | None) -> None:
+    async def _finish(self, ctx: RunContext, ids: list[int], *, error: str | None,
+                      trace: str | None = None) -> None:
         """One fenced finish; a locked database is retried while the lease can still hold."""
         while True:
             try:
@@ -475,7 +491,8 @@ class Worker:
                         continue
                 else:
                     accepted = await self.inbox.finish(self.holder, ctx.gen, ids,
-                                                       error=error[:4000], run=ctx.run_id)
+                                                       error=error[:4000], run=ctx.run_id,
+                                                       traceback=trace)
             except InboxBusy as exc:
                 self.stats.busy += 1
                 lease = await self._step(self.inbox.lease_info)
@@ -492,11 +509,22 @@ class Worker:
             if error is None:
                 self.stats.done += 1
             log.info("run %s finished: %s", ctx.run_id, "done" if error is None else error)
+            if error is not None:
+                await self._log_dead(ids)
         else:
             self.stats.refused += 1
             self.gen = None
             log.warning("run %s: finish refused (generation %s no longer holds the lease)",
                         ctx.run_id, ctx.gen)
+
+    async def _log_dead(self, ids: list[int]) -> None:
+        """Say in the log which events of a failed run went dead, and why."""
+        for event_id in ids:
+            event = await self._step(lambda: self.inbox.get_event(event_id))
+            if event is not None and event.status == "dead":
+                log.warning("event #%s (%s / %s) is dead: %s", event.id,
+                            printable(event.source), printable(event.source_id),
+                            printable(event.error or "no reason recorded"))
 
     async def _dispatch(self) -> None:
         if self.send is None:
@@ -504,7 +532,24 @@ class Worker:
         sent = await self._step(lambda: self.inbox.dispatch(self._send))
         if sent:
             self.stats.sent += sent
+            self._held_logged = None
             log.info("dispatched %s message(s)", sent)
+        elif sent == 0:
+            await self._log_held()
+
+    async def _log_held(self) -> None:
+        """A reply that waits says why, once per pacing window (not on every idle pass)."""
+        next_send = await self._step(self.inbox.next_send_at)
+        now = self.clock.now()
+        if next_send is None or next_send == self._held_logged:
+            return
+        self._held_logged = next_send
+        overview = await self._step(self.inbox.overview)
+        if overview is not None and overview.outbox_held:
+            log.info("reply held: the outbox is held by an operator (onwatch release-outbox)")
+        elif next_send > now:
+            log.info("reply held: next paced send in %s (outbox_gap %s s; urgent replies "
+                     "skip the gap)", _span(next_send - now), self.inbox.settings.outbox_gap)
 
     async def _send(self, text: str) -> None:
         """The channel, its failures logged: dispatch records them and returns 0, which
@@ -576,6 +621,8 @@ class Worker:
                     return
             except InboxError:
                 return
+            if self.inbox.file_replaced() is not None:
+                return  # the loop's next pass stops the worker and says why
 
     def _nap_seconds(self, wake: int | None, renew: bool) -> float:
         """How long an idle nap may last. Polling: poll_interval, as ever. Woken by the
@@ -607,6 +654,15 @@ class Worker:
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
+
+
+def _span(seconds: int) -> str:
+    """48m, 2h05m, 30s: how long until a held reply may go."""
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m"
+    return f"{seconds}s"
 
 
 async def run_worker(path_or_inbox: str | os.PathLike | Inbox, agent: Agent, *,

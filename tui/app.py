@@ -28,6 +28,7 @@ from core.wake import SLOW_POLL
 
 from . import operator
 from .panes import PANES, Pane
+from .panes.base import PaneTable
 from .panes.panebar import PaneBar
 from .panes.status import StatusStrip
 from .panes.timefmt import compact_count
@@ -50,7 +51,13 @@ QUESTIONS = {
                "A cancelled event is never claimed; a running one cannot be cancelled."),
     "mark_done": ("Mark this interrupted event done?", "Mark these {n} interrupted events done?",
                   "Only if you checked that its effect happened: it will not run again."),
+    "requeue": ("Requeue this event?", "Requeue these {n} events?",
+                "It runs again with a fresh attempt budget: any effect it had (a refund, a "
+                "mail) may happen again."),
 }
+# What an answer past its deadline does instead (the inbox refuses it, checked on write).
+LATE = ("The deadline has passed: this answer will be refused and the request ends as "
+        "expired; the agent resumes with a refusal.")
 
 
 class OnwatchApp(App[int]):
@@ -63,19 +70,26 @@ class OnwatchApp(App[int]):
     FALLBACK_POLL_SECONDS = 1.0  # while the notifier runs: it also retries a failed read
     TICK_SECONDS = 1.0
     MUTATING = frozenset({"pause", "resume", "hold_outbox", "release_outbox", "send_now"})
+    FILE_CHECK_SECONDS = 1.0  # how often the path is checked to still name the opened file
 
     BINDINGS = [
         *(Binding(pane.KEY, f"show_pane('{pane.PANE_ID}')", pane.TITLE, show=False,
                   id=f"pane-{pane.PANE_ID}", tooltip=pane.HELP) for pane in PANES),
-        Binding("p", "pause", "Pause", id="pause",
+        # p and o are in help's first screen and the palette, not the footer: at 80
+        # columns the footer keeps the pane's own keys, s and the palette key.
+        Binding("p", "pause", "Pause", id="pause", show=False,
                 tooltip="claims return nothing until resumed; intake never stops"),
-        Binding("p", "resume", "Resume", id="resume", tooltip="the worker may claim events again"),
-        Binding("o", "hold_outbox", "Hold outbox", id="hold-outbox",
+        Binding("p", "resume", "Resume", id="resume", show=False, tooltip="the worker may claim events again"),
+        Binding("o", "hold_outbox", "Hold outbox", id="hold-outbox", show=False,
                 tooltip="paced sends wait until the outbox is released"),
-        Binding("o", "release_outbox", "Release outbox", id="release-outbox",
+        Binding("o", "release_outbox", "Release outbox", id="release-outbox", show=False,
                 tooltip="paced sends go out again"),
-        Binding("s", "send_now", "Send now", id="send-now",
-                tooltip="every held message goes out now, ignoring the gap (confirmed)"),
+        Binding("s", "send_now", "Send → file", id="send-now",
+                tooltip="every held message is appended now to a log file beside the inbox "
+                        "(the desk has no channel), ignoring the gap (confirmed)"),
+        Binding("R", "reopen", "Reopen", id="reopen",
+                tooltip="open the file now at the inbox's path (after it was deleted or "
+                        "replaced)"),
         Binding("question_mark", "help", "Help", id="help", key_display="?",
                 tooltip="this list of keys"),
         Binding("q", "quit", "Quit", id="quit", tooltip="leave onwatch (the agent keeps running)"),
@@ -99,6 +113,7 @@ class OnwatchApp(App[int]):
         self._polling = False
         self._follower: asyncio.Task | None = None  # wakes the poll, see _follow
         self._problem: str | None = None
+        self.file_problem: str | None = None  # the path no longer names the opened file
 
     # --- layout ---------------------------------------------------------------------------
 
@@ -116,7 +131,7 @@ class OnwatchApp(App[int]):
         # Below the design width the footer drops its padding so every key still fits.
         footer = self.query_one(Footer)
         footer.compact = event.size.width < 140
-        footer.show_command_palette = event.size.width >= 100
+        footer.show_command_palette = True
 
     def on_mount(self) -> None:
         self.query_one(PaneBar).activate(PANES[0].PANE_ID)
@@ -247,12 +262,50 @@ class OnwatchApp(App[int]):
         now = self.clock.now()
         self.now = now
         try:
+            self.check_file()
             self.query_one(StatusStrip).tick(now)
             self.active_pane.tick(now)
         except NoMatches:  # starting up or shutting down: nothing on screen to move
             return
         if isinstance(self.screen, ConfirmScreen):
             self.screen.tick(now)
+
+    def check_file(self) -> str | None:
+        """Is the path still the file we opened? If not: a standing alarm, every action
+        refused, `R` offered. Two stat calls; run by the clock, whatever follows the file."""
+        why = self.inbox.file_replaced()
+        if why != self.file_problem:
+            self.file_problem = why
+            self.query_one(StatusStrip).raise_alarm(why)
+            for pane in self.panes:
+                pane.refusing = why
+                pane.refresh_bindings()
+            self.refresh_bindings()
+            if why is not None:
+                self.bell()
+        return why
+
+    async def action_reopen(self) -> None:
+        """Open the inbox now at the path; the old connection (to a lost file) is closed."""
+        if self.file_problem is None:
+            return
+        try:
+            fresh = await Inbox.open(self.inbox.path, clock=self.clock, create=False)
+        except (InboxError, OSError) as exc:
+            self.active_pane.show_outcome(f"cannot reopen: {exc}", False)
+            return
+        async with self._refresh_lock, self._action_lock:
+            old, self.inbox = self.inbox, fresh
+            await old.close()
+            self._seen_token = None
+            for pane in self.panes:
+                pane.clear_marks()
+                pane.window.after = None
+                pane.window.previous.clear()
+        self.check_file()
+        self.active_pane.show_outcome(f"reopened {self.inbox.path}: this is the file at "
+                                      f"that path now", True)
+        await self.reload()
 
     # --- panes ----------------------------------------------------------------------------
 
@@ -274,6 +327,12 @@ class OnwatchApp(App[int]):
         self.run_worker(self._refresh(panes=(message.pane,)), group="refresh",
                         exit_on_error=False)
 
+    def on_key(self, event: events.Key) -> None:
+        # A key the panes' queue held while the filter dialog went up reaches the app with
+        # no binding on the dialog: it was typed for the filter.
+        if event.is_forwarded and isinstance(self.screen, FilterScreen):
+            self.screen.type_ahead(event)
+
     def on_pane_filter_requested(self, message: Pane.FilterRequested) -> None:
         pane = message.pane
         hint = ("Matches the source, the source id or the error text."
@@ -294,10 +353,14 @@ class OnwatchApp(App[int]):
     # --- actions --------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "reopen":
+            return self.file_problem is not None
         if action not in self.MUTATING:
             return True
         if self.read_only:
             return False
+        if self.file_problem is not None:
+            return None
         overview = self.overview
         paused = overview is not None and overview.paused
         held = overview is not None and overview.outbox_held
@@ -311,12 +374,28 @@ class OnwatchApp(App[int]):
         message.stop()
         if self.read_only:
             return
-        self.run_worker(self._act(message.pane, message.action, message.targets),
-                        group="actions", exit_on_error=False)
+        self.run_worker(self._act(message.pane, message.action, message.targets,
+                                  message.hidden), group="actions", exit_on_error=False)
 
-    def _confirmation(self, action: str, targets: tuple[Any, ...]) -> ConfirmScreen:
+    def _confirmation(self, action: str, targets: tuple[Any, ...],
+                      hidden: int = 0) -> ConfirmScreen:
         one, many, note = QUESTIONS[action]
         question = one if len(targets) == 1 else many.format(n=len(targets))
+        now = self.clock.now()
+        late = [t for t in targets if isinstance(t, Approval) and t.answer is None
+                and t.due <= now]
+        if late and action in ("approve", "deny"):
+            if len(late) == len(targets):
+                question = question.replace("?", " (past its deadline)?" if len(late) == 1
+                                            else " (all past their deadline)?")
+                note = LATE
+            else:
+                note = (f"{note} {len(late)} of them are past their deadline: those answers "
+                        f"will be refused and end as expired.")
+        if hidden:
+            rows = "row is" if hidden == 1 else "rows are"
+            note = (f"Only the rows listed: {hidden} marked {rows} hidden by the filter or "
+                    f"another page and left out. {note}")
         subjects = []
         long = 4000 if len(targets) == 1 else 200
         for target in targets:
@@ -332,14 +411,37 @@ class OnwatchApp(App[int]):
                     text.append("\n")
                     text.append_text(safe_text(target.error, limit=200, style="italic"))
                 subjects.append(Subject(text))
-        return ConfirmScreen(question, subjects, self.clock.now(), note)
+        return ConfirmScreen(question, subjects, now, note)
 
-    async def _act(self, pane: Pane, action: str, targets: tuple[Any, ...]) -> None:
+    def _refuse_lost_file(self, pane: Pane) -> bool:
+        """Say so and refuse when the path no longer names the opened file."""
+        why = self.check_file()
+        if why is not None:
+            pane.show_outcome(f"refused: {why}; nothing changed (R reopens the path)", False)
+        return why is not None
+
+    async def _act(self, pane: Pane, action: str, targets: tuple[Any, ...],
+                   hidden: int = 0) -> None:
+        answered = [t for t in targets if isinstance(t, Approval) and t.answer is not None]
+        if answered and len(answered) == len(targets):
+            # Nothing to ask: say what stands rather than do nothing silently.
+            pane.show_outcome("; ".join(f"{t.request_id}: already answered: {t.answer}"
+                                        for t in answered[:3]), False)
+            return
+        targets = tuple(t for t in targets if t not in answered)
         async with self._action_lock:
+            if self._refuse_lost_file(pane):
+                return
             if action in operator.CONFIRMED:
-                if not await self.push_screen_wait(self._confirmation(action, targets)):
+                if not await self.push_screen_wait(self._confirmation(action, targets,
+                                                                      hidden)):
                     pane.show_outcome("not confirmed: nothing changed", None)
                     return
+            if self._refuse_lost_file(pane):
+                return
+            # Until the core answers (a worker may hold the write lock for a moment), the
+            # previous outcome must not stand on screen as if it were this one's.
+            pane.show_outcome("waiting for the lock…", None)
             now = self.clock.now()
             outcomes = []
             for target in targets:
@@ -350,6 +452,7 @@ class OnwatchApp(App[int]):
                     outcomes.append(await operator.event_action(
                         self.inbox, action, target, now=now, actor=self.ACTOR))
             outcome = operator.summarize(action, outcomes)
+            pane.acted_on(targets)
             pane.clear_marks()
             pane.show_outcome(outcome.text, outcome.applied)
             await self._refresh()
@@ -357,6 +460,8 @@ class OnwatchApp(App[int]):
     async def _global(self, action: str) -> None:
         async with self._action_lock:
             pane = self.active_pane
+            if self._refuse_lost_file(pane):
+                return
             if action == "send_now":
                 held = self.overview.held_messages if self.overview else 0
                 log = operator.outbox_log_path(self.inbox)
@@ -366,11 +471,16 @@ class OnwatchApp(App[int]):
                 if not await self.push_screen_wait(ConfirmScreen(question, [], self.now, note)):
                     pane.show_outcome("not confirmed: nothing sent", None)
                     return
+                if self._refuse_lost_file(pane):
+                    return
+                pane.show_outcome("waiting for the lock…", None)
                 outcome = await operator.send_now(self.inbox, now=self.clock.now(),
                                                   actor=self.ACTOR)
             else:
+                pane.show_outcome("waiting for the lock…", None)
                 outcome = await operator.flag_action(self.inbox, action, now=self.clock.now(),
                                                      actor=self.ACTOR)
+            pane.acted_on(pane.records())  # rows sent now leave: the outcome says so
             pane.show_outcome(outcome.text, outcome.applied)
             await self._refresh()
 
@@ -408,6 +518,11 @@ class OnwatchApp(App[int]):
                  for b in cls.__dict__.get("BINDINGS", ()) if isinstance(b, Binding)
                  and b not in app_bindings]
         groups = [(self.TITLE, [(b, True) for b in added])] if added else []
+        # The keys that change things come first: at 80×24 they are the first screen.
+        for pane in PANES:
+            own = [(b, available(pane, b)) for b in pane.BINDINGS if b not in Pane.BINDINGS]
+            if own:
+                groups.append((f"{pane.KEY} {pane.TITLE}", own))
         groups += [
             ("Panes", [(b, True) for b in app_bindings if b.action.startswith("show_pane")]),
             ("Everywhere", [(b, available(self, b)) for b in app_bindings
@@ -416,11 +531,9 @@ class OnwatchApp(App[int]):
                          tooltip="find any of these by name"), True)]),
             ("In every pane", [(b, available(Pane, b)) for b in Pane.BINDINGS
                                if not b.action.startswith("app.")]),
+            ("Moving in a table (↑ ↓ pgup pgdn too)",
+             [(b, True) for b in PaneTable.BINDINGS if isinstance(b, Binding)]),
         ]
-        for pane in PANES:
-            own = [(b, available(pane, b)) for b in pane.BINDINGS if b not in Pane.BINDINGS]
-            if own:
-                groups.append((f"{pane.KEY} {pane.TITLE}", own))
         notes = [
             "Confirmations: y or ↵ confirms, n or esc cancels.",
             "Every action is conditional on the state you saw: a row the worker changed "

@@ -94,6 +94,16 @@ def _when(instant: int | None, now: int) -> str:
     return f"in {span} ({stamp})" if delta > 0 else f"{span} ago ({stamp})"
 
 
+def _local(instant: int, now: int) -> str:
+    """'2026-11-29 19:40:00 CET (3m 20s ago)': local time for a person (--json keeps the
+    raw seconds)."""
+    stamp = dt.datetime.fromtimestamp(instant).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    delta = now - instant
+    ago = "now" if delta == 0 else (f"{_span(delta)} ago" if delta > 0 else
+                                   f"in {_span(-delta)}")
+    return f"{stamp} ({ago})"
+
+
 def _span(seconds: int) -> str:
     parts = []
     for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
@@ -427,6 +437,9 @@ async def cmd_status(args: argparse.Namespace) -> int:
     elif view.lease.until >= now:
         lease = (f"{view.lease.holder} generation {view.lease.gen}, "
                  f"{view.lease.until - now}s left")
+    elif view.lease_released:
+        lease = (f"free (last: {view.lease.holder} generation {view.lease.gen}, released "
+                 f"{now - view.lease.until - 1}s ago)")
     else:
         lease = (f"free (last: {view.lease.holder} generation {view.lease.gen}, expired "
                  f"{now - view.lease.until}s ago)")
@@ -453,18 +466,26 @@ async def cmd_show(args: argparse.Namespace) -> int:
             raise CliError(f"no event {args.event_id} in {args.path}", NOT_APPLIED)
         runs = await inbox.runs(args.event_id)
         effects = await inbox.effects(args.event_id)
+        now = inbox.now()
     if args.json:
         _emit_json({"effects": effects, "event": event, "runs": runs})
         return OK
     print(f"event {event.id}  {event.source} / {event.source_id}  {event.status}  "
           f"attempts {event.attempts}")
+    print(f"created     {_local(event.created, now)}")
+    print(f"updated     {_local(event.updated, now)}")
     if event.error:
         print(f"error       {_one_line(event.error)}")
     print(f"payload     {json.dumps(event.payload, ensure_ascii=False, sort_keys=True)}")
     for run in runs:
-        print(f"run {run.id}  {run.holder} generation {run.gen}  claimed {run.claimed_at}  "
-              f"outcome {run.outcome or 'running'}" + (f"  ({_one_line(run.error)})"
-                                                       if run.error else ""))
+        finished = f"  finished {_local(run.finished_at, now)}" if run.finished_at else ""
+        print(f"run {run.id}  {run.holder} generation {run.gen}  claimed "
+              f"{_local(run.claimed_at, now)}{finished}  outcome {run.outcome or 'running'}"
+              + (f"  ({_one_line(run.error)})" if run.error else ""))
+        if run.traceback:
+            print("  traceback (the agent's, most recent call last):")
+            for line in run.traceback.rstrip().splitlines():
+                print(f"    {line}")
     for effect in effects:
         print(f"effect {effect.name}  {effect.state}  key {effect.key}  run {effect.run_id}  "
               f"detail {json.dumps(effect.detail, ensure_ascii=False, sort_keys=True)}")

@@ -24,7 +24,8 @@ EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "mark_done": "mar
 # action name → the answer it stores
 APPROVAL_ACTIONS = {"approve": "yes", "deny": "no", "expire": "expired"}
 # the actions that ask for confirmation first
-CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "mark_done", "send_now"})
+CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "mark_done", "send_now",
+                       "requeue"})
 
 # What a change of state means, seen from the operator's chair.
 _CHANGED = {

@@ -16,6 +16,7 @@ import threading
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
+from ..wake import Wake
 from ..errors import InboxBusy, InboxError, NotAnInbox
 from . import schema
 
@@ -134,6 +135,9 @@ class Database:
         self.path = f"{redact(url)} inbox {name}"
         self.busy_timeout = busy_timeout
         self._tx = Tx(conn, inbox, name)
+        # Waiters in this process learn of its own commits here; other processes' commits
+        # reach them through LISTEN (core/pg/listen.py), not a file.
+        self.wake = Wake(None)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, name=f"onwatch-pg-{name}",
@@ -248,7 +252,9 @@ class Database:
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` in one transaction holding the inbox's lock; roll back on any exception."""
-        return await self._await(write_transaction, fn, args)
+        result = await self._await(write_transaction, fn, args)
+        self.wake.notify()
+        return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside one read snapshot."""
@@ -258,7 +264,15 @@ class Database:
                    done: Callable[[T | None, BaseException | None], None]) -> None:
         """Queue `fn` in its own write transaction; call `done(result, error)` on this loop
         once it committed or rolled back (the callback form of `write`, for group commit)."""
-        self._submit(write_transaction, fn, args, done, asyncio.get_running_loop())
+        def committed(result: T | None, error: BaseException | None) -> None:  # on the loop
+            if error is None:
+                self.wake.notify()
+            done(result, error)
+        self._submit(write_transaction, fn, args, committed, asyncio.get_running_loop())
+
+    def file_replaced(self) -> str | None:
+        """Always None: an inbox in a database server has no file to be deleted or swapped."""
+        return None
 
     def peek(self, fn: Callable[..., T], *args: Any) -> T:
         """SQLite answers tiny reads on the loop's thread from a local file; here that would be
@@ -274,6 +288,7 @@ class Database:
         if self._closed:
             return
         self._closed = True
+        self.wake.close()
         self._jobs.put(None)
         await asyncio.to_thread(self._thread.join)
 

@@ -17,7 +17,7 @@ MIGRATION_LOCK = 0x6F6E7774
 
 # Each entry migrates from version i to i + 1; a database at version N has run the first N.
 MIGRATIONS: tuple[str, ...] = (
-    # 1: the inboxes (the shape of SQLite schema 3, with the inbox id in every key).
+    # 1: the inboxes (the shape of SQLite schema 4, with the inbox id in every key).
     f"""
     CREATE TABLE onwatch_schema (
         id integer PRIMARY KEY CHECK (id = 1),
@@ -42,6 +42,7 @@ MIGRATIONS: tuple[str, ...] = (
         lease_holder text,                 -- NULL until the first acquire
         lease_gen bigint CHECK (lease_gen >= 1),
         lease_until bigint,
+        released_gen bigint,               -- the generation its holder handed back, if any
         CHECK ((lease_holder IS NULL) = (lease_gen IS NULL)
                AND (lease_gen IS NULL) = (lease_until IS NULL)),
         CONSTRAINT inboxes_by_name UNIQUE (name)
@@ -127,7 +128,8 @@ MIGRATIONS: tuple[str, ...] = (
         finished_at bigint,
         outcome text CHECK (outcome IN ('done', 'error', 'lost')),
         result text,
-        error text
+        error text,
+        traceback text                     -- the agent's, for a failed run (bounded)
     );
     CREATE INDEX runs_by_claim_time ON runs(inbox_id, claimed_at);
 

@@ -247,11 +247,17 @@ def acquire(db: Tx, holder: str, now: int) -> int | None:
             return None
         db.execute("UPDATE inboxes SET lease_until = %s WHERE id = %s", (now + ttl, db.inbox))
         return gen
+    # A lease its holder handed back (a clean restart) is a succession, not a takeover: only
+    # a lease left to expire means a worker died or stalled.
+    released = db.execute("SELECT released_gen FROM inboxes WHERE id = %s",
+                          (db.inbox,)).fetchone()[0] == gen
     gen += 1
     db.execute("UPDATE inboxes SET lease_holder = %s, lease_gen = %s, lease_until = %s, "
-               "takeovers = takeovers + 1 WHERE id = %s", (holder, gen, now + ttl, db.inbox))
+               "takeovers = takeovers + %s WHERE id = %s",
+               (holder, gen, now + ttl, 0 if released else 1, db.inbox))
     db.execute("INSERT INTO lease_history(inbox_id, gen, holder, previous_holder, at, how) "
-               "VALUES (%s, %s, %s, %s, %s, 'takeover')", (db.inbox, gen, holder, current, now))
+               "VALUES (%s, %s, %s, %s, %s, %s)",
+               (db.inbox, gen, holder, current, now, "released" if released else "takeover"))
     return gen
 
 
@@ -284,7 +290,8 @@ def release(db: Tx, holder: str, gen: int, now: int) -> bool:
     """Hand the lease back so a successor need not wait for the TTL."""
     if not holds(db, holder, gen, now):
         return False
-    db.execute("UPDATE inboxes SET lease_until = %s WHERE id = %s", (now - 1, db.inbox))
+    db.execute("UPDATE inboxes SET lease_until = %s, released_gen = %s WHERE id = %s",
+               (now - 1, gen, db.inbox))
     audit(db, now, holder, "release lease", f"gen {gen}", "held", "released", True)
     return True
 
@@ -404,7 +411,8 @@ def runs_since(db: Tx, since: int) -> int:
 
 def finish(db: Tx, holder: str, gen: int, ids: Sequence[int], replies: Sequence[Reply],
            error: str | None, result: str | None, approvals: Sequence[ApprovalRequest],
-           followups: Sequence[FollowUp], now: int, run: int | None = None) -> bool:
+           followups: Sequence[FollowUp], now: int, run: int | None = None,
+           traceback: str | None = None) -> bool:
     """Commit a run's outcome and everything it produced, fenced (by generation, and by run
     when `run` is given), all or nothing."""
     if not holds(db, holder, gen, now):
@@ -465,9 +473,9 @@ def finish(db: Tx, holder: str, gen: int, ids: Sequence[int], replies: Sequence[
                                    "AND status = 'running' LIMIT 1",
                                    (db.inbox, run_id)).fetchone()
         if still_running is None:
-            db.execute("UPDATE runs SET outcome = %s, finished_at = %s, result = %s, error = %s "
-                       "WHERE inbox_id = %s AND id = %s AND outcome IS NULL",
-                       (outcome, now, result, error, db.inbox, run_id))
+            db.execute("UPDATE runs SET outcome = %s, finished_at = %s, result = %s, error = %s, "
+                       "traceback = %s WHERE inbox_id = %s AND id = %s AND outcome IS NULL",
+                       (outcome, now, result, error, traceback, db.inbox, run_id))
     return True
 
 
@@ -1028,9 +1036,10 @@ def audit_entries(db: Tx, limit: int, target: str | None) -> list[AuditEntry]:
 
 def run_records(db: Tx, ids: Iterable[int]) -> list[Run]:
     rows = db.execute(
-        "SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error "
-        "FROM runs WHERE inbox_id = %s AND id = ANY(%s) ORDER BY id", (db.inbox, list(ids)))
-    return [Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8])
+        "SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, "
+        "traceback FROM runs WHERE inbox_id = %s AND id = ANY(%s) ORDER BY id",
+        (db.inbox, list(ids)))
+    return [Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
             for r in rows]
 
 
@@ -1078,7 +1087,13 @@ def overview(db: Tx, now: int) -> Overview:
         held_messages=held, next_send_at=next_send_at(db) if held else None,
         next_timer_due=next_timer_due(db), waiting_approvals=waiting, runs_last_day=runs_day,
         budgets=budgets, timers=timer_count, uncertain_deliveries=uncertain,
-        set_aside=set_aside)
+        set_aside=set_aside, lease_released=_lease_released(db))
+
+
+def _lease_released(db: Tx) -> bool:
+    gen, released = db.execute("SELECT lease_gen, released_gen FROM inboxes WHERE id = %s",
+                               (db.inbox,)).fetchone()
+    return gen is not None and released == gen
 
 
 def next_wake(db: Tx, now: int) -> int | None:

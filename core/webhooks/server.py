@@ -262,6 +262,13 @@ class Receiver:
                           close=True) from None
 
     async def _store(self, source: str, source_id: str, payload: Any) -> bool:
+        replaced = self.inbox.file_replaced()
+        if replaced is not None:
+            # Acknowledging would store the delivery in a file nobody reads: refuse, so the
+            # sender retries once the receiver is restarted on the file now at the path.
+            log.error("refusing %s delivery: %s; restart the receiver", source, replaced)
+            raise Refused(503, "inbox file deleted or replaced; restart the receiver",
+                          retry_after=RETRY_AFTER_BUSY)
         try:
             return await self.inbox.ingest(source, source_id, payload)
         except BudgetExceeded:

@@ -129,6 +129,7 @@ async def measure(path: str, repeats: int,
 
     from core import FakeClock, Inbox
     from tui.app import OnwatchApp
+    from tui.screens.confirm import ConfirmScreen
 
     figures: dict[str, float] = {}
     clock = FakeClock(T0)
@@ -192,7 +193,7 @@ async def measure(path: str, repeats: int,
                     await pilot.pause()
                 figures[name] = statistics.median(samples) * 1000
 
-            # Keypress to committed action: requeue (no confirmation) on pane 3.
+            # Keypress to committed action: requeue on pane 3, timed from the confirming y.
             await pilot.press("3")
             await app.workers.wait_for_complete()
             await pilot.pause()
@@ -200,8 +201,15 @@ async def measure(path: str, repeats: int,
             for _ in range(repeats):
                 pane = app.pane("dead")
                 event_id = int(pane.cursor_key())
-                begin = time.perf_counter()
                 app.post_message(events.Key("r", "r"))  # as the terminal driver delivers it
+                for _ in range(5000):  # bounded: a missing dialog fails below, not hangs
+                    if isinstance(app.screen, ConfirmScreen):
+                        break
+                    await asyncio.sleep(0.001)
+                assert isinstance(app.screen, ConfirmScreen), "requeue asked no confirmation"
+                await pilot.pause()
+                begin = time.perf_counter()
+                app.post_message(events.Key("y", "y"))
                 while other.execute("SELECT status FROM events WHERE id = ?",
                                     (event_id,)).fetchone()[0] != "pending":
                     await asyncio.sleep(0.001)

@@ -128,7 +128,12 @@ async def test_requeue_a_dead_event(seeded):
         await started(app, pilot)
         await press(pilot, "3")
         await highlight(pilot, "dead", "2")
-        await press(pilot, "r")  # no confirmation: requeue is undoable
+        await press(pilot, "r")
+        # Confirmed, naming the row: rerunning the wrong poison event can repeat a refund.
+        await confirm_open(pilot)
+        assert "#2  webhook / gh-poison-77" in screen_text(app)
+        assert (await inbox.get_event(2)).status == "dead"
+        await press(pilot, "y")
         await wait_for_text(pilot, "requeued #2: pending again with a fresh attempt budget")
         event = await inbox.get_event(2)
         assert (event.status, event.attempts) == ("pending", 0)
@@ -249,7 +254,7 @@ async def test_pause_and_resume(seeded):
         await wait_for_text(pilot, "paused: claims return nothing until you resume")
         assert (await inbox.overview()).paused
         assert "PAUSED" in screen_text(app)
-        assert "p Resume" in screen_text(app)
+        assert "PAUSED · p resumes" in screen_text(app)
         await press(pilot, "p")
         await wait_for_text(pilot, "resumed: the worker may claim events again")
         assert not (await inbox.overview()).paused
@@ -368,12 +373,12 @@ async def test_help_and_palette_read_the_bindings(seeded):
         console = Console(width=120, file=io.StringIO(), record=True)
         console.print(app.screen.body)
         text = console.export_text()
-        for words in ("Approve", "answer yes", "Requeue", "Send now", "outbox.log",
+        for words in ("Approve", "answer yes", "Requeue", "Send → file", "outbox.log",
                       "Mark done", "Cancel", "Next page"):
             assert words in text, words
         await press(pilot, "escape")
         names = [c.title for c in app.get_system_commands(app.screen)]
-        for name in ("Approve", "Deny", "Expire", "Pause", "Hold outbox", "Send now",
+        for name in ("Approve", "Deny", "Expire", "Pause", "Hold outbox", "Send → file",
                      "Detail", "Filter", "Pending", "Outbox", "Help", "Quit"):
             assert name in names, name
         assert len(names) == len(set(names)), names  # one Quit, one Help

@@ -46,8 +46,8 @@ class ApprovalsPane(Pane):
     ACTIONS = frozenset({"approve", "deny", "expire"})
     HELP = "requests for a human's yes or no, with a live countdown; answered ones greyed"
     COLUMNS = (
-        Column("request", "request", 18),
-        Column("left", "time left", 15, ticking=True),
+        Column("request", "request", 18, narrow=14),
+        Column("left", "time left", 15, narrow=14, ticking=True),
         Column("asked", "asked", 7, ticking=True),
         Column("action", "action", 24, fill=True),
     )
@@ -70,6 +70,9 @@ class ApprovalsPane(Pane):
         return record.request_id
 
     def count_label(self, data: PaneData) -> str:
+        if self.window.search:  # the count must be of what the filter shows
+            shown = sum(1 for a in data.rows if a.answer is None)
+            return f"{shown:,} of {data.total:,} waiting match"
         return f"{data.total:,} waiting"
 
     def cells(self, approval: Approval, now: int) -> dict[str, Text]:
@@ -81,6 +84,8 @@ class ApprovalsPane(Pane):
     def ticking_cells(self, approval: Approval, now: int) -> dict[str, Text]:
         if approval.answer is not None:
             by = f" · {approval.answered_by}" if approval.answered_by else ""
+            if len(approval.answer) + len(by) > 14:  # never cut mid-word: the answer alone
+                by = ""
             left = Text(approval.answer, style="dim")
             left.append_text(safe_text(by, limit=30, style="dim"))
             return {"left": left, "asked": Text(duration(now - approval.requested), style="dim")}
@@ -89,7 +94,8 @@ class ApprovalsPane(Pane):
                 "asked": Text(duration(now - approval.requested))}
 
     def allowed(self, action: str, targets: list[Approval]) -> bool | None:
-        return True if any(t.answer is None for t in targets) else None
+        # Answered rows too: the app then says what stands instead of doing nothing.
+        return True if targets else None
 
     def action_approve(self) -> None:
         self.request("approve")

@@ -20,6 +20,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Label
 
 from ..safe import join, safe_content, safe_text
+from ..screens.filter import FilterScreen
 
 WINDOW_ROWS = 300  # rows per pane window: a few screens, never the whole table
 MARK = "●"
@@ -34,6 +35,7 @@ class Column:
     width: int  # the width, or for the fill column its minimum
     ticking: bool = False
     fill: bool = False  # takes the width the other columns leave (one per table)
+    narrow: int | None = None  # the width when the fill column would get less than its own
 
 
 @dataclass(slots=True)
@@ -62,19 +64,61 @@ class PaneTable(DataTable):
 
     fill_column: str | None = None
     fill_minimum: int = 10
+    widths: dict[str, tuple[int, int]] = {}  # column key → (normal, narrow) width
+
+    # k9s / vim habits next to the arrows; `home`/`end` move the row cursor (DataTable's
+    # own move a column cursor, which a row table does not have).
+    BINDINGS = [
+        Binding("j", "cursor_down", "Down", show=False, id="row-down",
+                tooltip="the next row (↓ too)"),
+        Binding("k", "cursor_up", "Up", show=False, id="row-up",
+                tooltip="the previous row (↑ too)"),
+        Binding("g,home", "scroll_top", "First row", show=False, id="row-first",
+                key_display="g home", tooltip="the first row of the window"),
+        Binding("G,end", "scroll_bottom", "Last row", show=False, id="row-last",
+                key_display="G end", tooltip="the last row of the window"),
+        Binding("ctrl+d", "half_page(1)", "Half page down", show=False, id="half-down",
+                key_display="^d", tooltip="half a screen down (pgdn: a screen)"),
+        Binding("ctrl+u", "half_page(-1)", "Half page up", show=False, id="half-up",
+                key_display="^u", tooltip="half a screen up (pgup: a screen)"),
+    ]
+
+    def action_half_page(self, direction: int) -> None:
+        if self.row_count == 0:
+            return
+        step = max(self.scrollable_content_region.height // 2, 1)
+        row = min(max(self.cursor_row + direction * step, 0), self.row_count - 1)
+        self.move_cursor(row=row, animate=False)
 
     def on_resize(self) -> None:
         self.fit_fill_column()
 
     def fit_fill_column(self) -> None:
-        if self.fill_column is None or self.fill_column not in self.columns:
+        if self.fill_column is not None and self.fill_column not in self.columns:
             return
         padding = 2 * self.cell_padding
+        available = self.scrollable_content_region.width
+        # At 80 columns the other columns give up width first (their narrow widths), so
+        # the fill column (a reason, an error, an action's text) keeps what matters.
+        normal = sum(self.widths.get(key, (c.width, c.width))[0] + padding
+                     for key, c in self.columns.items() if key != self.fill_column)
+        fill = self.fill_minimum if self.fill_column is not None else 0
+        narrow = available - normal - padding < fill
+        for key, (wide, small) in self.widths.items():
+            want = small if narrow else wide
+            column = self.columns.get(key)
+            if column is not None and column.width != want:
+                column.width = want
+                column.auto_width = False
+                self._require_update_dimensions = True
+        if self.fill_column is None:
+            self.refresh()
+            return
         others = sum(c.get_render_width(self) for key, c in self.columns.items()
                      if key != self.fill_column)
-        available = self.scrollable_content_region.width
         column = self.columns[self.fill_column]
-        width = max(self.fill_minimum, available - others - padding)
+        width = max(min(self.fill_minimum, 12) if narrow else self.fill_minimum,
+                    available - others - padding)
         if width != column.width:
             column.width = width
             column.auto_width = False
@@ -102,13 +146,19 @@ class Pane(Vertical):
         # order), so they stay visible at 80 columns, where the last keys are cut off.
         Binding("question_mark", "app.help", "Help", id="help", key_display="?",
                 tooltip="this list of keys"),
-        Binding("q", "app.quit", "Quit", id="quit"),
+        Binding("q", "app.quit", "Quit", id="quit", show=False),
         Binding("enter", "detail", "Detail", priority=True, id="detail",
                 tooltip="the highlighted row in full: payload, attempts, errors, history"),
         Binding("slash", "filter", "Filter", id="filter", key_display="/",
                 tooltip="show only the rows matching a text"),
         Binding("space", "mark", "Mark", id="mark", key_display="␣",
-                tooltip="mark or unmark the row; an action applies to every marked row"),
+                tooltip="mark or unmark the row; an action applies to the marked rows shown"),
+        Binding("asterisk", "mark_all", "Mark all shown", show=False, id="mark-all",
+                key_display="*", tooltip="mark every row the window and filter show"),
+        Binding("u", "unmark_all", "Unmark all", show=False, id="unmark-all",
+                tooltip="clear every mark in this pane, shown or hidden"),
+        Binding("escape", "clear_filter", "Clear filter", show=False, id="clear-filter",
+                key_display="esc", tooltip="show every row again (when a filter is set)"),
         Binding("right_square_bracket", "next_page", "Next page", show=False, id="next-page",
                 key_display="]", tooltip="the next window of rows (by id)"),
         Binding("left_square_bracket", "prev_page", "Previous page", show=False,
@@ -116,13 +166,16 @@ class Pane(Vertical):
     ]
 
     class ActionRequested(Message):
-        """The operator asked for `action` on `targets` (records as they were on screen)."""
+        """The operator asked for `action` on `targets` (records as they were on screen);
+        `hidden` marked rows are not among them (filtered out or on another page)."""
 
-        def __init__(self, pane: "Pane", action: str, targets: tuple[Any, ...]) -> None:
+        def __init__(self, pane: "Pane", action: str, targets: tuple[Any, ...],
+                     hidden: int = 0) -> None:
             super().__init__()
             self.pane = pane
             self.action = action
             self.targets = targets
+            self.hidden = hidden
 
     class DetailRequested(Message):
         """The operator wants the full story of `record`."""
@@ -151,6 +204,9 @@ class Pane(Vertical):
         self.window = Window()
         self.data = PaneData()
         self.read_only = False  # set by the app: a read-only desk offers no actions
+        self.refusing: str | None = None  # set by the app: why every action is refused now
+        self._window_moved = False  # the operator moved the window: rows leave, no news
+        self._acted_on: set[str] = set()  # rows the operator's own action moves out
         self.stale = True  # the app fetches a stale pane when it is shown
         self.now = 0
         self._records: dict[str, Any] = {}  # row key → record, in table order
@@ -194,6 +250,8 @@ class Pane(Vertical):
         table = PaneTable(id=f"{self.PANE_ID}-table", cursor_type="row", zebra_stripes=True)
         if self.MARKABLE:
             table.add_column(" ", key="mark", width=1)
+        table.widths = {c.key: (c.width, c.narrow) for c in self.COLUMNS
+                        if c.narrow is not None}
         for column in self.COLUMNS:
             table.add_column(column.label, key=column.key, width=column.width)
             if column.fill:
@@ -221,6 +279,7 @@ class Pane(Vertical):
         self.now = now
         self.stale = False
         table = self.table
+        cursor, cursor_row = self.cursor_key(), table.cursor_row
         fresh = [(self.row_key(r), r) for r in data.rows]
         fresh_keys = [k for k, _ in fresh]
         fresh_set = set(fresh_keys)
@@ -246,6 +305,7 @@ class Pane(Vertical):
             for key in self._marks:
                 if key in self._records:
                     self._marks[key] = self._records[key]
+            self._follow_cursor(cursor, cursor_row)
         self.set_class(not fresh, "-empty")
         self._show_titles()
         self.refresh_bindings()
@@ -278,15 +338,53 @@ class Pane(Vertical):
         label.set_class(applied is False, "-refused")
 
     def _rebuild(self, fresh: list[tuple[str, Any]], now: int) -> None:
-        cursor = self.cursor_key()
         self.table.clear()
         self._records.clear()
         self._sigs.clear()
         self._cells.clear()
         for key, record in fresh:
             self._add_row(key, record, now)
+
+    def label(self, key: str) -> str:
+        """How a row is named in a sentence: '#228' for events (their key is the id)."""
+        return f"#{key}" if key.isdigit() else key
+
+    def _follow_cursor(self, cursor: str | None, cursor_row: int) -> None:
+        """Keep the highlight on the row it was on (its key), whatever came and went above.
+
+        If that row left the window, stay at the same height (the row that took its place,
+        or the last) and say so, so a key pressed next is not aimed at a row by surprise.
+        """
+        table = self.table
+        if cursor is None or table.row_count == 0:
+            if cursor is not None and not self._window_moved and cursor not in self._acted_on:
+                self.show_notice(f"{self.label(cursor)} left {self.TITLE}; no row is left")
+            self._window_moved = False
+            return
         if cursor in self._records:
-            self.table.move_cursor(row=self.table.get_row_index(cursor), animate=False)
+            row = table.get_row_index(cursor)
+            if row != table.cursor_row:
+                table.move_cursor(row=row, animate=False, scroll=False)
+            self._window_moved = False
+            return
+        row = min(max(cursor_row, 0), table.row_count - 1)
+        table.move_cursor(row=row, animate=False, scroll=False)
+        if self._window_moved or cursor in self._acted_on:
+            self._window_moved = False
+            self._acted_on.clear()
+            return
+        landed = self.cursor_key()
+        self.show_notice(f"{self.label(cursor)} left {self.TITLE}; the highlight is now on "
+                         f"{self.label(landed) if landed else 'no row'}")
+
+    def acted_on(self, records: Iterable[Any]) -> None:
+        """These rows may leave because of the operator's own action: its outcome says
+        so, no 'left the pane' note replaces it."""
+        self._acted_on = {self.row_key(r) for r in records}
+
+    def show_notice(self, text: str) -> None:
+        """A note that is not an action's outcome (a row left, a filter cleared)."""
+        self.show_outcome(text, None)
 
     def _row_cells(self, key: str, record: Any, now: int) -> dict[str, Text]:
         cells = self.cells(record, now)
@@ -328,7 +426,8 @@ class Pane(Vertical):
             notes += ["filter “", safe_text(self.window.search, limit=40), "”"]
         if self._marks:
             notes.append(" · " if notes else "")
-            notes.append(f"{len(self._marks)} marked")
+            hidden = self.hidden_marks()
+            notes.append(f"{len(self._marks)} marked" + (f" ({hidden} hidden)" if hidden else ""))
         self.border_subtitle = join(*notes) if notes else None
 
     # --- selection ----------------------------------------------------------------------
@@ -345,11 +444,20 @@ class Pane(Vertical):
         return None if key is None else self._records.get(key)
 
     def targets(self) -> list[Any]:
-        """The marked rows (as last seen), else the highlighted one."""
-        if self._marks:
-            return list(self._marks.values())
+        """The marked rows on screen (as last seen), else the highlighted one.
+
+        Marked rows a filter or another page hides are never acted on: an operator must
+        see what a key changes (`hidden_marks` says how many were left out).
+        """
+        shown = [record for key, record in self._marks.items() if key in self._records]
+        if shown:
+            return shown
         record = self.cursor_record()
         return [] if record is None else [record]
+
+    def hidden_marks(self) -> int:
+        """Marked rows the current window does not show (a filter, another page)."""
+        return sum(1 for key in self._marks if key not in self._records)
 
     def clear_marks(self) -> None:
         keys = list(self._marks)
@@ -369,10 +477,17 @@ class Pane(Vertical):
         if action in self.ACTIONS:
             if self.read_only:
                 return False
+            if self.refusing:
+                return None
             return self.allowed(action, self.targets())
-        if action == "mark":
+        if action in ("mark", "mark_all"):
             return False if (self.read_only or not self.MARKABLE) else (
                 True if self._records else None)
+        if action == "unmark_all":
+            return False if (self.read_only or not self.MARKABLE) else (
+                True if self._marks else None)
+        if action == "clear_filter":
+            return bool(self.window.search)  # otherwise escape means what it meant
         if action in ("next_page", "prev_page"):
             if not self.PAGED:
                 return False
@@ -396,13 +511,37 @@ class Pane(Vertical):
             self.post_message(self.DetailRequested(self, record))
 
     def action_filter(self) -> None:
-        self.post_message(self.FilterRequested(self))
+        # The dialog goes up now, not when a message reaches the app: the keys of a paste
+        # ("/chat") are already queued behind this one and must land in the filter's input,
+        # not on this pane's `c`.
+        hint = ("Matches the source, the source id or the error text."
+                if self.PAGED else "Matches the text of the rows in this pane.")
+        self.app.push_screen(FilterScreen(self.TITLE, self.window.search, hint),
+                             self.set_filter)
+
+    def action_clear_filter(self) -> None:
+        if self.window.search:
+            self.set_filter("")
+            self.show_notice("filter cleared: every row is shown")
+
+    def action_mark_all(self) -> None:
+        if not self.MARKABLE or self.read_only:
+            return
+        for key, record in self._records.items():
+            self._marks[key] = record
+            self._update_row(key, self._row_cells(key, record, self.now))
+        self._show_titles()
+        self.refresh_bindings()
+
+    def action_unmark_all(self) -> None:
+        self.clear_marks()
 
     def set_filter(self, search: str | None) -> None:
         """Apply a new filter (None: keep the old one; "" clears) and ask for a new window."""
         if search is None:
             return
         self.window.search = search.strip() or None
+        self._window_moved = True
         self.window.after = None
         self.window.previous.clear()
         self._show_titles()
@@ -426,6 +565,7 @@ class Pane(Vertical):
         if not (self.PAGED and self.data.more and self._records):
             return
         self.window.previous.append(self.window.after)
+        self._window_moved = True
         self.window.after = max(int(k) for k in self._records)
         self.post_message(self.WindowChanged(self))
 
@@ -433,10 +573,12 @@ class Pane(Vertical):
         if not (self.PAGED and self.window.previous):
             return
         self.window.after = self.window.previous.pop()
+        self._window_moved = True
         self.post_message(self.WindowChanged(self))
 
     def request(self, action: str) -> None:
         """Post an action request for the current targets (the app confirms and runs it)."""
         targets = self.targets()
         if targets and not self.read_only:
-            self.post_message(self.ActionRequested(self, action, tuple(targets)))
+            self.post_message(self.ActionRequested(self, action, tuple(targets),
+                                                   self.hidden_marks()))

@@ -31,17 +31,17 @@ class DeadPane(EventPane):
     ACTIONS = frozenset({"requeue", "mark_done"})
     HELP = "dead events (out of attempts) and interrupted runs (completion uncertain)"
     COLUMNS = (
-        Column("id", "id", 7),
+        Column("id", "id", 7, narrow=5),
         Column("state", "state", 11),
         Column("attempts", "tries", 5),
-        Column("since", "since", 7, ticking=True),
+        Column("since", "since", 7, narrow=6, ticking=True),
         Column("error", "reason / error", 30, fill=True),
-        Column("source", "source", 10),
-        Column("source_id", "source id", 16),
+        Column("source", "source", 10, narrow=0),
+        Column("source_id", "source id", 16, narrow=0),
     )
     BINDINGS = [
         Binding("r", "requeue", "Requeue", id="requeue",
-                tooltip="back to pending with a fresh attempt budget"),
+                tooltip="back to pending with a fresh attempt budget (confirmed)"),
         Binding("m", "mark_done", "Mark done", id="mark-done",
                 tooltip="an interrupted event's effect did happen: done, never rerun (confirmed)"),
     ]

@@ -27,12 +27,12 @@ class PendingPane(EventPane):
     ACTIONS = frozenset({"cancel"})
     HELP = "events waiting for a run: age, attempts so far, when a retry is allowed (backoff)"
     COLUMNS = (
-        Column("id", "id", 7),
-        Column("source", "source", 12),
-        Column("source_id", "source id", 22),
-        Column("age", "age", 7, ticking=True),
+        Column("id", "id", 7, narrow=5),
+        Column("source", "source", 12, narrow=7),
+        Column("source_id", "source id", 22, narrow=11),
+        Column("age", "age", 7, narrow=6, ticking=True),
         Column("attempts", "tries", 5),
-        Column("available", "available", 10, ticking=True),
+        Column("available", "available", 10, narrow=9, ticking=True),
         Column("error", "last error", 20, fill=True),
     )
     BINDINGS = [

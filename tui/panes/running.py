@@ -23,9 +23,9 @@ class RunningPane(EventPane):
     EMPTY = "Nothing running."
     HELP = "events claimed by a worker: lease generation, attempt number, running for"
     COLUMNS = (
-        Column("id", "id", 7),
-        Column("source", "source", 12),
-        Column("source_id", "source id", 22),
+        Column("id", "id", 7, narrow=5),
+        Column("source", "source", 12, narrow=7),
+        Column("source_id", "source id", 22, narrow=10),
         Column("gen", "generation", 10),
         Column("attempts", "attempt", 7),
         Column("running_for", "running for", 11, ticking=True),

@@ -25,8 +25,12 @@ def lease_line(overview: Overview | None, now: int) -> Text:
         head = join("lease: none yet (no worker has started)")
     else:
         left = lease.until - now
-        when = f"{duration(left, precise=True)} left" if left >= 0 else \
-            f"expired {duration(-left)} ago"
+        if left >= 0:
+            when = f"{duration(left, precise=True)} left"
+        elif overview.lease_released:  # handed back (a clean stop): nobody died
+            when = f"released {duration(max(-left - 1, 0))} ago"
+        else:
+            when = f"expired {duration(-left)} ago"
         head = join("lease ", safe_text(lease.holder, limit=24, style="bold"),
                     f" gen {lease.gen} · {when}")
     return head
@@ -37,6 +41,8 @@ def fencing_line(overview: Overview | None) -> Text:
     and how many late writes of a lost generation the fence turned away."""
     if overview is None:
         return Text("")
+    # Only a lease left to expire counts: a worker that released it on a clean stop and
+    # its successor are a restart, not a takeover.
     text = Text(f"takeovers {overview.takeovers} · ")
     text.append(f"refused stale writes {overview.refused_writes}",
                 style="bold" if overview.refused_writes else "")
@@ -72,14 +78,17 @@ class StatusStrip(Vertical):
         self.overview: Overview | None = None
         self.updated_at: int | None = None
         self.problem: str | None = None
+        self.alarm: str | None = None  # the file is no longer the one opened: standing
 
     def compose(self) -> ComposeResult:
+        yield Label("", id="alarm")
         with Horizontal(classes="status-line"):
             yield Label("", id="lease")
             yield Label("", id="fencing")
         with Horizontal(classes="status-line"):
-            yield Label("PAUSED", id="paused", classes="badge")
-            yield Label("OUTBOX HELD", id="held", classes="badge")
+            # The key that undoes the state is on the badge: p and o left the footer.
+            yield Label("PAUSED · p resumes", id="paused", classes="badge")
+            yield Label("OUTBOX HELD · o releases", id="held", classes="badge")
             yield Label("READ-ONLY", id="read-only", classes="badge")
             yield Label("", id="budgets")
             yield Label(safe_text(os.path.basename(self.path), limit=30), id="file")
@@ -87,7 +96,18 @@ class StatusStrip(Vertical):
 
     def on_mount(self) -> None:
         self.query_one("#read-only").display = self.read_only
+        self.query_one("#alarm").display = False
         self.tick(0)
+
+    def raise_alarm(self, why: str | None) -> None:
+        """Show (or, with None, take down) the standing alarm over everything else."""
+        self.alarm = why
+        label = self.query_one("#alarm", Label)
+        label.display = why is not None
+        if why is not None:
+            label.update(join("⚠ ", safe_text(why, limit=200),
+                              " · every action is refused · R reopens the path"))
+        self.set_class(why is not None, "-alarm")
 
     def show(self, overview: Overview, now: int, updated_at: int | None,
              problem: str | None = None) -> None:
@@ -106,13 +126,15 @@ class StatusStrip(Vertical):
         overview = self.overview
         self.query_one("#lease", Label).update(lease_line(overview, now))
         expired = overview is not None and overview.lease is not None and \
-            overview.lease.until < now
+            overview.lease.until < now and not overview.lease_released
         self.set_class(expired, "-lease-expired")
         updated = self.query_one("#updated", Label)
-        if self.problem:
+        if self.alarm:  # the rows shown are a lost file's: never "updated 0s ago"
+            updated.update("not the file at the path")
+        elif self.problem:
             updated.update(safe_text(self.problem, limit=60))
         elif self.updated_at is None:
             updated.update("loading…")
         else:
             updated.update(f"updated {duration(max(now - self.updated_at, 0))} ago")
-        self.set_class(bool(self.problem), "-problem")
+        self.set_class(bool(self.problem or self.alarm), "-problem")

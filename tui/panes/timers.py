@@ -23,9 +23,9 @@ class TimersPane(Pane):
     EMPTY = "No timers."
     HELP = "timers soonest first: countdown, period, catch-up policy, last fired, skipped"
     COLUMNS = (
-        Column("timer", "timer", 24),
-        Column("due", "next due", 12, ticking=True),
-        Column("period", "period", 10),
+        Column("timer", "timer", 24, narrow=13),
+        Column("due", "next due", 12, narrow=10, ticking=True),
+        Column("period", "period", 10, narrow=9),
         Column("catch_up", "catch-up", 8),
         Column("last", "last fired", 10, ticking=True),
         Column("skipped", "skipped", 7),

@@ -96,6 +96,13 @@ async def event_detail(inbox: Any, event_id: int, now: int) -> tuple[str, Text]:
             text.append("   result ")
             text.append_text(safe_text(run.result, limit=1000))
             text.append("\n")
+        if run.traceback:
+            # The agent's own traceback: its text (file names, the exception's message) is
+            # untrusted like any error, so it goes through safe_text, line breaks kept.
+            text.append("   traceback (most recent call last at the bottom)\n", style="dim")
+            text.append_text(safe_text(run.traceback.rstrip(), limit=20_000, multiline=True,
+                                       style="dim"))
+            text.append("\n")
     _section(text, f"Effect journal ({len(effects)})")
     if not effects:
         text.append("no external effects recorded\n", style="dim")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -30,6 +31,24 @@ class FilterScreen(ModalScreen[str | None]):
 
     def on_mount(self) -> None:
         self.query_one(Input).focus()
+
+    def on_key(self, event: events.Key) -> None:
+        if not self.query_one(Input).has_focus:
+            self.type_ahead(event)
+
+    def type_ahead(self, event: events.Key) -> None:
+        """Keys typed ahead of the dialog (a paste: "/chat" arrives as five keys, the last
+        four queued before the dialog is up) go into the input, in order, never lost and
+        never taken for the pane's keys (`c` would have opened a cancel dialog)."""
+        field = self.query_one(Input)
+        # The input's own enter also reaches here (its binding runs at the app): only an
+        # enter typed ahead, before the input had the focus, submits from here.
+        if event.key == "enter" and not field.has_focus:
+            event.stop()
+            self.dismiss(field.value)
+        elif event.is_printable and event.character:
+            event.stop()
+            field.insert_text_at_cursor(event.character)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()

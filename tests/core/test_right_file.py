@@ -17,7 +17,7 @@ import pytest
 
 from core import FakeClock, Inbox, NotAnInbox, schema
 from core.worker import Worker
-from tests.webhook.helpers import ServerProcess, generic_headers
+from tests.webhook.helpers import ServerProcess, standard_headers
 from tests.worker.helpers import ROOT, env, log_of, onwatch, start_worker, stop, wait_for
 
 
@@ -115,7 +115,7 @@ async def test_the_receiver_answers_503_once_its_file_is_replaced(tmp_path):
         body = b'{"build": 1}'
         async with aiohttp.ClientSession() as session:
             async with session.post(server.url + "/hooks/ci", data=body,
-                                    headers=generic_headers(body, "b1")) as response:
+                                    headers=standard_headers(body, "b1")) as response:
                 assert response.status == 202
             for name in ("hooks.db", "hooks.db-wal", "hooks.db-shm"):
                 if (tmp_path / name).exists():
@@ -123,7 +123,7 @@ async def test_the_receiver_answers_503_once_its_file_is_replaced(tmp_path):
             await (await Inbox.open(tmp_path / "hooks.db")).close()
             body = b'{"build": 2}'
             async with session.post(server.url + "/hooks/ci", data=body,
-                                    headers=generic_headers(body, "b2")) as response:
+                                    headers=standard_headers(body, "b2")) as response:
                 assert response.status == 503
                 assert "Retry-After" in response.headers
     finally:

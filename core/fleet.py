@@ -192,12 +192,12 @@ class FolderFleet:
 
     SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
-    def __init__(self, folder: str | os.PathLike) -> None:
+    def __init__(self, folder: str | os.PathLike, *, label: str | None = None) -> None:
         folder = os.fspath(folder)
         if not os.path.isdir(folder):
             raise BadInput(f"{folder} is not a folder of inboxes")
         self.folder = folder
-        self.label = folder
+        self.label = folder if label is None else label
 
     def path(self, key: str) -> str:
         return os.path.join(self.folder, key)

@@ -123,6 +123,8 @@ class ApprovalQueueScreen(ModalScreen[None]):
                 f"{'es' if inboxes != 1 else ''} · soonest deadline first"
         if waiting > len(items):
             title += f" ({len(items):,} listed)"
+        if not items:
+            title = "All approvals · nothing is waiting anywhere in the fleet"
         self.query_one("#queue-title", Label).update(Text(title))
         narrow = self.app.size.width < 100
         widths = (12, 11, 16) if narrow else (16, 14, 24)
@@ -130,8 +132,6 @@ class ApprovalQueueScreen(ModalScreen[None]):
                                zip(("inbox", "time left", "request"), widths)]
                               + [Text("action")])
         self.query_one("#queue-columns", Static).update(head)
-        if not items:
-            self._line(Text("No approval is waiting anywhere in the fleet."))
         self.refresh_bindings()
 
     def tick(self, now: int) -> None:

@@ -35,10 +35,11 @@ HEALTH_CLASSES = ("-urgent", "-approval", "-dead", "-lost", "-problem", "-ok")
 
 # (column, wide width, narrow width; 0 = not shown when narrow), right-aligned if numeric
 COLUMNS = (
-    ("inbox", 16, 12), ("pending", 7, 5), ("run", 4, 4), ("dead", 5, 5),
-    ("approvals", 13, 12), ("lease", 24, 11), ("last run", 14, 9), ("outbox", 13, 0),
+    ("inbox", 16, 12), ("pending", 7, 4), ("run", 4, 4), ("dead", 5, 5),
+    ("approvals", 13, 12), ("lease", 26, 11), ("last run", 15, 9), ("outbox", 12, 0),
 )
 NUMERIC = {"pending", "run", "dead"}
+SHORT = {"pending": "pend", "approvals": "approval", "last run": "last"}
 NARROW_BELOW = 100  # terminal columns
 
 
@@ -55,7 +56,8 @@ def header_text(narrow: bool) -> Text:
     for name, wide, small in COLUMNS:
         width = small if narrow else wide
         if width:
-            parts.append(_cell(name, width, name in NUMERIC))
+            parts.append(_cell(SHORT.get(name, name) if narrow else name, width,
+                               name in NUMERIC))
     return Text(" ").join(parts)
 
 
@@ -81,7 +83,8 @@ def lease_cell(summary: InboxSummary, now: int, narrow: bool) -> Text:
             f"lost {duration(now - lease.until)}"
     if narrow:
         return Text(f"g{lease.gen} {state}")
-    return join(safe_text(lease.holder, limit=10), f" g{lease.gen} · {state}")
+    # The state first: a long holder name is what gets cut.
+    return join(f"g{lease.gen} {state} ", safe_text(lease.holder, limit=40))
 
 
 def last_run_cell(summary: InboxSummary, now: int, narrow: bool) -> str:

@@ -118,7 +118,13 @@ def read_summary(path: str, key: str, name: str, now: int,
 
     try:
         with open(path, "rb") as handle:
-            header = handle.read(len(schema.SQLITE_HEADER))
+            header = handle.read(20)
+        wal_mode = header[18:20] == b"\x02\x02"  # the file format of a WAL database
+        # A WAL database with no WAL file has nothing un-checkpointed: read it as immutable,
+        # without the lock files a reader would otherwise create (and leave) beside it. A
+        # writer that starts meanwhile writes to a new WAL first, which the next scan sees.
+        immutable = wal_mode and not os.path.exists(path + "-wal")
+        header = header[:len(schema.SQLITE_HEADER)]
     except FileNotFoundError:
         return refused("the file disappeared", retry=True)
     except OSError as exc:
@@ -128,7 +134,8 @@ def read_summary(path: str, key: str, name: str, now: int,
     if header != schema.SQLITE_HEADER:
         return refused("not an onwatch inbox: not a SQLite database")
     try:
-        db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True,
+        options = "mode=ro&immutable=1" if immutable else "mode=ro"
+        db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?{options}", uri=True,
                              isolation_level=None, check_same_thread=False,
                              timeout=BUSY_MS / 1000)
     except sqlite3.Error as exc:
@@ -231,10 +238,12 @@ class FolderFleet:
             if wal is not None:
                 try:
                     wal_stat = wal.stat()
+                except OSError:
+                    wal_stat = None
+                # An empty WAL holds nothing to read (a reader may have just created it).
+                if wal_stat is not None and wal_stat.st_size:
                     signature += (wal_stat.st_mtime_ns, wal_stat.st_size)
                     newest = max(newest, wal_stat.st_mtime)
-                except OSError:
-                    pass
             before = known.get(key)
             if before is not None and before.signature == signature and not before.retry \
                     and key not in force:

@@ -61,7 +61,7 @@ class QueueRow(Static):
         if getattr(self, "_painted", None) == signature:
             return
         self._painted = signature
-        self.update(text)
+        self.update(text, layout=False)  # one line, fixed size
         self.set_class(selected, "-cursor")
         self.set_class(urgent, "-urgent")
 

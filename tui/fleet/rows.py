@@ -105,9 +105,10 @@ class RowWindow(Vertical, can_focus=True):
             for position, row in enumerate(self.rows):
                 at = top + position
                 if at < len(items):
-                    row.display = True
+                    if not row.display:
+                        row.display = True
                     self.paint(row, items[at], self.now, at == self.cursor)
-                else:
+                elif row.display:
                     row.display = False
 
     def _scroll_to_cursor(self) -> None:

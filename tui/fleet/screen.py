@@ -43,6 +43,17 @@ SHORT = {"pending": "pend", "approvals": "approval", "last run": "last"}
 NARROW_BELOW = 100  # terminal columns
 
 
+def coarse(seconds: int) -> str:
+    """An age to the second under a minute, then to the minute: an idle fleet's rows then
+    change once a minute, not every second (only approval countdowns tick)."""
+    seconds = max(int(seconds), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    return duration(seconds)
+
+
 def _cell(text: Text | str, width: int, right: bool = False) -> Text:
     cell = text.copy() if isinstance(text, Text) else Text(text)
     cell.no_wrap = True
@@ -79,8 +90,8 @@ def lease_cell(summary: InboxSummary, now: int, narrow: bool) -> Text:
     elif summary.lease_released:
         state = "released"
     else:
-        state = f"expired {duration(now - lease.until)} ago" if not narrow else \
-            f"lost {duration(now - lease.until)}"
+        state = f"expired {coarse(now - lease.until)} ago" if not narrow else \
+            f"lost {coarse(now - lease.until)}"
     if narrow:
         return Text(f"g{lease.gen} {state}")
     # The state first: a long holder name is what gets cut.
@@ -92,10 +103,10 @@ def last_run_cell(summary: InboxSummary, now: int, narrow: bool) -> str:
     if run is None:
         return "never"
     if run.outcome is None:
-        return f"running {duration(now - run.claimed_at)}" if not narrow else "running"
+        return f"running {coarse(now - run.claimed_at)}" if not narrow else "running"
     word = {"done": "ok", "error": "failed", "lost": "lost"}.get(run.outcome, run.outcome)
     at = run.finished_at or run.claimed_at
-    return f"{duration(now - at)} ago {word}" if not narrow else f"{duration(now - at)} {word}"
+    return f"{coarse(now - at)} ago {word}" if not narrow else f"{coarse(now - at)} {word}"
 
 
 def outbox_cell(summary: InboxSummary, now: int) -> str:
@@ -104,7 +115,7 @@ def outbox_cell(summary: InboxSummary, now: int) -> str:
     if summary.outbox_held:
         return f"{summary.held:,} · held"
     at = summary.next_send_at
-    when = "now" if at is None or at <= now else f"in {duration(at - now)}"
+    when = "now" if at is None or at <= now else f"in {coarse(at - now)}"
     return f"{summary.held:,} · {when}"
 
 
@@ -142,6 +153,22 @@ def activity(summary: InboxSummary, now: int) -> tuple[list[int], int]:
     return runs, failed
 
 
+def next_change(summaries: Any, now: int) -> int:
+    """The next instant at which the clock alone changes an inbox's health: an approval
+    coming within WARN_SECONDS of its deadline or passing it, a lease expiring."""
+    soonest = now + 3600
+    for summary in summaries:
+        due = summary.soonest_due
+        if due is not None:
+            for at in (due - WARN_SECONDS, due + 1):
+                if now < at < soonest:
+                    soonest = at
+        lease = summary.lease
+        if lease is not None and now <= lease.until < soonest:
+            soonest = lease.until + 1
+    return soonest
+
+
 class FleetRow(Horizontal):
     """One inbox: its cells, and a sparkline of its runs over the last hour."""
 
@@ -157,7 +184,7 @@ class FleetRow(Horizontal):
         if getattr(self, "_painted", None) == signature:
             return
         self._painted = signature
-        self.query_one(".cells", Static).update(text)
+        self.query_one(".cells", Static).update(text, layout=False)  # fixed size
         spark = self.query_one(Sparkline)
         if spark.data != runs:
             spark.data = runs
@@ -192,6 +219,7 @@ class FleetScreen(ModalScreen[None]):
         self.order: list[InboxSummary] = []
         self.narrow = False
         self.painted = 0  # repaints after a scan (the benchmark reads it)
+        self.resort_at = 0  # when time alone next changes a row's health
 
     def compose(self) -> ComposeResult:
         with Vertical(id="fleet"):
@@ -241,16 +269,16 @@ class FleetScreen(ModalScreen[None]):
         self.order = sorted(summaries, key=lambda s: needs_a_human_first(s, now))
         self.rows.show(self.order, now)
         self._figures(now)
+        self.resort_at = next_change(self.desk.summaries.values(), now)
         self.painted += 1
 
     def tick(self, now: int) -> None:
-        order = sorted(self.order, key=lambda s: needs_a_human_first(s, now))
-        if [s.key for s in order] != [s.key for s in self.order]:
-            self.order = order
-            self.rows.show(order, now)
+        """Every second: the countdowns on screen; the order and the figures only when a
+        row's health changes with time (a deadline or a lease expiry passes)."""
+        if now >= self.resort_at:
+            self.show_fleet(now)
         else:
             self.rows.tick(now)
-        self._figures(now)
 
     def _figures(self, now: int) -> None:
         every = self.desk.summaries.values()

@@ -8,7 +8,6 @@ import hashlib
 import os
 import shutil
 import sqlite3
-import subprocess
 import sys
 
 import pytest

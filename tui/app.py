@@ -108,7 +108,8 @@ class OnwatchApp(App[int]):
     # --- layout ---------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield StatusStrip(self.inbox.path if self.inbox else "", read_only=self.read_only, id="status")
+        yield StatusStrip(self.inbox.path if self.inbox else "", read_only=self.read_only,
+                          id="status")
         yield PaneBar([(p.PANE_ID, p.KEY, p.TAB) for p in PANES], id="panebar")
         with ContentSwitcher(initial=PANES[0].PANE_ID, id="panes"):
             for pane_class in PANES:

@@ -10,6 +10,7 @@ routes the panes' requests to the core (`tui.operator`), after a confirmation wh
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from functools import partial
 from pathlib import Path
@@ -21,14 +22,15 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.css.query import NoMatches
 from textual.screen import Screen
-from textual.widgets import ContentSwitcher, Footer
+from textual.widgets import ContentSwitcher, Footer, Label
 
 from core import Approval, Clock, Event, Inbox, InboxError, Overview
+from core.fleet import FleetSource
 from core.wake import SLOW_POLL
 
 from . import operator
 from .panes import PANES, Pane
-from .panes.base import PaneTable
+from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
 from .panes.status import StatusStrip
 from .panes.timefmt import compact_count
@@ -93,10 +95,13 @@ class OnwatchApp(App[int]):
         Binding("question_mark", "help", "Help", id="help", key_display="?",
                 tooltip="this list of keys"),
         Binding("q", "quit", "Quit", id="quit", tooltip="leave onwatch (the agent keeps running)"),
+        Binding("0", "fleet", "Fleet", id="fleet",
+                tooltip="every inbox of the fleet (esc too), the cursor on this one"),
+        Binding("escape", "fleet", "Fleet", show=False, id="fleet-escape"),
     ]
 
-    def __init__(self, inbox: Inbox, *, clock: Clock | None = None,
-                 read_only: bool = False) -> None:
+    def __init__(self, inbox: Inbox | None, *, clock: Clock | None = None,
+                 read_only: bool = False, fleet: FleetSource | None = None) -> None:
         # CSS_PATH is relative to the class that names it: a subclass in another package
         # that keeps ours gets it by absolute path.
         own_css = type(self).CSS_PATH == OnwatchApp.CSS_PATH
@@ -114,11 +119,15 @@ class OnwatchApp(App[int]):
         self._follower: asyncio.Task | None = None  # wakes the poll, see _follow
         self._problem: str | None = None
         self.file_problem: str | None = None  # the path no longer names the opened file
+        # A folder (or database) of inboxes: the Fleet view opens over the panes, and the
+        # inbox they show is the one chosen there (None until then).
+        self.fleet = fleet
 
     # --- layout ---------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield StatusStrip(self.inbox.path, read_only=self.read_only, id="status")
+        yield StatusStrip(self.inbox.path if self.inbox else "", read_only=self.read_only,
+                          id="status")
         yield PaneBar([(p.PANE_ID, p.KEY, p.TAB) for p in PANES], id="panebar")
         with ContentSwitcher(initial=PANES[0].PANE_ID, id="panes"):
             for pane_class in PANES:
@@ -143,6 +152,8 @@ class OnwatchApp(App[int]):
         # A plain task, not a worker: tests wait for the workers to complete.
         self._follower = asyncio.create_task(self._follow())
         self.run_worker(self.reload(), group="refresh", exit_on_error=False)
+        if self.fleet is not None:
+            self._start_fleet()
 
     @property
     def panes(self) -> list[Pane]:
@@ -168,6 +179,8 @@ class OnwatchApp(App[int]):
         Only the shown pane is read on a change (the pane bar's counts come from the
         overview); the others are marked stale and read when shown.
         """
+        if self.inbox is None:  # the fleet desk before an inbox was chosen
+            return
         async with self._refresh_lock:
             now = self.clock.now()
             active = self.active_pane
@@ -355,6 +368,8 @@ class OnwatchApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "reopen":
             return self.file_problem is not None
+        if action == "fleet":
+            return self.fleet is not None
         if action not in self.MUTATING:
             return True
         if self.read_only:
@@ -504,6 +519,40 @@ class OnwatchApp(App[int]):
     def action_send_now(self) -> None:
         self._run_global("send_now")
 
+    # --- the fleet desk ---------------------------------------------------------------------
+
+    def _start_fleet(self) -> None:
+        from .fleet import FleetDesk, FleetScreen
+
+        self.fleet_desk = FleetDesk(self, self.fleet, read_only=self.read_only)
+        self.install_screen(FleetScreen(self.fleet_desk), name="fleet")
+        self.push_screen("fleet")
+        self.fleet_desk.start()
+
+    def action_fleet(self) -> None:
+        """Back to the Fleet view, its cursor on the inbox it was on."""
+        if self.fleet is not None and not self._dialog_open():
+            self.push_screen("fleet")
+
+    async def switch_inbox(self, inbox: Inbox) -> None:
+        """Show `inbox` in the panes instead of the one shown now, which is closed."""
+        async with self._action_lock, self._refresh_lock:
+            old, self.inbox = self.inbox, inbox
+            self.overview, self._seen_token, self._problem = None, None, None
+            self.loaded.clear()
+            status = self.query_one(StatusStrip)
+            status.path, status.overview, status.updated_at = inbox.path, None, None
+            status.query_one("#file", Label).update(
+                safe_text(os.path.basename(inbox.path), limit=30))
+            for pane in self.panes:
+                pane.window = Window()
+                pane.clear_marks()
+                pane.show_outcome("", None)
+                pane.stale = True
+        if old is not None:
+            await old.close()
+        await self.reload()
+
     # --- help and the command palette -----------------------------------------------------
 
     def _help_text(self) -> RenderGroup:
@@ -512,7 +561,8 @@ class OnwatchApp(App[int]):
                         (self.MUTATING | getattr(owner, "ACTIONS", frozenset())
                          | {"mark"}))
 
-        app_bindings = [b for b in OnwatchApp.BINDINGS if isinstance(b, Binding)]
+        app_bindings = [b for b in OnwatchApp.BINDINGS if isinstance(b, Binding)
+                        and (b.action != "fleet" or (self.fleet and b.id == "fleet"))]
         # A subclass (the demo player) adds its own keys: they come first, under its title.
         added = [b for cls in type(self).__mro__[:type(self).__mro__.index(OnwatchApp)]
                  for b in cls.__dict__.get("BINDINGS", ()) if isinstance(b, Binding)

@@ -763,6 +763,9 @@ def _lazy(module: str, what: str) -> Any:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.path):  # a folder of inboxes: the fleet desk
+        fleet = _lazy("tui.fleet", "the fleet desk")
+        return fleet.run(args.path, read_only=args.read_only) or OK
     if not os.path.exists(args.path):
         raise CliError(f"no inbox at {args.path} (run `onwatch init {args.path}` first)")
     app = _lazy("tui.app", "the TUI")
@@ -989,7 +992,8 @@ def build_parser() -> Parser:
             (common, as_json))
     p.add_argument("--limit", type=_whole(1), default=100)
 
-    p = sub("tui", "open the supervisor TUI on an inbox", cmd_tui, ())
+    p = sub("tui", "open the supervisor TUI on an inbox (or the fleet desk on a folder of "
+                   "inbox files)", cmd_tui, ())
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
 
     p = sub("web", "serve the supervisor desk in a browser (token required)", cmd_web, (),

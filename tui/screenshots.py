@@ -196,6 +196,8 @@ async def generate(out: Path) -> list[Path]:
             os.mkdir(folder)
             path = os.path.join(folder, "alice.db")
             made.append(await _shoot(path, out, name, size, keys))
+        from .fleet.seed import shoot_fleet  # the fleet desk's shots (tui/fleet/)
+        made += [Path(p) for p in await shoot_fleet(str(out), scratch)]
     return made
 
 

@@ -1,0 +1,265 @@
+"""The fleet: many inboxes seen at once, each through a cheap read-only summary.
+
+A fleet desk watching a thousand inboxes must not hold a thousand connections open. A
+`FleetSource` lists its inboxes with a summary of each (`scan`) and opens one inbox in full
+when an operator drills into it (`open`). `FolderFleet` is the SQLite source: a folder of
+inbox files. Each summary is one read transaction on a short-lived read-only connection
+(`mode=ro`, never `create`), and a file whose database and WAL look unchanged since the last
+scan (modification time and size) is not read again. A file that is not a readable inbox
+(foreign, empty, locked, newer schema) becomes a summary with the reason, never an error.
+
+A database-backed source (many inboxes in one PostgreSQL database) implements the same two
+calls; nothing above this module needs to know which one it talks to.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
+from urllib.parse import quote
+
+from . import schema, store
+from .clock import Clock
+from .errors import BadInput, NotAnInbox
+from .inbox import Inbox
+from .records import Approval, Lease
+
+HOUR = 3600
+SHOWN_APPROVALS = 100  # waiting approvals kept per summary, soonest first
+ACTION_CHARS = 500  # of an action text kept in a summary (the full text is read on demand)
+BUSY_MS = 50  # how long a summary read waits for a lock before calling the file locked
+RECHECK_SECONDS = 2.0  # a file changed this recently is read again on the next scan
+
+
+@dataclass(frozen=True, slots=True)
+class LastRun:
+    """The newest run of an inbox: when it was claimed, when it ended and how."""
+
+    claimed_at: int
+    finished_at: int | None
+    outcome: str | None  # None while running; 'done' | 'error' | 'lost'
+
+
+@dataclass(frozen=True, slots=True)
+class InboxSummary:
+    """What the fleet view shows of one inbox, read in one transaction.
+
+    `key` names the inbox within its source (a file name); `name` is what a person calls it
+    (the file stem). With `problem` set, the inbox could not be read and every other field
+    is empty; `retry` says the problem may pass (a lock) so the next scan reads it again.
+    """
+
+    key: str
+    name: str
+    target: str
+    read_at: int
+    problem: str | None = None
+    retry: bool = False
+    pending: int = 0
+    running: int = 0
+    dead: int = 0
+    interrupted: int = 0
+    lease: Lease | None = None
+    lease_released: bool = False  # the holder handed it back (not lost)
+    waiting: int = 0
+    approvals: tuple[Approval, ...] = ()  # waiting ones, soonest deadline first (capped)
+    last_run: LastRun | None = None
+    held: int = 0
+    next_send_at: int | None = None
+    outbox_held: bool = False
+    paused: bool = False
+    # runs in the hour before `read_at`: (minute, runs, failed runs) per minute with runs
+    activity: tuple[tuple[int, int, int], ...] = ()
+    signature: tuple = field(default=(), compare=False)
+
+    @property
+    def soonest_due(self) -> int | None:
+        return self.approvals[0].due if self.approvals else None
+
+
+@dataclass(frozen=True, slots=True)
+class FleetScan:
+    """One pass over a source: every inbox's summary by key, and which ones were read."""
+
+    summaries: dict[str, InboxSummary]
+    read: frozenset[str]
+    removed: frozenset[str]
+
+
+class FleetSource(Protocol):
+    """Where a fleet's inboxes live. Two calls: list them with summaries, open one."""
+
+    label: str  # what the source is, for a person (a folder, a database)
+
+    def scan(self, now: int, known: Mapping[str, InboxSummary],
+             force: frozenset[str] = frozenset()) -> FleetScan:
+        """Summaries of every inbox, reusing `known` ones that cannot have changed (blocking:
+        run it in a thread)."""
+        ...
+
+    async def open(self, key: str, *, clock: Clock | None = None) -> Inbox:
+        """Open one inbox in full (never creating one); raise InboxError if it cannot be."""
+        ...
+
+
+def read_summary(path: str, key: str, name: str, now: int,
+                 signature: tuple = ()) -> InboxSummary:
+    """Summarise the inbox file at `path` in one read transaction, or say why it cannot be.
+
+    Never raises for a bad file and never writes to it: the connection is read-only
+    (`mode=ro`), so a foreign, empty or newer file is left byte for byte as it was.
+    """
+    def refused(reason: str, retry: bool = False) -> InboxSummary:
+        return InboxSummary(key, name, path, now, problem=reason, retry=retry,
+                            signature=signature)
+
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(20)
+        wal_mode = header[18:20] == b"\x02\x02"  # the file format of a WAL database
+        # A WAL database with no WAL file has nothing un-checkpointed: read it as immutable,
+        # without the lock files a reader would otherwise create (and leave) beside it. A
+        # writer that starts meanwhile writes to a new WAL first, which the next scan sees.
+        immutable = wal_mode and not os.path.exists(path + "-wal")
+        header = header[:len(schema.SQLITE_HEADER)]
+    except FileNotFoundError:
+        return refused("the file disappeared", retry=True)
+    except OSError as exc:
+        return refused(f"cannot read the file: {exc.strerror or exc}")
+    if not header:
+        return refused("empty file: not an inbox yet")
+    if header != schema.SQLITE_HEADER:
+        return refused("not an onwatch inbox: not a SQLite database")
+    try:
+        options = "mode=ro&immutable=1" if immutable else "mode=ro"
+        db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?{options}", uri=True,
+                             isolation_level=None, check_same_thread=False,
+                             timeout=BUSY_MS / 1000)
+    except sqlite3.Error as exc:
+        return refused(f"cannot open: {exc}", retry=True)
+    try:
+        db.execute("BEGIN")  # one snapshot for every figure below
+        try:
+            version = schema.inspect(db, os.path.basename(path))
+            if version == 0:
+                return refused("empty SQLite database: not an inbox yet")
+            return _summarise(db, path, key, name, now, signature)
+        finally:
+            if db.in_transaction:
+                db.execute("COMMIT")
+    except NotAnInbox as exc:
+        return refused(str(exc))
+    except sqlite3.OperationalError as exc:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            return refused("locked by another process", retry=True)
+        return refused(f"cannot read: {text}")
+    except sqlite3.Error as exc:
+        return refused(f"damaged: {exc}")
+    finally:
+        db.close()
+
+
+def _summarise(db: sqlite3.Connection, path: str, key: str, name: str, now: int,
+               signature: tuple) -> InboxSummary:
+    counts = store.counts(db)
+    lease = store.lease_info(db)
+    released = lease is not None and db.execute(
+        "SELECT 1 FROM audit WHERE target = ? AND action = 'release lease' AND applied = 1 "
+        "LIMIT 1", (f"gen {lease.gen}",)).fetchone() is not None
+    waiting = db.execute("SELECT count(*) FROM approvals WHERE answer IS NULL").fetchone()[0]
+    approvals = tuple(Approval(r[0], r[1], r[2], None, r[3]) for r in db.execute(
+        "SELECT request_id, substr(action, 1, ?), due, requested FROM approvals "
+        "WHERE answer IS NULL ORDER BY due, request_id LIMIT ?",
+        (ACTION_CHARS, SHOWN_APPROVALS)))
+    row = db.execute("SELECT claimed_at, finished_at, outcome FROM runs "
+                     "ORDER BY id DESC LIMIT 1").fetchone()
+    activity = tuple((r[0], r[1], r[2] or 0) for r in db.execute(
+        "SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs "
+        "WHERE claimed_at > ? GROUP BY 1 ORDER BY 1", (now - HOUR,)))
+    held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
+    meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('paused', "
+                           "'outbox_held')"))
+    return InboxSummary(
+        key, name, path, now,
+        pending=counts.get("pending", 0), running=counts.get("running", 0),
+        dead=counts.get("dead", 0), interrupted=counts.get("interrupted", 0),
+        lease=lease, lease_released=released, waiting=waiting, approvals=approvals,
+        last_run=LastRun(*row) if row else None, held=held,
+        next_send_at=store.next_send_at(db) if held else None,
+        outbox_held=bool(meta.get("outbox_held")), paused=bool(meta.get("paused")),
+        activity=activity, signature=signature)
+
+
+class FolderFleet:
+    """A folder of inbox files (`*.db`, `*.sqlite`, `*.sqlite3`), each named by its stem."""
+
+    SUFFIXES = (".db", ".sqlite", ".sqlite3")
+
+    def __init__(self, folder: str | os.PathLike, *, label: str | None = None) -> None:
+        folder = os.fspath(folder)
+        if not os.path.isdir(folder):
+            raise BadInput(f"{folder} is not a folder of inboxes")
+        self.folder = folder
+        self.label = folder if label is None else label
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.folder, key)
+
+    def scan(self, now: int, known: Mapping[str, InboxSummary],
+             force: frozenset[str] = frozenset()) -> FleetScan:
+        """Every inbox file's summary; a file whose database and WAL kept their modification
+        time and size is not read again (unless in `force`, or last read as locked)."""
+        entries: dict[str, os.DirEntry] = {}
+        try:
+            with os.scandir(self.folder) as listing:
+                for entry in listing:
+                    entries[entry.name] = entry
+        except OSError:
+            return FleetScan(dict(known), frozenset(), frozenset())
+        wall = time.time()
+        summaries: dict[str, InboxSummary] = {}
+        read = set()
+        for key, entry in entries.items():
+            if not key.endswith(self.SUFFIXES) or key.startswith("."):
+                continue
+            try:
+                if not entry.is_file():
+                    continue
+                stat = entry.stat()
+            except OSError:
+                continue
+            signature: tuple = (stat.st_mtime_ns, stat.st_size)
+            newest = stat.st_mtime
+            wal = entries.get(key + "-wal")
+            if wal is not None:
+                try:
+                    wal_stat = wal.stat()
+                except OSError:
+                    wal_stat = None
+                # An empty WAL holds nothing to read (a reader may have just created it).
+                if wal_stat is not None and wal_stat.st_size:
+                    signature += (wal_stat.st_mtime_ns, wal_stat.st_size)
+                    newest = max(newest, wal_stat.st_mtime)
+            before = known.get(key)
+            if before is not None and before.signature == signature and not before.retry \
+                    and key not in force:
+                summaries[key] = before
+                continue
+            # A change within the file system's timestamp granularity of the read could keep
+            # the signature: a file written just now is read again on the next scan.
+            summary = read_summary(entry.path, key, os.path.splitext(key)[0], now,
+                                   signature if wall - newest > RECHECK_SECONDS else ())
+            summaries[key] = summary
+            read.add(key)
+        removed = frozenset(set(known) - set(summaries))
+        return FleetScan(summaries, frozenset(read), removed)
+
+    async def open(self, key: str, *, clock: Clock | None = None) -> Inbox:
+        """Open the inbox file `key` in full; NotAnInbox (file untouched) if it is not one."""
+        if os.sep in key or key in ("", ".", ".."):
+            raise BadInput(f"{key!r} is not an inbox of this folder")
+        return await Inbox.open(self.path(key), clock=clock, create=False)

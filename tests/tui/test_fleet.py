@@ -1,0 +1,381 @@
+"""The fleet desk driven by real keys: rows, drilling in and out, the filter, the approval
+queue answering in each inbox's own file, unreadable files, hostile names, the alarm."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+import sqlite3
+import sys
+
+import pytest
+
+from core import FakeClock, Inbox, SystemClock
+from core.fleet import FolderFleet
+from tui.app import OnwatchApp
+from tui.fleet import FleetScreen, title_for
+from tui.fleet.queue import ApprovalQueueScreen
+from tui.fleet.seed import ESCAPE_NAME, HOSTILE_ACTION, HOSTILE_NAME, seed_fleet
+from tui.screens.confirm import ConfirmScreen
+from tui.screens.filter import FilterScreen
+
+from .conftest import T0, screen_text, wait_for, wait_for_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+async def fleet(tmp_path):
+    """(folder, clock): the seeded fleet folder on a fake clock at T0."""
+    folder = str(tmp_path / "agents")
+    os.mkdir(folder)
+    clock = await seed_fleet(folder)
+    return folder, clock
+
+
+def make_app(folder: str, clock, **kwargs) -> OnwatchApp:
+    return OnwatchApp(None, clock=clock, fleet=FolderFleet(folder, label="agents"), **kwargs)
+
+
+async def loaded(app, pilot) -> FleetScreen:
+    await wait_for(pilot, lambda: getattr(app, "fleet_desk", None) is not None
+                   and app.fleet_desk.loaded and isinstance(app.screen, FleetScreen),
+                   what="the first scan")
+    await pilot.pause()
+    return app.screen
+
+
+async def close(app) -> None:
+    if app.inbox is not None:
+        await app.inbox.close()
+
+
+def names(screen: FleetScreen) -> list[str]:
+    return [s.name for s in screen.order]
+
+
+def digest(path: str) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+async def answer_of(path: str, request_id: str) -> str | None:
+    async with await Inbox.open(path, create=False) as inbox:
+        approval = await inbox.get_approval(request_id)
+        return approval.answer if approval else None
+
+
+async def test_rows_need_a_human_first_and_are_coloured_by_health(fleet):
+    folder, clock = fleet
+    app = make_app(folder, clock)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        screen = await loaded(app, pilot)
+        order = names(screen)
+        # approvals by deadline, then dead, then lost leases, unreadable files, the rest
+        assert order[:4] == ["bob", "alice", HOSTILE_NAME, ESCAPE_NAME]
+        assert order[4:6] == ["carol", "dave"]
+        assert order[6:9] == ["ledger", "new", "notes"]
+        assert order[9:] == ["erin", "frank"]
+        rows = {row.query_one(".cells").visual.plain.split()[0]: row
+                for row in screen.rows.rows if row.display}
+        assert rows["bob"].has_class("-urgent")
+        assert rows["alice"].has_class("-approval")
+        assert rows["carol"].has_class("-dead")
+        assert rows["dave"].has_class("-lost")
+        assert rows["notes"].has_class("-problem")
+        assert rows["erin"].has_class("-ok") and rows["erin"].has_class("-failing")
+        assert rows["frank"].has_class("-ok") and not rows["frank"].has_class("-failing")
+        text = screen_text(app)
+        assert "11 inboxes · 4 approvals waiting · 1 expiring soon" in text
+        assert "g1 released worker-carol" in text and "g1 expired 4m ago" in text
+        # The countdown is live: the clock moves, the row follows.
+        assert "1 · 7m00s" in text
+        clock.advance(5)
+        app.fleet_desk.tick()
+        await pilot.pause()
+        assert "1 · 6m55s" in screen_text(app)
+        await close(app)
+
+
+async def test_enter_drills_in_and_escape_or_0_come_back_to_the_same_inbox(fleet):
+    folder, clock = fleet
+    app = make_app(folder, clock)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        screen = await loaded(app, pilot)
+        while screen.cursor_key != "carol.db":
+            await pilot.press("down")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not isinstance(app.screen, FleetScreen)
+                       and app.inbox is not None, what="the inbox's panes")
+        assert app.inbox.path == os.path.join(folder, "carol.db")
+        await pilot.press("3")
+        await wait_for_text(pilot, "gh-poison-9")
+        assert "carol.db" in screen_text(app)
+        # Meanwhile dave gets an approval: the fleet re-sorts, the cursor stays on carol.
+        async with await Inbox.open(os.path.join(folder, "dave.db"), clock=clock) as dave:
+            await dave.request_approval("dave-ask", 3600, "restart the mail relay")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), what="the fleet")
+        await wait_for(pilot, lambda: "dave" in names(screen)[:5], what="dave moving up")
+        assert screen.cursor_key == "carol.db"
+        assert screen.rows.selected.name == "carol"
+        # 0 from an inbox does the same; Enter on another inbox switches the panes to it.
+        await pilot.press("up")
+        moved_to = screen.cursor_key
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.inbox.path.endswith(moved_to), what="the switch")
+        await pilot.press("0")
+        await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), what="the fleet")
+        assert screen.cursor_key == moved_to
+        await close(app)
+
+
+async def test_filter_by_name_and_escape_clears_it(fleet):
+    folder, clock = fleet
+    app = make_app(folder, clock)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        screen = await loaded(app, pilot)
+        await pilot.press("slash")
+        await wait_for(pilot, lambda: isinstance(app.screen, FilterScreen), what="filter")
+        await pilot.press("a", "r", "enter")
+        await wait_for(pilot, lambda: names(screen) == ["carol"], what="the filter")
+        assert "filter “ar”: 1 of 11 shown" in screen_text(app)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: len(names(screen)) == 11, what="every inbox")
+        await close(app)
+
+
+async def test_all_approvals_answered_one_after_another_in_their_own_files(fleet):
+    folder, clock = fleet
+    app = make_app(folder, clock)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await loaded(app, pilot)
+        await pilot.press("A")
+        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen),
+                       what="the queue")
+        queue = app.screen
+        assert [(s.name, a.request_id) for s, a in queue.items][:2] == [
+            ("bob", "wire-transfer-88"), ("alice", "refund-ord-991")]
+        assert app.title == title_for(1)  # bob's request is within ten minutes
+        await pilot.press("a")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        assert "Wire $9,800 to ACME Ltd" in screen_text(app)
+        await pilot.press("y")
+        await wait_for_text(pilot, "bob: approved wire-transfer-88")
+        assert await answer_of(os.path.join(folder, "bob.db"), "wire-transfer-88") == "yes"
+        await wait_for(pilot, lambda: queue.items and queue.items[0][0].name == "alice",
+                       what="bob's request leaving the queue")
+        assert app.screen is queue and queue.rows.selected[0].name == "alice"
+        await wait_for(pilot, lambda: app.title == "onwatch", what="the count going")
+        # Not confirmed: nothing changes.
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await pilot.press("n")
+        await wait_for_text(pilot, "not confirmed: nothing changed")
+        assert await answer_of(os.path.join(folder, "alice.db"), "refund-ord-991") is None
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await pilot.press("y")
+        await wait_for_text(pilot, "alice: denied refund-ord-991")
+        assert await answer_of(os.path.join(folder, "alice.db"), "refund-ord-991") == "no"
+        # Expire the hostile one: its action text is shown literally in the dialog.
+        await wait_for(pilot, lambda: queue.rows.selected[0].name == HOSTILE_NAME,
+                       what="the next request")
+        await pilot.press("e")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        assert "[@click=app.quit]x[/] \\x1b]0;pwned\\x07" in screen_text(app)
+        await pilot.press("y")
+        await wait_for_text(pilot, "now: the agent resumes with a refusal")
+        hostile = os.path.join(folder, f"{HOSTILE_NAME}.db")
+        assert await answer_of(hostile, "[@click=app.quit]go[/]") == "expired"
+        assert app.is_running
+        # A request answered elsewhere meanwhile: the standing answer is reported.
+        escaped = os.path.join(folder, f"{ESCAPE_NAME}.db")
+        await wait_for(pilot, lambda: queue.rows.selected[0].name == ESCAPE_NAME,
+                       what="the last request")
+        await pilot.press("a")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        async with await Inbox.open(escaped, clock=clock) as other:
+            await other.answer_approval("ok-\x1b[2J", "no", actor="ana")
+        await pilot.press("y")
+        await wait_for_text(pilot, "already answered: no (by ana")
+        assert await answer_of(escaped, "ok-\x1b[2J") == "no"
+        # Enter opens a request's inbox at its Approvals pane; escape leaves the queue.
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, FleetScreen), what="fleet")
+        async with await Inbox.open(os.path.join(folder, "dave.db"), clock=clock) as dave:
+            await dave.request_approval("dave-ask", 3600, "restart the mail relay")
+        await pilot.press("A")
+        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen)
+                       and app.screen.items, what="dave's request")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.inbox is not None
+                       and app.inbox.path.endswith("dave.db")
+                       and not isinstance(app.screen, (FleetScreen, ApprovalQueueScreen)),
+                       what="dave's panes")
+        await wait_for_text(pilot, "restart the mail relay")
+        await close(app)
+
+
+async def test_read_only_queue_offers_no_answers(fleet):
+    folder, clock = fleet
+    app = make_app(folder, clock, read_only=True)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await loaded(app, pilot)
+        await pilot.press("A")
+        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen), what="q")
+        await pilot.press("a")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, ApprovalQueueScreen)
+        assert "Approve" not in screen_text(app)
+        assert await answer_of(os.path.join(folder, "bob.db"), "wire-transfer-88") is None
+        await close(app)
+
+
+async def test_unreadable_files_are_rows_with_reasons_and_stay_untouched(fleet):
+    folder, clock = fleet
+    locked = os.path.join(folder, "busy.db")
+    holder = sqlite3.connect(locked, isolation_level=None)
+    holder.execute("CREATE TABLE t (x)")
+    holder.execute("BEGIN EXCLUSIVE")  # a rollback-journal file locked by another writer
+    paths = [os.path.join(folder, name) for name in
+             ("ledger.sqlite", "notes.db", "new.db", "busy.db")]
+    before = {path: digest(path) for path in paths}
+    app = make_app(folder, clock)
+    try:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            screen = await loaded(app, pilot)
+            text = screen_text(app)
+            assert "not an onwatch inbox (tables: entries)" in text
+            assert "not an onwatch inbox: not a SQLite database" in text
+            assert "empty file: not an inbox yet" in text
+            assert "locked by another process" in text
+            # Enter on one of them: the reason, no switch, no write.
+            while screen.cursor_key != "ledger.sqlite":
+                await pilot.press("down")
+            await pilot.press("enter")
+            await wait_for_text(pilot, "ledger: cannot open")
+            assert isinstance(app.screen, FleetScreen) and app.inbox is None
+            holder.execute("ROLLBACK")
+            await wait_for_text(pilot, "busy.db is a SQLite database but not an onwatch")
+            await close(app)
+    finally:
+        holder.close()
+    assert {path: digest(path) for path in paths} == before
+    assert not os.path.exists(os.path.join(folder, "ledger.sqlite-wal"))
+
+
+async def test_hostile_names_and_action_texts_stay_inert(fleet):
+    folder, clock = fleet
+    app = make_app(folder, clock)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        screen = await loaded(app, pilot)
+        text = screen_text(app)
+        assert "[@click=app.qui" in text  # the markup is shown, not run
+        assert "\\x1b]0;pwned\\x07" in text and "\x1b" not in text
+        # The new approval's toast names the inbox, literally; the title never does.
+        async with await Inbox.open(os.path.join(folder, f"{HOSTILE_NAME}.db"),
+                                    clock=clock) as hostile:
+            await hostile.request_approval("again", 3600, HOSTILE_ACTION)
+        await wait_for_text(pilot, "New approval in [@click=app.quit]quit[b]x")
+        assert app.title == title_for(2) == "onwatch · 2 approvals need you"
+        assert "\\x1b]0;pwned\\x07 transfer" in screen_text(app)
+        await pilot.press("A")
+        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen), what="q")
+        assert "ok-\\x1b[2J" in screen_text(app)
+        assert app.is_running and app.title == title_for(1)  # bob stays urgent
+        await close(app)
+    assert isinstance(screen, FleetScreen)
+
+
+async def test_files_appearing_in_the_folder_show_up_live(fleet):
+    folder, clock = fleet
+    app = make_app(folder, clock)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        screen = await loaded(app, pilot)
+        async with await Inbox.open(os.path.join(folder, "zed.db"), clock=clock) as zed:
+            await zed.ingest("chat", "z-1", {"text": "hi"})
+        await wait_for(pilot, lambda: "zed" in names(screen), what="the new inbox")
+        os.remove(os.path.join(folder, "notes.db"))
+        await wait_for(pilot, lambda: "notes" not in names(screen), what="notes leaving")
+        await close(app)
+
+
+async def test_an_approval_close_to_its_deadline_raises_the_alarm_once(tmp_path):
+    folder = str(tmp_path)
+    clock = FakeClock(T0)
+    async with await Inbox.open(os.path.join(folder, "solo.db"), clock=clock) as solo:
+        await solo.request_approval("late-one", 900, "approve the invoice")
+    app = OnwatchApp(None, clock=clock, fleet=FolderFleet(folder))
+    bells = []
+    app.bell = lambda: bells.append(clock.now())
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await loaded(app, pilot)
+        assert app.title == "onwatch" and not bells
+        clock.advance(299)  # 10m01s left: not yet
+        app.fleet_desk.tick()
+        await pilot.pause()
+        assert not bells
+        clock.advance(1)
+        app.fleet_desk.tick()
+        await wait_for_text(pilot, "late-one expires in 10m00s")
+        assert bells == [T0 + 300] and app.title == title_for(1)
+        clock.advance(5)
+        app.fleet_desk.tick()
+        await pilot.pause()
+        assert bells == [T0 + 300]  # once per request
+        clock.advance(600)  # past the deadline: nothing left to answer in time
+        app.fleet_desk.tick()
+        await pilot.pause()
+        assert app.title == "onwatch"
+        await close(app)
+
+
+AGENT = """
+import asyncio, sys
+sys.path.insert(0, {root!r})
+from core import Inbox
+async def main():
+    async with await Inbox.open({path!r}, create=False) as inbox:
+        await inbox.request_approval("from-afar", 3600, "ship the release")
+asyncio.run(main())
+"""
+
+
+async def test_another_process_adding_an_approval_to_one_of_50_inboxes(tmp_path):
+    folder = str(tmp_path / "fleet")
+    os.mkdir(folder)
+    async with await Inbox.open(os.path.join(folder, "agent-00.db")) as first:
+        await first.ingest("chat", "m-1", {"text": "hello"})
+    for i in range(1, 50):
+        shutil.copy(os.path.join(folder, "agent-00.db"), os.path.join(folder, f"agent-{i:02}.db"))
+    app = OnwatchApp(None, clock=SystemClock(), fleet=FolderFleet(folder))
+    bells = []
+    app.bell = lambda: bells.append(1)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        screen = await loaded(app, pilot)
+        assert len(screen.order) == 50 and app.title == "onwatch"
+        target = os.path.join(folder, "agent-37.db")
+        script = AGENT.format(root=ROOT, path=target)
+        process = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
+        assert await asyncio.wait_for(process.wait(), 30) == 0
+        await wait_for_text(pilot, "New approval in agent-37: ship the release", timeout=10)
+        assert bells == [1]
+        assert app.title == "onwatch · 1 approval needs you"
+        assert screen.order[0].name == "agent-37"
+        await close(app)
+
+
+async def test_without_a_fleet_the_app_has_no_fleet_key(seeded):
+    inbox, clock, _ = seeded
+    app = OnwatchApp(inbox, clock=clock)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await asyncio.wait_for(app.loaded.wait(), 10)
+        await pilot.press("0")
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not app.check_action("fleet", ())
+        assert "Fleet" not in screen_text(app)
+        assert len(app.screen_stack) == 1 and app.inbox is inbox

@@ -1,0 +1,273 @@
+"""The fleet desk's engine room: scan the source, keep the summaries, never miss an approval.
+
+One `FleetDesk` per app. It scans the fleet source in a thread every `POLL_SECONDS` (a scan
+re-reads only the inboxes whose files changed), hands the summaries to whichever fleet view is
+on screen, and raises the alarm — a toast, the terminal bell and a count in the title — when
+an approval arrives anywhere or comes within `WARN_SECONDS` of its deadline, whatever view is
+open. The title only ever carries fixed words and a number (`title_for`): an inbox name or an
+action text must never reach the terminal's title bar.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Protocol
+
+from core import Approval
+from core.fleet import FleetScan, FleetSource, InboxSummary
+
+from ..safe import safe_plain
+
+if TYPE_CHECKING:
+    from textual.app import App
+
+WARN_SECONDS = 600  # an approval this close to its deadline raises the alarm
+TITLE = "onwatch"
+
+
+def title_for(count: int) -> str:
+    """The app and terminal title: fixed words and a count, nothing from an inbox."""
+    if count <= 0:
+        return TITLE
+    return f"{TITLE} · {int(count)} approval{'s' if count != 1 else ''} " \
+           f"need{'s' if count == 1 else ''} you"
+
+
+def lease_lost(summary: InboxSummary, now: int) -> bool:
+    """An expired lease its holder never handed back: the worker died or stalled."""
+    lease = summary.lease
+    return lease is not None and lease.until < now and not summary.lease_released
+
+
+def health(summary: InboxSummary, now: int) -> str:
+    """The one word the row is coloured by, most urgent first."""
+    if summary.problem:
+        return "problem"
+    due = summary.soonest_due
+    if due is not None:
+        return "urgent" if due - now <= WARN_SECONDS else "approval"
+    if summary.dead or summary.interrupted:
+        return "dead"
+    if lease_lost(summary, now):
+        return "lost"
+    return "ok"
+
+
+_RANK = {"urgent": 0, "approval": 0, "dead": 1, "lost": 2, "problem": 3, "ok": 4}
+
+
+def needs_a_human_first(summary: InboxSummary, now: int) -> tuple:
+    """Sort key: approvals by deadline, then dead/interrupted, lost leases, unreadable files,
+    then the rest; by name within each."""
+    return (_RANK[health(summary, now)], summary.soonest_due or 0, summary.name.lower(),
+            summary.key)
+
+
+class FleetView(Protocol):
+    def show_fleet(self, now: int) -> None: ...
+    def tick(self, now: int) -> None: ...
+
+
+class FleetDesk:
+    """The summaries of every inbox of `source`, kept fresh, and the approval alarm."""
+
+    POLL_SECONDS = 1.0
+    TICK_SECONDS = 1.0
+
+    def __init__(self, app: "App[Any]", source: FleetSource, *, read_only: bool = False) -> None:
+        self.app = app
+        self.source = source
+        self.read_only = read_only
+        self.summaries: dict[str, InboxSummary] = {}
+        self.loaded = False  # the first scan has been applied
+        self.scans = 0
+        self.alert_count = 0
+        self.bells = 0
+        self._scanning = False
+        self._force: set[str] = set()
+        self._again = False
+        self._known: dict[str, set[str]] = {}  # inbox key → waiting request ids seen
+        self._waiting: dict[str, int] = {}
+        self._unseen: set[tuple[str, str]] = set()  # arrived since the queue was last shown
+        self._warned: set[tuple[str, str]] = set()
+        self._deadlines: list[tuple[int, str, str]] = []  # (due, key, request id), soonest first
+
+    def now(self) -> int:
+        return self.app.clock.now()  # type: ignore[attr-defined]  (the app's one clock)
+
+    def start(self) -> None:
+        self.scan()
+        self.app.set_interval(self.POLL_SECONDS, self.scan, name="fleet-scan")
+        self.app.set_interval(self.TICK_SECONDS, self.tick, name="fleet-clock")
+
+    # --- scanning -------------------------------------------------------------------------
+
+    def scan(self, force: Iterable[str] = ()) -> None:
+        """Start a scan in a thread unless one runs (then it runs again right after)."""
+        self._force.update(force)
+        if self._scanning:
+            self._again = True
+            return
+        self._scanning = True
+        force_now, self._force = frozenset(self._force), set()
+        known, now = dict(self.summaries), self.now()
+
+        def work() -> None:
+            try:
+                result = self.source.scan(now, known, force_now)
+            except Exception as exc:  # noqa: BLE001 - a failed pass must not stop the desk
+                self.app.call_from_thread(self._failed, exc)
+                return
+            self.app.call_from_thread(self.apply, result)
+
+        self.app.run_worker(work, thread=True, group="fleet-scan", exit_on_error=False)
+
+    def _failed(self, exc: BaseException) -> None:
+        self._scanning = False
+        self.app.notify(safe_plain(f"cannot scan the fleet: {exc}", limit=200),
+                        severity="error", markup=False)
+
+    def apply(self, scan: FleetScan) -> None:
+        """Take a finished scan: new summaries, alarms, and the view on screen repainted."""
+        self._scanning = False
+        first = not self.loaded
+        self.summaries = scan.summaries
+        self.loaded = True
+        self.scans += 1
+        now = self.now()
+        arrived = self._arrivals(scan, first)
+        if scan.read or scan.removed or first:
+            self._deadlines = sorted(
+                (a.due, s.key, a.request_id) for s in self.summaries.values()
+                for a in s.approvals)
+            self._forget_answered()
+            view = self.view()
+            if view is not None:
+                view.show_fleet(now)
+        warned = self._due_soon(now)
+        self._alarm(arrived, warned)
+        if self._again:
+            self._again = False
+            self.app.call_later(self.scan)
+
+    def view(self) -> FleetView | None:
+        screen = self.app.screen
+        return screen if hasattr(screen, "show_fleet") else None  # type: ignore[return-value]
+
+    # --- the alarm ------------------------------------------------------------------------
+
+    def _arrivals(self, scan: FleetScan, first: bool) -> list[tuple[InboxSummary, Approval]]:
+        arrived = []
+        for key in scan.read:
+            summary = scan.summaries[key]
+            ids = {a.request_id for a in summary.approvals}
+            before = self._known.get(key)
+            if not first and before is not None:
+                new = [a for a in summary.approvals if a.request_id not in before]
+                if not new and summary.waiting > self._waiting.get(key, 0):
+                    new = list(summary.approvals[-1:])  # beyond the listed ones: say so
+                arrived += [(summary, a) for a in new]
+            elif not first and summary.approvals:  # a new inbox file with requests waiting
+                arrived += [(summary, a) for a in summary.approvals]
+            self._known[key] = ids
+            self._waiting[key] = summary.waiting
+        for key in scan.removed:
+            self._known.pop(key, None)
+            self._waiting.pop(key, None)
+        self._unseen.update((s.key, a.request_id) for s, a in arrived)
+        return arrived
+
+    def _forget_answered(self) -> None:
+        waiting = {(key, rid) for _, key, rid in self._deadlines}
+        self._unseen &= waiting
+        self._warned &= waiting
+
+    def _due_soon(self, now: int) -> list[tuple[InboxSummary, Approval]]:
+        """Approvals that just came within WARN_SECONDS of their deadline (once each)."""
+        found = []
+        for due, key, rid in self._deadlines:
+            if due - now > WARN_SECONDS:
+                break
+            if due <= now or (key, rid) in self._warned:
+                continue
+            self._warned.add((key, rid))
+            summary = self.summaries.get(key)
+            if summary is not None:
+                match = [a for a in summary.approvals if a.request_id == rid]
+                if match:
+                    found.append((summary, match[0]))
+        return found
+
+    def urgent_count(self, now: int) -> int:
+        """Approvals that need someone now: new since the queue was last shown, or within
+        WARN_SECONDS of their deadline."""
+        soon = set()
+        for due, key, rid in self._deadlines:
+            if due - now > WARN_SECONDS:
+                break
+            if due > now:
+                soon.add((key, rid))
+        return len(soon | self._unseen)
+
+    def acknowledge(self) -> None:
+        """The operator is looking at every waiting approval: the new ones are seen."""
+        self._unseen.clear()
+        self._update_title(self.now())
+
+    def _alarm(self, arrived: list, warned: list) -> None:
+        if arrived:
+            if len(arrived) == 1:
+                summary, approval = arrived[0]
+                text = (f"New approval in {safe_plain(summary.name, limit=40)}: "
+                        f"{safe_plain(approval.action, limit=120)}")
+            else:
+                names = sorted({safe_plain(s.name, limit=24) for s, _ in arrived})
+                text = f"{len(arrived)} new approvals in " + ", ".join(names[:4]) + \
+                    (" …" if len(names) > 4 else "")
+            self.app.notify(text, title="Approval waiting", severity="warning",
+                            markup=False, timeout=10)
+        for summary, approval in warned[:3]:
+            left = max(approval.due - self.now(), 0)
+            self.app.notify(
+                f"{safe_plain(summary.name, limit=40)}: {safe_plain(approval.request_id, limit=60)}"
+                f" expires in {left // 60}m{left % 60:02d}s", title="Deadline close",
+                severity="error", markup=False, timeout=15)
+        if len(warned) > 3:
+            self.app.notify(f"{len(warned) - 3} more approvals expire within 10 minutes",
+                            title="Deadline close", severity="error", markup=False)
+        if arrived or warned:
+            self.bells += 1
+            self.app.bell()
+        self._update_title(self.now())
+
+    def _update_title(self, now: int) -> None:
+        count = self.urgent_count(now)
+        if count == self.alert_count and self.app.title == title_for(count):
+            return
+        self.alert_count = count
+        self.app.title = title_for(count)
+        set_terminal_title(self.app, title_for(count))
+
+    def tick(self) -> None:
+        """Every second: countdowns on the fleet view, deadlines coming close."""
+        now = self.now()
+        warned = self._due_soon(now)
+        if warned:
+            self._alarm([], warned)
+        else:
+            self._update_title(now)
+        view = self.view()
+        if view is not None:
+            view.tick(now)
+
+
+def set_terminal_title(app: "App[Any]", title: str) -> None:
+    """Put `title` (fixed words from `title_for`) in the terminal's title bar.
+
+    Textual has no public call for the terminal title; this writes the standard OSC 2
+    sequence through the app's driver, after removing every control character.
+    """
+    driver = getattr(app, "_driver", None)
+    if driver is None or app.is_headless:
+        return
+    clean = "".join(ch for ch in title if ch.isprintable())
+    driver.write(f"\x1b]2;{clean}\x07")

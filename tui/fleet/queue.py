@@ -1,0 +1,217 @@
+"""All approvals: every request waiting anywhere in the fleet, soonest deadline first.
+
+`a` approves, `d` denies, `e` expires the highlighted request, with the same confirmation
+dialog and the same standing outcomes as pane 4 (`tui.operator`); the list stays open, so a
+queue of requests is answered one after another. `Enter` opens the request's inbox at its
+Approvals pane.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Label, Static
+
+from core import Approval, InboxError
+from core.fleet import InboxSummary
+
+from .. import operator
+from ..panes.timefmt import duration
+from ..safe import join, safe_text
+from .desk import WARN_SECONDS
+from .rows import RowWindow
+
+if TYPE_CHECKING:
+    from .desk import FleetDesk
+
+Item = tuple[InboxSummary, Approval]
+
+
+def _cell(text: Text | str, width: int) -> Text:
+    cell = text.copy() if isinstance(text, Text) else Text(text)
+    cell.no_wrap = True
+    cell.truncate(width, overflow="ellipsis")
+    cell.align("left", width)
+    return cell
+
+
+def queue_text(item: Item, now: int, width: int) -> Text:
+    summary, approval = item
+    left = approval.due - now
+    countdown = f"{duration(left, precise=True)} left" if left > 0 else "deadline passed"
+    narrow = width < 100
+    inbox_w, left_w, request_w = (12, 11, 16) if narrow else (16, 14, 24)
+    action_w = max(width - inbox_w - left_w - request_w - 4, 10)
+    return Text(" ").join([
+        _cell(safe_text(summary.name, limit=60), inbox_w), _cell(countdown, left_w),
+        _cell(safe_text(approval.request_id, limit=80), request_w),
+        _cell(safe_text(approval.action, limit=300), action_w)])
+
+
+class QueueRow(Static):
+    def paint(self, item: Item, now: int, selected: bool, width: int) -> None:
+        text = queue_text(item, now, width)
+        urgent = item[1].due - now <= WARN_SECONDS
+        signature = (text.plain, selected, urgent)
+        if getattr(self, "_painted", None) == signature:
+            return
+        self._painted = signature
+        self.update(text, layout=False)  # one line, fixed size
+        self.set_class(selected, "-cursor")
+        self.set_class(urgent, "-urgent")
+
+
+class ApprovalQueueScreen(ModalScreen[None]):
+    """Every waiting approval of the fleet by deadline, answered without leaving the list."""
+
+    BINDINGS = [
+        Binding("a", "approve", "Approve", id="queue-approve",
+                tooltip="answer yes; that inbox's agent resumes with it (confirmed)"),
+        Binding("d", "deny", "Deny", id="queue-deny",
+                tooltip="answer no; the agent resumes with a refusal (confirmed)"),
+        Binding("e", "expire", "Expire", id="queue-expire",
+                tooltip="end the request now as if its deadline had passed (confirmed)"),
+        Binding("enter", "open", "Open inbox", id="queue-open", priority=True,
+                tooltip="the request's inbox, at its Approvals pane"),
+        Binding("escape", "back", "Back", id="queue-back", key_display="esc",
+                tooltip="back to the fleet"),
+        Binding("q", "app.quit", "Quit", id="queue-quit"),
+    ]
+    ACTIONS = frozenset({"approve", "deny", "expire"})
+
+    def __init__(self, desk: "FleetDesk") -> None:
+        super().__init__(id="approval-queue")
+        self.desk = desk
+        self.items: list[Item] = []
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="queue"):
+            yield Label("", id="queue-title")
+            yield Label("", id="queue-outcome")
+            yield Static("", id="queue-columns", markup=False)
+            yield RowWindow(QueueRow, self._paint, lambda item: (item[0].key,
+                                                                 item[1].request_id),
+                            id="queue-rows")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(RowWindow).focus()
+        self.desk.acknowledge()
+        self.show_fleet(self.desk.now())
+
+    def _paint(self, row: QueueRow, item: Item, now: int, selected: bool) -> None:
+        row.paint(item, now, selected, self.app.size.width - 2)
+
+    @property
+    def rows(self) -> RowWindow:
+        return self.query_one(RowWindow)
+
+    def show_fleet(self, now: int) -> None:
+        items = [(s, a) for s in self.desk.summaries.values() for a in s.approvals]
+        items.sort(key=lambda item: (item[1].due, item[0].name.lower(), item[0].key,
+                                     item[1].request_id))
+        self.items = items
+        self.rows.show(items, now)
+        waiting = sum(s.waiting for s in self.desk.summaries.values())
+        inboxes = len({s.key for s, _ in items})
+        title = f"All approvals · {waiting:,} waiting in {inboxes:,} inbox" \
+                f"{'es' if inboxes != 1 else ''} · soonest deadline first"
+        if waiting > len(items):
+            title += f" ({len(items):,} listed)"
+        if not items:
+            title = "All approvals · nothing is waiting anywhere in the fleet"
+        self.query_one("#queue-title", Label).update(Text(title))
+        narrow = self.app.size.width < 100
+        widths = (12, 11, 16) if narrow else (16, 14, 24)
+        head = Text(" ").join([_cell(name, width) for name, width in
+                               zip(("inbox", "time left", "request"), widths)]
+                              + [Text("action")])
+        self.query_one("#queue-columns", Static).update(head)
+        self.refresh_bindings()
+
+    def tick(self, now: int) -> None:
+        self.rows.tick(now)
+
+    def _line(self, text: Text, applied: bool | None = None) -> None:
+        label = self.query_one("#queue-outcome", Label)
+        label.update(text)
+        label.set_class(applied is True, "-applied")
+        label.set_class(applied is False, "-refused")
+
+    # --- keys -----------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.ACTIONS:
+            if self.desk.read_only:
+                return False
+            return True if self.rows.selected is not None else None
+        if action == "open":
+            return True if self.rows.selected is not None else None
+        return True
+
+    def on_row_window_moved(self, message: RowWindow.Moved) -> None:
+        self.refresh_bindings()
+
+    def action_approve(self) -> None:
+        self._answer("approve")
+
+    def action_deny(self) -> None:
+        self._answer("deny")
+
+    def action_expire(self) -> None:
+        self._answer("expire")
+
+    def _answer(self, action: str) -> None:
+        item = self.rows.selected
+        if item is None or self.desk.read_only:
+            return
+        self.run_worker(self.answer(action, *item), group="actions", exit_on_error=False)
+
+    async def answer(self, action: str, summary: InboxSummary, approval: Approval) -> None:
+        """Confirm, then answer one request in its own inbox file; show what stands."""
+        app: Any = self.app
+        name = safe_text(summary.name, limit=40, style="bold")
+        shown = app.inbox is not None and app.inbox.path == summary.target
+        try:
+            inbox = app.inbox if shown else await self.desk.source.open(summary.key,
+                                                                        clock=app.clock)
+        except (InboxError, OSError) as exc:
+            self._line(join(name, ": cannot open: ", safe_text(str(exc), limit=200)), False)
+            return
+        try:
+            # The summary keeps the first characters of the action: confirm on the full text.
+            current = await inbox.get_approval(approval.request_id) or approval
+            if not await app.push_screen_wait(app._confirmation(action, (current,))):
+                self._line(join(name, ": not confirmed: nothing changed"), None)
+                return
+            outcome = await operator.approval_action(inbox, action, current,
+                                                     now=app.clock.now(), actor=app.ACTOR)
+        except InboxError as exc:
+            self._line(join(name, ": not done: ", safe_text(str(exc), limit=200)), False)
+            return
+        finally:
+            if not shown:
+                await inbox.close()
+        self._line(join(name, ": ", safe_text(outcome.text, limit=300)), outcome.applied)
+        self.desk.scan(force=(summary.key,))
+
+    def action_open(self) -> None:
+        item = self.rows.selected
+        if item is None:
+            return
+        from .screen import FleetScreen
+
+        fleet = next((s for s in self.app.screen_stack if isinstance(s, FleetScreen)), None)
+        if fleet is None:
+            return
+        self.dismiss(None)
+        fleet.run_worker(fleet.open_inbox(item[0].key, pane="approvals"),
+                         group="fleet-open", exclusive=True, exit_on_error=False)
+
+    def action_back(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,400 @@
+"""The Fleet view: one row per inbox, the ones that need a human first, coloured by health.
+
+Pushed over the six-pane supervisor (a modal screen: the supervisor's keys stay asleep under
+it). `Enter` drills into the highlighted inbox (the app switches the inbox its panes show),
+`0` or `Escape` there comes back here with the cursor on the same inbox, `A` lists every
+waiting approval of the fleet, `/` filters by name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Label, Sparkline, Static
+
+from core import InboxError
+from core.fleet import InboxSummary
+
+from ..panes.timefmt import duration
+from ..safe import join, safe_text
+from ..screens.filter import FilterScreen
+from ..screens.help import HelpScreen, render_groups
+from .desk import WARN_SECONDS, health, lease_lost, needs_a_human_first
+from .rows import RowWindow
+
+if TYPE_CHECKING:
+    from .desk import FleetDesk
+
+BUCKETS = 12  # five-minute buckets: the last hour
+HEALTH_CLASSES = ("-urgent", "-approval", "-dead", "-lost", "-problem", "-ok")
+
+# (column, wide width, narrow width; 0 = not shown when narrow), right-aligned if numeric
+COLUMNS = (
+    ("inbox", 16, 12), ("pending", 7, 4), ("run", 4, 4), ("dead", 5, 5),
+    ("approvals", 13, 12), ("lease", 26, 11), ("last run", 15, 9), ("outbox", 12, 0),
+)
+NUMERIC = {"pending", "run", "dead"}
+SHORT = {"pending": "pend", "approvals": "approval", "last run": "last"}
+NARROW_BELOW = 100  # terminal columns
+
+
+def coarse(seconds: int) -> str:
+    """An age to the second under a minute, then to the minute: an idle fleet's rows then
+    change once a minute, not every second (only approval countdowns tick)."""
+    seconds = max(int(seconds), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m"
+    return duration(seconds)
+
+
+def _cell(text: Text | str, width: int, right: bool = False) -> Text:
+    cell = text.copy() if isinstance(text, Text) else Text(text)
+    cell.no_wrap = True
+    cell.truncate(width, overflow="ellipsis")
+    cell.align("right" if right else "left", width)
+    return cell
+
+
+def header_text(narrow: bool) -> Text:
+    parts = []
+    for name, wide, small in COLUMNS:
+        width = small if narrow else wide
+        if width:
+            parts.append(_cell(SHORT.get(name, name) if narrow else name, width,
+                               name in NUMERIC))
+    return Text(" ").join(parts)
+
+
+def approvals_cell(summary: InboxSummary, now: int) -> str:
+    if not summary.waiting:
+        return "—"
+    due = summary.soonest_due
+    left = "" if due is None else (f" · {duration(due - now, precise=True)}" if due > now
+                                   else " · expired")
+    return f"{summary.waiting:,}{left}"
+
+
+def lease_cell(summary: InboxSummary, now: int, narrow: bool) -> Text:
+    lease = summary.lease
+    if lease is None:
+        return Text("none")
+    if lease.until >= now:
+        state = "healthy" if not narrow else "ok"
+    elif summary.lease_released:
+        state = "released"
+    else:
+        state = f"expired {coarse(now - lease.until)} ago" if not narrow else \
+            f"lost {coarse(now - lease.until)}"
+    if narrow:
+        return Text(f"g{lease.gen} {state}")
+    # The state first: a long holder name is what gets cut.
+    return join(f"g{lease.gen} {state} ", safe_text(lease.holder, limit=40))
+
+
+def last_run_cell(summary: InboxSummary, now: int, narrow: bool) -> str:
+    run = summary.last_run
+    if run is None:
+        return "never"
+    if run.outcome is None:
+        return f"running {coarse(now - run.claimed_at)}" if not narrow else "running"
+    word = {"done": "ok", "error": "failed", "lost": "lost"}.get(run.outcome, run.outcome)
+    at = run.finished_at or run.claimed_at
+    return f"{coarse(now - at)} ago {word}" if not narrow else f"{coarse(now - at)} {word}"
+
+
+def outbox_cell(summary: InboxSummary, now: int) -> str:
+    if not summary.held:
+        return "—"
+    if summary.outbox_held:
+        return f"{summary.held:,} · held"
+    at = summary.next_send_at
+    when = "now" if at is None or at <= now else f"in {coarse(at - now)}"
+    return f"{summary.held:,} · {when}"
+
+
+def row_text(summary: InboxSummary, now: int, narrow: bool) -> Text:
+    """One inbox as a line of fixed-width cells (inbox text only through tui.safe)."""
+    width = dict((name, small if narrow else wide) for name, wide, small in COLUMNS)
+    name = safe_text(summary.name, limit=60)
+    if summary.paused:
+        name = join(name, " ⏸")
+    if summary.problem:
+        reason = safe_text(summary.problem, limit=200)
+        return Text(" ").join([_cell(name, width["inbox"]), reason])
+    cells = {
+        "inbox": name,
+        "pending": f"{summary.pending:,}", "run": f"{summary.running:,}",
+        "dead": f"{summary.dead + summary.interrupted:,}",
+        "approvals": approvals_cell(summary, now),
+        "lease": lease_cell(summary, now, narrow),
+        "last run": last_run_cell(summary, now, narrow),
+        "outbox": outbox_cell(summary, now),
+    }
+    return Text(" ").join(_cell(cells[name], width[name], name in NUMERIC)
+                          for name, *_ in COLUMNS if width[name])
+
+
+def activity(summary: InboxSummary, now: int) -> tuple[list[int], int]:
+    """Runs per five minutes over the last hour (oldest first) and the failures among them."""
+    runs, failed = [0] * BUCKETS, 0
+    minute_now = now // 60
+    for minute, count, bad in summary.activity:
+        age = minute_now - minute
+        if 0 <= age < 60:
+            runs[BUCKETS - 1 - age // 5] += count
+            failed += bad
+    return runs, failed
+
+
+def next_change(summaries: Any, now: int) -> int:
+    """The next instant at which the clock alone changes an inbox's health: an approval
+    coming within WARN_SECONDS of its deadline or passing it, a lease expiring."""
+    soonest = now + 3600
+    for summary in summaries:
+        due = summary.soonest_due
+        if due is not None:
+            for at in (due - WARN_SECONDS, due + 1):
+                if now < at < soonest:
+                    soonest = at
+        lease = summary.lease
+        if lease is not None and now <= lease.until < soonest:
+            soonest = lease.until + 1
+    return soonest
+
+
+class FleetRow(Horizontal):
+    """One inbox: its cells, and a sparkline of its runs over the last hour."""
+
+    def compose(self) -> ComposeResult:
+        yield Static("", classes="cells", markup=False)
+        yield Sparkline([0] * BUCKETS, classes="runs")
+
+    def paint(self, summary: InboxSummary, now: int, selected: bool, narrow: bool) -> None:
+        state = health(summary, now)
+        runs, failed = activity(summary, now)
+        text = row_text(summary, now, narrow)
+        signature = (text.plain, state, selected, tuple(runs), bool(failed), narrow)
+        if getattr(self, "_painted", None) == signature:
+            return
+        self._painted = signature
+        self.query_one(".cells", Static).update(text, layout=False)  # fixed size
+        spark = self.query_one(Sparkline)
+        if spark.data != runs:
+            spark.data = runs
+        for name in HEALTH_CLASSES:
+            self.set_class(name == f"-{state}", name)
+        self.set_class(selected, "-cursor")
+        self.set_class(bool(failed), "-failing")
+
+
+class FleetScreen(ModalScreen[None]):
+    """Every inbox of the fleet, "needs a human" first."""
+
+    BINDINGS = [
+        Binding("enter", "open", "Open", id="fleet-open", priority=True,
+                tooltip="the highlighted inbox's six panes (esc or 0 comes back)"),
+        Binding("A", "approvals", "All approvals", id="fleet-approvals",
+                tooltip="every approval waiting in the fleet, by deadline; answer with a/d/e"),
+        Binding("slash", "filter", "Filter", id="fleet-filter", key_display="/",
+                tooltip="show only the inboxes whose name contains a text"),
+        Binding("escape", "clear_filter", "Clear filter", id="fleet-clear-filter",
+                key_display="esc", tooltip="show every inbox again"),
+        Binding("question_mark", "help", "Help", id="fleet-help", key_display="?",
+                tooltip="this list of keys"),
+        Binding("q", "app.quit", "Quit", id="fleet-quit",
+                tooltip="leave onwatch (the agents keep running)"),
+    ]
+
+    def __init__(self, desk: "FleetDesk") -> None:
+        super().__init__(id="fleet-screen")
+        self.desk = desk
+        self.search: str | None = None
+        self.order: list[InboxSummary] = []
+        self.narrow = False
+        self.painted = 0  # repaints after a scan (the benchmark reads it)
+        self.resort_at = 0  # when time alone next changes a row's health
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="fleet"):
+            with Horizontal(id="fleet-head"):
+                yield Label(Text("Fleet"), id="fleet-title")
+                yield Label("", id="fleet-figures")
+            yield Label("", id="fleet-outcome")
+            yield Static("", id="fleet-columns", markup=False)
+            yield RowWindow(FleetRow, self._paint, lambda s: s.key, id="fleet-rows")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(RowWindow).focus()
+        self.show_fleet(self.desk.now())
+
+    def on_screen_resume(self) -> None:
+        if self.is_mounted:
+            self.show_fleet(self.desk.now())
+
+    def on_resize(self) -> None:
+        narrow = self.app.size.width < NARROW_BELOW
+        if narrow != self.narrow or not self.query_one("#fleet-columns", Static).visual:
+            self.narrow = narrow
+            self.set_class(narrow, "-narrow")
+            self.query_one("#fleet-columns", Static).update(header_text(narrow))
+
+    def _paint(self, row: FleetRow, summary: InboxSummary, now: int, selected: bool) -> None:
+        row.paint(summary, now, selected, self.narrow)
+
+    @property
+    def rows(self) -> RowWindow:
+        return self.query_one(RowWindow)
+
+    @property
+    def cursor_key(self) -> str | None:
+        key = self.rows.cursor_key
+        return str(key) if key is not None else None
+
+    # --- data -----------------------------------------------------------------------------
+
+    def show_fleet(self, now: int) -> None:
+        """Sort and filter the desk's summaries and repaint (called after every scan)."""
+        summaries = self.desk.summaries.values()
+        if self.search:
+            needle = self.search.lower()
+            summaries = [s for s in summaries if needle in s.name.lower()]
+        self.order = sorted(summaries, key=lambda s: needs_a_human_first(s, now))
+        self.rows.show(self.order, now)
+        self._figures(now)
+        self.resort_at = next_change(self.desk.summaries.values(), now)
+        self.painted += 1
+
+    def tick(self, now: int) -> None:
+        """Every second: the countdowns on screen; the order and the figures only when a
+        row's health changes with time (a deadline or a lease expiry passes)."""
+        if now >= self.resort_at:
+            self.show_fleet(now)
+        else:
+            self.rows.tick(now)
+
+    def _figures(self, now: int) -> None:
+        every = self.desk.summaries.values()
+        total = len(self.desk.summaries)
+        waiting = sum(s.waiting for s in every)
+        soon = sum(1 for s in every if s.soonest_due is not None
+                   and s.soonest_due - now <= WARN_SECONDS)
+        lost = sum(1 for s in every if lease_lost(s, now))
+        dead = sum(1 for s in every if s.dead or s.interrupted)
+        problems = sum(1 for s in every if s.problem)
+        parts = [f"{total:,} inbox{'es' if total != 1 else ''}",
+                 f"{waiting:,} approval{'s' if waiting != 1 else ''} waiting"]
+        if soon:
+            parts.append(f"{soon} expiring soon")
+        parts += [f"{dead} with dead events", f"{lost} lost lease{'s' if lost != 1 else ''}"]
+        if problems:
+            parts.append(f"{problems} unreadable")
+        if not self.desk.loaded:
+            parts = ["reading the inboxes…"]
+        figures = join(safe_text(self.desk.source.label, limit=40, style="bold"), "  ",
+                       " · ".join(parts))
+        self.query_one("#fleet-figures", Label).update(figures)
+        self.set_class(bool(soon), "-alarm")
+        if self.search:
+            shown = len(self.order)
+            self._line(join("filter “", safe_text(self.search, limit=40),
+                            f"”: {shown:,} of {total:,} shown (esc shows every inbox)"))
+
+    def _line(self, text: Text, applied: bool | None = None) -> None:
+        label = self.query_one("#fleet-outcome", Label)
+        label.update(text)
+        label.set_class(applied is True, "-applied")
+        label.set_class(applied is False, "-refused")
+
+    # --- keys -----------------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "clear_filter":
+            return bool(self.search)
+        if action == "open":
+            return True if self.rows.selected is not None else None
+        return True
+
+    def action_open(self) -> None:
+        summary = self.rows.selected
+        if summary is not None:
+            self.run_worker(self.open_inbox(summary.key), group="fleet-open",
+                            exclusive=True, exit_on_error=False)
+
+    async def open_inbox(self, key: str, pane: str | None = None) -> None:
+        """Drill into inbox `key`: the app's panes show it, this screen steps aside."""
+        app: Any = self.app
+        summary = self.desk.summaries.get(key)
+        if summary is None:
+            return
+        self.rows.select_key(key)
+        if app.inbox is None or app.inbox.path != summary.target:
+            try:
+                inbox = await self.desk.source.open(key, clock=app.clock)
+            except (InboxError, OSError) as exc:
+                self._line(join(safe_text(summary.name, limit=40, style="bold"),
+                                ": cannot open: ", safe_text(str(exc), limit=200)), False)
+                return
+            await app.switch_inbox(inbox)
+        while app.screen is not self and len(app.screen_stack) > 1:
+            app.pop_screen()
+        if app.screen is self:
+            app.pop_screen()
+        if pane is not None:
+            app.action_show_pane(pane)
+
+    def action_approvals(self) -> None:
+        from .queue import ApprovalQueueScreen
+
+        self.app.push_screen(ApprovalQueueScreen(self.desk))
+
+    def action_filter(self) -> None:
+        def apply(search: str | None) -> None:
+            if search is None:
+                return
+            self.search = search or None
+            if not self.search:
+                self._line(Text(""))
+            self.show_fleet(self.desk.now())
+            self.refresh_bindings()
+
+        self.app.push_screen(FilterScreen("inboxes", self.search,
+                                          "Matches the inbox name (the file name without "
+                                          "its extension)."), apply)
+
+    def action_clear_filter(self) -> None:
+        self.search = None
+        self._line(Text(""))
+        self.show_fleet(self.desk.now())
+        self.refresh_bindings()
+
+    def action_help(self) -> None:
+        from .queue import ApprovalQueueScreen
+
+        def listed(bindings: list) -> list:
+            return [(b, True) for b in bindings if isinstance(b, Binding)]
+
+        queue = [(b, not self.desk.read_only or b.action not in ("approve", "deny", "expire"))
+                 for b in ApprovalQueueScreen.BINDINGS if isinstance(b, Binding)]
+        groups = [("Fleet", listed(self.BINDINGS)),
+                  ("Moving", listed(RowWindow.BINDINGS)),
+                  ("All approvals (A)", queue),
+                  ("In an inbox", [(Binding("0", "fleet", "Fleet", tooltip="back to the fleet "
+                                            "(esc too), the cursor on the same inbox"), True)])]
+        notes = ["Rows: approvals by deadline first, then dead or interrupted events, then "
+                 "lost leases, then unreadable files, then the rest by name.",
+                 "A new approval anywhere, or one within 10 minutes of its deadline, raises a "
+                 "toast, the bell and a count in the title, whichever view is open."]
+        self.app.push_screen(HelpScreen(render_groups(groups, self.app.get_key_display,
+                                                      notes)))
+
+    def on_row_window_moved(self, message: RowWindow.Moved) -> None:
+        self.refresh_bindings()
+

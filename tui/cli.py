@@ -797,11 +797,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     early: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, frame: early.append(number))
-    from core.webhooks import ConfigError, config_file_warning, load_secrets, start_server
+    from core.webhooks import (
+        ConfigError, check_args, config_file_warning, load_secrets, start_server,
+    )
     from core.worker import Worker
-    if not 0 <= args.port <= 65535:
-        raise CliError(f"--port must be 0-65535, got {args.port}")
     try:
+        check_args(args)  # the same checks as `onwatch serve`
         secrets = load_secrets(os.environ, args.config)
     except ConfigError as exc:
         raise CliError(str(exc)) from None

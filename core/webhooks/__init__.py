@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
     from .server import RunningServer
 
-__all__ = ["ConfigError", "Secret", "Secrets", "SignatureError", "load_secrets", "main",
-           "start_server"]
+__all__ = ["ConfigError", "Secret", "Secrets", "SignatureError", "check_args", "load_secrets",
+           "main", "start_server"]
 
 
 def main(args: Any) -> int:
@@ -32,7 +32,7 @@ def main(args: Any) -> int:
     an inbox (the receiver never creates one: `onwatch init PATH` does); 3 if the inbox stayed
     locked; 1 if the port cannot be bound. Each failure is one line on stderr."""
     try:
-        host, port, max_body = _check_args(args)
+        host, port, max_body = check_args(args)
         secrets = load_secrets(os.environ, args.config)
     except ConfigError as exc:
         print(f"onwatch serve: {printable(str(exc))}", file=sys.stderr)
@@ -47,11 +47,15 @@ def main(args: Any) -> int:
 _MAX_BODY = 2**31 - 1  # bytes: far past any sane webhook, and every buffer size can hold it
 
 
-def _check_args(args: Any) -> tuple[str, int, int | None]:
+def check_args(args: Any) -> tuple[str, int, int | None]:
     host, port, max_body = args.host, args.port, args.max_body
     if not isinstance(host, str) or not host or len(host) > 253 or not host.isascii() \
             or not host.isprintable() or " " in host:
         raise ConfigError("--host must name an interface, e.g. 127.0.0.1")
+    try:
+        host.encode("idna")  # what the resolver will do with it: a bad label fails here
+    except UnicodeError:
+        raise ConfigError(f"--host {host!r} is not a host name or address") from None
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"--port must be 0-65535, got {port!r}")
     if max_body is not None and (isinstance(max_body, bool) or not isinstance(max_body, int)

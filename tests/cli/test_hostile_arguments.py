@@ -138,6 +138,11 @@ def quick_long_runners(monkeypatch):
     for module_name in ("tui.app", "tui.demo"):
         module = pytest.importorskip(module_name)
         monkeypatch.setattr(module, "run", lambda *args, **kwargs: 0)
+    web = pytest.importorskip("tui.web")
+
+    async def served(chosen):  # `onwatch web` checked up to the point it would listen
+        return 0
+    monkeypatch.setattr(web, "serve", served)
     for name in list(os.environ):
         if name.startswith("ONWATCH_"):
             monkeypatch.delenv(name)

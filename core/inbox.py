@@ -530,7 +530,9 @@ class Inbox:
             if not isinstance(traceback, str):
                 raise BadInput("traceback must be text")
             # The end of a traceback names the line that raised: keep that end.
-            traceback = traceback[-MAX_TRACEBACK:]
+            # A lone surrogate (an exception's text may carry one) is kept as an escape.
+            traceback = traceback[-MAX_TRACEBACK:].encode("utf-8", "backslashreplace") \
+                .decode("utf-8")
         encoded = None if result is None else _encode(result, self._settings.max_payload_bytes,
                                                       "result")
         return await self._write(self._sql.finish, holder, gen, ids, replies, error, encoded,

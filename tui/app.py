@@ -147,8 +147,9 @@ class OnwatchApp(App[int]):
         self.active_pane.focus_table()
         self.set_interval(self.TICK_SECONDS, self.tick, name="clock")
         # The poll is the fallback; the notifier (core/wake.py) triggers it at once.
-        self.set_interval(self.FALLBACK_POLL_SECONDS if self.inbox.wake.watching
-                          else self.POLL_SECONDS, self._poll, name="follow")
+        notified = self.inbox is None or self.inbox.wake.watching  # (the fleet: a file inbox)
+        self.set_interval(self.FALLBACK_POLL_SECONDS if notified else self.POLL_SECONDS,
+                          self._poll, name="follow")
         # A plain task, not a worker: tests wait for the workers to complete.
         self._follower = asyncio.create_task(self._follow())
         self.run_worker(self.reload(), group="refresh", exit_on_error=False)
@@ -232,7 +233,7 @@ class OnwatchApp(App[int]):
 
     def _poll(self, confirm: bool = False) -> bool:
         """Has anyone committed? Never overlaps, skips under a dialog; False if skipped."""
-        if self._polling or self._dialog_open():
+        if self._polling or self._dialog_open() or self.inbox is None:
             return False
         self._polling = True
         self.run_worker(self._poll_once(confirm), group="refresh", exit_on_error=False)
@@ -245,13 +246,18 @@ class OnwatchApp(App[int]):
     async def _follow(self) -> None:
         """Poll as soon as the file may have changed: another process's commit (the OS's
         file notification) or one of ours. A poll skipped meanwhile is tried again."""
-        wake = self.inbox.wake
-        seen = wake.seq
+        wake, seen = None, 0
         while True:
+            inbox = self.inbox
+            if inbox is None:  # the fleet view, before any inbox was chosen
+                await asyncio.sleep(SLOW_POLL / 10)
+                continue
+            if inbox.wake is not wake:  # another inbox is shown now (fleet, demo): follow it
+                wake, seen = inbox.wake, inbox.wake.seq
             if not await wake.wait(seen, SLOW_POLL):
                 continue
             seen = wake.seq
-            while not self._poll(confirm=True):
+            while not self._poll(confirm=True) and self.inbox is inbox:
                 await asyncio.sleep(0.1)
 
     async def _poll_once(self, confirm: bool = False) -> None:
@@ -286,7 +292,7 @@ class OnwatchApp(App[int]):
     def check_file(self) -> str | None:
         """Is the path still the file we opened? If not: a standing alarm, every action
         refused, `R` offered. Two stat calls; run by the clock, whatever follows the file."""
-        why = self.inbox.file_replaced()
+        why = None if self.inbox is None else self.inbox.file_replaced()
         if why != self.file_problem:
             self.file_problem = why
             self.query_one(StatusStrip).raise_alarm(why)

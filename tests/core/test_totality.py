@@ -86,6 +86,7 @@ VALID = {
     "state": ["confirmed", "failed"], "event_id": [1, 2], "timer_id": ["t", "u"],
     "due": [T + 5], "every": [None, 60], "catch_up": ["coalesce", "each"],
     "request_id": ["r", "s"], "expires_in": [60], "action": ["do"], "answer": ["yes", "no"],
+    "traceback": [None, "Traceback (most recent call last):\n  KeyError: 'x'\n"],
     "actor": ["op"], "reason": [None, "why"], "expect": [None, "pending", "uncertain"],
     "status": ["pending", "done"], "limit": [10], "after": [None, 0], "before": [None, 5],
     "search": [None, "x"], "older_than": [T], "items": [[("chat", "b1", None)]],
@@ -99,7 +100,8 @@ SETTING_NAMES = sorted(f for f in Settings.__dataclass_fields__)
 
 # Lifecycle methods fed separately below (open) or that take no value at all.
 NOT_FED = {"close": "takes no value; closing is the test's teardown",
-           "now": "takes no value", "open": "fed below with hostile paths and timeouts"}
+           "now": "takes no value", "open": "fed below with hostile paths and timeouts",
+           "file_replaced": "takes no value (two stat calls on the opened file)"}
 
 
 def public_methods(cls: type) -> dict[str, object]:

@@ -40,7 +40,7 @@ async def test_kill_the_active_worker_under_both_policies(tmp_path):
             async def running(n=3):
                 return (await inbox.counts()).get("running", 0) == n
             await wait_for(pilot, running, seconds=10, what="the run of three messages")
-            await pilot.press("k")
+            await pilot.press("K")
             await wait_for(pilot, lambda: _true(any(p.killed for p in app.processes)),
                            seconds=5, what="the kill")
             async def taken_over():
@@ -61,7 +61,7 @@ async def test_kill_the_active_worker_under_both_policies(tmp_path):
                            seconds=5, what="the policy switch")
             await pilot.press("i")
             await wait_for(pilot, running, seconds=10, what="the second run")
-            await pilot.press("k")
+            await pilot.press("K")
             await wait_for(pilot, lambda: _true(sum(p.killed for p in app.processes) == 2),
                            seconds=5, what="the second kill")
             await pilot.press("w")  # no standby left: start one

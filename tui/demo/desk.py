@@ -24,8 +24,13 @@ class DemoScreen(Screen):
     def active_bindings(self) -> dict[str, ActiveBinding]:
         bindings = super().active_bindings
         wanted = getattr(self.app, "FOOTER_FIRST", frozenset())
-        first = {key: active for key, active in bindings.items()
-                 if active.binding.action in wanted}
+        # In the order the app declares them (priority bindings would otherwise lead).
+        declared = [binding.action for binding in getattr(self.app, "BINDINGS", ())
+                    if hasattr(binding, "action")]
+        first = dict(sorted(((key, active) for key, active in bindings.items()
+                             if active.binding.action in wanted),
+                            key=lambda item: declared.index(item[1].binding.action)
+                            if item[1].binding.action in declared else len(declared)))
         return {**first, **{k: v for k, v in bindings.items() if k not in first}}
 
 

@@ -148,7 +148,7 @@ class LiveDemoApp(DemoDesk):
     BINDINGS = [
         Binding("i", "send_messages", "Send messages", id="live-ingest",
                 tooltip="Three chat messages arrive; a worker runs them as one slow run"),
-        Binding("k", "kill", "Kill active worker", id="live-kill",
+        Binding("K", "kill", "Kill active worker", id="live-kill",
                 tooltip="SIGKILL the process that holds the lease, in the middle of its run"),
         Binding("w", "start_worker", "Start worker", id="live-start",
                 tooltip="Start another worker process (a standby)"),
@@ -203,7 +203,7 @@ class LiveDemoApp(DemoDesk):
                                        for i, text in enumerate(texts)])
         self.messages_sent += len(texts)
         self.tell(f"msg-{first}…msg-{self.messages_sent} arrived. The lease holder claims them "
-                  f"as one run; the agent takes {self.agent_seconds:g} s — press k meanwhile.")
+                  f"as one run; the agent takes {self.agent_seconds:g} s — press K meanwhile.")
         self.action_show_pane("running")
         await self.reload()
 

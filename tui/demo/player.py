@@ -180,9 +180,9 @@ class DemoApp(DemoDesk):
     BINDINGS = [
         Binding("space", "step", "Step", priority=True, id="demo-step",
                 tooltip="Play the scenario's next step"),
-        Binding("g", "autoplay", "Autoplay", id="demo-autoplay",
+        Binding("g", "autoplay", "Autoplay", priority=True, id="demo-autoplay",
                 tooltip="Play the steps one after another"),
-        Binding("g", "stop", "Stop", id="demo-stop", tooltip="Stop autoplay"),
+        Binding("g", "stop", "Stop", priority=True, id="demo-stop", tooltip="Stop autoplay"),
         Binding("plus", "faster", "Faster", id="demo-faster", key_display="+", group=SPEED,
                 tooltip="Autoplay: less time between steps"),
         Binding("minus", "slower", "Slower", id="demo-slower", key_display="-", group=SPEED,

@@ -136,6 +136,8 @@ class Database:
         self._tx = Tx(conn, inbox, name)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        from .listen import ListenWake  # (listen imports this module)
+        self.wake = ListenWake(name)  # our commits notify it; others' through a Listener
         self._thread = threading.Thread(target=self._serve, name=f"onwatch-pg-{name}",
                                         daemon=True)
         self._thread.start()
@@ -248,7 +250,9 @@ class Database:
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` in one transaction holding the inbox's lock; roll back on any exception."""
-        return await self._await(write_transaction, fn, args)
+        result = await self._await(write_transaction, fn, args)
+        self.wake.notify()
+        return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside one read snapshot."""
@@ -258,7 +262,11 @@ class Database:
                    done: Callable[[T | None, BaseException | None], None]) -> None:
         """Queue `fn` in its own write transaction; call `done(result, error)` on this loop
         once it committed or rolled back (the callback form of `write`, for group commit)."""
-        self._submit(write_transaction, fn, args, done, asyncio.get_running_loop())
+        def committed(result: T | None, error: BaseException | None) -> None:
+            if error is None:
+                self.wake.notify()
+            done(result, error)
+        self._submit(write_transaction, fn, args, committed, asyncio.get_running_loop())
 
     def peek(self, fn: Callable[..., T], *args: Any) -> T:
         """SQLite answers tiny reads on the loop's thread from a local file; here that would be
@@ -274,6 +282,7 @@ class Database:
         if self._closed:
             return
         self._closed = True
+        self.wake.close()
         self._jobs.put(None)
         await asyncio.to_thread(self._thread.join)
 

@@ -706,11 +706,14 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
     if held and not flush:
         return None
     retry = db.execute(
-        "SELECT id FROM deliveries WHERE inbox_id = %s AND status IN ('sending', 'failed') "
-        "AND NOT at_most_once AND (status = 'failed' OR retry_after < %s) ORDER BY id LIMIT 1",
-        (db.inbox, now)).fetchone()
+        "SELECT id, attempts FROM deliveries WHERE inbox_id = %s AND status IN ('sending', "
+        "'failed') AND NOT at_most_once AND (status = 'failed' OR retry_after < %s) "
+        "ORDER BY id LIMIT 1", (db.inbox, now)).fetchone()
     if retry is not None:
         delivery_id = retry[0]
+        if not 0 <= retry[1] < MAX_COUNT:  # one more would overflow the column: an error
+            raise _BrokenDelivery(delivery_id, f"set aside, not sent: attempts is {retry[1]}, "
+                                               f"not a count")
         attempt = db.execute(
             "UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
             "retry_after = %s WHERE inbox_id = %s AND id = %s RETURNING attempts",

@@ -34,13 +34,14 @@ CHANNEL = "onwatch"
 
 
 class Listener:
-    def __init__(self, url: str, conn: psycopg.Connection, loop: asyncio.AbstractEventLoop,
+    def __init__(self, url: str, conn: psycopg.Connection | None,
+                 loop: asyncio.AbstractEventLoop,
                  *, poll_interval: float = 1.0, max_backoff: float = 5.0) -> None:
         self.url = url
         self.poll_interval = poll_interval
         self.max_backoff = max_backoff
         self.reconnects = 0
-        self.connected = True
+        self.connected = conn is not None
         self._conn: psycopg.Connection | None = conn
         self._loop = loop
         self._counts: dict[str, int] = defaultdict(int)
@@ -53,7 +54,15 @@ class Listener:
 
     @classmethod
     async def open(cls, url: str, **options: float) -> "Listener":
-        conn = await asyncio.to_thread(cls._connect, url)
+        """Start listening. A server that cannot be reached now (a restart, a network cut)
+        is not an error: the listener starts disconnected, its waiters poll, and it
+        connects with backoff, saying so in the log."""
+        try:
+            conn = await asyncio.to_thread(cls._connect, url)
+        except psycopg.Error as exc:
+            log.warning("listener: cannot reach %s (%s); polling until it can", redact(url),
+                        str(exc).strip())
+            conn = None
         return cls(url, conn, asyncio.get_running_loop(), **options)
 
     @staticmethod

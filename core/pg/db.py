@@ -10,9 +10,11 @@ top of core/pg/store.py for why that, and not SERIALIZABLE).
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import sqlite3
 import threading
+import time
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -20,6 +22,8 @@ from ..errors import InboxBusy, InboxError, NotAnInbox
 from . import schema
 
 T = TypeVar("T")
+log = logging.getLogger("onwatch.pg")
+MAX_BACKOFF = 5.0  # seconds between two reconnection attempts, at most
 
 try:
     import psycopg
@@ -136,6 +140,8 @@ class Database:
         self._tx = Tx(conn, inbox, name)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self._backoff = 0.0  # after a failed reconnection: how long until the next try
+        self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
         from .listen import ListenWake  # (listen imports this module)
         self.wake = ListenWake(name)  # our commits notify it; others' through a Listener
         self._thread = threading.Thread(target=self._serve, name=f"onwatch-pg-{name}",
@@ -196,13 +202,31 @@ class Database:
             self._tx.conn.close()
 
     def _run(self, runner: Callable[..., T], fn: Callable[..., T], args: tuple) -> T:
-        """On the thread: run one job, reconnecting first if the connection was lost."""
+        """On the thread: run one job, reconnecting first if the connection was lost.
+
+        Reconnection backs off (0.1 s doubling to MAX_BACKOFF) while the server stays
+        unreachable; a job that comes meanwhile fails at once with ConnectionLost rather
+        than wait, so a receiver answers 503 and a worker retries later. The loss and the
+        reconnection are logged once each."""
         tx = self._tx
         if tx.conn.closed or tx.conn.broken:
+            if time.monotonic() < self._retry_at:
+                raise ConnectionLost(f"inbox {self.path}: lost the connection to PostgreSQL; "
+                                     f"reconnecting (next try in at most "
+                                     f"{self._backoff:.1f} s), try again")
+            if self._backoff == 0.0:
+                log.warning("inbox %s: lost the connection to PostgreSQL; reconnecting",
+                            self.path)
             try:
                 tx.conn = self._connect(self.url, self.busy_timeout)
             except psycopg.Error as exc:
+                self._backoff = min(max(self._backoff * 2, 0.1), MAX_BACKOFF)
+                self._retry_at = time.monotonic() + self._backoff
+                log.warning("inbox %s: cannot reconnect (%s); next try in %.1f s", self.path,
+                            str(exc).strip().splitlines()[0], self._backoff)
                 raise _map_error(exc, self.path, self.busy_timeout) from None
+            log.warning("inbox %s: reconnected to PostgreSQL", self.path)
+            self._backoff = self._retry_at = 0.0
         try:
             return runner(tx, fn, args)
         except psycopg.Error as exc:

@@ -25,6 +25,35 @@ T = TypeVar("T")
 log = logging.getLogger("onwatch.pg")
 MAX_BACKOFF = 5.0  # seconds between two reconnection attempts, at most
 
+# Connections of closed inboxes, kept for the next open in this process: a fleet worker
+# opens and closes an inbox each time it takes one up, and a new connection costs a
+# server process and an authentication (more than the runs of a short visit).
+POOL_SIZE = 32  # per (URL, lock timeout)
+_pool: dict[tuple[str, float], list["psycopg.Connection"]] = {}
+_pool_lock = threading.Lock()
+
+
+def _pooled(url: str, busy_timeout: float) -> "psycopg.Connection | None":
+    with _pool_lock:
+        idle = _pool.get((url, busy_timeout))
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and not conn.broken:
+                return conn
+    return None
+
+
+def _give_back(url: str, busy_timeout: float, conn: "psycopg.Connection") -> None:
+    """Keep an idle, healthy connection for the next open; close anything else."""
+    if not conn.closed and not conn.broken and \
+            conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        with _pool_lock:
+            idle = _pool.setdefault((url, busy_timeout), [])
+            if len(idle) < POOL_SIZE:
+                idle.append(conn)
+                return
+    conn.close()
+
 try:
     import psycopg
     from psycopg import errors as pg_errors
@@ -84,16 +113,26 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
 
 def write_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
     """`fn(tx, *args)` inside BEGIN … COMMIT holding the inbox's row lock, rolled back on any
-    exception. The lock is what BEGIN IMMEDIATE is on SQLite: one writer per inbox."""
+    exception. The lock is what BEGIN IMMEDIATE is on SQLite: one writer per inbox.
+
+    Round trips are what a transaction costs here, so BEGIN travels with the lock and the
+    change count with COMMIT (one simple-protocol message each; the inbox id is an integer
+    of ours, never outside text). A function with a `precheck` (a one-statement read that
+    returns its answer when there is nothing to write, None otherwise: the scheduler pass
+    with nothing due) is answered without a transaction when it can be."""
     conn = tx.conn
+    precheck = getattr(fn, "precheck", None)
+    if precheck is not None:
+        answer = precheck(tx, *args)
+        if answer is not None:
+            return answer
     tx.changed = False
-    conn.execute("BEGIN")
+    inbox = int(tx.inbox)
+    conn.execute(f"BEGIN; SELECT 1 FROM inboxes WHERE id = {inbox} FOR UPDATE")
     try:
-        conn.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (tx.inbox,))
         result = fn(tx, *args)
-        if tx.changed:
-            conn.execute("UPDATE inboxes SET changes = changes + 1 WHERE id = %s", (tx.inbox,))
-        conn.execute("COMMIT")
+        conn.execute(f"UPDATE inboxes SET changes = changes + 1 WHERE id = {inbox}; COMMIT"
+                     if tx.changed else "COMMIT")
     except BaseException:
         _rollback(conn)
         raise
@@ -101,8 +140,11 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
 
 
 def read_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
-    """`fn(tx, *args)` inside one read-only snapshot."""
+    """`fn(tx, *args)` inside one read-only snapshot. A function marked `one_statement` is
+    its own snapshot: it runs alone, without BEGIN and ROLLBACK around it."""
     conn = tx.conn
+    if getattr(fn, "one_statement", False):
+        return fn(tx, *args)
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
         return fn(tx, *args)
@@ -167,8 +209,15 @@ class Database:
         where = redact(url)
 
         def prepare() -> tuple[psycopg.Connection, int]:
+            conn = _pooled(url, busy_timeout)
+            if conn is not None:  # kept idle: check it survived (a server restart meanwhile)
+                try:
+                    conn.execute("SELECT 1")
+                except psycopg.Error:
+                    conn.close()
+                    conn = None
             try:
-                conn = cls._connect(url, busy_timeout)
+                conn = conn or cls._connect(url, busy_timeout)
             except psycopg.Error as exc:
                 raise InboxError(f"cannot connect to {where}: {str(exc).strip()}") from None
             try:
@@ -198,8 +247,7 @@ class Database:
             if job is None:
                 break
             job()
-        if not self._tx.conn.closed:
-            self._tx.conn.close()
+        _give_back(self.url, self.busy_timeout, self._tx.conn)
 
     def _run(self, runner: Callable[..., T], fn: Callable[..., T], args: tuple) -> T:
         """On the thread: run one job, reconnecting first if the connection was lost.

@@ -76,21 +76,31 @@ class Tx:
 
     `execute` is psycopg's; `changed` records whether any statement changed a row, so a
     commit that changed nothing leaves the change token alone (an idle poller stays idle).
+    `row` is the inbox's row as a write transaction locked it (INBOX_ROW's columns), so the
+    store reads its settings, lease and switches without asking again; None outside a write
+    transaction and from the first statement that updates the inbox's row on.
     """
 
-    __slots__ = ("conn", "inbox", "name", "changed")
+    __slots__ = ("conn", "inbox", "name", "changed", "row")
 
     def __init__(self, conn: "psycopg.Connection", inbox: int, name: str) -> None:
         self.conn = conn
         self.inbox = inbox
         self.name = name
         self.changed = False
+        self.row: tuple | None = None
 
     def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor":
+        if sql.startswith("UPDATE inboxes"):
+            self.row = None
         cursor = self.conn.execute(sql, params)
         if cursor.rowcount > 0 and not sql.startswith("SELECT"):
             self.changed = True
         return cursor
+
+
+# The inbox row's columns a write transaction reads as it locks the row (see Tx.row).
+INBOX_ROW = "settings, lease_holder, lease_gen, lease_until, paused"
 
 
 class ConnectionLost(InboxBusy):
@@ -128,14 +138,19 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
             return answer
     tx.changed = False
     inbox = int(tx.inbox)
-    conn.execute(f"BEGIN; SELECT 1 FROM inboxes WHERE id = {inbox} FOR UPDATE")
+    cursor = conn.execute(f"BEGIN; SELECT {INBOX_ROW} FROM inboxes WHERE id = {inbox} "
+                          f"FOR UPDATE")
     try:
+        cursor.nextset()
+        tx.row = cursor.fetchone()
         result = fn(tx, *args)
         conn.execute(f"UPDATE inboxes SET changes = changes + 1 WHERE id = {inbox}; COMMIT"
                      if tx.changed else "COMMIT")
     except BaseException:
         _rollback(conn)
         raise
+    finally:
+        tx.row = None
     return result
 
 

@@ -58,7 +58,8 @@ _settings_cache: dict[str, Settings] = {}
 
 
 def load_settings(db: Tx) -> Settings:
-    row = db.execute("SELECT settings FROM inboxes WHERE id = %s", (db.inbox,)).fetchone()
+    row = db.row or db.execute("SELECT settings FROM inboxes WHERE id = %s",
+                               (db.inbox,)).fetchone()
     if row is None or row[0] is None:
         return Settings()
     cached = _settings_cache.get(row[0])
@@ -77,6 +78,8 @@ def store_settings(db: Tx, settings: Settings) -> None:
 def get_meta(db: Tx, key: str) -> Any:
     if key not in META_COLUMNS:
         raise KeyError(key)
+    if key == "paused" and db.row is not None:
+        return db.row[4]
     return db.execute(f"SELECT {key} FROM inboxes WHERE id = %s", (db.inbox,)).fetchone()[0]
 
 
@@ -231,6 +234,8 @@ def prune_payloads(db: Tx, older_than: int, now: int) -> int:
 # --- lease and fencing ----------------------------------------------------------------------
 
 def _lease_row(db: Tx) -> tuple[str | None, int | None, int | None]:
+    if db.row is not None:
+        return db.row[1:4]
     return db.execute("SELECT lease_holder, lease_gen, lease_until FROM inboxes WHERE id = %s",
                       (db.inbox,)).fetchone()
 
@@ -308,16 +313,19 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
             settings.max_runs_per_day:
         return []  # budget: excess runs are delayed until the day's window frees a slot
     for _ in range(100):  # each round sets aside what it cannot run; a pass never stops
-        retried = db.execute(
-            "SELECT id FROM events WHERE inbox_id = %s AND status = 'pending' AND attempts > 0 "
-            "AND available_at <= %s ORDER BY id LIMIT 1", (db.inbox, now)).fetchone()
-        if retried is not None:
-            ids = [retried[0]]  # an attempted event runs alone: a poison event harms no other
+        # The oldest attempted event and the first available ones, in one round trip (each
+        # half walks its own index).
+        found = db.execute(
+            "(SELECT id, true FROM events WHERE inbox_id = %s AND status = 'pending' "
+            "AND attempts > 0 AND available_at <= %s ORDER BY id LIMIT 1) UNION ALL "
+            "(SELECT id, false FROM events WHERE inbox_id = %s AND status = 'pending' "
+            "AND available_at <= %s ORDER BY id LIMIT %s)",
+            (db.inbox, now, db.inbox, now, settings.max_batch)).fetchall()
+        retried = [event_id for event_id, attempted in found if attempted]
+        if retried:
+            ids = retried  # an attempted event runs alone: a poison event harms no other
         else:
-            ids = [r[0] for r in db.execute(
-                "SELECT id FROM events WHERE inbox_id = %s AND status = 'pending' "
-                "AND available_at <= %s ORDER BY id LIMIT %s",
-                (db.inbox, now, settings.max_batch))]
+            ids = sorted(event_id for event_id, _ in found)
         if not ids:
             return []
         events = _runnable(db, ids, now)

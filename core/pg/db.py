@@ -28,31 +28,35 @@ MAX_BACKOFF = 5.0  # seconds between two reconnection attempts, at most
 # Connections of closed inboxes, kept for the next open in this process: a fleet worker
 # opens and closes an inbox each time it takes one up, and a new connection costs a
 # server process and an authentication (more than the runs of a short visit).
-POOL_SIZE = 32  # per (URL, lock timeout)
-_pool: dict[tuple[str, float], list["psycopg.Connection"]] = {}
+POOL_SIZE = 32  # idle connections kept in all, whatever their database; the oldest go first
+_pool: list[tuple[tuple[str, float], "psycopg.Connection"]] = []  # oldest first
 _pool_lock = threading.Lock()
 
 
 def _pooled(url: str, busy_timeout: float) -> "psycopg.Connection | None":
+    key = (url, busy_timeout)
     with _pool_lock:
-        idle = _pool.get((url, busy_timeout))
-        while idle:
-            conn = idle.pop()
-            if not conn.closed and not conn.broken:
-                return conn
+        for index in range(len(_pool) - 1, -1, -1):
+            if _pool[index][0] == key:
+                conn = _pool.pop(index)[1]
+                if not conn.closed and not conn.broken:
+                    return conn
     return None
 
 
 def _give_back(url: str, busy_timeout: float, conn: "psycopg.Connection") -> None:
     """Keep an idle, healthy connection for the next open; close anything else."""
+    evicted = []
     if not conn.closed and not conn.broken and \
             conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
         with _pool_lock:
-            idle = _pool.setdefault((url, busy_timeout), [])
-            if len(idle) < POOL_SIZE:
-                idle.append(conn)
-                return
-    conn.close()
+            _pool.append(((url, busy_timeout), conn))
+            while len(_pool) > POOL_SIZE:
+                evicted.append(_pool.pop(0)[1])
+    else:
+        evicted.append(conn)
+    for old in evicted:
+        old.close()
 
 try:
     import psycopg

@@ -334,15 +334,20 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
     else:
         return []
     ids = [e.id for e in events]
-    run_id = db.execute("INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at) "
-                        "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-                        (db.inbox, holder, gen, json.dumps(ids), now)).fetchone()[0]
-    db.execute("INSERT INTO run_events(inbox_id, event_id, run_id) "
-               "SELECT %s, unnest(%s::bigint[]), %s", (db.inbox, ids, run_id))
+    # The run, its events' links and the claim itself in one statement (one round trip).
     # Attempts are counted here, at claim time: a worker that crashes never reports failure.
-    db.execute("UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = %s, "
-               "claimed_at = %s, run_id = %s, updated = %s WHERE inbox_id = %s AND id = ANY(%s)",
-               (gen, now, run_id, now, db.inbox, ids))
+    run_id = db.execute(
+        "WITH run AS (INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at) "
+        "VALUES (%(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s) RETURNING id), "
+        "linked AS (INSERT INTO run_events(inbox_id, event_id, run_id) "
+        "SELECT %(inbox)s, unnest(%(ids)s::bigint[]), run.id FROM run), "
+        "claimed AS (UPDATE events SET status = 'running', attempts = attempts + 1, "
+        "claim_gen = %(gen)s, claimed_at = %(now)s, run_id = (SELECT id FROM run), "
+        "updated = %(now)s WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s)) "
+        "SELECT id FROM run",
+        {"inbox": db.inbox, "holder": holder, "gen": gen, "json": json.dumps(ids),
+         "now": now, "ids": ids}).fetchone()[0]
+    db.changed = True
     return [dataclasses.replace(e, status="running", attempts=e.attempts + 1, claim_gen=gen,
                                 claimed_at=now, run_id=run_id, updated=now) for e in events]
 
@@ -469,16 +474,14 @@ def finish(db: Tx, holder: str, gen: int, ids: Sequence[int], replies: Sequence[
                            "updated = %s WHERE inbox_id = %s AND id = %s",
                            (error, now + settings.backoff(attempts), now, db.inbox, event_id))
         outcome = "error"
-    for run_id in run_ids:
+    if run_ids:
         # A run closes when its last event is finished (a run may be finished in parts);
         # until then a lost-claim recovery can still close it as lost.
-        still_running = db.execute("SELECT 1 FROM events WHERE inbox_id = %s AND run_id = %s "
-                                   "AND status = 'running' LIMIT 1",
-                                   (db.inbox, run_id)).fetchone()
-        if still_running is None:
-            db.execute("UPDATE runs SET outcome = %s, finished_at = %s, result = %s, error = %s "
-                       "WHERE inbox_id = %s AND id = %s AND outcome IS NULL",
-                       (outcome, now, result, error, db.inbox, run_id))
+        db.execute("UPDATE runs r SET outcome = %s, finished_at = %s, result = %s, error = %s "
+                   "WHERE r.inbox_id = %s AND r.id = ANY(%s) AND r.outcome IS NULL AND NOT "
+                   "EXISTS (SELECT 1 FROM events e WHERE e.inbox_id = r.inbox_id AND "
+                   "e.run_id = r.id AND e.status = 'running')",
+                   (outcome, now, result, error, db.inbox, run_ids))
     return True
 
 

@@ -178,6 +178,8 @@ class ListenWake:
     without inotify.
     """
 
+    source = "NOTIFY"  # what wakes the waiters, for the worker's log
+
     def __init__(self, name: str) -> None:
         self.name = name
         self.listener: Listener | None = None

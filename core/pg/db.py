@@ -98,7 +98,9 @@ class Tx:
         if sql.startswith("UPDATE inboxes"):
             self.row = None
         cursor = self.conn.execute(sql, params)
-        if cursor.rowcount > 0 and not sql.startswith("SELECT"):
+        # A read's rowcount counts the rows it returned. (A statement that changes rows
+        # inside a WITH says so itself: its rowcount is its SELECT's.)
+        if cursor.rowcount > 0 and not sql.startswith(("SELECT", "WITH", "(")):
             self.changed = True
         return cursor
 

@@ -305,8 +305,12 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
         refuse(db, "claim", holder, gen, now)
         return []
     settings = load_settings(db)
-    recover_lost_claims(db, gen, now, settings)
-    bury_exhausted(db, now, settings)
+    # Pending rows out of attempts are buried in the statement that looks for lost claims
+    # (one round trip when nothing was lost, the usual case); claims recovered as pending
+    # are buried by a second pass. Bury and recovery touch different rows (pending and
+    # running), so this ends where recovery-then-bury ends.
+    if recover_lost_claims(db, gen, now, settings, bury=True):
+        bury_exhausted(db, now, settings)
     if get_meta(db, "paused"):
         return []
     if settings.max_runs_per_day is not None and runs_since(db, now - DAY) >= \
@@ -374,10 +378,29 @@ def _runnable(db: Tx, ids: Sequence[int], now: int) -> list[Event]:
     return runnable
 
 
-def recover_lost_claims(db: Tx, gen: int, now: int, settings: Settings) -> int:
-    """Rows running under an older generation (or past the run budget) were lost."""
-    lost = db.execute("SELECT id, source, claim_gen, run_id FROM events WHERE inbox_id = %s "
-                      "AND status = 'running' AND claim_gen < %s", (db.inbox, gen)).fetchall()
+def recover_lost_claims(db: Tx, gen: int, now: int, settings: Settings,
+                        bury: bool = False) -> int:
+    """Rows running under an older generation (or past the run budget) were lost. With
+    bury=True the same statement also buries pending rows out of attempts (bury_exhausted)."""
+    if bury:
+        cursor = db.execute(
+            "WITH buried AS (UPDATE events SET status = 'dead', updated = %s, error = "
+            "'too many attempts (' || attempts || '/' || %s::bigint || ')' || "
+            "coalesce(': ' || error, '') WHERE inbox_id = %s AND status = 'pending' AND "
+            "attempts > 0 AND attempts >= %s RETURNING 1) "
+            "SELECT id, source, claim_gen, run_id, (SELECT count(*) FROM buried) FROM events "
+            "WHERE inbox_id = %s AND status = 'running' AND claim_gen < %s "
+            "UNION ALL SELECT NULL, NULL, NULL, NULL, (SELECT count(*) FROM buried) "
+            "ORDER BY 1",
+            (now, settings.max_attempts, db.inbox, settings.max_attempts, db.inbox, gen))
+        found = cursor.fetchall()
+        if found[-1][4]:
+            db.changed = True  # rows were buried (the CTE's count; rowcount is the SELECT's)
+        lost = [row[:4] for row in found if row[0] is not None]
+    else:
+        lost = db.execute("SELECT id, source, claim_gen, run_id FROM events WHERE "
+                          "inbox_id = %s AND status = 'running' AND claim_gen < %s",
+                          (db.inbox, gen)).fetchall()
     if settings.max_run_seconds is not None:
         lost += db.execute(
             "SELECT id, source, claim_gen, run_id FROM events WHERE inbox_id = %s "

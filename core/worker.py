@@ -272,7 +272,8 @@ class Worker:
             if inspect.isawaitable(outcome):
                 await outcome
         log.info("worker %s started on %s (%s)", self.holder, self.inbox.path,
-                 "woken by file notification" if self.inbox.wake.watching else
+                 f"woken by {getattr(self.inbox.wake, 'source', 'file notification')}"
+                 if self.inbox.wake.watching else
                  f"polling for changes every {self.poll_interval:g} s")
         try:
             while not self.stopping:

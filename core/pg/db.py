@@ -10,17 +10,53 @@ top of core/pg/store.py for why that, and not SERIALIZABLE).
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import sqlite3
 import threading
+import time
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from ..wake import Wake
 from ..errors import InboxBusy, InboxError, NotAnInbox
 from . import schema
 
 T = TypeVar("T")
+log = logging.getLogger("onwatch.pg")
+MAX_BACKOFF = 5.0  # seconds between two reconnection attempts, at most
+
+# Connections of closed inboxes, kept for the next open in this process: a fleet worker
+# opens and closes an inbox each time it takes one up, and a new connection costs a
+# server process and an authentication (more than the runs of a short visit).
+POOL_SIZE = 32  # idle connections kept in all, whatever their database; the oldest go first
+_pool: list[tuple[tuple[str, float], "psycopg.Connection"]] = []  # oldest first
+_pool_lock = threading.Lock()
+
+
+def _pooled(url: str, busy_timeout: float) -> "psycopg.Connection | None":
+    key = (url, busy_timeout)
+    with _pool_lock:
+        for index in range(len(_pool) - 1, -1, -1):
+            if _pool[index][0] == key:
+                conn = _pool.pop(index)[1]
+                if not conn.closed and not conn.broken:
+                    return conn
+    return None
+
+
+def _give_back(url: str, busy_timeout: float, conn: "psycopg.Connection") -> None:
+    """Keep an idle, healthy connection for the next open; close anything else."""
+    evicted = []
+    if not conn.closed and not conn.broken and \
+            conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        with _pool_lock:
+            _pool.append(((url, busy_timeout), conn))
+            while len(_pool) > POOL_SIZE:
+                evicted.append(_pool.pop(0)[1])
+    else:
+        evicted.append(conn)
+    for old in evicted:
+        old.close()
 
 try:
     import psycopg
@@ -44,21 +80,33 @@ class Tx:
 
     `execute` is psycopg's; `changed` records whether any statement changed a row, so a
     commit that changed nothing leaves the change token alone (an idle poller stays idle).
+    `row` is the inbox's row as a write transaction locked it (INBOX_ROW's columns), so the
+    store reads its settings, lease and switches without asking again; None outside a write
+    transaction and from the first statement that updates the inbox's row on.
     """
 
-    __slots__ = ("conn", "inbox", "name", "changed")
+    __slots__ = ("conn", "inbox", "name", "changed", "row")
 
     def __init__(self, conn: "psycopg.Connection", inbox: int, name: str) -> None:
         self.conn = conn
         self.inbox = inbox
         self.name = name
         self.changed = False
+        self.row: tuple | None = None
 
     def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor":
+        if sql.startswith("UPDATE inboxes"):
+            self.row = None
         cursor = self.conn.execute(sql, params)
-        if cursor.rowcount > 0 and not sql.startswith("SELECT"):
+        # A read's rowcount counts the rows it returned. (A statement that changes rows
+        # inside a WITH says so itself: its rowcount is its SELECT's.)
+        if cursor.rowcount > 0 and not sql.startswith(("SELECT", "WITH", "(")):
             self.changed = True
         return cursor
+
+
+# The inbox row's columns a write transaction reads as it locks the row (see Tx.row).
+INBOX_ROW = "settings, lease_holder, lease_gen, lease_until, paused"
 
 
 class ConnectionLost(InboxBusy):
@@ -81,25 +129,43 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
 
 def write_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
     """`fn(tx, *args)` inside BEGIN … COMMIT holding the inbox's row lock, rolled back on any
-    exception. The lock is what BEGIN IMMEDIATE is on SQLite: one writer per inbox."""
+    exception. The lock is what BEGIN IMMEDIATE is on SQLite: one writer per inbox.
+
+    Round trips are what a transaction costs here, so BEGIN travels with the lock and the
+    change count with COMMIT (one simple-protocol message each; the inbox id is an integer
+    of ours, never outside text). A function with a `precheck` (a one-statement read that
+    returns its answer when there is nothing to write, None otherwise: the scheduler pass
+    with nothing due) is answered without a transaction when it can be."""
     conn = tx.conn
+    precheck = getattr(fn, "precheck", None)
+    if precheck is not None:
+        answer = precheck(tx, *args)
+        if answer is not None:
+            return answer
     tx.changed = False
-    conn.execute("BEGIN")
+    inbox = int(tx.inbox)
+    cursor = conn.execute(f"BEGIN; SELECT {INBOX_ROW} FROM inboxes WHERE id = {inbox} "
+                          f"FOR UPDATE")
     try:
-        conn.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (tx.inbox,))
+        cursor.nextset()
+        tx.row = cursor.fetchone()
         result = fn(tx, *args)
-        if tx.changed:
-            conn.execute("UPDATE inboxes SET changes = changes + 1 WHERE id = %s", (tx.inbox,))
-        conn.execute("COMMIT")
+        conn.execute(f"UPDATE inboxes SET changes = changes + 1 WHERE id = {inbox}; COMMIT"
+                     if tx.changed else "COMMIT")
     except BaseException:
         _rollback(conn)
         raise
+    finally:
+        tx.row = None
     return result
 
 
 def read_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
-    """`fn(tx, *args)` inside one read-only snapshot."""
+    """`fn(tx, *args)` inside one read-only snapshot. A function marked `one_statement` is
+    its own snapshot: it runs alone, without BEGIN and ROLLBACK around it."""
     conn = tx.conn
+    if getattr(fn, "one_statement", False):
+        return fn(tx, *args)
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
         return fn(tx, *args)
@@ -135,11 +201,12 @@ class Database:
         self.path = f"{redact(url)} inbox {name}"
         self.busy_timeout = busy_timeout
         self._tx = Tx(conn, inbox, name)
-        # Waiters in this process learn of its own commits here; other processes' commits
-        # reach them through LISTEN (core/pg/listen.py), not a file.
-        self.wake = Wake(None)
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closed = False
+        self._backoff = 0.0  # after a failed reconnection: how long until the next try
+        self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
+        from .listen import ListenWake  # (listen imports this module)
+        self.wake = ListenWake(name)  # our commits notify it; others' through a Listener
         self._thread = threading.Thread(target=self._serve, name=f"onwatch-pg-{name}",
                                         daemon=True)
         self._thread.start()
@@ -163,8 +230,15 @@ class Database:
         where = redact(url)
 
         def prepare() -> tuple[psycopg.Connection, int]:
+            conn = _pooled(url, busy_timeout)
+            if conn is not None:  # kept idle: check it survived (a server restart meanwhile)
+                try:
+                    conn.execute("SELECT 1")
+                except psycopg.Error:
+                    conn.close()
+                    conn = None
             try:
-                conn = cls._connect(url, busy_timeout)
+                conn = conn or cls._connect(url, busy_timeout)
             except psycopg.Error as exc:
                 raise InboxError(f"cannot connect to {where}: {str(exc).strip()}") from None
             try:
@@ -194,17 +268,34 @@ class Database:
             if job is None:
                 break
             job()
-        if not self._tx.conn.closed:
-            self._tx.conn.close()
+        _give_back(self.url, self.busy_timeout, self._tx.conn)
 
     def _run(self, runner: Callable[..., T], fn: Callable[..., T], args: tuple) -> T:
-        """On the thread: run one job, reconnecting first if the connection was lost."""
+        """On the thread: run one job, reconnecting first if the connection was lost.
+
+        Reconnection backs off (0.1 s doubling to MAX_BACKOFF) while the server stays
+        unreachable; a job that comes meanwhile fails at once with ConnectionLost rather
+        than wait, so a receiver answers 503 and a worker retries later. The loss and the
+        reconnection are logged once each."""
         tx = self._tx
         if tx.conn.closed or tx.conn.broken:
+            if time.monotonic() < self._retry_at:
+                raise ConnectionLost(f"inbox {self.path}: lost the connection to PostgreSQL; "
+                                     f"reconnecting (next try in at most "
+                                     f"{self._backoff:.1f} s), try again")
+            if self._backoff == 0.0:
+                log.warning("inbox %s: lost the connection to PostgreSQL; reconnecting",
+                            self.path)
             try:
                 tx.conn = self._connect(self.url, self.busy_timeout)
             except psycopg.Error as exc:
+                self._backoff = min(max(self._backoff * 2, 0.1), MAX_BACKOFF)
+                self._retry_at = time.monotonic() + self._backoff
+                log.warning("inbox %s: cannot reconnect (%s); next try in %.1f s", self.path,
+                            str(exc).strip().splitlines()[0], self._backoff)
                 raise _map_error(exc, self.path, self.busy_timeout) from None
+            log.warning("inbox %s: reconnected to PostgreSQL", self.path)
+            self._backoff = self._retry_at = 0.0
         try:
             return runner(tx, fn, args)
         except psycopg.Error as exc:

@@ -54,10 +54,28 @@ LIMIT %(limit)s
 """
 
 
-def _with_work(url: str, holder: str, now: int, limit: int) -> list[str]:
-    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-        return [r[0] for r in conn.execute(WITH_WORK, {"now": now, "holder": holder,
-                                                       "limit": limit})]
+class _Looker:
+    """The fleet's look for inboxes with work, on one connection kept between looks (a new
+    connection is a new server process each time); reopened after it broke."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conn: psycopg.Connection | None = None
+
+    def with_work(self, holder: str, now: int, limit: int) -> list[str]:
+        conn = self.conn
+        if conn is None or conn.closed or conn.broken:
+            conn = self.conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+        try:
+            return [r[0] for r in conn.execute(WITH_WORK, {"now": now, "holder": holder,
+                                                           "limit": limit})]
+        except psycopg.Error:
+            conn.close()
+            raise
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
 
 
 class FleetWorker:
@@ -97,6 +115,7 @@ class FleetWorker:
     async def run(self) -> int:
         """Serve until request_stop; return how many runs were made here."""
         listener = await Listener.open(self.url, poll_interval=self.poll_interval)
+        looker = _Looker(self.url)
         tasks: set[asyncio.Task] = set()
         backoff = 0.0
         try:
@@ -104,7 +123,7 @@ class FleetWorker:
                 free = self.concurrency - len(self._workers)
                 if free > 0:
                     try:
-                        names = await asyncio.to_thread(_with_work, self.url, self.holder,
+                        names = await asyncio.to_thread(looker.with_work, self.holder,
                                                         self.clock.now(),
                                                         free + len(self._workers))
                     except psycopg.Error as exc:
@@ -132,6 +151,7 @@ class FleetWorker:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             await listener.close()
+            await asyncio.to_thread(looker.close)
         return self.runs
 
     async def _wait(self, listener: Listener) -> None:

@@ -34,13 +34,14 @@ CHANNEL = "onwatch"
 
 
 class Listener:
-    def __init__(self, url: str, conn: psycopg.Connection, loop: asyncio.AbstractEventLoop,
+    def __init__(self, url: str, conn: psycopg.Connection | None,
+                 loop: asyncio.AbstractEventLoop,
                  *, poll_interval: float = 1.0, max_backoff: float = 5.0) -> None:
         self.url = url
         self.poll_interval = poll_interval
         self.max_backoff = max_backoff
         self.reconnects = 0
-        self.connected = True
+        self.connected = conn is not None
         self._conn: psycopg.Connection | None = conn
         self._loop = loop
         self._counts: dict[str, int] = defaultdict(int)
@@ -53,7 +54,15 @@ class Listener:
 
     @classmethod
     async def open(cls, url: str, **options: float) -> "Listener":
-        conn = await asyncio.to_thread(cls._connect, url)
+        """Start listening. A server that cannot be reached now (a restart, a network cut)
+        is not an error: the listener starts disconnected, its waiters poll, and it
+        connects with backoff, saying so in the log."""
+        try:
+            conn = await asyncio.to_thread(cls._connect, url)
+        except psycopg.Error as exc:
+            log.warning("listener: cannot reach %s (%s); polling until it can", redact(url),
+                        str(exc).strip())
+            conn = None
         return cls(url, conn, asyncio.get_running_loop(), **options)
 
     @staticmethod
@@ -154,3 +163,85 @@ class Listener:
                 time.sleep(0.05)
         if self._conn is not None:
             self._conn.close()
+
+
+class ListenWake:
+    """What `Inbox.wake` is on PostgreSQL: core/wake.py's interface (`seq`, `watching`,
+    `notify`, `wait`, `confirm`, `close`), fed by NOTIFY instead of the file notifier.
+
+    Commits through this process's own connection call `notify`; other connections' commits
+    arrive through a `Listener` once one is attached (`attach`, done by the listening worker
+    and the fleet). `seq` moves with either, and with every loss or regain of the listening
+    connection, so a waiter that took `seq` before reading the change token misses nothing.
+    A NOTIFY is delivered after its commit, so `confirm` needs one read, not the file's
+    retries. Without a listener `watching` is False and waiters poll, as on a file
+    without inotify.
+    """
+
+    source = "NOTIFY"  # what wakes the waiters, for the worker's log
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.listener: Listener | None = None
+        self.wakeups = 0
+        self._own = 0
+        self._waiters: list[asyncio.Future] = []
+
+    def attach(self, listener: Listener | None) -> None:
+        self.listener = listener
+        self.notify()  # whoever waits should look again with the new source
+
+    @property
+    def seq(self) -> int:
+        listener = self.listener
+        if listener is None:
+            return self._own
+        heard, generation = listener.seen(self.name)
+        return self._own + heard + generation
+
+    @property
+    def watching(self) -> bool:
+        return self.listener is not None and self.listener.connected
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def notify(self) -> None:
+        self._own += 1
+        waiters, self._waiters = self._waiters, []
+        if waiters:
+            self.wakeups += 1
+        for future in waiters:
+            if not future.done():
+                future.set_result(True)
+
+    async def wait(self, since: int, timeout: float) -> bool:
+        """Wait until `seq` moves past `since` (True) or `timeout` seconds pass (False)."""
+        if self.seq != since:
+            return True
+        loop = asyncio.get_running_loop()
+        own = loop.create_future()
+        self._waiters.append(own)
+        waits = {own}
+        listener = self.listener
+        if listener is not None:
+            waits.add(asyncio.ensure_future(
+                listener.wait(self.name, listener.seen(self.name), timeout)))
+        try:
+            finished, _ = await asyncio.wait(waits, timeout=timeout,
+                                             return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for future in waits:
+                if not future.done():
+                    future.cancel()
+            if own in self._waiters:
+                self._waiters.remove(own)
+        return self.seq != since
+
+    async def confirm(self, read_token, old) -> bool:
+        return await read_token() != old
+
+    def close(self) -> None:
+        self.listener = None
+        self.notify()

@@ -58,13 +58,17 @@ _settings_cache: dict[str, Settings] = {}
 
 
 def load_settings(db: Tx) -> Settings:
-    row = db.execute("SELECT settings FROM inboxes WHERE id = %s", (db.inbox,)).fetchone()
+    row = db.row or db.execute("SELECT settings FROM inboxes WHERE id = %s",
+                               (db.inbox,)).fetchone()
     if row is None or row[0] is None:
         return Settings()
     cached = _settings_cache.get(row[0])
     if cached is None:
         cached = _settings_cache[row[0]] = Settings.from_json(row[0])
     return cached
+
+
+load_settings.one_statement = True  # type: ignore[attr-defined] # see db.read_transaction
 
 
 def store_settings(db: Tx, settings: Settings) -> None:
@@ -74,6 +78,8 @@ def store_settings(db: Tx, settings: Settings) -> None:
 def get_meta(db: Tx, key: str) -> Any:
     if key not in META_COLUMNS:
         raise KeyError(key)
+    if key == "paused" and db.row is not None:
+        return db.row[4]
     return db.execute(f"SELECT {key} FROM inboxes WHERE id = %s", (db.inbox,)).fetchone()[0]
 
 
@@ -228,6 +234,8 @@ def prune_payloads(db: Tx, older_than: int, now: int) -> int:
 # --- lease and fencing ----------------------------------------------------------------------
 
 def _lease_row(db: Tx) -> tuple[str | None, int | None, int | None]:
+    if db.row is not None:
+        return db.row[1:4]
     return db.execute("SELECT lease_holder, lease_gen, lease_until FROM inboxes WHERE id = %s",
                       (db.inbox,)).fetchone()
 
@@ -304,24 +312,31 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
         refuse(db, "claim", holder, gen, now)
         return []
     settings = load_settings(db)
-    recover_lost_claims(db, gen, now, settings)
-    bury_exhausted(db, now, settings)
+    # Pending rows out of attempts are buried in the statement that looks for lost claims
+    # (one round trip when nothing was lost, the usual case); claims recovered as pending
+    # are buried by a second pass. Bury and recovery touch different rows (pending and
+    # running), so this ends where recovery-then-bury ends.
+    if recover_lost_claims(db, gen, now, settings, bury=True):
+        bury_exhausted(db, now, settings)
     if get_meta(db, "paused"):
         return []
     if settings.max_runs_per_day is not None and runs_since(db, now - DAY) >= \
             settings.max_runs_per_day:
         return []  # budget: excess runs are delayed until the day's window frees a slot
     for _ in range(100):  # each round sets aside what it cannot run; a pass never stops
-        retried = db.execute(
-            "SELECT id FROM events WHERE inbox_id = %s AND status = 'pending' AND attempts > 0 "
-            "AND available_at <= %s ORDER BY id LIMIT 1", (db.inbox, now)).fetchone()
-        if retried is not None:
-            ids = [retried[0]]  # an attempted event runs alone: a poison event harms no other
+        # The oldest attempted event and the first available ones, in one round trip (each
+        # half walks its own index).
+        found = db.execute(
+            "(SELECT id, true FROM events WHERE inbox_id = %s AND status = 'pending' "
+            "AND attempts > 0 AND available_at <= %s ORDER BY id LIMIT 1) UNION ALL "
+            "(SELECT id, false FROM events WHERE inbox_id = %s AND status = 'pending' "
+            "AND available_at <= %s ORDER BY id LIMIT %s)",
+            (db.inbox, now, db.inbox, now, settings.max_batch)).fetchall()
+        retried = [event_id for event_id, attempted in found if attempted]
+        if retried:
+            ids = retried  # an attempted event runs alone: a poison event harms no other
         else:
-            ids = [r[0] for r in db.execute(
-                "SELECT id FROM events WHERE inbox_id = %s AND status = 'pending' "
-                "AND available_at <= %s ORDER BY id LIMIT %s",
-                (db.inbox, now, settings.max_batch))]
+            ids = sorted(event_id for event_id, _ in found)
         if not ids:
             return []
         events = _runnable(db, ids, now)
@@ -330,15 +345,20 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
     else:
         return []
     ids = [e.id for e in events]
-    run_id = db.execute("INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at) "
-                        "VALUES (%s, %s, %s, %s, %s) RETURNING id",
-                        (db.inbox, holder, gen, json.dumps(ids), now)).fetchone()[0]
-    db.execute("INSERT INTO run_events(inbox_id, event_id, run_id) "
-               "SELECT %s, unnest(%s::bigint[]), %s", (db.inbox, ids, run_id))
+    # The run, its events' links and the claim itself in one statement (one round trip).
     # Attempts are counted here, at claim time: a worker that crashes never reports failure.
-    db.execute("UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = %s, "
-               "claimed_at = %s, run_id = %s, updated = %s WHERE inbox_id = %s AND id = ANY(%s)",
-               (gen, now, run_id, now, db.inbox, ids))
+    run_id = db.execute(
+        "WITH run AS (INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at) "
+        "VALUES (%(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s) RETURNING id), "
+        "linked AS (INSERT INTO run_events(inbox_id, event_id, run_id) "
+        "SELECT %(inbox)s, unnest(%(ids)s::bigint[]), run.id FROM run), "
+        "claimed AS (UPDATE events SET status = 'running', attempts = attempts + 1, "
+        "claim_gen = %(gen)s, claimed_at = %(now)s, run_id = (SELECT id FROM run), "
+        "updated = %(now)s WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s)) "
+        "SELECT id FROM run",
+        {"inbox": db.inbox, "holder": holder, "gen": gen, "json": json.dumps(ids),
+         "now": now, "ids": ids}).fetchone()[0]
+    db.changed = True
     return [dataclasses.replace(e, status="running", attempts=e.attempts + 1, claim_gen=gen,
                                 claimed_at=now, run_id=run_id, updated=now) for e in events]
 
@@ -365,10 +385,29 @@ def _runnable(db: Tx, ids: Sequence[int], now: int) -> list[Event]:
     return runnable
 
 
-def recover_lost_claims(db: Tx, gen: int, now: int, settings: Settings) -> int:
-    """Rows running under an older generation (or past the run budget) were lost."""
-    lost = db.execute("SELECT id, source, claim_gen, run_id FROM events WHERE inbox_id = %s "
-                      "AND status = 'running' AND claim_gen < %s", (db.inbox, gen)).fetchall()
+def recover_lost_claims(db: Tx, gen: int, now: int, settings: Settings,
+                        bury: bool = False) -> int:
+    """Rows running under an older generation (or past the run budget) were lost. With
+    bury=True the same statement also buries pending rows out of attempts (bury_exhausted)."""
+    if bury:
+        cursor = db.execute(
+            "WITH buried AS (UPDATE events SET status = 'dead', updated = %s, error = "
+            "'too many attempts (' || attempts || '/' || %s::bigint || ')' || "
+            "coalesce(': ' || error, '') WHERE inbox_id = %s AND status = 'pending' AND "
+            "attempts > 0 AND attempts >= %s RETURNING 1) "
+            "SELECT id, source, claim_gen, run_id, (SELECT count(*) FROM buried) FROM events "
+            "WHERE inbox_id = %s AND status = 'running' AND claim_gen < %s "
+            "UNION ALL SELECT NULL, NULL, NULL, NULL, (SELECT count(*) FROM buried) "
+            "ORDER BY 1",
+            (now, settings.max_attempts, db.inbox, settings.max_attempts, db.inbox, gen))
+        found = cursor.fetchall()
+        if found[-1][4]:
+            db.changed = True  # rows were buried (the CTE's count; rowcount is the SELECT's)
+        lost = [row[:4] for row in found if row[0] is not None]
+    else:
+        lost = db.execute("SELECT id, source, claim_gen, run_id FROM events WHERE "
+                          "inbox_id = %s AND status = 'running' AND claim_gen < %s",
+                          (db.inbox, gen)).fetchall()
     if settings.max_run_seconds is not None:
         lost += db.execute(
             "SELECT id, source, claim_gen, run_id FROM events WHERE inbox_id = %s "
@@ -466,16 +505,14 @@ def finish(db: Tx, holder: str, gen: int, ids: Sequence[int], replies: Sequence[
                            "updated = %s WHERE inbox_id = %s AND id = %s",
                            (error, now + settings.backoff(attempts), now, db.inbox, event_id))
         outcome = "error"
-    for run_id in run_ids:
+    if run_ids:
         # A run closes when its last event is finished (a run may be finished in parts);
         # until then a lost-claim recovery can still close it as lost.
-        still_running = db.execute("SELECT 1 FROM events WHERE inbox_id = %s AND run_id = %s "
-                                   "AND status = 'running' LIMIT 1",
-                                   (db.inbox, run_id)).fetchone()
-        if still_running is None:
-            db.execute("UPDATE runs SET outcome = %s, finished_at = %s, result = %s, error = %s, "
-                       "traceback = %s WHERE inbox_id = %s AND id = %s AND outcome IS NULL",
-                       (outcome, now, result, error, traceback, db.inbox, run_id))
+        db.execute("UPDATE runs r SET outcome = %s, finished_at = %s, result = %s, error = %s, "
+                   "traceback = %s WHERE r.inbox_id = %s AND r.id = ANY(%s) AND "
+                   "r.outcome IS NULL AND NOT EXISTS (SELECT 1 FROM events e WHERE "
+                   "e.inbox_id = r.inbox_id AND e.run_id = r.id AND e.status = 'running')",
+                   (outcome, now, result, error, traceback, db.inbox, run_ids))
     return True
 
 
@@ -505,11 +542,30 @@ def cancel_timer(db: Tx, timer_id: str) -> bool:
 
 
 def run_scheduler(db: Tx, now: int) -> int:
-    """Turn every due timer into inbox events and advance it, all in this one transaction."""
+    """Turn every due timer into inbox events and advance it, all in this one transaction.
+
+    The due timers are planned in Python and written in three statements whatever their
+    number (events, advanced timers, fired one-offs): a statement per timer is a round trip
+    per timer here. Approval expiries, and rows whose checks fail, take the per-row path
+    below; if the database refuses the batch (a value no valid call could have stored, say
+    a due that overflows), it is rolled back and every timer takes the per-row path, which
+    sets the bad row aside with its reason while the others fire.
+    """
     settings = load_settings(db)
     due = db.execute(f"SELECT {TIMER_COLUMNS} FROM timers WHERE inbox_id = %s AND due <= %s "
                      f"AND broken IS NULL ORDER BY due, id", (db.inbox, now)).fetchall()
-    for row in due:
+    if len(due) > 1:
+        db.execute("SAVEPOINT fire_timers")
+        try:
+            rest = _fire_batch(db, due, now, settings.catch_up_limit)
+            db.execute("RELEASE fire_timers")
+        except ROW_ERRORS:
+            db.execute("ROLLBACK TO fire_timers")
+            db.execute("RELEASE fire_timers")
+            rest = due
+    else:
+        rest = due
+    for row in rest:
         # Each timer fires in its own savepoint: a row the engine cannot process is rolled
         # back and set aside with the reason, and the other timers still fire.
         db.execute("SAVEPOINT fire_timer")
@@ -529,6 +585,89 @@ def run_scheduler(db: Tx, now: int) -> int:
                        ("set aside, not fired: " + _reason(exc), db.inbox, row[0]))
             _set_aside_counted(db)
     return len(due)
+
+
+def _nothing_due(db: Tx, now: int) -> int | None:
+    """The scheduler pass's answer without a transaction when no timer is due (most passes
+    of a busy worker): 0; None when there is something to fire."""
+    found = db.execute("SELECT 1 FROM timers WHERE inbox_id = %s AND due <= %s AND "
+                       "broken IS NULL LIMIT 1", (db.inbox, now)).fetchone()
+    return None if found else 0
+
+
+run_scheduler.precheck = _nothing_due  # type: ignore[attr-defined] # see db.write_transaction
+
+
+def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
+    """Fire the plain timers of `due` in three statements, the same rows as _fire_once,
+    _fire_coalesced and _fire_each would write one by one; return the rows left to the
+    per-row path (approval expiries, rows that fail their checks)."""
+    rest: list[Any] = []
+    events: list[tuple[str, str, str]] = []  # (source, source_id, payload), in firing order
+    advanced: list[tuple[str, int, int | None, int | None, int]] = []
+    fired_once: list[str] = []
+    for row in due:
+        try:
+            timer = _checked_timer(row)
+            if timer.kind == "approval":
+                rest.append(row)
+                continue
+            if timer.every is None:
+                source, source_id = timer.key or ("timer", f"{timer.id}@{timer.due}")
+                events.append((source, source_id,
+                               json.dumps(_occurrence(timer, timer.due, now, 0))))
+                fired_once.append(timer.id)
+                continue
+            first = _first_unfired(timer)
+            if first > now:
+                advanced.append((timer.id, first, None, None, 0))
+                continue
+            timer = dataclasses.replace(timer, due=first)
+            if timer.catch_up == "coalesce":
+                missed = (now - timer.due) // timer.every
+                latest = timer.due + missed * timer.every
+                events.append(("timer", f"{timer.id}@{latest}",
+                               json.dumps(_occurrence(timer, latest, now, missed))))
+                advanced.append((timer.id, latest + timer.every, latest, missed, 0))
+            else:
+                count = (now - timer.due) // timer.every + 1
+                overflow = max(count - limit, 0)
+                start = timer.due + overflow * timer.every
+                latest = timer.due + (count - 1) * timer.every
+                for index, scheduled in enumerate(range(start, latest + 1, timer.every)):
+                    extra = {"overflow": overflow} if index == 0 and overflow else {}
+                    events.append(("timer", f"{timer.id}@{scheduled}", json.dumps(
+                        _occurrence(timer, scheduled, now, 0, **extra))))
+                advanced.append((timer.id, latest + timer.every, latest, overflow, overflow))
+        except ROW_ERRORS:
+            rest.append(row)
+    if events:
+        # Numbered on from the inbox's last id in firing order; a key already stored (or
+        # repeated in the batch) is a duplicate, as in _insert.
+        db.execute(
+            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
+            "created, updated) SELECT %s, last.id + row_number() OVER (ORDER BY k.o), k.s, "
+            "k.i, k.p, %s, %s, %s FROM (SELECT DISTINCT ON (s, i) s, i, p, o FROM "
+            "unnest(%s::text[], %s::text[], %s::text[]) WITH ORDINALITY AS u(s, i, p, o) "
+            "ORDER BY s, i, o) AS k CROSS JOIN (SELECT coalesce(max(id), 0) AS id FROM events "
+            "WHERE inbox_id = %s) AS last WHERE NOT EXISTS (SELECT 1 FROM events e WHERE "
+            "e.inbox_id = %s AND e.source = k.s AND e.source_id = k.i) ORDER BY k.o",
+            (db.inbox, now, now, now, [e[0] for e in events], [e[1] for e in events],
+             [e[2] for e in events], db.inbox, db.inbox))
+    if advanced:
+        columns = list(zip(*advanced))
+        db.execute(
+            "UPDATE timers t SET due = u.due, last_fired = coalesce(u.fired, t.last_fired), "
+            "last_skipped = coalesce(u.skipped, t.last_skipped), "
+            "overflow = t.overflow + u.overflow FROM unnest(%s::text[], %s::bigint[], "
+            "%s::bigint[], %s::bigint[], %s::bigint[]) AS u(id, due, fired, skipped, overflow) "
+            "WHERE t.inbox_id = %s AND t.id = u.id",
+            (list(columns[0]), list(columns[1]), list(columns[2]), list(columns[3]),
+             list(columns[4]), db.inbox))
+    if fired_once:
+        db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = ANY(%s)",
+                   (db.inbox, fired_once))
+    return rest
 
 
 def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any) -> dict:
@@ -714,11 +853,14 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
     if held and not flush:
         return None
     retry = db.execute(
-        "SELECT id FROM deliveries WHERE inbox_id = %s AND status IN ('sending', 'failed') "
-        "AND NOT at_most_once AND (status = 'failed' OR retry_after < %s) ORDER BY id LIMIT 1",
-        (db.inbox, now)).fetchone()
+        "SELECT id, attempts FROM deliveries WHERE inbox_id = %s AND status IN ('sending', "
+        "'failed') AND NOT at_most_once AND (status = 'failed' OR retry_after < %s) "
+        "ORDER BY id LIMIT 1", (db.inbox, now)).fetchone()
     if retry is not None:
         delivery_id = retry[0]
+        if not 0 <= retry[1] < MAX_COUNT:  # one more would overflow the column: an error
+            raise _BrokenDelivery(delivery_id, f"set aside, not sent: attempts is {retry[1]}, "
+                                               f"not a count")
         attempt = db.execute(
             "UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
             "retry_after = %s WHERE inbox_id = %s AND id = %s RETURNING attempts",

@@ -41,7 +41,8 @@ def main(args: Any) -> int:
         print(f"onwatch serve: warning: {printable(warning)}", file=sys.stderr)
     from .server import run
     return run(os.fspath(args.path), host=host, port=port, secrets=secrets, max_body=max_body,
-               busy_timeout=getattr(args, "busy_timeout", 5.0))
+               busy_timeout=getattr(args, "busy_timeout", 5.0),
+               name=getattr(args, "inbox", "default"))
 
 
 _MAX_BODY = 2**31 - 1  # bytes: far past any sane webhook, and every buffer size can hold it

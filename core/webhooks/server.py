@@ -347,7 +347,7 @@ async def start_server(inbox: Inbox, *, secrets: Secrets, host: str = "127.0.0.1
 
 
 def run(path: str, *, host: str, port: int, secrets: Secrets, max_body: int | None,
-        busy_timeout: float = 5.0) -> int:
+        busy_timeout: float = 5.0, name: str = "default") -> int:
     """Serve until SIGINT or SIGTERM. Returns the exit status, as the onwatch CLI counts
     them: 0 after a clean stop; 2 if PATH is not an inbox (missing: `onwatch init` makes one);
     3 if it stayed locked; 1 if it cannot be opened otherwise or the port cannot be bound."""
@@ -358,7 +358,7 @@ def run(path: str, *, host: str, port: int, secrets: Secrets, max_body: int | No
     log.setLevel(logging.INFO)
     log.propagate = False
     try:
-        return asyncio.run(_serve(path, host, port, secrets, max_body, busy_timeout))
+        return asyncio.run(_serve(path, host, port, secrets, max_body, busy_timeout, name))
     except KeyboardInterrupt:  # platforms without loop signal handlers
         return 0
     finally:
@@ -368,9 +368,9 @@ def run(path: str, *, host: str, port: int, secrets: Secrets, max_body: int | No
 
 
 async def _serve(path: str, host: str, port: int, secrets: Secrets, max_body: int | None,
-                 busy_timeout: float) -> int:
+                 busy_timeout: float, name: str = "default") -> int:
     try:
-        inbox = await Inbox.open(path, create=False, busy_timeout=busy_timeout)
+        inbox = await Inbox.open(path, name=name, create=False, busy_timeout=busy_timeout)
     except InboxError as exc:
         print(f"onwatch serve: {printable(str(exc))}", file=sys.stderr)
         return 2 if isinstance(exc, (NotAnInbox, BadInput)) else 3 if isinstance(

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 
 import pytest
 
 from core import ApprovalRequest, BadInput, FollowUp, Inbox, InboxError, Reply
 
-from .conftest import T
+from .conftest import T, dump
 
 
-def dump(path: str) -> list[str]:
-    db = sqlite3.connect(path)
-    try:
-        return list(db.iterdump())
-    finally:
-        db.close()
 
 
 @pytest.fixture

@@ -11,12 +11,14 @@ import pytest
 
 from core import BadInput, Inbox, InboxBusy, InboxError
 
+from .conftest import is_postgresql, raw_sql
+
 T = 1_000_000
 
 
 @pytest.fixture
-async def box(tmp_path):
-    inbox = await Inbox.open(str(tmp_path / "inbox.db"))
+async def box(path):
+    inbox = await Inbox.open(path)
     yield inbox
     await inbox.close()
 
@@ -44,8 +46,8 @@ async def test_a_storm_shares_transactions_and_a_lone_caller_goes_at_once(box):
     assert (await box.counts())["pending"] == 51
 
 
-async def test_one_bad_item_fails_alone_inside_a_shared_transaction(box, tmp_path):
-    other = await Inbox.open(box.path)  # lowers the limit behind this inbox's back
+async def test_one_bad_item_fails_alone_inside_a_shared_transaction(box, path):
+    other = await Inbox.open(path)  # lowers the limit behind this inbox's back
     await other.configure(max_payload_bytes=100)
     await other.close()
     items = [{"i": i} for i in range(20)]
@@ -100,21 +102,21 @@ async def test_close_waits_for_ingests_in_flight_and_later_ones_are_refused(tmp_
     await reopened.close()
 
 
-async def test_a_known_duplicate_is_answered_without_a_write_transaction(box):
+async def test_a_known_duplicate_is_answered_without_a_write_transaction(box, path):
     assert await box.ingest("hook", "d1", {"v": 1}, now=T) is True
     sizes = _count_transactions(box)
     assert await box.ingest("hook", "d1", {"v": 2}, now=T) is False
-    assert sizes == []
+    # On PostgreSQL the look-up would be a network round trip on the event loop's thread,
+    # so the duplicate takes the write path; the answer is the same.
+    assert sizes == ([1] if is_postgresql(path) else [])
     event = (await box.events("pending"))[0]
     assert event.payload == {"v": 1}
 
 
-async def test_the_duplicate_fast_path_checks_the_file_not_a_memory(box):
+async def test_the_duplicate_fast_path_checks_the_file_not_a_memory(box, path):
     """If the row went away (another process), the key is stored again, not refused."""
     assert await box.ingest("hook", "d1", None, now=T) is True
-    other = sqlite3.connect(box.path, isolation_level=None)
-    other.execute("DELETE FROM events WHERE source = 'hook' AND source_id = 'd1'")
-    other.close()
+    raw_sql(path, "DELETE FROM events WHERE source = 'hook' AND source_id = 'd1'")
     assert await box.ingest("hook", "d1", None, now=T) is True
     assert (await box.counts())["pending"] == 1
 

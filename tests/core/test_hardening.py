@@ -18,8 +18,7 @@ from core import (
 )
 from core.db import write_transaction
 
-from .conftest import DAY, T
-from .test_bad_input import dump
+from .conftest import DAY, T, dump, is_postgresql, raw_sql
 
 BIG = 2 ** 63 - 1
 
@@ -31,12 +30,21 @@ def deep(levels: int) -> list:
     return value
 
 
-def sql(path: str, statement: str, params: tuple = ()) -> list[tuple]:
-    db = sqlite3.connect(path, isolation_level=None)
+sql = raw_sql  # a statement outside the engine, on either backend
+
+
+def corrupt(path: str, statement: str, params: tuple = ()) -> bool:
+    """Write a broken value by hand: True if it was written, False if PostgreSQL's typed
+    column refused it (a file's column takes any value; there that fault cannot exist)."""
+    if not is_postgresql(path):
+        sql(path, statement, params)
+        return True
+    import psycopg
     try:
-        return db.execute(statement, params).fetchall()
-    finally:
-        db.close()
+        sql(path, statement, params)
+    except psycopg.errors.DataError:
+        return False
+    return True
 
 
 # --- class 1: no integer can wedge the engine -------------------------------------------------
@@ -127,39 +135,49 @@ async def test_class2_broken_events_are_set_aside_and_the_others_run(inbox, path
         await inbox.ingest("chat", key, {"k": key})
     sql(path, "UPDATE events SET payload = '{nope' WHERE source_id = 'bad-json'")
     sql(path, "UPDATE events SET payload = NULL WHERE source_id = 'pruned'")
-    sql(path, "UPDATE events SET attempts = 'many' WHERE source_id = 'attempts'")
+    typed = not corrupt(path, "UPDATE events SET attempts = 'many' WHERE source_id = 'attempts'")
     sql(path, "UPDATE events SET payload = ? WHERE source_id = 'good'",
         (json.dumps({"k": "good"}),))
     gen = await inbox.acquire("W")
     batch = await inbox.claim_batch("W", gen)
-    assert [(e.source_id, e.payload) for e in batch] == [("good", {"k": "good"})]
+    runnable = [("attempts", {"k": "attempts"})] if typed else []  # attempts is a bigint
+    assert [(e.source_id, e.payload) for e in batch] == [("good", {"k": "good"})] + runnable
     dead = {e.source_id: e.error for e in await inbox.events("dead")}
-    assert set(dead) == {"bad-json", "pruned", "attempts"}
+    assert set(dead) == {"bad-json", "pruned"} | (set() if typed else {"attempts"})
     assert all(why.startswith("set aside, not run") for why in dead.values())
-    assert (await inbox.overview()).set_aside == 3
+    assert (await inbox.overview()).set_aside == len(dead)
 
 
 async def test_class2_broken_outbox_rows_are_set_aside_and_the_others_sent(inbox, path):
     await inbox.configure(outbox_gap=0)
-    sql(path, "INSERT INTO outbox(body, created) VALUES (?, ?)", (b"\x00blob", T))
-    sql(path, "INSERT INTO outbox(body, created) VALUES ('fine', ?)", (T,))
+    # On PostgreSQL every row names its inbox, flags are booleans and text cannot hold NUL.
+    pg = is_postgresql(path)
+    inbox_id = ("inbox_id, ", "(SELECT id FROM inboxes), ") if pg else ("", "")
+    blob = "INSERT INTO outbox({0}body, created) VALUES ({1}?, ?)".format(*inbox_id)
+    blob_stored = corrupt(path, blob, ("\x00blob" if pg else b"\x00blob", T))
+    if pg:
+        assert not blob_stored  # the text column refuses a NUL: that fault cannot exist
+    sql(path, "INSERT INTO outbox({0}body, created) VALUES ({1}'fine', ?)".format(*inbox_id),
+        (T,))
     sent = []
     assert await inbox.dispatch(sent.append) == 1
     assert sent == ["fine"]
     # A delivery row with nonsense in it: retried, it is set aside, never a crash.
-    sql(path, "INSERT INTO deliveries(status, attempts, paced, at_most_once, created, "
-              "retry_after) VALUES ('failed', ?, 1, 0, 0, 0)", (2 ** 63 - 1,))
-    sql(path, "INSERT INTO outbox(body, created, delivery_id) VALUES ('orphan', ?, "
-              "(SELECT max(id) FROM deliveries))", (T,))
-    sql(path, "INSERT INTO outbox(body, created) VALUES ('after', ?)", (T,))
+    flags = ("true", "false") if pg else ("1", "0")
+    sql(path, "INSERT INTO deliveries({0}status, attempts, paced, at_most_once, created, "
+              "retry_after) VALUES ({1}'failed', ?, {2}, {3}, 0, 0)".format(*inbox_id, *flags),
+        (2 ** 63 - 1,))
+    sql(path, "INSERT INTO outbox({0}body, created, delivery_id) VALUES ({1}'orphan', ?, "
+              "(SELECT max(id) FROM deliveries))".format(*inbox_id), (T,))
+    sql(path, "INSERT INTO outbox({0}body, created) VALUES ({1}'after', ?)".format(*inbox_id),
+        (T,))
     assert await inbox.dispatch(sent.append) == 1
     assert sent[-1] == "after"
-    assert (await inbox.overview()).set_aside == 2
+    assert (await inbox.overview()).set_aside == 1 + blob_stored
 
 
-async def test_class2_a_worker_survives_broken_rows(tmp_path):
+async def test_class2_a_worker_survives_broken_rows(path):
     from core.worker import run_worker
-    path = str(tmp_path / "inbox.db")
     clock = FakeClock(T)
     box = await Inbox.open(path, clock=clock)
     await box.add_timer("bad", T, every=10)
@@ -340,6 +358,8 @@ async def test_class7_a_bad_item_in_a_group_fails_alone(inbox):
 
 
 async def test_class7_a_row_the_database_refuses_fails_alone(path):
+    if is_postgresql(path):
+        return await _a_row_postgresql_refuses_fails_alone(path)
     db = sqlite3.connect(path, isolation_level=None)
     try:
         async with await Inbox.open(path):
@@ -352,6 +372,23 @@ async def test_class7_a_row_the_database_refuses_fails_alone(path):
         assert [r[0] for r in db.execute("SELECT source_id FROM events")] == ["a", "d"]
     finally:
         db.close()
+
+
+async def _a_row_postgresql_refuses_fails_alone(url: str) -> None:
+    import psycopg
+    from core.pg import db as pg_db, store as pg_store
+    async with await Inbox.open(url):
+        pass
+    with psycopg.connect(url, autocommit=True) as conn:
+        [inbox_id] = conn.execute("SELECT id FROM inboxes WHERE name = 'default'").fetchone()
+        items = [("chat", "a", "null", T), ("chat", "b", "null", 2 ** 63),
+                 ("", "c", "null", T), ("chat", "d", "null", T)]
+        results = pg_db.write_transaction(pg_db.Tx(conn, inbox_id, "default"),
+                                          pg_store.ingest_many, (items,))
+        assert results[0] is True and results[3] is True
+        assert all(isinstance(r, BadInput) for r in results[1:3])
+        assert [r[0] for r in conn.execute("SELECT source_id FROM events ORDER BY id")] == \
+            ["a", "d"]
 
 
 # --- class 9: deep JSON is refused, never recursed into ---------------------------------------
@@ -430,10 +467,10 @@ async def test_class10_paused_and_the_daily_budget_are_not_past_wakeups(inbox, c
     assert await inbox.next_wake() == T + 10 + DAY
 
 
-async def test_class10_a_worker_fires_a_timer_on_time_while_the_outbox_is_held(tmp_path):
+async def test_class10_a_worker_fires_a_timer_on_time_while_the_outbox_is_held(path):
     from core.worker import Worker
     clock = FakeClock(T)
-    box = await Inbox.open(str(tmp_path / "inbox.db"), clock=clock)
+    box = await Inbox.open(path, clock=clock)
     await box.configure(outbox_gap=10, lease_ttl=120)
     box_sends = []
     gen = await box.acquire("seed")
@@ -559,6 +596,11 @@ async def test_class13_an_open_with_a_bad_busy_timeout_creates_nothing(tmp_path)
 
 async def test_class2_a_broken_lease_row_is_taken_over_not_a_wedge(inbox, path):
     gen = await inbox.acquire("W")
+    if is_postgresql(path):  # the lease's columns are bigints: the fault cannot be written
+        assert not corrupt(path, "UPDATE inboxes SET lease_until = 'soon'")
+        assert not corrupt(path, "UPDATE inboxes SET lease_gen = 'x'")
+        assert await inbox.renew("W", gen)
+        return
     sql(path, "UPDATE lease SET until = 'soon'")
     assert not await inbox.renew("W", gen)  # an expiry that is not a time has passed
     assert await inbox.acquire("V") == gen + 1
@@ -570,13 +612,15 @@ async def test_class2_a_broken_lease_row_is_taken_over_not_a_wedge(inbox, path):
 
 async def test_class2_a_broken_approval_or_running_row_fails_nothing_else(inbox, path):
     await inbox.request_approval("r", 600, "do")
-    sql(path, "UPDATE approvals SET due = 'later'")
+    if not corrupt(path, "UPDATE approvals SET due = 'later'"):  # a bigint on PostgreSQL
+        sql(path, "UPDATE approvals SET due = ?", (T - 1,))  # the nearest: already past
     assert await inbox.answer_approval("r", "yes") == "expired"
     await inbox.ingest("chat", "m", None)
     gen = await inbox.acquire("W")
     batch = await inbox.claim_batch("W", gen)  # the expiry's event and the chat one
     [event] = [e for e in batch if e.source == "chat"]
-    sql(path, "UPDATE events SET attempts = 'x' WHERE id = ?", (event.id,))
+    if not corrupt(path, "UPDATE events SET attempts = 'x' WHERE id = ?", (event.id,)):
+        sql(path, "UPDATE events SET attempts = ? WHERE id = ?", (2 ** 63 - 1, event.id))
     assert await inbox.finish("W", gen, [e.id for e in batch], error="boom")
     assert (await inbox.get_event(event.id)).status == "dead"
 
@@ -584,11 +628,17 @@ async def test_class2_a_broken_approval_or_running_row_fails_nothing_else(inbox,
 async def test_class2_a_broken_settings_row_falls_back_to_defaults(path, clock):
     async with await Inbox.open(path, clock=clock) as box:
         await box.configure(max_attempts=7, lease_ttl=300)
-    sql(path, "UPDATE settings SET json = json_set(json, '$.lease_ttl', 9223372036854775807)")
+    if is_postgresql(path):  # the settings are a JSON text column of the inbox's row
+        sql(path, "UPDATE inboxes SET settings = jsonb_set(settings::jsonb, '{lease_ttl}', "
+                  "'9223372036854775807')::text")
+    else:
+        sql(path, "UPDATE settings SET json = json_set(json, '$.lease_ttl', "
+                  "9223372036854775807)")
     async with await Inbox.open(path, clock=clock) as box:
         assert (box.settings.max_attempts, box.settings.lease_ttl) == (7, 120)
         assert await box.acquire("W") == 1  # now + lease_ttl cannot overflow
-    sql(path, "UPDATE settings SET json = '{not json'")
+    sql(path, "UPDATE inboxes SET settings = '{not json'" if is_postgresql(path) else
+        "UPDATE settings SET json = '{not json'")
     async with await Inbox.open(path, clock=clock) as box:
         assert box.settings.max_attempts == 3
         assert await box.renew("W", 1)

@@ -1,5 +1,7 @@
 """Every public entry point is total: any argument either works or raises BadInput, and a
-refused call leaves the database byte-identical.
+refused call leaves the database byte-identical (on PostgreSQL: the inbox's rows identical,
+every table's rows of that inbox compared in key order). The Inbox methods are fed on both
+backends.
 
 The methods are enumerated from the classes themselves (Inbox, Worker, RunContext), so a new
 method is fed hostile values the day it is added; a method this test does not know how to
@@ -16,6 +18,7 @@ import shutil
 import sqlite3
 import tempfile
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,6 +26,8 @@ from core import (
     ApprovalRequest, BadInput, FakeClock, FollowUp, Inbox, Reply, Settings,
 )
 from core.worker import RunContext, Worker
+
+from .conftest import BACKENDS, dump as dump_inbox
 
 T = 1_000_000
 
@@ -109,20 +114,25 @@ def public_methods(cls: type) -> dict[str, object]:
             if not name.startswith("_") and callable(member)}
 
 
-def dump(path: str) -> list[str]:
-    db = sqlite3.connect(path)
-    try:
-        return list(db.iterdump())
-    finally:
-        db.close()
+def dump(harness: "Harness") -> list:
+    return dump_inbox(harness.path, harness.name)
 
 
 class Harness:
     """A seeded inbox file (a little of everything in it) copied fresh for each example, so
     that every example starts from the same state and a failure replays exactly."""
 
-    def __init__(self) -> None:
+    def __init__(self, backend: str = "sqlite") -> None:
         self.loop = asyncio.new_event_loop()
+        self.name = "default"
+        self.serial = 0
+        self.url = None
+        if backend == "postgresql":
+            # One database; each example gets a freshly seeded inbox of its own (by name).
+            from tests.pg.server import cluster
+            self.url = self.path = cluster().new_database()
+            self.folder = None
+            return
         self.folder = tempfile.mkdtemp(prefix="onwatch-total-")
         self.template = os.path.join(self.folder, "template.db")
         self.path = self.template
@@ -130,11 +140,17 @@ class Harness:
         self.box = self.run(Inbox.open(self.template, clock=self.clock))
         self.run(self._seed())
         self.run(self.box.close())
-        self.serial = 0
 
     def fresh(self) -> None:
-        """Open a new copy of the seeded file as `self.box` at `self.path`."""
+        """Open a new copy of the seeded file as `self.box` at `self.path` (on PostgreSQL,
+        a new inbox of the database, seeded the same way)."""
         self.serial += 1
+        if self.url is not None:
+            self.name = f"inbox-{self.serial}"
+            self.clock = FakeClock(T)
+            self.box = self.run(Inbox.open(self.url, name=self.name, clock=self.clock))
+            self.run(self._seed())
+            return
         self.path = os.path.join(self.folder, f"inbox-{self.serial}.db")
         source = sqlite3.connect(self.template)
         target = sqlite3.connect(self.path)
@@ -148,6 +164,8 @@ class Harness:
 
     def done(self) -> None:
         self.run(self.box.close())
+        if self.url is not None:
+            return
         for suffix in ("", "-wal", "-shm"):
             if os.path.exists(self.path + suffix):
                 os.remove(self.path + suffix)
@@ -168,7 +186,8 @@ class Harness:
 
     def close(self) -> None:
         self.loop.close()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _arguments(data, method_name: str, method) -> tuple[list, dict]:
@@ -206,32 +225,45 @@ def test_every_public_method_is_known_to_this_test():
 
 
 HARNESS: list[Harness] = []
+HARNESSES: dict[str, Harness] = {}
 
 
+def _harness(backend: str) -> Harness:
+    if backend not in HARNESSES:
+        if backend == "postgresql":
+            from tests.pg.server import Unavailable, cluster
+            try:
+                cluster()
+            except Unavailable as exc:
+                pytest.skip(f"PostgreSQL tests skipped: {exc}")
+        HARNESSES[backend] = Harness(backend)
+    return HARNESSES[backend]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @settings(max_examples=400, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                 HealthCheck.function_scoped_fixture])
 @given(data=st.data())
-def test_every_inbox_method_is_total(data):
-    if not HARNESS:
-        HARNESS.append(Harness())
-    harness = HARNESS[0]
+def test_every_inbox_method_is_total(backend, data):
+    harness = _harness(backend)
     name = data.draw(st.sampled_from(_methods()))
     method = getattr(Inbox, name)
     args, kwargs = _arguments(data, name, method)
     harness.fresh()
     try:
         harness.clock.advance(data.draw(st.sampled_from([0, 1, 61, 400])))
-        before = dump(harness.path)
+        before = dump(harness)
         try:
             harness.run(getattr(harness.box, name)(*args, **kwargs))
         except BadInput:
-            assert dump(harness.path) == before, f"{name} refused but changed the database"
+            assert dump(harness) == before, f"{name} refused but changed the database"
     finally:
         harness.done()
 
 
 def teardown_module(module) -> None:
-    for harness in HARNESS:
+    for harness in HARNESS + list(HARNESSES.values()):
         harness.close()
 
 

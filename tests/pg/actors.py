@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 
@@ -53,7 +54,92 @@ async def serve(url: str, name: str, holder: str, t0: float) -> dict:
     return {"runs": runs, "refused": refused}
 
 
+def _append(name: str, line: str) -> None:
+    """One line to a file of the test's folder in one write: a process killed between two
+    writes leaves whole lines only."""
+    fd = os.open(os.path.join(os.environ["ONWATCH_TEST_DIR"], name),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+async def _until_acknowledged(call, what: str) -> object:
+    """Retry a call through a lost connection or a busy inbox, as a webhook sender would."""
+    from core import InboxBusy, InboxError
+    backoff = 0.05
+    while True:
+        try:
+            return await call()
+        except (InboxBusy, InboxError) as exc:
+            if "not valid" in str(exc):
+                raise
+            print(f"{what}: {exc}; retrying", file=sys.stderr)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+
+async def ingest_late(url: str, inboxes: int, count: int, gap: float) -> dict:
+    """Ingest `count` events into random inboxes while the chaos goes on; each key is
+    written to the file `acked` only once the ingest returned (acknowledged)."""
+    import random
+    rng = random.Random(7)
+    acked = 0
+    for k in range(count):
+        name = f"inbox-{rng.randrange(inboxes):03d}"
+
+        async def ingest() -> bool:
+            box = await Inbox.open(url, name=name, create=False)
+            try:
+                return await box.ingest("chat", f"{name}/late-{k}", {"k": k})
+            finally:
+                await box.close()
+        await _until_acknowledged(ingest, f"ingest {name}/late-{k}")
+        _append("acked", f"{name}/late-{k}")
+        acked += 1
+        await asyncio.sleep(gap)
+    return {"acked": acked}
+
+
+async def approve(url: str, expected: int, deadline: float) -> dict:
+    """Answer every approval that is waiting, in any inbox, until `expected` were answered
+    (each answer's standing outcome written to the file `answers`)."""
+    import psycopg
+    answered: set[tuple[str, str]] = set()
+    while len(answered) < expected and time.time() < deadline:
+        try:
+            with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
+                waiting = conn.execute(
+                    "SELECT i.name, a.request_id FROM approvals a JOIN inboxes i ON "
+                    "i.id = a.inbox_id WHERE a.answer IS NULL ORDER BY a.due").fetchall()
+        except psycopg.Error as exc:
+            print(f"approver: {exc}; retrying", file=sys.stderr)
+            await asyncio.sleep(0.2)
+            continue
+        for name, request_id in waiting:
+            async def answer() -> str:
+                box = await Inbox.open(url, name=name, create=False)
+                try:
+                    return await box.answer_approval(request_id, "yes", actor="approver")
+                finally:
+                    await box.close()
+            outcome = await _until_acknowledged(answer, f"answer {request_id}")
+            _append("answers", json.dumps([name, request_id, outcome]))
+            answered.add((name, request_id))
+        await asyncio.sleep(0.1)
+    return {"answered": len(answered)}
+
+
 def main(argv: list[str]) -> int:
+    kind, url = argv[:2]
+    if kind == "ingest-late":
+        print(json.dumps(asyncio.run(ingest_late(url, int(argv[2]), int(argv[3]),
+                                                 float(argv[4])))))
+        return 0
+    if kind == "approve":
+        print(json.dumps(asyncio.run(approve(url, int(argv[2]), float(argv[3])))))
+        return 0
     kind, url, name, holder, t0 = argv[:5]
     if kind == "acquire":
         result = asyncio.run(acquire_rounds(url, name, holder, float(t0), int(argv[5]),
@@ -84,6 +170,25 @@ async def ledgered(batch, ctx) -> None:
                        "events": [e.source_id for e in batch]})
     with open(os.path.join(os.environ["ONWATCH_TEST_DIR"], "ledger"), "a") as handle:
         handle.write(line + "\n")
+
+
+async def chaos_agent(batch, ctx) -> None:
+    """The chaos run's agent: 50 ms of I/O, then a line in the ledger naming the inbox, the
+    generation it ran under and the events (one write, so a SIGKILL leaves whole lines).
+    An event whose key ends in '/ask' asks for an approval instead of replying."""
+    inbox = batch[0].source_id.split("/")[0]
+    began = time.time()
+    await asyncio.sleep(0.05)
+    ended = time.time()
+    for event in batch:
+        if event.source == "chat" and event.source_id.endswith("/ask"):
+            ctx.ask_approval(event.source_id, 3600, f"approve {event.source_id}")
+        else:
+            ctx.reply(f"reply {event.source_id}")
+    _append("ledger", json.dumps({"inbox": inbox, "began": began, "ended": ended,
+                                  "pid": os.getpid(), "gen": ctx.gen,
+                                  "ids": [e.id for e in batch],
+                                  "events": [f"{e.source}:{e.source_id}" for e in batch]}))
 
 
 async def io_bound(batch, ctx) -> None:

@@ -20,12 +20,14 @@ pytestmark = pytest.mark.slow
 INBOXES, EVENTS = 20, 4
 
 
-def start_fleet(url: str, test_dir, holder: str) -> subprocess.Popen:
+def start_fleet(url: str, test_dir, holder: str, *, concurrency: int = 4,
+                agent: str = "ledgered") -> subprocess.Popen:
     out = open(os.path.join(test_dir, f"{holder}.err"), "ab")
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "tui.cli", "worker", url, "--all-inboxes",
-             "--concurrency", "4", "--agent", "tests.pg.actors:ledgered", "--holder", holder,
+             "--concurrency", str(concurrency), "--agent", f"tests.pg.actors:{agent}",
+             "--holder", holder,
              "--poll", "5", "--no-dispatch"], cwd=ROOT, env=env(test_dir),
             stdout=subprocess.DEVNULL, stderr=out)
     finally:

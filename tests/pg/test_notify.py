@@ -105,3 +105,46 @@ async def test_a_lost_listening_connection_falls_back_and_reconnects(boxes, url,
     seen = listener.seen("a")
     await a.ingest("chat", "after", None)
     await heard(listener, "a", seen)
+
+
+async def test_a_listener_opened_while_the_server_is_away_polls_and_says_so(caplog):
+    """A fleet worker started during a server restart must not die of it: the listener
+    starts disconnected, its waiters fall back to polling, and the log says why."""
+    import socket
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    listener = await Listener.open(f"postgresql://nobody@127.0.0.1:{port}/none",
+                                   poll_interval=0.05)
+    try:
+        assert not listener.connected
+        started = time.monotonic()
+        assert await listener.wait("a", listener.seen("a"), timeout=5)  # a poll, not a hang
+        assert time.monotonic() - started < 1
+        assert "cannot reach" in caplog.text
+    finally:
+        await listener.close()
+
+
+async def test_an_inbox_whose_connection_was_cut_reconnects_and_says_so(url, caplog):
+    """The server ends the inbox's backend (as a restart or a network cut would): the call
+    in flight fails with ConnectionLost (retry), the next one reconnects, and the log
+    records both; nothing committed before is lost."""
+    from core.pg.db import ConnectionLost
+    box = await Inbox.open(url, name="a")
+    try:
+        assert await box.ingest("chat", "before", None)
+        with psycopg.connect(url, autocommit=True) as admin:
+            killed = admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                "current_database() AND pid <> pg_backend_pid() AND application_name = ''"
+            ).fetchall()
+        assert killed
+        with pytest.raises(ConnectionLost):
+            await box.ingest("chat", "cut", None)
+        assert await box.ingest("chat", "after", None)
+        keys = [e.source_id for e in await box.events("pending")]
+        assert "before" in keys and "after" in keys
+        assert "lost the connection" in caplog.text and "reconnected" in caplog.text
+    finally:
+        await box.close()

@@ -90,9 +90,13 @@ def load_settings(db: sqlite3.Connection) -> Settings:
     row = db.execute("SELECT json FROM settings WHERE id = 1").fetchone()
     if row is None:
         return Settings()
-    cached = _settings_cache.get(row[0])
+    return _settings_from(row[0])
+
+
+def _settings_from(text: str) -> Settings:
+    cached = _settings_cache.get(text)
     if cached is None:
-        cached = _settings_cache[row[0]] = Settings.from_json(row[0])
+        cached = _settings_cache[text] = Settings.from_json(text)
     return cached
 
 
@@ -270,7 +274,8 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
     if until >= now:
         if current != holder:
             return None
-        db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + ttl,))
+        if until != now + ttl:  # renewing to the same expiry writes nothing (no fsync)
+            db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + ttl,))
         return gen
     gen += 1
     db.execute("UPDATE lease SET holder = ?, gen = ?, until = ? WHERE id = 1",
@@ -279,6 +284,18 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
                "VALUES (?, ?, ?, ?, 'takeover')", (gen, holder, current, now))
     _bump(db, "takeovers")
     return gen
+
+
+def renewed_without_write(db: sqlite3.Connection, holder: str, now: int) -> int | None:
+    """The generation `acquire(holder, now)` would return if it would change nothing (the
+    holder renewing to the expiry it already has); None when a write transaction must
+    decide. One statement, so one read snapshot."""
+    row = db.execute("SELECT holder, gen, until, (SELECT json FROM settings WHERE id = 1) "
+                     "FROM lease WHERE id = 1").fetchone()
+    if row is None or row[0] != holder or not _is_int(row[1], 1, 1 << 62):
+        return None
+    ttl = Settings().lease_ttl if row[3] is None else _settings_from(row[3]).lease_ttl
+    return row[1] if type(row[2]) is int and row[2] == now + ttl else None
 
 
 def holds(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
@@ -302,7 +319,8 @@ def renew(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
     if not holds(db, holder, gen, now):
         refuse(db, "renew", holder, gen, now)
         return False
-    db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + load_settings(db).lease_ttl,))
+    db.execute("UPDATE lease SET until = ? WHERE id = 1 AND until IS NOT ?",
+               (now + load_settings(db).lease_ttl,) * 2)  # the same expiry writes nothing
     return True
 
 

@@ -30,7 +30,8 @@ def occurrence(timer_id: str, due: int, now: int, data: object) -> dict:
 
 async def test_batched_timers_fire_in_due_order_with_the_payloads_they_stored(inbox, path):
     count = 2 * store._GROUP_ROWS + 7  # several insert statements
-    payloads = [None, {"n": 1}, ["ü", "日本", "\u2028"], "text \"quoted\"", 7.5, {"deep": [[{}]]}]
+    payloads = [None, {"n": 1}, ["ü", "日本", "\u2028"], "text \"quoted\"", 7.5, {"deep": [[{}]]},
+                {"nested": [[[[[[[[[[[[1]]]]]]]]]]]] * 10}]
     for i in range(count):
         await inbox.add_timer(f"t-{i:04d}", T - i, payloads[i % len(payloads)])
     await inbox.add_timer("keyed", T - count, {"k": 1}, key=("crm", "follow-up-9"))
@@ -59,7 +60,10 @@ async def test_a_row_the_events_table_refuses_mid_batch_is_set_aside_and_the_res
     # Keys the events table's CHECK refuses (an empty source), one in each insert statement,
     # and payloads that are not one JSON value: each must be set aside, never spliced.
     refused = {3, store._GROUP_ROWS + 1, count - 1}
-    malformed = {10: '{"i": 10', 11: '{"i": 11} trailing', 12: ''}
+    # (1,500 levels of nesting is valid JSON to SQLite's json_valid, not to Python's decoder.)
+    malformed = {10: '{"i": 10', 11: '{"i": 11} trailing', 12: '', 13: "[" * 1500 + "]" * 1500}
+    why = {10: "JSONDecodeError", 11: "JSONDecodeError", 12: "JSONDecodeError",
+           13: "RecursionError"}
     for i in refused:
         sql(path, "UPDATE timers SET key_source = '', key_id = 'x' WHERE id = ?", (f"t-{i:04d}",))
     for i, text in malformed.items():
@@ -73,7 +77,7 @@ async def test_a_row_the_events_table_refuses_mid_batch_is_set_aside_and_the_res
     for i in refused:
         assert left[f"t-{i:04d}"].startswith("set aside, not fired: IntegrityError")
     for i in malformed:
-        assert left[f"t-{i:04d}"].startswith("set aside, not fired: JSONDecodeError")
+        assert left[f"t-{i:04d}"].startswith(f"set aside, not fired: {why[i]}")
     assert (await inbox.overview(now=T + count)).set_aside == len(refused) + len(malformed)
     assert sql(path, "SELECT count(*) FROM events WHERE source = ''") == [(0,)]
     counted = dict(sql(path, "SELECT status, n FROM event_counts"))

@@ -574,13 +574,14 @@ _INSERT_EVENTS = _INSERT_EVENTS_VALUES + "(?, ?, ?, ?, ?, ?)" + _ON_KEY_DO_NOTHI
 
 def _fire_plain_runs(db: sqlite3.Connection, due: list[tuple], now: int) -> Iterable[tuple]:
     """Fire each run of consecutive valid one-shot plain timers (the common case, thousands
-    in a pass) with two statements, and yield every other row, in order, to the per-row
-    path. Rows are checked here first, the same checks as `_checked_timer` (the payload
-    decoded once, to prove it is JSON); the occurrence's JSON is built around the payload's
-    stored text instead of decoding and encoding it again. No savepoint around a run (it
-    would double the cost of the inserts): if the events table refuses a row (say a key its
-    CHECK forbids), the rows before it stand, the refused one goes to the per-row path,
-    which sets it aside with the reason, and the rest of the run goes on."""
+    in a pass) with multi-row statements, and yield every other row, in order, to the
+    per-row path. Rows are checked here first, the same checks as `_checked_timer` (the
+    payload proven to be JSON, see `_plain_occurrence`); the occurrence's JSON is built
+    around the payload's stored text instead of decoding and encoding it again. No
+    savepoint around a run (it would double the cost of the inserts): if the events table
+    refuses a row (say a key its CHECK forbids), the rows before it stand, the refused one
+    goes to the per-row path, which sets it aside with the reason, and the rest of the run
+    goes on."""
     batch: list[tuple] = []
     events: list[tuple] = []
     for index, row in enumerate(due):

@@ -30,8 +30,8 @@ def occurrence(timer_id: str, due: int, now: int, data: object) -> dict:
 
 async def test_batched_timers_fire_in_due_order_with_the_payloads_they_stored(inbox, path):
     count = 2 * store._GROUP_ROWS + 7  # several insert statements
-    payloads = [None, {"n": 1}, ["ü", "日本", "\u2028"], "text \"quoted\"", 7.5, {"deep": [[{}]]},
-                {"nested": [[[[[[[[[[[[1]]]]]]]]]]]] * 10}]
+    payloads = [None, {"n": 1}, ["ü", "日本", "\u2028"], "text \"quoted\"", 7.5,
+                {"deep": [[{}]]}, {"nested": [[[[[[[[[[[[1]]]]]]]]]]]] * 10}]
     for i in range(count):
         await inbox.add_timer(f"t-{i:04d}", T - i, payloads[i % len(payloads)])
     await inbox.add_timer("keyed", T - count, {"k": 1}, key=("crm", "follow-up-9"))

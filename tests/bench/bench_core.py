@@ -32,7 +32,6 @@ import argparse
 import asyncio
 import gc
 import itertools
-import json
 import os
 import platform
 import random
@@ -51,7 +50,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from core import FakeClock, Inbox  # noqa: E402
-from core import schema, store  # noqa: E402
+from core import store  # noqa: E402
 from tests.bench.reference_inbox import ReferenceInbox  # noqa: E402
 from tests.bench.yardstick import Yardstick  # noqa: E402
 

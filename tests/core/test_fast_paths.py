@@ -67,7 +67,7 @@ async def test_the_read_sees_another_process_take_over_or_change_the_ttl(inbox, 
     {"ü": "日本 \u2028 \"quoted\" \\", "big": 10 ** 30, "neg": -0.0},
     {"nested": {"list": [1, (2, 3), {"x": []}]}},
     [1, "two", None], "a string", 42, 2.5, None, {},
-    {1: "int key", 2.5: "float key", None: "null key", True: "bool key"},
+    {1: "int key", 2.5: "float key", None: "null key", False: "bool key"},
 ])
 async def test_stored_payload_text_is_what_the_standard_encoder_writes(inbox, path, value):
     assert await inbox.ingest("hook", "k", value)

@@ -147,10 +147,10 @@ class OnwatchApp(App[int]):
         self.active_pane.focus_table()
         self.set_interval(self.TICK_SECONDS, self.tick, name="clock")
         # The poll is the fallback; the notifier (core/wake.py) triggers it at once.
-        self.set_interval(self.FALLBACK_POLL_SECONDS if self.inbox.wake.watching
+        watching = self.inbox is not None and self.inbox.wake.watching
+        self.set_interval(self.FALLBACK_POLL_SECONDS if watching
                           else self.POLL_SECONDS, self._poll, name="follow")
-        # A plain task, not a worker: tests wait for the workers to complete.
-        self._follower = asyncio.create_task(self._follow())
+        self._start_following()
         self.run_worker(self.reload(), group="refresh", exit_on_error=False)
         if self.fleet is not None:
             self._start_fleet()
@@ -232,7 +232,7 @@ class OnwatchApp(App[int]):
 
     def _poll(self, confirm: bool = False) -> bool:
         """Has anyone committed? Never overlaps, skips under a dialog; False if skipped."""
-        if self._polling or self._dialog_open():
+        if self._polling or self._dialog_open() or self.inbox is None:
             return False
         self._polling = True
         self.run_worker(self._poll_once(confirm), group="refresh", exit_on_error=False)
@@ -241,6 +241,15 @@ class OnwatchApp(App[int]):
     def on_unmount(self) -> None:
         if self._follower is not None:
             self._follower.cancel()
+
+    def _start_following(self) -> None:
+        """Follow the inbox shown now (a fleet desk switches it; none before one is chosen)."""
+        if self._follower is not None:
+            self._follower.cancel()
+            self._follower = None
+        if self.inbox is not None:
+            # A plain task, not a worker: tests wait for the workers to complete.
+            self._follower = asyncio.create_task(self._follow())
 
     async def _follow(self) -> None:
         """Poll as soon as the file may have changed: another process's commit (the OS's
@@ -286,7 +295,7 @@ class OnwatchApp(App[int]):
     def check_file(self) -> str | None:
         """Is the path still the file we opened? If not: a standing alarm, every action
         refused, `R` offered. Two stat calls; run by the clock, whatever follows the file."""
-        why = self.inbox.file_replaced()
+        why = self.inbox.file_replaced() if self.inbox is not None else None
         if why != self.file_problem:
             self.file_problem = why
             self.query_one(StatusStrip).raise_alarm(why)
@@ -315,6 +324,7 @@ class OnwatchApp(App[int]):
                 pane.clear_marks()
                 pane.window.after = None
                 pane.window.previous.clear()
+        self._start_following()  # the old connection's notifier went with it
         self.check_file()
         self.active_pane.show_outcome(f"reopened {self.inbox.path}: this is the file at "
                                       f"that path now", True)
@@ -551,6 +561,7 @@ class OnwatchApp(App[int]):
                 pane.stale = True
         if old is not None:
             await old.close()
+        self._start_following()
         await self.reload()
 
     # --- help and the command palette -----------------------------------------------------

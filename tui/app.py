@@ -122,6 +122,7 @@ class OnwatchApp(App[int]):
         # A folder (or database) of inboxes: the Fleet view opens over the panes, and the
         # inbox they show is the one chosen there (None until then).
         self.fleet = fleet
+        self.fleet_desk: Any = None  # tui.fleet.FleetDesk, made at mount when fleet is set
 
     # --- layout ---------------------------------------------------------------------------
 
@@ -285,8 +286,13 @@ class OnwatchApp(App[int]):
         self.now = now
         try:
             self.check_file()
-            self.query_one(StatusStrip).tick(now)
-            self.active_pane.tick(now)
+            # Under the fleet's opaque screens the panes are hidden: moving their countdowns
+            # would only redraw the screen on top (they are ticked again when uncovered).
+            if not getattr(self.screen, "covers_panes", False):
+                self.query_one(StatusStrip).tick(now)
+                self.active_pane.tick(now)
+            if self.fleet_desk is not None:
+                self.fleet_desk.tick(now)
         except NoMatches:  # starting up or shutting down: nothing on screen to move
             return
         if isinstance(self.screen, ConfirmScreen):

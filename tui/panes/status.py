@@ -79,6 +79,7 @@ class StatusStrip(Vertical):
         self.updated_at: int | None = None
         self.problem: str | None = None
         self.alarm: str | None = None  # the file is no longer the one opened: standing
+        self._shown: dict[str, Text | str] = {}  # what each ticking label shows now
 
     def compose(self) -> ComposeResult:
         yield Label("", id="alarm")
@@ -121,20 +122,26 @@ class StatusStrip(Vertical):
         self.query_one("#fencing", Label).update(fencing_line(overview))
         self.tick(now)
 
+    def _put(self, label_id: str, content: Text | str) -> None:
+        """Update a label only when its text changed: an unchanged second redraws nothing."""
+        if self._shown.get(label_id) == content:
+            return
+        self._shown[label_id] = content
+        self.query_one(f"#{label_id}", Label).update(content)
+
     def tick(self, now: int) -> None:
         """Redraw what the clock moves: lease time left and 'updated Ns ago'."""
         overview = self.overview
-        self.query_one("#lease", Label).update(lease_line(overview, now))
+        self._put("lease", lease_line(overview, now))
         expired = overview is not None and overview.lease is not None and \
             overview.lease.until < now and not overview.lease_released
         self.set_class(expired, "-lease-expired")
-        updated = self.query_one("#updated", Label)
         if self.alarm:  # the rows shown are a lost file's: never "updated 0s ago"
-            updated.update("not the file at the path")
+            self._put("updated", "not the file at the path")
         elif self.problem:
-            updated.update(safe_text(self.problem, limit=60))
+            self._put("updated", safe_text(self.problem, limit=60))
         elif self.updated_at is None:
-            updated.update("loading…")
+            self._put("updated", "loading…")
         else:
-            updated.update(f"updated {duration(max(now - self.updated_at, 0))} ago")
+            self._put("updated", f"updated {duration(max(now - self.updated_at, 0))} ago")
         self.set_class(bool(self.problem or self.alarm), "-problem")

@@ -638,7 +638,7 @@ class OnwatchApp(App[int]):
                                 partial(self.call_later, active.node.run_action, binding.action))
 
 
-def run(path: str, *, read_only: bool = False) -> int:
+def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
     """Open the inbox at `path` and run the supervisor until the operator quits.
 
     Returns the exit code: 0 after a normal quit; 2, with one line on stderr and no
@@ -646,7 +646,7 @@ def run(path: str, *, read_only: bool = False) -> int:
     """
     async def main() -> int:
         try:
-            inbox = await Inbox.open(path, create=False)
+            inbox = await Inbox.open(path, name=name, create=False)
         except InboxError as exc:  # NotAnInbox, InboxBusy, or another clear refusal
             print(f"onwatch: {exc}", file=sys.stderr)
             return 2

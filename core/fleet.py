@@ -179,9 +179,7 @@ def _summarise(db: sqlite3.Connection, path: str, key: str, name: str, now: int,
         (ACTION_CHARS, SHOWN_APPROVALS)))
     row = db.execute("SELECT claimed_at, finished_at, outcome FROM runs "
                      "ORDER BY id DESC LIMIT 1").fetchone()
-    activity = tuple((r[0], r[1], r[2] or 0) for r in db.execute(
-        "SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs "
-        "WHERE claimed_at > ? GROUP BY 1 ORDER BY 1", (now - HOUR,)))
+    activity = _activity_sqlite(db, now - HOUR)
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
     meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('paused', "
                            "'outbox_held')"))
@@ -194,6 +192,42 @@ def _summarise(db: sqlite3.Connection, path: str, key: str, name: str, now: int,
         next_send_at=store.next_send_at(db) if held else None,
         outbox_held=bool(meta.get("outbox_held")), paused=bool(meta.get("paused")),
         activity=activity, signature=signature)
+
+
+def _activity_sqlite(db: sqlite3.Connection, since: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple((r[0], r[1], r[2] or 0) for r in db.execute(
+        "SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs "
+        "WHERE claimed_at > ? GROUP BY 1 ORDER BY 1", (since,)))
+
+
+def _activity_pg(db: object, since: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple((int(r[0]), int(r[1]), int(r[2])) for r in db.execute(  # type: ignore[attr-defined]
+        "SELECT claimed_at / 60, count(*), count(*) FILTER (WHERE outcome IN ('error', "
+        "'lost')) FROM runs WHERE inbox_id = %s AND claimed_at > %s GROUP BY 1 ORDER BY 1",
+        (db.inbox, since)).fetchall())  # type: ignore[attr-defined]
+
+
+async def run_activity(inbox: Inbox, now: int) -> tuple[tuple[int, int, int], ...]:
+    """The runs of `inbox` in the hour before `now`, per minute: (minute, runs, failed runs),
+    the figures of `InboxSummary.activity`, for an inbox open in full (one indexed read)."""
+    from .pg import is_url
+
+    read = _activity_pg if is_url(inbox.path) else _activity_sqlite
+    return await inbox._db.read(read, now - HOUR)  # the engine's own read path
+
+
+def run_buckets(activity: tuple[tuple[int, int, int], ...], now: int,
+                buckets: int = 12) -> tuple[list[int], int]:
+    """Runs per 60/`buckets` minutes over the hour before `now` (oldest first), and how many
+    of them failed: what a sparkline of an inbox's last hour shows."""
+    runs, failed = [0] * buckets, 0
+    minute_now, width = now // 60, 60 // buckets
+    for minute, count, bad in activity:
+        age = minute_now - minute
+        if 0 <= age < 60:
+            runs[buckets - 1 - age // width] += count
+            failed += bad
+    return runs, failed
 
 
 class FolderFleet:

@@ -25,7 +25,7 @@ from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Label
 
 from core import Approval, Clock, Event, Inbox, InboxError, Overview
-from core.fleet import FleetSource
+from core.fleet import FleetSource, run_activity
 from core.wake import SLOW_POLL
 
 from . import operator
@@ -191,6 +191,7 @@ class OnwatchApp(App[int]):
                 # reads again; none is missed, and the app's own writes are followed too.
                 token = await self.inbox.change_token()
                 overview = await self.inbox.overview(now=now)
+                activity = await run_activity(self.inbox, now)  # the status strip's sparkline
                 await self.inbox.reload_settings()  # `onwatch config` may have run meanwhile
                 fetched = [(p, await p.fetch(self.inbox, p.window, overview)) for p in wanted]
             except InboxError as exc:
@@ -209,7 +210,7 @@ class OnwatchApp(App[int]):
                 for pane in self.panes:
                     if pane not in wanted:
                         pane.stale = True
-                self.query_one(StatusStrip).show(overview, now, now)
+                self.query_one(StatusStrip).show(overview, now, now, activity=activity)
                 self.query_one(PaneBar).show_counts(self._counts())
             self.refresh_bindings()
             self.loaded.set()

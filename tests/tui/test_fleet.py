@@ -11,12 +11,14 @@ import sqlite3
 import sys
 
 import pytest
+from textual.widgets import Sparkline
 
 from core import FakeClock, Inbox, SystemClock
 from core.fleet import FolderFleet
 from tui.app import OnwatchApp
 from tui.fleet import FleetScreen, title_for
 from tui.fleet.queue import ApprovalQueueScreen
+from tui.fleet.screen import activity
 from tui.fleet.seed import ESCAPE_NAME, HOSTILE_ACTION, HOSTILE_NAME, seed_fleet
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.filter import FilterScreen
@@ -113,6 +115,13 @@ async def test_enter_drills_in_and_escape_or_0_come_back_to_the_same_inbox(fleet
         await pilot.press("3")
         await wait_for_text(pilot, "gh-poison-9")
         assert "carol.db" in screen_text(app)
+        # The status strip's sparkline: the same runs of the hour as carol's fleet row
+        # (one failed run: drawn in the failing colours).
+        runs, failed = activity(app.fleet_desk.summaries["carol.db"], clock.now())
+        spark = app.query_one("#runs", Sparkline)
+        assert sum(runs) and failed
+        assert list(spark.data) == runs and spark.has_class("-failing")
+        assert "runs/h" in screen_text(app)
         # Meanwhile dave gets an approval: the fleet re-sorts, the cursor stays on carol.
         async with await Inbox.open(os.path.join(folder, "dave.db"), clock=clock) as dave:
             await dave.request_approval("dave-ask", 3600, "restart the mail relay")

@@ -19,7 +19,7 @@ from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Footer, Label, Static
 
 from core import InboxError
-from core.fleet import InboxSummary
+from core.fleet import InboxSummary, run_buckets
 
 from ..panes.timefmt import duration
 from ..safe import join, safe_text
@@ -142,14 +142,7 @@ def ticking_cells(summary: InboxSummary, now: int, narrow: bool) -> dict[str, Te
 
 def activity(summary: InboxSummary, now: int) -> tuple[list[int], int]:
     """Runs per five minutes over the last hour (oldest first) and the failures among them."""
-    runs, failed = [0] * BUCKETS, 0
-    minute_now = now // 60
-    for minute, count, bad in summary.activity:
-        age = minute_now - minute
-        if 0 <= age < 60:
-            runs[BUCKETS - 1 - age // 5] += count
-            failed += bad
-    return runs, failed
+    return run_buckets(summary.activity, now, BUCKETS)
 
 
 def next_change(summaries: Any, now: int) -> int:

@@ -763,9 +763,13 @@ def _lazy(module: str, what: str) -> Any:
 
 
 def cmd_tui(args: argparse.Namespace) -> int:
-    if os.path.isdir(args.path):  # a folder of inboxes: the fleet desk
+    url = args.path.startswith(("postgresql://", "postgres://"))
+    if os.path.isdir(args.path) or (url and args.inbox is None):  # the fleet desk
         fleet = _lazy("tui.fleet", "the fleet desk")
         return fleet.run(args.path, read_only=args.read_only) or OK
+    if url or args.inbox is not None:  # one inbox of a database (a file refuses --inbox)
+        app = _lazy("tui.app", "the TUI")
+        return app.run(args.path, read_only=args.read_only, name=args.inbox) or OK
     if not os.path.exists(args.path):
         raise CliError(f"no inbox at {args.path} (run `onwatch init {args.path}` first)")
     app = _lazy("tui.app", "the TUI")
@@ -996,6 +1000,7 @@ def build_parser() -> Parser:
     p = sub("tui", "open the supervisor TUI on an inbox (or the fleet desk on a folder of "
                    "inbox files)", cmd_tui, ())
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
+    p.set_defaults(inbox=None)  # no --inbox on a database URL: the fleet desk over every inbox
 
     p = sub("web", "serve the supervisor desk in a browser (token required)", cmd_web, (),
             path=False, epilog=WEB_EPILOG)

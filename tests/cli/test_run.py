@@ -52,7 +52,9 @@ def test_run_receives_a_signed_webhook_calls_the_agent_replies_and_stops_on_sigt
         url = wait_for(lambda: re.search(r"listening on (http://\S+)",
                                          (tmp_path / "run.err").read_text()),
                        timeout=20, what="the server").group(1)
-        assert scalar(path, "SELECT holder FROM lease")  # the worker holds the lease
+        # the worker takes the lease right after the server logs that it listens
+        wait_for(lambda: scalar(path, "SELECT holder FROM lease"), timeout=20,
+                 what="the worker's lease")
         body = json.dumps({"text": "hello"}).encode()
         started = time.monotonic()
         assert post(f"{url}/hooks/ci", body, standard_headers(body, "delivery-1")) == 202

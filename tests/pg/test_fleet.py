@@ -24,7 +24,7 @@ def start_fleet(url: str, test_dir, holder: str) -> subprocess.Popen:
     out = open(os.path.join(test_dir, f"{holder}.err"), "ab")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "worker", url, "--all-inboxes",
+            [sys.executable, "-m", "cli", "worker", url, "--all-inboxes",
              "--concurrency", "4", "--agent", "tests.pg.actors:ledgered", "--holder", holder,
              "--poll", "5", "--no-dispatch"], cwd=ROOT, env=env(test_dir),
             stdout=subprocess.DEVNULL, stderr=out)

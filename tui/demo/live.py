@@ -92,7 +92,7 @@ def start_worker(path: str, name: str, scratch: str, *,
     Its log and its sends go to files in `scratch`, never to the demo's terminal.
     """
     log = os.path.join(scratch, f"{name}.log")
-    command = [sys.executable, "-m", "tui.cli", "worker", path,
+    command = [sys.executable, "-m", "cli", "worker", path,
                "--agent", "tui.demo.live:slow_agent", "--holder", name, "--poll", "0.2",
                "--grace", "1", "--file", os.path.join(scratch, "sent.jsonl"),
                "--log-level", "info"]

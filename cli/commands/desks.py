@@ -1,0 +1,30 @@
+"""Commands that draw: tui, demo and web. Textual is imported here only when one of them
+runs, so every other command starts without it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from cli import running
+from cli.output import OK, CliError
+
+
+def cmd_tui(args: argparse.Namespace) -> int:
+    if os.path.isdir(args.path):  # a folder of inboxes: the fleet desk
+        fleet = running.lazy("tui.fleet", "the fleet desk")
+        return fleet.run(args.path, read_only=args.read_only) or OK
+    if not os.path.exists(args.path):
+        raise CliError(f"no inbox at {args.path} (run `onwatch init {args.path}` first)")
+    app = running.lazy("tui.app", "the TUI")
+    return app.run(args.path, read_only=args.read_only) or OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    demo = running.lazy("tui.demo", "the demo")
+    return demo.run(live=args.live) or OK
+
+
+def cmd_web(args: argparse.Namespace) -> int:
+    web = running.lazy("tui.web", "the browser desk")
+    return web.main(args) or OK

@@ -27,7 +27,7 @@ EPILOG = """\
 examples:
   onwatch init alice.db
   onwatch ingest alice.db chat msg-1 '{"text": "hello"}'
-  onwatch worker alice.db --agent core.example_agent:handle
+  onwatch worker alice.db --agent examples.refund_agent:handle
   onwatch status alice.db --json
   onwatch approve alice.db refund-msg-2 --actor ana --reason "customer verified"
   onwatch tui alice.db
@@ -79,8 +79,8 @@ and recovered by the next worker under the lost-claim policy), the lease is rele
 A second signal abandons the run at once.
 
 examples:
-  onwatch worker alice.db --agent core.example_agent:handle \\
-      --setup core.example_agent:ensure_digest
+  onwatch worker alice.db --agent examples.refund_agent:handle \\
+      --setup examples.refund_agent:ensure_digest
   onwatch worker alice.db --agent my_agent:handle --command 'mail -s agent me@example.org'
   onwatch worker alice.db --agent ./agent.py:handle --file sent.jsonl --holder box-1
 """
@@ -198,7 +198,7 @@ def build_parser() -> Parser:
     p = sub("worker", "run an agent on the inbox: lease, scheduler, claims, finishes, sends",
             cmd_worker, (common, channel), epilog=WORKER_EPILOG)
     p.add_argument("--agent", required=True, metavar="MODULE:FUNCTION",
-                   help="the agent function, e.g. core.example_agent:handle or ./a.py:handle")
+                   help="the agent function, e.g. examples.refund_agent:handle or ./a.py:handle")
     p.add_argument("--setup", metavar="MODULE:FUNCTION",
                    help="called once with the inbox before the first run (e.g. to register "
                         "timers)")
@@ -265,7 +265,7 @@ def build_parser() -> Parser:
     p = sub("run", "receiver, scheduler and worker in one process (serve + worker options)",
             cmd_run, (common, channel), epilog=RUN_EPILOG)
     p.add_argument("--agent", required=True, metavar="MODULE:FUNCTION",
-                   help="the agent function, e.g. core.example_agent:handle or ./a.py:handle")
+                   help="the agent function, e.g. examples.refund_agent:handle or ./a.py:handle")
     p.add_argument("--setup", metavar="MODULE:FUNCTION",
                    help="called once with the inbox before the first run")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
@@ -293,6 +293,6 @@ within --grace, the lease is released, then the server stops (requests in flight
 exit 0. Secrets come from the environment or --config, as for `onwatch serve`.
 
 examples:
-  ONWATCH_HOOK_SECRET_CHAT=s3cret onwatch run alice.db --agent core.example_agent:handle
+  ONWATCH_HOOK_SECRET_CHAT=s3cret onwatch run alice.db --agent examples.refund_agent:handle
   onwatch run alice.db --agent my_agent:handle --config hooks.toml --port 9000 --file out.jsonl
 """

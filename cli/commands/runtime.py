@@ -21,7 +21,7 @@ from core.pg import is_url as _is_postgres_url
 
 def _channel(args: argparse.Namespace):
     """The send function chosen by --stdout / --file / --command (None for --no-dispatch)."""
-    from core.worker import command_channel, file_channel, stdout_channel
+    from core.channels import command_channel, file_channel, stdout_channel
     if getattr(args, "no_dispatch", False):
         return None
     if args.file:

@@ -55,7 +55,7 @@ def test_usage_errors_are_one_line_and_exit_2(capsys, path):
 
 def test_out_of_range_numbers_and_an_empty_path_are_usage_errors(capsys, path):
     huge = str(2**64)  # past SQLite's INTEGER: used to end as an 'internal error'
-    agent = ("--agent", "core.example_agent:handle")
+    agent = ("--agent", "examples.refund_agent:handle")
     for args in (("show", path, huge), ("requeue", path, huge), ("events", path, "--after", huge),
                  ("approvals", path, "--limit", huge), ("status", path, "--busy-timeout", "nan"),
                  ("status", path, "--busy-timeout", "inf"), ("ingest", path, "c", "1",
@@ -307,7 +307,7 @@ def test_the_console_script_runs(path):
 def test_worker_agent_errors_are_one_line(capsys, path, tmp_path):
     for spec, words in (("nocolon", "module:function"), ("no_such_module_xyz:handle",
                                                          "cannot import"),
-                        ("core.example_agent:nope", "no function"),
+                        ("examples.refund_agent:nope", "no function"),
                         (f"{tmp_path}/missing.py:handle", "no file")):
         code, _, err = run(capsys, "worker", path, "--agent", spec)
         assert code == 2 and one_line_error(err) and words in err, (spec, err)

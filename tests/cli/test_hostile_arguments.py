@@ -71,7 +71,7 @@ def baseline(sub: argparse.ArgumentParser, path: str) -> dict[str, list[str]]:
 
 
 def _good_option(action: argparse.Action) -> str:
-    return {"agent": "core.example_agent:handle"}.get(action.dest, "1")
+    return {"agent": "examples.refund_agent:handle"}.get(action.dest, "1")
 
 
 def argument_vectors(name: str, sub: argparse.ArgumentParser, path: str):
@@ -316,7 +316,7 @@ def test_an_in_process_worker_puts_signal_handling_back(tmp_path, capsys, quick_
     path = str(tmp_path / "inbox.db")
     assert cli.main(["init", path]) == 0
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    assert cli.main(["worker", path, "--agent", "core.example_agent:handle"]) == 0
+    assert cli.main(["worker", path, "--agent", "examples.refund_agent:handle"]) == 0
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 

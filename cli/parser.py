@@ -9,11 +9,12 @@ from typing import Callable
 from cli.commands.desks import cmd_demo, cmd_tui, cmd_web
 from cli.commands.inbox import (cmd_approvals, cmd_config, cmd_events, cmd_ingest, cmd_init,
                                 cmd_show, cmd_status)
-from cli.commands.operator import answer_command, event_command, flag_command
+from cli.commands.operator import act_command
 from cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
 from cli.output import BAD, PROG, CliError
 from cli.running import run_async
 from cli.values import default_actor, inbox_path, port, seconds, whole
+from core import ACTIONS
 
 
 class Parser(argparse.ArgumentParser):
@@ -225,30 +226,19 @@ def build_parser() -> Parser:
     p.add_argument("--now", action="store_true",
                    help="send everything held now, ignoring the gap and a hold (audited)")
 
-    for name, help_text, expect_help in (
-            ("requeue", "dead/interrupted/cancelled → pending, with fresh attempts", None),
-            ("cancel", "pending → cancelled (a running event cannot be cancelled)", None),
-            ("resolve", "interrupted → done: the uncertain effect did happen", None),
-            ("bury", "interrupted or pending → dead, by hand", None)):
-        p = sub(name, help_text, event_command(name), (common, as_json, operator))
-        p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
-        p.add_argument("--expect", metavar="STATE",
-                       help="only act if the event is in this state (what you saw)")
-
-    for name, answer, help_text in (
-            ("approve", "yes", "answer yes; prints the answer that stands"),
-            ("deny", "no", "answer no; prints the answer that stands"),
-            ("expire", "expired", "expire a waiting request now; prints the answer that "
-                                  "stands")):
-        p = sub(name, help_text, answer_command(answer), (common, as_json, operator),
-                epilog="exit 0 if this answer stands, 1 if another one (or 'unknown') does")
-        p.add_argument("request_id", metavar="REQUEST_ID")
-
-    for name, help_text in (("pause", "pause execution (claims return nothing; intake goes on)"),
-                            ("resume", "resume execution"),
-                            ("hold", "hold the outbox (nothing is sent)"),
-                            ("release", "release the outbox")):
-        sub(name, help_text, flag_command(name), (common, as_json, operator))
+    for action in ACTIONS.values():  # one subcommand per operator action, from the table
+        p = sub(action.command, action.help, act_command(action.name),
+                (common, as_json, operator),
+                epilog="exit 0 if this answer stands, 1 if another one (or 'unknown') does"
+                if action.target == "approval" else None)
+        if action.target == "event":
+            p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
+            p.add_argument("--expect", metavar="STATE",
+                           help="only act if the event is in this state (what you saw)")
+        elif action.target == "approval":
+            p.add_argument("request_id", metavar="REQUEST_ID")
+        elif action.target == "delivery":
+            p.add_argument("delivery_id", type=whole(1), metavar="DELIVERY_ID")
 
     p = sub("config", "show settings, or set KEY=VALUE ones (budgets included)",
             run_async(cmd_config), (common, as_json), epilog=CONFIG_EPILOG)

@@ -113,8 +113,10 @@ async def cmd_status(args: argparse.Namespace) -> int:
           f"{'HELD' if view.outbox_held else 'sending'}; lost claims → {settings.on_lost_claim}")
     print(f"next timer  {when(view.next_timer_due, now)}")
     send = when(view.next_send_at, now) if view.held_messages else "nothing held"
-    print(f"outbox      {view.held_messages} held; next send {send}")
+    print(f"outbox      {view.held_messages} held; next send {send}; "
+          f"{view.uncertain_deliveries} uncertain (settle: mark-sent / send-again)")
     print(f"approvals   {view.waiting_approvals} waiting")
+    print(f"set aside   {view.set_aside} stored row(s) the engine could not process")
     print("budgets")
     for name, budget in sorted(view.budgets.items()):
         limit = "unlimited" if budget.get("limit") is None else budget["limit"]

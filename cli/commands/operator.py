@@ -1,91 +1,66 @@
-"""The operator's actions from a shell: requeue, cancel, resolve, bury, approve, deny,
-expire, pause, resume, hold, release (each audited with --actor and --reason)."""
+"""The operator's actions from a shell, one subcommand per row of core.actions.ACTIONS
+(requeue, cancel, resolve, bury, approve, deny, expire, mark-sent, send-again, pause,
+resume, hold, release), each audited with --actor and --reason."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Callable
+from typing import Callable
 
 from cli.output import NOT_APPLIED, OK, clip, emit_json, one_line
 from cli.running import open_inbox, run_async
+from core import ACTIONS
 
-
-async def _event_action(args: argparse.Namespace, name: str) -> int:
-    async with await open_inbox(args) as inbox:
-        action = getattr(inbox, name)
-        kwargs: dict[str, Any] = {"actor": args.actor, "reason": args.reason}
-        if args.expect is not None:
-            kwargs["expect"] = args.expect
-        applied = await action(args.event_id, **kwargs)
-        why = None
-        if not applied:
-            entries = await inbox.audit(limit=1, target=f"event {args.event_id}")
-            why = entries[0].reason if entries else None
-        event = await inbox.get_event(args.event_id)
-    status = None if event is None else event.status
-    if args.json:
-        emit_json({"action": name, "applied": applied, "event_id": args.event_id,
-                    "reason": why, "status": status})
-    elif applied:
-        print(f"{name}: event {args.event_id} is now {status}")
-    if not applied:
-        if not args.json:
-            print(f"onwatch: {name} not applied to event {args.event_id}: "
-                  f"{one_line(why or 'refused')}", file=sys.stderr)
-        return NOT_APPLIED
-    return OK
-
-
-def event_command(name: str) -> Callable[[argparse.Namespace], int]:
-    return run_async(lambda args: _event_action(args, name))
-
-
-async def _answer(args: argparse.Namespace, answer: str) -> int:
-    async with await open_inbox(args) as inbox:
-        if answer == "expired":
-            standing = await inbox.expire_approval(args.request_id, actor=args.actor,
-                                                   reason=args.reason)
-        else:
-            standing = await inbox.answer_approval(args.request_id, answer, actor=args.actor,
-                                                   reason=args.reason)
-    applied = standing == answer
-    if args.json:
-        emit_json({"applied": applied, "request_id": args.request_id, "standing": standing})
-    else:
-        print(standing)
-        if not applied:
-            why = ("no such request" if standing == "unknown"
-                   else f"the answer that stands is {standing!r}")
-            print(f"onwatch: {args.subcommand} not applied to {clip(args.request_id, 200)}: "
-                  f"{why}", file=sys.stderr)
-    return OK if applied else NOT_APPLIED
-
-
-def answer_command(answer: str) -> Callable[[argparse.Namespace], int]:
-    return run_async(lambda args: _answer(args, answer))
-
-
-_FLAGS = {
-    "pause": ("pause", "paused", "execution paused: claims return nothing, intake goes on"),
-    "resume": ("resume", "paused", "execution resumed"),
-    "hold": ("hold_outbox", "outbox_held", "outbox held: nothing is sent until `release`"),
-    "release": ("release_outbox", "outbox_held", "outbox released"),
+_SWITCHED = {
+    "pause": ("paused", "execution paused: claims return nothing, intake goes on"),
+    "resume": ("paused", "execution resumed"),
+    "hold": ("outbox_held", "outbox held: nothing is sent until `release`"),
+    "release": ("outbox_held", "outbox released"),
 }
 
 
-async def _flag(args: argparse.Namespace, name: str) -> int:
-    method, field, message = _FLAGS[name]
+async def _act(args: argparse.Namespace, name: str) -> int:
+    action = ACTIONS[name]
+    target = {"event": "event_id", "approval": "request_id",
+              "delivery": "delivery_id"}.get(action.target)
     async with await open_inbox(args) as inbox:
-        changed = await getattr(inbox, method)(actor=args.actor, reason=args.reason)
-        view = await inbox.overview()
-    state = getattr(view, field)
-    if args.json:
-        emit_json({"changed": changed, field: state})
-    else:
-        print(message if changed else f"already so: {message}")
-    return OK
+        outcome = await inbox.act(name, None if target is None else getattr(args, target),
+                                  expect=getattr(args, "expect", None), actor=args.actor,
+                                  reason=args.reason)
+    if action.target == "approval":
+        if args.json:
+            emit_json({"applied": outcome.applied, "request_id": args.request_id,
+                       "standing": outcome.result})
+        else:
+            print(outcome.result)
+    elif action.target == "inbox":
+        field, message = _SWITCHED[name]
+        if args.json:
+            emit_json({"changed": outcome.applied, field: outcome.after == "true"})
+        else:
+            print(message if outcome.applied else f"already so: {message}")
+        return OK  # a switch already in place is not a failure
+    elif args.json:
+        emit_json({"action": name, "applied": outcome.applied, target: getattr(args, target),
+                   "before": outcome.before, "reason": None if outcome.applied else
+                   outcome.reason, "status": outcome.after})
+    elif outcome.applied:
+        print(f"{name}: {outcome.target} was {outcome.before}, is now {outcome.after}")
+    if outcome.applied:
+        return OK
+    if not args.json:
+        if action.target == "approval":
+            why = ("no such request" if outcome.result == "unknown"
+                   else f"the answer that stands is {outcome.result!r}")
+        else:
+            why = one_line(outcome.reason or "refused")
+        shown = args.request_id if action.target == "approval" else outcome.target
+        print(f"onwatch: {action.command} not applied to {clip(shown, 200)}: {why}",
+              file=sys.stderr)
+    return NOT_APPLIED
 
 
-def flag_command(name: str) -> Callable[[argparse.Namespace], int]:
-    return run_async(lambda args: _flag(args, name))
+def act_command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of the subcommand for ACTIONS[name]."""
+    return run_async(lambda args: _act(args, name))

@@ -170,10 +170,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, frame: early.append(number))
     from core.webhooks import ConfigError, config_file_warning, load_secrets, start_server
+    from core.webhooks.arguments import check_serve_args
     from core.worker import Worker
-    if not 0 <= args.port <= 65535:
-        raise CliError(f"--port must be 0-65535, got {args.port}")
     try:
+        check_serve_args(args)  # the receiver's own checks: host, port, body limit
         secrets = load_secrets(os.environ, args.config)
     except ConfigError as exc:
         raise CliError(str(exc)) from None
@@ -193,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             try:
                 server = await start_server(inbox, secrets=secrets, host=args.host,
                                             port=args.port, max_body=args.max_body)
-            except OSError as exc:
+            except (OSError, UnicodeError) as exc:  # UnicodeError: a host IDNA cannot encode
                 raise CliError(f"cannot listen on {args.host}:{args.port}: "
                                f"{exc.strerror or exc}", NOT_APPLIED) from None
             loop = asyncio.get_running_loop()

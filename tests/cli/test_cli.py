@@ -153,7 +153,7 @@ def test_budget_max_pending_refusal_exits_1(capsys, path):
 def test_event_actions_say_whether_they_applied(capsys, path):
     run(capsys, "ingest", path, "chat", "m1", "{}")
     code, out, err = run(capsys, "cancel", path, "1", "--actor", "ana", "--reason", "spam")
-    assert (code, out) == (0, "cancel: event 1 is now cancelled\n")
+    assert (code, out) == (0, "cancel: event 1 was pending, is now cancelled\n")
     code, out, err = run(capsys, "cancel", path, "1")
     assert code == 1 and out == "" and one_line_error(err) and "cancelled" in err
     code, out, _ = run(capsys, "requeue", path, "1", "--expect", "dead", "--json")
@@ -161,8 +161,8 @@ def test_event_actions_say_whether_they_applied(capsys, path):
     assert "changed meanwhile" in json.loads(out)["reason"]
     code, out, _ = run(capsys, "requeue", path, "1", "--json")
     assert code == 0 and json.loads(out) == {"action": "requeue", "applied": True,
-                                             "event_id": 1, "reason": None,
-                                             "status": "pending"}
+                                             "before": "cancelled", "event_id": 1,
+                                             "reason": None, "status": "pending"}
     assert run(capsys, "bury", path, "1")[0] == 0
     assert run(capsys, "resolve", path, "1")[0] == 1
     code, _, err = run(capsys, "cancel", path, "99")

@@ -10,6 +10,7 @@ import json
 import sys
 from typing import Any, Iterator
 
+from core.humanize import duration
 from core.text import printable
 
 PROG = "onwatch"
@@ -42,7 +43,7 @@ def _json_default(value: Any) -> Any:
 
 
 def when(instant: int | None, now: int) -> str:
-    """'in 3m 20s (2026-11-29 19:40:00 UTC)' / '5s ago (…)' / 'none'."""
+    """'in 3m20s (2026-11-29 19:40:00 UTC)' / '5s ago (…)' / 'none'."""
     if instant is None:
         return "none"
     try:
@@ -53,29 +54,18 @@ def when(instant: int | None, now: int) -> str:
     delta = instant - now
     if delta == 0:
         return f"now ({stamp})"
-    length = span(abs(delta))
+    length = duration(abs(delta))
     return f"in {length} ({stamp})" if delta > 0 else f"{length} ago ({stamp})"
 
 
 def local_time(instant: int, now: int) -> str:
-    """'2026-11-29 19:40:00 CET (3m 20s ago)': local time for a person (--json keeps the
+    """'2026-11-29 19:40:00 CET (3m20s ago)': local time for a person (--json keeps the
     raw seconds)."""
     stamp = dt.datetime.fromtimestamp(instant).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
     delta = now - instant
-    ago = "now" if delta == 0 else (f"{span(delta)} ago" if delta > 0 else
-                                   f"in {span(-delta)}")
+    ago = "now" if delta == 0 else (f"{duration(delta)} ago" if delta > 0 else
+                                   f"in {duration(-delta)}")
     return f"{stamp} ({ago})"
-
-
-def span(seconds: int) -> str:
-    parts = []
-    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            parts.append(f"{seconds // size}{unit}")
-            seconds %= size
-    if seconds or not parts:
-        parts.append(f"{seconds}s")
-    return " ".join(parts[:2])
 
 
 def clip(text: str, limit: int = 40) -> str:

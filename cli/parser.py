@@ -58,7 +58,7 @@ STATUS_EPILOG = """\
 
 CONFIG_EPILOG = """\
 values are JSON where they parse (5, true, {"stripe": "interrupt"}), none/unlimited for no
-limit, else plain text (interrupt). Budgets (SPEC 1.9):
+limit, else plain text (interrupt). Budgets (docs/rules.md#budgets):
   max_runs_per_day=N         excess delayed: claims wait until the 24 h window frees a slot
   max_pending=N              excess refused: ingest exits 1 (BudgetExceeded)
   max_followups_per_run=N    excess refused: the run's finish fails, the event backs off

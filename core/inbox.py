@@ -391,10 +391,6 @@ class Inbox:
     async def _write(self, fn: Callable, *args: Any) -> Any:
         return await self._db.write(fn, *args)
 
-    async def data_version(self) -> int:
-        """A number that changes when another connection commits (cheap change detection)."""
-        return await self._db.data_version()
-
     async def change_token(self) -> tuple[int, int]:
         """A value that differs whenever anything committed since it was last read: another
         connection (PRAGMA data_version) or this Inbox itself (the connection's change
@@ -489,7 +485,7 @@ class Inbox:
     # --- runs -----------------------------------------------------------------------------
 
     async def claim_batch(self, holder: str, gen: int, *, now: int | None = None) -> list[Event]:
-        """Claim the next run's events (see SPEC 1.3); [] unless this generation holds."""
+        """Claim the next run's events (docs/rules.md#claiming-a-run); [] unless this generation holds."""
         return await self._write(self._sql.claim_batch, _text("holder", holder),
                                  _positive("gen", gen), self._now(now))
 

@@ -4,8 +4,9 @@
 
 One process runs one `Worker`. It takes the inbox's lease and renews it (fenced) well inside
 the TTL; between runs it sleeps until the inbox's next wake-up or until another process
-commits (a new event, an answer), noticed by polling `PRAGMA data_version`, which costs one
-cheap read per poll. Each run is: scheduler pass, claim, agent call, ONE fenced finish, then a
+commits (a new event, an answer), noticed by a file notification (core/wake.py) and
+confirmed with `Inbox.change_token()`, one cheap call that reads no table; the token is also
+polled as the fallback. Each run is: scheduler pass, claim, agent call, ONE fenced finish, then a
 dispatch of the outbox. The agent never sees SQL: it gets the batch and a `RunContext`.
 
 What can go wrong and what the runtime does:
@@ -36,6 +37,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from .clock import Clock, SystemClock, check_time, show
 from .errors import BadInput, InboxBusy, InboxError
+from .humanize import duration
 from .inbox import Inbox, SendFn
 from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
 from .text import printable
@@ -548,7 +550,7 @@ class Worker:
             log.info("reply held: the outbox is held by an operator (onwatch release-outbox)")
         elif next_send > now:
             log.info("reply held: next paced send in %s (outbox_gap %s s; urgent replies "
-                     "skip the gap)", _span(next_send - now), self.inbox.settings.outbox_gap)
+                     "skip the gap)", duration(next_send - now), self.inbox.settings.outbox_gap)
 
     async def _send(self, text: str) -> None:
         """The channel, its failures logged: dispatch records them and returns 0, which
@@ -653,15 +655,6 @@ class Worker:
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
-
-
-def _span(seconds: int) -> str:
-    """48m, 2h05m, 30s: how long until a held reply may go."""
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m"
-    return f"{seconds}s"
 
 
 async def run_worker(path_or_inbox: str | os.PathLike | Inbox, agent: Agent, *,

@@ -1,4 +1,4 @@
-"""SPEC §2: the twelve reference scenarios, each with its exact expected outcome."""
+"""docs/rules.md#the-reference-scenarios: the twelve reference scenarios, each with its exact expected outcome."""
 
 from __future__ import annotations
 

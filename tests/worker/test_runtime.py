@@ -356,7 +356,7 @@ async def test_paused_inbox_is_not_claimed_until_resumed(inbox, start):
     await running.stop()
 
 
-# --- budgets (SPEC 1.9): each says whether excess is delayed or refused ------------------
+# --- budgets (docs/rules.md#budgets): each says whether excess is delayed or refused ------------------
 
 async def test_budget_runs_per_day_delays_the_excess(inbox, start, clock):
     await inbox.configure(max_runs_per_day=2, max_batch=1)

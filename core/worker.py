@@ -202,6 +202,7 @@ class WorkerStats:
     refused: int = 0  # finish refused by the fence
     sent: int = 0  # messages dispatched
     busy: int = 0  # steps skipped because the database stayed locked
+    idle: int = 0  # times it found nothing to run and went to sleep
     generations: list[int] = field(default_factory=list)
 
 
@@ -579,6 +580,7 @@ class Worker:
 
     async def _idle(self, claimed_at: int) -> None:
         """Sleep until the next wake-up, a lease renewal, or another process's commit."""
+        self.stats.idle += 1
         wake = await self._step(self.inbox.next_wake)
         if wake is not None and wake <= claimed_at:
             # Already due when the claim found nothing to run (paused, the runs-per-day

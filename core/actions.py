@@ -20,8 +20,8 @@ class Action:
     allowed: tuple[str, ...]
     after: str | None
     help: str
-    question: str  # one target: formatted with {target}
-    question_many: str  # several targets: formatted with {count}
+    question: str  # the confirmation for one target
+    question_many: str  # for several: formatted with {n}
     note: str = ""
 
     @property
@@ -33,35 +33,41 @@ class Action:
 ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("requeue", "event", ("dead", "interrupted", "cancelled"), "pending",
            "dead/interrupted/cancelled → pending, with fresh attempts",
-           "Requeue event {target}?", "Requeue {count} events?",
-           "It runs again with a fresh attempt budget."),
+           "Requeue this event?", "Requeue these {n} events?",
+           "It runs again with a fresh attempt budget: any effect it had (a refund, a mail) "
+           "may happen again."),
     Action("cancel", "event", ("pending",), "cancelled",
            "pending → cancelled (a running event cannot be cancelled)",
-           "Cancel event {target}?", "Cancel {count} events?", "It will not run."),
+           "Cancel this pending event?", "Cancel these {n} pending events?",
+           "A cancelled event is never claimed; a running one cannot be cancelled."),
     Action("resolve", "event", ("interrupted",), "done",
            "interrupted → done: the uncertain effect did happen",
-           "Resolve event {target} as done?", "Resolve {count} events as done?",
-           "Only if the uncertain effect really happened: it will not run again."),
+           "Resolve this interrupted event as done?",
+           "Resolve these {n} interrupted events as done?",
+           "Only if you checked that its effect happened: it will not run again."),
     Action("bury", "event", ("interrupted", "pending"), "dead",
            "interrupted or pending → dead, by hand",
-           "Bury event {target} (send it to dead)?", "Bury {count} events?",
+           "Bury this event (send it to dead)?", "Bury these {n} events?",
            "It stays in Dead until requeued."),
     Action("approve", "approval", ("waiting",), "yes",
            "answer yes; prints the answer that stands",
-           "Approve request {target}?", "Approve {count} requests?"),
+           "Approve this request?", "Approve these {n} requests?",
+           "The agent resumes with the answer yes."),
     Action("deny", "approval", ("waiting",), "no",
            "answer no; prints the answer that stands",
-           "Deny request {target}?", "Deny {count} requests?"),
+           "Deny this request?", "Deny these {n} requests?",
+           "The agent resumes with the answer no."),
     Action("expire", "approval", ("waiting",), "expired",
            "expire a waiting request now; prints the answer that stands",
-           "Expire request {target} now?", "Expire {count} requests now?"),
+           "Expire this request now?", "Expire these {n} requests now?",
+           "The request ends as if nobody answered; the agent resumes with a refusal."),
     Action("mark_sent", "delivery", ("uncertain",), "sent",
            "uncertain delivery → sent: it did reach the channel",
-           "Mark delivery {target} as sent?", "Mark {count} deliveries as sent?",
+           "Mark this delivery as sent?", "Mark these {n} deliveries as sent?",
            "Its messages will not be sent again."),
     Action("send_again", "delivery", ("uncertain",), "send again",
            "uncertain delivery → its messages back in the outbox, under a new key",
-           "Send delivery {target} again?", "Send {count} deliveries again?",
+           "Send this delivery again?", "Send these {n} deliveries again?",
            "The recipient may get the messages twice."),
     Action("pause", "inbox", ("false",), "true",
            "pause execution (claims return nothing; intake goes on)",

@@ -21,13 +21,13 @@ from core import Approval, Event, Inbox, InboxError
 from .panes.timefmt import clock
 
 # the desk's action name → the core's one name for it (core.actions.ACTIONS)
-CORE_NAME = {"mark_done": "resolve", "hold_outbox": "hold", "release_outbox": "release"}
+CORE_NAME = {"hold_outbox": "hold", "release_outbox": "release"}
 # action name → verb for the outcome line over several rows
-EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "mark_done": "marked done"}
+EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "resolve": "resolved"}
 # action name → the answer it stores
 APPROVAL_ACTIONS = {"approve": "yes", "deny": "no", "expire": "expired"}
 # the actions that ask for confirmation first
-CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "mark_done", "send_now",
+CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "resolve", "send_now",
                        "requeue"})
 
 # What a change of state means, seen from the operator's chair.
@@ -69,7 +69,7 @@ async def event_action(inbox: Inbox, action: str, event: Event, *, now: int,
         return Outcome(True, {
             "requeue": f"requeued {label}: pending again with a fresh attempt budget",
             "cancel": f"cancelled {label}: it will never run",
-            "mark_done": f"marked {label} done: its effect is taken as having happened",
+            "resolve": f"resolved {label} as done: its effect is taken as having happened",
         }[action])
     if outcome.before != event.status:  # the state found by the action itself
         return Outcome(False, f"{label}: {changed_meanwhile(event.status, outcome.before)}")

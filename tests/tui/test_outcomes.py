@@ -45,7 +45,7 @@ async def test_a_refusal_reason_comes_from_the_action_itself(two, monkeypatch):
     await mine.bury(1)
     seen = await mine.get_event(1)  # dead: resolve applies only to interrupted
     no_log_reads(monkeypatch, mine)
-    outcome = await operator.event_action(mine, "mark_done", seen, now=mine.now(), actor="ana")
+    outcome = await operator.event_action(mine, "resolve", seen, now=mine.now(), actor="ana")
     assert outcome == operator.Outcome(
         False, "#1: cannot resolve a dead event (only interrupted)")
 

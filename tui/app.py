@@ -24,7 +24,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Label
 
-from core import ACTIONS, Approval, Clock, Event, Inbox, InboxError, Overview
+from core import ACTIONS, Approval, Clock, Delivery, Event, Inbox, InboxError, Overview
 from core.fleet import FleetSource
 from core.wake import SLOW_POLL
 
@@ -414,6 +414,10 @@ class OnwatchApp(App[int]):
                     text.append("\n")
                     text.append_text(safe_text(target.error, limit=200, style="italic"))
                 subjects.append(Subject(text))
+            elif isinstance(target, Delivery):
+                subjects.append(Subject(join(f"send #{target.id}  ", safe_text(
+                    target.key, limit=120), f"  ({target.status}, {target.message_count} message"
+                    f"{'s' if target.message_count != 1 else ''})")))
         return ConfirmScreen(question, subjects, now, note)
 
     def _refuse_lost_file(self, pane: Pane) -> bool:
@@ -451,6 +455,9 @@ class OnwatchApp(App[int]):
                 if action in operator.APPROVAL_ACTIONS:
                     outcomes.append(await operator.approval_action(
                         self.inbox, action, target, now=now, actor=self.ACTOR))
+                elif isinstance(target, Delivery):
+                    outcomes.append(await operator.delivery_action(
+                        self.inbox, action, target.id, now=now, actor=self.ACTOR))
                 else:
                     outcomes.append(await operator.event_action(
                         self.inbox, action, target, now=now, actor=self.ACTOR))

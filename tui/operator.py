@@ -28,6 +28,7 @@ EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "resolve": "resol
 APPROVAL_ACTIONS = {"approve": "yes", "deny": "no", "expire": "expired"}
 # the actions that ask for confirmation first
 CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "resolve", "send_now",
+                       "mark_sent", "send_again",
                        "requeue"})
 
 # What a change of state means, seen from the operator's chair.

@@ -11,7 +11,8 @@ from .records import (
 from .settings import Settings
 
 __all__ = [
-    "ACTIONS", "Action", "Outcome", "ANSWERS", "EVENT_STATES", "MAX_DEPTH", "MAX_DURATION", "MAX_TIME", "RESERVED_SOURCES",
+    "ACTIONS", "Action", "Outcome",
+    "ANSWERS", "EVENT_STATES", "MAX_DEPTH", "MAX_DURATION", "MAX_TIME", "RESERVED_SOURCES",
     "RESERVED_TIMER_PREFIXES", "Approval", "ApprovalRequest", "AuditEntry", "BadInput",
     "BudgetExceeded", "Clock", "Delivery", "Effect", "Event", "FakeClock", "FollowUp", "Inbox",
     "InboxBusy", "InboxError", "Lease", "LeaseChange", "Message", "NotAnInbox", "Outgoing",

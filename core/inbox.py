@@ -485,7 +485,8 @@ class Inbox:
     # --- runs -----------------------------------------------------------------------------
 
     async def claim_batch(self, holder: str, gen: int, *, now: int | None = None) -> list[Event]:
-        """Claim the next run's events (docs/rules.md#claiming-a-run); [] unless this generation holds."""
+        """Claim the next run's events (docs/rules.md#claiming-a-run); [] unless this
+        generation holds."""
         return await self._write(self._sql.claim_batch, _text("holder", holder),
                                  _positive("gen", gen), self._now(now))
 

@@ -72,6 +72,7 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
     return OK
 
 
+@restoring_signals
 def cmd_worker(args: argparse.Namespace) -> int:
     # A stop asked for while starting up still means a clean exit 0.
     early: list[int] = []

@@ -1,8 +1,7 @@
-"""docs/rules.md#the-reference-scenarios: the twelve reference scenarios, each with its exact expected outcome."""
+"""The twelve reference scenarios (docs/rules.md#the-reference-scenarios), each with its
+exact expected outcome."""
 
 from __future__ import annotations
-
-import pytest
 
 from core import FakeClock, Inbox
 

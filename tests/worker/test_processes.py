@@ -161,8 +161,9 @@ STALE_FINISH = textwrap.dedent("""
 
 
 def test_stalled_process_late_finish_returns_false(tmp_path):
-    """Scenario 4 (docs/rules.md#scenario-4-stall-and-takeover) with real processes: A claims, is stopped, B takes over and
-    finishes; A's finish of its generation-1 claim returns False and writes nothing."""
+    """Scenario 4 (docs/rules.md#scenario-4-stall-and-takeover) with real processes: A claims,
+    is stopped, B takes over and finishes; A's finish of its generation-1 claim returns False
+    and writes nothing."""
     path = make_inbox(tmp_path)
     onwatch("ingest", path, "chat", "m1", '{"text": "hi"}')
     gate = tmp_path / "gate"

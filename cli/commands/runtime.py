@@ -121,7 +121,7 @@ async def _metrics_server(inbox: Inbox, args: argparse.Namespace):
         server = await start_metrics_server(metrics, host="127.0.0.1", port=args.metrics_port)
     except OSError as exc:
         raise CliError(f"--metrics-port: cannot listen on 127.0.0.1:{args.metrics_port}: "
-                       f"{exc.strerror or exc}", NOT_APPLIED) from None
+                       f"{getattr(exc, 'strerror', None) or exc}", NOT_APPLIED) from None
     logging.getLogger("onwatch.worker").info("metrics on %s", server.url)
     try:
         yield metrics.worker
@@ -196,7 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                             port=args.port, max_body=args.max_body)
             except (OSError, UnicodeError) as exc:  # UnicodeError: a host IDNA cannot encode
                 raise CliError(f"cannot listen on {args.host}:{args.port}: "
-                               f"{exc.strerror or exc}", NOT_APPLIED) from None
+                               f"{getattr(exc, 'strerror', None) or exc}", NOT_APPLIED) from None
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, worker.request_stop)

@@ -24,7 +24,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Label
 
-from core import Approval, Clock, Event, Inbox, InboxError, Overview
+from core import ACTIONS, Approval, Clock, Delivery, Event, Inbox, InboxError, Overview
 from core.fleet import FleetSource, run_activity
 from core.wake import SLOW_POLL
 
@@ -42,21 +42,9 @@ from .screens.help import HelpScreen, render_groups
 
 STYLESHEET = Path(__file__).with_name("app.tcss")
 
-QUESTIONS = {
-    "approve": ("Approve this request?", "Approve these {n} requests?",
-                "The agent resumes with the answer yes."),
-    "deny": ("Deny this request?", "Deny these {n} requests?",
-             "The agent resumes with the answer no."),
-    "expire": ("Expire this request now?", "Expire these {n} requests now?",
-               "The request ends as if nobody answered; the agent resumes with a refusal."),
-    "cancel": ("Cancel this pending event?", "Cancel these {n} pending events?",
-               "A cancelled event is never claimed; a running one cannot be cancelled."),
-    "mark_done": ("Mark this interrupted event done?", "Mark these {n} interrupted events done?",
-                  "Only if you checked that its effect happened: it will not run again."),
-    "requeue": ("Requeue this event?", "Requeue these {n} events?",
-                "It runs again with a fresh attempt budget: any effect it had (a refund, a "
-                "mail) may happen again."),
-}
+# The confirmation of each action comes from the core's one table of actions.
+QUESTIONS = {name: (action.question, action.question_many, action.note)
+             for name, action in ACTIONS.items()}
 # What an answer past its deadline does instead (the inbox refuses it, checked on write).
 LATE = ("The deadline has passed: this answer will be refused and the request ends as "
         "expired; the agent resumes with a refusal.")
@@ -448,6 +436,10 @@ class OnwatchApp(App[int]):
                     text.append("\n")
                     text.append_text(safe_text(target.error, limit=200, style="italic"))
                 subjects.append(Subject(text))
+            elif isinstance(target, Delivery):
+                subjects.append(Subject(join(f"send #{target.id}  ", safe_text(
+                    target.key, limit=120), f"  ({target.status}, {target.message_count} message"
+                    f"{'s' if target.message_count != 1 else ''})")))
         return ConfirmScreen(question, subjects, now, note)
 
     def _refuse_lost_file(self, pane: Pane) -> bool:
@@ -485,6 +477,9 @@ class OnwatchApp(App[int]):
                 if action in operator.APPROVAL_ACTIONS:
                     outcomes.append(await operator.approval_action(
                         self.inbox, action, target, now=now, actor=self.ACTOR))
+                elif isinstance(target, Delivery):
+                    outcomes.append(await operator.delivery_action(
+                        self.inbox, action, target.id, now=now, actor=self.ACTOR))
                 else:
                     outcomes.append(await operator.event_action(
                         self.inbox, action, target, now=now, actor=self.ACTOR))

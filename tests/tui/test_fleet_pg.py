@@ -143,7 +143,8 @@ async def test_a_new_inbox_shows_up_live(database):
 
 
 def test_tui_on_a_url_opens_the_fleet_or_one_inbox(database, monkeypatch):
-    from tui import app as app_module, cli, fleet as fleet_module
+    import cli
+    from tui import app as app_module, fleet as fleet_module
 
     calls = []
     monkeypatch.setattr(fleet_module, "run", lambda target, read_only=False:

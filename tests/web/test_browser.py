@@ -97,7 +97,14 @@ async def test_hostile_text_stays_inert_in_the_page(desk, browser):
     # the hostile event's payload, in its detail view (pane 1, last row, Enter)
     await screen.press(page, "1")
     await screen.press(page, "G")  # the last row, however many frames the keys took to land
-    await page.keyboard.press("Enter")
+    for attempt in range(3):  # Enter opens the detail; a key lost in transit is pressed again
+        await page.keyboard.press("Enter")
+        try:
+            await screen.wait_for("esc close", timeout=5)
+            break
+        except AssertionError:
+            if attempt == 2:
+                raise
     await screen.wait_for("[@click=app.quit]pay[/]", "<script>window.__pwned=3</script>",
                           "[link=https://evil.example]here[/link]")
     assert b"\x1b]0;PAYLOAD" not in screen.raw and b"PAYLOAD\x07" not in screen.raw

@@ -3,7 +3,8 @@
 A fleet desk watching a thousand inboxes must not hold a thousand connections open. A
 `FleetSource` lists its inboxes with a summary of each (`scan`) and opens one inbox in full
 when an operator drills into it (`open`). `FolderFleet` is the SQLite source: a folder of
-inbox files; `DatabaseFleet` is every inbox of a PostgreSQL database. Each summary is one read transaction on a short-lived read-only connection
+inbox files; `DatabaseFleet` is every inbox of a PostgreSQL database. Each summary is one read
+transaction on a short-lived read-only connection
 (`mode=ro`, never `create`), and a file whose database and WAL look unchanged since the last
 scan (modification time and size) is not read again. A file that is not a readable inbox
 (foreign, empty, locked, newer schema) becomes a summary with the reason, never an error.

@@ -291,7 +291,7 @@ class _GroupCommit:
                     future.set_exception(error)
             return
         known = self._known
-        for (item, future), result in zip(batch, results):
+        for (item, future), result in zip(batch, results, strict=True):
             if not isinstance(result, Exception):
                 known[item[0], item[1]] = None  # stored now, by this or an earlier ingest
                 if not future.done():
@@ -391,7 +391,8 @@ class Inbox:
 
         Compares the path's device and inode now with those of the file opened (two stat
         calls, cheap enough for every poll; the opened file is held open, so its inode
-        number cannot be reused by a new file). A deleted file, or a new file put in its place, keeps
+        number cannot be reused by a new file). A deleted file, or a new file put in its place,
+        keeps
         answering through the open connection: whoever acts on it would act on a file nobody
         else sees, so callers stop and say so.
         """

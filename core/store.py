@@ -631,7 +631,7 @@ def _insert_until_refused(db: sqlite3.Connection, events: list[tuple]) -> int:
 
             def feed() -> Iterable[tuple]:
                 nonlocal fed
-                for event in chunk:  # executemany binds and steps one row, then the next
+                for event in chunk:  # executemany binds and steps one row, then the next  # noqa: B023 - called within this iteration
                     fed += 1
                     yield event
             try:

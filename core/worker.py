@@ -468,7 +468,7 @@ class Worker:
 
     async def _call_agent(self, batch: list[Event], ctx: RunContext) -> None:
         if inspect.iscoroutinefunction(self.agent) or \
-                inspect.iscoroutinefunction(getattr(self.agent, "__call__", None)):
+                inspect.iscoroutinefunction(getattr(self.agent, "__call__", None)):  # noqa: B004 - looks up __call__ itself, for iscoroutinefunction
             await self.agent(batch, ctx)
             return
         # A plain def runs in a thread so the loop keeps renewing the lease meanwhile.
@@ -523,7 +523,7 @@ class Worker:
     async def _log_dead(self, ids: list[int]) -> None:
         """Say in the log which events of a failed run went dead, and why."""
         for event_id in ids:
-            event = await self._step(lambda: self.inbox.get_event(event_id))
+            event = await self._step(lambda: self.inbox.get_event(event_id))  # noqa: B023 - called within this iteration
             if event is not None and event.status == "dead":
                 log.warning("event #%s (%s / %s) is dead: %s", event.id,
                             printable(event.source), printable(event.source_id),

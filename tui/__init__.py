@@ -1,1 +1,1 @@
-"""onwatch's terminal supervisor: the Textual app over a live inbox (imported lazily; no textual here)."""
+"""onwatch's terminal supervisor: the Textual app over a live inbox (imported lazily)."""

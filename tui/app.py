@@ -69,7 +69,8 @@ class OnwatchApp(App[int]):
         # columns the footer keeps the pane's own keys, s and the palette key.
         Binding("p", "pause", "Pause", id="pause", show=False,
                 tooltip="claims return nothing until resumed; intake never stops"),
-        Binding("p", "resume", "Resume", id="resume", show=False, tooltip="the worker may claim events again"),
+        Binding("p", "resume", "Resume", id="resume", show=False,
+                tooltip="the worker may claim events again"),
         Binding("o", "hold_outbox", "Hold outbox", id="hold-outbox", show=False,
                 tooltip="paced sends wait until the outbox is released"),
         Binding("o", "release_outbox", "Release outbox", id="release-outbox", show=False,
@@ -624,7 +625,7 @@ class OnwatchApp(App[int]):
         """
         yield from super().get_system_commands(screen)
         seen = set()
-        for key, active in screen.active_bindings.items():
+        for active in screen.active_bindings.values():
             binding = active.binding
             if not active.enabled or not binding.id or not binding.description:
                 continue

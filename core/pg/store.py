@@ -179,7 +179,7 @@ def _ingest_group(db: Tx, items: Sequence[tuple[str, str, str, int]],
             wanted.append((index, source, source_id, payload, now))
     if not wanted:
         return results
-    columns = list(zip(*[(s, i, p, n) for _, s, i, p, n in wanted]))
+    columns = list(zip(*[(s, i, p, n) for _, s, i, p, n in wanted], strict=True))
     # The first copy of each key not stored yet, numbered on from the inbox's last id.
     stored = set(db.execute(
         "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, "
@@ -655,7 +655,7 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
             (db.inbox, now, now, now, [e[0] for e in events], [e[1] for e in events],
              [e[2] for e in events], db.inbox, db.inbox))
     if advanced:
-        columns = list(zip(*advanced))
+        columns = list(zip(*advanced, strict=True))
         db.execute(
             "UPDATE timers t SET due = u.due, last_fired = coalesce(u.fired, t.last_fired), "
             "last_skipped = coalesce(u.skipped, t.last_skipped), "
@@ -1319,6 +1319,6 @@ def list_inboxes(conn: Any, after: str, limit: int) -> list[InboxSummary]:
     lease and waiting approvals: one query walking the name index, two index probes a row."""
     rows = conn.execute(LIST_INBOXES, (after, limit)).fetchall()
     states = ("pending", "running", "done", "dead", "interrupted", "cancelled")
-    return [InboxSummary(r[0], dict(zip(states, (int(n) for n in r[5:11]))),
+    return [InboxSummary(r[0], dict(zip(states, (int(n) for n in r[5:11]), strict=True)),
                          None if r[1] is None else Lease(r[1], r[2], r[3]), bool(r[4]),
                          r[11], r[12]) for r in rows]

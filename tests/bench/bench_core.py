@@ -522,7 +522,7 @@ async def run(sizes: Sizes, folder: str, out: Callable[[str], None], reads: bool
         async def all_sides(fns: dict[str, Callable[[], Any]]) -> dict[str, float]:
             """One-transaction workloads: the sides in one order then in reverse (cancels a
             linear drift of the machine's load); each side's figure is its mean."""
-            order = ORDERS[first]
+            order = ORDERS[first]  # noqa: B023 - called within this iteration
             got: dict[str, list[float]] = {side: [] for side in SIDES}
             for side in order + order[::-1]:
                 value = fns[side]()

@@ -212,7 +212,7 @@ def _queue(path, *bodies):
 
     async def queue():
         async with await Inbox.open(path) as inbox:
-            for i, body in enumerate(bodies):
+            for body in bodies:
                 await inbox.ingest("chat", f"q{body}", None)
             gen = await inbox.acquire("t")
             batch = await inbox.claim_batch("t", gen)

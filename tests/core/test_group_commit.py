@@ -144,4 +144,4 @@ async def test_duplicates_in_one_storm_get_one_true_each_key(box):
     results = await asyncio.gather(*(box.ingest("hook", k, None, now=T) for k in keys))
     assert sum(results) == 7
     for key in set(keys):
-        assert sum(r for k, r in zip(keys, results) if k == key) == 1
+        assert sum(r for k, r in zip(keys, results, strict=True) if k == key) == 1

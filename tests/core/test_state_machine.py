@@ -477,7 +477,8 @@ class InboxMachine(RuleBasedStateMachine):
         assert effects == self.model.effects
         assert open_runs == {i for i, r in self.model.runs.items() if r.open}
         assert refused == self.model.refused
-        requeued = any(e.attempts == 0 and e.status != "pending" for e in self.model.events.values())
+        requeued = any(e.attempts == 0 and e.status != "pending"
+                       for e in self.model.events.values())
         if not requeued:
             assert done_twice == []
 

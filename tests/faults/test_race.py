@@ -144,7 +144,8 @@ def check_story(path: str, results: dict[str, list[bool]]) -> None:
     resolved = {int(t.split()[1]) for (t,) in query(
         path, "SELECT target FROM audit WHERE action = 'resolve' AND applied = 1")}
     orphan = query(path, """SELECT id FROM events WHERE status = 'done' AND id NOT IN
-                            (SELECT event_id FROM run_events JOIN runs ON runs.id = run_events.run_id
+                            (SELECT event_id FROM run_events
+                             JOIN runs ON runs.id = run_events.run_id
                              WHERE outcome = 'done')""")
     assert {i for (i,) in orphan} <= resolved
     # Outbox messages equal the accepted finishes' messages: one reply per event of each

@@ -140,7 +140,7 @@ def snapshot(url: str) -> dict[str, list]:
         for table in tables:
             cursor = conn.execute(f"SELECT * FROM {table}")
             names = [c.name for c in cursor.description]
-            rows[table] = [dict(zip(names, row)) for row in cursor.fetchall()]
+            rows[table] = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     for row in rows["inboxes"]:
         del row["changes"]  # the change token, not state (see the module docstring)
     ranks = {t: {r["id"]: n for n, r in enumerate(sorted(rows[t], key=lambda r: r["id"]), 1)}

@@ -200,7 +200,7 @@ async def test_a_change_reads_only_the_shown_pane(seeded):
         await started(app, pilot)
         windows = []
         for name in ("events", "timers", "approvals", "held_messages"):
-            def counting(*args, _original=getattr(inbox, name), _name=name, **kwargs):
+            def counting(*args, _original=getattr(inbox, name), _name=name, **kwargs):  # noqa: B008 - evaluated once, on purpose
                 windows.append(_name)
                 return _original(*args, **kwargs)
             setattr(inbox, name, counting)

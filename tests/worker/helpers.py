@@ -69,7 +69,8 @@ def stop(process: subprocess.Popen, timeout: float = 10.0) -> int:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-            raise AssertionError(f"process {process.pid} ignored SIGTERM for {timeout} s")
+            raise AssertionError(f"process {process.pid} ignored SIGTERM for {timeout} s") \
+                from None
     return process.returncode
 
 

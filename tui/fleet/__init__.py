@@ -1,8 +1,9 @@
 """The fleet desk: every inbox of a folder on one screen, and every waiting approval in one list.
 
-`onwatch tui DIR` (or `onwatch tui postgresql://…` with no `--inbox`) runs `run(DIR)`: the supervisor app with a fleet source, which opens on the
-Fleet view (tui/fleet/screen.py) over its six panes; the scanning and the approval alarm live
-in tui/fleet/desk.py, the all-approvals queue in tui/fleet/queue.py.
+`onwatch tui DIR` (or `onwatch tui postgresql://…` with no `--inbox`) runs `run(DIR)`: the
+supervisor app with a fleet source, which opens on the Fleet view (tui/fleet/screen.py) over
+its six panes; the scanning and the approval alarm live in tui/fleet/desk.py, the
+all-approvals queue in tui/fleet/queue.py.
 """
 
 from __future__ import annotations

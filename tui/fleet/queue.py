@@ -129,7 +129,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
         narrow = self.app.size.width < 100
         widths = (12, 11, 16) if narrow else (16, 14, 24)
         head = Text(" ").join([_cell(name, width) for name, width in
-                               zip(("inbox", "time left", "request"), widths)]
+                               zip(("inbox", "time left", "request"), widths, strict=True)]
                               + [Text("action")])
         self.query_one("#queue-columns", Static).update(head)
         self.refresh_bindings()

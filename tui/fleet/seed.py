@@ -35,7 +35,8 @@ async def _busy(inbox: Inbox, clock: FakeClock, holder: str, base: int, *, runs:
         await inbox.ingest("chat", f"{holder}-{i}", {"text": f"message {i}"}, now=at)
         gen = await inbox.acquire(holder, now=at)
         batch = await inbox.claim_batch(holder, gen, now=at)
-        error = "TimeoutError: the model did not answer" if i % max(runs // max(failures, 1), 1) == 0 \
+        every = max(runs // max(failures, 1), 1)
+        error = "TimeoutError: the model did not answer" if i % every == 0 \
             and failures else None
         await inbox.finish(holder, gen, [e.id for e in batch], now=at + 2,
                            messages=[] if error else [f"reply {i}"], error=error)

@@ -131,7 +131,8 @@ async def approval_detail(inbox: Any, request_id: str, now: int) -> tuple[str, T
     text = Text(end="")
     _field(text, "request", safe_text(approval.request_id, limit=1000))
     _field(text, "asked", f"{stamp(approval.requested)} ({ago(now, approval.requested)})")
-    _field(text, "deadline", f"{stamp(approval.due)} ({countdown(now, approval.due, precise=True)})")
+    left = countdown(now, approval.due, precise=True)
+    _field(text, "deadline", f"{stamp(approval.due)} ({left})")
     if approval.answer is None:
         _field(text, "answer", Text("waiting", style="bold"))
     else:

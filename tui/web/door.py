@@ -13,8 +13,8 @@ credentials gets 401; one that presented a wrong token also counts as a failure 
 client address (a bare request, such as the browser's favicon fetch, guesses nothing). After
 `MAX_FAILURES` within `WINDOW` seconds that address gets 429 (with Retry-After) for anything
 but a valid session cookie, the right token included, until the window has passed: guessing
-is capped at a few tries a minute. Behind a reverse proxy every client shares the proxy's address, so
-a guesser locks everyone out who has no session yet, which is the safe way round.
+is capped at a few tries a minute. Behind a reverse proxy every client shares the proxy's
+address, so a guesser locks everyone out who has no session yet, which is the safe way round.
 
 A websocket upgrade must also come from the desk's own origin (an `Origin` header naming this
 server), so a page elsewhere cannot drive the desk through the browser's cookie.

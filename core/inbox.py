@@ -107,6 +107,9 @@ def _timer_id(value: object) -> str:
 def _check_shape(value: object, what: str, limit: int) -> None:
     """Refuse JSON nested deeper than MAX_DEPTH or with more values than `limit` bytes could
     hold, walking iteratively: a deep value must be refused, never recursed into."""
+    if type(value) is dict and len(value) < limit and _SCALARS.issuperset(map(type,
+                                                                             value.values())):
+        return  # the common webhook body: one flat object (the walk below would say the same)
     stack = [(value, 1)]
     seen = 0
     while stack:
@@ -122,14 +125,27 @@ def _check_shape(value: object, what: str, limit: int) -> None:
             stack.extend((child, depth + 1) for child in children)
 
 
+_SCALARS = frozenset((str, int, float, bool, type(None)))  # exact types: no subclass is here
 _JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 _JSON_ASCII = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
+# What _JSON.encode builds on every call, built once (no check for cycles: _check_shape has
+# already refused any value with more values than the limit, so a cyclic one never gets
+# here). The standard library's C encoder; without it, _JSON.encode.
+_C_ENCODER = json.encoder.c_make_encoder
+_ENCODE_ONCE = None if _C_ENCODER is None else _C_ENCODER(
+    None, _JSON.default, json.encoder.encode_basestring, None, ": ", ", ", False, False, False)
+
+
+def _json_text(value: object) -> str:
+    if _ENCODE_ONCE is None or type(value) is str:
+        return _JSON.encode(value)
+    return "".join(_ENCODE_ONCE(value, 0))
 
 
 def _encode(payload: object, limit: int, what: str = "payload") -> str:
     _check_shape(payload, what, limit)
     try:
-        text = _JSON.encode(payload)
+        text = _json_text(payload)
     except (TypeError, ValueError, RecursionError) as exc:
         raise BadInput(f"{what} must be JSON-serialisable: {exc}") from None
     if text.isascii():
@@ -473,7 +489,18 @@ class Inbox:
 
     async def acquire(self, holder: str, *, now: int | None = None) -> int | None:
         """Take or renew the lease; return its generation, or None if another holds it."""
-        return await self._write(self._sql.acquire, _text("holder", holder), self._now(now))
+        holder, now = _text("holder", holder), self._now(now)
+        renewed = getattr(self._sql, "renewed_without_write", None)  # SQLite's store only
+        if renewed is not None:
+            # The holder renewing to the expiry it already has changes nothing: one read of
+            # committed state answers it on this thread, without a write transaction.
+            try:
+                gen = self._db.peek(renewed, holder, now)
+            except sqlite3.Error:
+                gen = None
+            if gen is not None:
+                return gen
+        return await self._write(self._sql.acquire, holder, now)
 
     async def renew(self, holder: str, gen: int, *, now: int | None = None) -> bool:
         """Extend the lease for exactly this unexpired generation (fenced)."""

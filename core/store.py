@@ -20,6 +20,9 @@ from .records import (
 )
 from .settings import Settings
 
+_JSON_STRING = json.encoder.encode_basestring_ascii  # what json.dumps does with a str
+_JSON_DECODE = json.JSONDecoder().decode  # json.loads of a str, without its type checks
+
 DAY = 86_400
 EVENT_COLUMNS = ("id, source, source_id, payload, status, attempts, claim_gen, error, created, "
                  "updated, available_at, claimed_at, run_id")
@@ -87,9 +90,13 @@ def load_settings(db: sqlite3.Connection) -> Settings:
     row = db.execute("SELECT json FROM settings WHERE id = 1").fetchone()
     if row is None:
         return Settings()
-    cached = _settings_cache.get(row[0])
+    return _settings_from(row[0])
+
+
+def _settings_from(text: str) -> Settings:
+    cached = _settings_cache.get(text)
     if cached is None:
-        cached = _settings_cache[row[0]] = Settings.from_json(row[0])
+        cached = _settings_cache[text] = Settings.from_json(text)
     return cached
 
 
@@ -267,7 +274,8 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
     if until >= now:
         if current != holder:
             return None
-        db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + ttl,))
+        if until != now + ttl:  # renewing to the same expiry writes nothing (no fsync)
+            db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + ttl,))
         return gen
     # A lease its holder handed back (a clean restart) is a succession, not a takeover: only
     # a lease left to expire means a worker died or stalled.
@@ -281,6 +289,18 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
     if not released:
         _bump(db, "takeovers")
     return gen
+
+
+def renewed_without_write(db: sqlite3.Connection, holder: str, now: int) -> int | None:
+    """The generation `acquire(holder, now)` would return if it would change nothing (the
+    holder renewing to the expiry it already has); None when a write transaction must
+    decide. One statement, so one read snapshot."""
+    row = db.execute("SELECT holder, gen, until, (SELECT json FROM settings WHERE id = 1) "
+                     "FROM lease WHERE id = 1").fetchone()
+    if row is None or row[0] != holder or not _is_int(row[1], 1, 1 << 62):
+        return None
+    ttl = Settings().lease_ttl if row[3] is None else _settings_from(row[3]).lease_ttl
+    return row[1] if type(row[2]) is int and row[2] == now + ttl else None
 
 
 def holds(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
@@ -304,7 +324,8 @@ def renew(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
     if not holds(db, holder, gen, now):
         refuse(db, "renew", holder, gen, now)
         return False
-    db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + load_settings(db).lease_ttl,))
+    db.execute("UPDATE lease SET until = ? WHERE id = 1 AND until IS NOT ?",
+               (now + load_settings(db).lease_ttl,) * 2)  # the same expiry writes nothing
     return True
 
 
@@ -528,9 +549,9 @@ def cancel_timer(db: sqlite3.Connection, timer_id: str) -> bool:
 def run_scheduler(db: sqlite3.Connection, now: int) -> int:
     """Turn every due timer into inbox events and advance it, all in this one transaction."""
     settings = load_settings(db)
-    due = db.execute(f"SELECT {TIMER_COLUMNS} FROM timers WHERE due <= ? AND broken IS NULL "
-                     f"ORDER BY due, id", (now,)).fetchall()
-    for row in due:
+    due = db.execute(f"SELECT {TIMER_COLUMNS}, json_valid(payload) FROM timers WHERE due <= ? "
+                     f"AND broken IS NULL ORDER BY due, id", (now,)).fetchall()
+    for row in _fire_plain_runs(db, due, now):
         # Each timer fires in its own savepoint: a row the engine cannot process is rolled
         # back and set aside with the reason, and the other timers still fire.
         db.execute("SAVEPOINT fire_timer")
@@ -550,6 +571,113 @@ def run_scheduler(db: sqlite3.Connection, now: int) -> int:
                        ("set aside, not fired: " + _reason(exc), row[0]))
             _set_aside_counted(db)
     return len(due)
+
+
+_INSERT_EVENTS_VALUES = ("INSERT INTO events(source, source_id, payload, available_at, created, "
+                         "updated) VALUES ")
+_ON_KEY_DO_NOTHING = " ON CONFLICT(source, source_id) DO NOTHING"
+_INSERT_EVENTS = _INSERT_EVENTS_VALUES + "(?, ?, ?, ?, ?, ?)" + _ON_KEY_DO_NOTHING
+
+
+def _fire_plain_runs(db: sqlite3.Connection, due: list[tuple], now: int) -> Iterable[tuple]:
+    """Fire each run of consecutive valid one-shot plain timers (the common case, thousands
+    in a pass) with multi-row statements, and yield every other row, in order, to the
+    per-row path. Rows are checked here first, the same checks as `_checked_timer` (the
+    payload proven to be JSON, see `_plain_occurrence`); the occurrence's JSON is built
+    around the payload's stored text instead of decoding and encoding it again. No
+    savepoint around a run (it would double the cost of the inserts): if the events table
+    refuses a row (say a key its CHECK forbids), the rows before it stand, the refused one
+    goes to the per-row path, which sets it aside with the reason, and the rest of the run
+    goes on."""
+    batch: list[tuple] = []
+    events: list[tuple] = []
+    for index, row in enumerate(due):
+        event = _plain_occurrence(row, now)
+        if event is not None:
+            batch.append(row)
+            events.append(event)
+            if index + 1 < len(due):
+                continue
+        while batch:
+            stored = _insert_until_refused(db, events)
+            for start in range(0, stored, _GROUP_ROWS):
+                ids = [r[0] for r in batch[start:min(start + _GROUP_ROWS, stored)]]
+                db.execute(f"DELETE FROM timers WHERE id IN ({_placeholders(ids)})", ids)
+            if stored == len(batch):
+                batch, events = [], []
+            else:
+                yield batch[stored]
+                batch, events = batch[stored + 1:], events[stored + 1:]
+        if event is None:
+            yield row
+
+
+def _insert_until_refused(db: sqlite3.Connection, events: list[tuple]) -> int:
+    """Insert `events` in order; return how many went in before a row the table refused
+    (len(events) if none was); that row and the ones after it are not stored.
+
+    _GROUP_ROWS rows per statement: an insert that fires a trigger keeps a statement
+    journal, one per statement, so a row per statement costs twice as much. A statement
+    that fails is rolled back whole (SQLite's default ABORT) and its rows are inserted again
+    one statement each, counted, to find the refused one."""
+    done = 0
+    for start in range(0, len(events), _GROUP_ROWS):
+        chunk = events[start:start + _GROUP_ROWS]
+        try:
+            db.execute(_INSERT_EVENTS_VALUES + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk)) +
+                       _ON_KEY_DO_NOTHING, [value for event in chunk for value in event])
+        except ROW_ERRORS:
+            fed = 0
+
+            def feed() -> Iterable[tuple]:
+                nonlocal fed
+                for event in chunk:  # executemany binds and steps one row, then the next
+                    fed += 1
+                    yield event
+            try:
+                db.executemany(_INSERT_EVENTS, feed())
+            except ROW_ERRORS:
+                return done + fed - 1
+        done += len(chunk)
+    return done
+
+
+def _plain_occurrence(row: Sequence[Any], now: int) -> tuple | None:
+    """The event row (source, source_id, payload, now, now, now) a valid one-shot plain
+    timer fires, its payload `json.dumps` of `_occurrence`'s dict (with the stored payload
+    text as the data, which decodes to the same value); None for any other row: recurring,
+    an approval's expiry, or anything `_checked_timer` would refuse."""
+    timer_id, due, every, catch_up, payload, key_source, key_id, last_fired, _, overflow, \
+        kind = row[:11]
+    if every is not None or kind != "timer" or type(timer_id) is not str or \
+            not _is_int(due, 0, MAX_TIME) or catch_up not in ("coalesce", "each") or \
+            not _is_int(overflow, 0, 1 << 62) or \
+            (last_fired is not None and not _is_int(last_fired, 0, MAX_TIME)):
+        return None
+    if key_source is None:
+        source, source_id = "timer", f"{timer_id}@{due}"
+    elif type(key_source) is str and type(key_id) is str:
+        source, source_id = key_source, key_id
+    else:
+        return None
+    if payload is None:
+        data = "null"
+    elif type(payload) is str:
+        # Never spliced unless it is one whole JSON value that Python's decoder takes.
+        # SQLite's json_valid (row[12], strict RFC 8259) answers in C; it is stricter than
+        # Python's decoder (no NaN: those are decoded here) except for nesting, which Python
+        # refuses past its recursion limit: a payload with many brackets is decoded here.
+        if row[12] != 1 or payload.count("[") + payload.count("{") > 100:
+            try:
+                _JSON_DECODE(payload)
+            except ROW_ERRORS:
+                return None
+        data = payload
+    else:
+        return None
+    text = (f'{{"timer": {_JSON_STRING(timer_id)}, "scheduled_for": {due}, '
+            f'"late_by": {now - due}, "skipped": 0, "data": {data}}}')
+    return source, source_id, text, now, now, now
 
 
 def _checked_timer(row: Sequence[Any]) -> Timer:

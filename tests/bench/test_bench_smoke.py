@@ -22,7 +22,8 @@ def test_core_benchmark_runs_quick_and_prints_its_table():
         cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.strip().splitlines()
-    assert any(line.startswith("workload") and "yardstick" in line and "async engine" in line
+    assert any(line.startswith("workload") and "reference" in line and "yardstick" in line
+               and "async engine" in line and "vs yardstick" in line
                for line in lines), result.stdout
     for workload in ("sequential ingest", "duplicate ingest", "run cycle", "scheduler pass",
                      "dispatch of", "concurrent intake", "counts", "page pending: next",

@@ -1,7 +1,9 @@
 """The yardstick: the inbox's transactions in plain synchronous `sqlite3`, no event loop.
 
-This is what the async engine (core/inbox.py + core/db.py) is measured against. It runs the
-very same transactions — the SQL of core/store.py, on a file created by core's own schema
+The core benchmark measures the async engine (core/inbox.py + core/db.py) against it to
+show what the loop <-> thread hand-off alone costs; the speed targets themselves are set
+against the plain inbox of tests/bench/reference_inbox.py. This one runs the very same
+transactions — the SQL of core/store.py, on a file created by core's own schema
 migrations, so tables, triggers and indexes are identical — with the same durability:
 
 * WAL journal, `synchronous = FULL` (every commit is fsynced before it returns);
@@ -10,7 +12,8 @@ migrations, so tables, triggers and indexes are identical — with the same dura
 
 What it leaves out is everything the async engine adds on top: no thread hop, no group
 commit, no argument validation beyond what `json.dumps` does. A ratio async/yardstick of 1.0
-therefore means the async layer costs nothing over calling SQLite directly.
+therefore means the async layer costs nothing over calling SQLite directly. (A store
+function made faster speeds up both sides alike, so this ratio cannot show it.)
 """
 
 from __future__ import annotations

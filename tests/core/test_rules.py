@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 
 import pytest
 
-from core import BadInput, BudgetExceeded, FakeClock, FollowUp, Inbox, Reply
+from core import BadInput, BudgetExceeded, FollowUp, Inbox, Reply
 
 from .conftest import DAY, T
 

@@ -1,5 +1,6 @@
 """onwatch core: the durable inbox engine an always-on agent embeds (no UI imports here)."""
 
+from .actions import ACTIONS, Action, Outcome
 from .clock import MAX_DURATION, MAX_TIME, Clock, FakeClock, SystemClock
 from .errors import BadInput, BudgetExceeded, InboxBusy, InboxError, NotAnInbox
 from .inbox import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES, Inbox, Outgoing
@@ -10,6 +11,7 @@ from .records import (
 from .settings import Settings
 
 __all__ = [
+    "ACTIONS", "Action", "Outcome",
     "ANSWERS", "EVENT_STATES", "MAX_DEPTH", "MAX_DURATION", "MAX_TIME", "RESERVED_SOURCES",
     "RESERVED_TIMER_PREFIXES", "Approval", "ApprovalRequest", "AuditEntry", "BadInput",
     "BudgetExceeded", "Clock", "Delivery", "Effect", "Event", "FakeClock", "FollowUp", "Inbox",

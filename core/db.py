@@ -56,7 +56,7 @@ class Database:
     aiosqlite hops to its thread for every statement, which halves throughput against plain
     sqlite3. Here each transaction is one synchronous function from core/store.py, run whole
     on the connection's thread with a single hop (aiosqlite's `_execute`; the version is
-    pinned in pyproject.toml and tests/core/test_db.py checks the hook exists).
+    pinned in pyproject.toml and tests/core/test_open.py checks the hook exists).
     """
 
     def __init__(self, conn: aiosqlite.Connection, path: str, busy_timeout: float,
@@ -192,10 +192,6 @@ class Database:
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside one read snapshot."""
         return await self.call(read_transaction, fn, args)
-
-    async def data_version(self) -> int:
-        """Changes whenever another connection commits to the file (PRAGMA data_version)."""
-        return await self.call(lambda db: db.execute("PRAGMA data_version").fetchone()[0])
 
     async def close(self) -> None:
         self.wake.close()

@@ -3,13 +3,14 @@
 A fleet desk watching a thousand inboxes must not hold a thousand connections open. A
 `FleetSource` lists its inboxes with a summary of each (`scan`) and opens one inbox in full
 when an operator drills into it (`open`). `FolderFleet` is the SQLite source: a folder of
-inbox files. Each summary is one read transaction on a short-lived read-only connection
+inbox files; `DatabaseFleet` is every inbox of a PostgreSQL database. Each summary is one read transaction on a short-lived read-only connection
 (`mode=ro`, never `create`), and a file whose database and WAL look unchanged since the last
 scan (modification time and size) is not read again. A file that is not a readable inbox
 (foreign, empty, locked, newer schema) becomes a summary with the reason, never an error.
 
-A database-backed source (many inboxes in one PostgreSQL database) implements the same two
-calls; nothing above this module needs to know which one it talks to.
+`DatabaseFleet` reads every inbox's change counter in one query and the summaries of the
+changed ones in a second (core/pg/summaries.py), on the one connection it keeps. Nothing
+above this module needs to know which source it talks to.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from urllib.parse import quote
 
 from . import schema, store
 from .clock import Clock
-from .errors import BadInput, NotAnInbox
+from .errors import BadInput, InboxError, NotAnInbox
 from .inbox import Inbox
 from .records import Approval, Lease
+from .settings import Settings
 
 HOUR = 3600
 SHOWN_APPROVALS = 100  # waiting approvals kept per summary, soonest first
@@ -177,9 +179,7 @@ def _summarise(db: sqlite3.Connection, path: str, key: str, name: str, now: int,
         (ACTION_CHARS, SHOWN_APPROVALS)))
     row = db.execute("SELECT claimed_at, finished_at, outcome FROM runs "
                      "ORDER BY id DESC LIMIT 1").fetchone()
-    activity = tuple((r[0], r[1], r[2] or 0) for r in db.execute(
-        "SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs "
-        "WHERE claimed_at > ? GROUP BY 1 ORDER BY 1", (now - HOUR,)))
+    activity = _activity_sqlite(db, now - HOUR)
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
     meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('paused', "
                            "'outbox_held')"))
@@ -192,6 +192,42 @@ def _summarise(db: sqlite3.Connection, path: str, key: str, name: str, now: int,
         next_send_at=store.next_send_at(db) if held else None,
         outbox_held=bool(meta.get("outbox_held")), paused=bool(meta.get("paused")),
         activity=activity, signature=signature)
+
+
+def _activity_sqlite(db: sqlite3.Connection, since: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple((r[0], r[1], r[2] or 0) for r in db.execute(
+        "SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs "
+        "WHERE claimed_at > ? GROUP BY 1 ORDER BY 1", (since,)))
+
+
+def _activity_pg(db: object, since: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple((int(r[0]), int(r[1]), int(r[2])) for r in db.execute(  # type: ignore[attr-defined]
+        "SELECT claimed_at / 60, count(*), count(*) FILTER (WHERE outcome IN ('error', "
+        "'lost')) FROM runs WHERE inbox_id = %s AND claimed_at > %s GROUP BY 1 ORDER BY 1",
+        (db.inbox, since)).fetchall())  # type: ignore[attr-defined]
+
+
+async def run_activity(inbox: Inbox, now: int) -> tuple[tuple[int, int, int], ...]:
+    """The runs of `inbox` in the hour before `now`, per minute: (minute, runs, failed runs),
+    the figures of `InboxSummary.activity`, for an inbox open in full (one indexed read)."""
+    from .pg import is_url
+
+    read = _activity_pg if is_url(inbox.path) else _activity_sqlite
+    return await inbox._db.read(read, now - HOUR)  # the engine's own read path
+
+
+def run_buckets(activity: tuple[tuple[int, int, int], ...], now: int,
+                buckets: int = 12) -> tuple[list[int], int]:
+    """Runs per 60/`buckets` minutes over the hour before `now` (oldest first), and how many
+    of them failed: what a sparkline of an inbox's last hour shows."""
+    runs, failed = [0] * buckets, 0
+    minute_now, width = now // 60, 60 // buckets
+    for minute, count, bad in activity:
+        age = minute_now - minute
+        if 0 <= age < 60:
+            runs[buckets - 1 - age // width] += count
+            failed += bad
+    return runs, failed
 
 
 class FolderFleet:
@@ -263,3 +299,105 @@ class FolderFleet:
         if os.sep in key or key in ("", ".", ".."):
             raise BadInput(f"{key!r} is not an inbox of this folder")
         return await Inbox.open(self.path(key), clock=clock, create=False)
+
+
+class DatabaseFleet:
+    """Every inbox of one PostgreSQL database (`onwatch tui postgresql://…`), by name.
+
+    One connection, kept (a thousand inboxes never mean a thousand connections). A scan
+    reads every inbox's change counter in one query and the full summary of only the ones
+    whose counter moved (or that are new, or forced) in a second; an inbox created meanwhile
+    shows up at the next scan. Drilling in opens the inbox with `Inbox.open(url, name=)`.
+    """
+
+    def __init__(self, url: str, *, label: str | None = None) -> None:
+        from .pg import is_url
+        from .pg.db import redact
+
+        if not is_url(url):
+            raise BadInput(f"{url!r} is not a postgresql:// URL")
+        self.url = url
+        self.shown_url = redact(url)
+        self.label = self.shown_url if label is None else label
+        self._conn: object | None = None
+
+    def _connect(self):  # noqa: ANN202 - psycopg's Connection, imported only here
+        import psycopg
+
+        from .pg import schema as pg_schema
+
+        if self._conn is None or self._conn.closed:  # type: ignore[attr-defined]
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+            try:
+                pg_schema.inspect(conn, self.shown_url)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    def check(self) -> None:
+        """Connect now: raise InboxError (NotAnInbox for a foreign or newer database) with a
+        one-line reason, so a wrong URL fails before the desk opens."""
+        import psycopg
+
+        try:
+            self._connect()
+        except psycopg.Error as exc:
+            raise InboxError(f"{self.shown_url}: {str(exc).strip()}") from None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()  # type: ignore[attr-defined]
+            self._conn = None
+
+    def scan(self, now: int, known: Mapping[str, InboxSummary],
+             force: frozenset[str] = frozenset()) -> FleetScan:
+        """Every inbox's summary; an inbox whose change counter kept its value is not read
+        again (unless in `force`). A lost connection keeps the known summaries (and is opened
+        again at the next scan)."""
+        import psycopg
+
+        from .pg import summaries as sql
+
+        try:
+            conn = self._connect()
+            listing = sql.changes(conn)
+            stale = [inbox_id for inbox_id, name, changes in listing
+                     if name in force or known.get(name) is None
+                     or known[name].signature != (changes,)]
+            rows = sql.summaries(conn, stale, now - HOUR, SHOWN_APPROVALS, ACTION_CHARS) \
+                if stale else []
+        except (psycopg.Error, InboxError, OSError):
+            self.close()
+            return FleetScan(dict(known), frozenset(), frozenset())
+        fresh = {row[1]: self._summary(row, now) for row in rows}
+        summaries = {name: fresh.get(name) or known[name] for _, name, _ in listing
+                     if name in fresh or name in known}
+        removed = frozenset(set(known) - set(summaries))
+        return FleetScan(summaries, frozenset(fresh), removed)
+
+    def _summary(self, row: tuple, now: int) -> InboxSummary:
+        (_, name, changes, holder, gen, until, released_gen, paused, outbox_held, settings,
+         last_paced_send, pending, running, dead, interrupted, waiting, approvals,
+         claimed_at, finished_at, outcome, activity, held, undelivered) = row
+        next_send_at = None
+        if undelivered:
+            gap = (Settings.from_json(settings) if settings else Settings()).outbox_gap
+            next_send_at = 0 if last_paced_send is None else last_paced_send + gap
+        return InboxSummary(
+            name, name, f"{self.shown_url} inbox {name}", now,
+            pending=int(pending), running=int(running), dead=int(dead),
+            interrupted=int(interrupted),
+            lease=None if holder is None else Lease(holder, gen, until),
+            lease_released=gen is not None and released_gen == gen,
+            waiting=int(waiting),
+            approvals=tuple(Approval(a[0], a[1], a[2], None, a[3]) for a in approvals),
+            last_run=None if claimed_at is None else LastRun(claimed_at, finished_at, outcome),
+            held=int(held), next_send_at=next_send_at, outbox_held=bool(outbox_held),
+            paused=bool(paused), activity=tuple((a[0], a[1], a[2]) for a in activity),
+            signature=(changes,))
+
+    async def open(self, key: str, *, clock: Clock | None = None) -> Inbox:
+        """Open the inbox named `key` in full (never creating one); NotAnInbox if it is gone."""
+        return await Inbox.open(self.url, name=key, clock=clock, create=False)

@@ -11,6 +11,7 @@ import sqlite3
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from . import pg, store
+from .actions import ACTIONS, Outcome
 from .clock import (
     MAX_COUNT, MAX_ID, Clock, SystemClock, check_duration, check_int, check_time, show,
 )
@@ -406,10 +407,6 @@ class Inbox:
     async def _write(self, fn: Callable, *args: Any) -> Any:
         return await self._db.write(fn, *args)
 
-    async def data_version(self) -> int:
-        """A number that changes when another connection commits (cheap change detection)."""
-        return await self._db.data_version()
-
     async def change_token(self) -> tuple[int, int]:
         """A value that differs whenever anything committed since it was last read: another
         connection (PRAGMA data_version) or this Inbox itself (the connection's change
@@ -515,7 +512,8 @@ class Inbox:
     # --- runs -----------------------------------------------------------------------------
 
     async def claim_batch(self, holder: str, gen: int, *, now: int | None = None) -> list[Event]:
-        """Claim the next run's events (see SPEC 1.3); [] unless this generation holds."""
+        """Claim the next run's events (docs/rules.md#claiming-a-run); [] unless this
+        generation holds."""
         return await self._write(self._sql.claim_batch, _text("holder", holder),
                                  _positive("gen", gen), self._now(now))
 
@@ -748,12 +746,12 @@ class Inbox:
     async def hold_outbox(self, *, now: int | None = None, actor: str = "operator",
                           reason: str | None = None) -> bool:
         """Stop paced sends until release_outbox; True if this changed anything."""
-        return await self._write(self._sql.set_flag, "outbox_held", True, "hold outbox",
+        return await self._write(self._sql.set_flag, "outbox_held", True, "hold",
                                  self._now(now), _actor(actor), _reason(reason))
 
     async def release_outbox(self, *, now: int | None = None, actor: str = "operator",
                              reason: str | None = None) -> bool:
-        return await self._write(self._sql.set_flag, "outbox_held", False, "release outbox",
+        return await self._write(self._sql.set_flag, "outbox_held", False, "release",
                                  self._now(now), _actor(actor), _reason(reason))
 
     async def settle_delivery(self, delivery_id: int, outcome: str, *,
@@ -803,14 +801,14 @@ class Inbox:
                       now: int | None = None, actor: str = "operator",
                       reason: str | None = None) -> bool:
         """interrupted → done: the operator confirms the uncertain effect happened."""
-        return await self._change(event_id, "mark done", ("interrupted",), expect, "done", now,
+        return await self._change(event_id, "resolve", ("interrupted",), expect, "done", now,
                                   actor, reason)
 
     async def bury(self, event_id: int, *, expect: str | None = None,
                    now: int | None = None, actor: str = "operator",
                    reason: str | None = None) -> bool:
         """interrupted or pending → dead, by hand."""
-        return await self._change(event_id, "send to dead", ("interrupted", "pending"), expect,
+        return await self._change(event_id, "bury", ("interrupted", "pending"), expect,
                                   "dead", now, actor, reason)
 
     async def _change(self, event_id: int, action: str, allowed: tuple[str, ...],
@@ -822,6 +820,55 @@ class Inbox:
             raise BadInput("expect must be an event state")
         return await self._write(self._sql.change_event, _event_id(event_id), action, allowed,
                                  expect, after, self._now(now), _actor(actor), _reason(reason))
+
+    async def act(self, name: str, target: int | str | None = None, *,
+                  expect: str | None = None, now: int | None = None, actor: str = "operator",
+                  reason: str | None = None) -> Outcome:
+        """Run the operator action `name` (a row of core.actions.ACTIONS) on `target` (an
+        event id, an approval request id, a delivery id, or None for an inbox switch) and
+        return what happened: applied or not, before → after, and why when refused. Read in
+        the action's own transaction, so a second operator acting meanwhile cannot blur it.
+        `expect` (events and deliveries) is the state the operator saw. BadInput for an
+        unknown action or a target of the wrong kind; nothing changes then."""
+        action = ACTIONS.get(name) if isinstance(name, str) else None
+        if action is None:
+            raise BadInput(f"action must be one of {tuple(ACTIONS)}, got {show(name)}")
+        when, who, why = self._now(now), _actor(actor), _reason(reason)
+        if action.target == "event":
+            if expect is not None and (not isinstance(expect, str) or expect not in EVENT_STATES):
+                raise BadInput(f"expect must be an event state, got {show(expect)}")
+            event_id = _event_id(target)
+            call: tuple = (self._sql.change_event, event_id, name, action.allowed, expect,
+                           action.after, when, who, why)
+            audited = f"event {event_id}"
+        elif action.target == "delivery":
+            expect = "uncertain" if expect is None else expect
+            if expect not in store.DELIVERY_STATES:
+                raise BadInput(f"expect must be a delivery state {store.DELIVERY_STATES}, got "
+                               f"{show(expect)}")
+            delivery_id = _positive("delivery id", target)
+            call = (self._sql.settle_delivery, delivery_id, action.after, expect, when, who, why)
+            audited = f"delivery {delivery_id}"
+        elif expect is not None:
+            raise BadInput(f"{name} takes no expect= (it acts on {action.target} state as it is)")
+        elif action.target == "approval":
+            request_id = _text("request_id", target)
+            call = ((self._sql.expire_approval, request_id, when, who, why)
+                    if action.after == "expired" else
+                    (self._sql.answer_approval, request_id, action.after, when, who, why))
+            audited = f"approval {request_id}"
+        else:
+            if target is not None:
+                raise BadInput(f"{name} acts on the whole inbox: no target, got {show(target)}")
+            flag = "paused" if name in ("pause", "resume") else "outbox_held"
+            call = (self._sql.set_flag, flag, action.after == "true", name, when, who, why)
+            audited = flag
+        result, entry = await self._write(_acted, self._sql.audit_entries, audited, *call)
+        applied = result == action.after if action.target == "approval" else bool(result)
+        if entry is None:  # every action audits itself; a backend that did not is a bug
+            raise AssertionError(f"{name} on {audited} left no audit entry")
+        return Outcome(name, audited, applied, entry.before, entry.after, entry.reason,
+                       result)
 
     async def pause(self, *, now: int | None = None, actor: str = "operator",
                     reason: str | None = None) -> bool:
@@ -897,3 +944,11 @@ class Inbox:
     async def overview(self, *, now: int | None = None) -> Overview:
         """Counts, lease, flags and budgets in one consistent read."""
         return await self._db.read(self._sql.overview, self._now(now))
+
+
+def _acted(db: Any, read_audit: Callable, target: str, fn: Callable, *args: Any) -> tuple:
+    """Run an operator action's transaction and read back the audit entry it wrote, in the
+    same transaction: (what the action returned, its AuditEntry)."""
+    result = fn(db, *args)
+    entries = read_audit(db, 1, target)
+    return result, entries[0] if entries else None

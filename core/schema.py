@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sqlite3
 
 from .errors import NotAnInbox
@@ -294,10 +293,3 @@ def _split(script: str) -> list[str]:
     if current.strip():
         statements.append(current.strip())
     return statements
-
-
-def file_size(path: str) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0

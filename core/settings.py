@@ -35,7 +35,7 @@ class Settings:
     max_delivery_attempts: int = 5
     # How long a dispatcher may take to report a send before another may retry it.
     send_timeout: int = 300
-    # Budgets (SPEC 1.9). Each names what happens to the excess.
+    # Budgets (docs/rules.md#budgets). Each names what happens to the excess.
     max_runs_per_day: int | None = None  # excess delayed: claims wait for the window
     max_pending: int | None = None  # excess refused: ingest raises BudgetExceeded
     max_followups_per_run: int | None = None  # excess refused: finish raises BadInput

@@ -1026,9 +1026,6 @@ def next_send_at(db: sqlite3.Connection) -> int | None:
 
 # --- operator actions -----------------------------------------------------------------------
 
-_REQUEUE_FROM = ("dead", "interrupted", "cancelled")
-
-
 def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Sequence[str],
                  expect: str | None, after: str, now: int, actor: str,
                  reason: str | None) -> bool:

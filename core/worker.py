@@ -4,8 +4,9 @@
 
 One process runs one `Worker`. It takes the inbox's lease and renews it (fenced) well inside
 the TTL; between runs it sleeps until the inbox's next wake-up or until another process
-commits (a new event, an answer), noticed by polling `PRAGMA data_version`, which costs one
-cheap read per poll. Each run is: scheduler pass, claim, agent call, ONE fenced finish, then a
+commits (a new event, an answer), noticed by a file notification (core/wake.py) and
+confirmed with `Inbox.change_token()`, one cheap call that reads no table; the token is also
+polled as the fallback. Each run is: scheduler pass, claim, agent call, ONE fenced finish, then a
 dispatch of the outbox. The agent never sees SQL: it gets the batch and a `RunContext`.
 
 What can go wrong and what the runtime does:
@@ -28,7 +29,6 @@ import inspect
 import logging
 import math
 import os
-import signal
 import socket
 import time
 import traceback as tb
@@ -37,6 +37,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 from .clock import Clock, SystemClock, check_time, show
 from .errors import BadInput, InboxBusy, InboxError
+from .humanize import duration
 from .inbox import Inbox, SendFn
 from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
 from .text import printable
@@ -201,6 +202,7 @@ class WorkerStats:
     refused: int = 0  # finish refused by the fence
     sent: int = 0  # messages dispatched
     busy: int = 0  # steps skipped because the database stayed locked
+    idle: int = 0  # times it found nothing to run and went to sleep
     generations: list[int] = field(default_factory=list)
 
 
@@ -550,7 +552,7 @@ class Worker:
             log.info("reply held: the outbox is held by an operator (onwatch release-outbox)")
         elif next_send > now:
             log.info("reply held: next paced send in %s (outbox_gap %s s; urgent replies "
-                     "skip the gap)", _span(next_send - now), self.inbox.settings.outbox_gap)
+                     "skip the gap)", duration(next_send - now), self.inbox.settings.outbox_gap)
 
     async def _send(self, text: str) -> None:
         """The channel, its failures logged: dispatch records them and returns 0, which
@@ -579,6 +581,7 @@ class Worker:
 
     async def _idle(self, claimed_at: int) -> None:
         """Sleep until the next wake-up, a lease renewal, or another process's commit."""
+        self.stats.idle += 1
         wake = await self._step(self.inbox.next_wake)
         if wake is not None and wake <= claimed_at:
             # Already due when the claim found nothing to run (paused, the runs-per-day
@@ -657,15 +660,6 @@ class Worker:
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
 
-def _span(seconds: int) -> str:
-    """48m, 2h05m, 30s: how long until a held reply may go."""
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m"
-    return f"{seconds}s"
-
-
 async def run_worker(path_or_inbox: str | os.PathLike | Inbox, agent: Agent, *,
                      holder: str | None = None, clock: Clock | None = None,
                      stop: asyncio.Event | None = None, send: SendFn | None = None,
@@ -698,61 +692,5 @@ async def run_worker(path_or_inbox: str | os.PathLike | Inbox, agent: Agent, *,
             await inbox.close()
 
 
-# --- outbox channels ------------------------------------------------------------------------
-# Each returns a `send` for Inbox.dispatch / Worker: it receives the joined text (an
-# `Outgoing` str with `.key`, the delivery's idempotency key, and `.count`) and raises if the
-# delivery failed, which leaves the messages held for the next dispatch.
-
-def stdout_channel(stream: Any = None) -> Callable[[str], None]:
-    """Print each send's text to stdout (or `stream`), flushed at once, with control and
-    invisible characters escaped: an agent's text must not drive the reader's terminal."""
-    def send(text: str) -> None:
-        import sys
-        out = stream or sys.stdout
-        out.write(printable(text, keep="\n\t") + "\n")
-        out.flush()
-    return send
-
-
-def file_channel(path: str | os.PathLike) -> Callable[[str], None]:
-    """Append one JSON line per send to `path`: {"at", "count", "key", "text"} (fsynced)."""
-    import json
-
-    def send(text: str) -> None:
-        line = json.dumps({"at": int(time.time()), "count": getattr(text, "count", 1),
-                           "key": getattr(text, "key", None), "text": str(text)},
-                          ensure_ascii=False, sort_keys=True)
-        with open(path, "a", encoding="utf-8") as handle:
-            handle.write(line + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-    return send
-
-
-def command_channel(command: str, *, timeout: float = 60.0) -> Callable[[str], Awaitable[None]]:
-    """Run `command` through the shell for each send: the text on its stdin, the delivery's
-    key in $ONWATCH_DELIVERY_KEY and the message count in $ONWATCH_MESSAGE_COUNT. A non-zero
-    exit (or a timeout) is a failed delivery."""
-    async def send(text: str) -> None:
-        env = dict(os.environ, ONWATCH_DELIVERY_KEY=str(getattr(text, "key", "")),
-                   ONWATCH_MESSAGE_COUNT=str(getattr(text, "count", 1)))
-        # Its own process group, so that a timeout can stop what the shell started too
-        # (a child left holding the stderr pipe would keep the wait below going).
-        process = await asyncio.create_subprocess_shell(
-            command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
-        try:
-            _, err = await asyncio.wait_for(process.communicate(str(text).encode("utf-8")),
-                                            timeout)
-        except BaseException as exc:  # timed out, or the dispatch was cancelled
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-            if isinstance(exc, asyncio.TimeoutError):
-                raise RuntimeError(f"command took longer than {timeout:g} s") from None
-            raise
-        if process.returncode != 0:
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-            raise RuntimeError(f"command exited with {process.returncode}"
-                               + (f": {tail[0][:200]}" if tail[0] else ""))
-    return send
+# The send channels moved to core/channels.py; importable from here as before.
+from .channels import command_channel, file_channel, stdout_channel  # noqa: E402,F401

@@ -24,8 +24,8 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Label
 
-from core import Approval, Clock, Event, Inbox, InboxError, Overview
-from core.fleet import FleetSource
+from core import ACTIONS, Approval, Clock, Delivery, Event, Inbox, InboxError, Overview
+from core.fleet import FleetSource, run_activity
 from core.wake import SLOW_POLL
 
 from . import operator
@@ -42,21 +42,9 @@ from .screens.help import HelpScreen, render_groups
 
 STYLESHEET = Path(__file__).with_name("app.tcss")
 
-QUESTIONS = {
-    "approve": ("Approve this request?", "Approve these {n} requests?",
-                "The agent resumes with the answer yes."),
-    "deny": ("Deny this request?", "Deny these {n} requests?",
-             "The agent resumes with the answer no."),
-    "expire": ("Expire this request now?", "Expire these {n} requests now?",
-               "The request ends as if nobody answered; the agent resumes with a refusal."),
-    "cancel": ("Cancel this pending event?", "Cancel these {n} pending events?",
-               "A cancelled event is never claimed; a running one cannot be cancelled."),
-    "mark_done": ("Mark this interrupted event done?", "Mark these {n} interrupted events done?",
-                  "Only if you checked that its effect happened: it will not run again."),
-    "requeue": ("Requeue this event?", "Requeue these {n} events?",
-                "It runs again with a fresh attempt budget: any effect it had (a refund, a "
-                "mail) may happen again."),
-}
+# The confirmation of each action comes from the core's one table of actions.
+QUESTIONS = {name: (action.question, action.question_many, action.note)
+             for name, action in ACTIONS.items()}
 # What an answer past its deadline does instead (the inbox refuses it, checked on write).
 LATE = ("The deadline has passed: this answer will be refused and the request ends as "
         "expired; the agent resumes with a refusal.")
@@ -122,6 +110,7 @@ class OnwatchApp(App[int]):
         # A folder (or database) of inboxes: the Fleet view opens over the panes, and the
         # inbox they show is the one chosen there (None until then).
         self.fleet = fleet
+        self.fleet_desk: Any = None  # tui.fleet.FleetDesk, made at mount when fleet is set
 
     # --- layout ---------------------------------------------------------------------------
 
@@ -147,11 +136,10 @@ class OnwatchApp(App[int]):
         self.active_pane.focus_table()
         self.set_interval(self.TICK_SECONDS, self.tick, name="clock")
         # The poll is the fallback; the notifier (core/wake.py) triggers it at once.
-        notified = self.inbox is None or self.inbox.wake.watching  # (the fleet: a file inbox)
-        self.set_interval(self.FALLBACK_POLL_SECONDS if notified else self.POLL_SECONDS,
-                          self._poll, name="follow")
-        # A plain task, not a worker: tests wait for the workers to complete.
-        self._follower = asyncio.create_task(self._follow())
+        watching = self.inbox is not None and self.inbox.wake.watching
+        self.set_interval(self.FALLBACK_POLL_SECONDS if watching
+                          else self.POLL_SECONDS, self._poll, name="follow")
+        self._start_following()
         self.run_worker(self.reload(), group="refresh", exit_on_error=False)
         if self.fleet is not None:
             self._start_fleet()
@@ -191,6 +179,7 @@ class OnwatchApp(App[int]):
                 # reads again; none is missed, and the app's own writes are followed too.
                 token = await self.inbox.change_token()
                 overview = await self.inbox.overview(now=now)
+                activity = await run_activity(self.inbox, now)  # the status strip's sparkline
                 await self.inbox.reload_settings()  # `onwatch config` may have run meanwhile
                 fetched = [(p, await p.fetch(self.inbox, p.window, overview)) for p in wanted]
             except InboxError as exc:
@@ -209,7 +198,7 @@ class OnwatchApp(App[int]):
                 for pane in self.panes:
                     if pane not in wanted:
                         pane.stale = True
-                self.query_one(StatusStrip).show(overview, now, now)
+                self.query_one(StatusStrip).show(overview, now, now, activity=activity)
                 self.query_one(PaneBar).show_counts(self._counts())
             self.refresh_bindings()
             self.loaded.set()
@@ -242,6 +231,15 @@ class OnwatchApp(App[int]):
     def on_unmount(self) -> None:
         if self._follower is not None:
             self._follower.cancel()
+
+    def _start_following(self) -> None:
+        """Follow the inbox shown now (a fleet desk switches it; none before one is chosen)."""
+        if self._follower is not None:
+            self._follower.cancel()
+            self._follower = None
+        if self.inbox is not None:
+            # A plain task, not a worker: tests wait for the workers to complete.
+            self._follower = asyncio.create_task(self._follow())
 
     async def _follow(self) -> None:
         """Poll as soon as the file may have changed: another process's commit (the OS's
@@ -282,8 +280,13 @@ class OnwatchApp(App[int]):
         self.now = now
         try:
             self.check_file()
-            self.query_one(StatusStrip).tick(now)
-            self.active_pane.tick(now)
+            # Under the fleet's opaque screens the panes are hidden: moving their countdowns
+            # would only redraw the screen on top (they are ticked again when uncovered).
+            if not getattr(self.screen, "covers_panes", False):
+                self.query_one(StatusStrip).tick(now)
+                self.active_pane.tick(now)
+            if self.fleet_desk is not None:
+                self.fleet_desk.tick(now)
         except NoMatches:  # starting up or shutting down: nothing on screen to move
             return
         if isinstance(self.screen, ConfirmScreen):
@@ -292,7 +295,7 @@ class OnwatchApp(App[int]):
     def check_file(self) -> str | None:
         """Is the path still the file we opened? If not: a standing alarm, every action
         refused, `R` offered. Two stat calls; run by the clock, whatever follows the file."""
-        why = None if self.inbox is None else self.inbox.file_replaced()
+        why = self.inbox.file_replaced() if self.inbox is not None else None
         if why != self.file_problem:
             self.file_problem = why
             self.query_one(StatusStrip).raise_alarm(why)
@@ -321,6 +324,7 @@ class OnwatchApp(App[int]):
                 pane.clear_marks()
                 pane.window.after = None
                 pane.window.previous.clear()
+        self._start_following()  # the old connection's notifier went with it
         self.check_file()
         self.active_pane.show_outcome(f"reopened {self.inbox.path}: this is the file at "
                                       f"that path now", True)
@@ -432,6 +436,10 @@ class OnwatchApp(App[int]):
                     text.append("\n")
                     text.append_text(safe_text(target.error, limit=200, style="italic"))
                 subjects.append(Subject(text))
+            elif isinstance(target, Delivery):
+                subjects.append(Subject(join(f"send #{target.id}  ", safe_text(
+                    target.key, limit=120), f"  ({target.status}, {target.message_count} message"
+                    f"{'s' if target.message_count != 1 else ''})")))
         return ConfirmScreen(question, subjects, now, note)
 
     def _refuse_lost_file(self, pane: Pane) -> bool:
@@ -469,6 +477,9 @@ class OnwatchApp(App[int]):
                 if action in operator.APPROVAL_ACTIONS:
                     outcomes.append(await operator.approval_action(
                         self.inbox, action, target, now=now, actor=self.ACTOR))
+                elif isinstance(target, Delivery):
+                    outcomes.append(await operator.delivery_action(
+                        self.inbox, action, target.id, now=now, actor=self.ACTOR))
                 else:
                     outcomes.append(await operator.event_action(
                         self.inbox, action, target, now=now, actor=self.ACTOR))
@@ -557,6 +568,7 @@ class OnwatchApp(App[int]):
                 pane.stale = True
         if old is not None:
             await old.close()
+        self._start_following()
         await self.reload()
 
     # --- help and the command palette -----------------------------------------------------
@@ -627,7 +639,7 @@ class OnwatchApp(App[int]):
                                 partial(self.call_later, active.node.run_action, binding.action))
 
 
-def run(path: str, *, read_only: bool = False) -> int:
+def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
     """Open the inbox at `path` and run the supervisor until the operator quits.
 
     Returns the exit code: 0 after a normal quit; 2, with one line on stderr and no
@@ -635,7 +647,7 @@ def run(path: str, *, read_only: bool = False) -> int:
     """
     async def main() -> int:
         try:
-            inbox = await Inbox.open(path, create=False)
+            inbox = await Inbox.open(path, name=name, create=False)
         except InboxError as exc:  # NotAnInbox, InboxBusy, or another clear refusal
             print(f"onwatch: {exc}", file=sys.stderr)
             return 2

@@ -1,9 +1,10 @@
 """Operator actions: run one core action per target and word the outcome that stands.
 
 Every action is conditional on what the operator saw (`expect=` the status on screen), so a
-row the worker changed meanwhile is reported, never overwritten. The core returns a bool or
-the standing answer and writes an audit row saying why; this module reads the row (or the
-audit entry) again to put that in words a person can act on.
+row the worker changed meanwhile is reported, never overwritten. Each runs through
+`Inbox.act`, which returns what happened in the action's own transaction (applied, before →
+after, why refused); this module puts that in words a person can act on, without reading
+the audit log again (a second operator acting meanwhile would blur that).
 
 Outcome texts are plain strings that may contain inbox text (ids, action texts, errors):
 display them through tui.safe only.
@@ -19,12 +20,15 @@ from core import Approval, Event, Inbox, InboxError
 
 from .panes.timefmt import clock
 
+# the desk's action name → the core's one name for it (core.actions.ACTIONS)
+CORE_NAME = {"hold_outbox": "hold", "release_outbox": "release"}
 # action name → verb for the outcome line over several rows
-EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "mark_done": "marked done"}
+EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "resolve": "resolved"}
 # action name → the answer it stores
 APPROVAL_ACTIONS = {"approve": "yes", "deny": "no", "expire": "expired"}
 # the actions that ask for confirmation first
-CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "mark_done", "send_now",
+CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "resolve", "send_now",
+                       "mark_sent", "send_again",
                        "requeue"})
 
 # What a change of state means, seen from the operator's chair.
@@ -56,26 +60,23 @@ def changed_meanwhile(seen: str, now: str | None) -> str:
 async def event_action(inbox: Inbox, action: str, event: Event, *, now: int,
                        actor: str) -> Outcome:
     """Requeue, cancel or mark done one event, expecting the status the operator saw."""
-    call = {"requeue": inbox.requeue, "cancel": inbox.cancel, "mark_done": inbox.resolve}[action]
     label = f"#{event.id}"
     try:
-        applied = await call(event.id, expect=event.status, now=now, actor=actor)
+        outcome = await inbox.act(CORE_NAME.get(action, action), event.id,
+                                  expect=event.status, now=now, actor=actor)
     except InboxError as exc:
         return Outcome(False, f"{label}: not done: {exc}")
-    if applied:
+    if outcome:
         return Outcome(True, {
             "requeue": f"requeued {label}: pending again with a fresh attempt budget",
             "cancel": f"cancelled {label}: it will never run",
-            "mark_done": f"marked {label} done: its effect is taken as having happened",
+            "resolve": f"resolved {label} as done: its effect is taken as having happened",
         }[action])
-    current = await inbox.get_event(event.id)
-    if current is None or current.status != event.status:
-        return Outcome(False, f"{label}: {changed_meanwhile(event.status, current and current.status)}")
-    if action == "cancel" and current.status == "running":
+    if outcome.before != event.status:  # the state found by the action itself
+        return Outcome(False, f"{label}: {changed_meanwhile(event.status, outcome.before)}")
+    if action == "cancel" and outcome.before == "running":
         return Outcome(False, f"{label}: cannot cancel a running event; it must finish or fail")
-    entries = await inbox.audit(target=f"event {event.id}", limit=1)
-    why = entries[0].reason if entries and entries[0].reason else \
-        f"cannot {action.replace('_', ' ')} a {current.status} event"
+    why = outcome.reason or f"cannot {action.replace('_', ' ')} a {outcome.before} event"
     return Outcome(False, f"{label}: {why}")
 
 
@@ -85,14 +86,10 @@ async def approval_action(inbox: Inbox, action: str, approval: Approval, *, now:
     rid = approval.request_id
     wanted = APPROVAL_ACTIONS[action]
     try:
-        if action == "expire":
-            standing = await inbox.expire_approval(rid, now=now, actor=actor)
-        else:
-            standing = await inbox.answer_approval(rid, wanted, now=now, actor=actor)
+        outcome = await inbox.act(action, rid, now=now, actor=actor)
     except InboxError as exc:
         return Outcome(False, f"{rid}: not done: {exc}")
-    entries = await inbox.audit(target=f"approval {rid}", limit=1)
-    applied = bool(entries) and entries[0].applied and entries[0].actor == actor
+    standing, applied = outcome.result, outcome.applied
     if standing == "unknown":
         return Outcome(False, f"{rid}: no such request")
     if applied:
@@ -112,10 +109,8 @@ async def approval_action(inbox: Inbox, action: str, approval: Approval, *, now:
 
 async def flag_action(inbox: Inbox, action: str, *, now: int, actor: str) -> Outcome:
     """Pause/resume execution or hold/release the outbox."""
-    call = {"pause": inbox.pause, "resume": inbox.resume, "hold_outbox": inbox.hold_outbox,
-            "release_outbox": inbox.release_outbox}[action]
     try:
-        changed = await call(now=now, actor=actor)
+        changed = (await inbox.act(CORE_NAME.get(action, action), now=now, actor=actor)).applied
     except InboxError as exc:
         return Outcome(False, f"not done: {exc}")
     done = {
@@ -175,23 +170,16 @@ def summarize(action: str, outcomes: Sequence[Outcome]) -> Outcome:
     return Outcome(applied == len(outcomes), f"{head}; {tail}")
 
 
-# action name → the outcome it records for an uncertain delivery
-DELIVERY_ACTIONS = {"mark_sent": "sent", "send_again": "send again"}
-
-
 async def delivery_action(inbox: Inbox, action: str, delivery_id: int, *, now: int,
                           actor: str) -> Outcome:
     """Settle one uncertain delivery (an at-most-once send cut off mid-send): mark it sent,
     or put its messages back for a new send. Applied only while it is still uncertain."""
     label = f"send #{delivery_id}"
     try:
-        applied = await inbox.settle_delivery(delivery_id, DELIVERY_ACTIONS[action],
-                                              expect="uncertain", now=now, actor=actor)
+        outcome = await inbox.act(action, delivery_id, expect="uncertain", now=now, actor=actor)
     except InboxError as exc:
         return Outcome(False, f"{label}: not done: {exc}")
-    if applied:
+    if outcome:
         return Outcome(True, f"{label} marked sent" if action == "mark_sent" else
                        f"{label}: its messages are held again for a new send")
-    entries = await inbox.audit(target=f"delivery {delivery_id}", limit=1)
-    why = entries[0].reason if entries and entries[0].reason else "it is no longer uncertain"
-    return Outcome(False, f"{label}: {why}")
+    return Outcome(False, f"{label}: {outcome.reason or 'it is no longer uncertain'}")

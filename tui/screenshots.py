@@ -22,7 +22,6 @@ from typing import Awaitable, Callable
 from core import RESERVED_SOURCES, ApprovalRequest, FakeClock, FollowUp, Inbox, Reply, store
 
 T0 = 1_700_000_000  # 2023-11-14 22:13:20 UTC; screenshots and snapshots render in UTC
-SIZES = ((120, 40), (80, 24))
 
 
 def use_utc() -> None:

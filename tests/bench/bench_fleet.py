@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Benchmark of the fleet desk over a folder of 1,000 inbox files.
 
-    python3 tests/bench/bench_fleet.py            1,000 inboxes
-    python3 tests/bench/bench_fleet.py --quick    50 inboxes: a smoke run, figures meaningless
+    python3 tests/bench/bench_fleet.py                 1,000 inbox files in a folder
+    python3 tests/bench/bench_fleet.py --url URL       1,000 inboxes in one PostgreSQL
+                                                       database (URL: an onwatch database
+                                                       with no inboxes yet, or `test` for a
+                                                       throwaway server of tests/pg/server.py)
+    python3 tests/bench/bench_fleet.py --quick         50 inboxes: a smoke run, figures meaningless
 
 The inboxes are made through `Inbox.open` (four kinds: idle, busy with runs in the last hour,
 one with a waiting approval, one with a dead event), copied to fill the folder, and dated a
@@ -16,6 +20,10 @@ minute back as a settled fleet is. The desk then runs headless (Textual's test d
 * idle CPU: the desk's process CPU time (every thread) over 10 s with nothing changing;
 * resident memory (VmRSS) after the first paint and at the end;
 * open SQLite files: how many inbox files the process holds open while idle.
+
+With --url the same inboxes are made in one database (each through `Inbox.open(url, name=)`)
+and the desk reads them through `DatabaseFleet`: one query for the change counters each second,
+one for the summaries of the inboxes that changed.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from core import ApprovalRequest, Inbox  # noqa: E402
-from core.fleet import FolderFleet  # noqa: E402
+from core.fleet import DatabaseFleet, FolderFleet  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -97,14 +105,47 @@ def build(folder: str, count: int, templates: list[str]) -> list[str]:
     return names
 
 
-async def measure(folder: str, names: list[str], changes: int) -> dict[str, float]:
+async def fill_database(url: str, count: int) -> list[str]:
+    """The four kinds of inbox of make_templates, made in one database, 20 at a time."""
+    now = int(time.time())
+    kinds = ["idle"] * 7 + ["busy"] * 2 + ["approval", "dead"]
+
+    async def make(name: str, kind: str) -> None:
+        async with await Inbox.open(url, name=name) as inbox:
+            await inbox.configure(backoff_base=1, max_attempts=1 if kind == "dead" else 3)
+            runs = 20 if kind == "busy" else 2
+            for i in range(runs):
+                at = now - 3500 + i * 170
+                await inbox.ingest("chat", f"m{i}", {"text": f"message {i}"}, now=at)
+                gen = await inbox.acquire("worker", now=at)
+                batch = await inbox.claim_batch("worker", gen, now=at)
+                approvals = [ApprovalRequest("refund-1", 86_400, "Refund $40")] \
+                    if kind == "approval" and i == runs - 1 else []
+                error = "boom" if kind == "dead" or i % 7 == 3 else None
+                await inbox.finish("worker", gen, [e.id for e in batch], now=at + 1,
+                                   messages=[] if error else [f"reply {i}"], error=error,
+                                   approvals=[] if error else approvals)
+            if kind == "dead":
+                gen = await inbox.acquire("worker", now=now)
+                await inbox.claim_batch("worker", gen, now=now)
+
+    names = [f"agent-{i:04}" for i in range(count)]
+    for start in range(0, count, 20):
+        await asyncio.gather(*(make(name, kinds[i % len(kinds)]) for i, name in
+                               enumerate(names[start:start + 20], start)))
+    return names
+
+
+async def measure(folder: str, names: list[str], changes: int,
+                  url: str | None = None) -> dict[str, float]:
     from tui.app import OnwatchApp
     from tui.fleet import FleetScreen
     from core import SystemClock
 
     figures: dict[str, float] = {}
     start = time.perf_counter()
-    app = OnwatchApp(None, clock=SystemClock(), fleet=FolderFleet(folder))
+    source = DatabaseFleet(url) if url else FolderFleet(folder)
+    app = OnwatchApp(None, clock=SystemClock(), fleet=source)
     async with app.run_test(size=(120, 40)) as pilot:
         while not (getattr(app, "fleet_desk", None) and app.fleet_desk.loaded
                    and isinstance(app.screen, FleetScreen) and app.screen.painted):
@@ -133,7 +174,8 @@ async def measure(folder: str, names: list[str], changes: int) -> dict[str, floa
             name = names[(i * 97 + 13) % len(names)]
             request = f"bench-{i}"
             committed = time.perf_counter()
-            async with await Inbox.open(os.path.join(folder, name), create=False) as inbox:
+            async with await (Inbox.open(url, name=name, create=False) if url else
+                              Inbox.open(os.path.join(folder, name), create=False)) as inbox:
                 await inbox.request_approval(request, 3600 + i, f"bench change {i}")
             noticed.clear()
             painted.clear()
@@ -156,19 +198,41 @@ async def measure(folder: str, names: list[str], changes: int) -> dict[str, floa
         cpu, wall = time.process_time(), time.perf_counter()
         await asyncio.sleep(10)
         figures["idle CPU (%)"] = (time.process_time() - cpu) / (time.perf_counter() - wall) * 100
-        figures["inbox files held open while idle"] = open_inbox_files(folder)
+        if not url:
+            figures["inbox files held open while idle"] = open_inbox_files(folder)
         figures["RSS at the end (MB)"] = rss_mb()
+    if url:
+        source.close()
     return figures
 
 
 def main(argv: list[str]) -> int:
     quick = "--quick" in argv
     count = 50 if quick else 1000
-    with tempfile.TemporaryDirectory(prefix="onwatch-fleet-") as folder:
-        templates = asyncio.run(make_templates(folder))
-        names = build(folder, count, templates)
-        figures = asyncio.run(measure(folder, names, 3 if quick else 9))
-    print(f"fleet desk over {count:,} inbox files, 120×40, headless")
+    url = argv[argv.index("--url") + 1] if "--url" in argv[:-1] else None
+    if url == "test":
+        from tests.pg.server import cluster
+        url = cluster().new_database()
+    if url:
+        import psycopg
+        with psycopg.connect(url) as conn:
+            if conn.execute("SELECT to_regclass('inboxes') IS NOT NULL AND EXISTS "
+                            "(SELECT 1 FROM inboxes)").fetchone()[0]:
+                print("bench_fleet: --url must name a database with no inboxes yet",
+                      file=sys.stderr)
+                return 2
+        started = time.perf_counter()
+        names = asyncio.run(fill_database(url, count))
+        print(f"made {count:,} inboxes in {time.perf_counter() - started:.0f} s")
+        figures = asyncio.run(measure("", names, 3 if quick else 9, url))
+        what = f"{count:,} inboxes in one PostgreSQL database"
+    else:
+        with tempfile.TemporaryDirectory(prefix="onwatch-fleet-") as folder:
+            templates = asyncio.run(make_templates(folder))
+            names = build(folder, count, templates)
+            figures = asyncio.run(measure(folder, names, 3 if quick else 9))
+        what = f"{count:,} inbox files"
+    print(f"fleet desk over {what}, 120×40, headless")
     for label, value in figures.items():
         print(f"  {label:<48} {value:,.1f}" if isinstance(value, float) else
               f"  {label:<48} {value}")

@@ -90,7 +90,7 @@ def measure(url: str, processes: int, total: int,
     pg0 = _postgres_cpu(data)
     started = time.perf_counter()
     fleet = [subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "worker", url, "--all-inboxes", "--concurrency",
+        [sys.executable, "-m", "cli", "worker", url, "--all-inboxes", "--concurrency",
          str(CONCURRENCY), "--agent", "tests.pg.actors:io_bound", "--holder", f"p{n}",
          "--poll", "1", "--no-dispatch", "--log-level", "warning"], cwd=ROOT, env=env,
         stdout=subprocess.DEVNULL) for n in range(processes)]

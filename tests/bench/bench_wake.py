@@ -61,7 +61,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _onwatch(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, env=_env(**env),
+    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, env=_env(**env),
                           capture_output=True, text=True, timeout=60, check=True)
 
 
@@ -69,7 +69,7 @@ def _start_worker(path: str, calls: str, notify: bool, log: str) -> subprocess.P
     env = _env(ONWATCH_BENCH_CALLS=calls, **({} if notify else {"ONWATCH_NO_NOTIFY": "1"}))
     with open(log, "ab") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "worker", path, "--agent",
+            [sys.executable, "-m", "cli", "worker", path, "--agent",
              "tests.bench.bench_wake:record", "--no-dispatch", "--log-level", "warning"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
 

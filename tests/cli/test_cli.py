@@ -10,7 +10,7 @@ import types
 import pytest
 
 from tests.worker.helpers import ROOT
-from tui import cli
+import cli
 
 
 def run(capsys, *args, stdin: str | None = None, monkeypatch=None):
@@ -55,7 +55,7 @@ def test_usage_errors_are_one_line_and_exit_2(capsys, path):
 
 def test_out_of_range_numbers_and_an_empty_path_are_usage_errors(capsys, path):
     huge = str(2**64)  # past SQLite's INTEGER: used to end as an 'internal error'
-    agent = ("--agent", "core.example_agent:handle")
+    agent = ("--agent", "examples.refund_agent:handle")
     for args in (("show", path, huge), ("requeue", path, huge), ("events", path, "--after", huge),
                  ("approvals", path, "--limit", huge), ("status", path, "--busy-timeout", "nan"),
                  ("status", path, "--busy-timeout", "inf"), ("ingest", path, "c", "1",
@@ -153,7 +153,7 @@ def test_budget_max_pending_refusal_exits_1(capsys, path):
 def test_event_actions_say_whether_they_applied(capsys, path):
     run(capsys, "ingest", path, "chat", "m1", "{}")
     code, out, err = run(capsys, "cancel", path, "1", "--actor", "ana", "--reason", "spam")
-    assert (code, out) == (0, "cancel: event 1 is now cancelled\n")
+    assert (code, out) == (0, "cancel: event 1 was pending, is now cancelled\n")
     code, out, err = run(capsys, "cancel", path, "1")
     assert code == 1 and out == "" and one_line_error(err) and "cancelled" in err
     code, out, _ = run(capsys, "requeue", path, "1", "--expect", "dead", "--json")
@@ -161,8 +161,8 @@ def test_event_actions_say_whether_they_applied(capsys, path):
     assert "changed meanwhile" in json.loads(out)["reason"]
     code, out, _ = run(capsys, "requeue", path, "1", "--json")
     assert code == 0 and json.loads(out) == {"action": "requeue", "applied": True,
-                                             "event_id": 1, "reason": None,
-                                             "status": "pending"}
+                                             "before": "cancelled", "event_id": 1,
+                                             "reason": None, "status": "pending"}
     assert run(capsys, "bury", path, "1")[0] == 0
     assert run(capsys, "resolve", path, "1")[0] == 1
     code, _, err = run(capsys, "cancel", path, "99")
@@ -257,13 +257,13 @@ def test_show_and_events_list_what_an_operator_needs(capsys, path):
 
 
 def test_missing_ui_modules_are_reported_not_crashed(capsys, path, monkeypatch):
-    real = cli.importlib.import_module
+    real = cli.running.importlib.import_module
 
     def missing(name, *args):
         if name in ("tui.app", "tui.demo", "core.webhooks"):
             raise ModuleNotFoundError(f"No module named {name!r}")
         return real(name, *args)
-    monkeypatch.setattr(cli.importlib, "import_module", missing)
+    monkeypatch.setattr(cli.running.importlib, "import_module", missing)
     for args in (("tui", path), ("demo",), ("serve", path)):
         code, _, err = run(capsys, *args)
         assert code == 2 and one_line_error(err) and "not available in this build" in err
@@ -272,7 +272,7 @@ def test_missing_ui_modules_are_reported_not_crashed(capsys, path, monkeypatch):
 def test_serve_hands_its_arguments_to_the_webhook_receiver(capsys, path, monkeypatch):
     seen = {}
     fake = types.SimpleNamespace(main=lambda args: seen.update(vars(args)) or 0)
-    monkeypatch.setattr(cli, "_lazy", lambda module, what: fake)
+    monkeypatch.setattr(cli.running, "lazy", lambda module, what: fake)
     code, _, _ = run(capsys, "serve", path, "--port", "9000", "--max-body", "1000",
                      "--config", "hooks.toml")
     assert code == 0
@@ -283,14 +283,14 @@ def test_serve_hands_its_arguments_to_the_webhook_receiver(capsys, path, monkeyp
 def test_tui_and_demo_are_called_lazily(capsys, path, monkeypatch):
     calls = []
     fake = types.SimpleNamespace(run=lambda *a, **k: calls.append((a, k)) or 0)
-    monkeypatch.setattr(cli, "_lazy", lambda module, what: fake)
+    monkeypatch.setattr(cli.running, "lazy", lambda module, what: fake)
     assert run(capsys, "tui", path, "--read-only")[0] == 0
     assert run(capsys, "demo", "--live")[0] == 0
     assert calls == [((path,), {"read_only": True}), ((), {"live": True})]
 
 
 def test_status_never_imports_textual(path):
-    code = ("import sys; from tui import cli; rc = cli.main(['status', sys.argv[1]]); "
+    code = ("import sys; import cli; rc = cli.main(['status', sys.argv[1]]); "
             "bad = [m for m in ('textual', 'rich') if m in sys.modules]; "
             "sys.exit(10 if bad else rc)")
     result = subprocess.run([sys.executable, "-c", code, path], cwd=ROOT, capture_output=True,
@@ -299,7 +299,7 @@ def test_status_never_imports_textual(path):
 
 
 def test_the_console_script_runs(path):
-    result = subprocess.run([sys.executable, "-m", "tui.cli", "status", path, "--json"],
+    result = subprocess.run([sys.executable, "-m", "cli", "status", path, "--json"],
                             cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0 and json.loads(result.stdout)["path"] == path
 
@@ -307,7 +307,7 @@ def test_the_console_script_runs(path):
 def test_worker_agent_errors_are_one_line(capsys, path, tmp_path):
     for spec, words in (("nocolon", "module:function"), ("no_such_module_xyz:handle",
                                                          "cannot import"),
-                        ("core.example_agent:nope", "no function"),
+                        ("examples.refund_agent:nope", "no function"),
                         (f"{tmp_path}/missing.py:handle", "no file")):
         code, _, err = run(capsys, "worker", path, "--agent", spec)
         assert code == 2 and one_line_error(err) and words in err, (spec, err)
@@ -317,9 +317,9 @@ def test_worker_runs_an_agent_from_a_file_and_stops_after_max_runs(path, tmp_pat
     agent = tmp_path / "my_agent.py"
     agent.write_text("async def handle(batch, ctx):\n"
                      "    ctx.reply('seen ' + ', '.join(e.source_id for e in batch))\n")
-    subprocess.run([sys.executable, "-m", "tui.cli", "ingest", path, "chat", "a1"], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "cli", "ingest", path, "chat", "a1"], cwd=ROOT,
                    check=True, capture_output=True)
-    result = subprocess.run([sys.executable, "-m", "tui.cli", "worker", path, "--agent",
+    result = subprocess.run([sys.executable, "-m", "cli", "worker", path, "--agent",
                              f"{agent}:handle", "--max-runs", "1", "--holder", "file-agent"],
                             cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
@@ -339,8 +339,8 @@ def test_an_agent_file_is_loaded_once_as_a_real_module(tmp_path):
                      "    STATE['ready'] = True\n"
                      "async def handle(batch, ctx):\n"
                      "    ctx.reply(Note(str(STATE)).text)\n")
-    setup = cli._load_callable(f"{agent}:setup", "--setup")  # a dataclass under
-    handle = cli._load_callable(f"{agent}:handle", "--agent")  # string annotations loads
+    setup = cli.running.load_callable(f"{agent}:setup", "--setup")  # a dataclass under
+    handle = cli.running.load_callable(f"{agent}:handle", "--agent")  # string annotations loads
     try:
         setup(None)
         assert handle.__globals__ is setup.__globals__  # the setup's state reaches the agent
@@ -353,7 +353,7 @@ def test_a_failing_setup_is_reported_as_the_setups_failure(path, tmp_path):
     agent = tmp_path / "agent.py"
     agent.write_text("def setup(inbox):\n    raise KeyError('timers')\n"
                      "async def handle(batch, ctx):\n    pass\n")
-    result = subprocess.run([sys.executable, "-m", "tui.cli", "worker", path, "--agent",
+    result = subprocess.run([sys.executable, "-m", "cli", "worker", path, "--agent",
                              f"{agent}:handle", "--setup", f"{agent}:setup"],
                             cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert result.returncode == 2 and one_line_error(result.stderr), result.stderr

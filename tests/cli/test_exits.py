@@ -39,7 +39,7 @@ EXIT_WITHIN = 20.0  # seconds; a hang is what these tests catch
 def onwatch(tmp_path, *args: str) -> subprocess.Popen:
     err = open(tmp_path / "stderr.txt", "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "tui.cli", *args], cwd=ROOT,
+        return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=ROOT,
                                 env=env(tmp_path), stdout=subprocess.DEVNULL, stderr=err)
     finally:
         err.close()

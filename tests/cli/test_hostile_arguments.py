@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from core import Inbox, Settings
-from tui import cli
+import cli
 
 # Values an adversarial caller (or a script with a bug) passes. The surrogates are what Python
 # makes of undecodable bytes in argv (os.fsdecode / surrogateescape); "\ud800" cannot come from
@@ -71,7 +71,7 @@ def baseline(sub: argparse.ArgumentParser, path: str) -> dict[str, list[str]]:
 
 
 def _good_option(action: argparse.Action) -> str:
-    return {"agent": "core.example_agent:handle"}.get(action.dest, "1")
+    return {"agent": "examples.refund_agent:handle"}.get(action.dest, "1")
 
 
 def argument_vectors(name: str, sub: argparse.ArgumentParser, path: str):
@@ -158,7 +158,7 @@ def test_every_subcommand_is_total_on_hostile_arguments(tmp_path, monkeypatch, c
     assert cli.main(["init", path]) == 0
     assert cli.main(["ingest", path, "chat", "m0", "{}"]) == 0
     capsys.readouterr()
-    commands = subcommands(cli.build_parser())
+    commands = subcommands(cli.parser.build_parser())
     assert {"init", "ingest", "config", "worker", "serve", "dispatch"} <= set(commands)
     failures = []
     runs = 0
@@ -247,7 +247,7 @@ def test_no_command_leaves_a_file_behind_when_refused(tmp_path, monkeypatch, cap
     foreign = tmp_path / "notes.txt"
     foreign.write_text("not an inbox\n")
     checked = []
-    for name, sub in sorted(subcommands(cli.build_parser()).items()):
+    for name, sub in sorted(subcommands(cli.parser.build_parser()).items()):
         dests = {a.dest for a in sub._actions}
         if "path" not in dests or name == "init":
             continue
@@ -309,7 +309,7 @@ def test_undecodable_bytes_in_a_real_argv_are_exit_2(tmp_path):
                  [b"ingest", path.encode(), b"chat", b"m1", b'{"a": "\xfe"}'],
                  [b"init", str(tmp_path).encode() + b"/new\xff.db"],
                  [b"approve", path.encode(), b"r\xff"]):
-        result = subprocess.run([sys.executable, "-m", "tui.cli", *argv], cwd=ROOT,
+        result = subprocess.run([sys.executable, "-m", "cli", *argv], cwd=ROOT,
                                 env=env(tmp_path), capture_output=True, timeout=60)
         err = result.stderr.decode("utf-8", "replace")
         assert result.returncode == 2, (argv, err)
@@ -321,7 +321,7 @@ def test_an_in_process_worker_puts_signal_handling_back(tmp_path, capsys, quick_
     path = str(tmp_path / "inbox.db")
     assert cli.main(["init", path]) == 0
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
-    assert cli.main(["worker", path, "--agent", "core.example_agent:handle"]) == 0
+    assert cli.main(["worker", path, "--agent", "examples.refund_agent:handle"]) == 0
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
 
 
@@ -334,13 +334,13 @@ def test_a_payload_on_stdin_that_is_not_utf8_is_exit_2(tmp_path):
     assert cli.main(["init", path]) == 0
     before = snapshot(tmp_path)
     for variables in ({}, {"LC_ALL": "C", "PYTHONUTF8": "0"}):
-        result = subprocess.run([sys.executable, "-m", "tui.cli", "ingest", path, "chat", "s1",
+        result = subprocess.run([sys.executable, "-m", "cli", "ingest", path, "chat", "s1",
                                  "-"], input=b'{"a": "\xff"}', cwd=ROOT, capture_output=True,
                                 env=env(tmp_path, **variables), timeout=60)
         err = result.stderr.decode("utf-8", "replace")
         assert result.returncode == 2 and err.count("\n") == 1 and "not UTF-8" in err, err
         assert snapshot(tmp_path) == before
-    result = subprocess.run([sys.executable, "-m", "tui.cli", "ingest", path, "chat", "s2", "-"],
+    result = subprocess.run([sys.executable, "-m", "cli", "ingest", path, "chat", "s2", "-"],
                             input='{"a": "é"}'.encode(), cwd=ROOT, capture_output=True,
                             env=env(tmp_path), timeout=60)
     assert result.returncode == 0 and result.stdout == b"stored\n"

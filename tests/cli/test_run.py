@@ -36,7 +36,7 @@ def start_run(path: str, tmp_path, *extra: str) -> subprocess.Popen:
     err = open(tmp_path / "run.err", "ab")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "run", path, "--agent", "tests.worker.agents:echo",
+            [sys.executable, "-m", "cli", "run", path, "--agent", "tests.worker.agents:echo",
              "--port", "0", "--poll", "30", "--file", str(tmp_path / "sent.jsonl"), *extra],
             cwd=ROOT, env=env(tmp_path, ONWATCH_HOOK_SECRET_CI=HOOK_SECRET, ONWATCH_ECHO_PAUSE="0"),
             stdout=subprocess.DEVNULL, stderr=err)
@@ -52,7 +52,9 @@ def test_run_receives_a_signed_webhook_calls_the_agent_replies_and_stops_on_sigt
         url = wait_for(lambda: re.search(r"listening on (http://\S+)",
                                          (tmp_path / "run.err").read_text()),
                        timeout=20, what="the server").group(1)
-        assert scalar(path, "SELECT holder FROM lease")  # the worker holds the lease
+        # the worker takes the lease right after the server logs that it listens
+        wait_for(lambda: scalar(path, "SELECT holder FROM lease"), timeout=20,
+                 what="the worker's lease")
         body = json.dumps({"text": "hello"}).encode()
         started = time.monotonic()
         assert post(f"{url}/hooks/ci", body, standard_headers(body, "delivery-1")) == 202
@@ -88,7 +90,7 @@ def test_run_refuses_a_missing_inbox_or_no_secrets_in_one_line(tmp_path):
         environment = {k: v for k, v in env(tmp_path, **extra).items()
                        if not k.startswith("ONWATCH_") or k in extra or k == "ONWATCH_TEST_DIR"}
         result = subprocess.run(
-            [sys.executable, "-m", "tui.cli", "run", missing, "--agent",
+            [sys.executable, "-m", "cli", "run", missing, "--agent",
              "tests.worker.agents:echo", "--port", "0"], cwd=ROOT, env=environment,
             capture_output=True, text=True, timeout=20)
         assert result.returncode == 2, result.stderr

@@ -14,7 +14,7 @@ HOSTILE = "x\x1b]0;pwned\x07 \x1b[2J\rback\b \u202eevil \x9b31m"
 
 
 def onwatch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True,
                           text=True, timeout=60)
 
 

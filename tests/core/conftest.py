@@ -1,4 +1,5 @@
-"""Fixtures for the engine tests: a scratch inbox on a fake clock with the SPEC's settings.
+"""Fixtures for the engine tests: a scratch inbox on a fake clock with the scenarios' settings
+(docs/rules.md#the-reference-scenarios).
 
 The rule tests are one conformance suite: in the modules named in CONFORMANCE every test that
 uses an inbox runs once per backend (`[sqlite]`, `[postgresql]`) through the one parametrized

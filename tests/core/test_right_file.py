@@ -214,8 +214,8 @@ def test_a_held_reply_says_in_the_log_why_it_waits(tmp_path):
     db.commit()
     db.close()
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "worker", str(path), "--agent",
-         "core.example_agent:handle", "--poll", "0.1"],
+        [sys.executable, "-m", "cli", "worker", str(path), "--agent",
+         "examples.refund_agent:handle", "--poll", "0.1"],
         cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE, stderr=open(
             tmp_path / "worker.err", "wb"))
     try:

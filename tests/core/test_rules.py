@@ -1,4 +1,4 @@
-"""Each rule of SPEC §1 against the fault it exists for."""
+"""Each rule of docs/rules.md against the fault it exists for."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""SPEC §2: the twelve reference scenarios, each with its exact expected outcome."""
+"""The twelve reference scenarios (docs/rules.md#the-reference-scenarios), each with its
+exact expected outcome."""
 
 from __future__ import annotations
-
 
 from core import FakeClock, Inbox
 

@@ -1,7 +1,8 @@
 """A model-based Hypothesis state machine over the inbox's rules.
 
-The model is a plain-Python restatement of SPEC §1.2–1.5 (lease, fencing, claim, finish,
-fenced by generation and run), timers and the scheduler, approvals (request, answer, expiry),
+The model is a plain-Python restatement of docs/rules.md (#lease-and-fencing to
+#finishing-a-run: lease, fencing, claim, finish, fenced by generation and run), timers and
+the scheduler, approvals (request, answer, expiry),
 outbox deliveries sent by two dispatchers whose sends hang past send_timeout and report late,
 the effect journal (fenced intents, keys from the event), and operator actions with
 `expect=`. After every step the real inbox must agree with it exactly: every return value,

@@ -194,7 +194,7 @@ async def test_10_restart_during_run_interrupt(played):
     assert (event.status, event.attempts) == ("done", 1)  # resolved by the operator, ran once
     runs = await inbox.runs(event.id)
     assert [r.outcome for r in runs] == ["lost"]
-    resolved = [a for a in await inbox.audit() if a.action == "mark done"]
+    resolved = [a for a in await inbox.audit() if a.action == "resolve"]
     assert resolved and resolved[0].before == "interrupted" and resolved[0].applied
 
 

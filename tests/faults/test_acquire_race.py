@@ -1,4 +1,5 @@
-"""SPEC §2 scenario 2 for real: several OS processes ask for the lease at the same instant."""
+"""Scenario 2 (docs/rules.md#scenario-2-simultaneous-acquire) for real: several OS processes
+ask for the lease at the same instant."""
 
 from __future__ import annotations
 

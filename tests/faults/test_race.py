@@ -142,7 +142,7 @@ def check_story(path: str, results: dict[str, list[bool]]) -> None:
     assert not_done == []
     # Every done event has its one done run, or was marked done by the operator.
     resolved = {int(t.split()[1]) for (t,) in query(
-        path, "SELECT target FROM audit WHERE action = 'mark done' AND applied = 1")}
+        path, "SELECT target FROM audit WHERE action = 'resolve' AND applied = 1")}
     orphan = query(path, """SELECT id FROM events WHERE status = 'done' AND id NOT IN
                             (SELECT event_id FROM run_events JOIN runs ON runs.id = run_events.run_id
                              WHERE outcome = 'done')""")

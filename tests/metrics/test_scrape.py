@@ -106,7 +106,7 @@ async def test_worker_metrics_while_runs_happen(tmp_path):
     log = tmp_path / "worker.log"
     with open(log, "wb") as err:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "worker", str(db), "--agent", f"{agent}:handle",
+            [sys.executable, "-m", "cli", "worker", str(db), "--agent", f"{agent}:handle",
              "--file", str(tmp_path / "sent.jsonl"), "--poll", "0.1", "--metrics-port", "0",
              "--holder", "box-1"], stderr=err, stdout=subprocess.DEVNULL, env=env)
     try:

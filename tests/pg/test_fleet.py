@@ -25,7 +25,7 @@ def start_fleet(url: str, test_dir, holder: str, *, concurrency: int = 4,
     out = open(os.path.join(test_dir, f"{holder}.err"), "ab")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "worker", url, "--all-inboxes",
+            [sys.executable, "-m", "cli", "worker", url, "--all-inboxes",
              "--concurrency", str(concurrency), "--agent", f"tests.pg.actors:{agent}",
              "--holder", holder,
              "--poll", "5", "--no-dispatch"], cwd=ROOT, env=env(test_dir),

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 async def start_receiver(url: str, name: str, log_path) -> tuple[subprocess.Popen, str]:
     log_file = open(log_path, "ab")
     env = dict(secrets_env(), PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "serve", url, "--inbox", name,
+    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", url, "--inbox", name,
                              "--port", "0"], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=log_file)
     log_file.close()

@@ -167,11 +167,11 @@ async def test_mark_an_interrupted_event_done(seeded):
         await confirm_open(pilot)
         assert "evt_1OqRm2" in screen_text(app)
         await press(pilot, "y")
-        await wait_for_text(pilot, "marked #1 done")
+        await wait_for_text(pilot, "resolved #1 as done")
         assert (await inbox.get_event(1)).status == "done"
 
 
-async def test_mark_done_is_disabled_on_a_dead_row(seeded):
+async def test_resolve_is_disabled_on_a_dead_row(seeded):
     inbox, _, _ = seeded
     app = OnwatchApp(inbox)
     async with app.run_test(size=SIZE) as pilot:
@@ -315,7 +315,7 @@ async def test_read_only_refuses_every_action(seeded):
                 await press(pilot, key)
                 assert not isinstance(app.screen, ConfirmScreen), key
             footer = screen_text(app).splitlines()[-1]
-            for word in ("Cancel", "Requeue", "Mark done", "Approve", "Deny", "Expire",
+            for word in ("Cancel", "Requeue", "Resolve", "Approve", "Deny", "Expire",
                          "Pause", "Hold outbox", "Send now", "Mark"):
                 assert word not in footer, (word, footer)
         await app.workers.wait_for_complete()
@@ -374,7 +374,7 @@ async def test_help_and_palette_read_the_bindings(seeded):
         console.print(app.screen.body)
         text = console.export_text()
         for words in ("Approve", "answer yes", "Requeue", "Send → file", "outbox.log",
-                      "Mark done", "Cancel", "Next page"):
+                      "Resolve", "Cancel", "Next page"):
             assert words in text, words
         await press(pilot, "escape")
         names = [c.title for c in app.get_system_commands(app.screen)]

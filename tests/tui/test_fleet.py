@@ -11,12 +11,14 @@ import sqlite3
 import sys
 
 import pytest
+from textual.widgets import Sparkline
 
 from core import FakeClock, Inbox, SystemClock
 from core.fleet import FolderFleet
 from tui.app import OnwatchApp
 from tui.fleet import FleetScreen, title_for
 from tui.fleet.queue import ApprovalQueueScreen
+from tui.fleet.screen import activity
 from tui.fleet.seed import ESCAPE_NAME, HOSTILE_ACTION, HOSTILE_NAME, seed_fleet
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.filter import FilterScreen
@@ -78,22 +80,22 @@ async def test_rows_need_a_human_first_and_are_coloured_by_health(fleet):
         assert order[4:6] == ["carol", "dave"]
         assert order[6:9] == ["ledger", "new", "notes"]
         assert order[9:] == ["erin", "frank"]
-        rows = {row.query_one(".cells").visual.plain.split()[0]: row
-                for row in screen.rows.rows if row.display}
-        assert rows["bob"].has_class("-urgent")
-        assert rows["alice"].has_class("-approval")
-        assert rows["carol"].has_class("-dead")
-        assert rows["dave"].has_class("-lost")
-        assert rows["notes"].has_class("-problem")
-        assert rows["erin"].has_class("-ok") and rows["erin"].has_class("-failing")
-        assert rows["frank"].has_class("-ok") and not rows["frank"].has_class("-failing")
+        rows = {summary.name: row for summary in screen.order
+                if (row := screen.rows.painted.get(summary.key)) is not None}
+        assert rows["bob"].style == "urgent"
+        assert rows["alice"].style == "approval"
+        assert rows["carol"].style == "dead"
+        assert rows["dave"].style == "lost"
+        assert rows["notes"].style == "problem"
+        assert rows["erin"].style == "ok" and "failing" in rows["erin"].flags
+        assert rows["frank"].style == "ok" and "failing" not in rows["frank"].flags
         text = screen_text(app)
         assert "11 inboxes · 4 approvals waiting · 1 expiring soon" in text
         assert "g1 released worker-carol" in text and "g1 expired 4m ago" in text
         # The countdown is live: the clock moves, the row follows.
         assert "1 · 7m00s" in text
         clock.advance(5)
-        app.fleet_desk.tick()
+        app.tick()
         await pilot.pause()
         assert "1 · 6m55s" in screen_text(app)
         await close(app)
@@ -113,6 +115,13 @@ async def test_enter_drills_in_and_escape_or_0_come_back_to_the_same_inbox(fleet
         await pilot.press("3")
         await wait_for_text(pilot, "gh-poison-9")
         assert "carol.db" in screen_text(app)
+        # The status strip's sparkline: the same runs of the hour as carol's fleet row
+        # (one failed run: drawn in the failing colours).
+        runs, failed = activity(app.fleet_desk.summaries["carol.db"], clock.now())
+        spark = app.query_one("#runs", Sparkline)
+        assert sum(runs) and failed
+        assert list(spark.data) == runs and spark.has_class("-failing")
+        assert "runs/h" in screen_text(app)
         # Meanwhile dave gets an approval: the fleet re-sorts, the cursor stays on carol.
         async with await Inbox.open(os.path.join(folder, "dave.db"), clock=clock) as dave:
             await dave.request_approval("dave-ask", 3600, "restart the mail relay")
@@ -315,19 +324,19 @@ async def test_an_approval_close_to_its_deadline_raises_the_alarm_once(tmp_path)
         await loaded(app, pilot)
         assert app.title == "onwatch" and not bells
         clock.advance(299)  # 10m01s left: not yet
-        app.fleet_desk.tick()
+        app.tick()
         await pilot.pause()
         assert not bells
         clock.advance(1)
-        app.fleet_desk.tick()
+        app.tick()
         await wait_for_text(pilot, "late-one expires in 10m00s")
         assert bells == [T0 + 300] and app.title == title_for(1)
         clock.advance(5)
-        app.fleet_desk.tick()
+        app.tick()
         await pilot.pause()
         assert bells == [T0 + 300]  # once per request
         clock.advance(600)  # past the deadline: nothing left to answer in time
-        app.fleet_desk.tick()
+        app.tick()
         await pilot.pause()
         assert app.title == "onwatch"
         await close(app)

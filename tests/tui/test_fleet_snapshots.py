@@ -41,7 +41,7 @@ def driver(keys: tuple[str, ...], screen: type):
             await settle(app, pilot)
         assert isinstance(app.screen, screen)
         await settle(app, pilot)
-        app.fleet_desk.tick()
+        app.tick()
         await pilot.pause()
     return run_before
 

@@ -56,3 +56,21 @@ async def test_operator_settles_an_uncertain_send_once(seeded):
     [entry, earlier] = await inbox.audit(target=f"delivery {delivery_id}", limit=2)
     assert (earlier.actor, earlier.applied, entry.actor, entry.applied) == (
         "ann", True, "bob", False)
+
+
+@pytest.mark.parametrize("key, word", [("x", "marked sent"), ("A", "held again")])
+async def test_the_outbox_pane_settles_the_oldest_uncertain_send_by_key(seeded, key, word):
+    inbox, clock, _ = seeded
+    delivery_id = await _cut_off(inbox, clock)
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await pilot.press("6")
+        await wait_for_text(pilot, "1 UNCERTAIN send")
+        await pilot.press(key)
+        await wait_for_text(pilot, f"send #{delivery_id}")  # the confirmation names it
+        await pilot.press("y")
+        await wait_for_text(pilot, word)
+    assert (await inbox.overview()).uncertain_deliveries == 0
+    [entry] = await inbox.audit(target=f"delivery {delivery_id}", limit=1)
+    assert entry.applied and entry.before == "uncertain"

@@ -42,7 +42,7 @@ class WebProcess:
     def start(self, timeout: float = 20.0) -> "WebProcess":
         self._out, self._err = open(self.out, "wb"), open(self.err, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "web", str(self.target), "--port", "0",
+            [sys.executable, "-m", "cli", "web", str(self.target), "--port", "0",
              *self.extra], stdout=self._out, stderr=self._err, env=self.env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tui.cli import main
+from cli import main
 
 from .helpers import WebProcess
 

@@ -262,9 +262,9 @@ def test_secrets_of_takes_anything_or_one_config_error(name, value):
 @settings(max_examples=150, deadline=None)
 @given(host=_ANY, port=_ANY, max_body=_ANY)
 def test_serve_arguments_of_any_type_are_accepted_or_one_config_error(host, port, max_body):
-    from core.webhooks import check_args
+    from core.webhooks.arguments import check_serve_args
     try:
-        check_args(SimpleNamespace(host=host, port=port, max_body=max_body))
+        check_serve_args(SimpleNamespace(host=host, port=port, max_body=max_body))
     except ConfigError as exc:
         assert "\n" not in str(exc)
 

@@ -124,6 +124,17 @@ async def test_expect_100_continue_within_the_limit_continues(serve, inbox):
     writer.close()
 
 
+async def test_an_unknown_expectation_is_417_and_nothing_is_stored(serve, inbox):
+    server = await serve(inbox, max_body=LIMIT)
+    body = b'{"ok": true}'
+    reader, writer = await raw_request(server, signed_head(
+        "/hooks/ci", body, f"Content-Length: {len(body)}", "Expect: 200-ok"))
+    status, _ = await read_status(reader)
+    assert status == 417
+    writer.close()
+    assert sum((await inbox.counts()).values()) == 0
+
+
 async def test_expect_100_continue_unsigned_is_401_without_the_body(serve, inbox):
     server = await serve(inbox, max_body=LIMIT)
     reader, writer = await raw_request(server, [

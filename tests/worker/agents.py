@@ -11,7 +11,6 @@ import asyncio
 import json
 import os
 import random
-import time
 
 
 def _dir() -> str:
@@ -45,17 +44,6 @@ async def echo(batch, ctx) -> None:
     for event in batch:
         ctx.reply(f"reply {event.source}/{event.source_id}")
     ctx.result = {"ids": [e.id for e in batch], "pid": os.getpid()}
-
-
-def plain_echo(batch, ctx) -> None:
-    """A plain def agent: runs in a thread."""
-    time.sleep(0.01)
-    for event in batch:
-        ctx.reply(f"plain {event.source_id}")
-
-
-async def failing(batch, ctx) -> None:
-    raise RuntimeError("agent exploded")
 
 
 async def sleepy(batch, ctx) -> None:

@@ -23,7 +23,7 @@ def env(test_dir: str | os.PathLike, **extra: str) -> dict[str, str]:
 def onwatch(*args: str, test_dir: str | os.PathLike = "/tmp", timeout: float = 20,
             input: str | None = None) -> subprocess.CompletedProcess:
     """Run the `onwatch` command line in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "tui.cli", *map(str, args)], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT,
                           env=env(test_dir), capture_output=True, text=True, timeout=timeout,
                           input=input)
 
@@ -31,7 +31,7 @@ def onwatch(*args: str, test_dir: str | os.PathLike = "/tmp", timeout: float = 2
 def start_worker(path, agent: str, test_dir, *extra: str, holder: str | None = None,
                  name: str = "worker") -> subprocess.Popen:
     """Start `onwatch worker` in its own process; its output goes to files in test_dir."""
-    args = [sys.executable, "-m", "tui.cli", "worker", str(path), "--agent",
+    args = [sys.executable, "-m", "cli", "worker", str(path), "--agent",
             f"tests.worker.agents:{agent}", "--poll", "0.1", *extra]
     if holder:
         args += ["--holder", holder]

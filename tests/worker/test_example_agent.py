@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from core import example_agent
+from examples import refund_agent as example_agent
 
 from .conftest import DAY, T, until
 

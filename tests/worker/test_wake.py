@@ -60,7 +60,7 @@ def test_another_process_commit_wakes_an_idle_worker_within_a_second(tmp_path):
 def test_without_the_notifier_the_fallback_poll_still_wakes_the_worker(tmp_path):
     path = make_inbox(tmp_path)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tui.cli", "worker", path, "--agent", "tests.worker.agents:echo",
+        [sys.executable, "-m", "cli", "worker", path, "--agent", "tests.worker.agents:echo",
          "--poll", "0.3"], cwd=ROOT, env=env(tmp_path, ONWATCH_NO_NOTIFY="1"),
         stdout=open(tmp_path / "worker.out", "wb"), stderr=open(tmp_path / "worker.err", "wb"))
     try:

@@ -30,23 +30,18 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Label, Static
 
-from core import Inbox, Overview, SystemClock, example_agent
+from core import Inbox, Overview, SystemClock
+from examples.refund_agent import THINK_SECONDS_ENV
 
 from ..safe import safe_content
 from .desk import DemoDesk
 
 LEASE_TTL = 5  # seconds: short, so a takeover happens while you watch
 AGENT_SECONDS = 4.0  # how long the slow example agent "thinks" before it answers
-AGENT_SECONDS_ENV = "ONWATCH_DEMO_AGENT_SECONDS"
+AGENT_SECONDS_ENV = THINK_SECONDS_ENV
 SETTINGS: dict[str, Any] = {"lease_ttl": LEASE_TTL, "max_attempts": 3, "outbox_gap": 20,
                             "on_lost_claim": "retry"}
 ROOT = Path(__file__).resolve().parents[2]
-
-
-async def slow_agent(batch: list, ctx: Any) -> None:
-    """The example agent, taking its time like a model call does, so a kill lands mid-run."""
-    await asyncio.sleep(float(os.environ.get(AGENT_SECONDS_ENV, AGENT_SECONDS)))
-    await example_agent.handle(batch, ctx)
 
 
 @dataclass
@@ -87,13 +82,13 @@ class WorkerProcess:
 
 def start_worker(path: str, name: str, scratch: str, *,
                  agent_seconds: float = AGENT_SECONDS) -> WorkerProcess:
-    """Start `onwatch worker PATH --agent tui.demo.live:slow_agent` as its own process.
+    """Start `onwatch worker PATH --agent examples.refund_agent:slow_handle` as its own process.
 
     Its log and its sends go to files in `scratch`, never to the demo's terminal.
     """
     log = os.path.join(scratch, f"{name}.log")
-    command = [sys.executable, "-m", "tui.cli", "worker", path,
-               "--agent", "tui.demo.live:slow_agent", "--holder", name, "--poll", "0.2",
+    command = [sys.executable, "-m", "cli", "worker", path,
+               "--agent", "examples.refund_agent:slow_handle", "--holder", name, "--poll", "0.2",
                "--grace", "1", "--file", os.path.join(scratch, "sent.jsonl"),
                "--log-level", "info"]
     env = dict(os.environ, **{AGENT_SECONDS_ENV: str(agent_seconds)}, PYTHONUNBUFFERED="1")

@@ -71,7 +71,6 @@ class FleetDesk:
     """The summaries of every inbox of `source`, kept fresh, and the approval alarm."""
 
     POLL_SECONDS = 1.0
-    TICK_SECONDS = 1.0
 
     def __init__(self, app: "App[Any]", source: FleetSource, *, read_only: bool = False) -> None:
         self.app = app
@@ -96,8 +95,8 @@ class FleetDesk:
 
     def start(self) -> None:
         self.scan()
+        # The countdowns have no timer of their own: the app's one clock calls `tick`.
         self.app.set_interval(self.POLL_SECONDS, self.scan, name="fleet-scan")
-        self.app.set_interval(self.TICK_SECONDS, self.tick, name="fleet-clock")
 
     # --- scanning -------------------------------------------------------------------------
 
@@ -247,9 +246,11 @@ class FleetDesk:
         self.app.title = title_for(count)
         set_terminal_title(self.app, title_for(count))
 
-    def tick(self) -> None:
-        """Every second: countdowns on the fleet view, deadlines coming close."""
-        now = self.now()
+    def tick(self, now: int) -> None:
+        """Every second, from the app's clock: deadlines coming close, the title's count and
+        the countdowns of the fleet view on screen."""
+        if not self.loaded:
+            return
         warned = self._due_soon(now)
         if warned:
             self._alarm([], warned)

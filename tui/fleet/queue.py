@@ -24,7 +24,7 @@ from .. import operator
 from ..panes.timefmt import duration
 from ..safe import join, safe_text
 from .desk import WARN_SECONDS
-from .rows import RowWindow
+from .rows import Row, RowWindow
 
 if TYPE_CHECKING:
     from .desk import FleetDesk
@@ -53,21 +53,22 @@ def queue_text(item: Item, now: int, width: int) -> Text:
         _cell(safe_text(approval.action, limit=300), action_w)])
 
 
-class QueueRow(Static):
-    def paint(self, item: Item, now: int, selected: bool, width: int) -> None:
-        text = queue_text(item, now, width)
-        urgent = item[1].due - now <= WARN_SECONDS
-        signature = (text.plain, selected, urgent)
-        if getattr(self, "_painted", None) == signature:
-            return
-        self._painted = signature
-        self.update(text, layout=False)  # one line, fixed size
-        self.set_class(selected, "-cursor")
-        self.set_class(urgent, "-urgent")
+class QueueRows(RowWindow):
+    """The queue's rows, one line per waiting approval."""
+
+    PREFIX = "queue-row"
+    COMPONENT_CLASSES = {"queue-row--urgent", "queue-row--waiting", "row-window--cursor"}
+
+
+def queue_row(item: Item, now: int, selected: bool, width: int) -> Row:
+    urgent = item[1].due - now <= WARN_SECONDS
+    return Row((queue_text(item, now, width),), "urgent" if urgent else "waiting")
 
 
 class ApprovalQueueScreen(ModalScreen[None]):
     """Every waiting approval of the fleet by deadline, answered without leaving the list."""
+
+    covers_panes = True  # opaque: the app does not tick the panes beneath (see on_screen_suspend)
 
     BINDINGS = [
         Binding("a", "approve", "Approve", id="queue-approve",
@@ -94,8 +95,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
             yield Label("", id="queue-title")
             yield Label("", id="queue-outcome")
             yield Static("", id="queue-columns", markup=False)
-            yield RowWindow(QueueRow, self._paint, lambda item: (item[0].key,
-                                                                 item[1].request_id),
+            yield QueueRows(queue_row, lambda item: (item[0].key, item[1].request_id),
                             id="queue-rows")
         yield Footer()
 
@@ -104,8 +104,8 @@ class ApprovalQueueScreen(ModalScreen[None]):
         self.desk.acknowledge()
         self.show_fleet(self.desk.now())
 
-    def _paint(self, row: QueueRow, item: Item, now: int, selected: bool) -> None:
-        row.paint(item, now, selected, self.app.size.width - 2)
+    def on_screen_suspend(self) -> None:
+        self.app.call_later(self.app.tick)  # type: ignore[attr-defined]  (see FleetScreen)
 
     @property
     def rows(self) -> RowWindow:

@@ -1,24 +1,49 @@
-"""A windowed list: as many row widgets as fit the screen, painted from a long sorted list.
+"""A windowed list drawn line by line: as many lines as fit, painted from a long sorted list.
 
 The fleet can hold a thousand inboxes and the approval queue many more requests; a widget
-per item would cost seconds to mount. `RowWindow` keeps a pool of rows the height of the
-view and repaints them from `items[offset:]` on a change or a tick. The cursor follows an
-item by key (not by position), so re-sorting or a new inbox never moves it to another one.
+per item would cost seconds to mount, and Textual's compositor visits every visible widget on
+each frame, so even a widget per *visible* row makes a desk ticking once a second cost what
+its widget count costs. `RowWindow` is one widget: it asks its screen for each visible item's
+`Row` (cells as text, a style name) on a change or a tick, and redraws only the lines whose
+row changed — an unchanged second redraws nothing, a ticking countdown redraws its line, and
+an unchanged cell's segments are reused. The cursor follows an item by key (not by
+position), so re-sorting or a new inbox never moves it to another one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
 from textual import events
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.geometry import Region
 from textual.message import Message
+from textual.strip import Strip
 from textual.widget import Widget
 
 
-class RowWindow(Vertical, can_focus=True):
-    """Rows `make_row()` made, painted by `paint(row, item, now, selected)`."""
+class Row(NamedTuple):
+    """One line of a RowWindow: its cells left to right (joined by a space), the name of its
+    component style (the subclass's `COMPONENT_CLASSES`, without the prefix), and words a
+    test or a caller may read back (`RowWindow.painted`)."""
+
+    cells: tuple[Text, ...]
+    style: str
+    flags: frozenset[str] = frozenset()
+
+
+class RowWindow(Widget, can_focus=True):
+    """Items drawn by `render_row(item, now, selected, width) -> Row`, one line each.
+
+    A subclass names the row styles in `COMPONENT_CLASSES` as `<PREFIX>--<style>`; the
+    cursor's line adds `row-window--cursor`.
+    """
+
+    PREFIX = "row-window"
+    COMPONENT_CLASSES = {"row-window--cursor"}
 
     BINDINGS = [
         Binding("up,k", "move(-1)", "Up", show=False, id="row-up"),
@@ -37,12 +62,10 @@ class RowWindow(Vertical, can_focus=True):
             self.window = window
             self.key = key
 
-    def __init__(self, make_row: Callable[[], Widget],
-                 paint: Callable[[Widget, Any, int, bool], None],
+    def __init__(self, render_row: Callable[[Any, int, bool, int], Row],
                  key_of: Callable[[Any], Hashable], *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.make_row = make_row
-        self.paint = paint
+        self.render_row = render_row
         self.key_of = key_of
         self.items: Sequence[Any] = ()
         self.index: dict[Hashable, int] = {}
@@ -50,7 +73,12 @@ class RowWindow(Vertical, can_focus=True):
         self.cursor = 0
         self.top = 0
         self.now = 0
-        self.rows: list[Widget] = []
+        self.lines_redrawn = 0  # lines whose text changed (a benchmark reads it)
+        self.painted: dict[Hashable, Row] = {}  # the rows on screen now, by item key
+        # per screen line: its row, whether the cursor is on it, the line drawn, its cells drawn
+        self._lines: list[tuple[Row | None, bool, Strip, tuple[Strip, ...]]] = []
+        self._styles: dict[tuple[str, bool], Style] = {}
+        self._stale = True  # every line must be drawn again (a resize, a style change)
 
     # --- data ---------------------------------------------------------------------------
 
@@ -85,34 +113,88 @@ class RowWindow(Vertical, can_focus=True):
 
     # --- painting -------------------------------------------------------------------------
 
+    @property
+    def height_in_rows(self) -> int:
+        return max(self.size.height, 1)
+
     def on_resize(self, event: events.Resize) -> None:
-        wanted = max(event.size.height, 1)
-        if wanted > len(self.rows):
-            new = [self.make_row() for _ in range(wanted - len(self.rows))]
-            self.rows.extend(new)
-            self.mount_all(new)
-        elif wanted < len(self.rows):
-            extra, self.rows = self.rows[wanted:], self.rows[:wanted]
-            for row in extra:
-                row.remove()
+        self._stale = True
         self._scroll_to_cursor()
-        self.call_after_refresh(self.repaint)
+        self.repaint()
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        # A class or theme change above us may change every line's colours: draw them again.
+        self._styles.clear()
+        self._stale = True
+        self.repaint()
+
+    def _style(self, name: str, selected: bool) -> Style:
+        style = self._styles.get((name, selected))
+        if style is None:
+            # Not partial: Textual blends translucent colours ($text-muted) over our
+            # background, as it would for a widget.
+            style = self.get_component_rich_style(f"{self.PREFIX}--{name}")
+            if selected:
+                style += self.get_component_rich_style("row-window--cursor")
+            self._styles[(name, selected)] = style
+        return style
 
     def repaint(self) -> None:
-        """Paint every pooled row from the items at the current offset."""
+        """Ask for the row of every visible item; redraw only the lines whose row changed."""
+        if not self.is_mounted:
+            return
+        width, height = self.size.width, self.height_in_rows
+        stale, self._stale = self._stale, False
+        if stale or len(self._lines) != height:
+            self._lines = [(None, False, Strip.blank(width, self.rich_style), ())] * height
+            self.refresh()
         items, top = self.items, self.top
-        with self.app.batch_update():
-            for position, row in enumerate(self.rows):
-                at = top + position
-                if at < len(items):
-                    if not row.display:
-                        row.display = True
-                    self.paint(row, items[at], self.now, at == self.cursor)
-                elif row.display:
-                    row.display = False
+        painted = {}
+        for y in range(height):
+            at = top + y
+            selected = at == self.cursor
+            row = self.render_row(items[at], self.now, selected, width - 2) \
+                if at < len(items) else None
+            if row is not None:
+                painted[self.key_of(items[at])] = row
+            old, was_selected, _, _ = self._lines[y]
+            if row == old and selected == was_selected and not stale:
+                continue
+            self._lines[y] = self._draw(y, row, selected, width)
+            self.lines_redrawn += 1
+            self.refresh(Region(0, y, width, 1))
+        self.painted = painted
+
+    def _draw(self, y: int, row: Row | None, selected: bool,
+              width: int) -> tuple[Row | None, bool, Strip, tuple[Strip, ...]]:
+        """The line for `row`, reusing the segments of the cells that did not change."""
+        if row is None:
+            return (None, selected, Strip.blank(width, self.rich_style), ())
+        old, _, _, old_strips = self._lines[y]
+        console = self.app.console
+        strips = []
+        for i, cell in enumerate(row.cells):
+            if old is not None and i < len(old.cells) and i < len(old_strips) \
+                    and old.cells[i] == cell:
+                strips.append(old_strips[i])
+            else:
+                strips.append(Strip(list(cell.render(console)), cell.cell_len))
+        space = Strip([Segment(" ")], 1)
+        parts = [space]  # the row's left padding
+        for i, strip in enumerate(strips):
+            parts += [space, strip] if i else [strip]
+        line = Strip.join(parts).crop_extend(0, width, None)
+        return (row, selected, line.apply_style(self._style(row.style, selected)),
+                tuple(strips))
+
+    def render_line(self, y: int) -> Strip:
+        if y < len(self._lines):
+            return self._lines[y][2]
+        return Strip.blank(self.size.width, self.rich_style)
 
     def _scroll_to_cursor(self) -> None:
-        height = max(len(self.rows), 1)
+        height = self.height_in_rows
         if self.cursor < self.top:
             self.top = self.cursor
         elif self.cursor >= self.top + height:
@@ -137,17 +219,14 @@ class RowWindow(Vertical, can_focus=True):
         self._go(self.cursor + step)
 
     def action_page(self, direction: int) -> None:
-        self._go(self.cursor + direction * max(len(self.rows) - 1, 1))
+        self._go(self.cursor + direction * max(self.height_in_rows - 1, 1))
 
     def action_jump(self, where: int) -> None:
         self._go(0 if where == 0 else len(self.items) - 1)
 
     def on_click(self, event: events.Click) -> None:
-        widget = event.widget
-        for position, row in enumerate(self.rows):
-            if widget is row or (widget is not None and row in widget.ancestors):
-                self._go(self.top + position)
-                return
+        if event.y >= 0:
+            self._go(self.top + event.y)
 
     def on_mouse_scroll_down(self, event: events.MouseScrollDown) -> None:
         event.stop()

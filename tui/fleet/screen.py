@@ -15,23 +15,24 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Label, Sparkline, Static
+from textual.renderables.sparkline import Sparkline as SparklineRenderable
+from textual.widgets import Footer, Label, Static
 
 from core import InboxError
-from core.fleet import InboxSummary
+from core.fleet import InboxSummary, run_buckets
 
 from ..panes.timefmt import duration
 from ..safe import join, safe_text
 from ..screens.filter import FilterScreen
 from ..screens.help import HelpScreen, render_groups
 from .desk import WARN_SECONDS, health, lease_lost, needs_a_human_first
-from .rows import RowWindow
+from .rows import Row, RowWindow
 
 if TYPE_CHECKING:
     from .desk import FleetDesk
 
 BUCKETS = 12  # five-minute buckets: the last hour
-HEALTH_CLASSES = ("-urgent", "-approval", "-dead", "-lost", "-problem", "-ok")
+HEALTH = ("urgent", "approval", "dead", "lost", "problem", "ok")
 
 # (column, wide width, narrow width; 0 = not shown when narrow), right-aligned if numeric
 COLUMNS = (
@@ -119,38 +120,29 @@ def outbox_cell(summary: InboxSummary, now: int) -> str:
     return f"{summary.held:,} · {when}"
 
 
-def row_text(summary: InboxSummary, now: int, narrow: bool) -> Text:
-    """One inbox as a line of fixed-width cells (inbox text only through tui.safe)."""
-    width = dict((name, small if narrow else wide) for name, wide, small in COLUMNS)
+def inbox_cell(summary: InboxSummary) -> Text:
+    """The inbox's name (through tui.safe), marked when its execution is paused."""
     name = safe_text(summary.name, limit=60)
-    if summary.paused:
-        name = join(name, " ⏸")
-    if summary.problem:
-        reason = safe_text(summary.problem, limit=200)
-        return Text(" ").join([_cell(name, width["inbox"]), reason])
-    cells = {
-        "inbox": name,
-        "pending": f"{summary.pending:,}", "run": f"{summary.running:,}",
-        "dead": f"{summary.dead + summary.interrupted:,}",
-        "approvals": approvals_cell(summary, now),
-        "lease": lease_cell(summary, now, narrow),
-        "last run": last_run_cell(summary, now, narrow),
-        "outbox": outbox_cell(summary, now),
-    }
-    return Text(" ").join(_cell(cells[name], width[name], name in NUMERIC)
-                          for name, *_ in COLUMNS if width[name])
+    return join(name, " ⏸") if summary.paused else name
+
+
+def count_cells(summary: InboxSummary) -> dict[str, str]:
+    """The cells that change only with a new summary, never with the clock."""
+    return {"pending": f"{summary.pending:,}", "run": f"{summary.running:,}",
+            "dead": f"{summary.dead + summary.interrupted:,}"}
+
+
+def ticking_cells(summary: InboxSummary, now: int, narrow: bool) -> dict[str, Text | str]:
+    """The cells the clock moves: countdowns and ages."""
+    return {"approvals": approvals_cell(summary, now),
+            "lease": lease_cell(summary, now, narrow),
+            "last run": last_run_cell(summary, now, narrow),
+            "outbox": outbox_cell(summary, now)}
 
 
 def activity(summary: InboxSummary, now: int) -> tuple[list[int], int]:
     """Runs per five minutes over the last hour (oldest first) and the failures among them."""
-    runs, failed = [0] * BUCKETS, 0
-    minute_now = now // 60
-    for minute, count, bad in summary.activity:
-        age = minute_now - minute
-        if 0 <= age < 60:
-            runs[BUCKETS - 1 - age // 5] += count
-            failed += bad
-    return runs, failed
+    return run_buckets(summary.activity, now, BUCKETS)
 
 
 def next_change(summaries: Any, now: int) -> int:
@@ -169,33 +161,96 @@ def next_change(summaries: Any, now: int) -> int:
     return soonest
 
 
-class FleetRow(Horizontal):
-    """One inbox: its cells, and a sparkline of its runs over the last hour."""
+class FleetRows(RowWindow):
+    """The fleet's rows, one line per inbox, coloured by health."""
 
-    def compose(self) -> ComposeResult:
-        yield Static("", classes="cells", markup=False)
-        yield Sparkline([0] * BUCKETS, classes="runs")
+    PREFIX = "fleet-row"
+    COMPONENT_CLASSES = {f"fleet-row--{name}" for name in HEALTH} | {
+        "fleet-row--runs", "fleet-row--runs-low", "fleet-row--failing",
+        "fleet-row--failing-low", "row-window--cursor"}
 
-    def paint(self, summary: InboxSummary, now: int, selected: bool, narrow: bool) -> None:
-        state = health(summary, now)
+
+class RowPainter:
+    """Makes each inbox's `Row` for the fleet's RowWindow, cheaply enough to run for every
+    visible inbox each second: the cells that only a new summary changes are kept per inbox,
+    the ticking ones are re-cut only when their text changes, the sparkline once a minute."""
+
+    def __init__(self) -> None:
+        self.narrow = False
+        self._fixed: dict[str, tuple[InboxSummary, bool, tuple[Text, ...]]] = {}
+        self._ticking: dict[tuple[str, str], tuple[Text | str, Text]] = {}
+        self._sparks: dict[str, tuple[InboxSummary, int, bool, Text, bool]] = {}
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop what is kept for inboxes no longer listed."""
+        for cache in (self._fixed, self._sparks):
+            for key in [k for k in cache if k not in keep]:
+                del cache[key]
+        for pair in [p for p in self._ticking if p[0] not in keep]:
+            del self._ticking[pair]
+
+    def sparkline(self, window: RowWindow, summary: InboxSummary, now: int) -> tuple[Text, bool]:
+        """Textual's sparkline renderable as text: green bars, red and amber when some of
+        the hour's runs failed (computed once a minute per inbox)."""
+        kept = self._sparks.get(summary.key)
+        minute = now // 60
+        if kept is not None and kept[0] is summary and kept[1] == minute \
+                and kept[2] == self.narrow:
+            return kept[3], kept[4]
         runs, failed = activity(summary, now)
-        text = row_text(summary, now, narrow)
-        signature = (text.plain, state, selected, tuple(runs), bool(failed), narrow)
-        if getattr(self, "_painted", None) == signature:
-            return
-        self._painted = signature
-        self.query_one(".cells", Static).update(text, layout=False)  # fixed size
-        spark = self.query_one(Sparkline)
-        if spark.data != runs:
-            spark.data = runs
-        for name in HEALTH_CLASSES:
-            self.set_class(name == f"-{state}", name)
-        self.set_class(selected, "-cursor")
-        self.set_class(bool(failed), "-failing")
+        high, low = ("fleet-row--failing", "fleet-row--failing-low") if failed else \
+            ("fleet-row--runs", "fleet-row--runs-low")
+        base = window.background_colors[1]
+        colours = [(base + window.get_component_styles(name).color).rich_color
+                   for name in (low, high)]
+        renderable = SparklineRenderable(runs, width=8 if self.narrow else 12,
+                                         min_color=colours[0], max_color=colours[1])
+        console = window.app.console
+        spark = Text.assemble(*((segment.text, segment.style) for segment in
+                                console.render(renderable, console.options)
+                                if segment.text and segment.text != "\n"))
+        self._sparks[summary.key] = (summary, minute, self.narrow, spark, bool(failed))
+        return spark, bool(failed)
+
+    def row(self, window: RowWindow, summary: InboxSummary, now: int, width: int) -> Row:
+        narrow = self.narrow
+        widths = {name: small if narrow else wide for name, wide, small in COLUMNS}
+        fixed = self._fixed.get(summary.key)
+        if fixed is None or fixed[0] is not summary or fixed[1] != narrow:
+            cells = [_cell(inbox_cell(summary), widths["inbox"])]
+            if not summary.problem:
+                cells += [_cell(value, widths[name], True)
+                          for name, value in count_cells(summary).items()]
+            fixed = (summary, narrow, tuple(cells))
+            self._fixed[summary.key] = fixed
+        spark, failed = self.sparkline(window, summary, now)
+        # Every cell and then the sparkline, a space between each: the gap before the
+        # sparkline puts it at the right edge.
+        used = sum(cell.cell_len + 1 for cell in fixed[2]) + spark.cell_len
+        if summary.problem:
+            reason = safe_text(summary.problem, limit=200)
+            reason.truncate(max(width - used - 1, 0), overflow="ellipsis", pad=True)
+            blank = Text(" " * spark.cell_len)
+            return Row((*fixed[2], reason, blank), "problem")
+        cells = list(fixed[2])
+        for name, value in ticking_cells(summary, now, narrow).items():
+            if not widths[name]:
+                continue
+            kept = self._ticking.get((summary.key, name))
+            if kept is None or kept[0] != value or kept[1].cell_len != widths[name]:
+                kept = (value, _cell(value, widths[name]))
+                self._ticking[(summary.key, name)] = kept
+            cells.append(kept[1])
+            used += widths[name] + 1
+        gap = Text(" " * max(width - used, 0))
+        return Row((*cells, Text.assemble(gap, spark)), health(summary, now),
+                   frozenset({"failing"}) if failed else frozenset())
 
 
 class FleetScreen(ModalScreen[None]):
     """Every inbox of the fleet, "needs a human" first."""
+
+    covers_panes = True  # opaque: the app does not tick the panes beneath (see on_screen_suspend)
 
     BINDINGS = [
         Binding("enter", "open", "Open", id="fleet-open", priority=True,
@@ -220,6 +275,7 @@ class FleetScreen(ModalScreen[None]):
         self.narrow = False
         self.painted = 0  # repaints after a scan (the benchmark reads it)
         self.resort_at = 0  # when time alone next changes a row's health
+        self.painter = RowPainter()
 
     def compose(self) -> ComposeResult:
         with Vertical(id="fleet"):
@@ -228,7 +284,7 @@ class FleetScreen(ModalScreen[None]):
                 yield Label("", id="fleet-figures")
             yield Label("", id="fleet-outcome")
             yield Static("", id="fleet-columns", markup=False)
-            yield RowWindow(FleetRow, self._paint, lambda s: s.key, id="fleet-rows")
+            yield FleetRows(self._row, lambda s: s.key, id="fleet-rows")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -239,15 +295,20 @@ class FleetScreen(ModalScreen[None]):
         if self.is_mounted:
             self.show_fleet(self.desk.now())
 
+    def on_screen_suspend(self) -> None:
+        # Whatever is uncovered now (the panes, a dialog) shows the time at once, not up to
+        # a second late: the app skipped the panes' countdowns while this screen covered them.
+        self.app.call_later(self.app.tick)  # type: ignore[attr-defined]
+
     def on_resize(self) -> None:
         narrow = self.app.size.width < NARROW_BELOW
         if narrow != self.narrow or not self.query_one("#fleet-columns", Static).visual:
-            self.narrow = narrow
+            self.narrow = self.painter.narrow = narrow
             self.set_class(narrow, "-narrow")
             self.query_one("#fleet-columns", Static).update(header_text(narrow))
 
-    def _paint(self, row: FleetRow, summary: InboxSummary, now: int, selected: bool) -> None:
-        row.paint(summary, now, selected, self.narrow)
+    def _row(self, summary: InboxSummary, now: int, selected: bool, width: int) -> Row:
+        return self.painter.row(self.rows, summary, now, width)
 
     @property
     def rows(self) -> RowWindow:
@@ -267,6 +328,7 @@ class FleetScreen(ModalScreen[None]):
             needle = self.search.lower()
             summaries = [s for s in summaries if needle in s.name.lower()]
         self.order = sorted(summaries, key=lambda s: needs_a_human_first(s, now))
+        self.painter.forget(set(self.desk.summaries))
         self.rows.show(self.order, now)
         self._figures(now)
         self.resort_at = next_change(self.desk.summaries.values(), now)

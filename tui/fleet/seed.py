@@ -136,7 +136,7 @@ async def shoot_fleet(out: str, scratch: str) -> list[str]:
                 await pilot.press(key)
                 await settle(app, pilot)
             await settle(app, pilot)
-            app.fleet_desk.tick()
+            app.tick()
             await pilot.pause()
             app.save_screenshot(filename=f"{name}.svg", path=out)
             made.append(os.path.join(out, f"{name}.svg"))

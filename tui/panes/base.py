@@ -58,6 +58,16 @@ class PaneData:
     extra: Any = None
 
 
+def remeasure(table: DataTable) -> None:
+    """Have `table` re-measure its columns on its next idle, as its add_column does.
+
+    The one private name of Textual we use: 8.2 has no public call for a column width set by
+    hand, and without it the table keeps its old virtual width (the fill column is clipped or
+    leaves a gap). tests/tui/test_table_widths.py checks that effect, not the attribute.
+    """
+    table._require_update_dimensions = True
+
+
 class PaneTable(DataTable):
     """The pane's table: row cursor, no markup anywhere (cells are safe Text), and one column
     that fills the width the others leave, so long texts end where the table ends."""
@@ -110,7 +120,7 @@ class PaneTable(DataTable):
             if column is not None and column.width != want:
                 column.width = want
                 column.auto_width = False
-                self._require_update_dimensions = True
+                remeasure(self)
         if self.fill_column is None:
             self.refresh()
             return
@@ -122,8 +132,7 @@ class PaneTable(DataTable):
         if width != column.width:
             column.width = width
             column.auto_width = False
-            # DataTable re-measures on idle when this is set (as add_column does).
-            self._require_update_dimensions = True
+            remeasure(self)
             self.refresh()
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.binding import Binding
 
+from core import ACTIONS as CORE_ACTIONS
 from core import Event
 
 from ..safe import safe_text
@@ -28,7 +29,7 @@ class DeadPane(EventPane):
     KEY = "3"
     EMPTY = "No dead or interrupted events: nothing needs a human."
     MARKABLE = True
-    ACTIONS = frozenset({"requeue", "mark_done"})
+    ACTIONS = frozenset({"requeue", "resolve"})
     HELP = "dead events (out of attempts) and interrupted runs (completion uncertain)"
     COLUMNS = (
         Column("id", "id", 7, narrow=5),
@@ -42,7 +43,7 @@ class DeadPane(EventPane):
     BINDINGS = [
         Binding("r", "requeue", "Requeue", id="requeue",
                 tooltip="back to pending with a fresh attempt budget (confirmed)"),
-        Binding("m", "mark_done", "Mark done", id="mark-done",
+        Binding("m", "resolve", "Resolve", id="resolve",
                 tooltip="an interrupted event's effect did happen: done, never rerun (confirmed)"),
     ]
 
@@ -61,11 +62,11 @@ class DeadPane(EventPane):
         return {"since": Text(duration(now - event.updated))}
 
     def allowed(self, action: str, targets: list[Event]) -> bool | None:
-        wanted = ("interrupted",) if action == "mark_done" else ("dead", "interrupted")
+        wanted = CORE_ACTIONS[action].allowed  # the core's table: the states it applies to
         return True if any(t.status in wanted for t in targets) else None
 
     def action_requeue(self) -> None:
         self.request("requeue")
 
-    def action_mark_done(self) -> None:
-        self.request("mark_done")
+    def action_resolve(self) -> None:
+        self.request("resolve")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import DataTable, Label
 
 from core import Delivery, Message
@@ -47,6 +48,16 @@ class OutboxPane(Pane):
         Column("body", "message", 24, fill=True),
     )
     SENDS = 8  # recent sends listed under the held messages
+    # An uncertain send (at-most-once, cut off mid-send) is settled by the operator: these
+    # act on the oldest one listed, the rows of the table being held messages.
+    ACTIONS = frozenset({"mark_sent", "send_again"})
+    BINDINGS = [
+        Binding("x", "mark_sent", "Mark sent", id="mark-sent",
+                tooltip="the oldest uncertain send did reach the channel (confirmed)"),
+        Binding("A", "send_again", "Send again", id="send-again",
+                tooltip="the oldest uncertain send: its messages held again, to go out under "
+                        "a new key (confirmed)"),
+    ]
 
     @classmethod
     async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
@@ -133,3 +144,22 @@ class OutboxPane(Pane):
     def _sent_when(delivery: Delivery, now: int) -> Text:
         when = delivery.sent_at if delivery.sent_at is not None else delivery.created
         return Text(f"{duration(now - when)} ago")
+
+    def _oldest_uncertain(self) -> Delivery | None:
+        state: OutboxState | None = self.data.extra
+        return min(state.uncertain, key=lambda d: d.id) if state and state.uncertain else None
+
+    def allowed(self, action: str, targets: list[Any]) -> bool | None:
+        # Hidden, not greyed, while nothing is uncertain: a rare case must not crowd the footer.
+        return self._oldest_uncertain() is not None
+
+    def _settle(self, action: str) -> None:
+        delivery = self._oldest_uncertain()
+        if delivery is not None and not self.read_only:
+            self.post_message(self.ActionRequested(self, action, (delivery,)))
+
+    def action_mark_sent(self) -> None:
+        self._settle("mark_sent")
+
+    def action_send_again(self) -> None:
+        self._settle("send_again")

@@ -1,5 +1,6 @@
 """The status strip: the lease (holder, generation, time left), takeovers, refused stale
-writes, the paused / outbox-held badges and how fresh the view is. Always visible."""
+writes, the paused / outbox-held badges, a sparkline of the last hour's runs and how fresh
+the view is. Always visible."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import os
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Label
+from textual.widgets import Label, Sparkline
 
 from core import Overview
+from core.fleet import run_buckets
 
 from ..safe import join, safe_text
 from .timefmt import duration
+
+RUN_BUCKETS = 12  # five-minute bars: the last hour
 
 
 def lease_line(overview: Overview | None, now: int) -> Text:
@@ -79,6 +83,9 @@ class StatusStrip(Vertical):
         self.updated_at: int | None = None
         self.problem: str | None = None
         self.alarm: str | None = None  # the file is no longer the one opened: standing
+        self._shown: dict[str, Text | str] = {}  # what each ticking label shows now
+        self.activity: tuple[tuple[int, int, int], ...] = ()  # (minute, runs, failed)
+        self._minute: int | None = None
 
     def compose(self) -> ComposeResult:
         yield Label("", id="alarm")
@@ -91,6 +98,9 @@ class StatusStrip(Vertical):
             yield Label("OUTBOX HELD · o releases", id="held", classes="badge")
             yield Label("READ-ONLY", id="read-only", classes="badge")
             yield Label("", id="budgets")
+            # Runs of the last hour, as on the inbox's fleet row: a stall or failures show.
+            yield Label("runs/h", id="runs-label")
+            yield Sparkline([0] * RUN_BUCKETS, id="runs")
             yield Label(safe_text(os.path.basename(self.path), limit=30), id="file")
             yield Label("", id="updated")
 
@@ -110,8 +120,12 @@ class StatusStrip(Vertical):
         self.set_class(why is not None, "-alarm")
 
     def show(self, overview: Overview, now: int, updated_at: int | None,
-             problem: str | None = None) -> None:
-        """Show a fresh overview (attributes down from the app)."""
+             problem: str | None = None, activity: tuple | None = None) -> None:
+        """Show a fresh overview (attributes down from the app), and the runs of the last
+        hour per minute (`core.fleet.run_activity`) when they were read."""
+        if activity is not None:
+            self.activity = activity
+            self._minute = None
         self.overview = overview
         self.updated_at = updated_at
         self.problem = problem
@@ -121,20 +135,33 @@ class StatusStrip(Vertical):
         self.query_one("#fencing", Label).update(fencing_line(overview))
         self.tick(now)
 
+    def _put(self, label_id: str, content: Text | str) -> None:
+        """Update a label only when its text changed: an unchanged second redraws nothing."""
+        if self._shown.get(label_id) == content:
+            return
+        self._shown[label_id] = content
+        self.query_one(f"#{label_id}", Label).update(content)
+
     def tick(self, now: int) -> None:
         """Redraw what the clock moves: lease time left and 'updated Ns ago'."""
         overview = self.overview
-        self.query_one("#lease", Label).update(lease_line(overview, now))
+        self._put("lease", lease_line(overview, now))
         expired = overview is not None and overview.lease is not None and \
             overview.lease.until < now and not overview.lease_released
         self.set_class(expired, "-lease-expired")
-        updated = self.query_one("#updated", Label)
         if self.alarm:  # the rows shown are a lost file's: never "updated 0s ago"
-            updated.update("not the file at the path")
+            self._put("updated", "not the file at the path")
         elif self.problem:
-            updated.update(safe_text(self.problem, limit=60))
+            self._put("updated", safe_text(self.problem, limit=60))
         elif self.updated_at is None:
-            updated.update("loading…")
+            self._put("updated", "loading…")
         else:
-            updated.update(f"updated {duration(max(now - self.updated_at, 0))} ago")
+            self._put("updated", f"updated {duration(max(now - self.updated_at, 0))} ago")
         self.set_class(bool(self.problem or self.alarm), "-problem")
+        if now // 60 != self._minute:  # the buckets move by the minute
+            self._minute = now // 60
+            runs, failed = run_buckets(self.activity, now, RUN_BUCKETS)
+            spark = self.query_one("#runs", Sparkline)
+            if spark.data != runs:
+                spark.data = runs
+            spark.set_class(bool(failed), "-failing")

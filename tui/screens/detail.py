@@ -149,6 +149,8 @@ async def approval_detail(inbox: Any, request_id: str, now: int) -> tuple[str, T
 def timer_detail(timer: Timer, now: int) -> tuple[str, Text]:
     text = Text(end="")
     _field(text, "timer", safe_text(timer.id, limit=1000))
+    if timer.broken is not None:  # set aside by the scheduler: why, before what it stored
+        _field(text, "set aside", safe_text(timer.broken, limit=2000))
     _field(text, "kind", "approval expiry" if timer.kind == "approval" else "timer")
     _field(text, "next due", f"{stamp(timer.due)} ({countdown(now, timer.due)})")
     _field(text, "period", period(timer.every))

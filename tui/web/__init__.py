@@ -86,7 +86,7 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
             raise WebConfigError(f"--public-url must be like https://desk.example.org, got "
                                  f"{public_url!r}")
         public_url = f"{parts.scheme}://{parts.netloc}"
-    argv = [sys.executable, "-m", "tui.cli", "tui", os.path.abspath(target)]
+    argv = [sys.executable, "-m", "cli", "tui", os.path.abspath(target)]
     if args.read_only:
         argv.append("--read-only")
     return Plan(command=shlex.join(argv), target=os.path.abspath(target), host=host,

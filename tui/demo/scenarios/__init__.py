@@ -39,12 +39,11 @@ from .stage import (
     Step,
     plural,
     since_start,
-    span,
 )
 
 __all__ = [
     "DAY", "HOUR", "MINUTE", "SCENARIOS", "SETTINGS", "START", "Scenario", "ScenarioRun", "Stage",
-    "Step", "find", "play", "plural", "scenario", "since_start", "span",
+    "Step", "find", "play", "plural", "scenario", "since_start",
 ]
 
 SCENARIOS: tuple[Scenario, ...] = tuple(module.build() for module in (

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from core import Event
+from core.humanize import duration
 
-from .stage import DAY, MINUTE, START, Scenario, Stage, Step, plural, span
+from .stage import DAY, MINUTE, START, Scenario, Stage, Step, plural
 
 
 def build() -> Scenario:
@@ -49,7 +50,7 @@ def build() -> Scenario:
         return (f"The machine was off for 3 days. Back at next due + 3 d 10 min: {due} due, "
                 f"{plural(len(digests), 'digest event')} in total; the new one has skipped "
                 f"{payload.get('skipped')}, late_by {payload.get('late_by')} s. Next due in "
-                f"{timer.due - s.now:,} s ({span(timer.due - s.now)}). One digest, not four.")
+                f"{timer.due - s.now:,} s ({duration(timer.due - s.now)}). One digest, not four.")
 
     return Scenario(6, "timer-coalesce", "Timers: replays and an outage",
                     "A daily digest timer fires, is replayed by a deploy, then misses 3 days.",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from core.humanize import duration
+
 from .stage import (
     HOUR,
     MINUTE,
@@ -12,7 +14,6 @@ from .stage import (
     Step,
     plural,
     since_start,
-    span,
 )
 
 
@@ -47,7 +48,7 @@ def build() -> Scenario:
             next_at = await s.inbox.next_send_at()
             if sent:
                 what = (f"dispatch sent {sent}: {s.sent[first]!r} (the last send was "
-                        f"{span(s.now - START)} ago).")
+                        f"{duration(s.now - START)} ago).")
             else:
                 what = (f"dispatch sent 0: inside the gap. {plural(held, 'message')} held, "
                         f"next send at {since_start(next_at) if next_at else '-'}.")

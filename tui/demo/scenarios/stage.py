@@ -36,19 +36,6 @@ def since_start(now: int) -> str:
     return f"t{sign}{text}"
 
 
-def span(seconds: int) -> str:
-    """A duration in words a person reads at a glance: '2 min 10 s', '23.8 h'."""
-    if seconds < MINUTE:
-        return f"{seconds} s"
-    if seconds < HOUR:
-        minutes, rest = divmod(seconds, MINUTE)
-        return f"{minutes} min" + (f" {rest} s" if rest else "")
-    if seconds < 2 * DAY:
-        hours = seconds / HOUR
-        return f"{hours:.0f} h" if hours == int(hours) else f"{hours:.1f} h"
-    return f"{seconds / DAY:.1f} days"
-
-
 class Stage:
     """A scratch inbox on a fake clock, plus what the scenario's steps have seen so far.
 

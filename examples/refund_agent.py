@@ -3,8 +3,8 @@
 Run it on an inbox:
 
     onwatch init alice.db
-    onwatch worker alice.db --agent core.example_agent:handle \\
-        --setup core.example_agent:ensure_digest
+    onwatch worker alice.db --agent examples.refund_agent:handle \\
+        --setup examples.refund_agent:ensure_digest
     onwatch ingest alice.db chat msg-1 '{"text": "hello"}'      # → "echo: hello"
     onwatch ingest alice.db chat msg-2 '{"text": "refund 5"}'   # asks for approval
     onwatch approve alice.db refund-msg-2                       # → refunds 5, replies
@@ -16,18 +16,20 @@ ONWATCH_EXAMPLE_LEDGER to a file path to see the refunds the fake payment tool p
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import os
 import re
 from typing import Any
 
-from .records import Event
+from core import Event
 
 DAY = 86_400
 APPROVAL_WINDOW = 4 * 3600
 REFUND = re.compile(r"^\s*refund\s+(\d{1,9})\s*$", re.IGNORECASE)
 LEDGER_ENV = "ONWATCH_EXAMPLE_LEDGER"
+THINK_SECONDS_ENV = "ONWATCH_EXAMPLE_THINK_SECONDS"
 
 
 def message_text(payload: Any) -> str:
@@ -61,7 +63,7 @@ def fake_refund(amount: int, key: str) -> str:
 
 
 async def handle(batch: list[Event], ctx) -> None:
-    """The agent function: `onwatch worker PATH --agent core.example_agent:handle`."""
+    """The agent function: `onwatch worker PATH --agent examples.refund_agent:handle`."""
     handled = []
     for event in batch:
         if event.source == "chat":
@@ -75,6 +77,13 @@ async def handle(batch: list[Event], ctx) -> None:
             continue  # not ours: end silently
         handled.append(event.id)
     ctx.result = {"handled": handled}
+
+
+async def slow_handle(batch: list[Event], ctx) -> None:
+    """`handle`, first taking $ONWATCH_EXAMPLE_THINK_SECONDS (default 0) like a model call
+    does: the live demo's workers run it, so that a kill lands mid-run."""
+    await asyncio.sleep(float(os.environ.get(THINK_SECONDS_ENV, "0")))
+    await handle(batch, ctx)
 
 
 async def _chat(event: Event, ctx) -> None:
@@ -102,7 +111,7 @@ async def _approval(event: Event, ctx) -> None:
         # key, so the payment API refunds once however often the run is repeated.
         request_id = payload["request_id"]
         async with ctx.effect("refund", {"amount": amount, "request": request_id},
-                              key=f"refund:{request_id}") as key:
+                              key=f"refund:{request_id}", event=event) as key:
             outcome = fake_refund(amount, key)
         ctx.reply(f"{outcome} {amount} (reference {key})", urgent=True)
     elif answer == "no":

@@ -1,0 +1,7 @@
+"""`python -m cli`: the `onwatch` console script."""
+
+import sys
+
+from cli.entry import main
+
+sys.exit(main())

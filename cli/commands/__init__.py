@@ -1,0 +1,1 @@
+"""The commands of `onwatch`, grouped by what they act on."""

@@ -1,0 +1,203 @@
+"""Commands on the inbox itself: init, ingest, status, show, events, approvals, config."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from cli.output import NOT_APPLIED, OK, CliError, emit_json, local_time, one_line, when
+from cli.running import open_inbox
+from cli.values import assignments
+from core import Settings
+
+_SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
+
+
+async def cmd_init(args: argparse.Namespace) -> int:
+    existed = os.path.exists(args.path) and os.path.getsize(args.path) > 0
+    changes = assignments(args.settings)
+    if changes and not existed:
+        Settings().replace(changes)  # refused before any file exists (raises BadInput)
+    # A refusal must leave nothing behind: whatever this call created goes again.
+    files = [args.path + suffix for suffix in _SQLITE_SIDE_FILES]
+    before = {name for name in files if os.path.lexists(name)}
+    try:
+        async with await open_inbox(args, create=True) as inbox:
+            if changes:
+                await inbox.configure(**changes)
+            settings = json.loads(inbox.settings.to_json())
+    except BaseException:
+        for name in files:
+            if name not in before:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(name)
+        raise
+    if args.json:
+        emit_json({"created": not existed, "path": args.path, "settings": settings})
+    else:
+        print(f"{'already an inbox' if existed else 'created'}: {args.path}")
+    return OK
+
+
+def _payload(text: str | None) -> Any:
+    if text is None:
+        return None
+    if text == "-":
+        text = _read_stdin()
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise CliError(f"the payload is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise CliError("the payload is nested too deeply") from None
+
+
+def _read_stdin() -> str:
+    """All of stdin as text; CliError unless it is UTF-8 (a terminal's or a C locale's
+    decoding would otherwise turn stray bytes into lone surrogates or an exception)."""
+    stream = getattr(sys.stdin, "buffer", None)
+    try:
+        text = stream.read().decode("utf-8") if stream is not None else sys.stdin.read()
+        text.encode("utf-8")
+    except UnicodeError:
+        raise CliError("the payload on stdin is not UTF-8 text") from None
+    return text
+
+
+async def cmd_ingest(args: argparse.Namespace) -> int:
+    payload = _payload(args.payload)
+    async with await open_inbox(args) as inbox:
+        stored = await inbox.ingest(args.source, args.source_id, payload)
+    if args.json:
+        emit_json({"source": args.source, "source_id": args.source_id, "stored": stored})
+    else:
+        print("stored" if stored else "duplicate")
+    return OK
+
+
+async def cmd_status(args: argparse.Namespace) -> int:
+    async with await open_inbox(args) as inbox:
+        view = await inbox.overview()
+        settings = inbox.settings
+    data = dataclasses.asdict(view)
+    data["path"] = args.path
+    data["lease_ttl"] = settings.lease_ttl
+    data["on_lost_claim"] = settings.on_lost_claim
+    if args.json:
+        emit_json(data)
+        return OK
+    now = view.now
+    counts = " · ".join(f"{state} {view.counts.get(state, 0)}" for state in
+                        ("pending", "running", "done", "dead", "interrupted", "cancelled"))
+    print(f"inbox       {args.path}")
+    print(f"events      {counts}")
+    if view.lease is None:
+        lease = "never taken"
+    elif view.lease.until >= now:
+        lease = (f"{view.lease.holder} generation {view.lease.gen}, "
+                 f"{view.lease.until - now}s left")
+    elif view.lease_released:
+        lease = (f"free (last: {view.lease.holder} generation {view.lease.gen}, released "
+                 f"{now - view.lease.until - 1}s ago)")
+    else:
+        lease = (f"free (last: {view.lease.holder} generation {view.lease.gen}, expired "
+                 f"{now - view.lease.until}s ago)")
+    print(f"lease       {lease}; takeovers {view.takeovers}, refused stale writes "
+          f"{view.refused_writes}")
+    print(f"execution   {'PAUSED' if view.paused else 'running'}; outbox "
+          f"{'HELD' if view.outbox_held else 'sending'}; lost claims → {settings.on_lost_claim}")
+    print(f"next timer  {when(view.next_timer_due, now)}")
+    send = when(view.next_send_at, now) if view.held_messages else "nothing held"
+    print(f"outbox      {view.held_messages} held; next send {send}; "
+          f"{view.uncertain_deliveries} uncertain (settle: mark-sent / send-again)")
+    print(f"approvals   {view.waiting_approvals} waiting")
+    print(f"set aside   {view.set_aside} stored row(s) the engine could not process")
+    print("budgets")
+    for name, budget in sorted(view.budgets.items()):
+        limit = "unlimited" if budget.get("limit") is None else budget["limit"]
+        used = f"{budget['used']} / {limit}" if "used" in budget else f"limit {limit}"
+        print(f"  {name:<22} {used:<18} excess {budget.get('excess')}")
+    return OK
+
+
+async def cmd_show(args: argparse.Namespace) -> int:
+    async with await open_inbox(args) as inbox:
+        event = await inbox.get_event(args.event_id)
+        if event is None:
+            raise CliError(f"no event {args.event_id} in {args.path}", NOT_APPLIED)
+        runs = await inbox.runs(args.event_id)
+        effects = await inbox.effects(args.event_id)
+        now = inbox.now()
+    if args.json:
+        emit_json({"effects": effects, "event": event, "runs": runs})
+        return OK
+    print(f"event {event.id}  {event.source} / {event.source_id}  {event.status}  "
+          f"attempts {event.attempts}")
+    print(f"created     {local_time(event.created, now)}")
+    print(f"updated     {local_time(event.updated, now)}")
+    if event.error:
+        print(f"error       {one_line(event.error)}")
+    print(f"payload     {json.dumps(event.payload, ensure_ascii=False, sort_keys=True)}")
+    for run in runs:
+        finished = f"  finished {local_time(run.finished_at, now)}" if run.finished_at else ""
+        print(f"run {run.id}  {run.holder} generation {run.gen}  claimed "
+              f"{local_time(run.claimed_at, now)}{finished}  outcome {run.outcome or 'running'}"
+              + (f"  ({one_line(run.error)})" if run.error else ""))
+        if run.traceback:
+            print("  traceback (the agent's, most recent call last):")
+            for line in run.traceback.rstrip().splitlines():
+                print(f"    {line}")
+    for effect in effects:
+        print(f"effect {effect.name}  {effect.state}  key {effect.key}  run {effect.run_id}  "
+              f"detail {json.dumps(effect.detail, ensure_ascii=False, sort_keys=True)}")
+    return OK
+
+
+async def cmd_events(args: argparse.Namespace) -> int:
+    async with await open_inbox(args) as inbox:
+        rows = await inbox.events(args.status, limit=args.limit, after=args.after)
+    if args.json:
+        emit_json(rows)
+        return OK
+    for e in rows:
+        error = f"  {one_line(e.error)[:80]}" if e.error else ""
+        print(f"{e.id}\t{e.source}\t{e.source_id}\t{e.status}\tattempts {e.attempts}{error}")
+    return OK
+
+
+async def cmd_approvals(args: argparse.Namespace) -> int:
+    async with await open_inbox(args) as inbox:
+        rows = await inbox.approvals(limit=args.limit)
+        now = inbox.now()
+    if args.json:
+        emit_json(rows)
+        return OK
+    for a in rows:
+        state = f"waiting, expires {when(a.due, now)}" if a.answer is None else \
+            f"{a.answer} by {a.answered_by}"
+        print(f"{a.request_id}\t{one_line(a.action)}\t{state}")
+    return OK
+
+
+async def cmd_config(args: argparse.Namespace) -> int:
+    changes = assignments(args.settings)
+    async with await open_inbox(args) as inbox:
+        before = json.loads(inbox.settings.to_json())
+        if changes:
+            await inbox.configure(**changes)
+        after = json.loads(inbox.settings.to_json())
+    if args.json:
+        emit_json(after)
+        return OK
+    keys = sorted(changes) if changes else sorted(after)
+    for key in keys:
+        value = json.dumps(after[key], sort_keys=True)
+        was = f"   (was {json.dumps(before[key], sort_keys=True)})" if changes and \
+            before[key] != after[key] else ""
+        print(f"{key} = {value}{was}")
+    return OK

@@ -1,0 +1,66 @@
+"""The operator's actions from a shell, one subcommand per row of core.actions.ACTIONS
+(requeue, cancel, resolve, bury, approve, deny, expire, mark-sent, send-again, pause,
+resume, hold, release), each audited with --actor and --reason."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from cli.output import NOT_APPLIED, OK, clip, emit_json, one_line
+from cli.running import open_inbox, run_async
+from core import ACTIONS
+
+_SWITCHED = {
+    "pause": ("paused", "execution paused: claims return nothing, intake goes on"),
+    "resume": ("paused", "execution resumed"),
+    "hold": ("outbox_held", "outbox held: nothing is sent until `release`"),
+    "release": ("outbox_held", "outbox released"),
+}
+
+
+async def _act(args: argparse.Namespace, name: str) -> int:
+    action = ACTIONS[name]
+    target = {"event": "event_id", "approval": "request_id",
+              "delivery": "delivery_id"}.get(action.target)
+    async with await open_inbox(args) as inbox:
+        outcome = await inbox.act(name, None if target is None else getattr(args, target),
+                                  expect=getattr(args, "expect", None), actor=args.actor,
+                                  reason=args.reason)
+    if action.target == "approval":
+        if args.json:
+            emit_json({"applied": outcome.applied, "request_id": args.request_id,
+                       "standing": outcome.result})
+        else:
+            print(outcome.result)
+    elif action.target == "inbox":
+        field, message = _SWITCHED[name]
+        if args.json:
+            emit_json({"changed": outcome.applied, field: outcome.after == "true"})
+        else:
+            print(message if outcome.applied else f"already so: {message}")
+        return OK  # a switch already in place is not a failure
+    elif args.json:
+        emit_json({"action": name, "applied": outcome.applied, target: getattr(args, target),
+                   "before": outcome.before, "reason": None if outcome.applied else
+                   outcome.reason, "status": outcome.after})
+    elif outcome.applied:
+        print(f"{name}: {outcome.target} was {outcome.before}, is now {outcome.after}")
+    if outcome.applied:
+        return OK
+    if not args.json:
+        if action.target == "approval":
+            why = ("no such request" if outcome.result == "unknown"
+                   else f"the answer that stands is {outcome.result!r}")
+        else:
+            why = one_line(outcome.reason or "refused")
+        shown = args.request_id if action.target == "approval" else outcome.target
+        print(f"onwatch: {action.command} not applied to {clip(shown, 200)}: {why}",
+              file=sys.stderr)
+    return NOT_APPLIED
+
+
+def act_command(name: str) -> Callable[[argparse.Namespace], int]:
+    """The handler of the subcommand for ACTIONS[name]."""
+    return run_async(lambda args: _act(args, name))

@@ -1,0 +1,100 @@
+"""The operator's actions as data: one table drives the core entry (`Inbox.act`), the audit
+log's action names, the CLI subcommands and the desk's confirmations; and the `Outcome` every
+action returns, so nobody re-reads the audit log to learn what happened."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One operator action. `name` is its one name: the `Inbox.act` name, the audit log's
+    action word (where the inbox writes it), the CLI subcommand (`_` shown as `-`) and the
+    desk's action. `target` is what it acts on: "event", "approval", "delivery" or "inbox".
+    `allowed` are the states it applies to; `after` the state it leaves (None: a switch)."""
+
+    name: str
+    target: str
+    allowed: tuple[str, ...]
+    after: str | None
+    help: str
+    question: str  # the confirmation for one target
+    question_many: str  # for several: formatted with {n}
+    note: str = ""
+
+    @property
+    def command(self) -> str:
+        """The CLI subcommand."""
+        return self.name.replace("_", "-")
+
+
+ACTIONS: dict[str, Action] = {a.name: a for a in (
+    Action("requeue", "event", ("dead", "interrupted", "cancelled"), "pending",
+           "dead/interrupted/cancelled → pending, with fresh attempts",
+           "Requeue this event?", "Requeue these {n} events?",
+           "It runs again with a fresh attempt budget: any effect it had (a refund, a mail) "
+           "may happen again."),
+    Action("cancel", "event", ("pending",), "cancelled",
+           "pending → cancelled (a running event cannot be cancelled)",
+           "Cancel this pending event?", "Cancel these {n} pending events?",
+           "A cancelled event is never claimed; a running one cannot be cancelled."),
+    Action("resolve", "event", ("interrupted",), "done",
+           "interrupted → done: the uncertain effect did happen",
+           "Resolve this interrupted event as done?",
+           "Resolve these {n} interrupted events as done?",
+           "Only if you checked that its effect happened: it will not run again."),
+    Action("bury", "event", ("interrupted", "pending"), "dead",
+           "interrupted or pending → dead, by hand",
+           "Bury this event (send it to dead)?", "Bury these {n} events?",
+           "It stays in Dead until requeued."),
+    Action("approve", "approval", ("waiting",), "yes",
+           "answer yes; prints the answer that stands",
+           "Approve this request?", "Approve these {n} requests?",
+           "The agent resumes with the answer yes."),
+    Action("deny", "approval", ("waiting",), "no",
+           "answer no; prints the answer that stands",
+           "Deny this request?", "Deny these {n} requests?",
+           "The agent resumes with the answer no."),
+    Action("expire", "approval", ("waiting",), "expired",
+           "expire a waiting request now; prints the answer that stands",
+           "Expire this request now?", "Expire these {n} requests now?",
+           "The request ends as if nobody answered; the agent resumes with a refusal."),
+    Action("mark_sent", "delivery", ("uncertain",), "sent",
+           "uncertain delivery → sent: it did reach the channel",
+           "Mark this delivery as sent?", "Mark these {n} deliveries as sent?",
+           "Its messages will not be sent again."),
+    Action("send_again", "delivery", ("uncertain",), "send again",
+           "uncertain delivery → its messages back in the outbox, under a new key",
+           "Send this delivery again?", "Send these {n} deliveries again?",
+           "The recipient may get the messages twice."),
+    Action("pause", "inbox", ("false",), "true",
+           "pause execution (claims return nothing; intake goes on)",
+           "Pause execution?", "Pause execution?"),
+    Action("resume", "inbox", ("true",), "false", "resume execution",
+           "Resume execution?", "Resume execution?"),
+    Action("hold", "inbox", ("false",), "true", "hold the outbox (nothing is sent)",
+           "Hold the outbox?", "Hold the outbox?"),
+    Action("release", "inbox", ("true",), "false", "release the outbox",
+           "Release the outbox?", "Release the outbox?"),
+)}
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What an action did: `applied`, the audited `target` ("event 7", "approval r1",
+    "paused"…), the state `before` → `after`, and the `reason` (why it was refused, or the
+    operator's reason when applied). Truthy iff applied. `result` is what the action's own
+    method returns (True/False, or the approval answer that stands)."""
+
+    action: str
+    target: str
+    applied: bool
+    before: str | None
+    after: str | None
+    reason: str | None
+    result: Any = None
+
+    def __bool__(self) -> bool:
+        return self.applied

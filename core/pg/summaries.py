@@ -1,0 +1,63 @@
+"""The fleet desk's reading of a database: which inboxes changed, and their summaries.
+
+Two queries, both on one connection the desk keeps: `changes` lists every inbox with its
+change counter (a walk of the small `inboxes` table), and `summaries` reads the full summary
+of the inboxes whose counter moved — counts, lease, waiting approvals (the soonest ones with
+their action text), the last run, the runs of the last hour, the outbox — in one statement
+with an index probe per figure, so a thousand inboxes cost one round trip, not a thousand
+connections. The shape of each row is `core.fleet.InboxSummary`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+CHANGES = "SELECT id, name, changes FROM inboxes"
+
+SUMMARIES = """
+SELECT i.id, i.name, i.changes, i.lease_holder, i.lease_gen, i.lease_until, i.released_gen,
+       i.paused, i.outbox_held, i.settings, i.last_paced_send,
+       c.pending, c.running, c.dead, c.interrupted, w.waiting, a.list,
+       r.claimed_at, r.finished_at, r.outcome, act.list, o.held, o.undelivered
+FROM inboxes i
+CROSS JOIN LATERAL (
+    SELECT coalesce(sum(n) FILTER (WHERE status = 'pending'), 0) AS pending,
+           coalesce(sum(n) FILTER (WHERE status = 'running'), 0) AS running,
+           coalesce(sum(n) FILTER (WHERE status = 'dead'), 0) AS dead,
+           coalesce(sum(n) FILTER (WHERE status = 'interrupted'), 0) AS interrupted
+    FROM event_counts WHERE inbox_id = i.id) c
+CROSS JOIN LATERAL (
+    SELECT count(*) AS waiting FROM approvals WHERE inbox_id = i.id AND answer IS NULL) w
+CROSS JOIN LATERAL (
+    SELECT coalesce(json_agg(json_build_array(request_id, action, due, requested)
+                             ORDER BY due, request_id), '[]') AS list
+    FROM (SELECT request_id, substr(action, 1, %(chars)s) AS action, due, requested
+          FROM approvals WHERE inbox_id = i.id AND answer IS NULL
+          ORDER BY due, request_id LIMIT %(shown)s) x) a
+LEFT JOIN LATERAL (
+    SELECT claimed_at, finished_at, outcome FROM runs WHERE inbox_id = i.id
+    ORDER BY claimed_at DESC, id DESC LIMIT 1) r ON true
+CROSS JOIN LATERAL (
+    SELECT coalesce(json_agg(json_build_array(minute, n, failed) ORDER BY minute), '[]')
+           AS list
+    FROM (SELECT claimed_at / 60 AS minute, count(*) AS n,
+                 count(*) FILTER (WHERE outcome IN ('error', 'lost')) AS failed
+          FROM runs WHERE inbox_id = i.id AND claimed_at > %(since)s GROUP BY 1) y) act
+CROSS JOIN LATERAL (
+    SELECT count(*) AS held, count(*) FILTER (WHERE delivery_id IS NULL) AS undelivered
+    FROM outbox WHERE inbox_id = i.id AND status = 'held') o
+WHERE i.id = ANY(%(ids)s)
+"""
+
+
+def changes(conn: Any) -> list[tuple[int, str, int]]:
+    """Every inbox of the database: (id, name, change counter)."""
+    return [(int(r[0]), r[1], int(r[2])) for r in conn.execute(CHANGES).fetchall()]
+
+
+def summaries(conn: Any, ids: Sequence[int], since: int, shown: int,
+              chars: int) -> list[tuple]:
+    """The summary rows of inboxes `ids` (see SUMMARIES for the columns), runs counted
+    after `since`, the `shown` soonest waiting approvals with `chars` of their action."""
+    return conn.execute(SUMMARIES, {"ids": list(ids), "since": since, "shown": shown,
+                                    "chars": chars}).fetchall()

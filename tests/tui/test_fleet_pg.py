@@ -1,0 +1,174 @@
+"""The fleet desk over every inbox of one PostgreSQL database, against a real server (skipped,
+with the reason, where none can be had): 50 inboxes listed, another process's approval raising
+the alarm, an answer from the `A` queue landing in that inbox, a new inbox showing up live,
+drilling into one inbox, and `onwatch tui postgresql://…` choosing the fleet or one inbox."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import pytest
+
+from core import Inbox, SystemClock
+from core.fleet import DatabaseFleet
+from tests.pg.server import Unavailable, cluster
+from tui.app import OnwatchApp
+from tui.fleet import FleetScreen
+from tui.fleet.queue import ApprovalQueueScreen
+from tui.screens.confirm import ConfirmScreen
+
+from .conftest import screen_text, wait_for, wait_for_text
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+INBOXES = 50
+
+AGENT = """
+import asyncio, sys
+sys.path.insert(0, {root!r})
+from core import Inbox
+async def main():
+    async with await Inbox.open({url!r}, name={name!r}, create=False) as inbox:
+        await inbox.request_approval("from-afar", 3600, "ship the release")
+asyncio.run(main())
+"""
+
+
+@pytest.fixture
+def database() -> str:
+    """A fresh onwatch database with 50 inboxes, agent-00 … agent-49 (one event each)."""
+    try:
+        url = cluster().new_database()
+    except Unavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+
+    async def fill() -> None:
+        for i in range(INBOXES):
+            async with await Inbox.open(url, name=f"agent-{i:02}") as inbox:
+                await inbox.ingest("chat", "m-1", {"text": "hello"})
+    asyncio.run(fill())
+    return url
+
+
+async def loaded(app, pilot) -> FleetScreen:
+    await wait_for(pilot, lambda: app.fleet_desk is not None and app.fleet_desk.loaded
+                   and isinstance(app.screen, FleetScreen), what="the first scan",
+                   timeout=15)
+    await pilot.pause()
+    return app.screen
+
+
+async def waiting(url: str, name: str) -> list:
+    async with await Inbox.open(url, name=name, create=False) as inbox:
+        return await inbox.approvals()
+
+
+async def test_50_inboxes_listed_and_another_process_raises_the_alarm(database):
+    source = DatabaseFleet(database, label="fleet-db")
+    app = OnwatchApp(None, clock=SystemClock(), fleet=source)
+    bells = []
+    app.bell = lambda: bells.append(1)
+    try:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            screen = await loaded(app, pilot)
+            assert len(screen.order) == INBOXES and app.title == "onwatch"
+            assert "50 inboxes · 0 approvals waiting" in screen_text(app)
+            script = AGENT.format(root=ROOT, url=database, name="agent-37")
+            process = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
+            assert await asyncio.wait_for(process.wait(), 30) == 0
+            await wait_for_text(pilot, "New approval in agent-37: ship the release",
+                                timeout=10)
+            assert bells == [1] and app.title == "onwatch · 1 approval needs you"
+            assert screen.order[0].name == "agent-37"
+            assert [a.request_id for a in await waiting(database, "agent-37")] == ["from-afar"]
+            # Drilling in opens that inbox of the database, by name (the cursor stays on the
+            # inbox it was on: home moves it to the first row).
+            await pilot.press("home")
+            assert screen.rows.selected.name == "agent-37"
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.inbox is not None and app.inbox.name == "agent-37"
+                           and not isinstance(app.screen, FleetScreen), what="agent-37's panes")
+            await pilot.press("4")
+            await wait_for_text(pilot, "from-afar", timeout=10)
+            await app.inbox.close()
+            app.inbox = None
+    finally:
+        source.close()
+
+
+async def test_an_answer_from_the_queue_lands_in_its_inbox(database):
+    async with await Inbox.open(database, name="agent-12", create=False) as inbox:
+        await inbox.request_approval("refund-7", 3600, "Refund $40 [b]now[/b]")
+    source = DatabaseFleet(database)
+    app = OnwatchApp(None, clock=SystemClock(), fleet=source)
+    try:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            await loaded(app, pilot)
+            await pilot.press("A")
+            await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen),
+                           what="the queue")
+            queue = app.screen
+            assert [(s.name, a.request_id) for s, a in queue.items] == [("agent-12",
+                                                                          "refund-7")]
+            await pilot.press("a")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+            assert "Refund $40 [b]now[/b]" in screen_text(app)  # literal, never markup
+            await pilot.press("y")
+            await wait_for_text(pilot, "agent-12: approved refund-7")
+            [approval] = await waiting(database, "agent-12")
+            assert approval.answer == "yes" and approval.answered_by == "operator"
+            await wait_for(pilot, lambda: not queue.items, what="the request leaving the queue")
+            row = app.fleet_desk.summaries["agent-12"]
+            assert row.waiting == 0 and row.pending == 2  # the answer is an event of its own
+    finally:
+        source.close()
+
+
+async def test_a_new_inbox_shows_up_live(database):
+    source = DatabaseFleet(database)
+    app = OnwatchApp(None, clock=SystemClock(), fleet=source)
+    try:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            screen = await loaded(app, pilot)
+            assert "zz-late" not in {s.name for s in screen.order}
+            async with await Inbox.open(database, name="zz-late") as late:
+                await late.ingest("chat", "m-1", {"text": "hi"})
+            await wait_for(pilot, lambda: "zz-late" in {s.name for s in screen.order},
+                           what="the new inbox", timeout=10)
+            assert len(screen.order) == INBOXES + 1
+            assert app.fleet_desk.summaries["zz-late"].pending == 1
+    finally:
+        source.close()
+
+
+def test_tui_on_a_url_opens_the_fleet_or_one_inbox(database, monkeypatch):
+    from tui import app as app_module, cli, fleet as fleet_module
+
+    calls = []
+    monkeypatch.setattr(fleet_module, "run", lambda target, read_only=False:
+                        calls.append(("fleet", target)) or 0)
+    monkeypatch.setattr(app_module, "run", lambda path, read_only=False, name="default":
+                        calls.append(("inbox", path, name)) or 0)
+    assert cli.main(["tui", database]) == 0
+    assert cli.main(["tui", database, "--inbox", "agent-03"]) == 0
+    assert calls == [("fleet", database), ("inbox", database, "agent-03")]
+
+
+def test_a_database_that_is_not_onwatch_is_refused_in_one_line(capsys):
+    try:
+        url = cluster().new_database(schema=False)
+    except Unavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE ledger (x int)")
+    from tui import fleet as fleet_module
+
+    assert fleet_module.run(url) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("onwatch: ") and "not an onwatch database" in err
+    assert err.count("\n") == 1
+    with psycopg.connect(url) as conn:  # untouched: no onwatch table was made
+        assert conn.execute("SELECT to_regclass('onwatch_schema')").fetchone()[0] is None

@@ -1,8 +1,8 @@
 """The layers hold: import-linter's contracts in pyproject.toml pass here, and bite on a breach.
 
 The contracts: core imports no UI and no front end (tui, cli, textual, rich, textual_serve,
-playwright), even inside a function; tui reaches the database only through core (no sqlite3,
-aiosqlite or psycopg of its own). `python3 dev.py test` runs the same check before pytest.
+playwright), even inside a function; tui and cli reach the database only through core (no
+sqlite3, aiosqlite or psycopg of their own). `python3 dev.py test` runs the same check before pytest.
 """
 
 import os
@@ -37,6 +37,8 @@ def test_the_contracts_catch_an_engine_that_imports_ui_and_a_desk_that_opens_sql
         "tui/desk.py": "import aiosqlite\n",
         "tui/fleet/__init__.py": "",
         "tui/fleet/seed.py": "import sqlite3\n",  # the documented exception
+        "cli/__init__.py": "",
+        "cli/commands.py": "from psycopg import connect\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -51,5 +53,6 @@ def test_the_contracts_catch_an_engine_that_imports_ui_and_a_desk_that_opens_sql
     assert "core is not allowed to import cli" in out
     assert "tui is not allowed to import aiosqlite" in out
     assert "tui.desk -> aiosqlite" in out
+    assert "cli.commands -> psycopg" in out
     assert "not allowed to import sqlite3" not in out
     assert "2 broken" in out

@@ -380,10 +380,6 @@ class Database:
         callers of `peek` treat as "take the normal path"."""
         raise sqlite3.OperationalError("no reads on the event loop's thread on PostgreSQL")
 
-    async def data_version(self) -> int:
-        """Changes whenever a commit changed this inbox (its change counter)."""
-        return await self.call(change_count)
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -391,11 +387,6 @@ class Database:
         self.wake.close()
         self._jobs.put(None)
         await asyncio.to_thread(self._thread.join)
-
-
-def change_count(tx: Tx) -> int:
-    changes: int = tx.one("SELECT changes FROM inboxes WHERE id = %s", (tx.inbox,))[0]
-    return changes
 
 
 def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where: str) -> int:

@@ -2,7 +2,10 @@
 """Bootstrap: make the project's virtual environment on first use, then run a command in it.
 
     python3 dev.py demo       the demo on a scratch inbox
-    python3 dev.py test       the whole test suite (what CI runs)
+    python3 dev.py test       the static checks, then the whole test suite (what CI runs)
+    python3 dev.py test -k x  the static checks, then pytest with these arguments
+    python3 dev.py test --no-lint -k x
+                              pytest only (a quick loop while editing; CI never passes it)
     python3 dev.py bench      the benchmark suite (prints figures)
     python3 dev.py onwatch …  any onwatch command
 
@@ -41,11 +44,35 @@ def ensure_env() -> None:
     STAMP.write_text(wanted)
 
 
+def static_checks(env: dict[str, str]) -> bool:
+    """Run every static check, one line each; True when all pass (all run even after a failure)."""
+    checks = [
+        ("mypy (strict, core/)", [str(PYTHON), "-m", "mypy"]),
+        ("import-linter (layers)", [str(BIN / "lint-imports"), "--no-cache"]),
+        ("ruff (lint)", [str(BIN / "ruff"), "check", "--no-cache", "."]),
+    ]
+    passed = True
+    for name, command in checks:
+        result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        if result.returncode == 0:
+            print(f"onwatch: {name}: ok", file=sys.stderr)
+            continue
+        passed = False
+        print(f"onwatch: {name}: FAILED", file=sys.stderr)
+        sys.stderr.write(result.stdout + result.stderr)
+    return passed
+
+
 def main(argv: list[str]) -> int:
     command, *rest = argv or ["demo"]
     ensure_env()
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     if command == "test":
+        lint = "--no-lint" not in rest
+        rest = [arg for arg in rest if arg != "--no-lint"]
+        if lint and not static_checks(env):
+            print("onwatch: static checks failed; not running pytest", file=sys.stderr)
+            return 1
         code = subprocess.call([str(PYTHON), "-m", "pytest", *rest], cwd=ROOT, env=env)
         if code == 5:
             print("onwatch: pytest collected no tests; treating that as a failure",

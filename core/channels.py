@@ -29,7 +29,7 @@ def stdout_channel(stream: Any = None) -> Callable[[str], None]:
     return send
 
 
-def file_channel(path: str | os.PathLike) -> Callable[[str], None]:
+def file_channel(path: str | os.PathLike[str]) -> Callable[[str], None]:
     """Append one JSON line per send to `path`: {"at", "count", "key", "text"} (fsynced)."""
     def send(text: str) -> None:
         line = json.dumps({"at": int(time.time()), "count": getattr(text, "count", 1),

@@ -27,7 +27,7 @@ def _map_error(exc: sqlite3.Error, path: str, busy_timeout: float) -> InboxError
     return InboxError(f"inbox {path}: {text}")
 
 
-def write_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
+def write_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     """`fn(db, *args)` inside BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
     db.execute("BEGIN IMMEDIATE")
     try:
@@ -40,7 +40,7 @@ def write_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple)
     return result
 
 
-def read_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple) -> T:
+def read_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     """`fn(db, *args)` inside one read snapshot."""
     db.execute("BEGIN")  # deferred: one consistent snapshot, no write lock
     try:
@@ -70,7 +70,7 @@ class Database:
         self._fd: int | None = None  # the opened file, held: see file_replaced()
 
     @classmethod
-    async def open(cls, path: str | os.PathLike, *, create: bool = True,
+    async def open(cls, path: str | os.PathLike[str], *, create: bool = True,
                    busy_timeout: float = 5.0,
                    factory: type[sqlite3.Connection] | None = None) -> "Database":
         """Open (creating or migrating) an inbox file; raise NotAnInbox and leave it untouched
@@ -123,11 +123,14 @@ class Database:
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(sqlite3_connection, *args)` on the connection's thread, mapping errors."""
         try:
-            return await self._conn._execute(fn, self._conn._conn, *args)
+            # aiosqlite's private hop is untyped; it returns what fn returns
+            result: T = await self._conn._execute(  # type: ignore[no-untyped-call]
+                fn, self._conn._conn, *args)
+            return result
         except sqlite3.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout) from None
 
-    def write_soon(self, fn: Callable[..., T], args: tuple,
+    def write_soon(self, fn: Callable[..., T], args: tuple[Any, ...],
                    done: Callable[[T | None, BaseException | None], None]) -> None:
         """Queue `fn` in its own write transaction; call `done(result, error)` on this loop
         once it committed (error None) or rolled back (result None, error mapped).
@@ -185,7 +188,7 @@ class Database:
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside BEGIN IMMEDIATE … COMMIT; roll back on any exception."""
-        result = await self.call(write_transaction, fn, args)
+        result: T = await self.call(write_transaction, fn, args)
         self.wake.notify()
         return result
 

@@ -20,7 +20,7 @@ import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
-from typing import Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from urllib.parse import quote
 
 from . import schema, store
@@ -29,6 +29,11 @@ from .errors import BadInput, InboxError, NotAnInbox
 from .inbox import Inbox
 from .records import Approval, Lease
 from .settings import Settings
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from .pg.db import Tx
 
 HOUR = 3600
 SHOWN_APPROVALS = 100  # waiting approvals kept per summary, soonest first
@@ -76,7 +81,7 @@ class InboxSummary:
     paused: bool = False
     # runs in the hour before `read_at`: (minute, runs, failed runs) per minute with runs
     activity: tuple[tuple[int, int, int], ...] = ()
-    signature: tuple = field(default=(), compare=False)
+    signature: tuple[int, ...] = field(default=(), compare=False)  # file times and sizes
 
     @property
     def soonest_due(self) -> int | None:
@@ -109,7 +114,7 @@ class FleetSource(Protocol):
 
 
 def read_summary(path: str, key: str, name: str, now: int,
-                 signature: tuple = ()) -> InboxSummary:
+                 signature: tuple[int, ...] = ()) -> InboxSummary:
     """Summarise the inbox file at `path` in one read transaction, or say why it cannot be.
 
     Never raises for a bad file and never writes to it: the connection is read-only
@@ -167,7 +172,7 @@ def read_summary(path: str, key: str, name: str, now: int,
 
 
 def _summarise(db: sqlite3.Connection, path: str, key: str, name: str, now: int,
-               signature: tuple) -> InboxSummary:
+               signature: tuple[int, ...]) -> InboxSummary:
     counts = store.counts(db)
     lease = store.lease_info(db)
     released = lease is not None and db.execute(
@@ -201,11 +206,11 @@ def _activity_sqlite(db: sqlite3.Connection, since: int) -> tuple[tuple[int, int
         "WHERE claimed_at > ? GROUP BY 1 ORDER BY 1", (since,)))
 
 
-def _activity_pg(db: object, since: int) -> tuple[tuple[int, int, int], ...]:
-    return tuple((int(r[0]), int(r[1]), int(r[2])) for r in db.execute(  # type: ignore[attr-defined]
+def _activity_pg(db: Tx, since: int) -> tuple[tuple[int, int, int], ...]:
+    return tuple((int(r[0]), int(r[1]), int(r[2])) for r in db.execute(
         "SELECT claimed_at / 60, count(*), count(*) FILTER (WHERE outcome IN ('error', "
         "'lost')) FROM runs WHERE inbox_id = %s AND claimed_at > %s GROUP BY 1 ORDER BY 1",
-        (db.inbox, since)).fetchall())  # type: ignore[attr-defined]
+        (db.inbox, since)).fetchall())
 
 
 async def run_activity(inbox: Inbox, now: int) -> tuple[tuple[int, int, int], ...]:
@@ -236,7 +241,7 @@ class FolderFleet:
 
     SUFFIXES = (".db", ".sqlite", ".sqlite3")
 
-    def __init__(self, folder: str | os.PathLike, *, label: str | None = None) -> None:
+    def __init__(self, folder: str | os.PathLike[str], *, label: str | None = None) -> None:
         folder = os.fspath(folder)
         if not os.path.isdir(folder):
             raise BadInput(f"{folder} is not a folder of inboxes")
@@ -250,7 +255,7 @@ class FolderFleet:
              force: frozenset[str] = frozenset()) -> FleetScan:
         """Every inbox file's summary; a file whose database and WAL kept their modification
         time and size is not read again (unless in `force`, or last read as locked)."""
-        entries: dict[str, os.DirEntry] = {}
+        entries: dict[str, os.DirEntry[str]] = {}
         try:
             with os.scandir(self.folder) as listing:
                 for entry in listing:
@@ -269,7 +274,7 @@ class FolderFleet:
                 stat = entry.stat()
             except OSError:
                 continue
-            signature: tuple = (stat.st_mtime_ns, stat.st_size)
+            signature: tuple[int, ...] = (stat.st_mtime_ns, stat.st_size)
             newest = stat.st_mtime
             wal = entries.get(key + "-wal")
             if wal is not None:
@@ -320,14 +325,14 @@ class DatabaseFleet:
         self.url = url
         self.shown_url = redact(url)
         self.label = self.shown_url if label is None else label
-        self._conn: object | None = None
+        self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
 
-    def _connect(self):  # noqa: ANN202 - psycopg's Connection, imported only here
+    def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
         import psycopg
 
         from .pg import schema as pg_schema
 
-        if self._conn is None or self._conn.closed:  # type: ignore[attr-defined]
+        if self._conn is None or self._conn.closed:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
             try:
                 pg_schema.inspect(conn, self.shown_url)
@@ -349,7 +354,7 @@ class DatabaseFleet:
 
     def close(self) -> None:
         if self._conn is not None:
-            self._conn.close()  # type: ignore[attr-defined]
+            self._conn.close()
             self._conn = None
 
     def scan(self, now: int, known: Mapping[str, InboxSummary],
@@ -378,7 +383,7 @@ class DatabaseFleet:
         removed = frozenset(set(known) - set(summaries))
         return FleetScan(summaries, frozenset(fresh), removed)
 
-    def _summary(self, row: tuple, now: int) -> InboxSummary:
+    def _summary(self, row: tuple[Any, ...], now: int) -> InboxSummary:
         (_, name, changes, holder, gen, until, released_gen, paused, outbox_held, settings,
          last_paced_send, pending, running, dead, interrupted, waiting, approvals,
          claimed_at, finished_at, outcome, activity, held, undelivered) = row

@@ -8,10 +8,11 @@ import inspect
 import json
 import os
 import sqlite3
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from . import pg, store
 from .actions import ACTIONS, Outcome
+from .backend import Connection, Handle, Store, Waker
 from .clock import (
     MAX_COUNT, MAX_ID, Clock, SystemClock, check_duration, check_int, check_time, show,
 )
@@ -22,7 +23,6 @@ from .records import (
     Lease, LeaseChange, Message, Overview, Reply, Run, Timer,
 )
 from .settings import MAX_BATCH, Settings
-from .wake import Wake
 
 CATCH_UP_POLICIES = ("coalesce", "each")
 MAX_TEXT = 1024  # sources, ids, holders: keys, not documents
@@ -35,14 +35,17 @@ RESERVED_TIMER_PREFIXES = ("approval:",)
 MAX_TRACEBACK = 16_384  # a failed run's traceback: its end (the raising line) is kept
 
 SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
+T = TypeVar("T")
+Item = tuple[str, str, str, int]  # an ingest as stored: (source, source_id, payload JSON, now)
 
 
-def _ingest_all_or_none(db: sqlite3.Connection, batch: list[tuple], sql=store) -> list[bool]:
-    results = sql.ingest_many(db, batch)
-    for result in results:
+def _ingest_all_or_none(db: Handle, batch: list[Item], sql: Store = store) -> list[bool]:
+    stored: list[bool] = []
+    for result in sql.ingest_many(db, batch):
         if isinstance(result, Exception):
             raise result  # rolls the whole batch back
-    return results
+        stored.append(result)
+    return stored
 
 
 def _change_token(db: sqlite3.Connection) -> tuple[int, int]:
@@ -53,7 +56,7 @@ class Outgoing(str):
     """The text of one send; `.key` is the delivery's stable idempotency key."""
 
     key: str
-    count: int
+    count: int  # type: ignore[assignment]  # the number of messages joined; hides str.count
 
     def __new__(cls, text: str, key: str, count: int) -> "Outgoing":
         value = super().__new__(cls, text)
@@ -132,7 +135,8 @@ _JSON_ASCII = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
 # What _JSON.encode builds on every call, built once (no check for cycles: _check_shape has
 # already refused any value with more values than the limit, so a cyclic one never gets
 # here). The standard library's C encoder; without it, _JSON.encode.
-_C_ENCODER = json.encoder.c_make_encoder
+_C_ENCODER: Callable[..., Callable[[object, int], Sequence[str]]] | None = getattr(
+    json.encoder, "c_make_encoder", None)  # (not in the standard library's type stubs)
 _ENCODE_ONCE = None if _C_ENCODER is None else _C_ENCODER(
     None, _JSON.default, json.encoder.encode_basestring, None, ": ", ", ", False, False, False)
 
@@ -167,7 +171,7 @@ def _encode(payload: object, limit: int, what: str = "payload") -> str:
 MAX_BATCH_IDS = MAX_BATCH  # ids one finish may name: what one claim can hand out
 
 
-def _listed(name: str, values: object, limit: int) -> list:
+def _listed(name: str, values: object, limit: int) -> list[Any]:
     """`values` as a list, refused (BadInput) unless it is a finite iterable of at most
     `limit` items; a str is not a list of anything here."""
     if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
@@ -212,21 +216,21 @@ class _GroupCommit:
 
     KNOWN_KEYS = 65_536  # keys remembered for the duplicate fast path (oldest forgotten first)
 
-    def __init__(self, db: Database, sql=store) -> None:
+    def __init__(self, db: Connection, sql: Store = store) -> None:
         self._db = db
         self._sql = sql
-        self._queue: list[tuple[tuple, asyncio.Future]] = []
+        self._queue: list[tuple[Item, asyncio.Future[bool]]] = []
         self._in_flight = False  # a transaction of ours is queued or running on the thread
         self._flush_soon = False  # a _flush is scheduled for the end of this loop iteration
         self._storm = False  # the last transaction carried more than one ingest
-        self._idle: asyncio.Future | None = None
+        self._idle: asyncio.Future[None] | None = None
         self._known: dict[tuple[str, str], None] = {}
 
-    async def submit(self, item: tuple) -> bool:
+    async def submit(self, item: Item) -> bool:
         if (item[0], item[1]) in self._known and self._stored(item[0], item[1]):
             return False
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[bool] = loop.create_future()
         queue = self._queue
         queue.append((item, future))
         if not self._in_flight:
@@ -265,7 +269,8 @@ class _GroupCommit:
             self._in_flight = False
             self._settle(batch, None, exc)
 
-    def _done(self, batch: list[tuple[tuple, asyncio.Future]], results: list | None,
+    def _done(self, batch: list[tuple[Item, asyncio.Future[bool]]],
+              results: list[bool | Exception] | None,
               error: BaseException | None) -> None:
         """On the loop, when a transaction committed or failed."""
         self._in_flight = False
@@ -282,7 +287,8 @@ class _GroupCommit:
                     self._idle.set_result(None)
                 self._idle = None
 
-    def _settle(self, batch: list[tuple[tuple, asyncio.Future]], results: list | None,
+    def _settle(self, batch: list[tuple[Item, asyncio.Future[bool]]],
+                results: list[bool | Exception] | None,
                 error: BaseException | None) -> None:
         """Give each caller its own result or error."""
         if error is not None:  # the whole transaction failed: tell everyone in it
@@ -290,6 +296,7 @@ class _GroupCommit:
                 if not future.done():
                     future.set_exception(error)
             return
+        assert results is not None  # committed: one result per item
         known = self._known
         for (item, future), result in zip(batch, results, strict=True):
             if not isinstance(result, Exception):
@@ -311,7 +318,8 @@ class _GroupCommit:
 class Inbox:
     """One durable inbox (one SQLite file). Open with `await Inbox.open(path)`."""
 
-    def __init__(self, db: Database, clock: Clock, settings: Settings, sql=store) -> None:
+    def __init__(self, db: Connection, clock: Clock, settings: Settings,
+                 sql: Store = store) -> None:
         self._db = db
         self._sql = sql  # the backend's SQL module: core/self._sql.py or core/pg/self._sql.py
         self.clock = clock
@@ -321,7 +329,7 @@ class Inbox:
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, path: str | os.PathLike, *, name: str = "default",
+    async def open(cls, path: str | os.PathLike[str], *, name: str = "default",
                    clock: Clock | None = None, create: bool = True, busy_timeout: float = 5.0,
                    connection_factory: type[sqlite3.Connection] | None = None) -> "Inbox":
         """Open the inbox at `path`, creating or migrating its schema.
@@ -405,7 +413,7 @@ class Inbox:
     def _now(self, now: object) -> int:
         return self.clock.now() if now is None else check_time(now)
 
-    async def _write(self, fn: Callable, *args: Any) -> Any:
+    async def _write(self, fn: Callable[..., T], *args: Any) -> T:
         return await self._db.write(fn, *args)
 
     async def change_token(self) -> tuple[int, int]:
@@ -415,7 +423,7 @@ class Inbox:
         return await self._db.call(getattr(self._sql, "change_token", _change_token))
 
     @property
-    def wake(self) -> Wake:
+    def wake(self) -> Waker:
         """Wakes this process's waiters when the file may have changed (core/wake.py):
         another process's commit through the OS's file notification, ours directly."""
         return self._db.wake
@@ -488,7 +496,8 @@ class Inbox:
     async def acquire(self, holder: str, *, now: int | None = None) -> int | None:
         """Take or renew the lease; return its generation, or None if another holds it."""
         holder, now = _text("holder", holder), self._now(now)
-        renewed = getattr(self._sql, "renewed_without_write", None)  # SQLite's store only
+        renewed: Callable[..., int | None] | None = getattr(
+            self._sql, "renewed_without_write", None)  # SQLite's store only
         if renewed is not None:
             # The holder renewing to the expiry it already has changes nothing: one read of
             # committed state answers it on this thread, without a write transaction.
@@ -839,8 +848,9 @@ class Inbox:
             if expect is not None and (not isinstance(expect, str) or expect not in EVENT_STATES):
                 raise BadInput(f"expect must be an event state, got {show(expect)}")
             event_id = _event_id(target)
-            call: tuple = (self._sql.change_event, event_id, name, action.allowed, expect,
-                           action.after, when, who, why)
+            # (the store function, then its arguments)
+            call: tuple[Any, ...] = (self._sql.change_event, event_id, name, action.allowed,
+                                     expect, action.after, when, who, why)
             audited = f"event {event_id}"
         elif action.target == "delivery":
             expect = "uncertain" if expect is None else expect
@@ -947,7 +957,8 @@ class Inbox:
         return await self._db.read(self._sql.overview, self._now(now))
 
 
-def _acted(db: Any, read_audit: Callable, target: str, fn: Callable, *args: Any) -> tuple:
+def _acted(db: Handle, read_audit: Callable[[Handle, int, str], list[AuditEntry]], target: str,
+           fn: Callable[..., T], *args: Any) -> tuple[T, AuditEntry | None]:
     """Run an operator action's transaction and read back the audit entry it wrote, in the
     same transaction: (what the action returned, its AuditEntry)."""
     result = fn(db, *args)

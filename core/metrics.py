@@ -50,7 +50,7 @@ LATENCY_BUCKETS = (0, 1, 2, 5, 10, 30, 60, 120, 300, 900, 3600)
 CONTENT_TYPE = getattr(exposition, "CONTENT_TYPE_PLAIN_0_0_4", exposition.CONTENT_TYPE_LATEST)
 
 
-def inbox_label(path: str | os.PathLike) -> str:
+def inbox_label(path: str | os.PathLike[str]) -> str:
     """The `inbox` label of a file inbox: its name without the extension (alice.db → alice)."""
     name = os.path.basename(os.fspath(path)) or "inbox"
     stem, _ = os.path.splitext(name)

@@ -232,7 +232,7 @@ def inspect(db: sqlite3.Connection, path: str) -> int:
             db.execute("BEGIN")
         try:
             app_id = db.execute("PRAGMA application_id").fetchone()[0]
-            version = db.execute("PRAGMA user_version").fetchone()[0]
+            version: int = db.execute("PRAGMA user_version").fetchone()[0]
             tables = [r[0] for r in db.execute(
                 "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
         finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeGuard
 
 from .clock import MAX_COUNT, MAX_DURATION, show
 from .errors import BadInput
@@ -108,7 +108,7 @@ _OPTIONAL_POSITIVE = {"max_runs_per_day": MAX_COUNT, "max_pending": MAX_COUNT,
 MAX_SOURCES = 1000  # entries of lost_claim_by_source
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

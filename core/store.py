@@ -213,7 +213,7 @@ def _ingest_group(db: sqlite3.Connection, items: Sequence[tuple[str, str, str, i
             f"SELECT e.source, e.source_id FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) "
             f"AS k CROSS JOIN events AS e ON e.source = k.column1 AND e.source_id = k.column2",
             keys))
-        rows = []
+        rows: list[str | int] = []
         for index, source, source_id, payload, now in chunk:
             if (source, source_id) not in seen:
                 seen.add((source, source_id))
@@ -265,6 +265,7 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
         db.execute("INSERT INTO lease_history(gen, holder, previous_holder, at, how) "
                    "VALUES (1, ?, NULL, ?, 'first')", (holder, now))
         return 1
+    gen: int  # once checked below: a lease row edited by hand may hold anything
     current, gen, until = row
     if not _is_int(gen, 1, 1 << 62):  # a lease row edited by hand: continue its history
         gen = db.execute("SELECT coalesce(max(gen), 0) FROM lease_history").fetchone()[0]
@@ -448,7 +449,9 @@ def bury_exhausted(db: sqlite3.Connection, now: int, settings: Settings) -> int:
 
 
 def runs_since(db: sqlite3.Connection, since: int) -> int:
-    return db.execute("SELECT count(*) FROM runs WHERE claimed_at > ?", (since,)).fetchone()[0]
+    runs: int = db.execute("SELECT count(*) FROM runs WHERE claimed_at > ?",
+                           (since,)).fetchone()[0]
+    return runs
 
 
 # --- finishing ------------------------------------------------------------------------------
@@ -560,9 +563,9 @@ def run_scheduler(db: sqlite3.Connection, now: int) -> int:
             if timer.every is None:
                 _fire_once(db, timer, now)
             elif timer.catch_up == "coalesce":
-                _fire_coalesced(db, timer, now)
+                _fire_coalesced(db, timer, timer.every, now)
             else:
-                _fire_each(db, timer, now, settings.catch_up_limit)
+                _fire_each(db, timer, timer.every, now, settings.catch_up_limit)
             db.execute("RELEASE fire_timer")
         except ROW_ERRORS as exc:
             db.execute("ROLLBACK TO fire_timer")
@@ -577,9 +580,13 @@ _INSERT_EVENTS_VALUES = ("INSERT INTO events(source, source_id, payload, availab
                          "updated) VALUES ")
 _ON_KEY_DO_NOTHING = " ON CONFLICT(source, source_id) DO NOTHING"
 _INSERT_EVENTS = _INSERT_EVENTS_VALUES + "(?, ?, ?, ?, ?, ?)" + _ON_KEY_DO_NOTHING
+# An events row for _INSERT_EVENTS: (source, source_id, payload, available_at, created,
+# updated). A timers row as read is a tuple[Any, ...]: checked before it is trusted.
+_EventRow = tuple[str, str, str, int, int, int]
 
 
-def _fire_plain_runs(db: sqlite3.Connection, due: list[tuple], now: int) -> Iterable[tuple]:
+def _fire_plain_runs(db: sqlite3.Connection, due: list[tuple[Any, ...]],
+                     now: int) -> Iterable[tuple[Any, ...]]:
     """Fire each run of consecutive valid one-shot plain timers (the common case, thousands
     in a pass) with multi-row statements, and yield every other row, in order, to the
     per-row path. Rows are checked here first, the same checks as `_checked_timer` (the
@@ -589,8 +596,8 @@ def _fire_plain_runs(db: sqlite3.Connection, due: list[tuple], now: int) -> Iter
     refuses a row (say a key its CHECK forbids), the rows before it stand, the refused one
     goes to the per-row path, which sets it aside with the reason, and the rest of the run
     goes on."""
-    batch: list[tuple] = []
-    events: list[tuple] = []
+    batch: list[tuple[Any, ...]] = []
+    events: list[_EventRow] = []
     for index, row in enumerate(due):
         event = _plain_occurrence(row, now)
         if event is not None:
@@ -612,7 +619,7 @@ def _fire_plain_runs(db: sqlite3.Connection, due: list[tuple], now: int) -> Iter
             yield row
 
 
-def _insert_until_refused(db: sqlite3.Connection, events: list[tuple]) -> int:
+def _insert_until_refused(db: sqlite3.Connection, events: list[_EventRow]) -> int:
     """Insert `events` in order; return how many went in before a row the table refused
     (len(events) if none was); that row and the ones after it are not stored.
 
@@ -629,7 +636,7 @@ def _insert_until_refused(db: sqlite3.Connection, events: list[tuple]) -> int:
         except ROW_ERRORS:
             fed = 0
 
-            def feed() -> Iterable[tuple]:
+            def feed() -> Iterable[_EventRow]:
                 nonlocal fed
                 for event in chunk:  # executemany binds and steps one row, then the next  # noqa: B023 - called within this iteration
                     fed += 1
@@ -642,7 +649,7 @@ def _insert_until_refused(db: sqlite3.Connection, events: list[tuple]) -> int:
     return done
 
 
-def _plain_occurrence(row: Sequence[Any], now: int) -> tuple | None:
+def _plain_occurrence(row: Sequence[Any], now: int) -> _EventRow | None:
     """The event row (source, source_id, payload, now, now, now) a valid one-shot plain
     timer fires, its payload `json.dumps` of `_occurrence`'s dict (with the stored payload
     text as the data, which decodes to the same value); None for any other row: recurring,
@@ -708,7 +715,8 @@ def _first_unfired(timer: Timer) -> int:
     return due
 
 
-def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any) -> dict:
+def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int,
+                **extra: Any) -> dict[str, Any]:
     return {"timer": timer.id, "scheduled_for": scheduled, "late_by": now - scheduled,
             "skipped": skipped, "data": timer.payload, **extra}
 
@@ -722,43 +730,43 @@ def _fire_once(db: sqlite3.Connection, timer: Timer, now: int) -> None:
     db.execute("DELETE FROM timers WHERE id = ?", (timer.id,))
 
 
-def _fire_coalesced(db: sqlite3.Connection, timer: Timer, now: int) -> None:
+def _fire_coalesced(db: sqlite3.Connection, timer: Timer, every: int, now: int) -> None:
     due = _first_unfired(timer)
     if due > now:
         db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer.id))
         return
     timer = dataclasses.replace(timer, due=due)
-    missed = (now - timer.due) // timer.every  # occurrences before the latest one
-    latest = timer.due + missed * timer.every
+    missed = (now - timer.due) // every  # occurrences before the latest one
+    latest = timer.due + missed * every
     _insert_event(db, "timer", f"{timer.id}@{latest}",
                   _occurrence(timer, latest, now, missed), now)
     db.execute("UPDATE timers SET due = ?, last_fired = ?, last_skipped = ? WHERE id = ?",
-               (latest + timer.every, latest, missed, timer.id))
+               (latest + every, latest, missed, timer.id))
 
 
-def _fire_each(db: sqlite3.Connection, timer: Timer, now: int, limit: int) -> None:
+def _fire_each(db: sqlite3.Connection, timer: Timer, every: int, now: int, limit: int) -> None:
     due = _first_unfired(timer)
     if due > now:
         db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer.id))
         return
     timer = dataclasses.replace(timer, due=due)
-    count = (now - timer.due) // timer.every + 1
+    count = (now - timer.due) // every + 1
     overflow = max(count - limit, 0)
-    first = timer.due + overflow * timer.every  # the newest `limit` occurrences get events
-    latest = timer.due + (count - 1) * timer.every
-    for index, scheduled in enumerate(range(first, latest + 1, timer.every)):
+    first = timer.due + overflow * every  # the newest `limit` occurrences get events
+    latest = timer.due + (count - 1) * every
+    for index, scheduled in enumerate(range(first, latest + 1, every)):
         extra = {"overflow": overflow} if index == 0 and overflow else {}
         _insert_event(db, "timer", f"{timer.id}@{scheduled}",
                       _occurrence(timer, scheduled, now, 0, **extra), now)
     db.execute("UPDATE timers SET due = ?, last_fired = ?, last_skipped = ?, "
                "overflow = overflow + ? WHERE id = ?",
-               (latest + timer.every, latest, overflow, overflow, timer.id))
+               (latest + every, latest, overflow, overflow, timer.id))
 
 
 def next_timer_due(db: sqlite3.Connection) -> int | None:
     """The earliest due of the timers the scheduler can fire (set-aside ones never fire)."""
-    due = db.execute("SELECT min(due) FROM timers WHERE broken IS NULL "
-                     "AND typeof(due) = 'integer'").fetchone()[0]
+    due: int | None = db.execute("SELECT min(due) FROM timers WHERE broken IS NULL "
+                                 "AND typeof(due) = 'integer'").fetchone()[0]
     return due
 
 
@@ -774,7 +782,9 @@ def request_approval(db: sqlite3.Connection, request_id: str, expires_in: int, a
     if inserted:
         add_timer(db, f"approval:{request_id}", now + expires_in, {"request_id": request_id},
                   None, ("approval", request_id), "coalesce", "approval")
-    return get_approval(db, request_id)
+    approval = get_approval(db, request_id)
+    assert approval is not None  # inserted above, or asked for before
+    return approval
 
 
 def get_approval(db: sqlite3.Connection, request_id: str) -> Approval | None:
@@ -1039,7 +1049,7 @@ def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Se
     applied = applied and not pruned
     if applied:
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
-        args: tuple = ()
+        args: tuple[str, ...] = ()
         if after == "dead":
             # The Dead pane and `onwatch show` read the event's error: say who buried it, why.
             extra = ", error = ?"
@@ -1097,6 +1107,7 @@ def intend_effect(db: sqlite3.Connection, holder: str, gen: int, run_id: int, na
     elif event is not None and event not in events:
         raise BadInput(f"event {event} is not in run {run_id}")
     if key is None:
+        assert event is not None  # no event and no key was refused above
         key = _default_effect_key(db, run_id, event, name)
     db.execute("INSERT INTO effects(run_id, name, key, state, detail, intended_at, event_id) "
                "VALUES (?, ?, ?, 'intended', ?, ?, ?) ON CONFLICT(run_id, key) DO NOTHING",
@@ -1134,7 +1145,8 @@ def events(db: sqlite3.Connection, status: str, limit: int, after: int | None,
            before: int | None, search: str | None, payload: bool = True) -> list[Event]:
     """A keyset page by id: ascending after `after`, or descending before `before`; without
     payloads (None) when `payload` is false, so a list never reads or decodes documents."""
-    clauses, params = ["status = ?"], [status]
+    clauses = ["status = ?"]
+    params: list[str | int] = [status]
     if after is not None:
         clauses.append("id > ?")
         params.append(after)

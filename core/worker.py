@@ -325,10 +325,11 @@ class Worker:
     async def _hold_lease(self) -> bool:
         """Renew the lease we hold, or take it; False (after waiting) if another holds it."""
         now = self.clock.now()
-        if self.gen is not None:
+        held = self.gen
+        if held is not None:
             if now < self._renew_at:
                 return True
-            renewed = await self._step(lambda: self.inbox.renew(self.holder, self.gen))
+            renewed = await self._step(lambda: self.inbox.renew(self.holder, held))
             if renewed:
                 self._renew_at = now + self._renew_period()
                 return True
@@ -380,8 +381,10 @@ class Worker:
         if self._recover_at is not None and self.clock.now() < self._recover_at:
             return []
         self._recover_at = None
+        gen = self.gen
+        assert gen is not None  # the loop claims right after _hold_lease took or renewed it
         try:
-            return await self.inbox.claim_batch(self.holder, self.gen)
+            return await self.inbox.claim_batch(self.holder, gen)
         except InboxBusy as exc:
             self.stats.busy += 1
             log.warning("%s", exc)
@@ -395,6 +398,7 @@ class Worker:
             self.metrics.claimed(batch, self.clock.now())
         ids = [e.id for e in batch]
         gen = self.gen
+        assert gen is not None  # the batch was claimed under it
         claimed_at = batch[0].claimed_at or self.clock.now()
         budget = self.inbox.settings.max_run_seconds
         ctx = RunContext(self.inbox, self.holder, gen, batch, asyncio.get_running_loop())
@@ -469,7 +473,9 @@ class Worker:
     async def _call_agent(self, batch: list[Event], ctx: RunContext) -> None:
         if inspect.iscoroutinefunction(self.agent) or \
                 inspect.iscoroutinefunction(getattr(self.agent, "__call__", None)):  # noqa: B004 - looks up __call__ itself, for iscoroutinefunction
-            await self.agent(batch, ctx)
+            outcome = self.agent(batch, ctx)
+            if outcome is not None:  # (it is: a coroutine function's call)
+                await outcome
             return
         # A plain def runs in a thread so the loop keeps renewing the lease meanwhile.
         outcome = await asyncio.to_thread(self.agent, batch, ctx)
@@ -557,8 +563,10 @@ class Worker:
     async def _send(self, text: str) -> None:
         """The channel, its failures logged: dispatch records them and returns 0, which
         alone would leave a broken channel silent in the worker's log."""
+        send = self.send
+        assert send is not None  # only called to dispatch with a channel
         try:
-            outcome = self.send(text)
+            outcome = send(text)
             if inspect.isawaitable(outcome):
                 await outcome
         except Exception as exc:
@@ -660,7 +668,7 @@ class Worker:
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
 
-async def run_worker(path_or_inbox: str | os.PathLike | Inbox, agent: Agent, *,
+async def run_worker(path_or_inbox: str | os.PathLike[str] | Inbox, agent: Agent, *,
                      holder: str | None = None, clock: Clock | None = None,
                      stop: asyncio.Event | None = None, send: SendFn | None = None,
                      poll_interval: float = 0.5, grace: float = 10.0,
@@ -672,9 +680,12 @@ async def run_worker(path_or_inbox: str | os.PathLike | Inbox, agent: Agent, *,
     `send` is the outbox channel (plain or async callable taking the text); None leaves
     dispatching to another process. Raises only for errors that are not transient.
     """
-    own = not isinstance(path_or_inbox, Inbox)
-    inbox = await Inbox.open(path_or_inbox, clock=clock, create=False,
-                             busy_timeout=busy_timeout) if own else path_or_inbox
+    if isinstance(path_or_inbox, Inbox):
+        inbox, own = path_or_inbox, False
+    else:
+        inbox = await Inbox.open(path_or_inbox, clock=clock, create=False,
+                                 busy_timeout=busy_timeout)
+        own = True
     watcher = None
     try:
         worker = Worker(inbox, agent, holder=holder, send=send, poll_interval=poll_interval,

@@ -15,13 +15,15 @@ import queue
 import sqlite3
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import InboxBusy, InboxError, NotAnInbox
 from . import schema
+from .rows import Row, one
 
 T = TypeVar("T")
+Args = tuple[Any, ...]  # a store function's arguments after the Tx: whatever it declares
 log = logging.getLogger("onwatch.pg")
 MAX_BACKOFF = 5.0  # seconds between two reconnection attempts, at most
 
@@ -29,7 +31,7 @@ MAX_BACKOFF = 5.0  # seconds between two reconnection attempts, at most
 # opens and closes an inbox each time it takes one up, and a new connection costs a
 # server process and an authentication (more than the runs of a short visit).
 POOL_SIZE = 32  # idle connections kept in all, whatever their database; the oldest go first
-_pool: list[tuple[tuple[str, float], "psycopg.Connection"]] = []  # oldest first
+_pool: list[tuple[tuple[str, float], "psycopg.Connection[Row]"]] = []  # oldest first
 _pool_lock = threading.Lock()
 
 
@@ -44,7 +46,7 @@ def _pooled(url: str, busy_timeout: float) -> "psycopg.Connection | None":
     return None
 
 
-def _give_back(url: str, busy_timeout: float, conn: "psycopg.Connection") -> None:
+def _give_back(url: str, busy_timeout: float, conn: "psycopg.Connection[Row]") -> None:
     """Keep an idle, healthy connection for the next open; close anything else."""
     evicted = []
     if not conn.closed and not conn.broken and \
@@ -87,14 +89,14 @@ class Tx:
 
     __slots__ = ("conn", "inbox", "name", "changed", "row")
 
-    def __init__(self, conn: "psycopg.Connection", inbox: int, name: str) -> None:
+    def __init__(self, conn: "psycopg.Connection[Row]", inbox: int, name: str) -> None:
         self.conn = conn
         self.inbox = inbox
         self.name = name
         self.changed = False
-        self.row: tuple | None = None
+        self.row: Row | None = None
 
-    def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor":
+    def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor[Row]":
         if sql.startswith("UPDATE inboxes"):
             self.row = None
         cursor = self.conn.execute(sql, params)
@@ -104,6 +106,13 @@ class Tx:
             self.changed = True
         return cursor
 
+    def one(self, sql: str, params: Any = None) -> Row:
+        """`execute` for a statement that always returns a row (core/pg/rows.py): that row."""
+        return one(self.execute(sql, params))
+
+
+# How a job runs its store function: write_transaction, read_transaction or _plain.
+Runner = Callable[[Tx, Callable[..., T], Args], T]
 
 # The inbox row's columns a write transaction reads as it locks the row (see Tx.row).
 INBOX_ROW = "settings, lease_holder, lease_gen, lease_until, paused"
@@ -127,7 +136,7 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
     return InboxError(f"inbox {where}: {str(exc).strip()}")
 
 
-def write_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
+def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     """`fn(tx, *args)` inside BEGIN … COMMIT holding the inbox's row lock, rolled back on any
     exception. The lock is what BEGIN IMMEDIATE is on SQLite: one writer per inbox.
 
@@ -137,7 +146,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
     returns its answer when there is nothing to write, None otherwise: the scheduler pass
     with nothing due) is answered without a transaction when it can be."""
     conn = tx.conn
-    precheck = getattr(fn, "precheck", None)
+    precheck: Callable[..., T | None] | None = getattr(fn, "precheck", None)
     if precheck is not None:
         answer = precheck(tx, *args)
         if answer is not None:
@@ -160,7 +169,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
     return result
 
 
-def read_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
+def read_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     """`fn(tx, *args)` inside one read-only snapshot. A function marked `one_statement` is
     its own snapshot: it runs alone, without BEGIN and ROLLBACK around it."""
     conn = tx.conn
@@ -173,7 +182,7 @@ def read_transaction(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
         _rollback(conn)
 
 
-def _rollback(conn: "psycopg.Connection") -> None:
+def _rollback(conn: "psycopg.Connection[Row]") -> None:
     """End an open transaction; a broken connection has none left to end (it is reopened
     at the next job), and trying would hide the error that broke it."""
     if not conn.closed and not conn.broken and \
@@ -181,7 +190,7 @@ def _rollback(conn: "psycopg.Connection") -> None:
         conn.execute("ROLLBACK")
 
 
-def _plain(tx: Tx, fn: Callable[..., T], args: tuple) -> T:
+def _plain(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     return fn(tx, *args)
 
 
@@ -194,14 +203,14 @@ class Database:
     """
 
     def __init__(self, url: str, name: str, inbox: int, busy_timeout: float,
-                 conn: "psycopg.Connection") -> None:
+                 conn: "psycopg.Connection[Row]") -> None:
         self.url = url
         self.name = name
         self.inbox = inbox
         self.path = f"{redact(url)} inbox {name}"
         self.busy_timeout = busy_timeout
         self._tx = Tx(conn, inbox, name)
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._closed = False
         self._backoff = 0.0  # after a failed reconnection: how long until the next try
         self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
@@ -212,7 +221,7 @@ class Database:
         self._thread.start()
 
     @staticmethod
-    def _connect(url: str, busy_timeout: float) -> "psycopg.Connection":
+    def _connect(url: str, busy_timeout: float) -> "psycopg.Connection[Row]":
         # lock_timeout plays SQLite's busy timeout: how long a write waits for the inbox.
         # (SET, not the options parameter: that would replace any the URL carries.)
         conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
@@ -270,7 +279,7 @@ class Database:
             job()
         _give_back(self.url, self.busy_timeout, self._tx.conn)
 
-    def _run(self, runner: Callable[..., T], fn: Callable[..., T], args: tuple) -> T:
+    def _run(self, runner: Runner[T], fn: Callable[..., T], args: Args) -> T:
         """On the thread: run one job, reconnecting first if the connection was lost.
 
         Reconnection backs off (0.1 s doubling to MAX_BACKOFF) while the server stays
@@ -301,7 +310,7 @@ class Database:
         except psycopg.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout) from None
 
-    def _submit(self, runner: Callable[..., T], fn: Callable[..., T], args: tuple,
+    def _submit(self, runner: Runner[T], fn: Callable[..., T], args: Args,
                 done: Callable[[T | None, BaseException | None], None],
                 loop: asyncio.AbstractEventLoop) -> None:
         if self._closed:
@@ -321,9 +330,9 @@ class Database:
                 pass
         self._jobs.put(job)
 
-    async def _await(self, runner: Callable[..., T], fn: Callable[..., T], args: tuple) -> T:
+    async def _await(self, runner: Runner[T], fn: Callable[..., T], args: Args) -> T:
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        future: asyncio.Future[T] = loop.create_future()
 
         def done(result: T | None, error: BaseException | None) -> None:
             if future.done():
@@ -331,7 +340,7 @@ class Database:
             if error is not None:
                 future.set_exception(error)
             else:
-                future.set_result(result)
+                future.set_result(cast(T, result))  # no error: fn returned it
         self._submit(runner, fn, args, done, loop)
         return await future
 
@@ -351,7 +360,7 @@ class Database:
         """Run `fn` inside one read snapshot."""
         return await self._await(read_transaction, fn, args)
 
-    def write_soon(self, fn: Callable[..., T], args: tuple,
+    def write_soon(self, fn: Callable[..., T], args: Args,
                    done: Callable[[T | None, BaseException | None], None]) -> None:
         """Queue `fn` in its own write transaction; call `done(result, error)` on this loop
         once it committed or rolled back (the callback form of `write`, for group commit)."""
@@ -371,10 +380,6 @@ class Database:
         callers of `peek` treat as "take the normal path"."""
         raise sqlite3.OperationalError("no reads on the event loop's thread on PostgreSQL")
 
-    async def data_version(self) -> int:
-        """Changes whenever a commit changed this inbox (its change counter)."""
-        return await self.call(change_count)
-
     async def close(self) -> None:
         if self._closed:
             return
@@ -384,16 +389,13 @@ class Database:
         await asyncio.to_thread(self._thread.join)
 
 
-def change_count(tx: Tx) -> int:
-    return tx.execute("SELECT changes FROM inboxes WHERE id = %s", (tx.inbox,)).fetchone()[0]
-
-
-def _find_inbox(conn: "psycopg.Connection", name: str, create: bool, where: str) -> int:
+def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where: str) -> int:
     """The inbox's id, creating it (one insert) unless create=False."""
     import time
     row = conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)).fetchone()
     if row is not None:
-        return row[0]
+        found: int = row[0]
+        return found
     if not create:
         raise NotAnInbox(f"no inbox {name!r} in {where} (run `onwatch init {where} "
                          f"--inbox {name}` to create it)")
@@ -402,10 +404,11 @@ def _find_inbox(conn: "psycopg.Connection", name: str, create: bool, where: str)
             "INSERT INTO inboxes(name, created) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING "
             "RETURNING id", (name, int(time.time()))).fetchone()
         if row is None:  # created by someone else meanwhile
-            row = conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)).fetchone()
+            row = one(conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)))
         else:
             conn.execute(
                 "INSERT INTO event_counts(inbox_id, status) SELECT %s, s FROM unnest("
                 "ARRAY['pending','running','done','dead','interrupted','cancelled']) AS s",
                 (row[0],))
-    return row[0]
+    inbox: int = row[0]
+    return inbox

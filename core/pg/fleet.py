@@ -116,7 +116,7 @@ class FleetWorker:
         """Serve until request_stop; return how many runs were made here."""
         listener = await Listener.open(self.url, poll_interval=self.poll_interval)
         looker = _Looker(self.url)
-        tasks: set[asyncio.Task] = set()
+        tasks: set[asyncio.Task[None]] = set()
         backoff = 0.0
         try:
             while not self._stop.is_set():

@@ -24,11 +24,13 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from typing import Awaitable, Callable, TypeVar
 
 import psycopg
 
 from .db import redact
 
+T = TypeVar("T")
 log = logging.getLogger("onwatch.pg.listen")
 CHANNEL = "onwatch"
 
@@ -46,7 +48,7 @@ class Listener:
         self._loop = loop
         self._counts: dict[str, int] = defaultdict(int)
         self._generation = 0  # moves on every loss and every reconnection: wake everyone
-        self._waiters: dict[str, set[asyncio.Future]] = defaultdict(set)
+        self._waiters: dict[str, set[asyncio.Future[None]]] = defaultdict(set)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._listen, name="onwatch-pg-listen",
                                         daemon=True)
@@ -87,7 +89,7 @@ class Listener:
             await asyncio.sleep(self.poll_interval if timeout is None
                                 else min(timeout, self.poll_interval))
             return True
-        future = self._loop.create_future()
+        future: asyncio.Future[None] = self._loop.create_future()
         self._waiters[name].add(future)
         try:
             await asyncio.wait_for(future, timeout)
@@ -124,7 +126,7 @@ class Listener:
 
     # --- on the listening thread ----------------------------------------------------------
 
-    def _post(self, fn, *args) -> None:
+    def _post(self, fn: Callable[..., None], *args: object) -> None:
         try:
             self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: nobody waits any more
@@ -185,7 +187,7 @@ class ListenWake:
         self.listener: Listener | None = None
         self.wakeups = 0
         self._own = 0
-        self._waiters: list[asyncio.Future] = []
+        self._waiters: list[asyncio.Future[bool]] = []
 
     def attach(self, listener: Listener | None) -> None:
         self.listener = listener
@@ -221,9 +223,9 @@ class ListenWake:
         if self.seq != since:
             return True
         loop = asyncio.get_running_loop()
-        own = loop.create_future()
+        own: asyncio.Future[bool] = loop.create_future()
         self._waiters.append(own)
-        waits = {own}
+        waits: set[asyncio.Future[bool]] = {own}
         listener = self.listener
         if listener is not None:
             waits.add(asyncio.ensure_future(
@@ -239,7 +241,7 @@ class ListenWake:
                 self._waiters.remove(own)
         return self.seq != since
 
-    async def confirm(self, read_token, old) -> bool:
+    async def confirm(self, read_token: Callable[[], Awaitable[T]], old: T) -> bool:
         return await read_token() != old
 
     def close(self) -> None:

@@ -8,7 +8,13 @@ the fleet listing (`store.list_inboxes`) is one walk of the `inboxes_by_name` in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import NotAnInbox
+from .rows import Row, one
+
+if TYPE_CHECKING:
+    import psycopg
 
 APPLICATION = "onwatch"
 EVENT_STATES_SQL = "('pending','running','done','dead','interrupted','cancelled')"
@@ -250,10 +256,10 @@ MIGRATIONS: tuple[str, ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def inspect(conn, where: str) -> int:
+def inspect(conn: psycopg.Connection[Row], where: str) -> int:
     """Return the database's schema version (0 for a database with no tables of its own) or
     raise NotAnInbox: tables of someone else, or a newer onwatch."""
-    row = conn.execute("SELECT to_regclass('onwatch_schema') IS NOT NULL").fetchone()
+    row = one(conn.execute("SELECT to_regclass('onwatch_schema') IS NOT NULL"))
     if not row[0]:
         tables = [r[0] for r in conn.execute(
             "SELECT table_name FROM information_schema.tables "
@@ -263,18 +269,18 @@ def inspect(conn, where: str) -> int:
         listed = ", ".join(tables[:5]) + (" …" if len(tables) > 5 else "")
         raise NotAnInbox(f"{where} is a PostgreSQL database but not an onwatch database "
                          f"(tables: {listed}); refusing to touch it")
-    application, version = conn.execute(
-        "SELECT application, version FROM onwatch_schema WHERE id = 1").fetchone()
+    application, version = one(conn.execute(
+        "SELECT application, version FROM onwatch_schema WHERE id = 1"))
     if application != APPLICATION:  # pragma: no cover - the CHECK forbids it
         raise NotAnInbox(f"{where} is not an onwatch database")
     if version > SCHEMA_VERSION:
         raise NotAnInbox(
             f"{where} was written by a newer onwatch (schema {version}; this one knows up to "
             f"{SCHEMA_VERSION}); upgrade onwatch to open it")
-    return version
+    return int(version)
 
 
-def migrate(conn, where: str, target: int = SCHEMA_VERSION) -> int:
+def migrate(conn: psycopg.Connection[Row], where: str, target: int = SCHEMA_VERSION) -> int:
     """Bring the database forward to `target` in one transaction; return the old version.
 
     The version is re-read under an advisory lock, so two processes opening a new database

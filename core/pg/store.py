@@ -80,7 +80,7 @@ def get_meta(db: Tx, key: str) -> Any:
         raise KeyError(key)
     if key == "paused" and db.row is not None:
         return db.row[4]
-    return db.execute(f"SELECT {key} FROM inboxes WHERE id = %s", (db.inbox,)).fetchone()[0]
+    return db.one(f"SELECT {key} FROM inboxes WHERE id = %s", (db.inbox,))[0]
 
 
 def set_meta(db: Tx, key: str, value: Any) -> None:
@@ -200,8 +200,8 @@ def _ingest_group(db: Tx, items: Sequence[tuple[str, str, str, int]],
 
 
 def _refuse_over_pending(db: Tx, settings: Settings, source: str, source_id: str) -> bool:
-    pending = db.execute("SELECT n FROM event_counts WHERE inbox_id = %s AND status = 'pending'",
-                         (db.inbox,)).fetchone()[0]
+    pending = db.one("SELECT n FROM event_counts WHERE inbox_id = %s AND status = 'pending'",
+                     (db.inbox,))[0]
     if pending < settings.max_pending:
         return False
     duplicate = db.execute("SELECT 1 FROM events WHERE inbox_id = %s AND source = %s AND "
@@ -233,23 +233,25 @@ def prune_payloads(db: Tx, older_than: int, now: int) -> int:
 
 # --- lease and fencing ----------------------------------------------------------------------
 
-def _lease_row(db: Tx) -> tuple[str | None, int | None, int | None]:
-    if db.row is not None:
-        return db.row[1:4]
-    return db.execute("SELECT lease_holder, lease_gen, lease_until FROM inboxes WHERE id = %s",
-                      (db.inbox,)).fetchone()
+def _lease(db: Tx) -> Lease | None:
+    """The inbox's lease; None before any worker took one (its three columns are set
+    together: a holder always has a generation and an expiry)."""
+    row = db.row[1:4] if db.row is not None else db.one(
+        "SELECT lease_holder, lease_gen, lease_until FROM inboxes WHERE id = %s", (db.inbox,))
+    return None if row[0] is None else Lease(*row)
 
 
 def acquire(db: Tx, holder: str, now: int) -> int | None:
     """Renew an unexpired lease (same generation) or take over an expired one (next one)."""
     ttl = load_settings(db).lease_ttl
-    current, gen, until = _lease_row(db)
-    if current is None:
+    lease = _lease(db)
+    if lease is None:
         db.execute("UPDATE inboxes SET lease_holder = %s, lease_gen = 1, lease_until = %s "
                    "WHERE id = %s", (holder, now + ttl, db.inbox))
         db.execute("INSERT INTO lease_history(inbox_id, gen, holder, previous_holder, at, how) "
                    "VALUES (%s, 1, %s, NULL, %s, 'first')", (db.inbox, holder, now))
         return 1
+    current, gen, until = lease.holder, lease.gen, lease.until
     if until >= now:
         if current != holder:
             return None
@@ -257,8 +259,8 @@ def acquire(db: Tx, holder: str, now: int) -> int | None:
         return gen
     # A lease its holder handed back (a clean restart) is a succession, not a takeover: only
     # a lease left to expire means a worker died or stalled.
-    released = db.execute("SELECT released_gen FROM inboxes WHERE id = %s",
-                          (db.inbox,)).fetchone()[0] == gen
+    released = db.one("SELECT released_gen FROM inboxes WHERE id = %s",
+                      (db.inbox,))[0] == gen
     gen += 1
     db.execute("UPDATE inboxes SET lease_holder = %s, lease_gen = %s, lease_until = %s, "
                "takeovers = takeovers + %s WHERE id = %s",
@@ -270,15 +272,17 @@ def acquire(db: Tx, holder: str, now: int) -> int | None:
 
 
 def holds(db: Tx, holder: str, gen: int, now: int) -> bool:
-    current, current_gen, until = _lease_row(db)
-    return current == holder and current_gen == gen and until >= now
+    lease = _lease(db)
+    return lease is not None and lease.holder == holder and lease.gen == gen and \
+        lease.until >= now
 
 
 def refuse(db: Tx, what: str, holder: str, gen: int, now: int,
            reason: str | None = None) -> None:
     """Record a refused stale write: the only thing a refused write may change."""
-    current, current_gen, until = _lease_row(db)
-    seen = "no lease" if current is None else f"lease {current} gen {current_gen} until {until}"
+    lease = _lease(db)
+    seen = "no lease" if lease is None else \
+        f"lease {lease.holder} gen {lease.gen} until {lease.until}"
     audit(db, now, holder, f"refused {what}", f"gen {gen}", seen, None, False,
           reason or "caller does not hold this lease generation")
     _bump(db, "refused_writes")
@@ -347,7 +351,7 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
     ids = [e.id for e in events]
     # The run, its events' links and the claim itself in one statement (one round trip).
     # Attempts are counted here, at claim time: a worker that crashes never reports failure.
-    run_id = db.execute(
+    run_id = db.one(
         "WITH run AS (INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at) "
         "VALUES (%(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s) RETURNING id), "
         "linked AS (INSERT INTO run_events(inbox_id, event_id, run_id) "
@@ -357,7 +361,7 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
         "updated = %(now)s WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s)) "
         "SELECT id FROM run",
         {"inbox": db.inbox, "holder": holder, "gen": gen, "json": json.dumps(ids),
-         "now": now, "ids": ids}).fetchone()[0]
+         "now": now, "ids": ids})[0]
     db.changed = True
     return [dataclasses.replace(e, status="running", attempts=e.attempts + 1, claim_gen=gen,
                                 claimed_at=now, run_id=run_id, updated=now) for e in events]
@@ -442,8 +446,9 @@ def bury_exhausted(db: Tx, now: int, settings: Settings) -> int:
 
 
 def runs_since(db: Tx, since: int) -> int:
-    return db.execute("SELECT count(*) FROM runs WHERE inbox_id = %s AND claimed_at > %s",
-                      (db.inbox, since)).fetchone()[0]
+    runs: int = db.one("SELECT count(*) FROM runs WHERE inbox_id = %s AND claimed_at > %s",
+                       (db.inbox, since))[0]
+    return runs
 
 
 # --- finishing ------------------------------------------------------------------------------
@@ -574,9 +579,9 @@ def run_scheduler(db: Tx, now: int) -> int:
             if timer.every is None:
                 _fire_once(db, timer, now)
             elif timer.catch_up == "coalesce":
-                _fire_coalesced(db, timer, now)
+                _fire_coalesced(db, timer, timer.every, now)
             else:
-                _fire_each(db, timer, now, settings.catch_up_limit)
+                _fire_each(db, timer, timer.every, now, settings.catch_up_limit)
             db.execute("RELEASE fire_timer")
         except ROW_ERRORS as exc:
             db.execute("ROLLBACK TO fire_timer")
@@ -618,27 +623,28 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
                                json.dumps(_occurrence(timer, timer.due, now, 0))))
                 fired_once.append(timer.id)
                 continue
+            every = timer.every  # (the replace below forgets that it is not None)
             first = _first_unfired(timer)
             if first > now:
                 advanced.append((timer.id, first, None, None, 0))
                 continue
             timer = dataclasses.replace(timer, due=first)
             if timer.catch_up == "coalesce":
-                missed = (now - timer.due) // timer.every
-                latest = timer.due + missed * timer.every
+                missed = (now - timer.due) // every
+                latest = timer.due + missed * every
                 events.append(("timer", f"{timer.id}@{latest}",
                                json.dumps(_occurrence(timer, latest, now, missed))))
-                advanced.append((timer.id, latest + timer.every, latest, missed, 0))
+                advanced.append((timer.id, latest + every, latest, missed, 0))
             else:
-                count = (now - timer.due) // timer.every + 1
+                count = (now - timer.due) // every + 1
                 overflow = max(count - limit, 0)
-                start = timer.due + overflow * timer.every
-                latest = timer.due + (count - 1) * timer.every
-                for index, scheduled in enumerate(range(start, latest + 1, timer.every)):
+                start = timer.due + overflow * every
+                latest = timer.due + (count - 1) * every
+                for index, scheduled in enumerate(range(start, latest + 1, every)):
                     extra = {"overflow": overflow} if index == 0 and overflow else {}
                     events.append(("timer", f"{timer.id}@{scheduled}", json.dumps(
                         _occurrence(timer, scheduled, now, 0, **extra))))
-                advanced.append((timer.id, latest + timer.every, latest, overflow, overflow))
+                advanced.append((timer.id, latest + every, latest, overflow, overflow))
         except ROW_ERRORS:
             rest.append(row)
     if events:
@@ -670,7 +676,8 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
     return rest
 
 
-def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any) -> dict:
+def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int,
+                **extra: Any) -> dict[str, Any]:
     return {"timer": timer.id, "scheduled_for": scheduled, "late_by": now - scheduled,
             "skipped": skipped, "data": timer.payload, **extra}
 
@@ -695,40 +702,43 @@ def _advance_only(db: Tx, timer: Timer, now: int) -> Timer | None:
     return dataclasses.replace(timer, due=due)
 
 
-def _fire_coalesced(db: Tx, timer: Timer, now: int) -> None:
-    timer = _advance_only(db, timer, now)
-    if timer is None:
+def _fire_coalesced(db: Tx, timer: Timer, every: int, now: int) -> None:
+    advanced = _advance_only(db, timer, now)
+    if advanced is None:
         return
-    missed = (now - timer.due) // timer.every  # occurrences before the latest one
-    latest = timer.due + missed * timer.every
+    timer = advanced
+    missed = (now - timer.due) // every  # occurrences before the latest one
+    latest = timer.due + missed * every
     _insert_event(db, "timer", f"{timer.id}@{latest}",
                   _occurrence(timer, latest, now, missed), now)
     db.execute("UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s "
                "WHERE inbox_id = %s AND id = %s",
-               (latest + timer.every, latest, missed, db.inbox, timer.id))
+               (latest + every, latest, missed, db.inbox, timer.id))
 
 
-def _fire_each(db: Tx, timer: Timer, now: int, limit: int) -> None:
-    timer = _advance_only(db, timer, now)
-    if timer is None:
+def _fire_each(db: Tx, timer: Timer, every: int, now: int, limit: int) -> None:
+    advanced = _advance_only(db, timer, now)
+    if advanced is None:
         return
-    count = (now - timer.due) // timer.every + 1
+    timer = advanced
+    count = (now - timer.due) // every + 1
     overflow = max(count - limit, 0)
-    first = timer.due + overflow * timer.every  # the newest `limit` occurrences get events
-    latest = timer.due + (count - 1) * timer.every
-    for index, scheduled in enumerate(range(first, latest + 1, timer.every)):
+    first = timer.due + overflow * every  # the newest `limit` occurrences get events
+    latest = timer.due + (count - 1) * every
+    for index, scheduled in enumerate(range(first, latest + 1, every)):
         extra = {"overflow": overflow} if index == 0 and overflow else {}
         _insert_event(db, "timer", f"{timer.id}@{scheduled}",
                       _occurrence(timer, scheduled, now, 0, **extra), now)
     db.execute("UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s, "
                "overflow = overflow + %s WHERE inbox_id = %s AND id = %s",
-               (latest + timer.every, latest, overflow, overflow, db.inbox, timer.id))
+               (latest + every, latest, overflow, overflow, db.inbox, timer.id))
 
 
 def next_timer_due(db: Tx) -> int | None:
     """The earliest due of the timers the scheduler can fire (set-aside ones never fire)."""
-    return db.execute("SELECT min(due) FROM timers WHERE inbox_id = %s AND broken IS NULL",
-                      (db.inbox,)).fetchone()[0]
+    due: int | None = db.one("SELECT min(due) FROM timers WHERE inbox_id = %s AND "
+                             "broken IS NULL", (db.inbox,))[0]
+    return due
 
 
 # --- approvals ------------------------------------------------------------------------------
@@ -743,7 +753,9 @@ def request_approval(db: Tx, request_id: str, expires_in: int, action: str, now:
     if inserted:
         add_timer(db, f"approval:{request_id}", now + expires_in, {"request_id": request_id},
                   None, ("approval", request_id), "coalesce", "approval")
-    return get_approval(db, request_id)
+    approval = get_approval(db, request_id)
+    assert approval is not None  # inserted above, or asked for before
+    return approval
 
 
 def get_approval(db: Tx, request_id: str) -> Approval | None:
@@ -861,10 +873,10 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
         if not 0 <= retry[1] < MAX_COUNT:  # one more would overflow the column: an error
             raise _BrokenDelivery(delivery_id, f"set aside, not sent: attempts is {retry[1]}, "
                                                f"not a count")
-        attempt = db.execute(
+        attempt = db.one(
             "UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
             "retry_after = %s WHERE inbox_id = %s AND id = %s RETURNING attempts",
-            (now + settings.send_timeout, db.inbox, delivery_id)).fetchone()[0]
+            (now + settings.send_timeout, db.inbox, delivery_id))[0]
         if not 1 <= attempt <= MAX_COUNT:
             raise _BrokenDelivery(delivery_id, f"set aside, not sent: attempts is {attempt}, "
                                                f"not a count")
@@ -878,10 +890,10 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
                       (db.inbox,)).fetchone() is None:
             return None
         at_most_once = settings.delivery == "at_most_once"
-        delivery_id = db.execute(
+        delivery_id = db.one(
             "INSERT INTO deliveries(inbox_id, status, attempts, paced, at_most_once, created, "
             "retry_after) VALUES (%s, 'sending', 1, %s, %s, %s, %s) RETURNING id",
-            (db.inbox, paced, at_most_once, now, now + settings.send_timeout)).fetchone()[0]
+            (db.inbox, paced, at_most_once, now, now + settings.send_timeout))[0]
         db.execute(f"UPDATE outbox SET delivery_id = %s WHERE {waiting}",
                    (delivery_id, db.inbox))
         if paced:
@@ -994,9 +1006,9 @@ def change_event(db: Tx, event_id: int, action: str, allowed: Sequence[str],
     before = None if row is None else row[0]
     seen = expect if expect is not None else before
     applied = before is not None and before == seen and before in allowed
-    pruned = applied and after == "pending" and db.execute(
+    pruned = applied and after == "pending" and db.one(
         "SELECT payload IS NULL FROM events WHERE inbox_id = %s AND id = %s",
-        (db.inbox, event_id)).fetchone()[0]
+        (db.inbox, event_id))[0]
     applied = applied and not pruned
     if applied:
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
@@ -1053,6 +1065,7 @@ def intend_effect(db: Tx, holder: str, gen: int, run_id: int, name: str, detail:
     elif event is not None and event not in events:
         raise BadInput(f"event {event} is not in run {run_id}")
     if key is None:
+        assert event is not None  # no event and no key was refused above
         key = _default_effect_key(db, run_id, event, name)
     db.execute("INSERT INTO effects(inbox_id, run_id, name, key, state, detail, intended_at, "
                "event_id) VALUES (%s, %s, %s, %s, 'intended', %s, %s, %s) "
@@ -1065,8 +1078,8 @@ def _default_effect_key(db: Tx, run_id: int, event: int, name: str) -> str:
     """Derived from what the effect is for (this inbox, the event, the effect's name, and
     how many times this run intended it for that event), never from the run or how it was
     batched: a retry of the event, alone or in another batch, gets the same keys."""
-    nth = db.execute("SELECT count(*) FROM effects WHERE inbox_id = %s AND run_id = %s AND "
-                     "name = %s AND event_id = %s", (db.inbox, run_id, name, event)).fetchone()[0]
+    nth = db.one("SELECT count(*) FROM effects WHERE inbox_id = %s AND run_id = %s AND "
+                 "name = %s AND event_id = %s", (db.inbox, run_id, name, event))[0]
     return f"onwatch-{get_meta(db, 'uid')}-ev{event}-{name}-{nth + 1}"
 
 
@@ -1116,8 +1129,7 @@ def counts(db: Tx) -> dict[str, int]:
 
 
 def lease_info(db: Tx) -> Lease | None:
-    row = _lease_row(db)
-    return None if row[0] is None else Lease(*row)
+    return _lease(db)
 
 
 def lease_history(db: Tx, limit: int) -> list[LeaseChange]:
@@ -1202,17 +1214,17 @@ def effects_for_run(db: Tx, run_ids: Sequence[int]) -> list[Effect]:
 
 def overview(db: Tx, now: int) -> Overview:
     settings = load_settings(db)
-    takeovers, refused, paused, outbox_held, set_aside = db.execute(
+    takeovers, refused, paused, outbox_held, set_aside = db.one(
         "SELECT takeovers, refused_writes, paused, outbox_held, set_aside FROM inboxes "
-        "WHERE id = %s", (db.inbox,)).fetchone()
-    uncertain = db.execute(f"SELECT count(*) FROM deliveries WHERE {_UNCERTAIN}",
-                           (db.inbox, now)).fetchone()[0]
-    held = db.execute("SELECT count(*) FROM outbox WHERE inbox_id = %s AND status = 'held'",
-                      (db.inbox,)).fetchone()[0]
-    waiting = db.execute("SELECT count(*) FROM approvals WHERE inbox_id = %s AND answer IS NULL",
-                         (db.inbox,)).fetchone()[0]
-    timer_count = db.execute("SELECT count(*) FROM timers WHERE inbox_id = %s",
-                             (db.inbox,)).fetchone()[0]
+        "WHERE id = %s", (db.inbox,))
+    uncertain = db.one(f"SELECT count(*) FROM deliveries WHERE {_UNCERTAIN}",
+                       (db.inbox, now))[0]
+    held = db.one("SELECT count(*) FROM outbox WHERE inbox_id = %s AND status = 'held'",
+                  (db.inbox,))[0]
+    waiting = db.one("SELECT count(*) FROM approvals WHERE inbox_id = %s AND answer IS NULL",
+                     (db.inbox,))[0]
+    timer_count = db.one("SELECT count(*) FROM timers WHERE inbox_id = %s",
+                         (db.inbox,))[0]
     runs_day = runs_since(db, now - DAY)
     pending = counts(db)
     budgets = {
@@ -1233,8 +1245,8 @@ def overview(db: Tx, now: int) -> Overview:
 
 
 def _lease_released(db: Tx) -> bool:
-    gen, released = db.execute("SELECT lease_gen, released_gen FROM inboxes WHERE id = %s",
-                               (db.inbox,)).fetchone()
+    gen, released = db.one("SELECT lease_gen, released_gen FROM inboxes WHERE id = %s",
+                           (db.inbox,))
     return gen is not None and released == gen
 
 
@@ -1245,8 +1257,8 @@ def next_wake(db: Tx, now: int) -> int | None:
     settings = load_settings(db)
     candidates = [next_timer_due(db)]
     if not get_meta(db, "paused"):
-        pending = db.execute("SELECT min(available_at) FROM events WHERE inbox_id = %s "
-                             "AND status = 'pending'", (db.inbox,)).fetchone()[0]
+        pending = db.one("SELECT min(available_at) FROM events WHERE inbox_id = %s "
+                         "AND status = 'pending'", (db.inbox,))[0]
         limit = settings.max_runs_per_day
         if pending is not None and limit is not None:
             oldest_counted = db.execute(
@@ -1260,9 +1272,9 @@ def next_wake(db: Tx, now: int) -> int | None:
         candidates += [
             next_send_at(db),
             # A send that a crashed dispatcher left half-done may be retried from then on.
-            db.execute("SELECT min(retry_after) + 1 FROM deliveries WHERE inbox_id = %s "
-                       "AND status = 'sending' AND NOT at_most_once",
-                       (db.inbox,)).fetchone()[0],
+            db.one("SELECT min(retry_after) + 1 FROM deliveries WHERE inbox_id = %s "
+                   "AND status = 'sending' AND NOT at_most_once",
+                   (db.inbox,))[0],
         ]
     known = [c for c in candidates if c is not None]
     return min(known) if known else None
@@ -1272,7 +1284,7 @@ def next_wake(db: Tx, now: int) -> int | None:
 
 def change_token(db: Tx) -> tuple[int, int]:
     """The inbox's change counter: one more for every commit that changed a row of it."""
-    return db.execute("SELECT changes, 0 FROM inboxes WHERE id = %s", (db.inbox,)).fetchone()
+    return db.one("SELECT changes, 0 FROM inboxes WHERE id = %s", (db.inbox,))
 
 
 def key_stored(db: Tx, source: str, source_id: str) -> bool:

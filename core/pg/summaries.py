@@ -10,7 +10,12 @@ connections. The shape of each row is `core.fleet.InboxSummary`'s.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
+
+from .rows import Row
+
+if TYPE_CHECKING:
+    import psycopg
 
 CHANGES = "SELECT id, name, changes FROM inboxes"
 
@@ -50,13 +55,13 @@ WHERE i.id = ANY(%(ids)s)
 """
 
 
-def changes(conn: Any) -> list[tuple[int, str, int]]:
+def changes(conn: psycopg.Connection[Row]) -> list[tuple[int, str, int]]:
     """Every inbox of the database: (id, name, change counter)."""
     return [(int(r[0]), r[1], int(r[2])) for r in conn.execute(CHANGES).fetchall()]
 
 
-def summaries(conn: Any, ids: Sequence[int], since: int, shown: int,
-              chars: int) -> list[tuple]:
+def summaries(conn: psycopg.Connection[Row], ids: Sequence[int], since: int, shown: int,
+              chars: int) -> list[Row]:
     """The summary rows of inboxes `ids` (see SUMMARIES for the columns), runs counted
     after `since`, the `shown` soonest waiting approvals with `chars` of their action."""
     return conn.execute(SUMMARIES, {"ids": list(ids), "since": since, "shown": shown,

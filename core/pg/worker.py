@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import BadInput
 from ..worker import Worker, WorkerStats
+from .db import Database
 from .listen import Listener
 
 
@@ -22,14 +24,18 @@ class ListeningWorker(Worker):
         self._own_listener = listener is None
 
     async def run(self) -> WorkerStats:
-        if self.listener is None:
-            self.listener = await Listener.open(self.inbox._db.url,
-                                                poll_interval=self.poll_interval)
-        self.inbox.wake.attach(self.listener)
+        db = self.inbox._db
+        if not isinstance(db, Database):
+            raise BadInput(f"inbox {self.inbox.path} is not in PostgreSQL: nothing to listen to")
+        listener = self.listener
+        if listener is None:
+            listener = self.listener = await Listener.open(db.url,
+                                                           poll_interval=self.poll_interval)
+        db.wake.attach(listener)
         try:
             return await super().run()
         finally:
-            self.inbox.wake.attach(None)
+            db.wake.attach(None)
             if self._own_listener:
-                await self.listener.close()
+                await listener.close()
                 self.listener = None

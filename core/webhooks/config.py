@@ -107,7 +107,7 @@ class Secrets:
         return f"Secrets({', '.join(sorted(self.routes)) or 'none'})"
 
 
-def load_secrets(environ: Mapping[str, str], config_path: str | os.PathLike | None) -> Secrets:
+def load_secrets(environ: Mapping[str, str], config_path: str | os.PathLike[str] | None) -> Secrets:
     """Secrets from `config_path` (optional TOML file) overlaid by `environ`. Raises
     ConfigError (one line, naming the variable or key, never a secret's value) if anything is
     malformed or if no hook at all ends up configured."""
@@ -121,7 +121,7 @@ def load_secrets(environ: Mapping[str, str], config_path: str | os.PathLike | No
     return Secrets(routes)
 
 
-def config_file_warning(path: str | os.PathLike) -> str | None:
+def config_file_warning(path: str | os.PathLike[str]) -> str | None:
     """A warning if the config file can be read by other users (it holds secrets)."""
     try:
         mode = os.stat(path).st_mode

@@ -121,7 +121,8 @@ def _header(headers: Mapping[str, str], name: str) -> str:
     return value
 
 
-def _hmac_scheme(header: str, event: Callable) -> Scheme:
+def _hmac_scheme(header: str,
+                 event: Callable[[Mapping[str, str], bytes], tuple[str, Any]]) -> Scheme:
     """GitHub's scheme: `header: sha256=<hex HMAC of the raw body>`."""
     def verify(body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...],
                now: int) -> None:
@@ -233,6 +234,7 @@ class Receiver:
             refused.close = True  # the body that the client holds back must not follow
             return refused.response()
         await _continue(request)
+        return None
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:

@@ -98,7 +98,7 @@ async def wake_latency(url: str, name: str, n: int) -> tuple[float, float]:
     finally:
         await proc.wait()
         await listener.close()
-    latencies = sorted(w - s for w, s in zip(woken, sent, strict=True))
+    latencies = sorted(w - s for w, s in zip(woken, sent, strict=False))
     return statistics.median(latencies) * 1e3, latencies[int(len(latencies) * 0.99) - 1] * 1e3
 
 

@@ -94,9 +94,8 @@ async def test_hostile_text_stays_inert_in_the_page(desk, browser):
                           "\\x1b]0;PWNED\\x07\\x1b[2J")
     assert b"\x1b]0;PWNED" not in screen.raw and b"PWNED\x07" not in screen.raw
     assert b"\x1b[2J<img" not in screen.raw
-    # the hostile event's payload, in its detail view (pane 1, last row, Enter)
+    # the hostile event's payload, in its detail view (pane 1, its first row, Enter)
     await screen.press(page, "1")
-    await screen.press(page, "G")  # the last row, however many frames the keys took to land
     for attempt in range(3):  # Enter opens the detail; a key lost in transit is pressed again
         await page.keyboard.press("Enter")
         try:

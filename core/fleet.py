@@ -360,8 +360,8 @@ class DatabaseFleet:
     def scan(self, now: int, known: Mapping[str, InboxSummary],
              force: frozenset[str] = frozenset()) -> FleetScan:
         """Every inbox's summary; an inbox whose change counter kept its value is not read
-        again (unless in `force`). A lost connection keeps the known summaries (and is opened
-        again at the next scan)."""
+        again (unless in `force`). A lost connection raises InboxError saying so; it is
+        opened again at the next scan, and the desk keeps the summaries it had meanwhile."""
         import psycopg
 
         from .pg import summaries as sql
@@ -374,9 +374,10 @@ class DatabaseFleet:
                      or known[name].signature != (changes,)]
             rows = sql.summaries(conn, stale, now - HOUR, SHOWN_APPROVALS, ACTION_CHARS) \
                 if stale else []
-        except (psycopg.Error, InboxError, OSError):
+        except (psycopg.Error, InboxError, OSError) as exc:
             self.close()
-            return FleetScan(dict(known), frozenset(), frozenset())
+            raise InboxError(f"lost the connection to {self.shown_url} ({str(exc).strip()}); "
+                             f"trying again every second, showing what was last read") from None
         fresh = {row[1]: self._summary(row, now) for row in rows}
         summaries = {name: fresh.get(name) or known[name] for _, name, _ in listing
                      if name in fresh or name in known}

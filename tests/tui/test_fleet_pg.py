@@ -142,6 +142,33 @@ async def test_a_new_inbox_shows_up_live(database):
         source.close()
 
 
+async def test_a_lost_connection_is_said_once_and_the_fleet_is_read_again(database):
+    """The desk's connection is cut (its server process terminated): one toast says so, the
+    rows read before stay, and the next scan reconnects and says that too."""
+    import psycopg
+
+    source = DatabaseFleet(database)
+    app = OnwatchApp(None, clock=SystemClock(), fleet=source)
+    try:
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            await loaded(app, pilot)
+            desk = app.fleet_desk
+            with psycopg.connect(database, autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = current_database() AND pid <> pg_backend_pid()")
+            await wait_for(pilot, lambda: desk.failure is not None, what="the lost connection",
+                           timeout=10)
+            assert "lost the connection" in desk.failure
+            assert len(desk.summaries) == INBOXES  # what was read last stays on screen
+            await wait_for(pilot, lambda: desk.failure is None, what="the reconnection",
+                           timeout=15)
+            toasts = [n.message for n in app._notifications]
+            assert sum("cannot scan the fleet" in str(m) for m in toasts) == 1
+            assert any("read again" in str(m) for m in toasts)
+    finally:
+        source.close()
+
+
 def test_tui_on_a_url_opens_the_fleet_or_one_inbox(database, monkeypatch):
     import cli
     from tui import app as app_module, fleet as fleet_module

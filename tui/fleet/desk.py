@@ -82,6 +82,7 @@ class FleetDesk:
         self.alert_count = 0
         self.bells = 0
         self._scanning = False
+        self.failure: str | None = None  # why the last scan failed (a lost database), if it did
         self._force: set[str] = set()
         self._again = False
         self._known: dict[str, set[str]] = {}  # inbox key → waiting request ids seen
@@ -122,12 +123,17 @@ class FleetDesk:
 
     def _failed(self, exc: BaseException) -> None:
         self._scanning = False
-        self.app.notify(safe_plain(f"cannot scan the fleet: {exc}", limit=200),
-                        severity="error", markup=False)
+        if self.failure is None:  # once per outage, not at every scan while it lasts
+            self.app.notify(safe_plain(f"cannot scan the fleet: {exc}", limit=200),
+                            severity="error", markup=False)
+        self.failure = str(exc)
 
     def apply(self, scan: FleetScan) -> None:
         """Take a finished scan: new summaries, alarms, and the view on screen repainted."""
         self._scanning = False
+        if self.failure is not None:
+            self.failure = None
+            self.app.notify("the fleet is read again", severity="information")
         first = not self.loaded
         self.summaries = scan.summaries
         self.loaded = True

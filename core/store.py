@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .clock import MAX_COUNT, MAX_DURATION, MAX_TIME
 from .errors import BadInput, BudgetExceeded, InboxError
@@ -137,11 +137,21 @@ def ingest_many(db: sqlite3.Connection,
     (budget, or a value the database refuses) gets its own exception and does not fail its
     neighbours: if the group fails as a whole, each item is retried alone.
     """
+    return ingest_group(db, items, _ingest_items, sqlite3.OperationalError)
+
+
+def ingest_group(db: Any, items: Sequence[tuple[str, str, str, int]],
+                 ingest_items: Callable[[Any, Sequence[tuple[str, str, str, int]]],
+                                        list[bool | Exception]],
+                 operational: type[Exception]) -> list[bool | Exception]:
+    """The group commit's savepoints, the same on every backend: the whole group in one
+    savepoint; if that fails, each item in its own, so a refused item fails alone (its
+    driver's `operational` errors as InboxError, anything else as BadInput)."""
     if len(items) == 1:
-        return _ingest_items(db, items)
+        return ingest_items(db, items)
     db.execute("SAVEPOINT intake_group")
     try:
-        results = _ingest_items(db, items)
+        results = ingest_items(db, items)
         db.execute("RELEASE intake_group")
         return results
     except Exception:  # noqa: BLE001 - retried item by item just below
@@ -151,15 +161,14 @@ def ingest_many(db: sqlite3.Connection,
     for item in items:
         db.execute("SAVEPOINT intake_item")
         try:
-            [result] = _ingest_items(db, [item])
+            [result] = ingest_items(db, [item])
             db.execute("RELEASE intake_item")
         except Exception as exc:  # noqa: BLE001 - this item's own error, given to its caller
             db.execute("ROLLBACK TO intake_item")
             db.execute("RELEASE intake_item")
             result = exc if isinstance(exc, InboxError) else \
                 InboxError(f"event not stored: {_reason(exc)}") if isinstance(
-                    exc, sqlite3.OperationalError) else BadInput(f"event not stored: "
-                                                                  f"{_reason(exc)}")
+                    exc, operational) else BadInput(f"event not stored: {_reason(exc)}")
         results.append(result)
     return results
 

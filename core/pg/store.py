@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 import psycopg
 
 from ..clock import MAX_COUNT
-from ..errors import BadInput, BudgetExceeded, InboxError
+from ..errors import BadInput, BudgetExceeded
 from ..records import (
     Approval, AuditEntry, Delivery, Effect, Event, FollowUp, Lease, LeaseChange, Message,
     Overview, Reply, Run, Timer, ApprovalRequest,
@@ -39,7 +39,7 @@ from ..settings import Settings
 # Decoding and the checks of a stored row are plain Python, shared with the file backend.
 from ..store import (  # noqa: F401 - re-exported: the names the Inbox reaches through here
     DAY, DELIVERY_STATES, EVENT_COLUMNS, ROW_ERRORS as _FILE_ROW_ERRORS, SETTLE_OUTCOMES,
-    TIMER_COLUMNS, _checked_timer, _event_ids, _first_unfired, _reason, _shown,
+    TIMER_COLUMNS, _checked_timer, _event_ids, _first_unfired, _reason, _shown, ingest_group,
     _shown_status, event_from_row, timer_from_row,
 )
 from .db import Tx
@@ -118,31 +118,7 @@ def ingest_many(db: Tx, items: Sequence[tuple[str, str, str, int]]) -> list[bool
     (budget, or a value the database refuses) gets its own exception and does not fail its
     neighbours: if the group fails as a whole, each item is retried alone.
     """
-    if len(items) == 1:
-        return _ingest_items(db, items)
-    db.execute("SAVEPOINT intake_group")
-    try:
-        results = _ingest_items(db, items)
-        db.execute("RELEASE intake_group")
-        return results
-    except Exception:  # noqa: BLE001 - retried item by item just below
-        db.execute("ROLLBACK TO intake_group")
-        db.execute("RELEASE intake_group")
-    results = []
-    for item in items:
-        db.execute("SAVEPOINT intake_item")
-        try:
-            [result] = _ingest_items(db, [item])
-            db.execute("RELEASE intake_item")
-        except Exception as exc:  # noqa: BLE001 - this item's own error, given to its caller
-            db.execute("ROLLBACK TO intake_item")
-            db.execute("RELEASE intake_item")
-            result = exc if isinstance(exc, InboxError) else \
-                InboxError(f"event not stored: {_reason(exc)}") if isinstance(
-                    exc, psycopg.OperationalError) else BadInput(f"event not stored: "
-                                                                 f"{_reason(exc)}")
-        results.append(result)
-    return results
+    return ingest_group(db, items, _ingest_items, psycopg.OperationalError)
 
 
 def _ingest_items(db: Tx, items: Sequence[tuple[str, str, str, int]]) -> list[bool | Exception]:

@@ -217,6 +217,8 @@ def check_file(path: str) -> bool:
         raise NotAnInbox(f"{path} is a directory, not an inbox file") from None
     except PermissionError:
         raise NotAnInbox(f"{path} cannot be read (permission denied)") from None
+    except OSError as exc:  # a name too long for the file system, a path through a file, …
+        raise NotAnInbox(f"{path[:200]} cannot be opened: {exc.strerror or exc}") from None
     if header and header != SQLITE_HEADER:
         raise NotAnInbox(f"{path} is not an onwatch inbox: it is not a SQLite database")
     return True

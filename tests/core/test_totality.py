@@ -268,8 +268,9 @@ def teardown_module(module) -> None:
 
 
 @settings(max_examples=60, deadline=None, database=None)
-@given(path=st.one_of(st.sampled_from(["", "\x00", "a\ud800.db", "/nonexistent/dir/x.db",
-                                       "."]), HOSTILE),
+@given(path=st.one_of(st.sampled_from(["", "\x00", "a\ud800.db", "x" * 5000,
+                                      "/nonexistent/dir/x.db",
+                                      "."]), HOSTILE),
        busy=st.one_of(st.sampled_from([5.0, 1]), HOSTILE),
        create=st.one_of(st.booleans(), HOSTILE))
 def test_open_is_total(path, busy, create):

@@ -39,8 +39,19 @@ def ensure_env() -> None:
         print("onwatch: creating .venv (first run only) …", file=sys.stderr)
         venv.EnvBuilder(with_pip=True, clear=True).create(VENV)
     print("onwatch: installing dependencies into .venv …", file=sys.stderr)
-    subprocess.run([str(PYTHON), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    "-e", f"{ROOT}[test]"], check=True)
+    subprocess.run(
+        [
+            str(PYTHON),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "-e",
+            f"{ROOT}[test]",
+        ],
+        check=True,
+    )
     STAMP.write_text(wanted)
 
 
@@ -50,6 +61,7 @@ def static_checks(env: dict[str, str]) -> bool:
         ("mypy (strict, core/)", [str(PYTHON), "-m", "mypy"]),
         ("import-linter (layers)", [str(BIN / "lint-imports"), "--no-cache"]),
         ("ruff (lint)", [str(BIN / "ruff"), "check", "--no-cache", "."]),
+        ("ruff (format)", [str(BIN / "ruff"), "format", "--check", "--no-cache", "."]),
     ]
     passed = True
     for name, command in checks:
@@ -75,13 +87,13 @@ def main(argv: list[str]) -> int:
             return 1
         code = subprocess.call([str(PYTHON), "-m", "pytest", *rest], cwd=ROOT, env=env)
         if code == 5:
-            print("onwatch: pytest collected no tests; treating that as a failure",
-                  file=sys.stderr)
+            print("onwatch: pytest collected no tests; treating that as a failure", file=sys.stderr)
             return 1
         return code
     if command == "bench":
-        return subprocess.call([str(PYTHON), str(ROOT / "tests" / "bench" / "run_all.py"), *rest],
-                               cwd=ROOT, env=env)
+        return subprocess.call(
+            [str(PYTHON), str(ROOT / "tests" / "bench" / "run_all.py"), *rest], cwd=ROOT, env=env
+        )
     if command == "onwatch":
         return subprocess.call([str(BIN / "onwatch"), *rest], env=env)
     return subprocess.call([str(BIN / "onwatch"), command, *rest], env=env)

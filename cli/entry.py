@@ -8,8 +8,7 @@ import os
 import sys
 
 from cli.commands.desks import cmd_demo, cmd_tui
-from cli.output import (BAD, BUSY, NOT_APPLIED, OK, CliError, clip, fail,
-                        terminal_safe_output)
+from cli.output import BAD, BUSY, NOT_APPLIED, OK, CliError, clip, fail, terminal_safe_output
 from cli.parser import build_parser
 from cli.running import leave_no_thread_behind
 from core import BadInput, BudgetExceeded, InboxBusy, InboxError, NotAnInbox
@@ -70,8 +69,7 @@ def _main(argv: list[str] | None) -> int:
 def _internal_error(exc: Exception) -> int:
     if os.environ.get("ONWATCH_DEBUG"):
         raise exc
-    fail(f"internal error: {type(exc).__name__}: {exc} (set ONWATCH_DEBUG=1 for the "
-          f"traceback)")
+    fail(f"internal error: {type(exc).__name__}: {exc} (set ONWATCH_DEBUG=1 for the traceback)")
     return NOT_APPLIED
 
 
@@ -87,5 +85,6 @@ def _check_text_arguments(args: argparse.Namespace) -> None:
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:
-                raise CliError(f"argument {name}: is not valid UTF-8 text "
-                               f"({clip(text)!r})") from None
+                raise CliError(
+                    f"argument {name}: is not valid UTF-8 text ({clip(text)!r})"
+                ) from None

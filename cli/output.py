@@ -48,7 +48,8 @@ def when(instant: int | None, now: int) -> str:
         return "none"
     try:
         stamp = dt.datetime.fromtimestamp(instant, dt.timezone.utc).strftime(
-            "%Y-%m-%d %H:%M:%S UTC")
+            "%Y-%m-%d %H:%M:%S UTC"
+        )
     except (OverflowError, OSError, ValueError, TypeError):  # a row written by hand
         return f"at {instant!r} (not a date)"
     delta = instant - now
@@ -63,8 +64,11 @@ def local_time(instant: int, now: int) -> str:
     raw seconds)."""
     stamp = dt.datetime.fromtimestamp(instant).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
     delta = now - instant
-    ago = "now" if delta == 0 else (f"{duration(delta)} ago" if delta > 0 else
-                                   f"in {duration(-delta)}")
+    ago = (
+        "now"
+        if delta == 0
+        else (f"{duration(delta)} ago" if delta > 0 else f"in {duration(-delta)}")
+    )
     return f"{stamp} ({ago})"
 
 
@@ -100,4 +104,3 @@ def terminal_safe_output() -> Iterator[None]:
 def fail(message: str) -> None:
     text = printable(one_line(message))
     print(text if text.startswith(PROG) else f"{PROG}: {text}", file=sys.stderr)
-

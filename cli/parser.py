@@ -7,8 +7,15 @@ import argparse
 from typing import Callable
 
 from cli.commands.desks import cmd_demo, cmd_tui, cmd_web
-from cli.commands.inbox import (cmd_approvals, cmd_config, cmd_events, cmd_ingest, cmd_init,
-                                cmd_show, cmd_status)
+from cli.commands.inbox import (
+    cmd_approvals,
+    cmd_config,
+    cmd_events,
+    cmd_ingest,
+    cmd_init,
+    cmd_show,
+    cmd_status,
+)
 from cli.commands.operator import act_command
 from cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
 from cli.output import BAD, PROG, CliError
@@ -104,176 +111,345 @@ examples:
 
 def build_parser() -> Parser:
     common = Parser(add_help=False)
-    common.add_argument("--busy-timeout", type=seconds(), default=5.0, metavar="SECONDS",
-                        help="how long to wait for another process's write lock (default 5)")
+    common.add_argument(
+        "--busy-timeout",
+        type=seconds(),
+        default=5.0,
+        metavar="SECONDS",
+        help="how long to wait for another process's write lock (default 5)",
+    )
     as_json = Parser(add_help=False)
-    as_json.add_argument("--json", action="store_true",
-                         help="print one JSON object (sorted keys) instead of text")
+    as_json.add_argument(
+        "--json", action="store_true", help="print one JSON object (sorted keys) instead of text"
+    )
     operator = Parser(add_help=False)
-    operator.add_argument("--actor", default=default_actor(),
-                          help="who acts, for the audit log (default $ONWATCH_ACTOR or "
-                               "cli:USER)")
+    operator.add_argument(
+        "--actor",
+        default=default_actor(),
+        help="who acts, for the audit log (default $ONWATCH_ACTOR or cli:USER)",
+    )
     operator.add_argument("--reason", help="why, for the audit log")
     channel = Parser(add_help=False)
     group = channel.add_mutually_exclusive_group()
-    group.add_argument("--stdout", action="store_true",
-                       help="print each send to stdout (the default)")
-    group.add_argument("--file", metavar="FILE",
-                       help="append each send to FILE as a JSON line {at, count, key, text}")
-    group.add_argument("--command", metavar="CMD",
-                       help="pipe each send to a shell command (key in "
-                            "$ONWATCH_DELIVERY_KEY); non-zero exit = failed delivery")
+    group.add_argument(
+        "--stdout", action="store_true", help="print each send to stdout (the default)"
+    )
+    group.add_argument(
+        "--file",
+        metavar="FILE",
+        help="append each send to FILE as a JSON line {at, count, key, text}",
+    )
+    group.add_argument(
+        "--command",
+        metavar="CMD",
+        help="pipe each send to a shell command (key in "
+        "$ONWATCH_DELIVERY_KEY); non-zero exit = failed delivery",
+    )
 
-    parser = Parser(prog=PROG, description="A durable inbox and a supervision desk for an "
-                    "always-on AI agent.", epilog=EPILOG,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(
+        prog=PROG,
+        description="A durable inbox and a supervision desk for an always-on AI agent.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     subs = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=Parser)
 
-    def sub(name: str, help_text: str, handler: Callable, parents: tuple = (common,),
-            epilog: str | None = None, path: bool = True) -> Parser:
-        p = subs.add_parser(name, help=help_text, description=help_text, parents=list(parents),
-                            epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    def sub(
+        name: str,
+        help_text: str,
+        handler: Callable,
+        parents: tuple = (common,),
+        epilog: str | None = None,
+        path: bool = True,
+    ) -> Parser:
+        p = subs.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            parents=list(parents),
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         if path:
             p.add_argument("path", type=inbox_path, metavar="PATH", help="the inbox file")
-            p.add_argument("--inbox", default="default", metavar="NAME",
-                           help="which inbox of a postgresql:// database PATH (a file is one "
-                                "inbox)")
+            p.add_argument(
+                "--inbox",
+                default="default",
+                metavar="NAME",
+                help="which inbox of a postgresql:// database PATH (a file is one inbox)",
+            )
         p.set_defaults(handler=handler)
         return p
 
-    p = sub("init", "create an inbox file (or check an existing one), optionally with settings",
-            run_async(cmd_init), (common, as_json))
+    p = sub(
+        "init",
+        "create an inbox file (or check an existing one), optionally with settings",
+        run_async(cmd_init),
+        (common, as_json),
+    )
     p.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="settings to store")
 
-    p = sub("ingest", "store an event; prints 'stored' or 'duplicate' (both exit 0)",
-            run_async(cmd_ingest), (common, as_json),
-            epilog="example: onwatch ingest alice.db github delivery-42 '{\"action\": "
-                   "\"opened\"}'\n(JSON '-' reads the payload from stdin)")
+    p = sub(
+        "ingest",
+        "store an event; prints 'stored' or 'duplicate' (both exit 0)",
+        run_async(cmd_ingest),
+        (common, as_json),
+        epilog='example: onwatch ingest alice.db github delivery-42 \'{"action": '
+        "\"opened\"}'\n(JSON '-' reads the payload from stdin)",
+    )
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("source_id", metavar="SOURCE_ID", help="dedupe key within SOURCE")
     p.add_argument("payload", nargs="?", metavar="JSON", help="payload (JSON; '-' for stdin)")
 
-    sub("status", "counts, lease, switches, next timer and send, budgets",
-        run_async(cmd_status), (common, as_json), epilog=STATUS_EPILOG)
+    sub(
+        "status",
+        "counts, lease, switches, next timer and send, budgets",
+        run_async(cmd_status),
+        (common, as_json),
+        epilog=STATUS_EPILOG,
+    )
 
-    p = sub("show", "one event with its runs and effect journal", run_async(cmd_show),
-            (common, as_json))
+    p = sub(
+        "show", "one event with its runs and effect journal", run_async(cmd_show), (common, as_json)
+    )
     p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
 
-    p = sub("events", "list events in one state (keyset pages by id)", run_async(cmd_events),
-            (common, as_json))
-    p.add_argument("status", nargs="?", default="pending", metavar="STATE",
-                   choices=("pending", "running", "done", "dead", "interrupted", "cancelled"))
+    p = sub(
+        "events",
+        "list events in one state (keyset pages by id)",
+        run_async(cmd_events),
+        (common, as_json),
+    )
+    p.add_argument(
+        "status",
+        nargs="?",
+        default="pending",
+        metavar="STATE",
+        choices=("pending", "running", "done", "dead", "interrupted", "cancelled"),
+    )
     p.add_argument("--limit", type=whole(1), default=50)
     p.add_argument("--after", type=whole(0), metavar="EVENT_ID", help="page after this id")
 
-    p = sub("approvals", "list approval requests (waiting first)", run_async(cmd_approvals),
-            (common, as_json))
+    p = sub(
+        "approvals",
+        "list approval requests (waiting first)",
+        run_async(cmd_approvals),
+        (common, as_json),
+    )
     p.add_argument("--limit", type=whole(1), default=100)
 
-    p = sub("tui", "open the supervisor TUI on an inbox (or the fleet desk on a folder of "
-                   "inbox files)", cmd_tui, ())
+    p = sub(
+        "tui",
+        "open the supervisor TUI on an inbox (or the fleet desk on a folder of inbox files)",
+        cmd_tui,
+        (),
+    )
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
     p.set_defaults(inbox=None)  # no --inbox on a database URL: the fleet desk over every inbox
 
-    p = sub("web", "serve the supervisor desk in a browser (token required)", cmd_web, (),
-            path=False, epilog=WEB_EPILOG)
-    p.add_argument("target", type=inbox_path, metavar="TARGET",
-                   help="an inbox file, or a folder of inbox files (the fleet desk)")
-    p.add_argument("--inbox", metavar="NAME",
-                   help="the inbox to open in a PostgreSQL database (not for a file target)")
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (default 127.0.0.1; any other needs "
-                        "$ONWATCH_WEB_TOKEN)")
+    p = sub(
+        "web",
+        "serve the supervisor desk in a browser (token required)",
+        cmd_web,
+        (),
+        path=False,
+        epilog=WEB_EPILOG,
+    )
+    p.add_argument(
+        "target",
+        type=inbox_path,
+        metavar="TARGET",
+        help="an inbox file, or a folder of inbox files (the fleet desk)",
+    )
+    p.add_argument(
+        "--inbox",
+        metavar="NAME",
+        help="the inbox to open in a PostgreSQL database (not for a file target)",
+    )
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; any other needs $ONWATCH_WEB_TOKEN)",
+    )
     p.add_argument("--port", type=port, default=8000, help="port (default 8000)")
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
-    p.add_argument("--public-url", metavar="URL",
-                   help="the address browsers use, when behind a reverse proxy "
-                        "(e.g. https://desk.example.org)")
+    p.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the address browsers use, when behind a reverse proxy "
+        "(e.g. https://desk.example.org)",
+    )
 
-    p = sub("demo", "play every failure scenario in the TUI on a scratch inbox", cmd_demo, (),
-            path=False)
-    p.add_argument("--live", action="store_true",
-                   help="real worker processes running the example agent: kill the active one "
-                        "and watch the takeover")
+    p = sub(
+        "demo",
+        "play every failure scenario in the TUI on a scratch inbox",
+        cmd_demo,
+        (),
+        path=False,
+    )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="real worker processes running the example agent: kill the active one "
+        "and watch the takeover",
+    )
 
-    p = sub("worker", "run an agent on the inbox: lease, scheduler, claims, finishes, sends",
-            cmd_worker, (common, channel), epilog=WORKER_EPILOG)
-    p.add_argument("--agent", required=True, metavar="MODULE:FUNCTION",
-                   help="the agent function, e.g. examples.refund_agent:handle or ./a.py:handle")
-    p.add_argument("--setup", metavar="MODULE:FUNCTION",
-                   help="called once with the inbox before the first run (e.g. to register "
-                        "timers)")
+    p = sub(
+        "worker",
+        "run an agent on the inbox: lease, scheduler, claims, finishes, sends",
+        cmd_worker,
+        (common, channel),
+        epilog=WORKER_EPILOG,
+    )
+    p.add_argument(
+        "--agent",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="the agent function, e.g. examples.refund_agent:handle or ./a.py:handle",
+    )
+    p.add_argument(
+        "--setup",
+        metavar="MODULE:FUNCTION",
+        help="called once with the inbox before the first run (e.g. to register timers)",
+    )
     p.add_argument("--holder", help="lease holder name, unique per process (default host:pid)")
-    p.add_argument("--no-dispatch", action="store_true",
-                   help="leave the outbox to another process (`onwatch dispatch`)")
-    p.add_argument("--poll", type=seconds(), default=0.5, metavar="SECONDS",
-                   help="how often an idle worker checks for new commits (default 0.5)")
-    p.add_argument("--grace", type=seconds(allow_zero=True), default=10.0, metavar="SECONDS",
-                   help="on SIGTERM, how long the current run may take to finish (default 10)")
+    p.add_argument(
+        "--no-dispatch",
+        action="store_true",
+        help="leave the outbox to another process (`onwatch dispatch`)",
+    )
+    p.add_argument(
+        "--poll",
+        type=seconds(),
+        default=0.5,
+        metavar="SECONDS",
+        help="how often an idle worker checks for new commits (default 0.5)",
+    )
+    p.add_argument(
+        "--grace",
+        type=seconds(allow_zero=True),
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long the current run may take to finish (default 10)",
+    )
     p.add_argument("--max-runs", type=whole(1), metavar="N", help="stop after N runs")
-    p.add_argument("--all-inboxes", action="store_true",
-                   help="serve every inbox of a postgresql:// database that has work")
-    p.add_argument("--concurrency", type=whole(1), default=10, metavar="N",
-                   help="with --all-inboxes: inboxes served at once (default 10)")
-    p.add_argument("--metrics-port", type=port, metavar="N",
-                   help="serve Prometheus metrics at http://127.0.0.1:N/metrics (default off; "
-                        "0 picks a free port, logged)")
-    p.add_argument("--log-level", default="info",
-                   choices=("debug", "info", "warning", "error"))
+    p.add_argument(
+        "--all-inboxes",
+        action="store_true",
+        help="serve every inbox of a postgresql:// database that has work",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=whole(1),
+        default=10,
+        metavar="N",
+        help="with --all-inboxes: inboxes served at once (default 10)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=port,
+        metavar="N",
+        help="serve Prometheus metrics at http://127.0.0.1:N/metrics (default off; "
+        "0 picks a free port, logged)",
+    )
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
-    p = sub("dispatch", "send what the outbox allows now (one paced send)", run_async(cmd_dispatch),
-            (common, as_json, channel, operator))
-    p.add_argument("--now", action="store_true",
-                   help="send everything held now, ignoring the gap and a hold (audited)")
+    p = sub(
+        "dispatch",
+        "send what the outbox allows now (one paced send)",
+        run_async(cmd_dispatch),
+        (common, as_json, channel, operator),
+    )
+    p.add_argument(
+        "--now",
+        action="store_true",
+        help="send everything held now, ignoring the gap and a hold (audited)",
+    )
 
     for action in ACTIONS.values():  # one subcommand per operator action, from the table
-        p = sub(action.command, action.help, act_command(action.name),
-                (common, as_json, operator),
-                epilog="exit 0 if this answer stands, 1 if another one (or 'unknown') does"
-                if action.target == "approval" else None)
+        p = sub(
+            action.command,
+            action.help,
+            act_command(action.name),
+            (common, as_json, operator),
+            epilog="exit 0 if this answer stands, 1 if another one (or 'unknown') does"
+            if action.target == "approval"
+            else None,
+        )
         if action.target == "event":
             p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
-            p.add_argument("--expect", metavar="STATE",
-                           help="only act if the event is in this state (what you saw)")
+            p.add_argument(
+                "--expect",
+                metavar="STATE",
+                help="only act if the event is in this state (what you saw)",
+            )
         elif action.target == "approval":
             p.add_argument("request_id", metavar="REQUEST_ID")
         elif action.target == "delivery":
             p.add_argument("delivery_id", type=whole(1), metavar="DELIVERY_ID")
 
-    p = sub("config", "show settings, or set KEY=VALUE ones (budgets included)",
-            run_async(cmd_config), (common, as_json), epilog=CONFIG_EPILOG)
+    p = sub(
+        "config",
+        "show settings, or set KEY=VALUE ones (budgets included)",
+        run_async(cmd_config),
+        (common, as_json),
+        epilog=CONFIG_EPILOG,
+    )
     p.add_argument("settings", nargs="*", metavar="KEY=VALUE")
 
-    p = sub("serve", "receive signed webhooks into the inbox (ack only once stored)",
-            cmd_serve, (common,))
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
-                   "127.0.0.1)")
+    p = sub(
+        "serve",
+        "receive signed webhooks into the inbox (ack only once stored)",
+        cmd_serve,
+        (common,),
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8787, help="port (default 8787)")
     p.add_argument("--config", metavar="FILE", help="sources and their secrets")
     p.add_argument("--max-body", type=int, metavar="BYTES", help="largest accepted body")
 
-    p = sub("run", "receiver, scheduler and worker in one process (serve + worker options)",
-            cmd_run, (common, channel), epilog=RUN_EPILOG)
-    p.add_argument("--agent", required=True, metavar="MODULE:FUNCTION",
-                   help="the agent function, e.g. examples.refund_agent:handle or ./a.py:handle")
-    p.add_argument("--setup", metavar="MODULE:FUNCTION",
-                   help="called once with the inbox before the first run")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default "
-                   "127.0.0.1)")
+    p = sub(
+        "run",
+        "receiver, scheduler and worker in one process (serve + worker options)",
+        cmd_run,
+        (common, channel),
+        epilog=RUN_EPILOG,
+    )
+    p.add_argument(
+        "--agent",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="the agent function, e.g. examples.refund_agent:handle or ./a.py:handle",
+    )
+    p.add_argument(
+        "--setup", metavar="MODULE:FUNCTION", help="called once with the inbox before the first run"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8787, help="port (default 8787)")
     p.add_argument("--config", metavar="FILE", help="sources and their secrets")
     p.add_argument("--max-body", type=whole(1), metavar="BYTES", help="largest accepted body")
     p.add_argument("--holder", help="lease holder name, unique per process (default host:pid)")
-    p.add_argument("--no-dispatch", action="store_true",
-                   help="leave the outbox to another process (`onwatch dispatch`)")
-    p.add_argument("--poll", type=seconds(), default=0.5, metavar="SECONDS",
-                   help="the fallback poll for other processes' commits (default 0.5)")
-    p.add_argument("--grace", type=seconds(allow_zero=True), default=10.0, metavar="SECONDS",
-                   help="on SIGTERM, how long the current run may take to finish (default 10)")
+    p.add_argument(
+        "--no-dispatch",
+        action="store_true",
+        help="leave the outbox to another process (`onwatch dispatch`)",
+    )
+    p.add_argument(
+        "--poll",
+        type=seconds(),
+        default=0.5,
+        metavar="SECONDS",
+        help="the fallback poll for other processes' commits (default 0.5)",
+    )
+    p.add_argument(
+        "--grace",
+        type=seconds(allow_zero=True),
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long the current run may take to finish (default 10)",
+    )
     p.add_argument("--max-runs", type=whole(1), metavar="N", help="stop after N runs")
-    p.add_argument("--log-level", default="info",
-                   choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
 
 

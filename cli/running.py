@@ -25,13 +25,18 @@ from core import Inbox, InboxError
 
 
 async def open_inbox(args: argparse.Namespace, *, create: bool = False) -> Inbox:
-    return await Inbox.open(args.path, name=getattr(args, "inbox", "default"), create=create,
-                            busy_timeout=args.busy_timeout)
+    return await Inbox.open(
+        args.path,
+        name=getattr(args, "inbox", "default"),
+        create=create,
+        busy_timeout=args.busy_timeout,
+    )
 
 
 def run_async(coro_fn: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         return run_loop(coro_fn(args))
+
     return handler
 
 
@@ -72,12 +77,17 @@ def leave_no_thread_behind(code: int) -> None:
         if thread is threading.main_thread() or thread.daemon:
             continue
         thread.join(max(0.0, deadline - time.monotonic()))
-    stray = [t.name for t in threading.enumerate()
-             if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    stray = [
+        t.name
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.daemon and t.is_alive()
+    ]
     if not stray:
         return
-    fail(f"leaving {len(stray)} thread(s) still running ({', '.join(stray[:3])}): the "
-          f"command ended, the process ends too")
+    fail(
+        f"leaving {len(stray)} thread(s) still running ({', '.join(stray[:3])}): the "
+        f"command ended, the process ends too"
+    )
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
@@ -101,8 +111,9 @@ def load_callable(spec: str, what: str) -> Callable:
     except FileNotFoundError:
         raise CliError(f"{what}: no file {module_name}") from None
     except (Exception, SystemExit) as exc:  # sys.exit() at import is a failed import too
-        raise CliError(f"{what}: cannot import {module_name}: {type(exc).__name__}: "
-                       f"{one_line(exc)}") from None
+        raise CliError(
+            f"{what}: cannot import {module_name}: {type(exc).__name__}: {one_line(exc)}"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise CliError(f"{what}: {module_name} has no function {attr!r}")
@@ -132,6 +143,7 @@ def _load_file(path: str, what: str) -> types.ModuleType:
 def setup_step(setup: Callable, spec: str) -> Callable[[Inbox], Any]:
     """--setup as the worker calls it: if the user's function fails, say so (one line),
     rather than report an onwatch 'internal error'."""
+
     async def step(inbox: Inbox) -> None:
         try:
             outcome = setup(inbox)
@@ -140,15 +152,19 @@ def setup_step(setup: Callable, spec: str) -> Callable[[Inbox], Any]:
         except InboxError:
             raise  # reported like every inbox refusal
         except (Exception, SystemExit) as exc:
-            raise CliError(f"--setup {spec} failed: {type(exc).__name__}: "
-                           f"{one_line(exc)}") from None
+            raise CliError(
+                f"--setup {spec} failed: {type(exc).__name__}: {one_line(exc)}"
+            ) from None
+
     return step
 
 
-def restoring_signals(handler: Callable[[argparse.Namespace], int]
-                       ) -> Callable[[argparse.Namespace], int]:
+def restoring_signals(
+    handler: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
     """Put SIGTERM/SIGINT handling back as it was when `handler` returns: main() may be
     called in-process (by a test, or a program embedding the command line)."""
+
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
         saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
@@ -157,6 +173,7 @@ def restoring_signals(handler: Callable[[argparse.Namespace], int]
         finally:
             for signum, previous in saved.items():
                 signal.signal(signum, previous)
+
     return run
 
 

@@ -28,6 +28,7 @@ def parse_value(text: str, key: str = "value") -> Any:
 
     def not_a_number(name: str) -> Any:
         raise ValueError(name)
+
     try:
         return json.loads(text, parse_int=whole, parse_constant=not_a_number)
     except ValueError:
@@ -59,6 +60,7 @@ MAX_SECONDS = 86_400.0  # a day: SQLite's busy timeout is a 32-bit count of mill
 def seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
     """argparse type: a number of seconds up to a day, positive (or, allow_zero,
     non-negative)."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -66,9 +68,11 @@ def seconds(*, allow_zero: bool = False) -> Callable[[str], float]:
             value = math.nan  # refused below, as NaN is
         if not (0 <= value if allow_zero else 0 < value) or value > MAX_SECONDS:
             kind = "non-negative" if allow_zero else "positive"
-            raise argparse.ArgumentTypeError(f"expected a {kind} number of seconds up to "
-                                             f"{MAX_SECONDS:g}, got {clip(text)!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected a {kind} number of seconds up to {MAX_SECONDS:g}, got {clip(text)!r}"
+            )
         return value
+
     return parse
 
 
@@ -77,15 +81,18 @@ MAX_INTEGER = 2**63 - 1  # SQLite's largest INTEGER: ids and limits past it over
 
 def whole(minimum: int) -> Callable[[str], int]:
     """argparse type: an integer from `minimum` up to what SQLite can store."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             value = None
         if value is None or not minimum <= value <= MAX_INTEGER:
-            raise argparse.ArgumentTypeError(f"expected a whole number from {minimum} to "
-                                             f"{MAX_INTEGER}, got {clip(text)!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected a whole number from {minimum} to {MAX_INTEGER}, got {clip(text)!r}"
+            )
         return value
+
     return parse
 
 

@@ -22,23 +22,34 @@ from .text import printable
 def stdout_channel(stream: Any = None) -> Callable[[str], None]:
     """Print each send's text to stdout (or `stream`), flushed at once, with control and
     invisible characters escaped: an agent's text must not drive the reader's terminal."""
+
     def send(text: str) -> None:
         out = stream or sys.stdout
         out.write(printable(text, keep="\n\t") + "\n")
         out.flush()
+
     return send
 
 
 def file_channel(path: str | os.PathLike[str]) -> Callable[[str], None]:
     """Append one JSON line per send to `path`: {"at", "count", "key", "text"} (fsynced)."""
+
     def send(text: str) -> None:
-        line = json.dumps({"at": int(time.time()), "count": getattr(text, "count", 1),
-                           "key": getattr(text, "key", None), "text": str(text)},
-                          ensure_ascii=False, sort_keys=True)
+        line = json.dumps(
+            {
+                "at": int(time.time()),
+                "count": getattr(text, "count", 1),
+                "key": getattr(text, "key", None),
+                "text": str(text),
+            },
+            ensure_ascii=False,
+            sort_keys=True,
+        )
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(line + "\n")
             handle.flush()
             os.fsync(handle.fileno())
+
     return send
 
 
@@ -46,17 +57,25 @@ def command_channel(command: str, *, timeout: float = 60.0) -> Callable[[str], A
     """Run `command` through the shell for each send: the text on its stdin, the delivery's
     key in $ONWATCH_DELIVERY_KEY and the message count in $ONWATCH_MESSAGE_COUNT. A non-zero
     exit (or a timeout) is a failed delivery."""
+
     async def send(text: str) -> None:
-        env = dict(os.environ, ONWATCH_DELIVERY_KEY=str(getattr(text, "key", "")),
-                   ONWATCH_MESSAGE_COUNT=str(getattr(text, "count", 1)))
+        env = dict(
+            os.environ,
+            ONWATCH_DELIVERY_KEY=str(getattr(text, "key", "")),
+            ONWATCH_MESSAGE_COUNT=str(getattr(text, "count", 1)),
+        )
         # Its own process group, so that a timeout can stop what the shell started too
         # (a child left holding the stderr pipe would keep the wait below going).
         process = await asyncio.create_subprocess_shell(
-            command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+            command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
         try:
-            _, err = await asyncio.wait_for(process.communicate(str(text).encode("utf-8")),
-                                            timeout)
+            _, err = await asyncio.wait_for(process.communicate(str(text).encode("utf-8")), timeout)
         except BaseException as exc:  # timed out, or the dispatch was cancelled
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
@@ -66,6 +85,9 @@ def command_channel(command: str, *, timeout: float = 60.0) -> Callable[[str], A
             raise
         if process.returncode != 0:
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-            raise RuntimeError(f"command exited with {process.returncode}"
-                               + (f": {tail[0][:200]}" if tail[0] else ""))
+            raise RuntimeError(
+                f"command exited with {process.returncode}"
+                + (f": {tail[0][:200]}" if tail[0] else "")
+            )
+
     return send

@@ -46,16 +46,20 @@ class FakeClock:
 
     def advance(self, seconds: int) -> int:
         """Move forward by `seconds` and return the new time."""
-        self._now = check_time(self._now + check_duration(seconds, "seconds", minimum=0),
-                               "time")
+        self._now = check_time(self._now + check_duration(seconds, "seconds", minimum=0), "time")
         return self._now
 
 
 def check_int(value: object, name: str, low: int, high: int) -> int:
     """Return `value` if it is an int (not a bool) within low..high, else raise BadInput."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        kind = ("a positive integer" if low == 1 else "a non-negative integer" if low == 0
-                else f"an integer from {low}")
+        kind = (
+            "a positive integer"
+            if low == 1
+            else "a non-negative integer"
+            if low == 0
+            else f"an integer from {low}"
+        )
         raise BadInput(f"{name} must be {kind} up to {high}, got {show(value)}")
     return value
 

@@ -20,8 +20,10 @@ T = TypeVar("T")
 def _map_error(exc: sqlite3.Error, path: str, busy_timeout: float) -> InboxError:
     text = str(exc)
     if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
-        return InboxBusy(f"inbox {path} stayed locked by another process for more than "
-                         f"{busy_timeout:g} s; nothing was changed, try again")
+        return InboxBusy(
+            f"inbox {path} stayed locked by another process for more than "
+            f"{busy_timeout:g} s; nothing was changed, try again"
+        )
     if "malformed" in text or "not a database" in text:
         return NotAnInbox(f"inbox {path} is damaged: {text}")
     return InboxError(f"inbox {path}: {text}")
@@ -59,8 +61,13 @@ class Database:
     pinned in pyproject.toml and tests/core/test_open.py checks the hook exists).
     """
 
-    def __init__(self, conn: aiosqlite.Connection, path: str, busy_timeout: float,
-                 factory: type[sqlite3.Connection] | None = None) -> None:
+    def __init__(
+        self,
+        conn: aiosqlite.Connection,
+        path: str,
+        busy_timeout: float,
+        factory: type[sqlite3.Connection] | None = None,
+    ) -> None:
         self._conn = conn
         self.path = path
         self.busy_timeout = busy_timeout
@@ -70,9 +77,14 @@ class Database:
         self._fd: int | None = None  # the opened file, held: see file_replaced()
 
     @classmethod
-    async def open(cls, path: str | os.PathLike[str], *, create: bool = True,
-                   busy_timeout: float = 5.0,
-                   factory: type[sqlite3.Connection] | None = None) -> "Database":
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        create: bool = True,
+        busy_timeout: float = 5.0,
+        factory: type[sqlite3.Connection] | None = None,
+    ) -> "Database":
         """Open (creating or migrating) an inbox file; raise NotAnInbox and leave it untouched
         if it is missing (with create=False), foreign, corrupt, or newer."""
         path = os.fspath(path)
@@ -83,8 +95,10 @@ class Database:
             raise NotAnInbox(f"cannot create {path}: its folder does not exist")
         if not exists and os.path.exists(path + "-wal"):
             # A deleted inbox's write-ahead log: SQLite would replay it into the new file.
-            raise NotAnInbox(f"cannot create {path}: {path}-wal is left from a deleted inbox "
-                             f"(a process may still have it open); move it away first")
+            raise NotAnInbox(
+                f"cannot create {path}: {path}-wal is left from a deleted inbox "
+                f"(a process may still have it open); move it away first"
+            )
         kwargs: dict[str, Any] = {"isolation_level": None, "check_same_thread": False}
         if factory is not None:
             kwargs["factory"] = factory
@@ -125,13 +139,18 @@ class Database:
         try:
             # aiosqlite's private hop is untyped; it returns what fn returns
             result: T = await self._conn._execute(  # type: ignore[no-untyped-call]
-                fn, self._conn._conn, *args)
+                fn, self._conn._conn, *args
+            )
             return result
         except sqlite3.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout) from None
 
-    def write_soon(self, fn: Callable[..., T], args: tuple[Any, ...],
-                   done: Callable[[T | None, BaseException | None], None]) -> None:
+    def write_soon(
+        self,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        done: Callable[[T | None, BaseException | None], None],
+    ) -> None:
         """Queue `fn` in its own write transaction; call `done(result, error)` on this loop
         once it committed (error None) or rolled back (result None, error mapped).
 
@@ -158,6 +177,7 @@ class Database:
         def committed(result: T) -> None:  # on the loop
             self.wake.notify()
             done(result, None)
+
         conn._tx.put_nowait((None, job))
 
     def peek(self, fn: Callable[..., T], *args: Any) -> T:
@@ -232,15 +252,16 @@ def _retry_while_busy(step: Callable[[], Any], busy_timeout: float) -> None:
             time.sleep(0.005)
 
 
-def _prepare(db: sqlite3.Connection, path: str, busy_timeout: float,
-             create: bool = True) -> None:
+def _prepare(db: sqlite3.Connection, path: str, busy_timeout: float, create: bool = True) -> None:
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     version = schema.inspect(db, path)  # refuse foreign files before any write
     if version == 0 and not create:
         # An empty file (0 bytes, or SQLite with nothing in it) is not an inbox yet: only
         # `onwatch init` (create=True) may make it one; everyone else leaves it as it is.
-        raise NotAnInbox(f"{path} is not an onwatch inbox (it is empty); run "
-                         f"`onwatch init {path}` to make it one")
+        raise NotAnInbox(
+            f"{path} is not an onwatch inbox (it is empty); run "
+            f"`onwatch init {path}` to make it one"
+        )
     if version == 0 or db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         _retry_while_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), busy_timeout)
     # FULL: an acknowledged commit survives power loss, not only a process crash.

@@ -102,8 +102,9 @@ class FleetSource(Protocol):
 
     label: str  # what the source is, for a person (a folder, a database)
 
-    def scan(self, now: int, known: Mapping[str, InboxSummary],
-             force: frozenset[str] = frozenset()) -> FleetScan:
+    def scan(
+        self, now: int, known: Mapping[str, InboxSummary], force: frozenset[str] = frozenset()
+    ) -> FleetScan:
         """Summaries of every inbox, reusing `known` ones that cannot have changed (blocking:
         run it in a thread)."""
         ...
@@ -113,16 +114,17 @@ class FleetSource(Protocol):
         ...
 
 
-def read_summary(path: str, key: str, name: str, now: int,
-                 signature: tuple[int, ...] = ()) -> InboxSummary:
+def read_summary(
+    path: str, key: str, name: str, now: int, signature: tuple[int, ...] = ()
+) -> InboxSummary:
     """Summarise the inbox file at `path` in one read transaction, or say why it cannot be.
 
     Never raises for a bad file and never writes to it: the connection is read-only
     (`mode=ro`), so a foreign, empty or newer file is left byte for byte as it was.
     """
+
     def refused(reason: str, retry: bool = False) -> InboxSummary:
-        return InboxSummary(key, name, path, now, problem=reason, retry=retry,
-                            signature=signature)
+        return InboxSummary(key, name, path, now, problem=reason, retry=retry, signature=signature)
 
     try:
         with open(path, "rb") as handle:
@@ -132,7 +134,7 @@ def read_summary(path: str, key: str, name: str, now: int,
         # without the lock files a reader would otherwise create (and leave) beside it. A
         # writer that starts meanwhile writes to a new WAL first, which the next scan sees.
         immutable = wal_mode and not os.path.exists(path + "-wal")
-        header = header[:len(schema.SQLITE_HEADER)]
+        header = header[: len(schema.SQLITE_HEADER)]
     except FileNotFoundError:
         return refused("the file disappeared", retry=True)
     except OSError as exc:
@@ -143,9 +145,13 @@ def read_summary(path: str, key: str, name: str, now: int,
         return refused("not an onwatch inbox: not a SQLite database")
     try:
         options = "mode=ro&immutable=1" if immutable else "mode=ro"
-        db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?{options}", uri=True,
-                             isolation_level=None, check_same_thread=False,
-                             timeout=BUSY_MS / 1000)
+        db = sqlite3.connect(
+            f"file:{quote(os.path.abspath(path))}?{options}",
+            uri=True,
+            isolation_level=None,
+            check_same_thread=False,
+            timeout=BUSY_MS / 1000,
+        )
     except sqlite3.Error as exc:
         return refused(f"cannot open: {exc}", retry=True)
     try:
@@ -171,46 +177,78 @@ def read_summary(path: str, key: str, name: str, now: int,
         db.close()
 
 
-def _summarise(db: sqlite3.Connection, path: str, key: str, name: str, now: int,
-               signature: tuple[int, ...]) -> InboxSummary:
+def _summarise(
+    db: sqlite3.Connection, path: str, key: str, name: str, now: int, signature: tuple[int, ...]
+) -> InboxSummary:
     counts = store.counts(db)
     lease = store.lease_info(db)
-    released = lease is not None and db.execute(
-        "SELECT 1 FROM audit WHERE target = ? AND action = 'release lease' AND applied = 1 "
-        "LIMIT 1", (f"gen {lease.gen}",)).fetchone() is not None
+    released = (
+        lease is not None
+        and db.execute(
+            "SELECT 1 FROM audit WHERE target = ? AND action = 'release lease' AND applied = 1 "
+            "LIMIT 1",
+            (f"gen {lease.gen}",),
+        ).fetchone()
+        is not None
+    )
     waiting = db.execute("SELECT count(*) FROM approvals WHERE answer IS NULL").fetchone()[0]
-    approvals = tuple(Approval(r[0], r[1], r[2], None, r[3]) for r in db.execute(
-        "SELECT request_id, substr(action, 1, ?), due, requested FROM approvals "
-        "WHERE answer IS NULL ORDER BY due, request_id LIMIT ?",
-        (ACTION_CHARS, SHOWN_APPROVALS)))
-    row = db.execute("SELECT claimed_at, finished_at, outcome FROM runs "
-                     "ORDER BY id DESC LIMIT 1").fetchone()
+    approvals = tuple(
+        Approval(r[0], r[1], r[2], None, r[3])
+        for r in db.execute(
+            "SELECT request_id, substr(action, 1, ?), due, requested FROM approvals "
+            "WHERE answer IS NULL ORDER BY due, request_id LIMIT ?",
+            (ACTION_CHARS, SHOWN_APPROVALS),
+        )
+    )
+    row = db.execute(
+        "SELECT claimed_at, finished_at, outcome FROM runs ORDER BY id DESC LIMIT 1"
+    ).fetchone()
     activity = _activity_sqlite(db, now - HOUR)
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
-    meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('paused', "
-                           "'outbox_held')"))
+    meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('paused', 'outbox_held')"))
     return InboxSummary(
-        key, name, path, now,
-        pending=counts.get("pending", 0), running=counts.get("running", 0),
-        dead=counts.get("dead", 0), interrupted=counts.get("interrupted", 0),
-        lease=lease, lease_released=released, waiting=waiting, approvals=approvals,
-        last_run=LastRun(*row) if row else None, held=held,
+        key,
+        name,
+        path,
+        now,
+        pending=counts.get("pending", 0),
+        running=counts.get("running", 0),
+        dead=counts.get("dead", 0),
+        interrupted=counts.get("interrupted", 0),
+        lease=lease,
+        lease_released=released,
+        waiting=waiting,
+        approvals=approvals,
+        last_run=LastRun(*row) if row else None,
+        held=held,
         next_send_at=store.next_send_at(db) if held else None,
-        outbox_held=bool(meta.get("outbox_held")), paused=bool(meta.get("paused")),
-        activity=activity, signature=signature)
+        outbox_held=bool(meta.get("outbox_held")),
+        paused=bool(meta.get("paused")),
+        activity=activity,
+        signature=signature,
+    )
 
 
 def _activity_sqlite(db: sqlite3.Connection, since: int) -> tuple[tuple[int, int, int], ...]:
-    return tuple((r[0], r[1], r[2] or 0) for r in db.execute(
-        "SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs "
-        "WHERE claimed_at > ? GROUP BY 1 ORDER BY 1", (since,)))
+    return tuple(
+        (r[0], r[1], r[2] or 0)
+        for r in db.execute(
+            "SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs "
+            "WHERE claimed_at > ? GROUP BY 1 ORDER BY 1",
+            (since,),
+        )
+    )
 
 
 def _activity_pg(db: Tx, since: int) -> tuple[tuple[int, int, int], ...]:
-    return tuple((int(r[0]), int(r[1]), int(r[2])) for r in db.execute(
-        "SELECT claimed_at / 60, count(*), count(*) FILTER (WHERE outcome IN ('error', "
-        "'lost')) FROM runs WHERE inbox_id = %s AND claimed_at > %s GROUP BY 1 ORDER BY 1",
-        (db.inbox, since)).fetchall())
+    return tuple(
+        (int(r[0]), int(r[1]), int(r[2]))
+        for r in db.execute(
+            "SELECT claimed_at / 60, count(*), count(*) FILTER (WHERE outcome IN ('error', "
+            "'lost')) FROM runs WHERE inbox_id = %s AND claimed_at > %s GROUP BY 1 ORDER BY 1",
+            (db.inbox, since),
+        ).fetchall()
+    )
 
 
 async def run_activity(inbox: Inbox, now: int) -> tuple[tuple[int, int, int], ...]:
@@ -222,8 +260,9 @@ async def run_activity(inbox: Inbox, now: int) -> tuple[tuple[int, int, int], ..
     return await inbox._db.read(read, now - HOUR)  # the engine's own read path
 
 
-def run_buckets(activity: tuple[tuple[int, int, int], ...], now: int,
-                buckets: int = 12) -> tuple[list[int], int]:
+def run_buckets(
+    activity: tuple[tuple[int, int, int], ...], now: int, buckets: int = 12
+) -> tuple[list[int], int]:
     """Runs per 60/`buckets` minutes over the hour before `now` (oldest first), and how many
     of them failed: what a sparkline of an inbox's last hour shows."""
     runs, failed = [0] * buckets, 0
@@ -251,8 +290,9 @@ class FolderFleet:
     def path(self, key: str) -> str:
         return os.path.join(self.folder, key)
 
-    def scan(self, now: int, known: Mapping[str, InboxSummary],
-             force: frozenset[str] = frozenset()) -> FleetScan:
+    def scan(
+        self, now: int, known: Mapping[str, InboxSummary], force: frozenset[str] = frozenset()
+    ) -> FleetScan:
         """Every inbox file's summary; a file whose database and WAL kept their modification
         time and size is not read again (unless in `force`, or last read as locked)."""
         entries: dict[str, os.DirEntry[str]] = {}
@@ -287,14 +327,23 @@ class FolderFleet:
                     signature += (wal_stat.st_mtime_ns, wal_stat.st_size)
                     newest = max(newest, wal_stat.st_mtime)
             before = known.get(key)
-            if before is not None and before.signature == signature and not before.retry \
-                    and key not in force:
+            if (
+                before is not None
+                and before.signature == signature
+                and not before.retry
+                and key not in force
+            ):
                 summaries[key] = before
                 continue
             # A change within the file system's timestamp granularity of the read could keep
             # the signature: a file written just now is read again on the next scan.
-            summary = read_summary(entry.path, key, os.path.splitext(key)[0], now,
-                                   signature if wall - newest > RECHECK_SECONDS else ())
+            summary = read_summary(
+                entry.path,
+                key,
+                os.path.splitext(key)[0],
+                now,
+                signature if wall - newest > RECHECK_SECONDS else (),
+            )
             summaries[key] = summary
             read.add(key)
         removed = frozenset(set(known) - set(summaries))
@@ -357,8 +406,9 @@ class DatabaseFleet:
             self._conn.close()
             self._conn = None
 
-    def scan(self, now: int, known: Mapping[str, InboxSummary],
-             force: frozenset[str] = frozenset()) -> FleetScan:
+    def scan(
+        self, now: int, known: Mapping[str, InboxSummary], force: frozenset[str] = frozenset()
+    ) -> FleetScan:
         """Every inbox's summary; an inbox whose change counter kept its value is not read
         again (unless in `force`). A lost connection raises InboxError saying so; it is
         opened again at the next scan, and the desk keeps the summaries it had meanwhile."""
@@ -369,41 +419,82 @@ class DatabaseFleet:
         try:
             conn = self._connect()
             listing = sql.changes(conn)
-            stale = [inbox_id for inbox_id, name, changes in listing
-                     if name in force or known.get(name) is None
-                     or known[name].signature != (changes,)]
-            rows = sql.summaries(conn, stale, now - HOUR, SHOWN_APPROVALS, ACTION_CHARS) \
-                if stale else []
+            stale = [
+                inbox_id
+                for inbox_id, name, changes in listing
+                if name in force or known.get(name) is None or known[name].signature != (changes,)
+            ]
+            rows = (
+                sql.summaries(conn, stale, now - HOUR, SHOWN_APPROVALS, ACTION_CHARS)
+                if stale
+                else []
+            )
         except (psycopg.Error, InboxError, OSError) as exc:
             self.close()
-            raise InboxError(f"lost the connection to {self.shown_url} ({str(exc).strip()}); "
-                             f"trying again every second, showing what was last read") from None
+            raise InboxError(
+                f"lost the connection to {self.shown_url} ({str(exc).strip()}); "
+                f"trying again every second, showing what was last read"
+            ) from None
         fresh = {row[1]: self._summary(row, now) for row in rows}
-        summaries = {name: fresh.get(name) or known[name] for _, name, _ in listing
-                     if name in fresh or name in known}
+        summaries = {
+            name: fresh.get(name) or known[name]
+            for _, name, _ in listing
+            if name in fresh or name in known
+        }
         removed = frozenset(set(known) - set(summaries))
         return FleetScan(summaries, frozenset(fresh), removed)
 
     def _summary(self, row: tuple[Any, ...], now: int) -> InboxSummary:
-        (_, name, changes, holder, gen, until, released_gen, paused, outbox_held, settings,
-         last_paced_send, pending, running, dead, interrupted, waiting, approvals,
-         claimed_at, finished_at, outcome, activity, held, undelivered) = row
+        (
+            _,
+            name,
+            changes,
+            holder,
+            gen,
+            until,
+            released_gen,
+            paused,
+            outbox_held,
+            settings,
+            last_paced_send,
+            pending,
+            running,
+            dead,
+            interrupted,
+            waiting,
+            approvals,
+            claimed_at,
+            finished_at,
+            outcome,
+            activity,
+            held,
+            undelivered,
+        ) = row
         next_send_at = None
         if undelivered:
             gap = (Settings.from_json(settings) if settings else Settings()).outbox_gap
             next_send_at = 0 if last_paced_send is None else last_paced_send + gap
         return InboxSummary(
-            name, name, f"{self.shown_url} inbox {name}", now,
-            pending=int(pending), running=int(running), dead=int(dead),
+            name,
+            name,
+            f"{self.shown_url} inbox {name}",
+            now,
+            pending=int(pending),
+            running=int(running),
+            dead=int(dead),
             interrupted=int(interrupted),
             lease=None if holder is None else Lease(holder, gen, until),
             lease_released=gen is not None and released_gen == gen,
             waiting=int(waiting),
             approvals=tuple(Approval(a[0], a[1], a[2], None, a[3]) for a in approvals),
             last_run=None if claimed_at is None else LastRun(claimed_at, finished_at, outcome),
-            held=int(held), next_send_at=next_send_at, outbox_held=bool(outbox_held),
-            paused=bool(paused), activity=tuple((a[0], a[1], a[2]) for a in activity),
-            signature=(changes,))
+            held=int(held),
+            next_send_at=next_send_at,
+            outbox_held=bool(outbox_held),
+            paused=bool(paused),
+            activity=tuple((a[0], a[1], a[2]) for a in activity),
+            signature=(changes,),
+        )
 
     async def open(self, key: str, *, clock: Clock | None = None) -> Inbox:
         """Open the inbox named `key` in full (never creating one); NotAnInbox if it is gone."""

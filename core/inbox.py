@@ -14,13 +14,33 @@ from . import pg, store
 from .actions import ACTIONS, Outcome
 from .backend import Connection, Handle, Store, Waker
 from .clock import (
-    MAX_COUNT, MAX_ID, Clock, SystemClock, check_duration, check_int, check_time, show,
+    MAX_COUNT,
+    MAX_ID,
+    Clock,
+    SystemClock,
+    check_duration,
+    check_int,
+    check_time,
+    show,
 )
 from .db import Database
 from .errors import BadInput
 from .records import (
-    EVENT_STATES, Approval, ApprovalRequest, AuditEntry, Delivery, Effect, Event, FollowUp,
-    Lease, LeaseChange, Message, Overview, Reply, Run, Timer,
+    EVENT_STATES,
+    Approval,
+    ApprovalRequest,
+    AuditEntry,
+    Delivery,
+    Effect,
+    Event,
+    FollowUp,
+    Lease,
+    LeaseChange,
+    Message,
+    Overview,
+    Reply,
+    Run,
+    Timer,
 )
 from .settings import MAX_BATCH, Settings
 
@@ -78,8 +98,7 @@ def _text(name: str, value: object, *, limit: int = MAX_TEXT) -> str:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise BadInput(f"{name} is not valid Unicode text (it has a lone surrogate)") \
-                from None
+            raise BadInput(f"{name} is not valid Unicode text (it has a lone surrogate)") from None
     return value
 
 
@@ -95,24 +114,31 @@ def _source(name: str, value: object) -> str:
     """An event source an outsider may use: not one of the engine's own."""
     text = _text(name, value)
     if text in RESERVED_SOURCES:
-        raise BadInput(f"{name} {text!r} is reserved for the engine's own events "
-                       f"(reserved: {', '.join(RESERVED_SOURCES)})")
+        raise BadInput(
+            f"{name} {text!r} is reserved for the engine's own events "
+            f"(reserved: {', '.join(RESERVED_SOURCES)})"
+        )
     return text
 
 
 def _timer_id(value: object) -> str:
     text = _text("timer_id", value)
     if text.startswith(RESERVED_TIMER_PREFIXES):
-        raise BadInput(f"timer ids starting with {text.split(':')[0]}: are reserved for the "
-                       f"engine's own timers")
+        raise BadInput(
+            f"timer ids starting with {text.split(':')[0]}: are reserved for the "
+            f"engine's own timers"
+        )
     return text
 
 
 def _check_shape(value: object, what: str, limit: int) -> None:
     """Refuse JSON nested deeper than MAX_DEPTH or with more values than `limit` bytes could
     hold, walking iteratively: a deep value must be refused, never recursed into."""
-    if type(value) is dict and len(value) < limit and _SCALARS.issuperset(map(type,
-                                                                             value.values())):
+    if (
+        type(value) is dict
+        and len(value) < limit
+        and _SCALARS.issuperset(map(type, value.values()))
+    ):
         return  # the common webhook body: one flat object (the walk below would say the same)
     stack = [(value, 1)]
     seen = 0
@@ -120,8 +146,9 @@ def _check_shape(value: object, what: str, limit: int) -> None:
         item, depth = stack.pop()
         seen += 1
         if seen > limit:
-            raise BadInput(f"{what} has more values than {limit} bytes can hold "
-                           f"(max_payload_bytes)")
+            raise BadInput(
+                f"{what} has more values than {limit} bytes can hold (max_payload_bytes)"
+            )
         if isinstance(item, (dict, list, tuple)):
             if depth > MAX_DEPTH:
                 raise BadInput(f"{what} is nested deeper than {MAX_DEPTH} levels")
@@ -136,9 +163,15 @@ _JSON_ASCII = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
 # already refused any value with more values than the limit, so a cyclic one never gets
 # here). The standard library's C encoder; without it, _JSON.encode.
 _C_ENCODER: Callable[..., Callable[[object, int], Sequence[str]]] | None = getattr(
-    json.encoder, "c_make_encoder", None)  # (not in the standard library's type stubs)
-_ENCODE_ONCE = None if _C_ENCODER is None else _C_ENCODER(
-    None, _JSON.default, json.encoder.encode_basestring, None, ": ", ", ", False, False, False)
+    json.encoder, "c_make_encoder", None
+)  # (not in the standard library's type stubs)
+_ENCODE_ONCE = (
+    None
+    if _C_ENCODER is None
+    else _C_ENCODER(
+        None, _JSON.default, json.encoder.encode_basestring, None, ": ", ", ", False, False, False
+    )
+)
 
 
 def _json_text(value: object) -> str:
@@ -250,8 +283,11 @@ class _GroupCommit:
     @staticmethod
     def _key_stored(db: sqlite3.Connection, source: str, source_id: str) -> bool:
         # fetchall steps to the end, so the read snapshot is released at once
-        return bool(db.execute("SELECT 1 FROM events WHERE source = ? AND source_id = ?",
-                               (source, source_id)).fetchall())
+        return bool(
+            db.execute(
+                "SELECT 1 FROM events WHERE source = ? AND source_id = ?", (source, source_id)
+            ).fetchall()
+        )
 
     def _flush(self) -> None:
         self._flush_soon = False
@@ -263,15 +299,21 @@ class _GroupCommit:
         self._in_flight = True
         self._storm = len(batch) > 1
         try:
-            self._db.write_soon(self._sql.ingest_many, ([item for item, _ in batch],),
-                                lambda results, error: self._done(batch, results, error))
+            self._db.write_soon(
+                self._sql.ingest_many,
+                ([item for item, _ in batch],),
+                lambda results, error: self._done(batch, results, error),
+            )
         except BaseException as exc:  # closed: nothing was sent
             self._in_flight = False
             self._settle(batch, None, exc)
 
-    def _done(self, batch: list[tuple[Item, asyncio.Future[bool]]],
-              results: list[bool | Exception] | None,
-              error: BaseException | None) -> None:
+    def _done(
+        self,
+        batch: list[tuple[Item, asyncio.Future[bool]]],
+        results: list[bool | Exception] | None,
+        error: BaseException | None,
+    ) -> None:
         """On the loop, when a transaction committed or failed."""
         self._in_flight = False
         if self._queue and not self._storm:
@@ -287,9 +329,12 @@ class _GroupCommit:
                     self._idle.set_result(None)
                 self._idle = None
 
-    def _settle(self, batch: list[tuple[Item, asyncio.Future[bool]]],
-                results: list[bool | Exception] | None,
-                error: BaseException | None) -> None:
+    def _settle(
+        self,
+        batch: list[tuple[Item, asyncio.Future[bool]]],
+        results: list[bool | Exception] | None,
+        error: BaseException | None,
+    ) -> None:
         """Give each caller its own result or error."""
         if error is not None:  # the whole transaction failed: tell everyone in it
             for _, future in batch:
@@ -318,8 +363,9 @@ class _GroupCommit:
 class Inbox:
     """One durable inbox (one SQLite file). Open with `await Inbox.open(path)`."""
 
-    def __init__(self, db: Connection, clock: Clock, settings: Settings,
-                 sql: Store = store) -> None:
+    def __init__(
+        self, db: Connection, clock: Clock, settings: Settings, sql: Store = store
+    ) -> None:
         self._db = db
         self._sql = sql  # the backend's SQL module: core/self._sql.py or core/pg/self._sql.py
         self.clock = clock
@@ -329,9 +375,16 @@ class Inbox:
     # --- lifecycle ------------------------------------------------------------------------
 
     @classmethod
-    async def open(cls, path: str | os.PathLike[str], *, name: str = "default",
-                   clock: Clock | None = None, create: bool = True, busy_timeout: float = 5.0,
-                   connection_factory: type[sqlite3.Connection] | None = None) -> "Inbox":
+    async def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        name: str = "default",
+        clock: Clock | None = None,
+        create: bool = True,
+        busy_timeout: float = 5.0,
+        connection_factory: type[sqlite3.Connection] | None = None,
+    ) -> "Inbox":
         """Open the inbox at `path`, creating or migrating its schema.
 
         `path` is a file (SQLite: the file is the inbox, `name` stays "default") or a
@@ -343,18 +396,26 @@ class Inbox:
         if pg.is_url(path):
             if not isinstance(create, bool):
                 raise BadInput(f"create must be True or False, got {show(create)}")
-            if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) \
-                    or not 0 < busy_timeout <= 86_400:  # NaN too
-                raise BadInput(f"busy_timeout must be a positive number of seconds, got "
-                               f"{show(busy_timeout)}")
+            if (
+                isinstance(busy_timeout, bool)
+                or not isinstance(busy_timeout, (int, float))
+                or not 0 < busy_timeout <= 86_400
+            ):  # NaN too
+                raise BadInput(
+                    f"busy_timeout must be a positive number of seconds, got {show(busy_timeout)}"
+                )
             from .pg import db as pg_db, store as pg_store  # psycopg only when asked for
-            pg_database = await pg_db.Database.open(path, name=_text("inbox name", name),
-                                                    create=create, busy_timeout=busy_timeout)
+
+            pg_database = await pg_db.Database.open(
+                path, name=_text("inbox name", name), create=create, busy_timeout=busy_timeout
+            )
             settings = await pg_database.read(pg_store.load_settings)
             return cls(pg_database, clock or SystemClock(), settings, pg_store)
         if name != "default":
-            raise BadInput(f"name picks an inbox of a PostgreSQL database; a file is one "
-                           f"inbox (got name={show(name)} for a file)")
+            raise BadInput(
+                f"name picks an inbox of a PostgreSQL database; a file is one "
+                f"inbox (got name={show(name)} for a file)"
+            )
         if not isinstance(path, (str, os.PathLike)):
             raise BadInput(f"path must be a file path, got {type(path).__name__}")
         try:
@@ -366,12 +427,17 @@ class Inbox:
             raise BadInput("path must be a non-empty file path without NUL characters")
         if not isinstance(create, bool):
             raise BadInput(f"create must be True or False, got {show(create)}")
-        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)) or \
-                not 0 < busy_timeout <= 86_400:  # NaN too
-            raise BadInput(f"busy_timeout must be a positive number of seconds, got "
-                           f"{show(busy_timeout)}")
-        db = await Database.open(path, create=create, busy_timeout=busy_timeout,
-                                 factory=connection_factory)
+        if (
+            isinstance(busy_timeout, bool)
+            or not isinstance(busy_timeout, (int, float))
+            or not 0 < busy_timeout <= 86_400
+        ):  # NaN too
+            raise BadInput(
+                f"busy_timeout must be a positive number of seconds, got {show(busy_timeout)}"
+            )
+        db = await Database.open(
+            path, create=create, busy_timeout=busy_timeout, factory=connection_factory
+        )
         settings = await db.read(store.load_settings)
         return cls(db, clock or SystemClock(), settings)
 
@@ -441,30 +507,38 @@ class Inbox:
 
     async def configure(self, **changes: Any) -> Settings:
         """Validate and store setting changes; raise BadInput (writing nothing) on a bad one."""
+
         def apply(db: sqlite3.Connection) -> Settings:
             updated = self._sql.load_settings(db).replace(changes)
             self._sql.store_settings(db, updated)
             return updated
+
         Settings().replace(changes)  # fail fast, before taking the write lock
         self._settings = await self._write(apply)
         return self._settings
 
     # --- intake ---------------------------------------------------------------------------
 
-    async def ingest(self, source: str, source_id: str, payload: Any = None, *,
-                     now: int | None = None) -> bool:
+    async def ingest(
+        self, source: str, source_id: str, payload: Any = None, *, now: int | None = None
+    ) -> bool:
         """Store an event: True if new, False for a duplicate (source, source_id).
 
         Returns only after the event is durably committed. Raises BadInput for an empty
         source/source_id or a payload that is not JSON or too large, BudgetExceeded when
         max_pending is reached.
         """
-        item = (_source("source", source), _text("source_id", source_id),
-                _encode(payload, self._settings.max_payload_bytes), self._now(now))
+        item = (
+            _source("source", source),
+            _text("source_id", source_id),
+            _encode(payload, self._settings.max_payload_bytes),
+            self._now(now),
+        )
         return await self._intake.submit(item)
 
-    async def ingest_batch(self, items: Iterable[tuple[str, str, Any]], *,
-                           now: int | None = None) -> list[bool]:
+    async def ingest_batch(
+        self, items: Iterable[tuple[str, str, Any]], *, now: int | None = None
+    ) -> list[bool]:
         """Store several events in one transaction: all or none. Returns, per item, True if
         new and False for a duplicate (of a stored event or of an earlier item).
 
@@ -479,8 +553,14 @@ class Inbox:
             if not (isinstance(item, tuple) and len(item) == 3):
                 raise BadInput("each item must be a (source, source_id, payload) tuple")
             source, source_id, payload = item
-            batch.append((_source("source", source), _text("source_id", source_id),
-                          _encode(payload, self._settings.max_payload_bytes), when))
+            batch.append(
+                (
+                    _source("source", source),
+                    _text("source_id", source_id),
+                    _encode(payload, self._settings.max_payload_bytes),
+                    when,
+                )
+            )
         if not batch:
             return []
         return await self._write(_ingest_all_or_none, batch, self._sql)
@@ -488,8 +568,9 @@ class Inbox:
     async def prune_payloads(self, older_than: int, *, now: int | None = None) -> int:
         """Drop payloads of done/cancelled events last changed before `older_than`; the
         dedupe keys stay. Returns how many were pruned."""
-        return await self._write(self._sql.prune_payloads, check_time(older_than, "older_than"),
-                                 self._now(now))
+        return await self._write(
+            self._sql.prune_payloads, check_time(older_than, "older_than"), self._now(now)
+        )
 
     # --- lease ----------------------------------------------------------------------------
 
@@ -497,7 +578,8 @@ class Inbox:
         """Take or renew the lease; return its generation, or None if another holds it."""
         holder, now = _text("holder", holder), self._now(now)
         renewed: Callable[..., int | None] | None = getattr(
-            self._sql, "renewed_without_write", None)  # SQLite's store only
+            self._sql, "renewed_without_write", None
+        )  # SQLite's store only
         if renewed is not None:
             # The holder renewing to the expiry it already has changes nothing: one read of
             # committed state answers it on this thread, without a write transaction.
@@ -511,28 +593,40 @@ class Inbox:
 
     async def renew(self, holder: str, gen: int, *, now: int | None = None) -> bool:
         """Extend the lease for exactly this unexpired generation (fenced)."""
-        return await self._write(self._sql.renew, _text("holder", holder), _positive("gen", gen),
-                                 self._now(now))
+        return await self._write(
+            self._sql.renew, _text("holder", holder), _positive("gen", gen), self._now(now)
+        )
 
     async def release(self, holder: str, gen: int, *, now: int | None = None) -> bool:
         """Hand the lease back; a successor may take over at once (next generation)."""
-        return await self._write(self._sql.release, _text("holder", holder),
-                                 _positive("gen", gen), self._now(now))
+        return await self._write(
+            self._sql.release, _text("holder", holder), _positive("gen", gen), self._now(now)
+        )
 
     # --- runs -----------------------------------------------------------------------------
 
     async def claim_batch(self, holder: str, gen: int, *, now: int | None = None) -> list[Event]:
         """Claim the next run's events (docs/rules.md#claiming-a-run); [] unless this
         generation holds."""
-        return await self._write(self._sql.claim_batch, _text("holder", holder),
-                                 _positive("gen", gen), self._now(now))
+        return await self._write(
+            self._sql.claim_batch, _text("holder", holder), _positive("gen", gen), self._now(now)
+        )
 
-    async def finish(self, holder: str, gen: int, ids: Sequence[int],
-                     messages: Iterable[str | Reply] = (), error: str | None = None, *,
-                     now: int | None = None, result: Any = None,
-                     approvals: Iterable[ApprovalRequest] = (),
-                     timers: Iterable[FollowUp] = (), run: int | None = None,
-                     traceback: str | None = None) -> bool:
+    async def finish(
+        self,
+        holder: str,
+        gen: int,
+        ids: Sequence[int],
+        messages: Iterable[str | Reply] = (),
+        error: str | None = None,
+        *,
+        now: int | None = None,
+        result: Any = None,
+        approvals: Iterable[ApprovalRequest] = (),
+        timers: Iterable[FollowUp] = (),
+        run: int | None = None,
+        traceback: str | None = None,
+    ) -> bool:
         """Record a run's outcome with its messages, approval requests and follow-up timers in
         one fenced transaction. False (nothing written, the refusal audited) if this
         generation no longer holds the lease or none of `ids` is still claimed by it.
@@ -551,14 +645,14 @@ class Inbox:
         if run is not None:
             run = _positive("run", run)
         replies = [self._reply(m) for m in _listed("messages", messages, MAX_COUNT)]
-        approvals = [self._approval_request(a) for a in _listed("approvals", approvals,
-                                                                  MAX_COUNT)]
+        approvals = [self._approval_request(a) for a in _listed("approvals", approvals, MAX_COUNT)]
         timers = [self._followup(t) for t in _listed("timers", timers, MAX_COUNT)]
         if error is not None:
             error = _text("error", error, limit=10_000)
             if replies or approvals or timers:
-                raise BadInput("a failed run (error=) cannot also queue messages, approvals "
-                               "or timers")
+                raise BadInput(
+                    "a failed run (error=) cannot also queue messages, approvals or timers"
+                )
         if traceback is not None:
             if error is None:
                 raise BadInput("a traceback belongs to a failed run (error=)")
@@ -566,19 +660,32 @@ class Inbox:
                 raise BadInput("traceback must be text")
             # The end of a traceback names the line that raised: keep that end.
             # A lone surrogate (an exception's text may carry one) is kept as an escape.
-            traceback = traceback[-MAX_TRACEBACK:].encode("utf-8", "backslashreplace") \
-                .decode("utf-8")
-        encoded = None if result is None else _encode(result, self._settings.max_payload_bytes,
-                                                      "result")
-        return await self._write(self._sql.finish, holder, gen, ids, replies, error, encoded,
-                                 approvals, timers, self._now(now), run, traceback)
+            traceback = (
+                traceback[-MAX_TRACEBACK:].encode("utf-8", "backslashreplace").decode("utf-8")
+            )
+        encoded = (
+            None if result is None else _encode(result, self._settings.max_payload_bytes, "result")
+        )
+        return await self._write(
+            self._sql.finish,
+            holder,
+            gen,
+            ids,
+            replies,
+            error,
+            encoded,
+            approvals,
+            timers,
+            self._now(now),
+            run,
+            traceback,
+        )
 
     def _reply(self, message: object) -> Reply:
         if isinstance(message, str):
             message = Reply(message)
         if not isinstance(message, Reply):
-            raise BadInput(f"a message must be a str or core.Reply, got "
-                           f"{type(message).__name__}")
+            raise BadInput(f"a message must be a str or core.Reply, got {type(message).__name__}")
         _text("message body", message.body, limit=self._settings.max_payload_bytes)
         if not isinstance(message.urgent, bool):
             raise BadInput("Reply.urgent must be True or False")
@@ -595,16 +702,25 @@ class Inbox:
     def _followup(self, timer: object) -> FollowUp:
         if not isinstance(timer, FollowUp):
             raise BadInput("timers must be core.FollowUp records")
-        encoded = self._check_timer(timer.timer_id, timer.due, timer.payload, timer.every,
-                                    timer.key, timer.catch_up)
+        encoded = self._check_timer(
+            timer.timer_id, timer.due, timer.payload, timer.every, timer.key, timer.catch_up
+        )
         return dataclasses.replace(timer, payload=encoded)  # stored as checked JSON text
 
     # --- effect journal -------------------------------------------------------------------
 
-    async def intend_effect(self, holder: str, gen: int, run_id: int, name: str,
-                            detail: Any = None, *, key: str | None = None,
-                            event: int | Event | None = None,
-                            now: int | None = None) -> str | None:
+    async def intend_effect(
+        self,
+        holder: str,
+        gen: int,
+        run_id: int,
+        name: str,
+        detail: Any = None,
+        *,
+        key: str | None = None,
+        event: int | Event | None = None,
+        now: int | None = None,
+    ) -> str | None:
         """Record, before doing it, that this run is about to cause an external effect.
 
         Returns the effect's idempotency key, or None (nothing written, the refusal audited)
@@ -617,14 +733,20 @@ class Inbox:
         if isinstance(event, Event):
             event = event.id
         return await self._write(
-            self._sql.intend_effect, _text("holder", holder), _positive("gen", gen),
-            _positive("run_id", run_id), _text("effect name", name, limit=200),
+            self._sql.intend_effect,
+            _text("holder", holder),
+            _positive("gen", gen),
+            _positive("run_id", run_id),
+            _text("effect name", name, limit=200),
             _encode(detail, self._settings.max_payload_bytes, "detail"),
-            None if key is None else _text("key", key), self._now(now),
-            None if event is None else _event_id(event))
+            None if key is None else _text("key", key),
+            self._now(now),
+            None if event is None else _event_id(event),
+        )
 
-    async def settle_effect(self, key: str, state: str = "confirmed", *,
-                            now: int | None = None) -> bool:
+    async def settle_effect(
+        self, key: str, state: str = "confirmed", *, now: int | None = None
+    ) -> bool:
         """Record that an intended effect happened ('confirmed') or did not ('failed')."""
         if state not in ("confirmed", "failed"):
             raise BadInput(f"state must be 'confirmed' or 'failed', got {show(state)}")
@@ -632,15 +754,24 @@ class Inbox:
 
     async def effects(self, event_id: int) -> list[Effect]:
         """The effect journal of every run that claimed this event."""
+
         def read(db: sqlite3.Connection) -> list[Effect]:
             runs = self._sql.runs_for_event(db, _event_id(event_id))
             return self._sql.effects_for_run(db, [r.id for r in runs]) if runs else []
+
         return await self._db.read(read)
 
     # --- timers ---------------------------------------------------------------------------
 
-    def _check_timer(self, timer_id: object, due: object, payload: object, every: object,
-                     key: object, catch_up: object) -> str:
+    def _check_timer(
+        self,
+        timer_id: object,
+        due: object,
+        payload: object,
+        every: object,
+        key: object,
+        catch_up: object,
+    ) -> str:
         _timer_id(timer_id)
         check_time(due, "due")
         if every is not None:
@@ -656,14 +787,24 @@ class Inbox:
             _text("key source_id", key[1])
         return _encode(payload, self._settings.max_payload_bytes)
 
-    async def add_timer(self, timer_id: str, due: int, payload: Any = None, *,
-                        every: int | None = None, key: tuple[str, str] | None = None,
-                        catch_up: str = "coalesce") -> None:
+    async def add_timer(
+        self,
+        timer_id: str,
+        due: int,
+        payload: Any = None,
+        *,
+        every: int | None = None,
+        key: tuple[str, str] | None = None,
+        catch_up: str = "coalesce",
+    ) -> None:
         """Register (or replace the definition of) a timer. Each occurrence becomes an event
         keyed `timer_id@scheduled_time`, or `key` for a one-off."""
         encoded = self._check_timer(timer_id, due, payload, every, key, catch_up)
-        await self._write(lambda db: self._sql.add_timer(db, timer_id, due, encoded, every, key,
-                                                     catch_up, "timer", encoded=True))
+        await self._write(
+            lambda db: self._sql.add_timer(
+                db, timer_id, due, encoded, every, key, catch_up, "timer", encoded=True
+            )
+        )
 
     async def cancel_timer(self, timer_id: str) -> bool:
         """Remove a timer; False if there was none. An approval's expiry cannot be cancelled
@@ -689,28 +830,57 @@ class Inbox:
 
     # --- approvals ------------------------------------------------------------------------
 
-    async def request_approval(self, request_id: str, expires_in: int, action: str, *,
-                               now: int | None = None) -> Approval:
+    async def request_approval(
+        self, request_id: str, expires_in: int, action: str, *, now: int | None = None
+    ) -> Approval:
         """Ask a human; the answer or the expiry comes back as event ('approval', request_id).
         Asking again for the same id keeps the first deadline."""
-        return await self._write(self._sql.request_approval, _text("request_id", request_id),
-                                 check_duration(expires_in, "expires_in"),
-                                 _text("action", action, limit=10_000), self._now(now))
+        return await self._write(
+            self._sql.request_approval,
+            _text("request_id", request_id),
+            check_duration(expires_in, "expires_in"),
+            _text("action", action, limit=10_000),
+            self._now(now),
+        )
 
-    async def answer_approval(self, request_id: str, answer: str, *, now: int | None = None,
-                              actor: str = "operator", reason: str | None = None) -> str:
+    async def answer_approval(
+        self,
+        request_id: str,
+        answer: str,
+        *,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> str:
         """Store `answer` ('yes'|'no') unless the deadline passed or one is stored; return the
         answer that stands: 'yes', 'no', 'expired', or 'unknown'."""
         if answer not in ("yes", "no"):
             raise BadInput(f"answer must be 'yes' or 'no', got {show(answer)}")
-        return await self._write(self._sql.answer_approval, _text("request_id", request_id),
-                                 answer, self._now(now), _actor(actor), _reason(reason))
+        return await self._write(
+            self._sql.answer_approval,
+            _text("request_id", request_id),
+            answer,
+            self._now(now),
+            _actor(actor),
+            _reason(reason),
+        )
 
-    async def expire_approval(self, request_id: str, *, now: int | None = None,
-                              actor: str = "operator", reason: str | None = None) -> str:
+    async def expire_approval(
+        self,
+        request_id: str,
+        *,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> str:
         """Expire a waiting request now; return the answer that stands."""
-        return await self._write(self._sql.expire_approval, _text("request_id", request_id),
-                                 self._now(now), _actor(actor), _reason(reason))
+        return await self._write(
+            self._sql.expire_approval,
+            _text("request_id", request_id),
+            self._now(now),
+            _actor(actor),
+            _reason(reason),
+        )
 
     # --- outbox ---------------------------------------------------------------------------
 
@@ -739,34 +909,77 @@ class Inbox:
             error = f"{type(exc).__name__}: {exc}"
         # The outcome is recorded only if this attempt still owns the delivery: a send that
         # hung past send_timeout while another dispatcher re-sent must not overwrite it.
-        sent = await self._write(self._sql.end_delivery, delivery_id, attempt, error,
-                                 self._now(None) if now is None else now)
+        sent = await self._write(
+            self._sql.end_delivery,
+            delivery_id,
+            attempt,
+            error,
+            self._now(None) if now is None else now,
+        )
         return count if sent else 0
 
-    async def flush_outbox(self, send: SendFn, *, now: int | None = None,
-                           actor: str = "operator", reason: str | None = None) -> int:
+    async def flush_outbox(
+        self,
+        send: SendFn,
+        *,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> int:
         """Send held messages now, ignoring the gap and any hold; return how many went."""
         now = self._now(now)
         actor, reason = _actor(actor), _reason(reason)
         sent = await self._dispatch(send, now, flush=True)
-        await self._write(self._sql.audit, now, actor, "send now", "outbox", None,
-                          f"{sent} sent", sent > 0, reason)
+        await self._write(
+            self._sql.audit,
+            now,
+            actor,
+            "send now",
+            "outbox",
+            None,
+            f"{sent} sent",
+            sent > 0,
+            reason,
+        )
         return sent
 
-    async def hold_outbox(self, *, now: int | None = None, actor: str = "operator",
-                          reason: str | None = None) -> bool:
+    async def hold_outbox(
+        self, *, now: int | None = None, actor: str = "operator", reason: str | None = None
+    ) -> bool:
         """Stop paced sends until release_outbox; True if this changed anything."""
-        return await self._write(self._sql.set_flag, "outbox_held", True, "hold",
-                                 self._now(now), _actor(actor), _reason(reason))
+        return await self._write(
+            self._sql.set_flag,
+            "outbox_held",
+            True,
+            "hold",
+            self._now(now),
+            _actor(actor),
+            _reason(reason),
+        )
 
-    async def release_outbox(self, *, now: int | None = None, actor: str = "operator",
-                             reason: str | None = None) -> bool:
-        return await self._write(self._sql.set_flag, "outbox_held", False, "release",
-                                 self._now(now), _actor(actor), _reason(reason))
+    async def release_outbox(
+        self, *, now: int | None = None, actor: str = "operator", reason: str | None = None
+    ) -> bool:
+        return await self._write(
+            self._sql.set_flag,
+            "outbox_held",
+            False,
+            "release",
+            self._now(now),
+            _actor(actor),
+            _reason(reason),
+        )
 
-    async def settle_delivery(self, delivery_id: int, outcome: str, *,
-                              expect: str = "uncertain", now: int | None = None,
-                              actor: str = "operator", reason: str | None = None) -> bool:
+    async def settle_delivery(
+        self,
+        delivery_id: int,
+        outcome: str,
+        *,
+        expect: str = "uncertain",
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> bool:
         """Settle an uncertain delivery (at-most-once, cut off mid-send): outcome 'sent'
         marks it delivered; 'send again' puts its messages back in the outbox for a new
         delivery (under a new key). Conditional like every operator action: False, audited
@@ -775,65 +988,133 @@ class Inbox:
         if outcome not in store.SETTLE_OUTCOMES:
             raise BadInput(f"outcome must be one of {store.SETTLE_OUTCOMES}, got {show(outcome)}")
         if expect not in store.DELIVERY_STATES:
-            raise BadInput(f"expect must be a delivery state {store.DELIVERY_STATES}, got "
-                           f"{show(expect)}")
-        return await self._write(self._sql.settle_delivery, _positive("delivery id", delivery_id),
-                                 outcome, expect, self._now(now), _actor(actor),
-                                 _reason(reason))
+            raise BadInput(
+                f"expect must be a delivery state {store.DELIVERY_STATES}, got {show(expect)}"
+            )
+        return await self._write(
+            self._sql.settle_delivery,
+            _positive("delivery id", delivery_id),
+            outcome,
+            expect,
+            self._now(now),
+            _actor(actor),
+            _reason(reason),
+        )
 
-    async def uncertain_deliveries(self, *, now: int | None = None,
-                                   limit: int = 100) -> list[Delivery]:
+    async def uncertain_deliveries(
+        self, *, now: int | None = None, limit: int = 100
+    ) -> list[Delivery]:
         """At-most-once deliveries cut off mid-send, oldest first: neither re-sent nor
         settled until an operator says what happened (settle_delivery)."""
-        return await self._db.read(self._sql.uncertain_deliveries, self._now(now),
-                                   _positive("limit", limit))
+        return await self._db.read(
+            self._sql.uncertain_deliveries, self._now(now), _positive("limit", limit)
+        )
 
     # --- operator actions -----------------------------------------------------------------
 
-    async def requeue(self, event_id: int, *, expect: str | None = None,
-                      now: int | None = None, actor: str = "operator",
-                      reason: str | None = None) -> bool:
+    async def requeue(
+        self,
+        event_id: int,
+        *,
+        expect: str | None = None,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> bool:
         """dead/interrupted/cancelled → pending with a fresh attempt budget.
 
         `expect` is the state the operator saw; if the row is in another state now, nothing
         changes and False is returned (the audit log says why)."""
-        return await self._change(event_id, "requeue", ("dead", "interrupted", "cancelled"),
-                                  expect, "pending", now, actor, reason)
+        return await self._change(
+            event_id,
+            "requeue",
+            ("dead", "interrupted", "cancelled"),
+            expect,
+            "pending",
+            now,
+            actor,
+            reason,
+        )
 
-    async def cancel(self, event_id: int, *, expect: str | None = None,
-                     now: int | None = None, actor: str = "operator",
-                     reason: str | None = None) -> bool:
+    async def cancel(
+        self,
+        event_id: int,
+        *,
+        expect: str | None = None,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> bool:
         """pending → cancelled; a running event cannot be cancelled (returns False)."""
-        return await self._change(event_id, "cancel", ("pending",), expect, "cancelled", now,
-                                  actor, reason)
+        return await self._change(
+            event_id, "cancel", ("pending",), expect, "cancelled", now, actor, reason
+        )
 
-    async def resolve(self, event_id: int, *, expect: str | None = None,
-                      now: int | None = None, actor: str = "operator",
-                      reason: str | None = None) -> bool:
+    async def resolve(
+        self,
+        event_id: int,
+        *,
+        expect: str | None = None,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> bool:
         """interrupted → done: the operator confirms the uncertain effect happened."""
-        return await self._change(event_id, "resolve", ("interrupted",), expect, "done", now,
-                                  actor, reason)
+        return await self._change(
+            event_id, "resolve", ("interrupted",), expect, "done", now, actor, reason
+        )
 
-    async def bury(self, event_id: int, *, expect: str | None = None,
-                   now: int | None = None, actor: str = "operator",
-                   reason: str | None = None) -> bool:
+    async def bury(
+        self,
+        event_id: int,
+        *,
+        expect: str | None = None,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> bool:
         """interrupted or pending → dead, by hand."""
-        return await self._change(event_id, "bury", ("interrupted", "pending"), expect,
-                                  "dead", now, actor, reason)
+        return await self._change(
+            event_id, "bury", ("interrupted", "pending"), expect, "dead", now, actor, reason
+        )
 
-    async def _change(self, event_id: int, action: str, allowed: tuple[str, ...],
-                      expect: str | None, after: str, now: int | None, actor: str,
-                      reason: str | None) -> bool:
+    async def _change(
+        self,
+        event_id: int,
+        action: str,
+        allowed: tuple[str, ...],
+        expect: str | None,
+        after: str,
+        now: int | None,
+        actor: str,
+        reason: str | None,
+    ) -> bool:
         if expect is not None and expect not in EVENT_STATES:
             raise BadInput(f"expect must be an event state, got {show(expect)}")
         if not isinstance(expect, (str, type(None))):
             raise BadInput("expect must be an event state")
-        return await self._write(self._sql.change_event, _event_id(event_id), action, allowed,
-                                 expect, after, self._now(now), _actor(actor), _reason(reason))
+        return await self._write(
+            self._sql.change_event,
+            _event_id(event_id),
+            action,
+            allowed,
+            expect,
+            after,
+            self._now(now),
+            _actor(actor),
+            _reason(reason),
+        )
 
-    async def act(self, name: str, target: int | str | None = None, *,
-                  expect: str | None = None, now: int | None = None, actor: str = "operator",
-                  reason: str | None = None) -> Outcome:
+    async def act(
+        self,
+        name: str,
+        target: int | str | None = None,
+        *,
+        expect: str | None = None,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> Outcome:
         """Run the operator action `name` (a row of core.actions.ACTIONS) on `target` (an
         event id, an approval request id, a delivery id, or None for an inbox switch) and
         return what happened: applied or not, before → after, and why when refused. Read in
@@ -849,14 +1130,24 @@ class Inbox:
                 raise BadInput(f"expect must be an event state, got {show(expect)}")
             event_id = _event_id(target)
             # (the store function, then its arguments)
-            call: tuple[Any, ...] = (self._sql.change_event, event_id, name, action.allowed,
-                                     expect, action.after, when, who, why)
+            call: tuple[Any, ...] = (
+                self._sql.change_event,
+                event_id,
+                name,
+                action.allowed,
+                expect,
+                action.after,
+                when,
+                who,
+                why,
+            )
             audited = f"event {event_id}"
         elif action.target == "delivery":
             expect = "uncertain" if expect is None else expect
             if expect not in store.DELIVERY_STATES:
-                raise BadInput(f"expect must be a delivery state {store.DELIVERY_STATES}, got "
-                               f"{show(expect)}")
+                raise BadInput(
+                    f"expect must be a delivery state {store.DELIVERY_STATES}, got {show(expect)}"
+                )
             delivery_id = _positive("delivery id", target)
             call = (self._sql.settle_delivery, delivery_id, action.after, expect, when, who, why)
             audited = f"delivery {delivery_id}"
@@ -864,9 +1155,11 @@ class Inbox:
             raise BadInput(f"{name} takes no expect= (it acts on {action.target} state as it is)")
         elif action.target == "approval":
             request_id = _text("request_id", target)
-            call = ((self._sql.expire_approval, request_id, when, who, why)
-                    if action.after == "expired" else
-                    (self._sql.answer_approval, request_id, action.after, when, who, why))
+            call = (
+                (self._sql.expire_approval, request_id, when, who, why)
+                if action.after == "expired"
+                else (self._sql.answer_approval, request_id, action.after, when, who, why)
+            )
             audited = f"approval {request_id}"
         else:
             if target is not None:
@@ -878,28 +1171,50 @@ class Inbox:
         applied = result == action.after if action.target == "approval" else bool(result)
         if entry is None:  # every action audits itself; a backend that did not is a bug
             raise AssertionError(f"{name} on {audited} left no audit entry")
-        return Outcome(name, audited, applied, entry.before, entry.after, entry.reason,
-                       result)
+        return Outcome(name, audited, applied, entry.before, entry.after, entry.reason, result)
 
-    async def pause(self, *, now: int | None = None, actor: str = "operator",
-                    reason: str | None = None) -> bool:
+    async def pause(
+        self, *, now: int | None = None, actor: str = "operator", reason: str | None = None
+    ) -> bool:
         """Claims return nothing until resume(); intake never stops. True if it changed."""
-        return await self._write(self._sql.set_flag, "paused", True, "pause", self._now(now),
-                                 _actor(actor), _reason(reason))
+        return await self._write(
+            self._sql.set_flag,
+            "paused",
+            True,
+            "pause",
+            self._now(now),
+            _actor(actor),
+            _reason(reason),
+        )
 
-    async def resume(self, *, now: int | None = None, actor: str = "operator",
-                     reason: str | None = None) -> bool:
-        return await self._write(self._sql.set_flag, "paused", False, "resume", self._now(now),
-                                 _actor(actor), _reason(reason))
+    async def resume(
+        self, *, now: int | None = None, actor: str = "operator", reason: str | None = None
+    ) -> bool:
+        return await self._write(
+            self._sql.set_flag,
+            "paused",
+            False,
+            "resume",
+            self._now(now),
+            _actor(actor),
+            _reason(reason),
+        )
 
     # --- reads ----------------------------------------------------------------------------
 
     async def get_event(self, event_id: int) -> Event | None:
         return await self._db.call(self._sql.get_event, _event_id(event_id))
 
-    async def events(self, status: str, *, limit: int = 100, after: int | None = None,
-                     before: int | None = None, search: str | None = None,
-                     payload: bool = True) -> list[Event]:
+    async def events(
+        self,
+        status: str,
+        *,
+        limit: int = 100,
+        after: int | None = None,
+        before: int | None = None,
+        search: str | None = None,
+        payload: bool = True,
+    ) -> list[Event]:
         """A keyset page of events in `status` by id: ascending after `after` (or from the
         start), or the page just before `before` in descending order. `search` keeps rows
         whose source, source id or error contains it; `payload=False` leaves payloads out
@@ -912,8 +1227,15 @@ class Inbox:
                 check_int(value, name, 0, MAX_ID)
         if search is not None and search != "":
             search = _text("search", search)
-        return await self._db.call(self._sql.events, status, min(limit, 10_000), after, before,
-                                   search or None, bool(payload))
+        return await self._db.call(
+            self._sql.events,
+            status,
+            min(limit, 10_000),
+            after,
+            before,
+            search or None,
+            bool(payload),
+        )
 
     async def counts(self) -> dict[str, int]:
         return await self._db.call(self._sql.counts)
@@ -945,8 +1267,11 @@ class Inbox:
         return await self._db.read(self._sql.next_send_at)
 
     async def audit(self, *, limit: int = 100, target: str | None = None) -> list[AuditEntry]:
-        return await self._db.call(self._sql.audit_entries, _positive("limit", limit),
-                                   None if target is None else _text("target", target))
+        return await self._db.call(
+            self._sql.audit_entries,
+            _positive("limit", limit),
+            None if target is None else _text("target", target),
+        )
 
     async def runs(self, event_id: int) -> list[Run]:
         """Every run that claimed this event, oldest first."""
@@ -957,8 +1282,13 @@ class Inbox:
         return await self._db.read(self._sql.overview, self._now(now))
 
 
-def _acted(db: Handle, read_audit: Callable[[Handle, int, str], list[AuditEntry]], target: str,
-           fn: Callable[..., T], *args: Any) -> tuple[T, AuditEntry | None]:
+def _acted(
+    db: Handle,
+    read_audit: Callable[[Handle, int, str], list[AuditEntry]],
+    target: str,
+    fn: Callable[..., T],
+    *args: Any,
+) -> tuple[T, AuditEntry | None]:
     """Run an operator action's transaction and read back the audit entry it wrote, in the
     same transaction: (what the action returned, its AuditEntry)."""
     result = fn(db, *args)

@@ -92,9 +92,11 @@ class _StateCollector:
     def collect(self) -> Iterable[Any]:
         name = self.owner.name
         snapshot = self.owner._snapshot
-        up = GaugeMetricFamily("onwatch_inbox_readable",
-                               "1 if the inbox could be read for this scrape, else 0",
-                               labels=["inbox"])
+        up = GaugeMetricFamily(
+            "onwatch_inbox_readable",
+            "1 if the inbox could be read for this scrape, else 0",
+            labels=["inbox"],
+        )
         up.add_metric([name], 0 if snapshot is None else 1)
         yield up
         if snapshot is None:
@@ -108,47 +110,71 @@ class _StateCollector:
             family.add_metric([name], value)
             return family
 
-        events = GaugeMetricFamily("onwatch_events", "events in the inbox, by state",
-                                   labels=["inbox", "state"])
+        events = GaugeMetricFamily(
+            "onwatch_events", "events in the inbox, by state", labels=["inbox", "state"]
+        )
         for state in EVENT_STATES:
             events.add_metric([name, state], view.counts.get(state, 0))
         yield events
         lease = view.lease
         families = [
-            gauge("onwatch_approvals_waiting", "approval requests without an answer",
-                  view.waiting_approvals),
-            gauge("onwatch_approval_soonest_deadline_seconds",
-                  "seconds until the soonest waiting approval expires (negative: overdue); "
-                  "absent when none is waiting",
-                  None if snapshot.soonest_deadline is None else snapshot.soonest_deadline - now),
-            gauge("onwatch_lease_generation", "current lease generation (0: never taken)",
-                  lease.gen if lease else 0),
-            gauge("onwatch_lease_expiry_seconds",
-                  "seconds until the lease expires (negative: expired or released that long "
-                  "ago); absent before the first lease",
-                  None if lease is None else lease.until - now),
-            gauge("onwatch_lease_ttl_seconds", "the inbox's lease_ttl setting",
-                  snapshot.lease_ttl),
-            gauge("onwatch_outbox_held_messages", "messages held in the outbox",
-                  view.held_messages),
-            gauge("onwatch_outbox_next_send_seconds",
-                  "seconds until the next paced send is allowed (0 or less: now); absent "
-                  "when nothing is held", None if view.next_send_at is None
-                  else view.next_send_at - now),
-            gauge("onwatch_outbox_on_hold", "1 while an operator holds the outbox",
-                  int(view.outbox_held)),
-            gauge("onwatch_paused", "1 while execution is paused by an operator",
-                  int(view.paused)),
-            gauge("onwatch_next_timer_seconds", "seconds until the soonest timer is due; "
-                  "absent without timers",
-                  None if view.next_timer_due is None else view.next_timer_due - now),
+            gauge(
+                "onwatch_approvals_waiting",
+                "approval requests without an answer",
+                view.waiting_approvals,
+            ),
+            gauge(
+                "onwatch_approval_soonest_deadline_seconds",
+                "seconds until the soonest waiting approval expires (negative: overdue); "
+                "absent when none is waiting",
+                None if snapshot.soonest_deadline is None else snapshot.soonest_deadline - now,
+            ),
+            gauge(
+                "onwatch_lease_generation",
+                "current lease generation (0: never taken)",
+                lease.gen if lease else 0,
+            ),
+            gauge(
+                "onwatch_lease_expiry_seconds",
+                "seconds until the lease expires (negative: expired or released that long "
+                "ago); absent before the first lease",
+                None if lease is None else lease.until - now,
+            ),
+            gauge("onwatch_lease_ttl_seconds", "the inbox's lease_ttl setting", snapshot.lease_ttl),
+            gauge(
+                "onwatch_outbox_held_messages", "messages held in the outbox", view.held_messages
+            ),
+            gauge(
+                "onwatch_outbox_next_send_seconds",
+                "seconds until the next paced send is allowed (0 or less: now); absent "
+                "when nothing is held",
+                None if view.next_send_at is None else view.next_send_at - now,
+            ),
+            gauge(
+                "onwatch_outbox_on_hold",
+                "1 while an operator holds the outbox",
+                int(view.outbox_held),
+            ),
+            gauge("onwatch_paused", "1 while execution is paused by an operator", int(view.paused)),
+            gauge(
+                "onwatch_next_timer_seconds",
+                "seconds until the soonest timer is due; absent without timers",
+                None if view.next_timer_due is None else view.next_timer_due - now,
+            ),
         ]
         yield from (f for f in families if f is not None)
         for metric, text, value in (
-                ("onwatch_stale_writes_refused", "writes refused because their lease "
-                 "generation no longer held the lease (audited)", view.refused_writes),
-                ("onwatch_lease_takeovers", "lease generations started by taking over an "
-                 "expired lease", view.takeovers)):
+            (
+                "onwatch_stale_writes_refused",
+                "writes refused because their lease generation no longer held the lease (audited)",
+                view.refused_writes,
+            ),
+            (
+                "onwatch_lease_takeovers",
+                "lease generations started by taking over an expired lease",
+                view.takeovers,
+            ),
+        ):
             family = CounterMetricFamily(metric, text, labels=["inbox"])
             family.add_metric([name], value)
             yield family
@@ -159,11 +185,18 @@ class IntakeMetrics:
 
     def __init__(self, registry: CollectorRegistry, name: str, sources: SourceLabels) -> None:
         self._name, self._sources = name, sources
-        self._ingested = Counter("onwatch_events_ingested", "events stored by this process",
-                                 ["inbox", "source"], registry=registry)
-        self._duplicates = Counter("onwatch_ingest_duplicates",
-                                   "deliveries answered as duplicates by this process",
-                                   ["inbox", "source"], registry=registry)
+        self._ingested = Counter(
+            "onwatch_events_ingested",
+            "events stored by this process",
+            ["inbox", "source"],
+            registry=registry,
+        )
+        self._duplicates = Counter(
+            "onwatch_ingest_duplicates",
+            "deliveries answered as duplicates by this process",
+            ["inbox", "source"],
+            registry=registry,
+        )
 
     def stored(self, source: str, new: bool) -> None:
         counter = self._ingested if new else self._duplicates
@@ -180,19 +213,28 @@ class WorkerMetrics:
             return Counter(metric, text, ["inbox"], registry=registry).labels(name)
 
         self._runs = counter("onwatch_runs", "runs started by this worker (one agent call each)")
-        self._failures = counter("onwatch_run_failures",
-                                 "runs whose agent raised (finished with an error, backoff)")
-        self._abandoned = counter("onwatch_runs_abandoned",
-                                  "runs abandoned unfinished: lease lost, over max_run_seconds "
-                                  "or stopping")
-        self._duration = Histogram("onwatch_run_duration_seconds",
-                                   "wall time of each run, agent call to its finish",
-                                   ["inbox"], buckets=RUN_BUCKETS, registry=registry).labels(name)
+        self._failures = counter(
+            "onwatch_run_failures", "runs whose agent raised (finished with an error, backoff)"
+        )
+        self._abandoned = counter(
+            "onwatch_runs_abandoned",
+            "runs abandoned unfinished: lease lost, over max_run_seconds or stopping",
+        )
+        self._duration = Histogram(
+            "onwatch_run_duration_seconds",
+            "wall time of each run, agent call to its finish",
+            ["inbox"],
+            buckets=RUN_BUCKETS,
+            registry=registry,
+        ).labels(name)
         self._latency = Histogram(
             "onwatch_claim_latency_seconds",
             "seconds from an event's commit to its first claim (whole seconds of the inbox "
             "clock): how long new work waited for the worker to wake and claim it",
-            ["inbox", "source"], buckets=LATENCY_BUCKETS, registry=registry)
+            ["inbox", "source"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
 
     def claimed(self, batch: Sequence["Event"], now: int) -> None:
         """A run starts on `batch`: count it, and each first attempt's wait since commit."""
@@ -201,7 +243,8 @@ class WorkerMetrics:
             if event.attempts == 1 and event.created:
                 waited = (event.claimed_at or now) - event.created
                 self._latency.labels(self._name, self._sources(event.source)).observe(
-                    max(waited, 0))
+                    max(waited, 0)
+                )
 
     def ended(self, outcome: str, seconds: float) -> None:
         """A run ended: 'done', 'failed' (the agent raised) or 'abandoned'."""
@@ -215,8 +258,7 @@ class WorkerMetrics:
 class InboxMetrics:
     """The /metrics of one open inbox in one process. See the module docstring."""
 
-    def __init__(self, inbox: "Inbox", *, name: str | None = None,
-                 process: bool = True) -> None:
+    def __init__(self, inbox: "Inbox", *, name: str | None = None, process: bool = True) -> None:
         self.inbox = inbox
         self.name = name or inbox_label(inbox.path)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -264,6 +306,7 @@ class InboxMetrics:
     async def handle(self, request: "web.Request") -> "web.Response":
         """aiohttp handler of GET /metrics."""
         from aiohttp import web
+
         body, content_type = await self.render()
         response = web.Response(body=body)
         response.headers["Content-Type"] = content_type
@@ -284,10 +327,12 @@ class MetricsServer:
         await self.runner.cleanup()
 
 
-async def start_metrics_server(metrics: InboxMetrics, *, host: str = "127.0.0.1",
-                               port: int = 0) -> MetricsServer:
+async def start_metrics_server(
+    metrics: InboxMetrics, *, host: str = "127.0.0.1", port: int = 0
+) -> MetricsServer:
     """Serve `metrics` on host:port (0 picks a free port). Raises OSError if it cannot bind."""
     from aiohttp import web
+
     app = web.Application()
     app.router.add_get("/metrics", metrics.handle)
     runner = web.AppRunner(app, access_log=None)

@@ -235,8 +235,12 @@ def inspect(db: sqlite3.Connection, path: str) -> int:
         try:
             app_id = db.execute("PRAGMA application_id").fetchone()[0]
             version: int = db.execute("PRAGMA user_version").fetchone()[0]
-            tables = [r[0] for r in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+            tables = [
+                r[0]
+                for r in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+                )
+            ]
         finally:
             if own and db.in_transaction:
                 db.execute("COMMIT")
@@ -252,11 +256,13 @@ def inspect(db: sqlite3.Connection, path: str) -> int:
         listed = ", ".join(tables[:5]) + (" …" if len(tables) > 5 else "")
         raise NotAnInbox(
             f"{path} is a SQLite database but not an onwatch inbox "
-            f"(tables: {listed or 'none'}); refusing to touch it")
+            f"(tables: {listed or 'none'}); refusing to touch it"
+        )
     if version > SCHEMA_VERSION:
         raise NotAnInbox(
             f"{path} was written by a newer onwatch (schema {version}; this one knows up to "
-            f"{SCHEMA_VERSION}); upgrade onwatch to open it")
+            f"{SCHEMA_VERSION}); upgrade onwatch to open it"
+        )
     return version
 
 

@@ -79,8 +79,9 @@ class Settings:
         try:
             return cls().replace(data)
         except BadInput:  # e.g. backoff_cap below backoff_base: keep the defaults for those
-            return cls().replace({k: v for k, v in data.items()
-                                  if k not in ("backoff_cap", "backoff_base")})
+            return cls().replace(
+                {k: v for k, v in data.items() if k not in ("backoff_cap", "backoff_base")}
+            )
 
     def replace(self, changes: Mapping[str, Any]) -> "Settings":
         """Return a validated copy with `changes` applied; raise BadInput naming the bad one."""
@@ -98,13 +99,24 @@ class Settings:
 
 # Upper bounds, so that no stored setting can make later arithmetic overflow SQLite's int64
 # (now + lease_ttl, now + backoff, due + every) or a statement exceed SQLite's limits.
-_POSITIVE = {"max_attempts": MAX_COUNT, "lease_ttl": MAX_DURATION, "max_batch": MAX_BATCH,
-             "max_payload_bytes": MAX_PAYLOAD, "catch_up_limit": MAX_BATCH,
-             "max_delivery_attempts": MAX_COUNT, "send_timeout": MAX_DURATION,
-             "backoff_base": MAX_DURATION, "backoff_cap": MAX_DURATION}
+_POSITIVE = {
+    "max_attempts": MAX_COUNT,
+    "lease_ttl": MAX_DURATION,
+    "max_batch": MAX_BATCH,
+    "max_payload_bytes": MAX_PAYLOAD,
+    "catch_up_limit": MAX_BATCH,
+    "max_delivery_attempts": MAX_COUNT,
+    "send_timeout": MAX_DURATION,
+    "backoff_base": MAX_DURATION,
+    "backoff_cap": MAX_DURATION,
+}
 _NON_NEGATIVE = {"outbox_gap": MAX_DURATION}
-_OPTIONAL_POSITIVE = {"max_runs_per_day": MAX_COUNT, "max_pending": MAX_COUNT,
-                      "max_followups_per_run": MAX_COUNT, "max_run_seconds": MAX_DURATION}
+_OPTIONAL_POSITIVE = {
+    "max_runs_per_day": MAX_COUNT,
+    "max_pending": MAX_COUNT,
+    "max_followups_per_run": MAX_COUNT,
+    "max_run_seconds": MAX_DURATION,
+}
 MAX_SOURCES = 1000  # entries of lost_claim_by_source
 
 
@@ -114,15 +126,22 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 def _check(name: str, value: object) -> None:
     if name in _POSITIVE and not (_is_int(value) and 0 < value <= _POSITIVE[name]):
-        raise BadInput(f"{name} must be a positive integer up to {_POSITIVE[name]}, "
-                       f"got {show(value)}")
+        raise BadInput(
+            f"{name} must be a positive integer up to {_POSITIVE[name]}, got {show(value)}"
+        )
     if name in _NON_NEGATIVE and not (_is_int(value) and 0 <= value <= _NON_NEGATIVE[name]):
-        raise BadInput(f"{name} must be a non-negative integer up to {_NON_NEGATIVE[name]}, "
-                       f"got {show(value)}")
-    if name in _OPTIONAL_POSITIVE and value is not None and not (
-            _is_int(value) and 0 < value <= _OPTIONAL_POSITIVE[name]):
-        raise BadInput(f"{name} must be a positive integer up to "
-                       f"{_OPTIONAL_POSITIVE[name]} or None, got {show(value)}")
+        raise BadInput(
+            f"{name} must be a non-negative integer up to {_NON_NEGATIVE[name]}, got {show(value)}"
+        )
+    if (
+        name in _OPTIONAL_POSITIVE
+        and value is not None
+        and not (_is_int(value) and 0 < value <= _OPTIONAL_POSITIVE[name])
+    ):
+        raise BadInput(
+            f"{name} must be a positive integer up to "
+            f"{_OPTIONAL_POSITIVE[name]} or None, got {show(value)}"
+        )
     if name in ("on_lost_claim", "delivery") and not isinstance(value, str):
         raise BadInput(f"{name} must be a string, got {show(value)}")
     if name == "on_lost_claim" and value not in LOST_CLAIM_POLICIES:
@@ -135,16 +154,22 @@ def _check(name: str, value: object) -> None:
         if len(value) > MAX_SOURCES:
             raise BadInput(f"lost_claim_by_source has more than {MAX_SOURCES} sources")
         for source, policy in value.items():
-            if not isinstance(source, str) or not source or len(source) > 1024 or \
-                    not _encodable(source):
+            if (
+                not isinstance(source, str)
+                or not source
+                or len(source) > 1024
+                or not _encodable(source)
+            ):
                 raise BadInput(f"lost_claim_by_source has a bad source {show(source)}")
             if not isinstance(policy, str):
-                raise BadInput(f"lost_claim_by_source[{show(source)}] must be one of "
-                               f"{LOST_CLAIM_POLICIES}")
+                raise BadInput(
+                    f"lost_claim_by_source[{show(source)}] must be one of {LOST_CLAIM_POLICIES}"
+                )
             if policy not in LOST_CLAIM_POLICIES:
                 raise BadInput(
                     f"lost_claim_by_source[{show(source)}] must be one of {LOST_CLAIM_POLICIES}, "
-                    f"got {show(policy)}")
+                    f"got {show(policy)}"
+                )
 
 
 def _encodable(text: str) -> bool:

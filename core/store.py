@@ -15,8 +15,20 @@ from typing import Any, Callable, Iterable, Sequence
 from .clock import MAX_COUNT, MAX_DURATION, MAX_TIME
 from .errors import BadInput, BudgetExceeded, InboxError
 from .records import (
-    Approval, AuditEntry, Delivery, Effect, Event, FollowUp, Lease, LeaseChange, Message,
-    Overview, Reply, Run, Timer, ApprovalRequest,
+    Approval,
+    AuditEntry,
+    Delivery,
+    Effect,
+    Event,
+    FollowUp,
+    Lease,
+    LeaseChange,
+    Message,
+    Overview,
+    Reply,
+    Run,
+    Timer,
+    ApprovalRequest,
 )
 from .settings import Settings
 
@@ -24,18 +36,31 @@ _JSON_STRING = json.encoder.encode_basestring_ascii  # what json.dumps does with
 _JSON_DECODE = json.JSONDecoder().decode  # json.loads of a str, without its type checks
 
 DAY = 86_400
-EVENT_COLUMNS = ("id, source, source_id, payload, status, attempts, claim_gen, error, created, "
-                 "updated, available_at, claimed_at, run_id")
-TIMER_COLUMNS = ("id, due, every, catch_up, payload, key_source, key_id, last_fired, "
-                 "last_skipped, overflow, kind, broken")
+EVENT_COLUMNS = (
+    "id, source, source_id, payload, status, attempts, claim_gen, error, created, "
+    "updated, available_at, claimed_at, run_id"
+)
+TIMER_COLUMNS = (
+    "id, due, every, catch_up, payload, key_source, key_id, last_fired, "
+    "last_skipped, overflow, kind, broken"
+)
 # Row errors that mean "this stored row is not something the engine can process" (a row
 # written by hand or by another version): the row is set aside with the reason, the pass
 # goes on. Anything else (disk, locks) still stops the transaction.
-ROW_ERRORS = (ValueError, TypeError, OverflowError, KeyError, IndexError, AttributeError,
-              RecursionError, sqlite3.IntegrityError)
+ROW_ERRORS = (
+    ValueError,
+    TypeError,
+    OverflowError,
+    KeyError,
+    IndexError,
+    AttributeError,
+    RecursionError,
+    sqlite3.IntegrityError,
+)
 
 
 # --- decoding -------------------------------------------------------------------------------
+
 
 def _loads(text: str | None) -> Any:
     return None if text is None else json.loads(text)
@@ -53,15 +78,29 @@ def _shown(text: Any) -> Any:
 def event_from_row(row: Sequence[Any], strict: bool = False) -> Event:
     """The event in `row`; strict (for a claim), a payload that does not decode raises."""
     payload = _loads(row[3]) if strict else _shown(row[3])
-    return Event(row[0], row[1], row[2], payload, row[4], row[5], row[6], row[7],
-                 row[8], row[9], row[10], row[11], row[12])
+    return Event(
+        row[0],
+        row[1],
+        row[2],
+        payload,
+        row[4],
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+        row[10],
+        row[11],
+        row[12],
+    )
 
 
 def timer_from_row(row: Sequence[Any]) -> Timer:
     key = (row[5], row[6]) if row[5] is not None else None
     payload = _shown(row[4])  # the scheduler sets aside a timer whose payload does not decode
-    return Timer(row[0], row[1], row[2], row[3], payload, key, row[7], row[8], row[9],
-                 row[10], row[11])
+    return Timer(
+        row[0], row[1], row[2], row[3], payload, key, row[7], row[8], row[9], row[10], row[11]
+    )
 
 
 def _is_int(value: Any, low: int, high: int) -> bool:
@@ -69,8 +108,10 @@ def _is_int(value: Any, low: int, high: int) -> bool:
 
 
 def _set_aside_counted(db: sqlite3.Connection) -> None:
-    db.execute("INSERT INTO meta(key, value) VALUES ('set_aside', 1) "
-               "ON CONFLICT(key) DO UPDATE SET value = coalesce(value, 0) + 1")
+    db.execute(
+        "INSERT INTO meta(key, value) VALUES ('set_aside', 1) "
+        "ON CONFLICT(key) DO UPDATE SET value = coalesce(value, 0) + 1"
+    )
 
 
 def _reason(exc: BaseException) -> str:
@@ -101,8 +142,11 @@ def _settings_from(text: str) -> Settings:
 
 
 def store_settings(db: sqlite3.Connection, settings: Settings) -> None:
-    db.execute("INSERT INTO settings(id, json) VALUES (1, ?) "
-               "ON CONFLICT(id) DO UPDATE SET json = excluded.json", (settings.to_json(),))
+    db.execute(
+        "INSERT INTO settings(id, json) VALUES (1, ?) "
+        "ON CONFLICT(id) DO UPDATE SET json = excluded.json",
+        (settings.to_json(),),
+    )
 
 
 def get_meta(db: sqlite3.Connection, key: str) -> Any:
@@ -111,26 +155,41 @@ def get_meta(db: sqlite3.Connection, key: str) -> Any:
 
 
 def set_meta(db: sqlite3.Connection, key: str, value: Any) -> None:
-    db.execute("INSERT INTO meta(key, value) VALUES (?, ?) "
-               "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+    db.execute(
+        "INSERT INTO meta(key, value) VALUES (?, ?) "
+        "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+        (key, value),
+    )
 
 
 def _bump(db: sqlite3.Connection, key: str) -> None:
     db.execute("UPDATE meta SET value = value + 1 WHERE key = ?", (key,))
 
 
-def audit(db: sqlite3.Connection, now: int, actor: str, action: str, target: str,
-          before: str | None, after: str | None, applied: bool,
-          reason: str | None = None) -> None:
-    db.execute("INSERT INTO audit(at, actor, action, target, before, after, applied, reason) "
-               "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-               (now, actor, action, target, before, after, int(applied), reason))
+def audit(
+    db: sqlite3.Connection,
+    now: int,
+    actor: str,
+    action: str,
+    target: str,
+    before: str | None,
+    after: str | None,
+    applied: bool,
+    reason: str | None = None,
+) -> None:
+    db.execute(
+        "INSERT INTO audit(at, actor, action, target, before, after, applied, reason) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (now, actor, action, target, before, after, int(applied), reason),
+    )
 
 
 # --- intake ---------------------------------------------------------------------------------
 
-def ingest_many(db: sqlite3.Connection,
-                items: Sequence[tuple[str, str, str, int]]) -> list[bool | Exception]:
+
+def ingest_many(
+    db: sqlite3.Connection, items: Sequence[tuple[str, str, str, int]]
+) -> list[bool | Exception]:
     """Dedupe on (source, source_id): store each new event, report duplicates as False.
 
     Items that arrived together share this one transaction (group commit); a refused item
@@ -140,10 +199,12 @@ def ingest_many(db: sqlite3.Connection,
     return ingest_group(db, items, _ingest_items, sqlite3.OperationalError)
 
 
-def ingest_group(db: Any, items: Sequence[tuple[str, str, str, int]],
-                 ingest_items: Callable[[Any, Sequence[tuple[str, str, str, int]]],
-                                        list[bool | Exception]],
-                 operational: type[Exception]) -> list[bool | Exception]:
+def ingest_group(
+    db: Any,
+    items: Sequence[tuple[str, str, str, int]],
+    ingest_items: Callable[[Any, Sequence[tuple[str, str, str, int]]], list[bool | Exception]],
+    operational: type[Exception],
+) -> list[bool | Exception]:
     """The group commit's savepoints, the same on every backend: the whole group in one
     savepoint; if that fails, each item in its own, so a refused item fails alone (its
     driver's `operational` errors as InboxError, anything else as BadInput)."""
@@ -166,33 +227,44 @@ def ingest_group(db: Any, items: Sequence[tuple[str, str, str, int]],
         except Exception as exc:  # noqa: BLE001 - this item's own error, given to its caller
             db.execute("ROLLBACK TO intake_item")
             db.execute("RELEASE intake_item")
-            result = exc if isinstance(exc, InboxError) else \
-                InboxError(f"event not stored: {_reason(exc)}") if isinstance(
-                    exc, operational) else BadInput(f"event not stored: {_reason(exc)}")
+            result = (
+                exc
+                if isinstance(exc, InboxError)
+                else InboxError(f"event not stored: {_reason(exc)}")
+                if isinstance(exc, operational)
+                else BadInput(f"event not stored: {_reason(exc)}")
+            )
         results.append(result)
     return results
 
 
-def _ingest_items(db: sqlite3.Connection,
-                  items: Sequence[tuple[str, str, str, int]]) -> list[bool | Exception]:
+def _ingest_items(
+    db: sqlite3.Connection, items: Sequence[tuple[str, str, str, int]]
+) -> list[bool | Exception]:
     settings = load_settings(db)
     if settings.max_pending is None and len(items) > 1:
         return _ingest_group(db, items, settings)
     results: list[bool | Exception] = []
     for source, source_id, payload, now in items:
         if len(payload) > settings.max_payload_bytes:  # the limit may have changed elsewhere
-            results.append(BadInput(f"payload is over {settings.max_payload_bytes} bytes "
-                                    f"(max_payload_bytes)"))
+            results.append(
+                BadInput(f"payload is over {settings.max_payload_bytes} bytes (max_payload_bytes)")
+            )
             continue
-        if settings.max_pending is not None and _refuse_over_pending(db, settings, source,
-                                                                     source_id):
-            results.append(BudgetExceeded(
-                f"inbox is full: {settings.max_pending} events pending (budget max_pending)"))
+        if settings.max_pending is not None and _refuse_over_pending(
+            db, settings, source, source_id
+        ):
+            results.append(
+                BudgetExceeded(
+                    f"inbox is full: {settings.max_pending} events pending (budget max_pending)"
+                )
+            )
             continue
         cursor = db.execute(
             "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(source, source_id) DO NOTHING",
-            (source, source_id, payload, now, now, now))
+            (source, source_id, payload, now, now, now),
+        )
         results.append(cursor.rowcount == 1)
     return results
 
@@ -200,8 +272,9 @@ def _ingest_items(db: sqlite3.Connection,
 _GROUP_ROWS = 150  # keys per statement: well inside SQLite's limit on bound parameters
 
 
-def _ingest_group(db: sqlite3.Connection, items: Sequence[tuple[str, str, str, int]],
-                  settings: Settings) -> list[bool | Exception]:
+def _ingest_group(
+    db: sqlite3.Connection, items: Sequence[tuple[str, str, str, int]], settings: Settings
+) -> list[bool | Exception]:
     """The same rule as the per-item path, for a group: one read finds which keys exist, one
     multi-row insert stores the new ones. Safe without ON CONFLICT because the caller holds
     the write lock; a repeat of a key within the group is a duplicate of its first copy."""
@@ -209,19 +282,23 @@ def _ingest_group(db: sqlite3.Connection, items: Sequence[tuple[str, str, str, i
     wanted = []
     for index, (source, source_id, payload, now) in enumerate(items):
         if len(payload) > settings.max_payload_bytes:
-            results[index] = BadInput(f"payload is over {settings.max_payload_bytes} bytes "
-                                      f"(max_payload_bytes)")
+            results[index] = BadInput(
+                f"payload is over {settings.max_payload_bytes} bytes (max_payload_bytes)"
+            )
         else:
             wanted.append((index, source, source_id, payload, now))
     for start in range(0, len(wanted), _GROUP_ROWS):
-        chunk = wanted[start:start + _GROUP_ROWS]
+        chunk = wanted[start : start + _GROUP_ROWS]
         keys = [value for _, source, source_id, _, _ in chunk for value in (source, source_id)]
         # A join from a VALUES list walks the unique index once per key; `(source,
         # source_id) IN (VALUES …)` would scan the whole index instead.
-        seen = set(db.execute(
-            f"SELECT e.source, e.source_id FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) "
-            f"AS k CROSS JOIN events AS e ON e.source = k.column1 AND e.source_id = k.column2",
-            keys))
+        seen = set(
+            db.execute(
+                f"SELECT e.source, e.source_id FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) "
+                f"AS k CROSS JOIN events AS e ON e.source = k.column1 AND e.source_id = k.column2",
+                keys,
+            )
+        )
         rows: list[str | int] = []
         for index, source, source_id, payload, now in chunk:
             if (source, source_id) not in seen:
@@ -229,28 +306,34 @@ def _ingest_group(db: sqlite3.Connection, items: Sequence[tuple[str, str, str, i
                 results[index] = True
                 rows += (source, source_id, payload, now, now, now)
         if rows:
-            db.execute("INSERT INTO events(source, source_id, payload, available_at, created, "
-                       "updated) VALUES " + ",".join(["(?, ?, ?, ?, ?, ?)"] * (len(rows) // 6)),
-                       rows)
+            db.execute(
+                "INSERT INTO events(source, source_id, payload, available_at, created, "
+                "updated) VALUES " + ",".join(["(?, ?, ?, ?, ?, ?)"] * (len(rows) // 6)),
+                rows,
+            )
     return results
 
 
-def _refuse_over_pending(db: sqlite3.Connection, settings: Settings, source: str,
-                         source_id: str) -> bool:
+def _refuse_over_pending(
+    db: sqlite3.Connection, settings: Settings, source: str, source_id: str
+) -> bool:
     pending = db.execute("SELECT n FROM event_counts WHERE status = 'pending'").fetchone()[0]
     if pending < settings.max_pending:
         return False
-    duplicate = db.execute("SELECT 1 FROM events WHERE source = ? AND source_id = ?",
-                           (source, source_id)).fetchone()
+    duplicate = db.execute(
+        "SELECT 1 FROM events WHERE source = ? AND source_id = ?", (source, source_id)
+    ).fetchone()
     return duplicate is None  # a duplicate is still a harmless no-op, never a refusal
 
 
-def _insert_event(db: sqlite3.Connection, source: str, source_id: str, payload: Any,
-                  now: int) -> bool:
+def _insert_event(
+    db: sqlite3.Connection, source: str, source_id: str, payload: Any, now: int
+) -> bool:
     cursor = db.execute(
         "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
         "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(source, source_id) DO NOTHING",
-        (source, source_id, json.dumps(payload), now, now, now))
+        (source, source_id, json.dumps(payload), now, now, now),
+    )
     return cursor.rowcount == 1
 
 
@@ -258,21 +341,28 @@ def prune_payloads(db: sqlite3.Connection, older_than: int, now: int) -> int:
     """Drop the bodies of finished events; their (source, source_id) keys keep deduping."""
     cursor = db.execute(
         "UPDATE events SET payload = NULL, updated = ? WHERE status IN ('done', 'cancelled') "
-        "AND updated < ? AND payload IS NOT NULL", (now, older_than))
+        "AND updated < ? AND payload IS NOT NULL",
+        (now, older_than),
+    )
     return cursor.rowcount
 
 
 # --- lease and fencing ----------------------------------------------------------------------
+
 
 def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
     """Renew an unexpired lease (same generation) or take over an expired one (next one)."""
     ttl = load_settings(db).lease_ttl
     row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
     if row is None:
-        db.execute("INSERT INTO lease(id, holder, gen, until) VALUES (1, ?, 1, ?)",
-                   (holder, now + ttl))
-        db.execute("INSERT INTO lease_history(gen, holder, previous_holder, at, how) "
-                   "VALUES (1, ?, NULL, ?, 'first')", (holder, now))
+        db.execute(
+            "INSERT INTO lease(id, holder, gen, until) VALUES (1, ?, 1, ?)", (holder, now + ttl)
+        )
+        db.execute(
+            "INSERT INTO lease_history(gen, holder, previous_holder, at, how) "
+            "VALUES (1, ?, NULL, ?, 'first')",
+            (holder, now),
+        )
         return 1
     gen: int  # once checked below: a lease row edited by hand may hold anything
     current, gen, until = row
@@ -291,11 +381,13 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
     # a lease left to expire means a worker died or stalled.
     released = get_meta(db, "released_gen") == gen
     gen += 1
-    db.execute("UPDATE lease SET holder = ?, gen = ?, until = ? WHERE id = 1",
-               (holder, gen, now + ttl))
-    db.execute("INSERT INTO lease_history(gen, holder, previous_holder, at, how) "
-               "VALUES (?, ?, ?, ?, ?)",
-               (gen, holder, current, now, "released" if released else "takeover"))
+    db.execute(
+        "UPDATE lease SET holder = ?, gen = ?, until = ? WHERE id = 1", (holder, gen, now + ttl)
+    )
+    db.execute(
+        "INSERT INTO lease_history(gen, holder, previous_holder, at, how) VALUES (?, ?, ?, ?, ?)",
+        (gen, holder, current, now, "released" if released else "takeover"),
+    )
     if not released:
         _bump(db, "takeovers")
     return gen
@@ -305,8 +397,10 @@ def renewed_without_write(db: sqlite3.Connection, holder: str, now: int) -> int 
     """The generation `acquire(holder, now)` would return if it would change nothing (the
     holder renewing to the expiry it already has); None when a write transaction must
     decide. One statement, so one read snapshot."""
-    row = db.execute("SELECT holder, gen, until, (SELECT json FROM settings WHERE id = 1) "
-                     "FROM lease WHERE id = 1").fetchone()
+    row = db.execute(
+        "SELECT holder, gen, until, (SELECT json FROM settings WHERE id = 1) "
+        "FROM lease WHERE id = 1"
+    ).fetchone()
     if row is None or row[0] != holder or not _is_int(row[1], 1, 1 << 62):
         return None
     ttl = Settings().lease_ttl if row[3] is None else _settings_from(row[3]).lease_ttl
@@ -315,17 +409,32 @@ def renewed_without_write(db: sqlite3.Connection, holder: str, now: int) -> int 
 
 def holds(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
     row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
-    return row is not None and row[0] == holder and row[1] == gen and \
-        type(row[2]) is int and row[2] >= now
+    return (
+        row is not None
+        and row[0] == holder
+        and row[1] == gen
+        and type(row[2]) is int
+        and row[2] >= now
+    )
 
 
-def refuse(db: sqlite3.Connection, what: str, holder: str, gen: int, now: int,
-           reason: str | None = None) -> None:
+def refuse(
+    db: sqlite3.Connection, what: str, holder: str, gen: int, now: int, reason: str | None = None
+) -> None:
     """Record a refused stale write: the only thing a refused write may change."""
     row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
     seen = "no lease" if row is None else f"lease {row[0]} gen {row[1]} until {row[2]}"
-    audit(db, now, holder, f"refused {what}", f"gen {gen}", seen, None, False,
-          reason or "caller does not hold this lease generation")
+    audit(
+        db,
+        now,
+        holder,
+        f"refused {what}",
+        f"gen {gen}",
+        seen,
+        None,
+        False,
+        reason or "caller does not hold this lease generation",
+    )
     _bump(db, "refused_writes")
 
 
@@ -334,8 +443,10 @@ def renew(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
     if not holds(db, holder, gen, now):
         refuse(db, "renew", holder, gen, now)
         return False
-    db.execute("UPDATE lease SET until = ? WHERE id = 1 AND until IS NOT ?",
-               (now + load_settings(db).lease_ttl,) * 2)  # the same expiry writes nothing
+    db.execute(
+        "UPDATE lease SET until = ? WHERE id = 1 AND until IS NOT ?",
+        (now + load_settings(db).lease_ttl,) * 2,
+    )  # the same expiry writes nothing
     return True
 
 
@@ -345,13 +456,16 @@ def release(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
         return False
     db.execute("UPDATE lease SET until = ? WHERE id = 1", (now - 1,))
     set_meta(db, "released_gen", gen)
-    db.execute("INSERT INTO audit(at, actor, action, target, before, after, applied) "
-               "VALUES (?, ?, 'release lease', ?, 'held', 'released', 1)",
-               (now, holder, f"gen {gen}"))
+    db.execute(
+        "INSERT INTO audit(at, actor, action, target, before, after, applied) "
+        "VALUES (?, ?, 'release lease', ?, 'held', 'released', 1)",
+        (now, holder, f"gen {gen}"),
+    )
     return True
 
 
 # --- claiming -------------------------------------------------------------------------------
+
 
 def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list[Event]:
     """Claim the next run's events for the holder of exactly this generation."""
@@ -363,20 +477,28 @@ def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list
     bury_exhausted(db, now, settings)
     if get_meta(db, "paused"):
         return []
-    if settings.max_runs_per_day is not None and runs_since(db, now - DAY) >= \
-            settings.max_runs_per_day:
+    if (
+        settings.max_runs_per_day is not None
+        and runs_since(db, now - DAY) >= settings.max_runs_per_day
+    ):
         return []  # budget: excess runs are delayed until the day's window frees a slot
     for _ in range(100):  # each round sets aside what it cannot run; a pass never stops
         retried = db.execute(
             "SELECT id FROM events WHERE status = 'pending' AND attempts > 0 "
-            "AND available_at <= ? ORDER BY id LIMIT 1", (now,)).fetchone()
+            "AND available_at <= ? ORDER BY id LIMIT 1",
+            (now,),
+        ).fetchone()
         if retried is not None:
             ids = [retried[0]]  # an attempted event runs alone: a poison event harms no other
         else:
-            ids = [r[0] for r in db.execute(
-                "SELECT id FROM events INDEXED BY events_by_status "
-                "WHERE status = 'pending' AND available_at <= ? ORDER BY id LIMIT ?",
-                (now, settings.max_batch))]
+            ids = [
+                r[0]
+                for r in db.execute(
+                    "SELECT id FROM events INDEXED BY events_by_status "
+                    "WHERE status = 'pending' AND available_at <= ? ORDER BY id LIMIT ?",
+                    (now, settings.max_batch),
+                )
+            ]
         if not ids:
             return []
         events = _runnable(db, ids, now)
@@ -385,17 +507,33 @@ def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list
     else:
         return []
     ids = [e.id for e in events]
-    run_id = db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (?,?,?,?)",
-                        (holder, gen, json.dumps(ids), now)).lastrowid
-    db.executemany("INSERT INTO run_events(event_id, run_id) VALUES (?, ?)",
-                   [(event_id, run_id) for event_id in ids])
+    run_id = db.execute(
+        "INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (?,?,?,?)",
+        (holder, gen, json.dumps(ids), now),
+    ).lastrowid
+    db.executemany(
+        "INSERT INTO run_events(event_id, run_id) VALUES (?, ?)",
+        [(event_id, run_id) for event_id in ids],
+    )
     marks = _placeholders(ids)
     # Attempts are counted here, at claim time: a worker that crashes never reports failure.
-    db.execute(f"UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = ?, "
-               f"claimed_at = ?, run_id = ?, updated = ? WHERE id IN ({marks})",
-               (gen, now, run_id, now, *ids))
-    return [dataclasses.replace(e, status="running", attempts=e.attempts + 1, claim_gen=gen,
-                                claimed_at=now, run_id=run_id, updated=now) for e in events]
+    db.execute(
+        f"UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = ?, "
+        f"claimed_at = ?, run_id = ?, updated = ? WHERE id IN ({marks})",
+        (gen, now, run_id, now, *ids),
+    )
+    return [
+        dataclasses.replace(
+            e,
+            status="running",
+            attempts=e.attempts + 1,
+            claim_gen=gen,
+            claimed_at=now,
+            run_id=run_id,
+            updated=now,
+        )
+        for e in events
+    ]
 
 
 def _runnable(db: sqlite3.Connection, ids: Sequence[int], now: int) -> list[Event]:
@@ -403,8 +541,10 @@ def _runnable(db: sqlite3.Connection, ids: Sequence[int], now: int) -> list[Even
     reason) so that one bad row never stops every claim: a pruned payload (nothing to run
     on), a payload that is not JSON, an attempt count that is not a small integer."""
     runnable = []
-    for row in db.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE id IN "
-                          f"({_placeholders(ids)}) ORDER BY id", list(ids)).fetchall():
+    for row in db.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE id IN ({_placeholders(ids)}) ORDER BY id",
+        list(ids),
+    ).fetchall():
         if row[3] is None:
             why = "its payload was pruned; there is nothing to run it on"
         elif not _is_int(row[5], 0, MAX_COUNT):
@@ -415,34 +555,51 @@ def _runnable(db: sqlite3.Connection, ids: Sequence[int], now: int) -> list[Even
                 continue
             except ROW_ERRORS as exc:
                 why = f"its payload cannot be read ({_reason(exc)})"
-        db.execute("UPDATE events SET status = 'dead', error = ?, updated = ? WHERE id = ?",
-                   ("set aside, not run: " + why, now, row[0]))
+        db.execute(
+            "UPDATE events SET status = 'dead', error = ?, updated = ? WHERE id = ?",
+            ("set aside, not run: " + why, now, row[0]),
+        )
         _set_aside_counted(db)
     return runnable
 
 
 def recover_lost_claims(db: sqlite3.Connection, gen: int, now: int, settings: Settings) -> int:
     """Rows running under an older generation (or past the run budget) were lost."""
-    lost = db.execute("SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_running "
-                      "WHERE status = 'running' AND claim_gen < ?", (gen,)).fetchall()
+    lost = db.execute(
+        "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_running "
+        "WHERE status = 'running' AND claim_gen < ?",
+        (gen,),
+    ).fetchall()
     if settings.max_run_seconds is not None:
         lost += db.execute(
             "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_running "
             "WHERE status = 'running' AND claim_gen = ? AND claimed_at < ?",
-            (gen, now - settings.max_run_seconds)).fetchall()
+            (gen, now - settings.max_run_seconds),
+        ).fetchall()
     for event_id, source, claim_gen, run_id in lost:
-        why = (f"generation {claim_gen} lost its lease" if claim_gen < gen
-               else f"ran past max_run_seconds ({settings.max_run_seconds} s)")
+        why = (
+            f"generation {claim_gen} lost its lease"
+            if claim_gen < gen
+            else f"ran past max_run_seconds ({settings.max_run_seconds} s)"
+        )
         # What matters most comes first: lists cut long reasons at their width.
         if settings.lost_claim_policy(source) == "interrupt":
-            db.execute("UPDATE events SET status = 'interrupted', error = ?, updated = ? "
-                       "WHERE id = ?", ("completion uncertain: run lost, " + why, now, event_id))
+            db.execute(
+                "UPDATE events SET status = 'interrupted', error = ?, updated = ? WHERE id = ?",
+                ("completion uncertain: run lost, " + why, now, event_id),
+            )
         else:
             # Not backed off: the lease expiry already delayed it.
-            db.execute("UPDATE events SET status = 'pending', available_at = ?, error = ?, "
-                       "updated = ? WHERE id = ?", (now, "run lost: " + why, now, event_id))
-        db.execute("UPDATE runs SET outcome = 'lost', finished_at = ?, error = ? "
-                   "WHERE id = ? AND outcome IS NULL", (now, "run lost: " + why, run_id))
+            db.execute(
+                "UPDATE events SET status = 'pending', available_at = ?, error = ?, "
+                "updated = ? WHERE id = ?",
+                (now, "run lost: " + why, now, event_id),
+            )
+        db.execute(
+            "UPDATE runs SET outcome = 'lost', finished_at = ?, error = ? "
+            "WHERE id = ? AND outcome IS NULL",
+            (now, "run lost: " + why, run_id),
+        )
     return len(lost)
 
 
@@ -453,92 +610,159 @@ def bury_exhausted(db: sqlite3.Connection, now: int, settings: Settings) -> int:
         "attempts || '/' || ? || ')' || coalesce(': ' || error, '') "
         "WHERE status = 'pending' AND typeof(attempts) = 'integer' AND attempts > 0 "
         "AND attempts >= ?",
-        (now, settings.max_attempts, settings.max_attempts))
+        (now, settings.max_attempts, settings.max_attempts),
+    )
     return cursor.rowcount
 
 
 def runs_since(db: sqlite3.Connection, since: int) -> int:
-    runs: int = db.execute("SELECT count(*) FROM runs WHERE claimed_at > ?",
-                           (since,)).fetchone()[0]
+    runs: int = db.execute("SELECT count(*) FROM runs WHERE claimed_at > ?", (since,)).fetchone()[0]
     return runs
 
 
 # --- finishing ------------------------------------------------------------------------------
 
-def finish(db: sqlite3.Connection, holder: str, gen: int, ids: Sequence[int],
-           replies: Sequence[Reply], error: str | None, result: str | None,
-           approvals: Sequence[ApprovalRequest], followups: Sequence[FollowUp],
-           now: int, run: int | None = None, traceback: str | None = None) -> bool:
+
+def finish(
+    db: sqlite3.Connection,
+    holder: str,
+    gen: int,
+    ids: Sequence[int],
+    replies: Sequence[Reply],
+    error: str | None,
+    result: str | None,
+    approvals: Sequence[ApprovalRequest],
+    followups: Sequence[FollowUp],
+    now: int,
+    run: int | None = None,
+    traceback: str | None = None,
+) -> bool:
     """Commit a run's outcome and everything it produced, fenced (by generation, and by run
     when `run` is given), all or nothing."""
     if not holds(db, holder, gen, now):
         refuse(db, "finish", holder, gen, now)
         return False
-    if run is not None and db.execute("SELECT 1 FROM runs WHERE id = ? AND gen = ? AND "
-                                      "outcome IS NULL", (run, gen)).fetchone() is None:
-        refuse(db, "finish", holder, gen, now,
-               f"run {run} is not an open run of this generation (recovered or finished)")
+    if (
+        run is not None
+        and db.execute(
+            "SELECT 1 FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL", (run, gen)
+        ).fetchone()
+        is None
+    ):
+        refuse(
+            db,
+            "finish",
+            holder,
+            gen,
+            now,
+            f"run {run} is not an open run of this generation (recovered or finished)",
+        )
         return False
     settings = load_settings(db)
-    if settings.max_followups_per_run is not None and \
-            len(followups) > settings.max_followups_per_run:
-        raise BadInput(f"run asks for {len(followups)} follow-up timers; the budget "
-                       f"max_followups_per_run allows {settings.max_followups_per_run}")
+    if (
+        settings.max_followups_per_run is not None
+        and len(followups) > settings.max_followups_per_run
+    ):
+        raise BadInput(
+            f"run asks for {len(followups)} follow-up timers; the budget "
+            f"max_followups_per_run allows {settings.max_followups_per_run}"
+        )
     marks = _placeholders(ids)
     rows = db.execute(
         f"SELECT id, attempts, run_id FROM events WHERE id IN ({marks}) AND status = 'running' "
         f"AND claim_gen = ?" + ("" if run is None else " AND run_id = ?"),
-        (*ids, gen) if run is None else (*ids, gen, run)).fetchall()
+        (*ids, gen) if run is None else (*ids, gen, run),
+    ).fetchall()
     if not rows:
-        refuse(db, "finish", holder, gen, now,
-               "none of these events is still claimed by this generation")
+        refuse(
+            db,
+            "finish",
+            holder,
+            gen,
+            now,
+            "none of these events is still claimed by this generation",
+        )
         return False
     live = [r[0] for r in rows]
     run_ids = sorted({r[2] for r in rows if r[2] is not None})
     live_marks = _placeholders(live)
     if error is None:
-        db.execute(f"UPDATE events SET status = 'done', error = NULL, updated = ? "
-                   f"WHERE id IN ({live_marks})", (now, *live))
+        db.execute(
+            f"UPDATE events SET status = 'done', error = NULL, updated = ? "
+            f"WHERE id IN ({live_marks})",
+            (now, *live),
+        )
         run_id = run_ids[0] if run_ids else None
         for reply in replies:
-            db.execute("INSERT INTO outbox(body, urgent, created, run_id) VALUES (?, ?, ?, ?)",
-                       (reply.body, int(reply.urgent), now, run_id))
+            db.execute(
+                "INSERT INTO outbox(body, urgent, created, run_id) VALUES (?, ?, ?, ?)",
+                (reply.body, int(reply.urgent), now, run_id),
+            )
         for request in approvals:
-            request_approval(db, request.request_id, request.expires_in, request.action, now,
-                             run_id)
+            request_approval(
+                db, request.request_id, request.expires_in, request.action, now, run_id
+            )
         for timer in followups:
-            add_timer(db, timer.timer_id, timer.due, timer.payload, timer.every, timer.key,
-                      timer.catch_up, "timer", encoded=True)  # checked and encoded by Inbox
+            add_timer(
+                db,
+                timer.timer_id,
+                timer.due,
+                timer.payload,
+                timer.every,
+                timer.key,
+                timer.catch_up,
+                "timer",
+                encoded=True,
+            )  # checked and encoded by Inbox
         outcome = "done"
     else:
         for event_id, attempts, _ in rows:
             if not _is_int(attempts, 0, MAX_COUNT) or attempts >= settings.max_attempts:
-                db.execute("UPDATE events SET status = 'dead', error = ?, updated = ? "
-                           "WHERE id = ?",
-                           (f"too many attempts ({attempts}/{settings.max_attempts}): {error}",
-                            now, event_id))
+                db.execute(
+                    "UPDATE events SET status = 'dead', error = ?, updated = ? WHERE id = ?",
+                    (
+                        f"too many attempts ({attempts}/{settings.max_attempts}): {error}",
+                        now,
+                        event_id,
+                    ),
+                )
             else:
-                db.execute("UPDATE events SET status = 'pending', error = ?, available_at = ?, "
-                           "updated = ? WHERE id = ?",
-                           (error, now + settings.backoff(attempts), now, event_id))
+                db.execute(
+                    "UPDATE events SET status = 'pending', error = ?, available_at = ?, "
+                    "updated = ? WHERE id = ?",
+                    (error, now + settings.backoff(attempts), now, event_id),
+                )
         outcome = "error"
     for run_id in run_ids:
         # A run closes when its last event is finished (a run may be finished in parts);
         # until then a lost-claim recovery can still close it as lost.
-        still_running = db.execute("SELECT 1 FROM events WHERE run_id = ? AND status = "
-                                   "'running' LIMIT 1", (run_id,)).fetchone()
+        still_running = db.execute(
+            "SELECT 1 FROM events WHERE run_id = ? AND status = 'running' LIMIT 1", (run_id,)
+        ).fetchone()
         if still_running is None:
-            db.execute("UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ?, "
-                       "traceback = ? WHERE id = ? AND outcome IS NULL",
-                       (outcome, now, result, error, traceback, run_id))
+            db.execute(
+                "UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ?, "
+                "traceback = ? WHERE id = ? AND outcome IS NULL",
+                (outcome, now, result, error, traceback, run_id),
+            )
     return True
 
 
 # --- timers ---------------------------------------------------------------------------------
 
-def add_timer(db: sqlite3.Connection, timer_id: str, due: int, payload: Any,
-              every: int | None, key: tuple[str, str] | None, catch_up: str,
-              kind: str, *, encoded: bool = False) -> None:
+
+def add_timer(
+    db: sqlite3.Connection,
+    timer_id: str,
+    due: int,
+    payload: Any,
+    every: int | None,
+    key: tuple[str, str] | None,
+    catch_up: str,
+    kind: str,
+    *,
+    encoded: bool = False,
+) -> None:
     """Register or replace a timer's definition (`payload` already JSON text when
     `encoded`); what it last fired is kept, and a definition replaced by a valid one is no
     longer set aside."""
@@ -551,7 +775,8 @@ def add_timer(db: sqlite3.Connection, timer_id: str, due: int, payload: Any,
         "due = excluded.due, every = excluded.every, catch_up = excluded.catch_up, "
         "payload = excluded.payload, key_source = excluded.key_source, key_id = excluded.key_id, "
         "broken = NULL",
-        (timer_id, kind, due, every, catch_up, payload, key_source, key_id))
+        (timer_id, kind, due, every, catch_up, payload, key_source, key_id),
+    )
 
 
 def cancel_timer(db: sqlite3.Connection, timer_id: str) -> bool:
@@ -561,8 +786,11 @@ def cancel_timer(db: sqlite3.Connection, timer_id: str) -> bool:
 def run_scheduler(db: sqlite3.Connection, now: int) -> int:
     """Turn every due timer into inbox events and advance it, all in this one transaction."""
     settings = load_settings(db)
-    due = db.execute(f"SELECT {TIMER_COLUMNS}, json_valid(payload) FROM timers WHERE due <= ? "
-                     f"AND broken IS NULL ORDER BY due, id", (now,)).fetchall()
+    due = db.execute(
+        f"SELECT {TIMER_COLUMNS}, json_valid(payload) FROM timers WHERE due <= ? "
+        f"AND broken IS NULL ORDER BY due, id",
+        (now,),
+    ).fetchall()
     for row in _fire_plain_runs(db, due, now):
         # Each timer fires in its own savepoint: a row the engine cannot process is rolled
         # back and set aside with the reason, and the other timers still fire.
@@ -579,14 +807,17 @@ def run_scheduler(db: sqlite3.Connection, now: int) -> int:
         except ROW_ERRORS as exc:
             db.execute("ROLLBACK TO fire_timer")
             db.execute("RELEASE fire_timer")
-            db.execute("UPDATE timers SET broken = ? WHERE id = ?",
-                       ("set aside, not fired: " + _reason(exc), row[0]))
+            db.execute(
+                "UPDATE timers SET broken = ? WHERE id = ?",
+                ("set aside, not fired: " + _reason(exc), row[0]),
+            )
             _set_aside_counted(db)
     return len(due)
 
 
-_INSERT_EVENTS_VALUES = ("INSERT INTO events(source, source_id, payload, available_at, created, "
-                         "updated) VALUES ")
+_INSERT_EVENTS_VALUES = (
+    "INSERT INTO events(source, source_id, payload, available_at, created, updated) VALUES "
+)
 _ON_KEY_DO_NOTHING = " ON CONFLICT(source, source_id) DO NOTHING"
 _INSERT_EVENTS = _INSERT_EVENTS_VALUES + "(?, ?, ?, ?, ?, ?)" + _ON_KEY_DO_NOTHING
 # An events row for _INSERT_EVENTS: (source, source_id, payload, available_at, created,
@@ -594,8 +825,9 @@ _INSERT_EVENTS = _INSERT_EVENTS_VALUES + "(?, ?, ?, ?, ?, ?)" + _ON_KEY_DO_NOTHI
 _EventRow = tuple[str, str, str, int, int, int]
 
 
-def _fire_plain_runs(db: sqlite3.Connection, due: list[tuple[Any, ...]],
-                     now: int) -> Iterable[tuple[Any, ...]]:
+def _fire_plain_runs(
+    db: sqlite3.Connection, due: list[tuple[Any, ...]], now: int
+) -> Iterable[tuple[Any, ...]]:
     """Fire each run of consecutive valid one-shot plain timers (the common case, thousands
     in a pass) with multi-row statements, and yield every other row, in order, to the
     per-row path. Rows are checked here first, the same checks as `_checked_timer` (the
@@ -617,13 +849,13 @@ def _fire_plain_runs(db: sqlite3.Connection, due: list[tuple[Any, ...]],
         while batch:
             stored = _insert_until_refused(db, events)
             for start in range(0, stored, _GROUP_ROWS):
-                ids = [r[0] for r in batch[start:min(start + _GROUP_ROWS, stored)]]
+                ids = [r[0] for r in batch[start : min(start + _GROUP_ROWS, stored)]]
                 db.execute(f"DELETE FROM timers WHERE id IN ({_placeholders(ids)})", ids)
             if stored == len(batch):
                 batch, events = [], []
             else:
                 yield batch[stored]
-                batch, events = batch[stored + 1:], events[stored + 1:]
+                batch, events = batch[stored + 1 :], events[stored + 1 :]
         if event is None:
             yield row
 
@@ -638,10 +870,14 @@ def _insert_until_refused(db: sqlite3.Connection, events: list[_EventRow]) -> in
     one statement each, counted, to find the refused one."""
     done = 0
     for start in range(0, len(events), _GROUP_ROWS):
-        chunk = events[start:start + _GROUP_ROWS]
+        chunk = events[start : start + _GROUP_ROWS]
         try:
-            db.execute(_INSERT_EVENTS_VALUES + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk)) +
-                       _ON_KEY_DO_NOTHING, [value for event in chunk for value in event])
+            db.execute(
+                _INSERT_EVENTS_VALUES
+                + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk))
+                + _ON_KEY_DO_NOTHING,
+                [value for event in chunk for value in event],
+            )
         except ROW_ERRORS:
             fed = 0
 
@@ -650,6 +886,7 @@ def _insert_until_refused(db: sqlite3.Connection, events: list[_EventRow]) -> in
                 for event in chunk:  # executemany binds and steps one row, then the next  # noqa: B023 - called within this iteration
                     fed += 1
                     yield event
+
             try:
                 db.executemany(_INSERT_EVENTS, feed())
             except ROW_ERRORS:
@@ -663,12 +900,18 @@ def _plain_occurrence(row: Sequence[Any], now: int) -> _EventRow | None:
     timer fires, its payload `json.dumps` of `_occurrence`'s dict (with the stored payload
     text as the data, which decodes to the same value); None for any other row: recurring,
     an approval's expiry, or anything `_checked_timer` would refuse."""
-    timer_id, due, every, catch_up, payload, key_source, key_id, last_fired, _, overflow, \
-        kind = row[:11]
-    if every is not None or kind != "timer" or type(timer_id) is not str or \
-            not _is_int(due, 0, MAX_TIME) or catch_up not in ("coalesce", "each") or \
-            not _is_int(overflow, 0, 1 << 62) or \
-            (last_fired is not None and not _is_int(last_fired, 0, MAX_TIME)):
+    timer_id, due, every, catch_up, payload, key_source, key_id, last_fired, _, overflow, kind = (
+        row[:11]
+    )
+    if (
+        every is not None
+        or kind != "timer"
+        or type(timer_id) is not str
+        or not _is_int(due, 0, MAX_TIME)
+        or catch_up not in ("coalesce", "each")
+        or not _is_int(overflow, 0, 1 << 62)
+        or (last_fired is not None and not _is_int(last_fired, 0, MAX_TIME))
+    ):
         return None
     if key_source is None:
         source, source_id = "timer", f"{timer_id}@{due}"
@@ -691,8 +934,10 @@ def _plain_occurrence(row: Sequence[Any], now: int) -> _EventRow | None:
         data = payload
     else:
         return None
-    text = (f'{{"timer": {_JSON_STRING(timer_id)}, "scheduled_for": {due}, '
-            f'"late_by": {now - due}, "skipped": 0, "data": {data}}}')
+    text = (
+        f'{{"timer": {_JSON_STRING(timer_id)}, "scheduled_for": {due}, '
+        f'"late_by": {now - due}, "skipped": 0, "data": {data}}}'
+    )
     return source, source_id, text, now, now, now
 
 
@@ -724,10 +969,17 @@ def _first_unfired(timer: Timer) -> int:
     return due
 
 
-def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int,
-                **extra: Any) -> dict[str, Any]:
-    return {"timer": timer.id, "scheduled_for": scheduled, "late_by": now - scheduled,
-            "skipped": skipped, "data": timer.payload, **extra}
+def _occurrence(
+    timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "timer": timer.id,
+        "scheduled_for": scheduled,
+        "late_by": now - scheduled,
+        "skipped": skipped,
+        "data": timer.payload,
+        **extra,
+    }
 
 
 def _fire_once(db: sqlite3.Connection, timer: Timer, now: int) -> None:
@@ -747,10 +999,11 @@ def _fire_coalesced(db: sqlite3.Connection, timer: Timer, every: int, now: int) 
     timer = dataclasses.replace(timer, due=due)
     missed = (now - timer.due) // every  # occurrences before the latest one
     latest = timer.due + missed * every
-    _insert_event(db, "timer", f"{timer.id}@{latest}",
-                  _occurrence(timer, latest, now, missed), now)
-    db.execute("UPDATE timers SET due = ?, last_fired = ?, last_skipped = ? WHERE id = ?",
-               (latest + every, latest, missed, timer.id))
+    _insert_event(db, "timer", f"{timer.id}@{latest}", _occurrence(timer, latest, now, missed), now)
+    db.execute(
+        "UPDATE timers SET due = ?, last_fired = ?, last_skipped = ? WHERE id = ?",
+        (latest + every, latest, missed, timer.id),
+    )
 
 
 def _fire_each(db: sqlite3.Connection, timer: Timer, every: int, now: int, limit: int) -> None:
@@ -765,77 +1018,163 @@ def _fire_each(db: sqlite3.Connection, timer: Timer, every: int, now: int, limit
     latest = timer.due + (count - 1) * every
     for index, scheduled in enumerate(range(first, latest + 1, every)):
         extra = {"overflow": overflow} if index == 0 and overflow else {}
-        _insert_event(db, "timer", f"{timer.id}@{scheduled}",
-                      _occurrence(timer, scheduled, now, 0, **extra), now)
-    db.execute("UPDATE timers SET due = ?, last_fired = ?, last_skipped = ?, "
-               "overflow = overflow + ? WHERE id = ?",
-               (latest + every, latest, overflow, overflow, timer.id))
+        _insert_event(
+            db,
+            "timer",
+            f"{timer.id}@{scheduled}",
+            _occurrence(timer, scheduled, now, 0, **extra),
+            now,
+        )
+    db.execute(
+        "UPDATE timers SET due = ?, last_fired = ?, last_skipped = ?, "
+        "overflow = overflow + ? WHERE id = ?",
+        (latest + every, latest, overflow, overflow, timer.id),
+    )
 
 
 def next_timer_due(db: sqlite3.Connection) -> int | None:
     """The earliest due of the timers the scheduler can fire (set-aside ones never fire)."""
-    due: int | None = db.execute("SELECT min(due) FROM timers WHERE broken IS NULL "
-                                 "AND typeof(due) = 'integer'").fetchone()[0]
+    due: int | None = db.execute(
+        "SELECT min(due) FROM timers WHERE broken IS NULL AND typeof(due) = 'integer'"
+    ).fetchone()[0]
     return due
 
 
 # --- approvals ------------------------------------------------------------------------------
 
-def request_approval(db: sqlite3.Connection, request_id: str, expires_in: int, action: str,
-                     now: int, run_id: int | None = None) -> Approval:
+
+def request_approval(
+    db: sqlite3.Connection,
+    request_id: str,
+    expires_in: int,
+    action: str,
+    now: int,
+    run_id: int | None = None,
+) -> Approval:
     """Record a request; asking again never moves its deadline."""
-    inserted = db.execute(
-        "INSERT INTO approvals(request_id, action, requested, due, run_id) VALUES (?,?,?,?,?) "
-        "ON CONFLICT(request_id) DO NOTHING",
-        (request_id, action, now, now + expires_in, run_id)).rowcount == 1
+    inserted = (
+        db.execute(
+            "INSERT INTO approvals(request_id, action, requested, due, run_id) VALUES (?,?,?,?,?) "
+            "ON CONFLICT(request_id) DO NOTHING",
+            (request_id, action, now, now + expires_in, run_id),
+        ).rowcount
+        == 1
+    )
     if inserted:
-        add_timer(db, f"approval:{request_id}", now + expires_in, {"request_id": request_id},
-                  None, ("approval", request_id), "coalesce", "approval")
+        add_timer(
+            db,
+            f"approval:{request_id}",
+            now + expires_in,
+            {"request_id": request_id},
+            None,
+            ("approval", request_id),
+            "coalesce",
+            "approval",
+        )
     approval = get_approval(db, request_id)
     assert approval is not None  # inserted above, or asked for before
     return approval
 
 
 def get_approval(db: sqlite3.Connection, request_id: str) -> Approval | None:
-    row = db.execute("SELECT request_id, action, due, answer, requested, answered_at, "
-                     "answered_by FROM approvals WHERE request_id = ?", (request_id,)).fetchone()
+    row = db.execute(
+        "SELECT request_id, action, due, answer, requested, answered_at, "
+        "answered_by FROM approvals WHERE request_id = ?",
+        (request_id,),
+    ).fetchone()
     return None if row is None else Approval(*row)
 
 
-def answer_approval(db: sqlite3.Connection, request_id: str, answer: str, now: int,
-                    actor: str, reason: str | None) -> str:
+def answer_approval(
+    db: sqlite3.Connection, request_id: str, answer: str, now: int, actor: str, reason: str | None
+) -> str:
     """Store the first answer unless the deadline has passed; return the answer that stands."""
     approval = get_approval(db, request_id)
     if approval is None:
-        audit(db, now, actor, f"answer {answer}", f"approval {request_id}", None, None, False,
-              reason or "no such request")
+        audit(
+            db,
+            now,
+            actor,
+            f"answer {answer}",
+            f"approval {request_id}",
+            None,
+            None,
+            False,
+            reason or "no such request",
+        )
         return "unknown"
     if approval.answer is not None:
-        audit(db, now, actor, f"answer {answer}", f"approval {request_id}", approval.answer,
-              approval.answer, False, reason or "already answered")
+        audit(
+            db,
+            now,
+            actor,
+            f"answer {answer}",
+            f"approval {request_id}",
+            approval.answer,
+            approval.answer,
+            False,
+            reason or "already answered",
+        )
         return approval.answer
     if not _is_int(approval.due, 0, MAX_TIME + MAX_DURATION) or now >= approval.due:
         # (a deadline that is not a time, written by hand, counts as passed)
         _expire(db, request_id, now, actor)
-        audit(db, now, actor, f"answer {answer}", f"approval {request_id}", "waiting",
-              "expired", False, reason or f"too late: deadline was {approval.due}")
+        audit(
+            db,
+            now,
+            actor,
+            f"answer {answer}",
+            f"approval {request_id}",
+            "waiting",
+            "expired",
+            False,
+            reason or f"too late: deadline was {approval.due}",
+        )
         return "expired"
     _store_answer(db, approval, answer, now, actor)
-    audit(db, now, actor, f"answer {answer}", f"approval {request_id}", "waiting", answer, True,
-          reason)
+    audit(
+        db,
+        now,
+        actor,
+        f"answer {answer}",
+        f"approval {request_id}",
+        "waiting",
+        answer,
+        True,
+        reason,
+    )
     return answer
 
 
-def expire_approval(db: sqlite3.Connection, request_id: str, now: int, actor: str,
-                    reason: str | None) -> str:
+def expire_approval(
+    db: sqlite3.Connection, request_id: str, now: int, actor: str, reason: str | None
+) -> str:
     approval = get_approval(db, request_id)
     if approval is None:
-        audit(db, now, actor, "expire", f"approval {request_id}", None, None, False,
-              reason or "no such request")
+        audit(
+            db,
+            now,
+            actor,
+            "expire",
+            f"approval {request_id}",
+            None,
+            None,
+            False,
+            reason or "no such request",
+        )
         return "unknown"
     if approval.answer is not None:
-        audit(db, now, actor, "expire", f"approval {request_id}", approval.answer,
-              approval.answer, False, reason or "already answered")
+        audit(
+            db,
+            now,
+            actor,
+            "expire",
+            f"approval {request_id}",
+            approval.answer,
+            approval.answer,
+            False,
+            reason or "already answered",
+        )
         return approval.answer
     _expire(db, request_id, now, actor)
     audit(db, now, actor, "expire", f"approval {request_id}", "waiting", "expired", True, reason)
@@ -848,15 +1187,22 @@ def _expire(db: sqlite3.Connection, request_id: str, now: int, actor: str) -> No
         _store_answer(db, approval, "expired", now, actor)
 
 
-def _store_answer(db: sqlite3.Connection, approval: Approval, answer: str, now: int,
-                  actor: str) -> None:
+def _store_answer(
+    db: sqlite3.Connection, approval: Approval, answer: str, now: int, actor: str
+) -> None:
     """Write-once: the answer and its resuming event share one key, ('approval', id)."""
-    db.execute("UPDATE approvals SET answer = ?, answered_at = ?, answered_by = ? "
-               "WHERE request_id = ? AND answer IS NULL",
-               (answer, now, actor, approval.request_id))
-    _insert_event(db, "approval", approval.request_id,
-                  {"request_id": approval.request_id, "answer": answer,
-                   "action": approval.action}, now)
+    db.execute(
+        "UPDATE approvals SET answer = ?, answered_at = ?, answered_by = ? "
+        "WHERE request_id = ? AND answer IS NULL",
+        (answer, now, actor, approval.request_id),
+    )
+    _insert_event(
+        db,
+        "approval",
+        approval.request_id,
+        {"request_id": approval.request_id, "answer": answer, "action": approval.action},
+        now,
+    )
     db.execute("DELETE FROM timers WHERE id = ?", (f"approval:{approval.request_id}",))
 
 
@@ -867,12 +1213,15 @@ SETTLE_OUTCOMES = ("sent", "send again")
 # An at-most-once delivery still 'sending' after its send_timeout was cut off mid-send: it
 # may or may not have gone out. It is never sent again by itself; an operator settles it.
 # (The IN term lets SQLite use the partial index of open deliveries, never a scan.)
-_UNCERTAIN = ("status IN ('sending', 'failed') AND status = 'sending' AND at_most_once = 1 "
-              "AND retry_after < ?")
+_UNCERTAIN = (
+    "status IN ('sending', 'failed') AND status = 'sending' AND at_most_once = 1 "
+    "AND retry_after < ?"
+)
 
 
-def begin_delivery(db: sqlite3.Connection, now: int,
-                   flush: bool) -> tuple[int, str, str, int, int] | None:
+def begin_delivery(
+    db: sqlite3.Connection, now: int, flush: bool
+) -> tuple[int, str, str, int, int] | None:
     """Pick what the next send carries and mark it sending; None when nothing may go now.
 
     Returns (delivery id, idempotency key, text, message count, attempt). The send itself
@@ -887,10 +1236,13 @@ def begin_delivery(db: sqlite3.Connection, now: int,
         except _BrokenDelivery as exc:
             db.execute("ROLLBACK TO begin_delivery")
             db.execute("RELEASE begin_delivery")
-            db.execute("UPDATE deliveries SET status = 'dead', broken = ?, last_error = ? "
-                       "WHERE id = ?", (exc.why, exc.why, exc.delivery_id))
-            db.execute("UPDATE outbox SET status = 'dead' WHERE delivery_id = ?",
-                       (exc.delivery_id,))
+            db.execute(
+                "UPDATE deliveries SET status = 'dead', broken = ?, last_error = ? WHERE id = ?",
+                (exc.why, exc.why, exc.delivery_id),
+            )
+            db.execute(
+                "UPDATE outbox SET status = 'dead' WHERE delivery_id = ?", (exc.delivery_id,)
+            )
             _set_aside_counted(db)
     return None
 
@@ -901,142 +1253,209 @@ class _BrokenDelivery(Exception):
         self.delivery_id, self.why = delivery_id, why
 
 
-def _begin_delivery(db: sqlite3.Connection, now: int,
-                    flush: bool) -> tuple[int, str, str, int, int] | None:
+def _begin_delivery(
+    db: sqlite3.Connection, now: int, flush: bool
+) -> tuple[int, str, str, int, int] | None:
     settings = load_settings(db)
     held = bool(get_meta(db, "outbox_held"))
     if held and not flush:
         return None
     retry = db.execute(
         "SELECT id FROM deliveries WHERE status IN ('sending', 'failed') AND at_most_once = 0 "
-        "AND (status = 'failed' OR retry_after < ?) ORDER BY id LIMIT 1", (now,)).fetchone()
+        "AND (status = 'failed' OR retry_after < ?) ORDER BY id LIMIT 1",
+        (now,),
+    ).fetchone()
     if retry is not None:
         delivery_id = retry[0]
-        db.execute("UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
-                   "retry_after = ? WHERE id = ?", (now + settings.send_timeout, delivery_id))
-        attempt = db.execute("SELECT attempts FROM deliveries WHERE id = ?",
-                             (delivery_id,)).fetchone()[0]
+        db.execute(
+            "UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
+            "retry_after = ? WHERE id = ?",
+            (now + settings.send_timeout, delivery_id),
+        )
+        attempt = db.execute(
+            "SELECT attempts FROM deliveries WHERE id = ?", (delivery_id,)
+        ).fetchone()[0]
         if not _is_int(attempt, 1, MAX_COUNT):
-            raise _BrokenDelivery(delivery_id, f"set aside, not sent: attempts is "
-                                               f"{str(attempt)[:40]!r}, not a count")
+            raise _BrokenDelivery(
+                delivery_id, f"set aside, not sent: attempts is {str(attempt)[:40]!r}, not a count"
+            )
     else:
         # A message row no valid call could have written (a body that is not text) is set
         # aside before it joins a delivery: it would fail every send of its neighbours.
-        for (bad,) in db.execute("SELECT id FROM outbox WHERE status = 'held' AND delivery_id "
-                                 "IS NULL AND typeof(body) <> 'text'").fetchall():
+        for (bad,) in db.execute(
+            "SELECT id FROM outbox WHERE status = 'held' AND delivery_id "
+            "IS NULL AND typeof(body) <> 'text'"
+        ).fetchall():
             db.execute("UPDATE outbox SET status = 'dead' WHERE id = ?", (bad,))
             _set_aside_counted(db)
         attempt = 1
         last = get_meta(db, "last_paced_send")
         paced = flush or last is None or now >= last + settings.outbox_gap
-        waiting = ("status = 'held' AND delivery_id IS NULL" +
-                   ("" if paced else " AND urgent = 1"))
+        waiting = "status = 'held' AND delivery_id IS NULL" + ("" if paced else " AND urgent = 1")
         if db.execute(f"SELECT 1 FROM outbox WHERE {waiting} LIMIT 1").fetchone() is None:
             return None
         at_most_once = settings.delivery == "at_most_once"
         delivery_id = db.execute(
             "INSERT INTO deliveries(status, attempts, paced, at_most_once, created, retry_after) "
             "VALUES ('sending', 1, ?, ?, ?, ?)",
-            (int(paced), int(at_most_once), now, now + settings.send_timeout)).lastrowid
+            (int(paced), int(at_most_once), now, now + settings.send_timeout),
+        ).lastrowid
         db.execute(f"UPDATE outbox SET delivery_id = ? WHERE {waiting}", (delivery_id,))
         if paced:
             set_meta(db, "last_paced_send", now)
-    bodies = [r[0] for r in db.execute(
-        "SELECT body FROM outbox WHERE delivery_id = ? ORDER BY id", (delivery_id,))]
+    bodies = [
+        r[0]
+        for r in db.execute(
+            "SELECT body FROM outbox WHERE delivery_id = ? ORDER BY id", (delivery_id,)
+        )
+    ]
     if not bodies or not all(isinstance(body, str) for body in bodies):
-        raise _BrokenDelivery(delivery_id, "set aside, not sent: its messages are missing or "
-                                           "not text")
-    return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies),
-            attempt)
+        raise _BrokenDelivery(
+            delivery_id, "set aside, not sent: its messages are missing or not text"
+        )
+    return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies), attempt)
 
 
 def delivery_key(db: sqlite3.Connection, delivery_id: int) -> str:
     return f"onwatch-{get_meta(db, 'uid')}-{delivery_id}"
 
 
-def end_delivery(db: sqlite3.Connection, delivery_id: int, attempt: int, error: str | None,
-                 now: int) -> bool:
+def end_delivery(
+    db: sqlite3.Connection, delivery_id: int, attempt: int, error: str | None, now: int
+) -> bool:
     """Record a send's outcome, owned by the attempt that made it: a failed one stays held
     for the next dispatch, or dies. A late outcome (another dispatcher re-sent meanwhile,
     or an operator settled it) is refused and audited like a stale generation."""
     settings = load_settings(db)
-    row = db.execute("SELECT status, attempts, at_most_once FROM deliveries WHERE id = ?",
-                     (delivery_id,)).fetchone()
+    row = db.execute(
+        "SELECT status, attempts, at_most_once FROM deliveries WHERE id = ?", (delivery_id,)
+    ).fetchone()
     if row is None or row[0] != "sending" or row[1] != attempt:
         seen = "no such delivery" if row is None else f"{row[0]}, attempt {row[1]}"
-        audit(db, now, "dispatcher", f"refused {'sent' if error is None else 'failed'}",
-              f"delivery {delivery_id}", seen, None, False,
-              f"late outcome of attempt {attempt}: the delivery is {seen} now")
+        audit(
+            db,
+            now,
+            "dispatcher",
+            f"refused {'sent' if error is None else 'failed'}",
+            f"delivery {delivery_id}",
+            seen,
+            None,
+            False,
+            f"late outcome of attempt {attempt}: the delivery is {seen} now",
+        )
         _bump(db, "refused_writes")
         return False
     _, attempts, at_most_once = row
     if error is None:
-        db.execute("UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = NULL "
-                   "WHERE id = ?", (now, delivery_id))
+        db.execute(
+            "UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = NULL WHERE id = ?",
+            (now, delivery_id),
+        )
         db.execute("UPDATE outbox SET status = 'sent' WHERE delivery_id = ?", (delivery_id,))
         return True
     if at_most_once or attempts >= settings.max_delivery_attempts:
-        db.execute("UPDATE deliveries SET status = 'dead', last_error = ? WHERE id = ?",
-                   (error, delivery_id))
+        db.execute(
+            "UPDATE deliveries SET status = 'dead', last_error = ? WHERE id = ?",
+            (error, delivery_id),
+        )
         db.execute("UPDATE outbox SET status = 'dead' WHERE delivery_id = ?", (delivery_id,))
     else:
-        db.execute("UPDATE deliveries SET status = 'failed', last_error = ? WHERE id = ?",
-                   (error, delivery_id))
+        db.execute(
+            "UPDATE deliveries SET status = 'failed', last_error = ? WHERE id = ?",
+            (error, delivery_id),
+        )
     return False
 
 
-def settle_delivery(db: sqlite3.Connection, delivery_id: int, outcome: str, expect: str,
-                    now: int, actor: str, reason: str | None) -> bool:
+def settle_delivery(
+    db: sqlite3.Connection,
+    delivery_id: int,
+    outcome: str,
+    expect: str,
+    now: int,
+    actor: str,
+    reason: str | None,
+) -> bool:
     """An operator settles an uncertain delivery: 'sent' (it went out) or 'send again' (its
     messages go back to the outbox, for a new delivery under a new key). Applied only if the
     delivery is uncertain and in the state the operator saw; audited either way."""
     before = delivery_state(db, delivery_id, now)
     applied = before == "uncertain" and before == expect
     if applied and outcome == "sent":
-        db.execute("UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = ? "
-                   "WHERE id = ?", (now, f"uncertain; marked sent by {actor}", delivery_id))
+        db.execute(
+            "UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = ? WHERE id = ?",
+            (now, f"uncertain; marked sent by {actor}", delivery_id),
+        )
         db.execute("UPDATE outbox SET status = 'sent' WHERE delivery_id = ?", (delivery_id,))
     elif applied:
-        db.execute("UPDATE deliveries SET status = 'dead', last_error = ? WHERE id = ?",
-                   (f"uncertain; its messages sent again by {actor}", delivery_id))
-        db.execute("UPDATE outbox SET delivery_id = NULL WHERE delivery_id = ? "
-                   "AND status = 'held'", (delivery_id,))
+        db.execute(
+            "UPDATE deliveries SET status = 'dead', last_error = ? WHERE id = ?",
+            (f"uncertain; its messages sent again by {actor}", delivery_id),
+        )
+        db.execute(
+            "UPDATE outbox SET delivery_id = NULL WHERE delivery_id = ? AND status = 'held'",
+            (delivery_id,),
+        )
     why = reason
     if not applied:
-        why = ("no such delivery" if before is None else
-               f"changed meanwhile: it is {before} now, not {expect}" if before != expect else
-               f"only an uncertain delivery can be settled (this one is {before})")
+        why = (
+            "no such delivery"
+            if before is None
+            else f"changed meanwhile: it is {before} now, not {expect}"
+            if before != expect
+            else f"only an uncertain delivery can be settled (this one is {before})"
+        )
     after = ("sent" if outcome == "sent" else "sent again") if applied else before
-    audit(db, now, actor, f"delivery {outcome}", f"delivery {delivery_id}", before, after,
-          applied, why)
+    audit(
+        db,
+        now,
+        actor,
+        f"delivery {outcome}",
+        f"delivery {delivery_id}",
+        before,
+        after,
+        applied,
+        why,
+    )
     return applied
 
 
 def delivery_state(db: sqlite3.Connection, delivery_id: int, now: int) -> str | None:
-    row = db.execute("SELECT status, at_most_once, retry_after FROM deliveries WHERE id = ?",
-                     (delivery_id,)).fetchone()
+    row = db.execute(
+        "SELECT status, at_most_once, retry_after FROM deliveries WHERE id = ?", (delivery_id,)
+    ).fetchone()
     if row is None:
         return None
     return _shown_status(row[0], row[1], row[2], now)
 
 
 def _shown_status(status: str, at_most_once: Any, retry_after: Any, now: int | None) -> str:
-    if status == "sending" and at_most_once and now is not None and \
-            isinstance(retry_after, int) and retry_after < now:
+    if (
+        status == "sending"
+        and at_most_once
+        and now is not None
+        and isinstance(retry_after, int)
+        and retry_after < now
+    ):
         return "uncertain"
     return status
 
 
 def uncertain_deliveries(db: sqlite3.Connection, now: int, limit: int) -> list[Delivery]:
-    ids = [r[0] for r in db.execute(f"SELECT id FROM deliveries WHERE {_UNCERTAIN} "
-                                    f"ORDER BY id LIMIT ?", (now, limit))]
+    ids = [
+        r[0]
+        for r in db.execute(
+            f"SELECT id FROM deliveries WHERE {_UNCERTAIN} ORDER BY id LIMIT ?", (now, limit)
+        )
+    ]
     return [d for d in deliveries(db, MAX_COUNT, now, ids)]
 
 
 def next_send_at(db: sqlite3.Connection) -> int | None:
     """When the next paced send is allowed (None when nothing is waiting)."""
-    waiting = db.execute("SELECT 1 FROM outbox WHERE status = 'held' AND delivery_id IS NULL "
-                         "LIMIT 1").fetchone()
+    waiting = db.execute(
+        "SELECT 1 FROM outbox WHERE status = 'held' AND delivery_id IS NULL LIMIT 1"
+    ).fetchone()
     if waiting is None:
         return None
     last = get_meta(db, "last_paced_send")
@@ -1045,16 +1464,28 @@ def next_send_at(db: sqlite3.Connection) -> int | None:
 
 # --- operator actions -----------------------------------------------------------------------
 
-def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Sequence[str],
-                 expect: str | None, after: str, now: int, actor: str,
-                 reason: str | None) -> bool:
+
+def change_event(
+    db: sqlite3.Connection,
+    event_id: int,
+    action: str,
+    allowed: Sequence[str],
+    expect: str | None,
+    after: str,
+    now: int,
+    actor: str,
+    reason: str | None,
+) -> bool:
     """Move one event from the state the operator saw; report (and change nothing) otherwise."""
     row = db.execute("SELECT status FROM events WHERE id = ?", (event_id,)).fetchone()
     before = None if row is None else row[0]
     seen = expect if expect is not None else before
     applied = before is not None and before == seen and before in allowed
-    pruned = applied and after == "pending" and db.execute(
-        "SELECT payload IS NULL FROM events WHERE id = ?", (event_id,)).fetchone()[0]
+    pruned = (
+        applied
+        and after == "pending"
+        and db.execute("SELECT payload IS NULL FROM events WHERE id = ?", (event_id,)).fetchone()[0]
+    )
     applied = applied and not pruned
     if applied:
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
@@ -1065,7 +1496,9 @@ def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Se
             args = (f"sent to dead by {actor}" + (f": {reason}" if reason else ""),)
         cursor = db.execute(
             f"UPDATE events SET status = ?, available_at = ?, updated = ?{extra} "
-            f"WHERE id = ? AND status = ?", (after, now, now, *args, event_id, seen))
+            f"WHERE id = ? AND status = ?",
+            (after, now, now, *args, event_id, seen),
+        )
         applied = cursor.rowcount == 1
     why = reason
     if not applied:
@@ -1077,50 +1510,95 @@ def change_event(db: sqlite3.Connection, event_id: int, action: str, allowed: Se
             why = "its payload was pruned; an agent cannot run on nothing"
         else:
             why = f"cannot {action} a {before} event (only {' or '.join(allowed)})"
-    audit(db, now, actor, action, f"event {event_id}", before, after if applied else before,
-          applied, why)
+    audit(
+        db,
+        now,
+        actor,
+        action,
+        f"event {event_id}",
+        before,
+        after if applied else before,
+        applied,
+        why,
+    )
     return applied
 
 
-def set_flag(db: sqlite3.Connection, flag: str, value: bool, action: str, now: int,
-             actor: str, reason: str | None) -> bool:
+def set_flag(
+    db: sqlite3.Connection,
+    flag: str,
+    value: bool,
+    action: str,
+    now: int,
+    actor: str,
+    reason: str | None,
+) -> bool:
     before = bool(get_meta(db, flag))
     if before != value:
         set_meta(db, flag, int(value))
-    audit(db, now, actor, action, flag, str(before).lower(), str(value).lower(),
-          before != value, reason)
+    audit(
+        db,
+        now,
+        actor,
+        action,
+        flag,
+        str(before).lower(),
+        str(value).lower(),
+        before != value,
+        reason,
+    )
     return before != value
 
 
 # --- effect journal -------------------------------------------------------------------------
 
-def intend_effect(db: sqlite3.Connection, holder: str, gen: int, run_id: int, name: str,
-                  detail: str, key: str | None, now: int,
-                  event: int | None = None) -> str | None:
+
+def intend_effect(
+    db: sqlite3.Connection,
+    holder: str,
+    gen: int,
+    run_id: int,
+    name: str,
+    detail: str,
+    key: str | None,
+    now: int,
+    event: int | None = None,
+) -> str | None:
     """Record an effect before it happens (fenced); return its idempotency key."""
     if not holds(db, holder, gen, now):
         refuse(db, f"effect {name}", holder, gen, now)
         return None
-    run = db.execute("SELECT event_ids FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL",
-                     (run_id, gen)).fetchone()
+    run = db.execute(
+        "SELECT event_ids FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL", (run_id, gen)
+    ).fetchone()
     if run is None:
-        refuse(db, f"effect {name}", holder, gen, now,
-               f"run {run_id} is not an open run of this generation")
+        refuse(
+            db,
+            f"effect {name}",
+            holder,
+            gen,
+            now,
+            f"run {run_id} is not an open run of this generation",
+        )
         return None
     events = list(_event_ids(run[0]))
     if event is None and len(events) == 1:
         event = events[0]
     elif event is None and key is None:
-        raise BadInput(f"run {run_id} has {len(events)} events; say which one effect {name!r} "
-                       f"is for (event=), so that its key does not depend on the batch")
+        raise BadInput(
+            f"run {run_id} has {len(events)} events; say which one effect {name!r} "
+            f"is for (event=), so that its key does not depend on the batch"
+        )
     elif event is not None and event not in events:
         raise BadInput(f"event {event} is not in run {run_id}")
     if key is None:
         assert event is not None  # no event and no key was refused above
         key = _default_effect_key(db, run_id, event, name)
-    db.execute("INSERT INTO effects(run_id, name, key, state, detail, intended_at, event_id) "
-               "VALUES (?, ?, ?, 'intended', ?, ?, ?) ON CONFLICT(run_id, key) DO NOTHING",
-               (run_id, name, key, detail, now, event))
+    db.execute(
+        "INSERT INTO effects(run_id, name, key, state, detail, intended_at, event_id) "
+        "VALUES (?, ?, ?, 'intended', ?, ?, ?) ON CONFLICT(run_id, key) DO NOTHING",
+        (run_id, name, key, detail, now, event),
+    )
     return key
 
 
@@ -1129,8 +1607,13 @@ def _default_effect_key(db: sqlite3.Connection, run_id: int, event: int, name: s
     how many times this run intended it for that event), never from the run or how it was
     batched: a retry of the event, alone or in another batch, gets the same keys, so a tool
     that dedupes on them acts once."""
-    nth = db.execute("SELECT count(*) FROM effects WHERE run_id = ? AND name = ? AND "
-                     "event_id = ?", (run_id, name, event)).fetchone()[0] + 1
+    nth = (
+        db.execute(
+            "SELECT count(*) FROM effects WHERE run_id = ? AND name = ? AND event_id = ?",
+            (run_id, name, event),
+        ).fetchone()[0]
+        + 1
+    )
     return f"onwatch-{get_meta(db, 'uid')}-ev{event}-{name}-{nth}"
 
 
@@ -1138,20 +1621,33 @@ def settle_effect(db: sqlite3.Connection, key: str, state: str, now: int) -> boo
     """Record that an intended effect happened (or failed); facts are recorded unfenced."""
     # The newest intent under this key is the one being settled (older ones belong to
     # earlier, lost runs of the same events and stay as they were left).
-    return db.execute("UPDATE effects SET state = ?, settled_at = ? WHERE id = (SELECT max(id) "
-                      "FROM effects WHERE key = ?) AND state = 'intended'",
-                      (state, now, key)).rowcount == 1
+    return (
+        db.execute(
+            "UPDATE effects SET state = ?, settled_at = ? WHERE id = (SELECT max(id) "
+            "FROM effects WHERE key = ?) AND state = 'intended'",
+            (state, now, key),
+        ).rowcount
+        == 1
+    )
 
 
 # --- reads ----------------------------------------------------------------------------------
+
 
 def get_event(db: sqlite3.Connection, event_id: int) -> Event | None:
     row = db.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE id = ?", (event_id,)).fetchone()
     return None if row is None else event_from_row(row)
 
 
-def events(db: sqlite3.Connection, status: str, limit: int, after: int | None,
-           before: int | None, search: str | None, payload: bool = True) -> list[Event]:
+def events(
+    db: sqlite3.Connection,
+    status: str,
+    limit: int,
+    after: int | None,
+    before: int | None,
+    search: str | None,
+    payload: bool = True,
+) -> list[Event]:
     """A keyset page by id: ascending after `after`, or descending before `before`; without
     payloads (None) when `payload` is false, so a list never reads or decodes documents."""
     clauses = ["status = ?"]
@@ -1163,14 +1659,18 @@ def events(db: sqlite3.Connection, status: str, limit: int, after: int | None,
         clauses.append("id < ?")
         params.append(before)
     if search:
-        clauses.append("(instr(lower(source), ?) > 0 OR instr(lower(source_id), ?) > 0 "
-                       "OR instr(lower(coalesce(error, '')), ?) > 0)")
+        clauses.append(
+            "(instr(lower(source), ?) > 0 OR instr(lower(source_id), ?) > 0 "
+            "OR instr(lower(coalesce(error, '')), ?) > 0)"
+        )
         params += [search.lower()] * 3
     order = "DESC" if before is not None and after is None else "ASC"
     columns = EVENT_COLUMNS if payload else EVENT_COLUMNS.replace("payload", "NULL")
     rows = db.execute(
         f"SELECT {columns} FROM events INDEXED BY events_by_status "
-        f"WHERE {' AND '.join(clauses)} ORDER BY id {order} LIMIT ?", (*params, limit))
+        f"WHERE {' AND '.join(clauses)} ORDER BY id {order} LIMIT ?",
+        (*params, limit),
+    )
     return [event_from_row(r) for r in rows]
 
 
@@ -1184,35 +1684,53 @@ def lease_info(db: sqlite3.Connection) -> Lease | None:
 
 
 def lease_history(db: sqlite3.Connection, limit: int) -> list[LeaseChange]:
-    return [LeaseChange(*r) for r in db.execute(
-        "SELECT gen, holder, previous_holder, at, how FROM lease_history ORDER BY gen DESC "
-        "LIMIT ?", (limit,))]
+    return [
+        LeaseChange(*r)
+        for r in db.execute(
+            "SELECT gen, holder, previous_holder, at, how FROM lease_history ORDER BY gen DESC "
+            "LIMIT ?",
+            (limit,),
+        )
+    ]
 
 
 def timers(db: sqlite3.Connection, limit: int) -> list[Timer]:
-    return [timer_from_row(r) for r in db.execute(
-        f"SELECT {TIMER_COLUMNS} FROM timers ORDER BY due, id LIMIT ?", (limit,))]
+    return [
+        timer_from_row(r)
+        for r in db.execute(
+            f"SELECT {TIMER_COLUMNS} FROM timers ORDER BY due, id LIMIT ?", (limit,)
+        )
+    ]
 
 
 def approvals(db: sqlite3.Connection, limit: int) -> list[Approval]:
     """Waiting ones first (soonest deadline first), then the latest answered."""
     columns = "request_id, action, due, answer, requested, answered_at, answered_by"
-    waiting = db.execute(f"SELECT {columns} FROM approvals WHERE answer IS NULL "
-                         f"ORDER BY due LIMIT ?", (limit,)).fetchall()
-    answered = db.execute(f"SELECT {columns} FROM approvals WHERE answer IS NOT NULL "
-                          f"ORDER BY answered_at DESC LIMIT ?",
-                          (max(limit - len(waiting), 0),)).fetchall()
+    waiting = db.execute(
+        f"SELECT {columns} FROM approvals WHERE answer IS NULL ORDER BY due LIMIT ?", (limit,)
+    ).fetchall()
+    answered = db.execute(
+        f"SELECT {columns} FROM approvals WHERE answer IS NOT NULL "
+        f"ORDER BY answered_at DESC LIMIT ?",
+        (max(limit - len(waiting), 0),),
+    ).fetchall()
     return [Approval(*r) for r in waiting + answered]
 
 
 def held_messages(db: sqlite3.Connection, limit: int) -> list[Message]:
-    return [Message(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6]) for r in db.execute(
-        "SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox "
-        "WHERE status = 'held' ORDER BY id LIMIT ?", (limit,))]
+    return [
+        Message(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6])
+        for r in db.execute(
+            "SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox "
+            "WHERE status = 'held' ORDER BY id LIMIT ?",
+            (limit,),
+        )
+    ]
 
 
-def deliveries(db: sqlite3.Connection, limit: int, now: int | None = None,
-               ids: Sequence[int] | None = None) -> list[Delivery]:
+def deliveries(
+    db: sqlite3.Connection, limit: int, now: int | None = None, ids: Sequence[int] | None = None
+) -> list[Delivery]:
     """Newest first (or the given ids, oldest first); with `now`, an at-most-once delivery
     cut off mid-send shows as 'uncertain'."""
     where, params = "", [limit]
@@ -1223,9 +1741,22 @@ def deliveries(db: sqlite3.Connection, limit: int, now: int | None = None,
         "(SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id), d.sent_at, d.last_error, "
         "NOT d.paced, d.at_most_once, d.retry_after, d.broken FROM deliveries d "
         f"{where} ORDER BY d.id {'ASC' if ids is not None else 'DESC'} LIMIT ?",
-        params).fetchall()
-    return [Delivery(r[0], delivery_key(db, r[0]), _shown_status(r[1], r[8], r[9], now), r[2],
-                     r[3], r[4], r[5], r[10] or r[6], bool(r[7])) for r in rows]
+        params,
+    ).fetchall()
+    return [
+        Delivery(
+            r[0],
+            delivery_key(db, r[0]),
+            _shown_status(r[1], r[8], r[9], now),
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            r[10] or r[6],
+            bool(r[7]),
+        )
+        for r in rows
+    ]
 
 
 def audit_entries(db: sqlite3.Connection, limit: int, target: str | None) -> list[AuditEntry]:
@@ -1233,8 +1764,10 @@ def audit_entries(db: sqlite3.Connection, limit: int, target: str | None) -> lis
     if target is None:
         rows = db.execute(f"SELECT {columns} FROM audit ORDER BY id DESC LIMIT ?", (limit,))
     else:
-        rows = db.execute(f"SELECT {columns} FROM audit WHERE target = ? ORDER BY id DESC "
-                          f"LIMIT ?", (target, limit))
+        rows = db.execute(
+            f"SELECT {columns} FROM audit WHERE target = ? ORDER BY id DESC LIMIT ?",
+            (target, limit),
+        )
     return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in rows]
 
 
@@ -1242,9 +1775,13 @@ def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
     ids = list(ids)
     rows = db.execute(
         f"SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, "
-        f"traceback FROM runs WHERE id IN ({_placeholders(ids)}) ORDER BY id", ids)
-    return [Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
-            for r in rows]
+        f"traceback FROM runs WHERE id IN ({_placeholders(ids)}) ORDER BY id",
+        ids,
+    )
+    return [
+        Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
+        for r in rows
+    ]
 
 
 def _event_ids(text: Any) -> tuple[int, ...]:
@@ -1254,15 +1791,21 @@ def _event_ids(text: Any) -> tuple[int, ...]:
 
 def runs_for_event(db: sqlite3.Connection, event_id: int) -> list[Run]:
     """Every run that claimed this event (history for the detail view)."""
-    ids = [r[0] for r in db.execute(
-        "SELECT run_id FROM run_events WHERE event_id = ? ORDER BY run_id", (event_id,))]
+    ids = [
+        r[0]
+        for r in db.execute(
+            "SELECT run_id FROM run_events WHERE event_id = ? ORDER BY run_id", (event_id,)
+        )
+    ]
     return run_records(db, ids)
 
 
 def effects_for_run(db: sqlite3.Connection, run_ids: Sequence[int]) -> list[Effect]:
     rows = db.execute(
         f"SELECT id, run_id, name, key, state, detail, intended_at, settled_at FROM effects "
-        f"WHERE run_id IN ({_placeholders(run_ids)}) ORDER BY id", list(run_ids))
+        f"WHERE run_id IN ({_placeholders(run_ids)}) ORDER BY id",
+        list(run_ids),
+    )
     return [Effect(r[0], r[1], r[2], r[3], r[4], _shown(r[5]), r[6], r[7]) for r in rows]
 
 
@@ -1271,27 +1814,45 @@ def overview(db: sqlite3.Connection, now: int) -> Overview:
     meta = dict(db.execute("SELECT key, value FROM meta"))
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
     waiting = db.execute("SELECT count(*) FROM approvals WHERE answer IS NULL").fetchone()[0]
-    uncertain = db.execute(f"SELECT count(*) FROM deliveries WHERE {_UNCERTAIN}",
-                           (now,)).fetchone()[0]
+    uncertain = db.execute(
+        f"SELECT count(*) FROM deliveries WHERE {_UNCERTAIN}", (now,)
+    ).fetchone()[0]
     timer_count = db.execute("SELECT count(*) FROM timers").fetchone()[0]
     runs_day = runs_since(db, now - DAY)
     pending = counts(db)
     budgets = {
-        "max_runs_per_day": {"limit": settings.max_runs_per_day, "used": runs_day,
-                             "excess": "delayed"},
-        "max_pending": {"limit": settings.max_pending, "used": pending.get("pending", 0),
-                        "excess": "refused"},
+        "max_runs_per_day": {
+            "limit": settings.max_runs_per_day,
+            "used": runs_day,
+            "excess": "delayed",
+        },
+        "max_pending": {
+            "limit": settings.max_pending,
+            "used": pending.get("pending", 0),
+            "excess": "refused",
+        },
         "max_followups_per_run": {"limit": settings.max_followups_per_run, "excess": "refused"},
         "max_run_seconds": {"limit": settings.max_run_seconds, "excess": "lost claim"},
     }
     return Overview(
-        now=now, counts=pending, lease=lease_info(db), takeovers=meta.get("takeovers") or 0,
-        refused_writes=meta.get("refused_writes") or 0, paused=bool(meta.get("paused")),
-        outbox_held=bool(meta.get("outbox_held")), held_messages=held,
-        next_send_at=next_send_at(db) if held else None, next_timer_due=next_timer_due(db),
-        waiting_approvals=waiting, runs_last_day=runs_day, budgets=budgets, timers=timer_count,
-        uncertain_deliveries=uncertain, set_aside=meta.get("set_aside") or 0,
-        lease_released=_lease_released(db))
+        now=now,
+        counts=pending,
+        lease=lease_info(db),
+        takeovers=meta.get("takeovers") or 0,
+        refused_writes=meta.get("refused_writes") or 0,
+        paused=bool(meta.get("paused")),
+        outbox_held=bool(meta.get("outbox_held")),
+        held_messages=held,
+        next_send_at=next_send_at(db) if held else None,
+        next_timer_due=next_timer_due(db),
+        waiting_approvals=waiting,
+        runs_last_day=runs_day,
+        budgets=budgets,
+        timers=timer_count,
+        uncertain_deliveries=uncertain,
+        set_aside=meta.get("set_aside") or 0,
+        lease_released=_lease_released(db),
+    )
 
 
 def _lease_released(db: sqlite3.Connection) -> bool:
@@ -1308,13 +1869,17 @@ def next_wake(db: sqlite3.Connection, now: int) -> int | None:
     settings = load_settings(db)
     candidates = [next_timer_due(db)]
     if not get_meta(db, "paused"):
-        pending = db.execute("SELECT min(available_at) FROM events INDEXED BY "
-                             "events_pending_available WHERE status = 'pending'").fetchone()[0]
+        pending = db.execute(
+            "SELECT min(available_at) FROM events INDEXED BY "
+            "events_pending_available WHERE status = 'pending'"
+        ).fetchone()[0]
         limit = settings.max_runs_per_day
         if pending is not None and limit is not None:
             oldest_counted = db.execute(
                 "SELECT claimed_at FROM runs WHERE claimed_at > ? ORDER BY claimed_at DESC "
-                "LIMIT 1 OFFSET ?", (now - DAY, limit - 1)).fetchone()
+                "LIMIT 1 OFFSET ?",
+                (now - DAY, limit - 1),
+            ).fetchone()
             if oldest_counted is not None and isinstance(oldest_counted[0], int):
                 pending = max(pending, oldest_counted[0] + DAY)
         candidates.append(pending)
@@ -1322,8 +1887,10 @@ def next_wake(db: sqlite3.Connection, now: int) -> int | None:
         candidates += [
             next_send_at(db),
             # A send that a crashed dispatcher left half-done may be retried from then on.
-            db.execute("SELECT min(retry_after) + 1 FROM deliveries WHERE status = 'sending' "
-                       "AND at_most_once = 0").fetchone()[0],
+            db.execute(
+                "SELECT min(retry_after) + 1 FROM deliveries WHERE status = 'sending' "
+                "AND at_most_once = 0"
+            ).fetchone()[0],
         ]
     known = [c for c in candidates if type(c) is int]  # a hand-edited row: never a wake-up
     return min(known) if known else None

@@ -27,12 +27,16 @@ def escape_char(char: str) -> str:
     if named is not None:
         return named
     code = ord(char)
-    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF \
+    return (
+        f"\\x{code:02x}"
+        if code <= 0xFF
+        else f"\\u{code:04x}"
+        if code <= 0xFFFF
         else f"\\U{code:08x}"
+    )
 
 
 def printable(text: str, *, keep: str = "") -> str:
     """Return `text` with every unsafe character escaped, except those in `keep` (e.g.
     "\\n\\t" for multi-line output). Idempotent: escaped text has nothing left to escape."""
-    return UNSAFE.sub(lambda m: m.group() if m.group() in keep else escape_char(m.group()),
-                      text)
+    return UNSAFE.sub(lambda m: m.group() if m.group() in keep else escape_char(m.group()), text)

@@ -154,8 +154,9 @@ class Wake:
         try:
             # The folder, not the files: the -wal file comes and goes with the last
             # connection, and a watch on a deleted file would go quiet.
-            notifier.add_watch(os.path.dirname(self.path),
-                               flags.MODIFY | flags.CREATE | flags.MOVED_TO)
+            notifier.add_watch(
+                os.path.dirname(self.path), flags.MODIFY | flags.CREATE | flags.MOVED_TO
+            )
         except OSError as exc:
             notifier.close()
             log.warning("cannot watch %s (%s); polling instead", self.path, exc)

@@ -70,8 +70,14 @@ class RunContext:
     intent durably before the effect and its outcome after.
     """
 
-    def __init__(self, inbox: Inbox, holder: str, gen: int, batch: Sequence[Event],
-                 loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        inbox: Inbox,
+        holder: str,
+        gen: int,
+        batch: Sequence[Event],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         self._inbox = inbox
         self.holder = holder
         self.gen = gen
@@ -103,22 +109,38 @@ class RunContext:
     def ask_approval(self, request_id: str, expires_in: int, action: str) -> None:
         """Ask a human; the answer (or expiry) comes back as event ('approval', request_id)."""
         self._check_open()
-        self.approvals.append(self._inbox._approval_request(
-            ApprovalRequest(request_id, expires_in, action)))
+        self.approvals.append(
+            self._inbox._approval_request(ApprovalRequest(request_id, expires_in, action))
+        )
 
-    def follow_up(self, timer_id: str, due: int, payload: Any = None, every: int | None = None,
-                  *, key: tuple[str, str] | None = None, catch_up: str = "coalesce") -> None:
+    def follow_up(
+        self,
+        timer_id: str,
+        due: int,
+        payload: Any = None,
+        every: int | None = None,
+        *,
+        key: tuple[str, str] | None = None,
+        catch_up: str = "coalesce",
+    ) -> None:
         """Schedule a timer (committed with the finish; budget max_followups_per_run)."""
         self._check_open()
         # Checked now (BadInput here, in the agent's code, not at the finish); the finish
         # checks again what it commits.
-        self._inbox._followup(FollowUp(timer_id, check_time(due, "due"), payload, every, key,
-                                       catch_up))
+        self._inbox._followup(
+            FollowUp(timer_id, check_time(due, "due"), payload, every, key, catch_up)
+        )
         self.timers.append(FollowUp(timer_id, due, payload, every, key, catch_up))
 
     @contextlib.asynccontextmanager
-    async def effect(self, name: str, detail: Any = None, *, key: str | None = None,
-                     event: int | Event | None = None) -> AsyncIterator[str]:
+    async def effect(
+        self,
+        name: str,
+        detail: Any = None,
+        *,
+        key: str | None = None,
+        event: int | Event | None = None,
+    ) -> AsyncIterator[str]:
         """Journal an external effect around its block; yields the idempotency key.
 
             async with ctx.effect("refund", {"amount": 5}) as key:
@@ -136,11 +158,13 @@ class RunContext:
         self._check_open()
         if self.run_id is None:
             raise BadInput("this batch has no run id; effects need a claimed run")
-        intended = await self._inbox.intend_effect(self.holder, self.gen, self.run_id, name,
-                                                   detail, key=key, event=event)
+        intended = await self._inbox.intend_effect(
+            self.holder, self.gen, self.run_id, name, detail, key=key, event=event
+        )
         if intended is None:
-            raise LeaseLost(f"lease generation {self.gen} is no longer held; effect {name!r} "
-                            f"was not performed")
+            raise LeaseLost(
+                f"lease generation {self.gen} is no longer held; effect {name!r} was not performed"
+            )
         try:
             yield intended
         except Exception:
@@ -148,19 +172,28 @@ class RunContext:
             raise
         await _settle(self._inbox, intended, "confirmed")
 
-    def perform(self, name: str, detail: Any, fn: Callable[[str], Any], *,
-                key: str | None = None, event: int | Event | None = None) -> Any:
+    def perform(
+        self,
+        name: str,
+        detail: Any,
+        fn: Callable[[str], Any],
+        *,
+        key: str | None = None,
+        event: int | Event | None = None,
+    ) -> Any:
         """Journal and perform `fn(key)` (plain or async); return what it returned.
 
         From an async agent: `await ctx.perform(...)`. From a plain-def agent (which runs in a
         thread) call it without await: it blocks until the effect is settled.
         """
+
         async def run() -> Any:
             async with self.effect(name, detail, key=key, event=event) as idem:
                 outcome = fn(idem)
                 if inspect.isawaitable(outcome):
                     outcome = await outcome
                 return outcome
+
         if _in_loop(self._loop):
             return run()
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
@@ -209,22 +242,37 @@ class WorkerStats:
 class Worker:
     """One worker process's loop over one inbox. See the module docstring."""
 
-    def __init__(self, inbox: Inbox, agent: Agent, *, holder: str | None = None,
-                 send: SendFn | None = None, poll_interval: float = 0.5,
-                 grace: float = 10.0, setup: Callable[[Inbox], Any] | None = None,
-                 max_runs: int | None = None, metrics: Any = None) -> None:
+    def __init__(
+        self,
+        inbox: Inbox,
+        agent: Agent,
+        *,
+        holder: str | None = None,
+        send: SendFn | None = None,
+        poll_interval: float = 0.5,
+        grace: float = 10.0,
+        setup: Callable[[Inbox], Any] | None = None,
+        max_runs: int | None = None,
+        metrics: Any = None,
+    ) -> None:
         if not callable(agent):
             raise BadInput("agent must be callable: async def agent(batch, ctx)")
         if not _seconds(poll_interval) or not 0 < poll_interval < math.inf:  # NaN too
-            raise BadInput(f"poll_interval must be a positive number of seconds, got "
-                           f"{show(poll_interval)}")
+            raise BadInput(
+                f"poll_interval must be a positive number of seconds, got {show(poll_interval)}"
+            )
         if not _seconds(grace) or not 0 <= grace < math.inf:
             raise BadInput(f"grace must be a number of seconds, got {show(grace)}")
-        if max_runs is not None and (isinstance(max_runs, bool) or
-                                     not isinstance(max_runs, int) or max_runs < 1):
+        if max_runs is not None and (
+            isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1
+        ):
             raise BadInput(f"max_runs must be a positive integer or None, got {show(max_runs)}")
-        if holder is not None and (not isinstance(holder, str) or not holder or
-                                   len(holder) > 1024 or not holder.isprintable()):
+        if holder is not None and (
+            not isinstance(holder, str)
+            or not holder
+            or len(holder) > 1024
+            or not holder.isprintable()
+        ):
             raise BadInput(f"holder must be a short printable name, got {show(holder)}")
         if send is not None and not callable(send):
             raise BadInput("send must be callable (or None)")
@@ -273,10 +321,14 @@ class Worker:
             outcome = self.setup(self.inbox)
             if inspect.isawaitable(outcome):
                 await outcome
-        log.info("worker %s started on %s (%s)", self.holder, self.inbox.path,
-                 f"woken by {getattr(self.inbox.wake, 'source', 'file notification')}"
-                 if self.inbox.wake.watching else
-                 f"polling for changes every {self.poll_interval:g} s")
+        log.info(
+            "worker %s started on %s (%s)",
+            self.holder,
+            self.inbox.path,
+            f"woken by {getattr(self.inbox.wake, 'source', 'file notification')}"
+            if self.inbox.wake.watching
+            else f"polling for changes every {self.poll_interval:g} s",
+        )
         try:
             while not self.stopping:
                 self._check_file()
@@ -309,8 +361,11 @@ class Worker:
         if why is None:
             return
         self.gen = None  # nothing to release: the lease lives in the file we lost
-        log.error("stopping: %s; this worker will not write to a file nobody else sees "
-                  "(start it again to serve the file now at that path)", why)
+        log.error(
+            "stopping: %s; this worker will not write to a file nobody else sees "
+            "(start it again to serve the file now at that path)",
+            why,
+        )
         raise InboxError(f"worker stopped: {why}")
 
     async def _step(self, call: Callable[[], Awaitable[Any]]) -> Any:
@@ -339,8 +394,11 @@ class Worker:
             log.warning("lease generation %s lost (renewal refused)", self.gen)
             self.gen = None
         lease = await self._step(self.inbox.lease_info)
-        if lease is not None and lease.until >= now and (
-                lease.holder != self.holder or lease.gen not in self.stats.generations):
+        if (
+            lease is not None
+            and lease.until >= now
+            and (lease.holder != self.holder or lease.gen not in self.stats.generations)
+        ):
             # Held by another: acquire would refuse. A standby's wake-up costs a read only.
             await self._wait_for(lease)
             return False
@@ -367,13 +425,20 @@ class Worker:
         if lease.holder == self.holder:
             # Our name, not our process: a predecessor under the same holder name. Adopting
             # its generation would keep its stuck claims 'running'; wait for a takeover.
-            log.warning("lease gen %s is held under this holder name by an earlier process; "
-                        "waiting for it to expire", lease.gen)
+            log.warning(
+                "lease gen %s is held under this holder name by an earlier process; "
+                "waiting for it to expire",
+                lease.gen,
+            )
         else:
             seen = (lease.holder, lease.gen)
-            log.log(logging.INFO if seen != self._waiting_for else logging.DEBUG,
-                    "lease held by %s (gen %s) until %s; waiting", lease.holder, lease.gen,
-                    lease.until)
+            log.log(
+                logging.INFO if seen != self._waiting_for else logging.DEBUG,
+                "lease held by %s (gen %s) until %s; waiting",
+                lease.holder,
+                lease.gen,
+                lease.until,
+            )
             self._waiting_for = seen
         await self._idle_until(lease.until + 1, renew=False)
 
@@ -409,9 +474,11 @@ class Worker:
         stop_wait = asyncio.ensure_future(self._stop.wait())
         try:
             while not task.done():
-                await asyncio.wait({task} if stop_wait.done() else {task, stop_wait},
-                                   timeout=min(self.poll_interval, 0.25),
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    {task} if stop_wait.done() else {task, stop_wait},
+                    timeout=min(self.poll_interval, 0.25),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 if task.done():
                     break
                 now = self.clock.now()
@@ -443,16 +510,20 @@ class Worker:
         error: BaseException | None = None
         if abandon_why is None:
             # An agent whose own code raised CancelledError ends a cancelled task: a failure.
-            error = asyncio.CancelledError("the agent's run was cancelled") \
-                if task.cancelled() else task.exception()
+            error = (
+                asyncio.CancelledError("the agent's run was cancelled")
+                if task.cancelled()
+                else task.exception()
+            )
             if isinstance(error, (LeaseLost, RunAbandoned)):
                 abandon_why = "lease lost"
                 self.gen = None
         if abandon_why is not None:
             ctx.close(abandon_why)
             self.stats.abandoned += 1
-            log.warning("run %s abandoned (%s): events %s left for recovery", ctx.run_id,
-                        abandon_why, ids)
+            log.warning(
+                "run %s abandoned (%s): events %s left for recovery", ctx.run_id, abandon_why, ids
+            )
             if self.metrics is not None:
                 self.metrics.ended("abandoned", time.monotonic() - started)
             return
@@ -471,8 +542,8 @@ class Worker:
             self.metrics.ended("done" if error is None else "failed", time.monotonic() - started)
 
     async def _call_agent(self, batch: list[Event], ctx: RunContext) -> None:
-        if inspect.iscoroutinefunction(self.agent) or \
-                inspect.iscoroutinefunction(getattr(self.agent, "__call__", None)):  # noqa: B004 - looks up __call__ itself, for iscoroutinefunction
+        call = getattr(self.agent, "__call__", None)  # noqa: B004 - for iscoroutinefunction
+        if inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(call):
             outcome = self.agent(batch, ctx)
             if outcome is not None:  # (it is: a coroutine function's call)
                 await outcome
@@ -482,32 +553,43 @@ class Worker:
         if inspect.isawaitable(outcome):
             await outcome
 
-    async def _finish(self, ctx: RunContext, ids: list[int], *, error: str | None,
-                      trace: str | None = None) -> None:
+    async def _finish(
+        self, ctx: RunContext, ids: list[int], *, error: str | None, trace: str | None = None
+    ) -> None:
         """One fenced finish; a locked database is retried while the lease can still hold."""
         while True:
             try:
                 if error is None:
                     try:
                         accepted = await self.inbox.finish(
-                            self.holder, ctx.gen, ids, messages=ctx.messages,
-                            result=ctx.result, approvals=ctx.approvals, timers=ctx.timers,
-                            run=ctx.run_id)
+                            self.holder,
+                            ctx.gen,
+                            ids,
+                            messages=ctx.messages,
+                            result=ctx.result,
+                            approvals=ctx.approvals,
+                            timers=ctx.timers,
+                            run=ctx.run_id,
+                        )
                     except BadInput as exc:  # e.g. over the follow-up budget: a failed run
                         self.stats.failed += 1
                         log.warning("run %s: outcome refused: %s", ctx.run_id, exc)
                         error = f"BadInput: {exc}"
                         continue
                 else:
-                    accepted = await self.inbox.finish(self.holder, ctx.gen, ids,
-                                                       error=error[:4000], run=ctx.run_id,
-                                                       traceback=trace)
+                    accepted = await self.inbox.finish(
+                        self.holder,
+                        ctx.gen,
+                        ids,
+                        error=error[:4000],
+                        run=ctx.run_id,
+                        traceback=trace,
+                    )
             except InboxBusy as exc:
                 self.stats.busy += 1
                 lease = await self._step(self.inbox.lease_info)
                 if lease is not None and (lease.gen != ctx.gen or lease.until < self.clock.now()):
-                    log.warning("run %s: %s; lease gone meanwhile, run abandoned", ctx.run_id,
-                                exc)
+                    log.warning("run %s: %s; lease gone meanwhile, run abandoned", ctx.run_id, exc)
                     self.stats.abandoned += 1
                     return
                 log.warning("run %s: %s; retrying the finish", ctx.run_id, exc)
@@ -523,17 +605,24 @@ class Worker:
         else:
             self.stats.refused += 1
             self.gen = None
-            log.warning("run %s: finish refused (generation %s no longer holds the lease)",
-                        ctx.run_id, ctx.gen)
+            log.warning(
+                "run %s: finish refused (generation %s no longer holds the lease)",
+                ctx.run_id,
+                ctx.gen,
+            )
 
     async def _log_dead(self, ids: list[int]) -> None:
         """Say in the log which events of a failed run went dead, and why."""
         for event_id in ids:
             event = await self._step(lambda: self.inbox.get_event(event_id))  # noqa: B023 - called within this iteration
             if event is not None and event.status == "dead":
-                log.warning("event #%s (%s / %s) is dead: %s", event.id,
-                            printable(event.source), printable(event.source_id),
-                            printable(event.error or "no reason recorded"))
+                log.warning(
+                    "event #%s (%s / %s) is dead: %s",
+                    event.id,
+                    printable(event.source),
+                    printable(event.source_id),
+                    printable(event.error or "no reason recorded"),
+                )
 
     async def _dispatch(self) -> None:
         if self.send is None:
@@ -557,8 +646,11 @@ class Worker:
         if overview is not None and overview.outbox_held:
             log.info("reply held: the outbox is held by an operator (onwatch release-outbox)")
         elif next_send > now:
-            log.info("reply held: next paced send in %s (outbox_gap %s s; urgent replies "
-                     "skip the gap)", duration(next_send - now), self.inbox.settings.outbox_gap)
+            log.info(
+                "reply held: next paced send in %s (outbox_gap %s s; urgent replies skip the gap)",
+                duration(next_send - now),
+                self.inbox.settings.outbox_gap,
+            )
 
     async def _send(self, text: str) -> None:
         """The channel, its failures logged: dispatch records them and returns 0, which
@@ -570,8 +662,11 @@ class Worker:
             if inspect.isawaitable(outcome):
                 await outcome
         except Exception as exc:
-            log.warning("delivery %s failed: %s", getattr(text, "key", "?"),
-                        printable(f"{type(exc).__name__}: {exc}"))
+            log.warning(
+                "delivery %s failed: %s",
+                getattr(text, "key", "?"),
+                printable(f"{type(exc).__name__}: {exc}"),
+            )
             raise
 
     async def _release(self) -> None:
@@ -579,8 +674,9 @@ class Worker:
             return
         try:
             released = await self.inbox.release(self.holder, self.gen)
-            log.info("lease generation %s %s", self.gen,
-                     "released" if released else "was already gone")
+            log.info(
+                "lease generation %s %s", self.gen, "released" if released else "was already gone"
+            )
         except InboxError as exc:
             log.warning("could not release the lease: %s", exc)
         self.gen = None
@@ -625,8 +721,9 @@ class Worker:
                     if await notifier.confirm(self._changes, version):
                         return
                     continue
-                if notifier.watching and \
-                        time.monotonic() - checked < max(self.poll_interval, SLOW_POLL):
+                if notifier.watching and time.monotonic() - checked < max(
+                    self.poll_interval, SLOW_POLL
+                ):
                     continue  # the notifier would have said so; the poll is its insurance
                 checked = time.monotonic()
                 if await self._changes() != version:
@@ -668,12 +765,20 @@ class Worker:
             await asyncio.wait_for(self._stop.wait(), timeout=seconds)
 
 
-async def run_worker(path_or_inbox: str | os.PathLike[str] | Inbox, agent: Agent, *,
-                     holder: str | None = None, clock: Clock | None = None,
-                     stop: asyncio.Event | None = None, send: SendFn | None = None,
-                     poll_interval: float = 0.5, grace: float = 10.0,
-                     setup: Callable[[Inbox], Any] | None = None,
-                     max_runs: int | None = None, busy_timeout: float = 5.0) -> WorkerStats:
+async def run_worker(
+    path_or_inbox: str | os.PathLike[str] | Inbox,
+    agent: Agent,
+    *,
+    holder: str | None = None,
+    clock: Clock | None = None,
+    stop: asyncio.Event | None = None,
+    send: SendFn | None = None,
+    poll_interval: float = 0.5,
+    grace: float = 10.0,
+    setup: Callable[[Inbox], Any] | None = None,
+    max_runs: int | None = None,
+    busy_timeout: float = 5.0,
+) -> WorkerStats:
     """Run a worker until `stop` is set (or `max_runs` runs); return what it did.
 
     `path_or_inbox` is an open Inbox or the path of an existing inbox (NotAnInbox otherwise).
@@ -683,17 +788,28 @@ async def run_worker(path_or_inbox: str | os.PathLike[str] | Inbox, agent: Agent
     if isinstance(path_or_inbox, Inbox):
         inbox, own = path_or_inbox, False
     else:
-        inbox = await Inbox.open(path_or_inbox, clock=clock, create=False,
-                                 busy_timeout=busy_timeout)
+        inbox = await Inbox.open(
+            path_or_inbox, clock=clock, create=False, busy_timeout=busy_timeout
+        )
         own = True
     watcher = None
     try:
-        worker = Worker(inbox, agent, holder=holder, send=send, poll_interval=poll_interval,
-                        grace=grace, setup=setup, max_runs=max_runs)
+        worker = Worker(
+            inbox,
+            agent,
+            holder=holder,
+            send=send,
+            poll_interval=poll_interval,
+            grace=grace,
+            setup=setup,
+            max_runs=max_runs,
+        )
         if stop is not None:
+
             async def watch() -> None:
                 await stop.wait()
                 worker.request_stop()
+
             watcher = asyncio.create_task(watch())
         return await worker.run()
     finally:

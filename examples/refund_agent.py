@@ -70,8 +70,11 @@ async def handle(batch: list[Event], ctx) -> None:
             await _chat(event, ctx)
         elif event.source == "approval":
             await _approval(event, ctx)
-        elif event.source == "timer" and isinstance(event.payload, dict) \
-                and event.payload.get("timer") == "digest":
+        elif (
+            event.source == "timer"
+            and isinstance(event.payload, dict)
+            and event.payload.get("timer") == "digest"
+        ):
             _digest(event, ctx)
         else:
             continue  # not ours: end silently
@@ -93,8 +96,11 @@ async def _chat(event: Event, ctx) -> None:
         ctx.reply(f"echo: {text}")
         return
     amount = int(match.group(1))
-    ctx.ask_approval(refund_request_id(event), APPROVAL_WINDOW,
-                     f"refund {amount} (asked in chat {event.source_id})")
+    ctx.ask_approval(
+        refund_request_id(event),
+        APPROVAL_WINDOW,
+        f"refund {amount} (asked in chat {event.source_id})",
+    )
     ctx.reply(f"refund of {amount} is waiting for approval")
 
 
@@ -110,15 +116,20 @@ async def _approval(event: Event, ctx) -> None:
         # The key is derived from the request, not the run: a retried run passes the same
         # key, so the payment API refunds once however often the run is repeated.
         request_id = payload["request_id"]
-        async with ctx.effect("refund", {"amount": amount, "request": request_id},
-                              key=f"refund:{request_id}", event=event) as key:
+        async with ctx.effect(
+            "refund",
+            {"amount": amount, "request": request_id},
+            key=f"refund:{request_id}",
+            event=event,
+        ) as key:
             outcome = fake_refund(amount, key)
         ctx.reply(f"{outcome} {amount} (reference {key})", urgent=True)
     elif answer == "no":
         ctx.reply(f"refund of {amount} was denied; nothing was refunded", urgent=True)
     else:
-        ctx.reply(f"refund of {amount} expired without an answer; nothing was refunded",
-                  urgent=True)
+        ctx.reply(
+            f"refund of {amount} expired without an answer; nothing was refunded", urgent=True
+        )
 
 
 def _digest(event: Event, ctx) -> None:

@@ -43,11 +43,14 @@ from .screens.help import HelpScreen, render_groups
 STYLESHEET = Path(__file__).with_name("app.tcss")
 
 # The confirmation of each action comes from the core's one table of actions.
-QUESTIONS = {name: (action.question, action.question_many, action.note)
-             for name, action in ACTIONS.items()}
+QUESTIONS = {
+    name: (action.question, action.question_many, action.note) for name, action in ACTIONS.items()
+}
 # What an answer past its deadline does instead (the inbox refuses it, checked on write).
-LATE = ("The deadline has passed: this answer will be refused and the request ends as "
-        "expired; the agent resumes with a refusal.")
+LATE = (
+    "The deadline has passed: this answer will be refused and the request ends as "
+    "expired; the agent resumes with a refusal."
+)
 
 
 class OnwatchApp(App[int]):
@@ -63,34 +66,88 @@ class OnwatchApp(App[int]):
     FILE_CHECK_SECONDS = 1.0  # how often the path is checked to still name the opened file
 
     BINDINGS = [
-        *(Binding(pane.KEY, f"show_pane('{pane.PANE_ID}')", pane.TITLE, show=False,
-                  id=f"pane-{pane.PANE_ID}", tooltip=pane.HELP) for pane in PANES),
+        *(
+            Binding(
+                pane.KEY,
+                f"show_pane('{pane.PANE_ID}')",
+                pane.TITLE,
+                show=False,
+                id=f"pane-{pane.PANE_ID}",
+                tooltip=pane.HELP,
+            )
+            for pane in PANES
+        ),
         # p and o are in help's first screen and the palette, not the footer: at 80
         # columns the footer keeps the pane's own keys, s and the palette key.
-        Binding("p", "pause", "Pause", id="pause", show=False,
-                tooltip="claims return nothing until resumed; intake never stops"),
-        Binding("p", "resume", "Resume", id="resume", show=False,
-                tooltip="the worker may claim events again"),
-        Binding("o", "hold_outbox", "Hold outbox", id="hold-outbox", show=False,
-                tooltip="paced sends wait until the outbox is released"),
-        Binding("o", "release_outbox", "Release outbox", id="release-outbox", show=False,
-                tooltip="paced sends go out again"),
-        Binding("s", "send_now", "Send → file", id="send-now",
-                tooltip="every held message is appended now to a log file beside the inbox "
-                        "(the desk has no channel), ignoring the gap (confirmed)"),
-        Binding("R", "reopen", "Reopen", id="reopen",
-                tooltip="open the file now at the inbox's path (after it was deleted or "
-                        "replaced)"),
-        Binding("question_mark", "help", "Help", id="help", key_display="?",
-                tooltip="this list of keys"),
+        Binding(
+            "p",
+            "pause",
+            "Pause",
+            id="pause",
+            show=False,
+            tooltip="claims return nothing until resumed; intake never stops",
+        ),
+        Binding(
+            "p",
+            "resume",
+            "Resume",
+            id="resume",
+            show=False,
+            tooltip="the worker may claim events again",
+        ),
+        Binding(
+            "o",
+            "hold_outbox",
+            "Hold outbox",
+            id="hold-outbox",
+            show=False,
+            tooltip="paced sends wait until the outbox is released",
+        ),
+        Binding(
+            "o",
+            "release_outbox",
+            "Release outbox",
+            id="release-outbox",
+            show=False,
+            tooltip="paced sends go out again",
+        ),
+        Binding(
+            "s",
+            "send_now",
+            "Send → file",
+            id="send-now",
+            tooltip="every held message is appended now to a log file beside the inbox "
+            "(the desk has no channel), ignoring the gap (confirmed)",
+        ),
+        Binding(
+            "R",
+            "reopen",
+            "Reopen",
+            id="reopen",
+            tooltip="open the file now at the inbox's path (after it was deleted or replaced)",
+        ),
+        Binding(
+            "question_mark", "help", "Help", id="help", key_display="?", tooltip="this list of keys"
+        ),
         Binding("q", "quit", "Quit", id="quit", tooltip="leave onwatch (the agent keeps running)"),
-        Binding("0", "fleet", "Fleet", id="fleet",
-                tooltip="every inbox of the fleet (esc too), the cursor on this one"),
+        Binding(
+            "0",
+            "fleet",
+            "Fleet",
+            id="fleet",
+            tooltip="every inbox of the fleet (esc too), the cursor on this one",
+        ),
         Binding("escape", "fleet", "Fleet", show=False, id="fleet-escape"),
     ]
 
-    def __init__(self, inbox: Inbox | None, *, clock: Clock | None = None,
-                 read_only: bool = False, fleet: FleetSource | None = None) -> None:
+    def __init__(
+        self,
+        inbox: Inbox | None,
+        *,
+        clock: Clock | None = None,
+        read_only: bool = False,
+        fleet: FleetSource | None = None,
+    ) -> None:
         # CSS_PATH is relative to the class that names it: a subclass in another package
         # that keeps ours gets it by absolute path.
         own_css = type(self).CSS_PATH == OnwatchApp.CSS_PATH
@@ -116,8 +173,9 @@ class OnwatchApp(App[int]):
     # --- layout ---------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
-        yield StatusStrip(self.inbox.path if self.inbox else "", read_only=self.read_only,
-                          id="status")
+        yield StatusStrip(
+            self.inbox.path if self.inbox else "", read_only=self.read_only, id="status"
+        )
         yield PaneBar([(p.PANE_ID, p.KEY, p.TAB) for p in PANES], id="panebar")
         with ContentSwitcher(initial=PANES[0].PANE_ID, id="panes"):
             for pane_class in PANES:
@@ -138,8 +196,9 @@ class OnwatchApp(App[int]):
         self.set_interval(self.TICK_SECONDS, self.tick, name="clock")
         # The poll is the fallback; the notifier (core/wake.py) triggers it at once.
         watching = self.inbox is not None and self.inbox.wake.watching
-        self.set_interval(self.FALLBACK_POLL_SECONDS if watching
-                          else self.POLL_SECONDS, self._poll, name="follow")
+        self.set_interval(
+            self.FALLBACK_POLL_SECONDS if watching else self.POLL_SECONDS, self._poll, name="follow"
+        )
         self._start_following()
         self.run_worker(self.reload(), group="refresh", exit_on_error=False)
         if self.fleet is not None:
@@ -262,8 +321,11 @@ class OnwatchApp(App[int]):
     async def _poll_once(self, confirm: bool = False) -> None:
         try:
             # After a wake-up the commit may not be visible yet: confirm reads a little longer.
-            if await self.inbox.wake.confirm(self.inbox.change_token, self._seen_token) \
-                    if confirm else await self.inbox.change_token() != self._seen_token:
+            if (
+                await self.inbox.wake.confirm(self.inbox.change_token, self._seen_token)
+                if confirm
+                else await self.inbox.change_token() != self._seen_token
+            ):
                 await self._refresh()
             elif self._problem is None:
                 status = self.query_one(StatusStrip)
@@ -327,8 +389,9 @@ class OnwatchApp(App[int]):
                 pane.window.previous.clear()
         self._start_following()  # the old connection's notifier went with it
         self.check_file()
-        self.active_pane.show_outcome(f"reopened {self.inbox.path}: this is the file at "
-                                      f"that path now", True)
+        self.active_pane.show_outcome(
+            f"reopened {self.inbox.path}: this is the file at that path now", True
+        )
         await self.reload()
 
     # --- panes ----------------------------------------------------------------------------
@@ -348,8 +411,7 @@ class OnwatchApp(App[int]):
         self.action_show_pane(message.pane_id)
 
     def on_pane_window_changed(self, message: Pane.WindowChanged) -> None:
-        self.run_worker(self._refresh(panes=(message.pane,)), group="refresh",
-                        exit_on_error=False)
+        self.run_worker(self._refresh(panes=(message.pane,)), group="refresh", exit_on_error=False)
 
     def on_key(self, event: events.Key) -> None:
         # A key the panes' queue held while the filter dialog went up reaches the app with
@@ -359,8 +421,11 @@ class OnwatchApp(App[int]):
 
     def on_pane_filter_requested(self, message: Pane.FilterRequested) -> None:
         pane = message.pane
-        hint = ("Matches the source, the source id or the error text."
-                if pane.PAGED else "Matches the text of the rows in this pane.")
+        hint = (
+            "Matches the source, the source id or the error text."
+            if pane.PAGED
+            else "Matches the text of the rows in this pane."
+        )
         self.push_screen(FilterScreen(pane.TITLE, pane.window.search, hint), pane.set_filter)
 
     def on_pane_detail_requested(self, message: Pane.DetailRequested) -> None:
@@ -400,47 +465,71 @@ class OnwatchApp(App[int]):
         message.stop()
         if self.read_only:
             return
-        self.run_worker(self._act(message.pane, message.action, message.targets,
-                                  message.hidden), group="actions", exit_on_error=False)
+        self.run_worker(
+            self._act(message.pane, message.action, message.targets, message.hidden),
+            group="actions",
+            exit_on_error=False,
+        )
 
-    def _confirmation(self, action: str, targets: tuple[Any, ...],
-                      hidden: int = 0) -> ConfirmScreen:
+    def _confirmation(
+        self, action: str, targets: tuple[Any, ...], hidden: int = 0
+    ) -> ConfirmScreen:
         one, many, note = QUESTIONS[action]
         question = one if len(targets) == 1 else many.format(n=len(targets))
         now = self.clock.now()
-        late = [t for t in targets if isinstance(t, Approval) and t.answer is None
-                and t.due <= now]
+        late = [t for t in targets if isinstance(t, Approval) and t.answer is None and t.due <= now]
         if late and action in ("approve", "deny"):
             if len(late) == len(targets):
-                question = question.replace("?", " (past its deadline)?" if len(late) == 1
-                                            else " (all past their deadline)?")
+                question = question.replace(
+                    "?",
+                    " (past its deadline)?" if len(late) == 1 else " (all past their deadline)?",
+                )
                 note = LATE
             else:
-                note = (f"{note} {len(late)} of them are past their deadline: those answers "
-                        f"will be refused and end as expired.")
+                note = (
+                    f"{note} {len(late)} of them are past their deadline: those answers "
+                    f"will be refused and end as expired."
+                )
         if hidden:
             rows = "row is" if hidden == 1 else "rows are"
-            note = (f"Only the rows listed: {hidden} marked {rows} hidden by the filter or "
-                    f"another page and left out. {note}")
+            note = (
+                f"Only the rows listed: {hidden} marked {rows} hidden by the filter or "
+                f"another page and left out. {note}"
+            )
         subjects = []
         long = 4000 if len(targets) == 1 else 200
         for target in targets:
             if isinstance(target, Approval):
-                text = join(safe_text(target.request_id, limit=200, style="bold"), "\n",
-                            safe_text(target.action, limit=long, multiline=True))
+                text = join(
+                    safe_text(target.request_id, limit=200, style="bold"),
+                    "\n",
+                    safe_text(target.action, limit=long, multiline=True),
+                )
                 subjects.append(Subject(text, target.due))
             elif isinstance(target, Event):
-                text = join(f"#{target.id}  ", safe_text(target.source, limit=60), " / ",
-                            safe_text(target.source_id, limit=120), f"  ({target.status}, "
-                            f"{target.attempts} attempt{'s' if target.attempts != 1 else ''})")
+                text = join(
+                    f"#{target.id}  ",
+                    safe_text(target.source, limit=60),
+                    " / ",
+                    safe_text(target.source_id, limit=120),
+                    f"  ({target.status}, "
+                    f"{target.attempts} attempt{'s' if target.attempts != 1 else ''})",
+                )
                 if target.error:
                     text.append("\n")
                     text.append_text(safe_text(target.error, limit=200, style="italic"))
                 subjects.append(Subject(text))
             elif isinstance(target, Delivery):
-                subjects.append(Subject(join(f"send #{target.id}  ", safe_text(
-                    target.key, limit=120), f"  ({target.status}, {target.message_count} message"
-                    f"{'s' if target.message_count != 1 else ''})")))
+                subjects.append(
+                    Subject(
+                        join(
+                            f"send #{target.id}  ",
+                            safe_text(target.key, limit=120),
+                            f"  ({target.status}, {target.message_count} message"
+                            f"{'s' if target.message_count != 1 else ''})",
+                        )
+                    )
+                )
         return ConfirmScreen(question, subjects, now, note)
 
     def _refuse_lost_file(self, pane: Pane) -> bool:
@@ -450,21 +539,23 @@ class OnwatchApp(App[int]):
             pane.show_outcome(f"refused: {why}; nothing changed (R reopens the path)", False)
         return why is not None
 
-    async def _act(self, pane: Pane, action: str, targets: tuple[Any, ...],
-                   hidden: int = 0) -> None:
+    async def _act(
+        self, pane: Pane, action: str, targets: tuple[Any, ...], hidden: int = 0
+    ) -> None:
         answered = [t for t in targets if isinstance(t, Approval) and t.answer is not None]
         if answered and len(answered) == len(targets):
             # Nothing to ask: say what stands rather than do nothing silently.
-            pane.show_outcome("; ".join(f"{t.request_id}: already answered: {t.answer}"
-                                        for t in answered[:3]), False)
+            pane.show_outcome(
+                "; ".join(f"{t.request_id}: already answered: {t.answer}" for t in answered[:3]),
+                False,
+            )
             return
         targets = tuple(t for t in targets if t not in answered)
         async with self._action_lock:
             if self._refuse_lost_file(pane):
                 return
             if action in operator.CONFIRMED:
-                if not await self.push_screen_wait(self._confirmation(action, targets,
-                                                                      hidden)):
+                if not await self.push_screen_wait(self._confirmation(action, targets, hidden)):
                     pane.show_outcome("not confirmed: nothing changed", None)
                     return
             if self._refuse_lost_file(pane):
@@ -476,14 +567,23 @@ class OnwatchApp(App[int]):
             outcomes = []
             for target in targets:
                 if action in operator.APPROVAL_ACTIONS:
-                    outcomes.append(await operator.approval_action(
-                        self.inbox, action, target, now=now, actor=self.ACTOR))
+                    outcomes.append(
+                        await operator.approval_action(
+                            self.inbox, action, target, now=now, actor=self.ACTOR
+                        )
+                    )
                 elif isinstance(target, Delivery):
-                    outcomes.append(await operator.delivery_action(
-                        self.inbox, action, target.id, now=now, actor=self.ACTOR))
+                    outcomes.append(
+                        await operator.delivery_action(
+                            self.inbox, action, target.id, now=now, actor=self.ACTOR
+                        )
+                    )
                 else:
-                    outcomes.append(await operator.event_action(
-                        self.inbox, action, target, now=now, actor=self.ACTOR))
+                    outcomes.append(
+                        await operator.event_action(
+                            self.inbox, action, target, now=now, actor=self.ACTOR
+                        )
+                    )
             outcome = operator.summarize(action, outcomes)
             pane.acted_on(targets)
             pane.clear_marks()
@@ -499,20 +599,24 @@ class OnwatchApp(App[int]):
                 held = self.overview.held_messages if self.overview else 0
                 log = operator.outbox_log_path(self.inbox)
                 question = f"Send {held:,} held message{'s' if held != 1 else ''} now?"
-                note = (f"They go out at once, ignoring the gap and any hold. The TUI has no "
-                        f"channel of its own: they are appended to {log}.")
+                note = (
+                    f"They go out at once, ignoring the gap and any hold. The TUI has no "
+                    f"channel of its own: they are appended to {log}."
+                )
                 if not await self.push_screen_wait(ConfirmScreen(question, [], self.now, note)):
                     pane.show_outcome("not confirmed: nothing sent", None)
                     return
                 if self._refuse_lost_file(pane):
                     return
                 pane.show_outcome("waiting for the lock…", None)
-                outcome = await operator.send_now(self.inbox, now=self.clock.now(),
-                                                  actor=self.ACTOR)
+                outcome = await operator.send_now(
+                    self.inbox, now=self.clock.now(), actor=self.ACTOR
+                )
             else:
                 pane.show_outcome("waiting for the lock…", None)
-                outcome = await operator.flag_action(self.inbox, action, now=self.clock.now(),
-                                                     actor=self.ACTOR)
+                outcome = await operator.flag_action(
+                    self.inbox, action, now=self.clock.now(), actor=self.ACTOR
+                )
             pane.acted_on(pane.records())  # rows sent now leave: the outcome says so
             pane.show_outcome(outcome.text, outcome.applied)
             await self._refresh()
@@ -561,7 +665,8 @@ class OnwatchApp(App[int]):
             status = self.query_one(StatusStrip)
             status.path, status.overview, status.updated_at = inbox.path, None, None
             status.query_one("#file", Label).update(
-                safe_text(os.path.basename(inbox.path), limit=30))
+                safe_text(os.path.basename(inbox.path), limit=30)
+            )
             for pane in self.panes:
                 pane.window = Window()
                 pane.clear_marks()
@@ -576,16 +681,24 @@ class OnwatchApp(App[int]):
 
     def _help_text(self) -> RenderGroup:
         def available(owner: Any, binding: Binding) -> bool:
-            return not (self.read_only and binding.action.split("(")[0] in
-                        (self.MUTATING | getattr(owner, "ACTIONS", frozenset())
-                         | {"mark"}))
+            return not (
+                self.read_only
+                and binding.action.split("(")[0]
+                in (self.MUTATING | getattr(owner, "ACTIONS", frozenset()) | {"mark"})
+            )
 
-        app_bindings = [b for b in OnwatchApp.BINDINGS if isinstance(b, Binding)
-                        and (b.action != "fleet" or (self.fleet and b.id == "fleet"))]
+        app_bindings = [
+            b
+            for b in OnwatchApp.BINDINGS
+            if isinstance(b, Binding) and (b.action != "fleet" or (self.fleet and b.id == "fleet"))
+        ]
         # A subclass (the demo player) adds its own keys: they come first, under its title.
-        added = [b for cls in type(self).__mro__[:type(self).__mro__.index(OnwatchApp)]
-                 for b in cls.__dict__.get("BINDINGS", ()) if isinstance(b, Binding)
-                 and b not in app_bindings]
+        added = [
+            b
+            for cls in type(self).__mro__[: type(self).__mro__.index(OnwatchApp)]
+            for b in cls.__dict__.get("BINDINGS", ())
+            if isinstance(b, Binding) and b not in app_bindings
+        ]
         groups = [(self.TITLE, [(b, True) for b in added])] if added else []
         # The keys that change things come first: at 80×24 they are the first screen.
         for pane in PANES:
@@ -594,14 +707,33 @@ class OnwatchApp(App[int]):
                 groups.append((f"{pane.KEY} {pane.TITLE}", own))
         groups += [
             ("Panes", [(b, True) for b in app_bindings if b.action.startswith("show_pane")]),
-            ("Everywhere", [(b, available(self, b)) for b in app_bindings
-                            if not b.action.startswith("show_pane")]
-             + [(Binding("ctrl+p", "command_palette", "Commands",
-                         tooltip="find any of these by name"), True)]),
-            ("In every pane", [(b, available(Pane, b)) for b in Pane.BINDINGS
-                               if not b.action.startswith("app.")]),
-            ("Moving in a table (↑ ↓ pgup pgdn too)",
-             [(b, True) for b in PaneTable.BINDINGS if isinstance(b, Binding)]),
+            (
+                "Everywhere",
+                [
+                    (b, available(self, b))
+                    for b in app_bindings
+                    if not b.action.startswith("show_pane")
+                ]
+                + [
+                    (
+                        Binding(
+                            "ctrl+p",
+                            "command_palette",
+                            "Commands",
+                            tooltip="find any of these by name",
+                        ),
+                        True,
+                    )
+                ],
+            ),
+            (
+                "In every pane",
+                [(b, available(Pane, b)) for b in Pane.BINDINGS if not b.action.startswith("app.")],
+            ),
+            (
+                "Moving in a table (↑ ↓ pgup pgdn too)",
+                [(b, True) for b in PaneTable.BINDINGS if isinstance(b, Binding)],
+            ),
         ]
         notes = [
             "Confirmations: y or ↵ confirms, n or esc cancels.",
@@ -629,15 +761,20 @@ class OnwatchApp(App[int]):
             binding = active.binding
             if not active.enabled or not binding.id or not binding.description:
                 continue
-            if (binding.action, id(active.node)) in seen or binding.action.removeprefix(
-                    "app.") in ("command_palette", "quit"):
+            if (binding.action, id(active.node)) in seen or binding.action.removeprefix("app.") in (
+                "command_palette",
+                "quit",
+            ):
                 continue
             seen.add((binding.action, id(active.node)))
             help_text = f"key {self.get_key_display(binding)}"
             if binding.tooltip:
                 help_text += f": {binding.tooltip}"
-            yield SystemCommand(binding.description, help_text,
-                                partial(self.call_later, active.node.run_action, binding.action))
+            yield SystemCommand(
+                binding.description,
+                help_text,
+                partial(self.call_later, active.node.run_action, binding.action),
+            )
 
 
 def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
@@ -646,6 +783,7 @@ def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
     Returns the exit code: 0 after a normal quit; 2, with one line on stderr and no
     traceback, when the file is missing, not an onwatch inbox (foreign or damaged), or locked.
     """
+
     async def main() -> int:
         try:
             inbox = await Inbox.open(path, name=name, create=False)

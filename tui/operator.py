@@ -27,9 +27,19 @@ EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "resolve": "resol
 # action name → the answer it stores
 APPROVAL_ACTIONS = {"approve": "yes", "deny": "no", "expire": "expired"}
 # the actions that ask for confirmation first
-CONFIRMED = frozenset({"approve", "deny", "expire", "cancel", "resolve", "send_now",
-                       "mark_sent", "send_again",
-                       "requeue"})
+CONFIRMED = frozenset(
+    {
+        "approve",
+        "deny",
+        "expire",
+        "cancel",
+        "resolve",
+        "send_now",
+        "mark_sent",
+        "send_again",
+        "requeue",
+    }
+)
 
 # What a change of state means, seen from the operator's chair.
 _CHANGED = {
@@ -57,21 +67,24 @@ def changed_meanwhile(seen: str, now: str | None) -> str:
     return f"changed meanwhile: {_CHANGED.get(now, f'it is {now} now')} (it was {seen})"
 
 
-async def event_action(inbox: Inbox, action: str, event: Event, *, now: int,
-                       actor: str) -> Outcome:
+async def event_action(inbox: Inbox, action: str, event: Event, *, now: int, actor: str) -> Outcome:
     """Requeue, cancel or mark done one event, expecting the status the operator saw."""
     label = f"#{event.id}"
     try:
-        outcome = await inbox.act(CORE_NAME.get(action, action), event.id,
-                                  expect=event.status, now=now, actor=actor)
+        outcome = await inbox.act(
+            CORE_NAME.get(action, action), event.id, expect=event.status, now=now, actor=actor
+        )
     except InboxError as exc:
         return Outcome(False, f"{label}: not done: {exc}")
     if outcome:
-        return Outcome(True, {
-            "requeue": f"requeued {label}: pending again with a fresh attempt budget",
-            "cancel": f"cancelled {label}: it will never run",
-            "resolve": f"resolved {label} as done: its effect is taken as having happened",
-        }[action])
+        return Outcome(
+            True,
+            {
+                "requeue": f"requeued {label}: pending again with a fresh attempt budget",
+                "cancel": f"cancelled {label}: it will never run",
+                "resolve": f"resolved {label} as done: its effect is taken as having happened",
+            }[action],
+        )
     if outcome.before != event.status:  # the state found by the action itself
         return Outcome(False, f"{label}: {changed_meanwhile(event.status, outcome.before)}")
     if action == "cancel" and outcome.before == "running":
@@ -80,8 +93,9 @@ async def event_action(inbox: Inbox, action: str, event: Event, *, now: int,
     return Outcome(False, f"{label}: {why}")
 
 
-async def approval_action(inbox: Inbox, action: str, approval: Approval, *, now: int,
-                          actor: str) -> Outcome:
+async def approval_action(
+    inbox: Inbox, action: str, approval: Approval, *, now: int, actor: str
+) -> Outcome:
     """Approve, deny or expire one request; the outcome is the answer that stands."""
     rid = approval.request_id
     wanted = APPROVAL_ACTIONS[action]
@@ -93,13 +107,21 @@ async def approval_action(inbox: Inbox, action: str, approval: Approval, *, now:
     if standing == "unknown":
         return Outcome(False, f"{rid}: no such request")
     if applied:
-        return Outcome(True, {"yes": f"approved {rid}", "no": f"denied {rid}",
-                              "expired": f"expired {rid} now: the agent resumes with a refusal"
-                              }[wanted])
+        return Outcome(
+            True,
+            {
+                "yes": f"approved {rid}",
+                "no": f"denied {rid}",
+                "expired": f"expired {rid} now: the agent resumes with a refusal",
+            }[wanted],
+        )
     current = await inbox.get_approval(rid)
     due = current.due if current else approval.due
-    if standing == "expired" and action != "expire" and (
-            current is None or current.answered_at is None or current.answered_at >= due):
+    if (
+        standing == "expired"
+        and action != "expire"
+        and (current is None or current.answered_at is None or current.answered_at >= due)
+    ):
         return Outcome(False, f"{rid}: too late: expired at {clock(due)}")
     by = ""
     if current is not None and current.answered_by:
@@ -119,8 +141,12 @@ async def flag_action(inbox: Inbox, action: str, *, now: int, actor: str) -> Out
         "hold_outbox": "outbox held: paced sends wait until you release it",
         "release_outbox": "outbox released: paced sends go out again",
     }
-    already = {"pause": "already paused", "resume": "already running",
-               "hold_outbox": "outbox already held", "release_outbox": "outbox already released"}
+    already = {
+        "pause": "already paused",
+        "resume": "already running",
+        "hold_outbox": "outbox already held",
+        "release_outbox": "outbox already released",
+    }
     if changed:
         return Outcome(True, done[action])
     return Outcome(False, f"changed meanwhile: {already[action]}; nothing changed")
@@ -160,8 +186,11 @@ def summarize(action: str, outcomes: Sequence[Outcome]) -> Outcome:
     if len(outcomes) == 1:
         return outcomes[0]
     applied = sum(o.applied for o in outcomes)
-    verb = EVENT_ACTIONS.get(action) or {"approve": "approved", "deny": "denied",
-                                         "expire": "expired"}.get(action, action)
+    verb = EVENT_ACTIONS.get(action) or {
+        "approve": "approved",
+        "deny": "denied",
+        "expire": "expired",
+    }.get(action, action)
     head = f"{verb} {applied} of {len(outcomes)}"
     refused = [o.text for o in outcomes if not o.applied]
     if not refused:
@@ -170,8 +199,9 @@ def summarize(action: str, outcomes: Sequence[Outcome]) -> Outcome:
     return Outcome(applied == len(outcomes), f"{head}; {tail}")
 
 
-async def delivery_action(inbox: Inbox, action: str, delivery_id: int, *, now: int,
-                          actor: str) -> Outcome:
+async def delivery_action(
+    inbox: Inbox, action: str, delivery_id: int, *, now: int, actor: str
+) -> Outcome:
     """Settle one uncertain delivery (an at-most-once send cut off mid-send): mark it sent,
     or put its messages back for a new send. Applied only while it is still uncertain."""
     label = f"send #{delivery_id}"
@@ -180,6 +210,10 @@ async def delivery_action(inbox: Inbox, action: str, delivery_id: int, *, now: i
     except InboxError as exc:
         return Outcome(False, f"{label}: not done: {exc}")
     if outcome:
-        return Outcome(True, f"{label} marked sent" if action == "mark_sent" else
-                       f"{label}: its messages are held again for a new send")
+        return Outcome(
+            True,
+            f"{label} marked sent"
+            if action == "mark_sent"
+            else f"{label}: its messages are held again for a new send",
+        )
     return Outcome(False, f"{label}: {outcome.reason or 'it is no longer uncertain'}")

@@ -31,6 +31,7 @@ from core.text import UNSAFE, escape_char
 ESCAPE_STYLE = "reverse"
 ELLIPSIS = "…"
 
+
 def _to_str(value: object) -> str:
     if value is None:
         return ""
@@ -46,8 +47,9 @@ def _to_str(value: object) -> str:
         return repr(value)
 
 
-def safe_text(value: object, *, style: str = "", limit: int | None = None,
-              multiline: bool = False) -> Text:
+def safe_text(
+    value: object, *, style: str = "", limit: int | None = None, multiline: bool = False
+) -> Text:
     """Return `value` as Rich Text, shown literally, with unsafe characters escaped.
 
     Never parses markup. `limit` cuts the string at that many characters (adding "…") before
@@ -86,11 +88,11 @@ def safe_plain(value: object, *, limit: int | None = None) -> str:
     return safe_text(value, limit=limit).plain
 
 
-def safe_content(value: object, *, style: str = "", limit: int | None = None,
-                 multiline: bool = False) -> Content:
+def safe_content(
+    value: object, *, style: str = "", limit: int | None = None, multiline: bool = False
+) -> Content:
     """Return `value` as Textual Content (for Static, Label, titles), shown literally."""
-    return Content.from_rich_text(safe_text(value, style=style, limit=limit,
-                                            multiline=multiline))
+    return Content.from_rich_text(safe_text(value, style=style, limit=limit, multiline=multiline))
 
 
 def safe_json(value: Any, *, limit: int = 200_000) -> Text:

@@ -92,29 +92,40 @@ async def cmd_status(args: argparse.Namespace) -> int:
         emit_json(data)
         return OK
     now = view.now
-    counts = " · ".join(f"{state} {view.counts.get(state, 0)}" for state in
-                        ("pending", "running", "done", "dead", "interrupted", "cancelled"))
+    counts = " · ".join(
+        f"{state} {view.counts.get(state, 0)}"
+        for state in ("pending", "running", "done", "dead", "interrupted", "cancelled")
+    )
     print(f"inbox       {args.path}")
     print(f"events      {counts}")
     if view.lease is None:
         lease = "never taken"
     elif view.lease.until >= now:
-        lease = (f"{view.lease.holder} generation {view.lease.gen}, "
-                 f"{view.lease.until - now}s left")
+        lease = f"{view.lease.holder} generation {view.lease.gen}, {view.lease.until - now}s left"
     elif view.lease_released:
-        lease = (f"free (last: {view.lease.holder} generation {view.lease.gen}, released "
-                 f"{now - view.lease.until - 1}s ago)")
+        lease = (
+            f"free (last: {view.lease.holder} generation {view.lease.gen}, released "
+            f"{now - view.lease.until - 1}s ago)"
+        )
     else:
-        lease = (f"free (last: {view.lease.holder} generation {view.lease.gen}, expired "
-                 f"{now - view.lease.until}s ago)")
-    print(f"lease       {lease}; takeovers {view.takeovers}, refused stale writes "
-          f"{view.refused_writes}")
-    print(f"execution   {'PAUSED' if view.paused else 'running'}; outbox "
-          f"{'HELD' if view.outbox_held else 'sending'}; lost claims → {settings.on_lost_claim}")
+        lease = (
+            f"free (last: {view.lease.holder} generation {view.lease.gen}, expired "
+            f"{now - view.lease.until}s ago)"
+        )
+    print(
+        f"lease       {lease}; takeovers {view.takeovers}, refused stale writes "
+        f"{view.refused_writes}"
+    )
+    print(
+        f"execution   {'PAUSED' if view.paused else 'running'}; outbox "
+        f"{'HELD' if view.outbox_held else 'sending'}; lost claims → {settings.on_lost_claim}"
+    )
     print(f"next timer  {when(view.next_timer_due, now)}")
     send = when(view.next_send_at, now) if view.held_messages else "nothing held"
-    print(f"outbox      {view.held_messages} held; next send {send}; "
-          f"{view.uncertain_deliveries} uncertain (settle: mark-sent / send-again)")
+    print(
+        f"outbox      {view.held_messages} held; next send {send}; "
+        f"{view.uncertain_deliveries} uncertain (settle: mark-sent / send-again)"
+    )
     print(f"approvals   {view.waiting_approvals} waiting")
     print(f"set aside   {view.set_aside} stored row(s) the engine could not process")
     print("budgets")
@@ -136,8 +147,10 @@ async def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"effects": effects, "event": event, "runs": runs})
         return OK
-    print(f"event {event.id}  {event.source} / {event.source_id}  {event.status}  "
-          f"attempts {event.attempts}")
+    print(
+        f"event {event.id}  {event.source} / {event.source_id}  {event.status}  "
+        f"attempts {event.attempts}"
+    )
     print(f"created     {local_time(event.created, now)}")
     print(f"updated     {local_time(event.updated, now)}")
     if event.error:
@@ -145,16 +158,20 @@ async def cmd_show(args: argparse.Namespace) -> int:
     print(f"payload     {json.dumps(event.payload, ensure_ascii=False, sort_keys=True)}")
     for run in runs:
         finished = f"  finished {local_time(run.finished_at, now)}" if run.finished_at else ""
-        print(f"run {run.id}  {run.holder} generation {run.gen}  claimed "
-              f"{local_time(run.claimed_at, now)}{finished}  outcome {run.outcome or 'running'}"
-              + (f"  ({one_line(run.error)})" if run.error else ""))
+        print(
+            f"run {run.id}  {run.holder} generation {run.gen}  claimed "
+            f"{local_time(run.claimed_at, now)}{finished}  outcome {run.outcome or 'running'}"
+            + (f"  ({one_line(run.error)})" if run.error else "")
+        )
         if run.traceback:
             print("  traceback (the agent's, most recent call last):")
             for line in run.traceback.rstrip().splitlines():
                 print(f"    {line}")
     for effect in effects:
-        print(f"effect {effect.name}  {effect.state}  key {effect.key}  run {effect.run_id}  "
-              f"detail {json.dumps(effect.detail, ensure_ascii=False, sort_keys=True)}")
+        print(
+            f"effect {effect.name}  {effect.state}  key {effect.key}  run {effect.run_id}  "
+            f"detail {json.dumps(effect.detail, ensure_ascii=False, sort_keys=True)}"
+        )
     return OK
 
 
@@ -178,8 +195,11 @@ async def cmd_approvals(args: argparse.Namespace) -> int:
         emit_json(rows)
         return OK
     for a in rows:
-        state = f"waiting, expires {when(a.due, now)}" if a.answer is None else \
-            f"{a.answer} by {a.answered_by}"
+        state = (
+            f"waiting, expires {when(a.due, now)}"
+            if a.answer is None
+            else f"{a.answer} by {a.answered_by}"
+        )
         print(f"{a.request_id}\t{one_line(a.action)}\t{state}")
     return OK
 
@@ -197,7 +217,10 @@ async def cmd_config(args: argparse.Namespace) -> int:
     keys = sorted(changes) if changes else sorted(after)
     for key in keys:
         value = json.dumps(after[key], sort_keys=True)
-        was = f"   (was {json.dumps(before[key], sort_keys=True)})" if changes and \
-            before[key] != after[key] else ""
+        was = (
+            f"   (was {json.dumps(before[key], sort_keys=True)})"
+            if changes and before[key] != after[key]
+            else ""
+        )
         print(f"{key} = {value}{was}")
     return OK

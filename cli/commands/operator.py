@@ -22,16 +22,26 @@ _SWITCHED = {
 
 async def _act(args: argparse.Namespace, name: str) -> int:
     action = ACTIONS[name]
-    target = {"event": "event_id", "approval": "request_id",
-              "delivery": "delivery_id"}.get(action.target)
+    target = {"event": "event_id", "approval": "request_id", "delivery": "delivery_id"}.get(
+        action.target
+    )
     async with await open_inbox(args) as inbox:
-        outcome = await inbox.act(name, None if target is None else getattr(args, target),
-                                  expect=getattr(args, "expect", None), actor=args.actor,
-                                  reason=args.reason)
+        outcome = await inbox.act(
+            name,
+            None if target is None else getattr(args, target),
+            expect=getattr(args, "expect", None),
+            actor=args.actor,
+            reason=args.reason,
+        )
     if action.target == "approval":
         if args.json:
-            emit_json({"applied": outcome.applied, "request_id": args.request_id,
-                       "standing": outcome.result})
+            emit_json(
+                {
+                    "applied": outcome.applied,
+                    "request_id": args.request_id,
+                    "standing": outcome.result,
+                }
+            )
         else:
             print(outcome.result)
     elif action.target == "inbox":
@@ -42,22 +52,33 @@ async def _act(args: argparse.Namespace, name: str) -> int:
             print(message if outcome.applied else f"already so: {message}")
         return OK  # a switch already in place is not a failure
     elif args.json:
-        emit_json({"action": name, "applied": outcome.applied, target: getattr(args, target),
-                   "before": outcome.before, "reason": None if outcome.applied else
-                   outcome.reason, "status": outcome.after})
+        emit_json(
+            {
+                "action": name,
+                "applied": outcome.applied,
+                target: getattr(args, target),
+                "before": outcome.before,
+                "reason": None if outcome.applied else outcome.reason,
+                "status": outcome.after,
+            }
+        )
     elif outcome.applied:
         print(f"{name}: {outcome.target} was {outcome.before}, is now {outcome.after}")
     if outcome.applied:
         return OK
     if not args.json:
         if action.target == "approval":
-            why = ("no such request" if outcome.result == "unknown"
-                   else f"the answer that stands is {outcome.result!r}")
+            why = (
+                "no such request"
+                if outcome.result == "unknown"
+                else f"the answer that stands is {outcome.result!r}"
+            )
         else:
             why = one_line(outcome.reason or "refused")
         shown = args.request_id if action.target == "approval" else outcome.target
-        print(f"onwatch: {action.command} not applied to {clip(shown, 200)}: {why}",
-              file=sys.stderr)
+        print(
+            f"onwatch: {action.command} not applied to {clip(shown, 200)}: {why}", file=sys.stderr
+        )
     return NOT_APPLIED
 
 

@@ -13,8 +13,7 @@ from typing import Callable
 
 from cli import running
 from cli.output import NOT_APPLIED, OK, CliError, clip, emit_json, one_line, when
-from cli.running import (load_callable, open_inbox, restoring_signals, run_loop,
-                         setup_step)
+from cli.running import load_callable, open_inbox, restoring_signals, run_loop, setup_step
 from core import Inbox
 from core.pg import is_url as _is_postgres_url
 
@@ -22,6 +21,7 @@ from core.pg import is_url as _is_postgres_url
 def _channel(args: argparse.Namespace):
     """The send function chosen by --stdout / --file / --command (None for --no-dispatch)."""
     from core.channels import command_channel, file_channel, stdout_channel
+
     if getattr(args, "no_dispatch", False):
         return None
     if args.file:
@@ -66,8 +66,7 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
         print(f"onwatch: {note}", file=sys.stderr)
     if send.error is not None:
         if not args.json:
-            print(f"onwatch: delivery failed, messages stay held: {send.error}",
-                  file=sys.stderr)
+            print(f"onwatch: delivery failed, messages stay held: {send.error}", file=sys.stderr)
         return NOT_APPLIED
     return OK
 
@@ -79,11 +78,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, frame: early.append(number))
     from core.worker import Worker
+
     agent = load_callable(args.agent, "--agent")
-    setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup \
-        else None
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s onwatch-worker %(levelname)s %(message)s")
+    setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup else None
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s onwatch-worker %(levelname)s %(message)s",
+    )
 
     if _is_postgres_url(args.path):  # woken by NOTIFY, polling only as the fallback
         from core.pg.worker import ListeningWorker as Worker
@@ -92,19 +94,31 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with await open_inbox(args) as inbox, _metrics_server(inbox, args) as metrics:
-            worker = Worker(inbox, agent, holder=args.holder, send=_channel(args),
-                            poll_interval=args.poll, grace=args.grace, setup=setup,
-                            max_runs=args.max_runs, metrics=metrics)
+            worker = Worker(
+                inbox,
+                agent,
+                holder=args.holder,
+                send=_channel(args),
+                poll_interval=args.poll,
+                grace=args.grace,
+                setup=setup,
+                max_runs=args.max_runs,
+                metrics=metrics,
+            )
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, worker.request_stop)
             if early:
                 worker.request_stop()
             stats = await worker.run()
-        print(f"onwatch: worker {clip(worker.holder, 200)} stopped: {stats.runs} run(s), "
-              f"{stats.done} done, {stats.failed} failed, {stats.abandoned} abandoned, "
-              f"{stats.refused} refused, {stats.sent} message(s) sent", file=sys.stderr)
+        print(
+            f"onwatch: worker {clip(worker.holder, 200)} stopped: {stats.runs} run(s), "
+            f"{stats.done} done, {stats.failed} failed, {stats.abandoned} abandoned, "
+            f"{stats.refused} refused, {stats.sent} message(s) sent",
+            file=sys.stderr,
+        )
         return OK
+
     return run_loop(main())
 
 
@@ -116,12 +130,16 @@ async def _metrics_server(inbox: Inbox, args: argparse.Namespace):
         yield None
         return
     from core.metrics import InboxMetrics, start_metrics_server
+
     metrics = InboxMetrics(inbox)
     try:
         server = await start_metrics_server(metrics, host="127.0.0.1", port=args.metrics_port)
     except OSError as exc:
-        raise CliError(f"--metrics-port: cannot listen on 127.0.0.1:{args.metrics_port}: "
-                       f"{getattr(exc, 'strerror', None) or exc}", NOT_APPLIED) from None
+        raise CliError(
+            f"--metrics-port: cannot listen on 127.0.0.1:{args.metrics_port}: "
+            f"{getattr(exc, 'strerror', None) or exc}",
+            NOT_APPLIED,
+        ) from None
     logging.getLogger("onwatch.worker").info("metrics on %s", server.url)
     try:
         yield metrics.worker
@@ -134,24 +152,35 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable, early: list[int]) -
     if not _is_postgres_url(args.path):
         raise CliError("--all-inboxes serves a postgresql:// database (a file is one inbox)")
     if args.setup or args.max_runs or args.metrics_port is not None:
-        raise CliError("--setup, --max-runs and --metrics-port are for one inbox, not "
-                       "--all-inboxes")
+        raise CliError(
+            "--setup, --max-runs and --metrics-port are for one inbox, not --all-inboxes"
+        )
     from core.pg.fleet import FleetWorker
     from core.worker import default_holder
 
     async def main() -> int:
-        fleet = FleetWorker(args.path, agent, holder=args.holder or default_holder(),
-                            concurrency=args.concurrency, send=_channel(args),
-                            poll_interval=args.poll, grace=args.grace)
+        fleet = FleetWorker(
+            args.path,
+            agent,
+            holder=args.holder or default_holder(),
+            concurrency=args.concurrency,
+            send=_channel(args),
+            poll_interval=args.poll,
+            grace=args.grace,
+        )
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, fleet.request_stop)
         if early:
             fleet.request_stop()
         runs = await fleet.run()
-        print(f"onwatch: fleet worker {clip(fleet.holder, 200)} stopped: {runs} run(s) over "
-              f"{len(fleet.served)} inbox(es)", file=sys.stderr)
+        print(
+            f"onwatch: fleet worker {clip(fleet.holder, 200)} stopped: {runs} run(s) over "
+            f"{len(fleet.served)} inbox(es)",
+            file=sys.stderr,
+        )
         return OK
+
     return run_loop(main())
 
 
@@ -173,6 +202,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from core.webhooks import ConfigError, config_file_warning, load_secrets, start_server
     from core.webhooks.arguments import check_serve_args
     from core.worker import Worker
+
     try:
         check_serve_args(args)  # the receiver's own checks: host, port, body limit
         secrets = load_secrets(os.environ, args.config)
@@ -181,38 +211,57 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.config is not None and (warning := config_file_warning(args.config)):
         print(f"onwatch: warning: {warning}", file=sys.stderr)
     agent = load_callable(args.agent, "--agent")
-    setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup \
-        else None
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), stream=sys.stderr,
-                        format="%(asctime)s onwatch-run %(levelname)s %(message)s")
+    setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup else None
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        stream=sys.stderr,
+        format="%(asctime)s onwatch-run %(levelname)s %(message)s",
+    )
 
     async def main() -> int:
         async with await open_inbox(args) as inbox:
-            worker = Worker(inbox, agent, holder=args.holder, send=_channel(args),
-                            poll_interval=args.poll, grace=args.grace, setup=setup,
-                            max_runs=args.max_runs)
+            worker = Worker(
+                inbox,
+                agent,
+                holder=args.holder,
+                send=_channel(args),
+                poll_interval=args.poll,
+                grace=args.grace,
+                setup=setup,
+                max_runs=args.max_runs,
+            )
             try:
-                server = await start_server(inbox, secrets=secrets, host=args.host,
-                                            port=args.port, max_body=args.max_body)
+                server = await start_server(
+                    inbox, secrets=secrets, host=args.host, port=args.port, max_body=args.max_body
+                )
             except (OSError, UnicodeError) as exc:  # UnicodeError: a host IDNA cannot encode
-                raise CliError(f"cannot listen on {args.host}:{args.port}: "
-                               f"{getattr(exc, 'strerror', None) or exc}", NOT_APPLIED) from None
+                raise CliError(
+                    f"cannot listen on {args.host}:{args.port}: "
+                    f"{getattr(exc, 'strerror', None) or exc}",
+                    NOT_APPLIED,
+                ) from None
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, worker.request_stop)
             if early:
                 worker.request_stop()
             logging.getLogger("onwatch.run").info(
-                "listening on %s (%s); worker %s on %s", server.url, secrets.describe(),
-                worker.holder, inbox.path)
+                "listening on %s (%s); worker %s on %s",
+                server.url,
+                secrets.describe(),
+                worker.holder,
+                inbox.path,
+            )
             try:
                 stats = await worker.run()
             finally:
                 await server.close()
-        print(f"onwatch: run {worker.holder} stopped: {stats.runs} run(s), {stats.done} done, "
-              f"{stats.failed} failed, {stats.abandoned} abandoned, {stats.sent} message(s) "
-              f"sent", file=sys.stderr)
+        print(
+            f"onwatch: run {worker.holder} stopped: {stats.runs} run(s), {stats.done} done, "
+            f"{stats.failed} failed, {stats.abandoned} abandoned, {stats.sent} message(s) "
+            f"sent",
+            file=sys.stderr,
+        )
         return OK
+
     return asyncio.run(main())
-
-

@@ -49,8 +49,11 @@ def _pooled(url: str, busy_timeout: float) -> "psycopg.Connection | None":
 def _give_back(url: str, busy_timeout: float, conn: "psycopg.Connection[Row]") -> None:
     """Keep an idle, healthy connection for the next open; close anything else."""
     evicted = []
-    if not conn.closed and not conn.broken and \
-            conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+    if (
+        not conn.closed
+        and not conn.broken
+        and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    ):
         with _pool_lock:
             _pool.append(((url, busy_timeout), conn))
             while len(_pool) > POOL_SIZE:
@@ -59,6 +62,7 @@ def _give_back(url: str, busy_timeout: float, conn: "psycopg.Connection[Row]") -
         evicted.append(conn)
     for old in evicted:
         old.close()
+
 
 try:
     import psycopg
@@ -127,12 +131,16 @@ class ConnectionLost(InboxBusy):
 
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
     if isinstance(exc, pg_errors.LockNotAvailable):
-        return InboxBusy(f"inbox {where} stayed locked by another connection for more than "
-                         f"{busy_timeout:g} s; nothing was changed, try again")
+        return InboxBusy(
+            f"inbox {where} stayed locked by another connection for more than "
+            f"{busy_timeout:g} s; nothing was changed, try again"
+        )
     if isinstance(exc, psycopg.OperationalError):
-        return ConnectionLost(f"inbox {where}: lost the connection to PostgreSQL "
-                              f"({str(exc).strip()}); the transaction did not commit or its "
-                              f"outcome is unknown, try again")
+        return ConnectionLost(
+            f"inbox {where}: lost the connection to PostgreSQL "
+            f"({str(exc).strip()}); the transaction did not commit or its "
+            f"outcome is unknown, try again"
+        )
     return InboxError(f"inbox {where}: {str(exc).strip()}")
 
 
@@ -153,14 +161,16 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
             return answer
     tx.changed = False
     inbox = int(tx.inbox)
-    cursor = conn.execute(f"BEGIN; SELECT {INBOX_ROW} FROM inboxes WHERE id = {inbox} "
-                          f"FOR UPDATE")
+    cursor = conn.execute(f"BEGIN; SELECT {INBOX_ROW} FROM inboxes WHERE id = {inbox} FOR UPDATE")
     try:
         cursor.nextset()
         tx.row = cursor.fetchone()
         result = fn(tx, *args)
-        conn.execute(f"UPDATE inboxes SET changes = changes + 1 WHERE id = {inbox}; COMMIT"
-                     if tx.changed else "COMMIT")
+        conn.execute(
+            f"UPDATE inboxes SET changes = changes + 1 WHERE id = {inbox}; COMMIT"
+            if tx.changed
+            else "COMMIT"
+        )
     except BaseException:
         _rollback(conn)
         raise
@@ -185,8 +195,11 @@ def read_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
 def _rollback(conn: "psycopg.Connection[Row]") -> None:
     """End an open transaction; a broken connection has none left to end (it is reopened
     at the next job), and trying would hide the error that broke it."""
-    if not conn.closed and not conn.broken and \
-            conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+    if (
+        not conn.closed
+        and not conn.broken
+        and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+    ):
         conn.execute("ROLLBACK")
 
 
@@ -202,8 +215,9 @@ class Database:
     locked transaction). A connection lost between jobs is reopened at the next job.
     """
 
-    def __init__(self, url: str, name: str, inbox: int, busy_timeout: float,
-                 conn: "psycopg.Connection[Row]") -> None:
+    def __init__(
+        self, url: str, name: str, inbox: int, busy_timeout: float, conn: "psycopg.Connection[Row]"
+    ) -> None:
         self.url = url
         self.name = name
         self.inbox = inbox
@@ -215,9 +229,9 @@ class Database:
         self._backoff = 0.0  # after a failed reconnection: how long until the next try
         self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
         from .listen import ListenWake  # (listen imports this module)
+
         self.wake = ListenWake(name)  # our commits notify it; others' through a Listener
-        self._thread = threading.Thread(target=self._serve, name=f"onwatch-pg-{name}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._serve, name=f"onwatch-pg-{name}", daemon=True)
         self._thread.start()
 
     @staticmethod
@@ -229,8 +243,9 @@ class Database:
         return conn
 
     @classmethod
-    async def open(cls, url: str, *, name: str = "default", create: bool = True,
-                   busy_timeout: float = 5.0) -> "Database":
+    async def open(
+        cls, url: str, *, name: str = "default", create: bool = True, busy_timeout: float = 5.0
+    ) -> "Database":
         """Open (creating or migrating the schema, and creating the inbox `name` unless
         create=False) one inbox; raise NotAnInbox and leave the database untouched if it is
         foreign or newer, or the inbox is missing with create=False."""
@@ -254,8 +269,10 @@ class Database:
                 version = schema.inspect(conn, where)
                 if version < schema.SCHEMA_VERSION:
                     if not create and version == 0:
-                        raise NotAnInbox(f"no onwatch database at {where} (run `onwatch init "
-                                         f"{where} --inbox {name}` to create one)")
+                        raise NotAnInbox(
+                            f"no onwatch database at {where} (run `onwatch init "
+                            f"{where} --inbox {name}` to create one)"
+                        )
                     schema.migrate(conn, where)
                 inbox = _find_inbox(conn, name, create, where)
             except psycopg.Error as exc:
@@ -289,19 +306,24 @@ class Database:
         tx = self._tx
         if tx.conn.closed or tx.conn.broken:
             if time.monotonic() < self._retry_at:
-                raise ConnectionLost(f"inbox {self.path}: lost the connection to PostgreSQL; "
-                                     f"reconnecting (next try in at most "
-                                     f"{self._backoff:.1f} s), try again")
+                raise ConnectionLost(
+                    f"inbox {self.path}: lost the connection to PostgreSQL; "
+                    f"reconnecting (next try in at most "
+                    f"{self._backoff:.1f} s), try again"
+                )
             if self._backoff == 0.0:
-                log.warning("inbox %s: lost the connection to PostgreSQL; reconnecting",
-                            self.path)
+                log.warning("inbox %s: lost the connection to PostgreSQL; reconnecting", self.path)
             try:
                 tx.conn = self._connect(self.url, self.busy_timeout)
             except psycopg.Error as exc:
                 self._backoff = min(max(self._backoff * 2, 0.1), MAX_BACKOFF)
                 self._retry_at = time.monotonic() + self._backoff
-                log.warning("inbox %s: cannot reconnect (%s); next try in %.1f s", self.path,
-                            str(exc).strip().splitlines()[0], self._backoff)
+                log.warning(
+                    "inbox %s: cannot reconnect (%s); next try in %.1f s",
+                    self.path,
+                    str(exc).strip().splitlines()[0],
+                    self._backoff,
+                )
                 raise _map_error(exc, self.path, self.busy_timeout) from None
             log.warning("inbox %s: reconnected to PostgreSQL", self.path)
             self._backoff = self._retry_at = 0.0
@@ -310,9 +332,14 @@ class Database:
         except psycopg.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout) from None
 
-    def _submit(self, runner: Runner[T], fn: Callable[..., T], args: Args,
-                done: Callable[[T | None, BaseException | None], None],
-                loop: asyncio.AbstractEventLoop) -> None:
+    def _submit(
+        self,
+        runner: Runner[T],
+        fn: Callable[..., T],
+        args: Args,
+        done: Callable[[T | None, BaseException | None], None],
+        loop: asyncio.AbstractEventLoop,
+    ) -> None:
         if self._closed:
             raise InboxError(f"inbox {self.path} is closed")
 
@@ -328,6 +355,7 @@ class Database:
                 loop.call_soon_threadsafe(done, result, error)
             except RuntimeError:  # the loop is gone: nobody is waiting any more
                 pass
+
         self._jobs.put(job)
 
     async def _await(self, runner: Runner[T], fn: Callable[..., T], args: Args) -> T:
@@ -341,6 +369,7 @@ class Database:
                 future.set_exception(error)
             else:
                 future.set_result(cast(T, result))  # no error: fn returned it
+
         self._submit(runner, fn, args, done, loop)
         return await future
 
@@ -360,14 +389,20 @@ class Database:
         """Run `fn` inside one read snapshot."""
         return await self._await(read_transaction, fn, args)
 
-    def write_soon(self, fn: Callable[..., T], args: Args,
-                   done: Callable[[T | None, BaseException | None], None]) -> None:
+    def write_soon(
+        self,
+        fn: Callable[..., T],
+        args: Args,
+        done: Callable[[T | None, BaseException | None], None],
+    ) -> None:
         """Queue `fn` in its own write transaction; call `done(result, error)` on this loop
         once it committed or rolled back (the callback form of `write`, for group commit)."""
+
         def committed(result: T | None, error: BaseException | None) -> None:  # on the loop
             if error is None:
                 self.wake.notify()
             done(result, error)
+
         self._submit(write_transaction, fn, args, committed, asyncio.get_running_loop())
 
     def file_replaced(self) -> str | None:
@@ -392,23 +427,28 @@ class Database:
 def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where: str) -> int:
     """The inbox's id, creating it (one insert) unless create=False."""
     import time
+
     row = conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)).fetchone()
     if row is not None:
         found: int = row[0]
         return found
     if not create:
-        raise NotAnInbox(f"no inbox {name!r} in {where} (run `onwatch init {where} "
-                         f"--inbox {name}` to create it)")
+        raise NotAnInbox(
+            f"no inbox {name!r} in {where} (run `onwatch init {where} --inbox {name}` to create it)"
+        )
     with conn.transaction():
         row = conn.execute(
             "INSERT INTO inboxes(name, created) VALUES (%s, %s) ON CONFLICT (name) DO NOTHING "
-            "RETURNING id", (name, int(time.time()))).fetchone()
+            "RETURNING id",
+            (name, int(time.time())),
+        ).fetchone()
         if row is None:  # created by someone else meanwhile
             row = one(conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)))
         else:
             conn.execute(
                 "INSERT INTO event_counts(inbox_id, status) SELECT %s, s FROM unnest("
                 "ARRAY['pending','running','done','dead','interrupted','cancelled']) AS s",
-                (row[0],))
+                (row[0],),
+            )
     inbox: int = row[0]
     return inbox

@@ -23,6 +23,7 @@ log = logging.getLogger("onwatch.pg.fleet")
 async def list_inboxes(url: str, *, after: str = "", limit: int = 1000) -> list[InboxSummary]:
     """A page of the database's inboxes by name, after `after`: one indexed query (the fleet
     desk's listing). Raises NotAnInbox for a database that is not an onwatch database."""
+
     def read() -> list[InboxSummary]:
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
@@ -31,6 +32,7 @@ async def list_inboxes(url: str, *, after: str = "", limit: int = 1000) -> list[
                 return _list_inboxes(conn, after, limit)
         except psycopg.Error as exc:
             raise InboxError(f"{redact(url)}: {str(exc).strip()}") from None
+
     return await asyncio.to_thread(read)
 
 
@@ -67,8 +69,10 @@ class _Looker:
         if conn is None or conn.closed or conn.broken:
             conn = self.conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
         try:
-            return [r[0] for r in conn.execute(WITH_WORK, {"now": now, "holder": holder,
-                                                           "limit": limit})]
+            return [
+                r[0]
+                for r in conn.execute(WITH_WORK, {"now": now, "holder": holder, "limit": limit})
+            ]
         except psycopg.Error:
             conn.close()
             raise
@@ -89,9 +93,18 @@ class FleetWorker:
     starts the next look; `poll_interval` is the fallback.
     """
 
-    def __init__(self, url: str, agent: Any, *, holder: str, concurrency: int,
-                 send: Any = None, poll_interval: float = 1.0, grace: float = 10.0,
-                 clock: Any = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        agent: Any,
+        *,
+        holder: str,
+        concurrency: int,
+        send: Any = None,
+        poll_interval: float = 1.0,
+        grace: float = 10.0,
+        clock: Any = None,
+    ) -> None:
         self.url = url
         self.agent = agent
         self.holder = holder
@@ -123,16 +136,24 @@ class FleetWorker:
                 free = self.concurrency - len(self._workers)
                 if free > 0:
                     try:
-                        names = await asyncio.to_thread(looker.with_work, self.holder,
-                                                        self.clock.now(),
-                                                        free + len(self._workers))
+                        names = await asyncio.to_thread(
+                            looker.with_work,
+                            self.holder,
+                            self.clock.now(),
+                            free + len(self._workers),
+                        )
                     except psycopg.Error as exc:
                         # A restart or a network cut: say so, back off, look again.
                         backoff = min(max(backoff * 2, 0.1), 5.0)
-                        log.warning("fleet: cannot reach %s (%s); retrying in %.1f s",
-                                    redact(self.url), str(exc).strip(), backoff)
-                        await asyncio.wait([asyncio.ensure_future(self._stop.wait())],
-                                           timeout=backoff)
+                        log.warning(
+                            "fleet: cannot reach %s (%s); retrying in %.1f s",
+                            redact(self.url),
+                            str(exc).strip(),
+                            backoff,
+                        )
+                        await asyncio.wait(
+                            [asyncio.ensure_future(self._stop.wait())], timeout=backoff
+                        )
                         continue
                     if backoff:
                         log.warning("fleet: %s reachable again", redact(self.url))
@@ -156,18 +177,22 @@ class FleetWorker:
 
     async def _wait(self, listener: Listener) -> None:
         """Until a slot frees, any inbox is notified, a stop, or the poll interval."""
-        waits = [asyncio.ensure_future(self._changed.wait()),
-                 asyncio.ensure_future(self._stop.wait()),
-                 asyncio.ensure_future(listener.wait_any(self.poll_interval))]
+        waits = [
+            asyncio.ensure_future(self._changed.wait()),
+            asyncio.ensure_future(self._stop.wait()),
+            asyncio.ensure_future(listener.wait_any(self.poll_interval)),
+        ]
         try:
-            await asyncio.wait(waits, timeout=self.poll_interval,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                waits, timeout=self.poll_interval, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             for task in waits:
                 task.cancel()
 
     async def _serve(self, name: str, listener: Listener) -> None:
         from ..inbox import Inbox
+
         try:
             inbox = await Inbox.open(self.url, name=name, create=False, clock=self.clock)
         except InboxError as exc:
@@ -175,9 +200,15 @@ class FleetWorker:
             del self._workers[name]
             self._changed.set()
             return
-        worker = _UntilIdle(inbox, self.agent, holder=self.holder, send=self.send,
-                            poll_interval=self.poll_interval, grace=self.grace,
-                            listener=listener)
+        worker = _UntilIdle(
+            inbox,
+            self.agent,
+            holder=self.holder,
+            send=self.send,
+            poll_interval=self.poll_interval,
+            grace=self.grace,
+            listener=listener,
+        )
         self._workers[name] = worker
         if self._stop.is_set():
             worker.request_stop()

@@ -36,9 +36,15 @@ CHANNEL = "onwatch"
 
 
 class Listener:
-    def __init__(self, url: str, conn: psycopg.Connection | None,
-                 loop: asyncio.AbstractEventLoop,
-                 *, poll_interval: float = 1.0, max_backoff: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        conn: psycopg.Connection | None,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        poll_interval: float = 1.0,
+        max_backoff: float = 5.0,
+    ) -> None:
         self.url = url
         self.poll_interval = poll_interval
         self.max_backoff = max_backoff
@@ -50,8 +56,7 @@ class Listener:
         self._generation = 0  # moves on every loss and every reconnection: wake everyone
         self._waiters: dict[str, set[asyncio.Future[None]]] = defaultdict(set)
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._listen, name="onwatch-pg-listen",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._listen, name="onwatch-pg-listen", daemon=True)
         self._thread.start()
 
     @classmethod
@@ -62,8 +67,11 @@ class Listener:
         try:
             conn = await asyncio.to_thread(cls._connect, url)
         except psycopg.Error as exc:
-            log.warning("listener: cannot reach %s (%s); polling until it can", redact(url),
-                        str(exc).strip())
+            log.warning(
+                "listener: cannot reach %s (%s); polling until it can",
+                redact(url),
+                str(exc).strip(),
+            )
             conn = None
         return cls(url, conn, asyncio.get_running_loop(), **options)
 
@@ -86,8 +94,9 @@ class Listener:
         if self.seen(name) != seen:
             return True
         if not self.connected:
-            await asyncio.sleep(self.poll_interval if timeout is None
-                                else min(timeout, self.poll_interval))
+            await asyncio.sleep(
+                self.poll_interval if timeout is None else min(timeout, self.poll_interval)
+            )
             return True
         future: asyncio.Future[None] = self._loop.create_future()
         self._waiters[name].add(future)
@@ -140,22 +149,32 @@ class Listener:
                 try:
                     conn = self._conn = self._connect(self.url)
                 except psycopg.Error as exc:
-                    log.warning("listener: cannot reconnect to %s (%s); retrying in %.1f s",
-                                redact(self.url), str(exc).strip(), backoff)
+                    log.warning(
+                        "listener: cannot reconnect to %s (%s); retrying in %.1f s",
+                        redact(self.url),
+                        str(exc).strip(),
+                        backoff,
+                    )
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, self.max_backoff)
                     continue
                 self.reconnects += 1
                 backoff = 0.1
-                log.warning("listener: reconnected to %s; waking every waiter (notifications "
-                            "sent meanwhile were lost)", redact(self.url))
+                log.warning(
+                    "listener: reconnected to %s; waking every waiter (notifications "
+                    "sent meanwhile were lost)",
+                    redact(self.url),
+                )
                 self._post(self._wake_all, True)
             try:
                 for notify in conn.notifies(timeout=0.2):
                     self._post(self._heard, notify.payload)
             except psycopg.Error as exc:
-                log.warning("listener: lost the connection to %s (%s); polling until it is "
-                            "back", redact(self.url), str(exc).strip())
+                log.warning(
+                    "listener: lost the connection to %s (%s); polling until it is back",
+                    redact(self.url),
+                    str(exc).strip(),
+                )
                 self._post(self._wake_all, False)
                 try:
                     conn.close()
@@ -228,11 +247,13 @@ class ListenWake:
         waits: set[asyncio.Future[bool]] = {own}
         listener = self.listener
         if listener is not None:
-            waits.add(asyncio.ensure_future(
-                listener.wait(self.name, listener.seen(self.name), timeout)))
+            waits.add(
+                asyncio.ensure_future(listener.wait(self.name, listener.seen(self.name), timeout))
+            )
         try:
-            finished, _ = await asyncio.wait(waits, timeout=timeout,
-                                             return_when=asyncio.FIRST_COMPLETED)
+            finished, _ = await asyncio.wait(
+                waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
         finally:
             for future in waits:
                 if not future.done():

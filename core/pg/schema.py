@@ -261,22 +261,30 @@ def inspect(conn: psycopg.Connection[Row], where: str) -> int:
     raise NotAnInbox: tables of someone else, or a newer onwatch."""
     row = one(conn.execute("SELECT to_regclass('onwatch_schema') IS NOT NULL"))
     if not row[0]:
-        tables = [r[0] for r in conn.execute(
-            "SELECT table_name FROM information_schema.tables "
-            "WHERE table_schema = current_schema() ORDER BY table_name LIMIT 6")]
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema() ORDER BY table_name LIMIT 6"
+            )
+        ]
         if not tables:
             return 0
         listed = ", ".join(tables[:5]) + (" …" if len(tables) > 5 else "")
-        raise NotAnInbox(f"{where} is a PostgreSQL database but not an onwatch database "
-                         f"(tables: {listed}); refusing to touch it")
-    application, version = one(conn.execute(
-        "SELECT application, version FROM onwatch_schema WHERE id = 1"))
+        raise NotAnInbox(
+            f"{where} is a PostgreSQL database but not an onwatch database "
+            f"(tables: {listed}); refusing to touch it"
+        )
+    application, version = one(
+        conn.execute("SELECT application, version FROM onwatch_schema WHERE id = 1")
+    )
     if application != APPLICATION:  # pragma: no cover - the CHECK forbids it
         raise NotAnInbox(f"{where} is not an onwatch database")
     if version > SCHEMA_VERSION:
         raise NotAnInbox(
             f"{where} was written by a newer onwatch (schema {version}; this one knows up to "
-            f"{SCHEMA_VERSION}); upgrade onwatch to open it")
+            f"{SCHEMA_VERSION}); upgrade onwatch to open it"
+        )
     return int(version)
 
 

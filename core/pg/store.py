@@ -32,15 +32,40 @@ import psycopg
 from ..clock import MAX_COUNT
 from ..errors import BadInput, BudgetExceeded
 from ..records import (
-    Approval, AuditEntry, Delivery, Effect, Event, FollowUp, Lease, LeaseChange, Message,
-    Overview, Reply, Run, Timer, ApprovalRequest,
+    Approval,
+    AuditEntry,
+    Delivery,
+    Effect,
+    Event,
+    FollowUp,
+    Lease,
+    LeaseChange,
+    Message,
+    Overview,
+    Reply,
+    Run,
+    Timer,
+    ApprovalRequest,
 )
 from ..settings import Settings
+
 # Decoding and the checks of a stored row are plain Python, shared with the file backend.
 from ..store import (  # noqa: F401 - re-exported: the names the Inbox reaches through here
-    DAY, DELIVERY_STATES, EVENT_COLUMNS, ROW_ERRORS as _FILE_ROW_ERRORS, SETTLE_OUTCOMES,
-    TIMER_COLUMNS, _checked_timer, _event_ids, _first_unfired, _reason, _shown, ingest_group,
-    _shown_status, event_from_row, timer_from_row,
+    DAY,
+    DELIVERY_STATES,
+    EVENT_COLUMNS,
+    ROW_ERRORS as _FILE_ROW_ERRORS,
+    SETTLE_OUTCOMES,
+    TIMER_COLUMNS,
+    _checked_timer,
+    _event_ids,
+    _first_unfired,
+    _reason,
+    _shown,
+    ingest_group,
+    _shown_status,
+    event_from_row,
+    timer_from_row,
 )
 from .db import Tx
 
@@ -48,8 +73,15 @@ from .db import Tx
 ROW_ERRORS = _FILE_ROW_ERRORS + (psycopg.DataError, psycopg.IntegrityError)
 
 # The SQLite file's `meta` keys are columns of the inbox's row here.
-META_COLUMNS = {"paused", "outbox_held", "refused_writes", "takeovers", "last_paced_send",
-                "uid", "set_aside"}
+META_COLUMNS = {
+    "paused",
+    "outbox_held",
+    "refused_writes",
+    "takeovers",
+    "last_paced_send",
+    "uid",
+    "set_aside",
+}
 
 
 # --- settings and flags ---------------------------------------------------------------------
@@ -58,8 +90,7 @@ _settings_cache: dict[str, Settings] = {}
 
 
 def load_settings(db: Tx) -> Settings:
-    row = db.row or db.execute("SELECT settings FROM inboxes WHERE id = %s",
-                               (db.inbox,)).fetchone()
+    row = db.row or db.execute("SELECT settings FROM inboxes WHERE id = %s", (db.inbox,)).fetchone()
     if row is None or row[0] is None:
         return Settings()
     cached = _settings_cache.get(row[0])
@@ -101,15 +132,26 @@ def _bump(db: Tx, key: str) -> None:
     db.execute(f"UPDATE inboxes SET {key} = {key} + 1 WHERE id = %s", (db.inbox,))
 
 
-def audit(db: Tx, now: int, actor: str, action: str, target: str,
-          before: str | None, after: str | None, applied: bool,
-          reason: str | None = None) -> None:
-    db.execute("INSERT INTO audit(inbox_id, at, actor, action, target, before, after, applied, "
-               "reason) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-               (db.inbox, now, actor, action, target, before, after, bool(applied), reason))
+def audit(
+    db: Tx,
+    now: int,
+    actor: str,
+    action: str,
+    target: str,
+    before: str | None,
+    after: str | None,
+    applied: bool,
+    reason: str | None = None,
+) -> None:
+    db.execute(
+        "INSERT INTO audit(inbox_id, at, actor, action, target, before, after, applied, "
+        "reason) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (db.inbox, now, actor, action, target, before, after, bool(applied), reason),
+    )
 
 
 # --- intake ---------------------------------------------------------------------------------
+
 
 def ingest_many(db: Tx, items: Sequence[tuple[str, str, str, int]]) -> list[bool | Exception]:
     """Dedupe on (source, source_id): store each new event, report duplicates as False.
@@ -128,20 +170,26 @@ def _ingest_items(db: Tx, items: Sequence[tuple[str, str, str, int]]) -> list[bo
     results: list[bool | Exception] = []
     for source, source_id, payload, now in items:
         if len(payload) > settings.max_payload_bytes:  # the limit may have changed elsewhere
-            results.append(BadInput(f"payload is over {settings.max_payload_bytes} bytes "
-                                    f"(max_payload_bytes)"))
+            results.append(
+                BadInput(f"payload is over {settings.max_payload_bytes} bytes (max_payload_bytes)")
+            )
             continue
-        if settings.max_pending is not None and _refuse_over_pending(db, settings, source,
-                                                                     source_id):
-            results.append(BudgetExceeded(
-                f"inbox is full: {settings.max_pending} events pending (budget max_pending)"))
+        if settings.max_pending is not None and _refuse_over_pending(
+            db, settings, source, source_id
+        ):
+            results.append(
+                BudgetExceeded(
+                    f"inbox is full: {settings.max_pending} events pending (budget max_pending)"
+                )
+            )
             continue
         results.append(_insert(db, source, source_id, payload, now))
     return results
 
 
-def _ingest_group(db: Tx, items: Sequence[tuple[str, str, str, int]],
-                  settings: Settings) -> list[bool | Exception]:
+def _ingest_group(
+    db: Tx, items: Sequence[tuple[str, str, str, int]], settings: Settings
+) -> list[bool | Exception]:
     """The same rule as the per-item path, for a group: one multi-row insert that skips the
     keys already stored and reports which it stored. Rows go in in order, so a repeat of a
     key within the group is a duplicate of its first copy."""
@@ -149,25 +197,36 @@ def _ingest_group(db: Tx, items: Sequence[tuple[str, str, str, int]],
     wanted = []
     for index, (source, source_id, payload, now) in enumerate(items):
         if len(payload) > settings.max_payload_bytes:
-            results[index] = BadInput(f"payload is over {settings.max_payload_bytes} bytes "
-                                      f"(max_payload_bytes)")
+            results[index] = BadInput(
+                f"payload is over {settings.max_payload_bytes} bytes (max_payload_bytes)"
+            )
         else:
             wanted.append((index, source, source_id, payload, now))
     if not wanted:
         return results
     columns = list(zip(*[(s, i, p, n) for _, s, i, p, n in wanted], strict=True))
     # The first copy of each key not stored yet, numbered on from the inbox's last id.
-    stored = set(db.execute(
-        "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, "
-        "updated) SELECT %s, last.id + row_number() OVER (ORDER BY k.o), k.s, k.i, k.p, k.n, "
-        "k.n, k.n FROM (SELECT DISTINCT ON (s, i) s, i, p, n, o FROM unnest(%s::text[], "
-        "%s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY AS u(s, i, p, n, o) "
-        "ORDER BY s, i, o) AS k CROSS JOIN (SELECT coalesce(max(id), 0) AS id FROM events "
-        "WHERE inbox_id = %s) AS last WHERE NOT EXISTS (SELECT 1 FROM events e WHERE "
-        "e.inbox_id = %s AND e.source = k.s AND e.source_id = k.i) ORDER BY k.o "
-        "RETURNING source, source_id",
-        (db.inbox, list(columns[0]), list(columns[1]), list(columns[2]), list(columns[3]),
-         db.inbox, db.inbox)))
+    stored = set(
+        db.execute(
+            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, "
+            "updated) SELECT %s, last.id + row_number() OVER (ORDER BY k.o), k.s, k.i, k.p, k.n, "
+            "k.n, k.n FROM (SELECT DISTINCT ON (s, i) s, i, p, n, o FROM unnest(%s::text[], "
+            "%s::text[], %s::text[], %s::bigint[]) WITH ORDINALITY AS u(s, i, p, n, o) "
+            "ORDER BY s, i, o) AS k CROSS JOIN (SELECT coalesce(max(id), 0) AS id FROM events "
+            "WHERE inbox_id = %s) AS last WHERE NOT EXISTS (SELECT 1 FROM events e WHERE "
+            "e.inbox_id = %s AND e.source = k.s AND e.source_id = k.i) ORDER BY k.o "
+            "RETURNING source, source_id",
+            (
+                db.inbox,
+                list(columns[0]),
+                list(columns[1]),
+                list(columns[2]),
+                list(columns[3]),
+                db.inbox,
+                db.inbox,
+            ),
+        )
+    )
     for index, source, source_id, _, _ in wanted:
         if (source, source_id) in stored:
             stored.discard((source, source_id))
@@ -176,22 +235,29 @@ def _ingest_group(db: Tx, items: Sequence[tuple[str, str, str, int]],
 
 
 def _refuse_over_pending(db: Tx, settings: Settings, source: str, source_id: str) -> bool:
-    pending = db.one("SELECT n FROM event_counts WHERE inbox_id = %s AND status = 'pending'",
-                     (db.inbox,))[0]
+    pending = db.one(
+        "SELECT n FROM event_counts WHERE inbox_id = %s AND status = 'pending'", (db.inbox,)
+    )[0]
     if pending < settings.max_pending:
         return False
-    duplicate = db.execute("SELECT 1 FROM events WHERE inbox_id = %s AND source = %s AND "
-                           "source_id = %s", (db.inbox, source, source_id)).fetchone()
+    duplicate = db.execute(
+        "SELECT 1 FROM events WHERE inbox_id = %s AND source = %s AND source_id = %s",
+        (db.inbox, source, source_id),
+    ).fetchone()
     return duplicate is None  # a duplicate is still a harmless no-op, never a refusal
 
 
 def _insert(db: Tx, source: str, source_id: str, payload: str, now: int) -> bool:
     """Store one event under the inbox's next id unless its key is stored; True if stored."""
-    return db.execute(
-        "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, "
-        "updated) SELECT %s, coalesce(max(id), 0) + 1, %s, %s, %s, %s, %s, %s FROM events "
-        "WHERE inbox_id = %s ON CONFLICT (inbox_id, source, source_id) DO NOTHING",
-        (db.inbox, source, source_id, payload, now, now, now, db.inbox)).rowcount == 1
+    return (
+        db.execute(
+            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, "
+            "updated) SELECT %s, coalesce(max(id), 0) + 1, %s, %s, %s, %s, %s, %s FROM events "
+            "WHERE inbox_id = %s ON CONFLICT (inbox_id, source, source_id) DO NOTHING",
+            (db.inbox, source, source_id, payload, now, now, now, db.inbox),
+        ).rowcount
+        == 1
+    )
 
 
 def _insert_event(db: Tx, source: str, source_id: str, payload: Any, now: int) -> bool:
@@ -203,17 +269,24 @@ def prune_payloads(db: Tx, older_than: int, now: int) -> int:
     cursor = db.execute(
         "UPDATE events SET payload = NULL, updated = %s WHERE inbox_id = %s AND status IN "
         "('done', 'cancelled') AND updated < %s AND payload IS NOT NULL",
-        (now, db.inbox, older_than))
+        (now, db.inbox, older_than),
+    )
     return cursor.rowcount
 
 
 # --- lease and fencing ----------------------------------------------------------------------
 
+
 def _lease(db: Tx) -> Lease | None:
     """The inbox's lease; None before any worker took one (its three columns are set
     together: a holder always has a generation and an expiry)."""
-    row = db.row[1:4] if db.row is not None else db.one(
-        "SELECT lease_holder, lease_gen, lease_until FROM inboxes WHERE id = %s", (db.inbox,))
+    row = (
+        db.row[1:4]
+        if db.row is not None
+        else db.one(
+            "SELECT lease_holder, lease_gen, lease_until FROM inboxes WHERE id = %s", (db.inbox,)
+        )
+    )
     return None if row[0] is None else Lease(*row)
 
 
@@ -222,10 +295,15 @@ def acquire(db: Tx, holder: str, now: int) -> int | None:
     ttl = load_settings(db).lease_ttl
     lease = _lease(db)
     if lease is None:
-        db.execute("UPDATE inboxes SET lease_holder = %s, lease_gen = 1, lease_until = %s "
-                   "WHERE id = %s", (holder, now + ttl, db.inbox))
-        db.execute("INSERT INTO lease_history(inbox_id, gen, holder, previous_holder, at, how) "
-                   "VALUES (%s, 1, %s, NULL, %s, 'first')", (db.inbox, holder, now))
+        db.execute(
+            "UPDATE inboxes SET lease_holder = %s, lease_gen = 1, lease_until = %s WHERE id = %s",
+            (holder, now + ttl, db.inbox),
+        )
+        db.execute(
+            "INSERT INTO lease_history(inbox_id, gen, holder, previous_holder, at, how) "
+            "VALUES (%s, 1, %s, NULL, %s, 'first')",
+            (db.inbox, holder, now),
+        )
         return 1
     current, gen, until = lease.holder, lease.gen, lease.until
     if until >= now:
@@ -235,32 +313,43 @@ def acquire(db: Tx, holder: str, now: int) -> int | None:
         return gen
     # A lease its holder handed back (a clean restart) is a succession, not a takeover: only
     # a lease left to expire means a worker died or stalled.
-    released = db.one("SELECT released_gen FROM inboxes WHERE id = %s",
-                      (db.inbox,))[0] == gen
+    released = db.one("SELECT released_gen FROM inboxes WHERE id = %s", (db.inbox,))[0] == gen
     gen += 1
-    db.execute("UPDATE inboxes SET lease_holder = %s, lease_gen = %s, lease_until = %s, "
-               "takeovers = takeovers + %s WHERE id = %s",
-               (holder, gen, now + ttl, 0 if released else 1, db.inbox))
-    db.execute("INSERT INTO lease_history(inbox_id, gen, holder, previous_holder, at, how) "
-               "VALUES (%s, %s, %s, %s, %s, %s)",
-               (db.inbox, gen, holder, current, now, "released" if released else "takeover"))
+    db.execute(
+        "UPDATE inboxes SET lease_holder = %s, lease_gen = %s, lease_until = %s, "
+        "takeovers = takeovers + %s WHERE id = %s",
+        (holder, gen, now + ttl, 0 if released else 1, db.inbox),
+    )
+    db.execute(
+        "INSERT INTO lease_history(inbox_id, gen, holder, previous_holder, at, how) "
+        "VALUES (%s, %s, %s, %s, %s, %s)",
+        (db.inbox, gen, holder, current, now, "released" if released else "takeover"),
+    )
     return gen
 
 
 def holds(db: Tx, holder: str, gen: int, now: int) -> bool:
     lease = _lease(db)
-    return lease is not None and lease.holder == holder and lease.gen == gen and \
-        lease.until >= now
+    return lease is not None and lease.holder == holder and lease.gen == gen and lease.until >= now
 
 
-def refuse(db: Tx, what: str, holder: str, gen: int, now: int,
-           reason: str | None = None) -> None:
+def refuse(db: Tx, what: str, holder: str, gen: int, now: int, reason: str | None = None) -> None:
     """Record a refused stale write: the only thing a refused write may change."""
     lease = _lease(db)
-    seen = "no lease" if lease is None else \
-        f"lease {lease.holder} gen {lease.gen} until {lease.until}"
-    audit(db, now, holder, f"refused {what}", f"gen {gen}", seen, None, False,
-          reason or "caller does not hold this lease generation")
+    seen = (
+        "no lease" if lease is None else f"lease {lease.holder} gen {lease.gen} until {lease.until}"
+    )
+    audit(
+        db,
+        now,
+        holder,
+        f"refused {what}",
+        f"gen {gen}",
+        seen,
+        None,
+        False,
+        reason or "caller does not hold this lease generation",
+    )
     _bump(db, "refused_writes")
 
 
@@ -269,8 +358,10 @@ def renew(db: Tx, holder: str, gen: int, now: int) -> bool:
     if not holds(db, holder, gen, now):
         refuse(db, "renew", holder, gen, now)
         return False
-    db.execute("UPDATE inboxes SET lease_until = %s WHERE id = %s",
-               (now + load_settings(db).lease_ttl, db.inbox))
+    db.execute(
+        "UPDATE inboxes SET lease_until = %s WHERE id = %s",
+        (now + load_settings(db).lease_ttl, db.inbox),
+    )
     return True
 
 
@@ -278,13 +369,16 @@ def release(db: Tx, holder: str, gen: int, now: int) -> bool:
     """Hand the lease back so a successor need not wait for the TTL."""
     if not holds(db, holder, gen, now):
         return False
-    db.execute("UPDATE inboxes SET lease_until = %s, released_gen = %s WHERE id = %s",
-               (now - 1, gen, db.inbox))
+    db.execute(
+        "UPDATE inboxes SET lease_until = %s, released_gen = %s WHERE id = %s",
+        (now - 1, gen, db.inbox),
+    )
     audit(db, now, holder, "release lease", f"gen {gen}", "held", "released", True)
     return True
 
 
 # --- claiming -------------------------------------------------------------------------------
+
 
 def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
     """Claim the next run's events for the holder of exactly this generation."""
@@ -300,8 +394,10 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
         bury_exhausted(db, now, settings)
     if get_meta(db, "paused"):
         return []
-    if settings.max_runs_per_day is not None and runs_since(db, now - DAY) >= \
-            settings.max_runs_per_day:
+    if (
+        settings.max_runs_per_day is not None
+        and runs_since(db, now - DAY) >= settings.max_runs_per_day
+    ):
         return []  # budget: excess runs are delayed until the day's window frees a slot
     for _ in range(100):  # each round sets aside what it cannot run; a pass never stops
         # The oldest attempted event and the first available ones, in one round trip (each
@@ -311,7 +407,8 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
             "AND attempts > 0 AND available_at <= %s ORDER BY id LIMIT 1) UNION ALL "
             "(SELECT id, false FROM events WHERE inbox_id = %s AND status = 'pending' "
             "AND available_at <= %s ORDER BY id LIMIT %s)",
-            (db.inbox, now, db.inbox, now, settings.max_batch)).fetchall()
+            (db.inbox, now, db.inbox, now, settings.max_batch),
+        ).fetchall()
         retried = [event_id for event_id, attempted in found if attempted]
         if retried:
             ids = retried  # an attempted event runs alone: a poison event harms no other
@@ -336,11 +433,28 @@ def claim_batch(db: Tx, holder: str, gen: int, now: int) -> list[Event]:
         "claim_gen = %(gen)s, claimed_at = %(now)s, run_id = (SELECT id FROM run), "
         "updated = %(now)s WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s)) "
         "SELECT id FROM run",
-        {"inbox": db.inbox, "holder": holder, "gen": gen, "json": json.dumps(ids),
-         "now": now, "ids": ids})[0]
+        {
+            "inbox": db.inbox,
+            "holder": holder,
+            "gen": gen,
+            "json": json.dumps(ids),
+            "now": now,
+            "ids": ids,
+        },
+    )[0]
     db.changed = True
-    return [dataclasses.replace(e, status="running", attempts=e.attempts + 1, claim_gen=gen,
-                                claimed_at=now, run_id=run_id, updated=now) for e in events]
+    return [
+        dataclasses.replace(
+            e,
+            status="running",
+            attempts=e.attempts + 1,
+            claim_gen=gen,
+            claimed_at=now,
+            run_id=run_id,
+            updated=now,
+        )
+        for e in events
+    ]
 
 
 def _runnable(db: Tx, ids: Sequence[int], now: int) -> list[Event]:
@@ -348,8 +462,10 @@ def _runnable(db: Tx, ids: Sequence[int], now: int) -> list[Event]:
     reason) so that one bad row never stops every claim: a pruned payload (nothing to run
     on), a payload that is not JSON."""
     runnable = []
-    for row in db.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE inbox_id = %s AND "
-                          f"id = ANY(%s) ORDER BY id", (db.inbox, list(ids))).fetchall():
+    for row in db.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE inbox_id = %s AND id = ANY(%s) ORDER BY id",
+        (db.inbox, list(ids)),
+    ).fetchall():
         if row[3] is None:
             why = "its payload was pruned; there is nothing to run it on"
         else:
@@ -358,15 +474,16 @@ def _runnable(db: Tx, ids: Sequence[int], now: int) -> list[Event]:
                 continue
             except ROW_ERRORS as exc:
                 why = f"its payload cannot be read ({_reason(exc)})"
-        db.execute("UPDATE events SET status = 'dead', error = %s, updated = %s "
-                   "WHERE inbox_id = %s AND id = %s",
-                   ("set aside, not run: " + why, now, db.inbox, row[0]))
+        db.execute(
+            "UPDATE events SET status = 'dead', error = %s, updated = %s "
+            "WHERE inbox_id = %s AND id = %s",
+            ("set aside, not run: " + why, now, db.inbox, row[0]),
+        )
         _set_aside_counted(db)
     return runnable
 
 
-def recover_lost_claims(db: Tx, gen: int, now: int, settings: Settings,
-                        bury: bool = False) -> int:
+def recover_lost_claims(db: Tx, gen: int, now: int, settings: Settings, bury: bool = False) -> int:
     """Rows running under an older generation (or past the run budget) were lost. With
     bury=True the same statement also buries pending rows out of attempts (bury_exhausted)."""
     if bury:
@@ -379,35 +496,48 @@ def recover_lost_claims(db: Tx, gen: int, now: int, settings: Settings,
             "WHERE inbox_id = %s AND status = 'running' AND claim_gen < %s "
             "UNION ALL SELECT NULL, NULL, NULL, NULL, (SELECT count(*) FROM buried) "
             "ORDER BY 1",
-            (now, settings.max_attempts, db.inbox, settings.max_attempts, db.inbox, gen))
+            (now, settings.max_attempts, db.inbox, settings.max_attempts, db.inbox, gen),
+        )
         found = cursor.fetchall()
         if found[-1][4]:
             db.changed = True  # rows were buried (the CTE's count; rowcount is the SELECT's)
         lost = [row[:4] for row in found if row[0] is not None]
     else:
-        lost = db.execute("SELECT id, source, claim_gen, run_id FROM events WHERE "
-                          "inbox_id = %s AND status = 'running' AND claim_gen < %s",
-                          (db.inbox, gen)).fetchall()
+        lost = db.execute(
+            "SELECT id, source, claim_gen, run_id FROM events WHERE "
+            "inbox_id = %s AND status = 'running' AND claim_gen < %s",
+            (db.inbox, gen),
+        ).fetchall()
     if settings.max_run_seconds is not None:
         lost += db.execute(
             "SELECT id, source, claim_gen, run_id FROM events WHERE inbox_id = %s "
             "AND status = 'running' AND claim_gen = %s AND claimed_at < %s",
-            (db.inbox, gen, now - settings.max_run_seconds)).fetchall()
+            (db.inbox, gen, now - settings.max_run_seconds),
+        ).fetchall()
     for event_id, source, claim_gen, run_id in lost:
-        why = (f"generation {claim_gen} lost its lease" if claim_gen < gen
-               else f"ran past max_run_seconds ({settings.max_run_seconds} s)")
+        why = (
+            f"generation {claim_gen} lost its lease"
+            if claim_gen < gen
+            else f"ran past max_run_seconds ({settings.max_run_seconds} s)"
+        )
         if settings.lost_claim_policy(source) == "interrupt":
-            db.execute("UPDATE events SET status = 'interrupted', error = %s, updated = %s "
-                       "WHERE inbox_id = %s AND id = %s",
-                       ("completion uncertain: run lost, " + why, now, db.inbox, event_id))
+            db.execute(
+                "UPDATE events SET status = 'interrupted', error = %s, updated = %s "
+                "WHERE inbox_id = %s AND id = %s",
+                ("completion uncertain: run lost, " + why, now, db.inbox, event_id),
+            )
         else:
             # Not backed off: the lease expiry already delayed it.
-            db.execute("UPDATE events SET status = 'pending', available_at = %s, error = %s, "
-                       "updated = %s WHERE inbox_id = %s AND id = %s",
-                       (now, "run lost: " + why, now, db.inbox, event_id))
-        db.execute("UPDATE runs SET outcome = 'lost', finished_at = %s, error = %s "
-                   "WHERE inbox_id = %s AND id = %s AND outcome IS NULL",
-                   (now, "run lost: " + why, db.inbox, run_id))
+            db.execute(
+                "UPDATE events SET status = 'pending', available_at = %s, error = %s, "
+                "updated = %s WHERE inbox_id = %s AND id = %s",
+                (now, "run lost: " + why, now, db.inbox, event_id),
+            )
+        db.execute(
+            "UPDATE runs SET outcome = 'lost', finished_at = %s, error = %s "
+            "WHERE inbox_id = %s AND id = %s AND outcome IS NULL",
+            (now, "run lost: " + why, db.inbox, run_id),
+        )
     return len(lost)
 
 
@@ -417,91 +547,162 @@ def bury_exhausted(db: Tx, now: int, settings: Settings) -> int:
         "UPDATE events SET status = 'dead', updated = %s, error = 'too many attempts (' || "
         "attempts || '/' || %s::bigint || ')' || coalesce(': ' || error, '') "
         "WHERE inbox_id = %s AND status = 'pending' AND attempts > 0 AND attempts >= %s",
-        (now, settings.max_attempts, db.inbox, settings.max_attempts))
+        (now, settings.max_attempts, db.inbox, settings.max_attempts),
+    )
     return cursor.rowcount
 
 
 def runs_since(db: Tx, since: int) -> int:
-    runs: int = db.one("SELECT count(*) FROM runs WHERE inbox_id = %s AND claimed_at > %s",
-                       (db.inbox, since))[0]
+    runs: int = db.one(
+        "SELECT count(*) FROM runs WHERE inbox_id = %s AND claimed_at > %s", (db.inbox, since)
+    )[0]
     return runs
 
 
 # --- finishing ------------------------------------------------------------------------------
 
-def finish(db: Tx, holder: str, gen: int, ids: Sequence[int], replies: Sequence[Reply],
-           error: str | None, result: str | None, approvals: Sequence[ApprovalRequest],
-           followups: Sequence[FollowUp], now: int, run: int | None = None,
-           traceback: str | None = None) -> bool:
+
+def finish(
+    db: Tx,
+    holder: str,
+    gen: int,
+    ids: Sequence[int],
+    replies: Sequence[Reply],
+    error: str | None,
+    result: str | None,
+    approvals: Sequence[ApprovalRequest],
+    followups: Sequence[FollowUp],
+    now: int,
+    run: int | None = None,
+    traceback: str | None = None,
+) -> bool:
     """Commit a run's outcome and everything it produced, fenced (by generation, and by run
     when `run` is given), all or nothing."""
     if not holds(db, holder, gen, now):
         refuse(db, "finish", holder, gen, now)
         return False
-    if run is not None and db.execute(
-            "SELECT 1 FROM runs WHERE inbox_id = %s AND id = %s AND gen = %s AND outcome IS "
-            "NULL", (db.inbox, run, gen)).fetchone() is None:
-        refuse(db, "finish", holder, gen, now,
-               f"run {run} is not an open run of this generation (recovered or finished)")
+    if (
+        run is not None
+        and db.execute(
+            "SELECT 1 FROM runs WHERE inbox_id = %s AND id = %s AND gen = %s AND outcome IS NULL",
+            (db.inbox, run, gen),
+        ).fetchone()
+        is None
+    ):
+        refuse(
+            db,
+            "finish",
+            holder,
+            gen,
+            now,
+            f"run {run} is not an open run of this generation (recovered or finished)",
+        )
         return False
     settings = load_settings(db)
-    if settings.max_followups_per_run is not None and \
-            len(followups) > settings.max_followups_per_run:
-        raise BadInput(f"run asks for {len(followups)} follow-up timers; the budget "
-                       f"max_followups_per_run allows {settings.max_followups_per_run}")
+    if (
+        settings.max_followups_per_run is not None
+        and len(followups) > settings.max_followups_per_run
+    ):
+        raise BadInput(
+            f"run asks for {len(followups)} follow-up timers; the budget "
+            f"max_followups_per_run allows {settings.max_followups_per_run}"
+        )
     rows = db.execute(
         "SELECT id, attempts, run_id FROM events WHERE inbox_id = %s AND id = ANY(%s) "
         "AND status = 'running' AND claim_gen = %s AND (%s::bigint IS NULL OR run_id = %s) "
-        "ORDER BY id", (db.inbox, list(ids), gen, run, run)).fetchall()
+        "ORDER BY id",
+        (db.inbox, list(ids), gen, run, run),
+    ).fetchall()
     if not rows:
-        refuse(db, "finish", holder, gen, now,
-               "none of these events is still claimed by this generation")
+        refuse(
+            db,
+            "finish",
+            holder,
+            gen,
+            now,
+            "none of these events is still claimed by this generation",
+        )
         return False
     live = [r[0] for r in rows]
     run_ids = sorted({r[2] for r in rows if r[2] is not None})
     if error is None:
-        db.execute("UPDATE events SET status = 'done', error = NULL, updated = %s "
-                   "WHERE inbox_id = %s AND id = ANY(%s)", (now, db.inbox, live))
+        db.execute(
+            "UPDATE events SET status = 'done', error = NULL, updated = %s "
+            "WHERE inbox_id = %s AND id = ANY(%s)",
+            (now, db.inbox, live),
+        )
         run_id = run_ids[0] if run_ids else None
         for reply in replies:
-            db.execute("INSERT INTO outbox(inbox_id, body, urgent, created, run_id) "
-                       "VALUES (%s, %s, %s, %s, %s)",
-                       (db.inbox, reply.body, bool(reply.urgent), now, run_id))
+            db.execute(
+                "INSERT INTO outbox(inbox_id, body, urgent, created, run_id) "
+                "VALUES (%s, %s, %s, %s, %s)",
+                (db.inbox, reply.body, bool(reply.urgent), now, run_id),
+            )
         for request in approvals:
-            request_approval(db, request.request_id, request.expires_in, request.action, now,
-                             run_id)
+            request_approval(
+                db, request.request_id, request.expires_in, request.action, now, run_id
+            )
         for timer in followups:
-            add_timer(db, timer.timer_id, timer.due, timer.payload, timer.every, timer.key,
-                      timer.catch_up, "timer", encoded=True)  # checked and encoded by Inbox
+            add_timer(
+                db,
+                timer.timer_id,
+                timer.due,
+                timer.payload,
+                timer.every,
+                timer.key,
+                timer.catch_up,
+                "timer",
+                encoded=True,
+            )  # checked and encoded by Inbox
         outcome = "done"
     else:
         for event_id, attempts, _ in rows:
             if not 0 <= attempts <= MAX_COUNT or attempts >= settings.max_attempts:
-                db.execute("UPDATE events SET status = 'dead', error = %s, updated = %s "
-                           "WHERE inbox_id = %s AND id = %s",
-                           (f"too many attempts ({attempts}/{settings.max_attempts}): {error}",
-                            now, db.inbox, event_id))
+                db.execute(
+                    "UPDATE events SET status = 'dead', error = %s, updated = %s "
+                    "WHERE inbox_id = %s AND id = %s",
+                    (
+                        f"too many attempts ({attempts}/{settings.max_attempts}): {error}",
+                        now,
+                        db.inbox,
+                        event_id,
+                    ),
+                )
             else:
-                db.execute("UPDATE events SET status = 'pending', error = %s, available_at = %s, "
-                           "updated = %s WHERE inbox_id = %s AND id = %s",
-                           (error, now + settings.backoff(attempts), now, db.inbox, event_id))
+                db.execute(
+                    "UPDATE events SET status = 'pending', error = %s, available_at = %s, "
+                    "updated = %s WHERE inbox_id = %s AND id = %s",
+                    (error, now + settings.backoff(attempts), now, db.inbox, event_id),
+                )
         outcome = "error"
     if run_ids:
         # A run closes when its last event is finished (a run may be finished in parts);
         # until then a lost-claim recovery can still close it as lost.
-        db.execute("UPDATE runs r SET outcome = %s, finished_at = %s, result = %s, error = %s, "
-                   "traceback = %s WHERE r.inbox_id = %s AND r.id = ANY(%s) AND "
-                   "r.outcome IS NULL AND NOT EXISTS (SELECT 1 FROM events e WHERE "
-                   "e.inbox_id = r.inbox_id AND e.run_id = r.id AND e.status = 'running')",
-                   (outcome, now, result, error, traceback, db.inbox, run_ids))
+        db.execute(
+            "UPDATE runs r SET outcome = %s, finished_at = %s, result = %s, error = %s, "
+            "traceback = %s WHERE r.inbox_id = %s AND r.id = ANY(%s) AND "
+            "r.outcome IS NULL AND NOT EXISTS (SELECT 1 FROM events e WHERE "
+            "e.inbox_id = r.inbox_id AND e.run_id = r.id AND e.status = 'running')",
+            (outcome, now, result, error, traceback, db.inbox, run_ids),
+        )
     return True
 
 
 # --- timers ---------------------------------------------------------------------------------
 
-def add_timer(db: Tx, timer_id: str, due: int, payload: Any, every: int | None,
-              key: tuple[str, str] | None, catch_up: str, kind: str, *,
-              encoded: bool = False) -> None:
+
+def add_timer(
+    db: Tx,
+    timer_id: str,
+    due: int,
+    payload: Any,
+    every: int | None,
+    key: tuple[str, str] | None,
+    catch_up: str,
+    kind: str,
+    *,
+    encoded: bool = False,
+) -> None:
     """Register or replace a timer's definition (`payload` already JSON text when
     `encoded`); what it last fired is kept, and a definition replaced by a valid one is no
     longer set aside."""
@@ -514,12 +715,17 @@ def add_timer(db: Tx, timer_id: str, due: int, payload: Any, every: int | None,
         "UPDATE SET kind = excluded.kind, due = excluded.due, every = excluded.every, "
         "catch_up = excluded.catch_up, payload = excluded.payload, "
         "key_source = excluded.key_source, key_id = excluded.key_id, broken = NULL",
-        (db.inbox, timer_id, kind, due, every, catch_up, payload, key_source, key_id))
+        (db.inbox, timer_id, kind, due, every, catch_up, payload, key_source, key_id),
+    )
 
 
 def cancel_timer(db: Tx, timer_id: str) -> bool:
-    return db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = %s",
-                      (db.inbox, timer_id)).rowcount == 1
+    return (
+        db.execute(
+            "DELETE FROM timers WHERE inbox_id = %s AND id = %s", (db.inbox, timer_id)
+        ).rowcount
+        == 1
+    )
 
 
 def run_scheduler(db: Tx, now: int) -> int:
@@ -533,8 +739,11 @@ def run_scheduler(db: Tx, now: int) -> int:
     sets the bad row aside with its reason while the others fire.
     """
     settings = load_settings(db)
-    due = db.execute(f"SELECT {TIMER_COLUMNS} FROM timers WHERE inbox_id = %s AND due <= %s "
-                     f"AND broken IS NULL ORDER BY due, id", (db.inbox, now)).fetchall()
+    due = db.execute(
+        f"SELECT {TIMER_COLUMNS} FROM timers WHERE inbox_id = %s AND due <= %s "
+        f"AND broken IS NULL ORDER BY due, id",
+        (db.inbox, now),
+    ).fetchall()
     if len(due) > 1:
         db.execute("SAVEPOINT fire_timers")
         try:
@@ -562,8 +771,10 @@ def run_scheduler(db: Tx, now: int) -> int:
         except ROW_ERRORS as exc:
             db.execute("ROLLBACK TO fire_timer")
             db.execute("RELEASE fire_timer")
-            db.execute("UPDATE timers SET broken = %s WHERE inbox_id = %s AND id = %s",
-                       ("set aside, not fired: " + _reason(exc), db.inbox, row[0]))
+            db.execute(
+                "UPDATE timers SET broken = %s WHERE inbox_id = %s AND id = %s",
+                ("set aside, not fired: " + _reason(exc), db.inbox, row[0]),
+            )
             _set_aside_counted(db)
     return len(due)
 
@@ -571,8 +782,10 @@ def run_scheduler(db: Tx, now: int) -> int:
 def _nothing_due(db: Tx, now: int) -> int | None:
     """The scheduler pass's answer without a transaction when no timer is due (most passes
     of a busy worker): 0; None when there is something to fire."""
-    found = db.execute("SELECT 1 FROM timers WHERE inbox_id = %s AND due <= %s AND "
-                       "broken IS NULL LIMIT 1", (db.inbox, now)).fetchone()
+    found = db.execute(
+        "SELECT 1 FROM timers WHERE inbox_id = %s AND due <= %s AND broken IS NULL LIMIT 1",
+        (db.inbox, now),
+    ).fetchone()
     return None if found else 0
 
 
@@ -595,8 +808,9 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
                 continue
             if timer.every is None:
                 source, source_id = timer.key or ("timer", f"{timer.id}@{timer.due}")
-                events.append((source, source_id,
-                               json.dumps(_occurrence(timer, timer.due, now, 0))))
+                events.append(
+                    (source, source_id, json.dumps(_occurrence(timer, timer.due, now, 0)))
+                )
                 fired_once.append(timer.id)
                 continue
             every = timer.every  # (the replace below forgets that it is not None)
@@ -608,8 +822,13 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
             if timer.catch_up == "coalesce":
                 missed = (now - timer.due) // every
                 latest = timer.due + missed * every
-                events.append(("timer", f"{timer.id}@{latest}",
-                               json.dumps(_occurrence(timer, latest, now, missed))))
+                events.append(
+                    (
+                        "timer",
+                        f"{timer.id}@{latest}",
+                        json.dumps(_occurrence(timer, latest, now, missed)),
+                    )
+                )
                 advanced.append((timer.id, latest + every, latest, missed, 0))
             else:
                 count = (now - timer.due) // every + 1
@@ -618,8 +837,13 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
                 latest = timer.due + (count - 1) * every
                 for index, scheduled in enumerate(range(start, latest + 1, every)):
                     extra = {"overflow": overflow} if index == 0 and overflow else {}
-                    events.append(("timer", f"{timer.id}@{scheduled}", json.dumps(
-                        _occurrence(timer, scheduled, now, 0, **extra))))
+                    events.append(
+                        (
+                            "timer",
+                            f"{timer.id}@{scheduled}",
+                            json.dumps(_occurrence(timer, scheduled, now, 0, **extra)),
+                        )
+                    )
                 advanced.append((timer.id, latest + every, latest, overflow, overflow))
         except ROW_ERRORS:
             rest.append(row)
@@ -634,8 +858,18 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
             "ORDER BY s, i, o) AS k CROSS JOIN (SELECT coalesce(max(id), 0) AS id FROM events "
             "WHERE inbox_id = %s) AS last WHERE NOT EXISTS (SELECT 1 FROM events e WHERE "
             "e.inbox_id = %s AND e.source = k.s AND e.source_id = k.i) ORDER BY k.o",
-            (db.inbox, now, now, now, [e[0] for e in events], [e[1] for e in events],
-             [e[2] for e in events], db.inbox, db.inbox))
+            (
+                db.inbox,
+                now,
+                now,
+                now,
+                [e[0] for e in events],
+                [e[1] for e in events],
+                [e[2] for e in events],
+                db.inbox,
+                db.inbox,
+            ),
+        )
     if advanced:
         columns = list(zip(*advanced, strict=True))
         db.execute(
@@ -644,18 +878,33 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
             "overflow = t.overflow + u.overflow FROM unnest(%s::text[], %s::bigint[], "
             "%s::bigint[], %s::bigint[], %s::bigint[]) AS u(id, due, fired, skipped, overflow) "
             "WHERE t.inbox_id = %s AND t.id = u.id",
-            (list(columns[0]), list(columns[1]), list(columns[2]), list(columns[3]),
-             list(columns[4]), db.inbox))
+            (
+                list(columns[0]),
+                list(columns[1]),
+                list(columns[2]),
+                list(columns[3]),
+                list(columns[4]),
+                db.inbox,
+            ),
+        )
     if fired_once:
-        db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = ANY(%s)",
-                   (db.inbox, fired_once))
+        db.execute(
+            "DELETE FROM timers WHERE inbox_id = %s AND id = ANY(%s)", (db.inbox, fired_once)
+        )
     return rest
 
 
-def _occurrence(timer: Timer, scheduled: int, now: int, skipped: int,
-                **extra: Any) -> dict[str, Any]:
-    return {"timer": timer.id, "scheduled_for": scheduled, "late_by": now - scheduled,
-            "skipped": skipped, "data": timer.payload, **extra}
+def _occurrence(
+    timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any
+) -> dict[str, Any]:
+    return {
+        "timer": timer.id,
+        "scheduled_for": scheduled,
+        "late_by": now - scheduled,
+        "skipped": skipped,
+        "data": timer.payload,
+        **extra,
+    }
 
 
 def _fire_once(db: Tx, timer: Timer, now: int) -> None:
@@ -672,8 +921,9 @@ def _advance_only(db: Tx, timer: Timer, now: int) -> Timer | None:
     that is still to come."""
     due = _first_unfired(timer)
     if due > now:
-        db.execute("UPDATE timers SET due = %s WHERE inbox_id = %s AND id = %s",
-                   (due, db.inbox, timer.id))
+        db.execute(
+            "UPDATE timers SET due = %s WHERE inbox_id = %s AND id = %s", (due, db.inbox, timer.id)
+        )
         return None
     return dataclasses.replace(timer, due=due)
 
@@ -685,11 +935,12 @@ def _fire_coalesced(db: Tx, timer: Timer, every: int, now: int) -> None:
     timer = advanced
     missed = (now - timer.due) // every  # occurrences before the latest one
     latest = timer.due + missed * every
-    _insert_event(db, "timer", f"{timer.id}@{latest}",
-                  _occurrence(timer, latest, now, missed), now)
-    db.execute("UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s "
-               "WHERE inbox_id = %s AND id = %s",
-               (latest + every, latest, missed, db.inbox, timer.id))
+    _insert_event(db, "timer", f"{timer.id}@{latest}", _occurrence(timer, latest, now, missed), now)
+    db.execute(
+        "UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s "
+        "WHERE inbox_id = %s AND id = %s",
+        (latest + every, latest, missed, db.inbox, timer.id),
+    )
 
 
 def _fire_each(db: Tx, timer: Timer, every: int, now: int, limit: int) -> None:
@@ -703,76 +954,155 @@ def _fire_each(db: Tx, timer: Timer, every: int, now: int, limit: int) -> None:
     latest = timer.due + (count - 1) * every
     for index, scheduled in enumerate(range(first, latest + 1, every)):
         extra = {"overflow": overflow} if index == 0 and overflow else {}
-        _insert_event(db, "timer", f"{timer.id}@{scheduled}",
-                      _occurrence(timer, scheduled, now, 0, **extra), now)
-    db.execute("UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s, "
-               "overflow = overflow + %s WHERE inbox_id = %s AND id = %s",
-               (latest + every, latest, overflow, overflow, db.inbox, timer.id))
+        _insert_event(
+            db,
+            "timer",
+            f"{timer.id}@{scheduled}",
+            _occurrence(timer, scheduled, now, 0, **extra),
+            now,
+        )
+    db.execute(
+        "UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s, "
+        "overflow = overflow + %s WHERE inbox_id = %s AND id = %s",
+        (latest + every, latest, overflow, overflow, db.inbox, timer.id),
+    )
 
 
 def next_timer_due(db: Tx) -> int | None:
     """The earliest due of the timers the scheduler can fire (set-aside ones never fire)."""
-    due: int | None = db.one("SELECT min(due) FROM timers WHERE inbox_id = %s AND "
-                             "broken IS NULL", (db.inbox,))[0]
+    due: int | None = db.one(
+        "SELECT min(due) FROM timers WHERE inbox_id = %s AND broken IS NULL", (db.inbox,)
+    )[0]
     return due
 
 
 # --- approvals ------------------------------------------------------------------------------
 
-def request_approval(db: Tx, request_id: str, expires_in: int, action: str, now: int,
-                     run_id: int | None = None) -> Approval:
+
+def request_approval(
+    db: Tx, request_id: str, expires_in: int, action: str, now: int, run_id: int | None = None
+) -> Approval:
     """Record a request; asking again never moves its deadline."""
-    inserted = db.execute(
-        "INSERT INTO approvals(inbox_id, request_id, action, requested, due, run_id) "
-        "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (inbox_id, request_id) DO NOTHING",
-        (db.inbox, request_id, action, now, now + expires_in, run_id)).rowcount == 1
+    inserted = (
+        db.execute(
+            "INSERT INTO approvals(inbox_id, request_id, action, requested, due, run_id) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (inbox_id, request_id) DO NOTHING",
+            (db.inbox, request_id, action, now, now + expires_in, run_id),
+        ).rowcount
+        == 1
+    )
     if inserted:
-        add_timer(db, f"approval:{request_id}", now + expires_in, {"request_id": request_id},
-                  None, ("approval", request_id), "coalesce", "approval")
+        add_timer(
+            db,
+            f"approval:{request_id}",
+            now + expires_in,
+            {"request_id": request_id},
+            None,
+            ("approval", request_id),
+            "coalesce",
+            "approval",
+        )
     approval = get_approval(db, request_id)
     assert approval is not None  # inserted above, or asked for before
     return approval
 
 
 def get_approval(db: Tx, request_id: str) -> Approval | None:
-    row = db.execute("SELECT request_id, action, due, answer, requested, answered_at, "
-                     "answered_by FROM approvals WHERE inbox_id = %s AND request_id = %s",
-                     (db.inbox, request_id)).fetchone()
+    row = db.execute(
+        "SELECT request_id, action, due, answer, requested, answered_at, "
+        "answered_by FROM approvals WHERE inbox_id = %s AND request_id = %s",
+        (db.inbox, request_id),
+    ).fetchone()
     return None if row is None else Approval(*row)
 
 
-def answer_approval(db: Tx, request_id: str, answer: str, now: int, actor: str,
-                    reason: str | None) -> str:
+def answer_approval(
+    db: Tx, request_id: str, answer: str, now: int, actor: str, reason: str | None
+) -> str:
     """Store the first answer unless the deadline has passed; return the answer that stands."""
     approval = get_approval(db, request_id)
     if approval is None:
-        audit(db, now, actor, f"answer {answer}", f"approval {request_id}", None, None, False,
-              reason or "no such request")
+        audit(
+            db,
+            now,
+            actor,
+            f"answer {answer}",
+            f"approval {request_id}",
+            None,
+            None,
+            False,
+            reason or "no such request",
+        )
         return "unknown"
     if approval.answer is not None:
-        audit(db, now, actor, f"answer {answer}", f"approval {request_id}", approval.answer,
-              approval.answer, False, reason or "already answered")
+        audit(
+            db,
+            now,
+            actor,
+            f"answer {answer}",
+            f"approval {request_id}",
+            approval.answer,
+            approval.answer,
+            False,
+            reason or "already answered",
+        )
         return approval.answer
     if now >= approval.due:
         _expire(db, request_id, now, actor)
-        audit(db, now, actor, f"answer {answer}", f"approval {request_id}", "waiting",
-              "expired", False, reason or f"too late: deadline was {approval.due}")
+        audit(
+            db,
+            now,
+            actor,
+            f"answer {answer}",
+            f"approval {request_id}",
+            "waiting",
+            "expired",
+            False,
+            reason or f"too late: deadline was {approval.due}",
+        )
         return "expired"
     _store_answer(db, approval, answer, now, actor)
-    audit(db, now, actor, f"answer {answer}", f"approval {request_id}", "waiting", answer, True,
-          reason)
+    audit(
+        db,
+        now,
+        actor,
+        f"answer {answer}",
+        f"approval {request_id}",
+        "waiting",
+        answer,
+        True,
+        reason,
+    )
     return answer
 
 
 def expire_approval(db: Tx, request_id: str, now: int, actor: str, reason: str | None) -> str:
     approval = get_approval(db, request_id)
     if approval is None:
-        audit(db, now, actor, "expire", f"approval {request_id}", None, None, False,
-              reason or "no such request")
+        audit(
+            db,
+            now,
+            actor,
+            "expire",
+            f"approval {request_id}",
+            None,
+            None,
+            False,
+            reason or "no such request",
+        )
         return "unknown"
     if approval.answer is not None:
-        audit(db, now, actor, "expire", f"approval {request_id}", approval.answer,
-              approval.answer, False, reason or "already answered")
+        audit(
+            db,
+            now,
+            actor,
+            "expire",
+            f"approval {request_id}",
+            approval.answer,
+            approval.answer,
+            False,
+            reason or "already answered",
+        )
         return approval.answer
     _expire(db, request_id, now, actor)
     audit(db, now, actor, "expire", f"approval {request_id}", "waiting", "expired", True, reason)
@@ -787,22 +1117,32 @@ def _expire(db: Tx, request_id: str, now: int, actor: str) -> None:
 
 def _store_answer(db: Tx, approval: Approval, answer: str, now: int, actor: str) -> None:
     """Write-once: the answer and its resuming event share one key, ('approval', id)."""
-    db.execute("UPDATE approvals SET answer = %s, answered_at = %s, answered_by = %s "
-               "WHERE inbox_id = %s AND request_id = %s AND answer IS NULL",
-               (answer, now, actor, db.inbox, approval.request_id))
-    _insert_event(db, "approval", approval.request_id,
-                  {"request_id": approval.request_id, "answer": answer,
-                   "action": approval.action}, now)
-    db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = %s",
-               (db.inbox, f"approval:{approval.request_id}"))
+    db.execute(
+        "UPDATE approvals SET answer = %s, answered_at = %s, answered_by = %s "
+        "WHERE inbox_id = %s AND request_id = %s AND answer IS NULL",
+        (answer, now, actor, db.inbox, approval.request_id),
+    )
+    _insert_event(
+        db,
+        "approval",
+        approval.request_id,
+        {"request_id": approval.request_id, "answer": answer, "action": approval.action},
+        now,
+    )
+    db.execute(
+        "DELETE FROM timers WHERE inbox_id = %s AND id = %s",
+        (db.inbox, f"approval:{approval.request_id}"),
+    )
 
 
 # --- outbox ---------------------------------------------------------------------------------
 
 # An at-most-once delivery still 'sending' after its send_timeout was cut off mid-send: it
 # may or may not have gone out. It is never sent again by itself; an operator settles it.
-_UNCERTAIN = ("inbox_id = %s AND status IN ('sending', 'failed') AND status = 'sending' "
-              "AND at_most_once AND retry_after < %s")
+_UNCERTAIN = (
+    "inbox_id = %s AND status IN ('sending', 'failed') AND status = 'sending' "
+    "AND at_most_once AND retry_after < %s"
+)
 
 
 def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, int] | None:
@@ -820,11 +1160,15 @@ def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, i
         except _BrokenDelivery as exc:
             db.execute("ROLLBACK TO begin_delivery")
             db.execute("RELEASE begin_delivery")
-            db.execute("UPDATE deliveries SET status = 'dead', broken = %s, last_error = %s "
-                       "WHERE inbox_id = %s AND id = %s",
-                       (exc.why, exc.why, db.inbox, exc.delivery_id))
-            db.execute("UPDATE outbox SET status = 'dead' WHERE inbox_id = %s AND "
-                       "delivery_id = %s", (db.inbox, exc.delivery_id))
+            db.execute(
+                "UPDATE deliveries SET status = 'dead', broken = %s, last_error = %s "
+                "WHERE inbox_id = %s AND id = %s",
+                (exc.why, exc.why, db.inbox, exc.delivery_id),
+            )
+            db.execute(
+                "UPDATE outbox SET status = 'dead' WHERE inbox_id = %s AND delivery_id = %s",
+                (db.inbox, exc.delivery_id),
+            )
             _set_aside_counted(db)
     return None
 
@@ -843,44 +1187,55 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
     retry = db.execute(
         "SELECT id, attempts FROM deliveries WHERE inbox_id = %s AND status IN ('sending', "
         "'failed') AND NOT at_most_once AND (status = 'failed' OR retry_after < %s) "
-        "ORDER BY id LIMIT 1", (db.inbox, now)).fetchone()
+        "ORDER BY id LIMIT 1",
+        (db.inbox, now),
+    ).fetchone()
     if retry is not None:
         delivery_id = retry[0]
         if not 0 <= retry[1] < MAX_COUNT:  # one more would overflow the column: an error
-            raise _BrokenDelivery(delivery_id, f"set aside, not sent: attempts is {retry[1]}, "
-                                               f"not a count")
+            raise _BrokenDelivery(
+                delivery_id, f"set aside, not sent: attempts is {retry[1]}, not a count"
+            )
         attempt = db.one(
             "UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
             "retry_after = %s WHERE inbox_id = %s AND id = %s RETURNING attempts",
-            (now + settings.send_timeout, db.inbox, delivery_id))[0]
+            (now + settings.send_timeout, db.inbox, delivery_id),
+        )[0]
         if not 1 <= attempt <= MAX_COUNT:
-            raise _BrokenDelivery(delivery_id, f"set aside, not sent: attempts is {attempt}, "
-                                               f"not a count")
+            raise _BrokenDelivery(
+                delivery_id, f"set aside, not sent: attempts is {attempt}, not a count"
+            )
     else:
         attempt = 1
         last = get_meta(db, "last_paced_send")
         paced = flush or last is None or now >= last + settings.outbox_gap
-        waiting = ("inbox_id = %s AND status = 'held' AND delivery_id IS NULL" +
-                   ("" if paced else " AND urgent"))
-        if db.execute(f"SELECT 1 FROM outbox WHERE {waiting} LIMIT 1",
-                      (db.inbox,)).fetchone() is None:
+        waiting = "inbox_id = %s AND status = 'held' AND delivery_id IS NULL" + (
+            "" if paced else " AND urgent"
+        )
+        if (
+            db.execute(f"SELECT 1 FROM outbox WHERE {waiting} LIMIT 1", (db.inbox,)).fetchone()
+            is None
+        ):
             return None
         at_most_once = settings.delivery == "at_most_once"
         delivery_id = db.one(
             "INSERT INTO deliveries(inbox_id, status, attempts, paced, at_most_once, created, "
             "retry_after) VALUES (%s, 'sending', 1, %s, %s, %s, %s) RETURNING id",
-            (db.inbox, paced, at_most_once, now, now + settings.send_timeout))[0]
-        db.execute(f"UPDATE outbox SET delivery_id = %s WHERE {waiting}",
-                   (delivery_id, db.inbox))
+            (db.inbox, paced, at_most_once, now, now + settings.send_timeout),
+        )[0]
+        db.execute(f"UPDATE outbox SET delivery_id = %s WHERE {waiting}", (delivery_id, db.inbox))
         if paced:
             set_meta(db, "last_paced_send", now)
-    bodies = [r[0] for r in db.execute(
-        "SELECT body FROM outbox WHERE inbox_id = %s AND delivery_id = %s ORDER BY id",
-        (db.inbox, delivery_id))]
+    bodies = [
+        r[0]
+        for r in db.execute(
+            "SELECT body FROM outbox WHERE inbox_id = %s AND delivery_id = %s ORDER BY id",
+            (db.inbox, delivery_id),
+        )
+    ]
     if not bodies:
         raise _BrokenDelivery(delivery_id, "set aside, not sent: its messages are missing")
-    return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies),
-            attempt)
+    return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies), attempt)
 
 
 def delivery_key(db: Tx, delivery_id: int) -> str:
@@ -892,79 +1247,135 @@ def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now:
     for the next dispatch, or dies. A late outcome (another dispatcher re-sent meanwhile,
     or an operator settled it) is refused and audited like a stale generation."""
     settings = load_settings(db)
-    row = db.execute("SELECT status, attempts, at_most_once FROM deliveries "
-                     "WHERE inbox_id = %s AND id = %s", (db.inbox, delivery_id)).fetchone()
+    row = db.execute(
+        "SELECT status, attempts, at_most_once FROM deliveries WHERE inbox_id = %s AND id = %s",
+        (db.inbox, delivery_id),
+    ).fetchone()
     if row is None or row[0] != "sending" or row[1] != attempt:
         seen = "no such delivery" if row is None else f"{row[0]}, attempt {row[1]}"
-        audit(db, now, "dispatcher", f"refused {'sent' if error is None else 'failed'}",
-              f"delivery {delivery_id}", seen, None, False,
-              f"late outcome of attempt {attempt}: the delivery is {seen} now")
+        audit(
+            db,
+            now,
+            "dispatcher",
+            f"refused {'sent' if error is None else 'failed'}",
+            f"delivery {delivery_id}",
+            seen,
+            None,
+            False,
+            f"late outcome of attempt {attempt}: the delivery is {seen} now",
+        )
         _bump(db, "refused_writes")
         return False
     _, attempts, at_most_once = row
     if error is None:
-        db.execute("UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = NULL "
-                   "WHERE inbox_id = %s AND id = %s", (now, db.inbox, delivery_id))
-        db.execute("UPDATE outbox SET status = 'sent' WHERE inbox_id = %s AND delivery_id = %s",
-                   (db.inbox, delivery_id))
+        db.execute(
+            "UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = NULL "
+            "WHERE inbox_id = %s AND id = %s",
+            (now, db.inbox, delivery_id),
+        )
+        db.execute(
+            "UPDATE outbox SET status = 'sent' WHERE inbox_id = %s AND delivery_id = %s",
+            (db.inbox, delivery_id),
+        )
         return True
     if at_most_once or attempts >= settings.max_delivery_attempts:
-        db.execute("UPDATE deliveries SET status = 'dead', last_error = %s "
-                   "WHERE inbox_id = %s AND id = %s", (error, db.inbox, delivery_id))
-        db.execute("UPDATE outbox SET status = 'dead' WHERE inbox_id = %s AND delivery_id = %s",
-                   (db.inbox, delivery_id))
+        db.execute(
+            "UPDATE deliveries SET status = 'dead', last_error = %s "
+            "WHERE inbox_id = %s AND id = %s",
+            (error, db.inbox, delivery_id),
+        )
+        db.execute(
+            "UPDATE outbox SET status = 'dead' WHERE inbox_id = %s AND delivery_id = %s",
+            (db.inbox, delivery_id),
+        )
     else:
-        db.execute("UPDATE deliveries SET status = 'failed', last_error = %s "
-                   "WHERE inbox_id = %s AND id = %s", (error, db.inbox, delivery_id))
+        db.execute(
+            "UPDATE deliveries SET status = 'failed', last_error = %s "
+            "WHERE inbox_id = %s AND id = %s",
+            (error, db.inbox, delivery_id),
+        )
     return False
 
 
-def settle_delivery(db: Tx, delivery_id: int, outcome: str, expect: str, now: int, actor: str,
-                    reason: str | None) -> bool:
+def settle_delivery(
+    db: Tx, delivery_id: int, outcome: str, expect: str, now: int, actor: str, reason: str | None
+) -> bool:
     """An operator settles an uncertain delivery: 'sent' (it went out) or 'send again' (its
     messages go back to the outbox, for a new delivery under a new key). Applied only if the
     delivery is uncertain and in the state the operator saw; audited either way."""
     before = delivery_state(db, delivery_id, now)
     applied = before == "uncertain" and before == expect
     if applied and outcome == "sent":
-        db.execute("UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = %s "
-                   "WHERE inbox_id = %s AND id = %s",
-                   (now, f"uncertain; marked sent by {actor}", db.inbox, delivery_id))
-        db.execute("UPDATE outbox SET status = 'sent' WHERE inbox_id = %s AND delivery_id = %s",
-                   (db.inbox, delivery_id))
+        db.execute(
+            "UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = %s "
+            "WHERE inbox_id = %s AND id = %s",
+            (now, f"uncertain; marked sent by {actor}", db.inbox, delivery_id),
+        )
+        db.execute(
+            "UPDATE outbox SET status = 'sent' WHERE inbox_id = %s AND delivery_id = %s",
+            (db.inbox, delivery_id),
+        )
     elif applied:
-        db.execute("UPDATE deliveries SET status = 'dead', last_error = %s "
-                   "WHERE inbox_id = %s AND id = %s",
-                   (f"uncertain; its messages sent again by {actor}", db.inbox, delivery_id))
-        db.execute("UPDATE outbox SET delivery_id = NULL WHERE inbox_id = %s AND "
-                   "delivery_id = %s AND status = 'held'", (db.inbox, delivery_id))
+        db.execute(
+            "UPDATE deliveries SET status = 'dead', last_error = %s "
+            "WHERE inbox_id = %s AND id = %s",
+            (f"uncertain; its messages sent again by {actor}", db.inbox, delivery_id),
+        )
+        db.execute(
+            "UPDATE outbox SET delivery_id = NULL WHERE inbox_id = %s AND "
+            "delivery_id = %s AND status = 'held'",
+            (db.inbox, delivery_id),
+        )
     why = reason
     if not applied:
-        why = ("no such delivery" if before is None else
-               f"changed meanwhile: it is {before} now, not {expect}" if before != expect else
-               f"only an uncertain delivery can be settled (this one is {before})")
+        why = (
+            "no such delivery"
+            if before is None
+            else f"changed meanwhile: it is {before} now, not {expect}"
+            if before != expect
+            else f"only an uncertain delivery can be settled (this one is {before})"
+        )
     after = ("sent" if outcome == "sent" else "sent again") if applied else before
-    audit(db, now, actor, f"delivery {outcome}", f"delivery {delivery_id}", before, after,
-          applied, why)
+    audit(
+        db,
+        now,
+        actor,
+        f"delivery {outcome}",
+        f"delivery {delivery_id}",
+        before,
+        after,
+        applied,
+        why,
+    )
     return applied
 
 
 def delivery_state(db: Tx, delivery_id: int, now: int) -> str | None:
-    row = db.execute("SELECT status, at_most_once, retry_after FROM deliveries "
-                     "WHERE inbox_id = %s AND id = %s", (db.inbox, delivery_id)).fetchone()
+    row = db.execute(
+        "SELECT status, at_most_once, retry_after FROM deliveries WHERE inbox_id = %s AND id = %s",
+        (db.inbox, delivery_id),
+    ).fetchone()
     return None if row is None else _shown_status(row[0], row[1], row[2], now)
 
 
 def uncertain_deliveries(db: Tx, now: int, limit: int) -> list[Delivery]:
-    ids = [r[0] for r in db.execute(f"SELECT id FROM deliveries WHERE {_UNCERTAIN} "
-                                    f"ORDER BY id LIMIT %s", (db.inbox, now, limit))]
+    ids = [
+        r[0]
+        for r in db.execute(
+            f"SELECT id FROM deliveries WHERE {_UNCERTAIN} ORDER BY id LIMIT %s",
+            (db.inbox, now, limit),
+        )
+    ]
     return deliveries(db, MAX_COUNT, now, ids)
 
 
 def next_send_at(db: Tx) -> int | None:
     """When the next paced send is allowed (None when nothing is waiting)."""
-    waiting = db.execute("SELECT 1 FROM outbox WHERE inbox_id = %s AND status = 'held' "
-                         "AND delivery_id IS NULL LIMIT 1", (db.inbox,)).fetchone()
+    waiting = db.execute(
+        "SELECT 1 FROM outbox WHERE inbox_id = %s AND status = 'held' "
+        "AND delivery_id IS NULL LIMIT 1",
+        (db.inbox,),
+    ).fetchone()
     if waiting is None:
         return None
     last = get_meta(db, "last_paced_send")
@@ -973,25 +1384,41 @@ def next_send_at(db: Tx) -> int | None:
 
 # --- operator actions -----------------------------------------------------------------------
 
-def change_event(db: Tx, event_id: int, action: str, allowed: Sequence[str],
-                 expect: str | None, after: str, now: int, actor: str,
-                 reason: str | None) -> bool:
+
+def change_event(
+    db: Tx,
+    event_id: int,
+    action: str,
+    allowed: Sequence[str],
+    expect: str | None,
+    after: str,
+    now: int,
+    actor: str,
+    reason: str | None,
+) -> bool:
     """Move one event from the state the operator saw; report (and change nothing) otherwise."""
-    row = db.execute("SELECT status FROM events WHERE inbox_id = %s AND id = %s",
-                     (db.inbox, event_id)).fetchone()
+    row = db.execute(
+        "SELECT status FROM events WHERE inbox_id = %s AND id = %s", (db.inbox, event_id)
+    ).fetchone()
     before = None if row is None else row[0]
     seen = expect if expect is not None else before
     applied = before is not None and before == seen and before in allowed
-    pruned = applied and after == "pending" and db.one(
-        "SELECT payload IS NULL FROM events WHERE inbox_id = %s AND id = %s",
-        (db.inbox, event_id))[0]
+    pruned = (
+        applied
+        and after == "pending"
+        and db.one(
+            "SELECT payload IS NULL FROM events WHERE inbox_id = %s AND id = %s",
+            (db.inbox, event_id),
+        )[0]
+    )
     applied = applied and not pruned
     if applied:
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
         cursor = db.execute(
             f"UPDATE events SET status = %s, available_at = %s, updated = %s{extra} "
             f"WHERE inbox_id = %s AND id = %s AND status = %s",
-            (after, now, now, db.inbox, event_id, seen))
+            (after, now, now, db.inbox, event_id, seen),
+        )
         applied = cursor.rowcount == 1
     why = reason
     if not applied:
@@ -1003,50 +1430,92 @@ def change_event(db: Tx, event_id: int, action: str, allowed: Sequence[str],
             why = "its payload was pruned; an agent cannot run on nothing"
         else:
             why = f"cannot {action} a {before} event (only {' or '.join(allowed)})"
-    audit(db, now, actor, action, f"event {event_id}", before, after if applied else before,
-          applied, why)
+    audit(
+        db,
+        now,
+        actor,
+        action,
+        f"event {event_id}",
+        before,
+        after if applied else before,
+        applied,
+        why,
+    )
     return applied
 
 
-def set_flag(db: Tx, flag: str, value: bool, action: str, now: int, actor: str,
-             reason: str | None) -> bool:
+def set_flag(
+    db: Tx, flag: str, value: bool, action: str, now: int, actor: str, reason: str | None
+) -> bool:
     before = bool(get_meta(db, flag))
     if before != value:
         set_meta(db, flag, value)
-    audit(db, now, actor, action, flag, str(before).lower(), str(value).lower(),
-          before != value, reason)
+    audit(
+        db,
+        now,
+        actor,
+        action,
+        flag,
+        str(before).lower(),
+        str(value).lower(),
+        before != value,
+        reason,
+    )
     return before != value
 
 
 # --- effect journal -------------------------------------------------------------------------
 
-def intend_effect(db: Tx, holder: str, gen: int, run_id: int, name: str, detail: str,
-                  key: str | None, now: int, event: int | None = None) -> str | None:
+
+def intend_effect(
+    db: Tx,
+    holder: str,
+    gen: int,
+    run_id: int,
+    name: str,
+    detail: str,
+    key: str | None,
+    now: int,
+    event: int | None = None,
+) -> str | None:
     """Record an effect before it happens (fenced); return its idempotency key."""
     if not holds(db, holder, gen, now):
         refuse(db, f"effect {name}", holder, gen, now)
         return None
-    run = db.execute("SELECT event_ids FROM runs WHERE inbox_id = %s AND id = %s AND gen = %s "
-                     "AND outcome IS NULL", (db.inbox, run_id, gen)).fetchone()
+    run = db.execute(
+        "SELECT event_ids FROM runs WHERE inbox_id = %s AND id = %s AND gen = %s "
+        "AND outcome IS NULL",
+        (db.inbox, run_id, gen),
+    ).fetchone()
     if run is None:
-        refuse(db, f"effect {name}", holder, gen, now,
-               f"run {run_id} is not an open run of this generation")
+        refuse(
+            db,
+            f"effect {name}",
+            holder,
+            gen,
+            now,
+            f"run {run_id} is not an open run of this generation",
+        )
         return None
     events = list(_event_ids(run[0]))
     if event is None and len(events) == 1:
         event = events[0]
     elif event is None and key is None:
-        raise BadInput(f"run {run_id} has {len(events)} events; say which one effect {name!r} "
-                       f"is for (event=), so that its key does not depend on the batch")
+        raise BadInput(
+            f"run {run_id} has {len(events)} events; say which one effect {name!r} "
+            f"is for (event=), so that its key does not depend on the batch"
+        )
     elif event is not None and event not in events:
         raise BadInput(f"event {event} is not in run {run_id}")
     if key is None:
         assert event is not None  # no event and no key was refused above
         key = _default_effect_key(db, run_id, event, name)
-    db.execute("INSERT INTO effects(inbox_id, run_id, name, key, state, detail, intended_at, "
-               "event_id) VALUES (%s, %s, %s, %s, 'intended', %s, %s, %s) "
-               "ON CONFLICT (inbox_id, run_id, key) DO NOTHING",
-               (db.inbox, run_id, name, key, detail, now, event))
+    db.execute(
+        "INSERT INTO effects(inbox_id, run_id, name, key, state, detail, intended_at, "
+        "event_id) VALUES (%s, %s, %s, %s, 'intended', %s, %s, %s) "
+        "ON CONFLICT (inbox_id, run_id, key) DO NOTHING",
+        (db.inbox, run_id, name, key, detail, now, event),
+    )
     return key
 
 
@@ -1054,8 +1523,11 @@ def _default_effect_key(db: Tx, run_id: int, event: int, name: str) -> str:
     """Derived from what the effect is for (this inbox, the event, the effect's name, and
     how many times this run intended it for that event), never from the run or how it was
     batched: a retry of the event, alone or in another batch, gets the same keys."""
-    nth = db.one("SELECT count(*) FROM effects WHERE inbox_id = %s AND run_id = %s AND "
-                 "name = %s AND event_id = %s", (db.inbox, run_id, name, event))[0]
+    nth = db.one(
+        "SELECT count(*) FROM effects WHERE inbox_id = %s AND run_id = %s AND "
+        "name = %s AND event_id = %s",
+        (db.inbox, run_id, name, event),
+    )[0]
     return f"onwatch-{get_meta(db, 'uid')}-ev{event}-{name}-{nth + 1}"
 
 
@@ -1063,22 +1535,36 @@ def settle_effect(db: Tx, key: str, state: str, now: int) -> bool:
     """Record that an intended effect happened (or failed); facts are recorded unfenced."""
     # The newest intent under this key is the one being settled (older ones belong to
     # earlier, lost runs of the same events and stay as they were left).
-    return db.execute(
-        "UPDATE effects SET state = %s, settled_at = %s WHERE id = (SELECT max(id) FROM effects "
-        "WHERE inbox_id = %s AND key = %s) AND state = 'intended'",
-        (state, now, db.inbox, key)).rowcount == 1
+    return (
+        db.execute(
+            "UPDATE effects SET state = %s, settled_at = %s WHERE id = "
+            "(SELECT max(id) FROM effects WHERE inbox_id = %s AND key = %s) "
+            "AND state = 'intended'",
+            (state, now, db.inbox, key),
+        ).rowcount
+        == 1
+    )
 
 
 # --- reads ----------------------------------------------------------------------------------
 
+
 def get_event(db: Tx, event_id: int) -> Event | None:
-    row = db.execute(f"SELECT {EVENT_COLUMNS} FROM events WHERE inbox_id = %s AND id = %s",
-                     (db.inbox, event_id)).fetchone()
+    row = db.execute(
+        f"SELECT {EVENT_COLUMNS} FROM events WHERE inbox_id = %s AND id = %s", (db.inbox, event_id)
+    ).fetchone()
     return None if row is None else event_from_row(row)
 
 
-def events(db: Tx, status: str, limit: int, after: int | None, before: int | None,
-           search: str | None, payload: bool = True) -> list[Event]:
+def events(
+    db: Tx,
+    status: str,
+    limit: int,
+    after: int | None,
+    before: int | None,
+    search: str | None,
+    payload: bool = True,
+) -> list[Event]:
     """A keyset page by id: ascending after `after`, or descending before `before`; without
     payloads (None) when `payload` is false, so a list never reads or decodes documents."""
     clauses, params = ["inbox_id = %s", "status = %s"], [db.inbox, status]
@@ -1089,19 +1575,22 @@ def events(db: Tx, status: str, limit: int, after: int | None, before: int | Non
         clauses.append("id < %s")
         params.append(before)
     if search:
-        clauses.append("(strpos(lower(source), %s) > 0 OR strpos(lower(source_id), %s) > 0 "
-                       "OR strpos(lower(coalesce(error, '')), %s) > 0)")
+        clauses.append(
+            "(strpos(lower(source), %s) > 0 OR strpos(lower(source_id), %s) > 0 "
+            "OR strpos(lower(coalesce(error, '')), %s) > 0)"
+        )
         params += [search.lower()] * 3
     order = "DESC" if before is not None and after is None else "ASC"
     columns = EVENT_COLUMNS if payload else EVENT_COLUMNS.replace("payload", "NULL")
-    rows = db.execute(f"SELECT {columns} FROM events WHERE {' AND '.join(clauses)} "
-                      f"ORDER BY id {order} LIMIT %s", (*params, limit))
+    rows = db.execute(
+        f"SELECT {columns} FROM events WHERE {' AND '.join(clauses)} ORDER BY id {order} LIMIT %s",
+        (*params, limit),
+    )
     return [event_from_row(r) for r in rows]
 
 
 def counts(db: Tx) -> dict[str, int]:
-    return dict(db.execute("SELECT status, n FROM event_counts WHERE inbox_id = %s",
-                           (db.inbox,)))
+    return dict(db.execute("SELECT status, n FROM event_counts WHERE inbox_id = %s", (db.inbox,)))
 
 
 def lease_info(db: Tx) -> Lease | None:
@@ -1109,36 +1598,56 @@ def lease_info(db: Tx) -> Lease | None:
 
 
 def lease_history(db: Tx, limit: int) -> list[LeaseChange]:
-    return [LeaseChange(*r) for r in db.execute(
-        "SELECT gen, holder, previous_holder, at, how FROM lease_history WHERE inbox_id = %s "
-        "ORDER BY gen DESC LIMIT %s", (db.inbox, limit))]
+    return [
+        LeaseChange(*r)
+        for r in db.execute(
+            "SELECT gen, holder, previous_holder, at, how FROM lease_history WHERE inbox_id = %s "
+            "ORDER BY gen DESC LIMIT %s",
+            (db.inbox, limit),
+        )
+    ]
 
 
 def timers(db: Tx, limit: int) -> list[Timer]:
-    return [timer_from_row(r) for r in db.execute(
-        f"SELECT {TIMER_COLUMNS} FROM timers WHERE inbox_id = %s ORDER BY due, id LIMIT %s",
-        (db.inbox, limit))]
+    return [
+        timer_from_row(r)
+        for r in db.execute(
+            f"SELECT {TIMER_COLUMNS} FROM timers WHERE inbox_id = %s ORDER BY due, id LIMIT %s",
+            (db.inbox, limit),
+        )
+    ]
 
 
 def approvals(db: Tx, limit: int) -> list[Approval]:
     """Waiting ones first (soonest deadline first), then the latest answered."""
     columns = "request_id, action, due, answer, requested, answered_at, answered_by"
-    waiting = db.execute(f"SELECT {columns} FROM approvals WHERE inbox_id = %s AND answer IS "
-                         f"NULL ORDER BY due LIMIT %s", (db.inbox, limit)).fetchall()
-    answered = db.execute(f"SELECT {columns} FROM approvals WHERE inbox_id = %s AND answer IS "
-                          f"NOT NULL ORDER BY answered_at DESC LIMIT %s",
-                          (db.inbox, max(limit - len(waiting), 0))).fetchall()
+    waiting = db.execute(
+        f"SELECT {columns} FROM approvals WHERE inbox_id = %s AND answer IS "
+        f"NULL ORDER BY due LIMIT %s",
+        (db.inbox, limit),
+    ).fetchall()
+    answered = db.execute(
+        f"SELECT {columns} FROM approvals WHERE inbox_id = %s AND answer IS "
+        f"NOT NULL ORDER BY answered_at DESC LIMIT %s",
+        (db.inbox, max(limit - len(waiting), 0)),
+    ).fetchall()
     return [Approval(*r) for r in waiting + answered]
 
 
 def held_messages(db: Tx, limit: int) -> list[Message]:
-    return [Message(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6]) for r in db.execute(
-        "SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox "
-        "WHERE inbox_id = %s AND status = 'held' ORDER BY id LIMIT %s", (db.inbox, limit))]
+    return [
+        Message(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6])
+        for r in db.execute(
+            "SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox "
+            "WHERE inbox_id = %s AND status = 'held' ORDER BY id LIMIT %s",
+            (db.inbox, limit),
+        )
+    ]
 
 
-def deliveries(db: Tx, limit: int, now: int | None = None,
-               ids: Sequence[int] | None = None) -> list[Delivery]:
+def deliveries(
+    db: Tx, limit: int, now: int | None = None, ids: Sequence[int] | None = None
+) -> list[Delivery]:
     """Newest first (or the given ids, oldest first); with `now`, an at-most-once delivery
     cut off mid-send shows as 'uncertain'."""
     rows = db.execute(
@@ -1147,20 +1656,37 @@ def deliveries(db: Tx, limit: int, now: int | None = None,
         "NOT d.paced, d.at_most_once, d.retry_after, d.broken FROM deliveries d "
         "WHERE d.inbox_id = %s AND (%s::bigint[] IS NULL OR d.id = ANY(%s::bigint[])) "
         f"ORDER BY d.id {'ASC' if ids is not None else 'DESC'} LIMIT %s",
-        (db.inbox, None if ids is None else list(ids), None if ids is None else list(ids),
-         limit)).fetchall()
-    return [Delivery(r[0], delivery_key(db, r[0]), _shown_status(r[1], r[8], r[9], now), r[2],
-                     r[3], r[4], r[5], r[10] or r[6], bool(r[7])) for r in rows]
+        (db.inbox, None if ids is None else list(ids), None if ids is None else list(ids), limit),
+    ).fetchall()
+    return [
+        Delivery(
+            r[0],
+            delivery_key(db, r[0]),
+            _shown_status(r[1], r[8], r[9], now),
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            r[10] or r[6],
+            bool(r[7]),
+        )
+        for r in rows
+    ]
 
 
 def audit_entries(db: Tx, limit: int, target: str | None) -> list[AuditEntry]:
     columns = "id, at, actor, action, target, before, after, applied, reason"
     if target is None:
-        rows = db.execute(f"SELECT {columns} FROM audit WHERE inbox_id = %s ORDER BY id DESC "
-                          f"LIMIT %s", (db.inbox, limit))
+        rows = db.execute(
+            f"SELECT {columns} FROM audit WHERE inbox_id = %s ORDER BY id DESC LIMIT %s",
+            (db.inbox, limit),
+        )
     else:
-        rows = db.execute(f"SELECT {columns} FROM audit WHERE inbox_id = %s AND target = %s "
-                          f"ORDER BY id DESC LIMIT %s", (db.inbox, target, limit))
+        rows = db.execute(
+            f"SELECT {columns} FROM audit WHERE inbox_id = %s AND target = %s "
+            f"ORDER BY id DESC LIMIT %s",
+            (db.inbox, target, limit),
+        )
     return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in rows]
 
 
@@ -1168,23 +1694,32 @@ def run_records(db: Tx, ids: Iterable[int]) -> list[Run]:
     rows = db.execute(
         "SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, "
         "traceback FROM runs WHERE inbox_id = %s AND id = ANY(%s) ORDER BY id",
-        (db.inbox, list(ids)))
-    return [Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
-            for r in rows]
+        (db.inbox, list(ids)),
+    )
+    return [
+        Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
+        for r in rows
+    ]
 
 
 def runs_for_event(db: Tx, event_id: int) -> list[Run]:
     """Every run that claimed this event (history for the detail view)."""
-    ids = [r[0] for r in db.execute(
-        "SELECT run_id FROM run_events WHERE inbox_id = %s AND event_id = %s ORDER BY run_id",
-        (db.inbox, event_id))]
+    ids = [
+        r[0]
+        for r in db.execute(
+            "SELECT run_id FROM run_events WHERE inbox_id = %s AND event_id = %s ORDER BY run_id",
+            (db.inbox, event_id),
+        )
+    ]
     return run_records(db, ids)
 
 
 def effects_for_run(db: Tx, run_ids: Sequence[int]) -> list[Effect]:
     rows = db.execute(
         "SELECT id, run_id, name, key, state, detail, intended_at, settled_at FROM effects "
-        "WHERE inbox_id = %s AND run_id = ANY(%s) ORDER BY id", (db.inbox, list(run_ids)))
+        "WHERE inbox_id = %s AND run_id = ANY(%s) ORDER BY id",
+        (db.inbox, list(run_ids)),
+    )
     return [Effect(r[0], r[1], r[2], r[3], r[4], _shown(r[5]), r[6], r[7]) for r in rows]
 
 
@@ -1192,37 +1727,56 @@ def overview(db: Tx, now: int) -> Overview:
     settings = load_settings(db)
     takeovers, refused, paused, outbox_held, set_aside = db.one(
         "SELECT takeovers, refused_writes, paused, outbox_held, set_aside FROM inboxes "
-        "WHERE id = %s", (db.inbox,))
-    uncertain = db.one(f"SELECT count(*) FROM deliveries WHERE {_UNCERTAIN}",
-                       (db.inbox, now))[0]
-    held = db.one("SELECT count(*) FROM outbox WHERE inbox_id = %s AND status = 'held'",
-                  (db.inbox,))[0]
-    waiting = db.one("SELECT count(*) FROM approvals WHERE inbox_id = %s AND answer IS NULL",
-                     (db.inbox,))[0]
-    timer_count = db.one("SELECT count(*) FROM timers WHERE inbox_id = %s",
-                         (db.inbox,))[0]
+        "WHERE id = %s",
+        (db.inbox,),
+    )
+    uncertain = db.one(f"SELECT count(*) FROM deliveries WHERE {_UNCERTAIN}", (db.inbox, now))[0]
+    held = db.one(
+        "SELECT count(*) FROM outbox WHERE inbox_id = %s AND status = 'held'", (db.inbox,)
+    )[0]
+    waiting = db.one(
+        "SELECT count(*) FROM approvals WHERE inbox_id = %s AND answer IS NULL", (db.inbox,)
+    )[0]
+    timer_count = db.one("SELECT count(*) FROM timers WHERE inbox_id = %s", (db.inbox,))[0]
     runs_day = runs_since(db, now - DAY)
     pending = counts(db)
     budgets = {
-        "max_runs_per_day": {"limit": settings.max_runs_per_day, "used": runs_day,
-                             "excess": "delayed"},
-        "max_pending": {"limit": settings.max_pending, "used": pending.get("pending", 0),
-                        "excess": "refused"},
+        "max_runs_per_day": {
+            "limit": settings.max_runs_per_day,
+            "used": runs_day,
+            "excess": "delayed",
+        },
+        "max_pending": {
+            "limit": settings.max_pending,
+            "used": pending.get("pending", 0),
+            "excess": "refused",
+        },
         "max_followups_per_run": {"limit": settings.max_followups_per_run, "excess": "refused"},
         "max_run_seconds": {"limit": settings.max_run_seconds, "excess": "lost claim"},
     }
     return Overview(
-        now=now, counts=pending, lease=lease_info(db), takeovers=takeovers,
-        refused_writes=refused, paused=bool(paused), outbox_held=bool(outbox_held),
-        held_messages=held, next_send_at=next_send_at(db) if held else None,
-        next_timer_due=next_timer_due(db), waiting_approvals=waiting, runs_last_day=runs_day,
-        budgets=budgets, timers=timer_count, uncertain_deliveries=uncertain,
-        set_aside=set_aside, lease_released=_lease_released(db))
+        now=now,
+        counts=pending,
+        lease=lease_info(db),
+        takeovers=takeovers,
+        refused_writes=refused,
+        paused=bool(paused),
+        outbox_held=bool(outbox_held),
+        held_messages=held,
+        next_send_at=next_send_at(db) if held else None,
+        next_timer_due=next_timer_due(db),
+        waiting_approvals=waiting,
+        runs_last_day=runs_day,
+        budgets=budgets,
+        timers=timer_count,
+        uncertain_deliveries=uncertain,
+        set_aside=set_aside,
+        lease_released=_lease_released(db),
+    )
 
 
 def _lease_released(db: Tx) -> bool:
-    gen, released = db.one("SELECT lease_gen, released_gen FROM inboxes WHERE id = %s",
-                           (db.inbox,))
+    gen, released = db.one("SELECT lease_gen, released_gen FROM inboxes WHERE id = %s", (db.inbox,))
     return gen is not None and released == gen
 
 
@@ -1233,14 +1787,17 @@ def next_wake(db: Tx, now: int) -> int | None:
     settings = load_settings(db)
     candidates = [next_timer_due(db)]
     if not get_meta(db, "paused"):
-        pending = db.one("SELECT min(available_at) FROM events WHERE inbox_id = %s "
-                         "AND status = 'pending'", (db.inbox,))[0]
+        pending = db.one(
+            "SELECT min(available_at) FROM events WHERE inbox_id = %s AND status = 'pending'",
+            (db.inbox,),
+        )[0]
         limit = settings.max_runs_per_day
         if pending is not None and limit is not None:
             oldest_counted = db.execute(
                 "SELECT claimed_at FROM runs WHERE inbox_id = %s AND claimed_at > %s "
                 "ORDER BY claimed_at DESC LIMIT 1 OFFSET %s",
-                (db.inbox, now - DAY, limit - 1)).fetchone()
+                (db.inbox, now - DAY, limit - 1),
+            ).fetchone()
             if oldest_counted is not None:
                 pending = max(pending, oldest_counted[0] + DAY)
         candidates.append(pending)
@@ -1248,9 +1805,11 @@ def next_wake(db: Tx, now: int) -> int | None:
         candidates += [
             next_send_at(db),
             # A send that a crashed dispatcher left half-done may be retried from then on.
-            db.one("SELECT min(retry_after) + 1 FROM deliveries WHERE inbox_id = %s "
-                   "AND status = 'sending' AND NOT at_most_once",
-                   (db.inbox,))[0],
+            db.one(
+                "SELECT min(retry_after) + 1 FROM deliveries WHERE inbox_id = %s "
+                "AND status = 'sending' AND NOT at_most_once",
+                (db.inbox,),
+            )[0],
         ]
     known = [c for c in candidates if c is not None]
     return min(known) if known else None
@@ -1258,14 +1817,20 @@ def next_wake(db: Tx, now: int) -> int | None:
 
 # --- only on PostgreSQL ---------------------------------------------------------------------
 
+
 def change_token(db: Tx) -> tuple[int, int]:
     """The inbox's change counter: one more for every commit that changed a row of it."""
     return db.one("SELECT changes, 0 FROM inboxes WHERE id = %s", (db.inbox,))
 
 
 def key_stored(db: Tx, source: str, source_id: str) -> bool:
-    return db.execute("SELECT 1 FROM events WHERE inbox_id = %s AND source = %s "
-                      "AND source_id = %s", (db.inbox, source, source_id)).fetchone() is not None
+    return (
+        db.execute(
+            "SELECT 1 FROM events WHERE inbox_id = %s AND source = %s AND source_id = %s",
+            (db.inbox, source, source_id),
+        ).fetchone()
+        is not None
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -1307,6 +1872,14 @@ def list_inboxes(conn: Any, after: str, limit: int) -> list[InboxSummary]:
     lease and waiting approvals: one query walking the name index, two index probes a row."""
     rows = conn.execute(LIST_INBOXES, (after, limit)).fetchall()
     states = ("pending", "running", "done", "dead", "interrupted", "cancelled")
-    return [InboxSummary(r[0], dict(zip(states, (int(n) for n in r[5:11]), strict=True)),
-                         None if r[1] is None else Lease(r[1], r[2], r[3]), bool(r[4]),
-                         r[11], r[12]) for r in rows]
+    return [
+        InboxSummary(
+            r[0],
+            dict(zip(states, (int(n) for n in r[5:11]), strict=True)),
+            None if r[1] is None else Lease(r[1], r[2], r[3]),
+            bool(r[4]),
+            r[11],
+            r[12],
+        )
+        for r in rows
+    ]

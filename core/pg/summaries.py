@@ -60,9 +60,11 @@ def changes(conn: psycopg.Connection[Row]) -> list[tuple[int, str, int]]:
     return [(int(r[0]), r[1], int(r[2])) for r in conn.execute(CHANGES).fetchall()]
 
 
-def summaries(conn: psycopg.Connection[Row], ids: Sequence[int], since: int, shown: int,
-              chars: int) -> list[Row]:
+def summaries(
+    conn: psycopg.Connection[Row], ids: Sequence[int], since: int, shown: int, chars: int
+) -> list[Row]:
     """The summary rows of inboxes `ids` (see SUMMARIES for the columns), runs counted
     after `since`, the `shown` soonest waiting approvals with `chars` of their action."""
-    return conn.execute(SUMMARIES, {"ids": list(ids), "since": since, "shown": shown,
-                                    "chars": chars}).fetchall()
+    return conn.execute(
+        SUMMARIES, {"ids": list(ids), "since": since, "shown": shown, "chars": chars}
+    ).fetchall()

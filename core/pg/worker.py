@@ -29,8 +29,7 @@ class ListeningWorker(Worker):
             raise BadInput(f"inbox {self.inbox.path} is not in PostgreSQL: nothing to listen to")
         listener = self.listener
         if listener is None:
-            listener = self.listener = await Listener.open(db.url,
-                                                           poll_interval=self.poll_interval)
+            listener = self.listener = await Listener.open(db.url, poll_interval=self.poll_interval)
         db.wake.attach(listener)
         try:
             return await super().run()

@@ -21,8 +21,16 @@ if TYPE_CHECKING:
 
     from .server import RunningServer
 
-__all__ = ["ConfigError", "Secret", "Secrets", "SignatureError", "check_serve_args",
-           "load_secrets", "main", "start_server"]
+__all__ = [
+    "ConfigError",
+    "Secret",
+    "Secrets",
+    "SignatureError",
+    "check_serve_args",
+    "load_secrets",
+    "main",
+    "start_server",
+]
 
 
 def main(args: Any) -> int:
@@ -41,14 +49,28 @@ def main(args: Any) -> int:
     if args.config is not None and (warning := config_file_warning(args.config)):
         print(f"onwatch serve: warning: {printable(warning)}", file=sys.stderr)
     from .server import run
-    return run(os.fspath(args.path), host=host, port=port, secrets=secrets, max_body=max_body,
-               busy_timeout=getattr(args, "busy_timeout", 5.0),
-               name=getattr(args, "inbox", "default"))
+
+    return run(
+        os.fspath(args.path),
+        host=host,
+        port=port,
+        secrets=secrets,
+        max_body=max_body,
+        busy_timeout=getattr(args, "busy_timeout", 5.0),
+        name=getattr(args, "inbox", "default"),
+    )
 
 
-async def start_server(inbox: "Inbox", *, secrets: Secrets, host: str = "127.0.0.1",
-                       port: int = 0, max_body: int | None = None) -> "RunningServer":
+async def start_server(
+    inbox: "Inbox",
+    *,
+    secrets: Secrets,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_body: int | None = None,
+) -> "RunningServer":
     """Serve webhooks into an open `inbox` (see server.start_server); for tests and embedding.
     `await (await start_server(...)).close()` stops it."""
     from .server import start_server as start
+
     return await start(inbox, secrets=secrets, host=host, port=port, max_body=max_body)

@@ -14,8 +14,14 @@ def check_serve_args(args: Any) -> tuple[str, int, int | None]:
     """(host, port, max_body) of `onwatch serve` once each is one the server can take;
     raises ConfigError (one line, naming the option) otherwise."""
     host, port, max_body = args.host, args.port, args.max_body
-    if not isinstance(host, str) or not host or len(host) > 253 or not host.isascii() \
-            or not host.isprintable() or " " in host:
+    if (
+        not isinstance(host, str)
+        or not host
+        or len(host) > 253
+        or not host.isascii()
+        or not host.isprintable()
+        or " " in host
+    ):
         raise ConfigError("--host must name an interface, e.g. 127.0.0.1")
     try:
         host.encode("idna")  # what the resolver will do with it: a bad label fails here
@@ -23,7 +29,8 @@ def check_serve_args(args: Any) -> tuple[str, int, int | None]:
         raise ConfigError(f"--host {host!r} is not a host name or address") from None
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise ConfigError(f"--port must be 0-65535, got {port!r}")
-    if max_body is not None and (isinstance(max_body, bool) or not isinstance(max_body, int)
-                                 or not 0 < max_body <= MAX_BODY):
+    if max_body is not None and (
+        isinstance(max_body, bool) or not isinstance(max_body, int) or not 0 < max_body <= MAX_BODY
+    ):
         raise ConfigError(f"--max-body must be 1-{MAX_BODY} bytes, got {max_body!r}")
     return host, port, max_body

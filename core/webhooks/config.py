@@ -44,6 +44,8 @@ ENV_STRIPE = "ONWATCH_STRIPE_SECRET"
 ENV_HOOK_PREFIX = "ONWATCH_HOOK_SECRET_"
 STANDARD_PREFIX = "whsec_"
 MIN_STANDARD_KEY = 16  # bytes: below 128 bits a key can be guessed offline from one delivery
+
+
 class ConfigError(ValueError):
     """The secrets configuration is unusable; the message is one line for a person."""
 
@@ -99,9 +101,11 @@ class Secrets:
         """One line naming the served hooks and where their secrets came from."""
         if not self.routes:
             return "no hooks"
-        return ", ".join(f"/hooks/{name} ({len(route.secrets)} secret"
-                         f"{'s' if len(route.secrets) != 1 else ''} from {route.origin})"
-                         for name, route in sorted(self.routes.items()))
+        return ", ".join(
+            f"/hooks/{name} ({len(route.secrets)} secret"
+            f"{'s' if len(route.secrets) != 1 else ''} from {route.origin})"
+            for name, route in sorted(self.routes.items())
+        )
 
     def __repr__(self) -> str:
         return f"Secrets({', '.join(sorted(self.routes)) or 'none'})"
@@ -116,8 +120,10 @@ def load_secrets(environ: Mapping[str, str], config_path: str | os.PathLike[str]
         routes.update(_from_file(os.fspath(config_path)))
     routes.update(_from_environ(environ))
     if not routes:
-        raise ConfigError(f"no webhook secrets configured: set {ENV_GITHUB}, {ENV_STRIPE} or "
-                          f"{ENV_HOOK_PREFIX}<SOURCE>, or pass --config FILE")
+        raise ConfigError(
+            f"no webhook secrets configured: set {ENV_GITHUB}, {ENV_STRIPE} or "
+            f"{ENV_HOOK_PREFIX}<SOURCE>, or pass --config FILE"
+        )
     return Secrets(routes)
 
 
@@ -128,8 +134,10 @@ def config_file_warning(path: str | os.PathLike[str]) -> str | None:
     except (OSError, ValueError):
         return None
     if os.name == "posix" and mode & (stat.S_IRWXG | stat.S_IRWXO):
-        return (f"config file {os.fspath(path)} is readable by other users; "
-                f"run: chmod 600 {os.fspath(path)}")
+        return (
+            f"config file {os.fspath(path)} is readable by other users; "
+            f"run: chmod 600 {os.fspath(path)}"
+        )
     return None
 
 
@@ -141,11 +149,15 @@ def reserved_sources() -> tuple[str, ...]:
 
 def _check_source(name: str, where: str) -> None:
     if not isinstance(name, str) or not _SOURCE.fullmatch(name):
-        raise ConfigError(f"{where}: hook name {name!r} must be 1-64 characters of a-z, 0-9, "
-                          f"'_' or '-', starting with a letter or digit")
+        raise ConfigError(
+            f"{where}: hook name {name!r} must be 1-64 characters of a-z, 0-9, "
+            f"'_' or '-', starting with a letter or digit"
+        )
     if name in reserved_sources():
-        raise ConfigError(f"{where}: hook name {name!r} is reserved for the engine's own "
-                          f"events (approval answers, timers); choose another name")
+        raise ConfigError(
+            f"{where}: hook name {name!r} is reserved for the engine's own "
+            f"events (approval answers, timers); choose another name"
+        )
 
 
 def _standard_keys(where: str, secrets: tuple[Secret, ...]) -> tuple[Secret, ...]:
@@ -153,7 +165,7 @@ def _standard_keys(where: str, secrets: tuple[Secret, ...]) -> tuple[Secret, ...
     keys = []
     for secret in secrets:
         text = secret.decode("utf-8", "replace")
-        encoded = text[len(STANDARD_PREFIX):] if text.startswith(STANDARD_PREFIX) else None
+        encoded = text[len(STANDARD_PREFIX) :] if text.startswith(STANDARD_PREFIX) else None
         key = b""
         if encoded:
             try:  # senders print it with or without the trailing '=' padding
@@ -161,9 +173,11 @@ def _standard_keys(where: str, secrets: tuple[Secret, ...]) -> tuple[Secret, ...
             except (binascii.Error, ValueError):
                 key = b""
         if len(key) < MIN_STANDARD_KEY:
-            raise ConfigError(f"{where}: a Standard Webhooks secret is {STANDARD_PREFIX!r} "
-                              f"followed by base64 of at least {MIN_STANDARD_KEY} bytes (the "
-                              f"body-only X-Onwatch-Signature scheme is gone; see the README)")
+            raise ConfigError(
+                f"{where}: a Standard Webhooks secret is {STANDARD_PREFIX!r} "
+                f"followed by base64 of at least {MIN_STANDARD_KEY} bytes (the "
+                f"body-only X-Onwatch-Signature scheme is gone; see the README)"
+            )
         keys.append(Secret(key))
     return tuple(keys)
 
@@ -184,8 +198,10 @@ def _secret_list(where: str, value: object) -> tuple[Secret, ...]:
         if not item:
             raise ConfigError(f"{where} has an empty secret")
         if item != item.strip():
-            raise ConfigError(f"{where} has a secret with leading or trailing whitespace; "
-                              f"remove it (signatures would never match)")
+            raise ConfigError(
+                f"{where} has a secret with leading or trailing whitespace; "
+                f"remove it (signatures would never match)"
+            )
         secrets.append(Secret(item))
     return tuple(secrets)
 
@@ -198,10 +214,12 @@ def _from_environ(environ: Mapping[str, str]) -> dict[str, Route]:
         elif name == ENV_STRIPE:
             source = "stripe"
         elif name.startswith(ENV_HOOK_PREFIX):
-            source = name[len(ENV_HOOK_PREFIX):].lower()
+            source = name[len(ENV_HOOK_PREFIX) :].lower()
             if source in PROVIDERS:
-                raise ConfigError(f"{name}: use {ENV_GITHUB if source == 'github' else ENV_STRIPE}"
-                                  f" for /hooks/{source}")
+                raise ConfigError(
+                    f"{name}: use {ENV_GITHUB if source == 'github' else ENV_STRIPE}"
+                    f" for /hooks/{source}"
+                )
             _check_source(source, name)
         else:
             continue
@@ -232,19 +250,23 @@ def _from_file(path: str) -> dict[str, Route]:
             routes[key] = _route_table(path, f"[{key}]", table)
         elif key == "hooks":
             if not isinstance(table, dict):
-                raise ConfigError(f"config file {path}: 'hooks' must be a table of "
-                                  f"[hooks.<source>] tables")
+                raise ConfigError(
+                    f"config file {path}: 'hooks' must be a table of [hooks.<source>] tables"
+                )
             for source, sub in table.items():
                 where = f"[hooks.{source}]"
                 _check_source(source, f"config file {path}: {where}")
                 if source in PROVIDERS:
                     raise ConfigError(f"config file {path}: use [{source}], not {where}")
                 route = _route_table(path, where, sub)
-                routes[source] = Route(_standard_keys(f"config file {path}: {where}",
-                                                      route.secrets), route.origin)
+                routes[source] = Route(
+                    _standard_keys(f"config file {path}: {where}", route.secrets), route.origin
+                )
         else:
-            raise ConfigError(f"config file {path}: unknown section {key!r} "
-                              f"(expected [github], [stripe] or [hooks.<source>])")
+            raise ConfigError(
+                f"config file {path}: unknown section {key!r} "
+                f"(expected [github], [stripe] or [hooks.<source>])"
+            )
     return routes
 
 
@@ -253,11 +275,14 @@ def _route_table(path: str, where: str, table: object) -> Route:
         raise ConfigError(f"config file {path}: {where} must be a table")
     unknown = set(table) - {"secret", "secrets"}
     if unknown:
-        raise ConfigError(f"config file {path}: {where} has unknown key(s) "
-                          f"{', '.join(sorted(unknown))} (expected secret or secrets)")
+        raise ConfigError(
+            f"config file {path}: {where} has unknown key(s) "
+            f"{', '.join(sorted(unknown))} (expected secret or secrets)"
+        )
     if len(table) != 1:
-        raise ConfigError(f"config file {path}: {where} needs exactly one of secret = \"…\" "
-                          f"or secrets = [\"…\", …]")
+        raise ConfigError(
+            f'config file {path}: {where} needs exactly one of secret = "…" or secrets = ["…", …]'
+        )
     ((key, value),) = table.items()
     if key == "secret" and not isinstance(value, str):
         raise ConfigError(f"config file {path}: {where} secret must be a string")

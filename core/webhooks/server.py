@@ -55,6 +55,7 @@ async def _continue(request: web.Request) -> None:
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the interim response is not part of the body's size
 
+
 log = logging.getLogger("onwatch.webhooks")
 
 BODY_TIMEOUT = 30.0  # seconds to receive a whole body before 408
@@ -66,29 +67,29 @@ LINGERING_TIME = 2.0
 SHUTDOWN_TIMEOUT = 10.0  # seconds in-flight requests get to finish on SIGTERM
 # Request storage key: what the handler decided, for the access log line (a typed RequestKey
 # where this aiohttp has one, a plain string in older 3.x).
-_NOTE: Any = (web.RequestKey("onwatch_note", str) if hasattr(web, "RequestKey")
-              else "onwatch_note")
+_NOTE: Any = web.RequestKey("onwatch_note", str) if hasattr(web, "RequestKey") else "onwatch_note"
 
 
 class Refused(Exception):
     """An answer other than 2xx; `close` ends the connection (body left unread)."""
 
-    def __init__(self, status: int, reason: str, *, retry_after: int | None = None,
-                 close: bool = False) -> None:
+    def __init__(
+        self, status: int, reason: str, *, retry_after: int | None = None, close: bool = False
+    ) -> None:
         super().__init__(reason)
         self.status, self.reason = status, reason
         self.retry_after, self.close = retry_after, close
 
     def response(self) -> web.Response:
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after else None
-        response = web.json_response({"error": self.reason}, status=self.status,
-                                     headers=headers)
+        response = web.json_response({"error": self.reason}, status=self.status, headers=headers)
         if self.close:
             response.force_close()
         return response
 
 
 # --- what each kind of hook checks and stores -------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Scheme:
@@ -108,6 +109,7 @@ class Scheme:
 def _parse_json(body: bytes) -> Any:
     def refuse_constant(name: str) -> Any:
         raise ValueError(f"{name} is not JSON")
+
     try:
         return json.loads(body, parse_constant=refuse_constant)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
@@ -121,12 +123,16 @@ def _header(headers: Mapping[str, str], name: str) -> str:
     return value
 
 
-def _hmac_scheme(header: str,
-                 event: Callable[[Mapping[str, str], bytes], tuple[str, Any]]) -> Scheme:
+def _hmac_scheme(
+    header: str, event: Callable[[Mapping[str, str], bytes], tuple[str, Any]]
+) -> Scheme:
     """GitHub's scheme: `header: sha256=<hex HMAC of the raw body>`."""
-    def verify(body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...],
-               now: int) -> None:
+
+    def verify(
+        body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...], now: int
+    ) -> None:
         verify_sha256_header(body, headers.get(header), secrets, name=header)
+
     return Scheme(header, verify, event)
 
 
@@ -147,8 +153,9 @@ def _github_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
     return delivery, {"event": kind, "body": _parse_json(body)}
 
 
-def _stripe_verify(body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...],
-                   now: int) -> None:
+def _stripe_verify(
+    body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...], now: int
+) -> None:
     verify_stripe(body, headers.get("Stripe-Signature"), secrets, now=now)
 
 
@@ -163,16 +170,25 @@ def _stripe_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
 def _standard_names(headers: Mapping[str, str]) -> str:
     """The header prefix the sender used: `webhook-` (the specification's), or `svix-`, which
     Svix-based senders send instead unless told otherwise (the same scheme)."""
-    return "svix-" if not headers.get("webhook-signature") and headers.get("svix-signature") \
+    return (
+        "svix-"
+        if not headers.get("webhook-signature") and headers.get("svix-signature")
         else "webhook-"
+    )
 
 
-def _standard_verify(body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...],
-                     now: int) -> None:
+def _standard_verify(
+    body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...], now: int
+) -> None:
     prefix = _standard_names(headers)
-    verify_standard(body, headers.get(prefix + "id", "").strip(),
-                    headers.get(prefix + "timestamp", "").strip(),
-                    headers.get(prefix + "signature"), secrets, now=now)
+    verify_standard(
+        body,
+        headers.get(prefix + "id", "").strip(),
+        headers.get(prefix + "timestamp", "").strip(),
+        headers.get(prefix + "signature"),
+        secrets,
+        now=now,
+    )
 
 
 def _standard_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
@@ -186,8 +202,10 @@ class _StandardScheme(Scheme):
         return bool(headers.get("webhook-signature") or headers.get("svix-signature"))
 
 
-SCHEMES = {"github": _hmac_scheme("X-Hub-Signature-256", _github_event),
-           "stripe": Scheme("Stripe-Signature", _stripe_verify, _stripe_event)}
+SCHEMES = {
+    "github": _hmac_scheme("X-Hub-Signature-256", _github_event),
+    "stripe": Scheme("Stripe-Signature", _stripe_verify, _stripe_event),
+}
 # Every other hook: Standard Webhooks. The body-only X-Onwatch-Signature scheme it replaces
 # signed neither an id nor a time, so a captured request could be replayed forever under a
 # fresh Idempotency-Key.
@@ -195,6 +213,7 @@ STANDARD = _StandardScheme("webhook-signature", _standard_verify, _standard_even
 
 
 # --- the app ------------------------------------------------------------------------------
+
 
 class Receiver:
     """The request handling of one inbox: `app` is the aiohttp application."""
@@ -204,10 +223,12 @@ class Receiver:
         self.secrets = secrets
         self.max_body = max_body or inbox.settings.max_payload_bytes
         self.app = web.Application()
-        self.app.router.add_post(f"/hooks/{{source:{SOURCE_PATTERN}}}", self.handle,
-                                 expect_handler=self.expect)
+        self.app.router.add_post(
+            f"/hooks/{{source:{SOURCE_PATTERN}}}", self.handle, expect_handler=self.expect
+        )
         # GET /metrics: the inbox's state and this receiver's counts, for Prometheus
         from core.metrics import InboxMetrics
+
         self.metrics = InboxMetrics(inbox)
         self.app.router.add_get("/metrics", self.metrics.handle)
 
@@ -272,8 +293,7 @@ class Receiver:
                         raise Refused(413, f"body over {self.max_body} bytes", close=True)
                     chunks.append(chunk)
         except TimeoutError:
-            raise Refused(408, f"body not received within {BODY_TIMEOUT:g} s",
-                          close=True) from None
+            raise Refused(408, f"body not received within {BODY_TIMEOUT:g} s", close=True) from None
 
     async def _store(self, source: str, source_id: str, payload: Any) -> bool:
         replaced = self.inbox.file_replaced()
@@ -281,16 +301,21 @@ class Receiver:
             # Acknowledging would store the delivery in a file nobody reads: refuse, so the
             # sender retries once the receiver is restarted on the file now at the path.
             log.error("refusing %s delivery: %s; restart the receiver", source, replaced)
-            raise Refused(503, "inbox file deleted or replaced; restart the receiver",
-                          retry_after=RETRY_AFTER_BUSY)
+            raise Refused(
+                503,
+                "inbox file deleted or replaced; restart the receiver",
+                retry_after=RETRY_AFTER_BUSY,
+            )
         try:
             return await self.inbox.ingest(source, source_id, payload)
         except BudgetExceeded:
-            raise Refused(503, "inbox full (max_pending); retry later",
-                          retry_after=RETRY_AFTER_FULL) from None
+            raise Refused(
+                503, "inbox full (max_pending); retry later", retry_after=RETRY_AFTER_FULL
+            ) from None
         except InboxBusy:
-            raise Refused(503, "inbox locked by another process; retry later",
-                          retry_after=RETRY_AFTER_BUSY) from None
+            raise Refused(
+                503, "inbox locked by another process; retry later", retry_after=RETRY_AFTER_BUSY
+            ) from None
         except BadInput as exc:
             # Either the delivery id (too long, NUL) or the payload over the inbox's
             # max_payload_bytes, which the inbox's message names; --max-body can exceed it.
@@ -312,11 +337,16 @@ class AccessLog(AbstractAccessLogger):
     """One line per request: peer, method, path, status, outcome, time. Never a header value
     other than the delivery id, never a body."""
 
-    def log(self, request: web.BaseRequest, response: web.StreamResponse,
-            time: float) -> None:
-        self.logger.info("%s %s %s %d %s %.1fms", request.remote, request.method,
-                         _log_text(request.raw_path), response.status,
-                         request.get(_NOTE, "-"), time * 1000)
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info(
+            "%s %s %s %d %s %.1fms",
+            request.remote,
+            request.method,
+            _log_text(request.raw_path),
+            response.status,
+            request.get(_NOTE, "-"),
+            time * 1000,
+        )
 
     @property
     def enabled(self) -> bool:
@@ -324,6 +354,7 @@ class AccessLog(AbstractAccessLogger):
 
 
 # --- running it -------------------------------------------------------------------------------
+
 
 @dataclass
 class RunningServer:
@@ -343,12 +374,23 @@ class RunningServer:
         await self.runner.cleanup()
 
 
-async def start_server(inbox: Inbox, *, secrets: Secrets, host: str = "127.0.0.1",
-                       port: int = 0, max_body: int | None = None) -> RunningServer:
+async def start_server(
+    inbox: Inbox,
+    *,
+    secrets: Secrets,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_body: int | None = None,
+) -> RunningServer:
     """Serve the hooks in `secrets` for `inbox` on host:port (0 picks a free port)."""
     receiver = Receiver(inbox, secrets, max_body=max_body)
-    runner = web.AppRunner(receiver.app, access_log_class=AccessLog, access_log=log,
-                           lingering_time=LINGERING_TIME, shutdown_timeout=SHUTDOWN_TIMEOUT)
+    runner = web.AppRunner(
+        receiver.app,
+        access_log_class=AccessLog,
+        access_log=log,
+        lingering_time=LINGERING_TIME,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
+    )
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port)
@@ -360,8 +402,16 @@ async def start_server(inbox: Inbox, *, secrets: Secrets, host: str = "127.0.0.1
     return RunningServer(runner, receiver, bound_host, bound_port)
 
 
-def run(path: str, *, host: str, port: int, secrets: Secrets, max_body: int | None,
-        busy_timeout: float = 5.0, name: str = "default") -> int:
+def run(
+    path: str,
+    *,
+    host: str,
+    port: int,
+    secrets: Secrets,
+    max_body: int | None,
+    busy_timeout: float = 5.0,
+    name: str = "default",
+) -> int:
     """Serve until SIGINT or SIGTERM. Returns the exit status, as the onwatch CLI counts
     them: 0 after a clean stop; 2 if PATH is not an inbox (missing: `onwatch init` makes one);
     3 if it stayed locked; 1 if it cannot be opened otherwise or the port cannot be bound."""
@@ -381,26 +431,40 @@ def run(path: str, *, host: str, port: int, secrets: Secrets, max_body: int | No
         log.propagate = saved[1]
 
 
-async def _serve(path: str, host: str, port: int, secrets: Secrets, max_body: int | None,
-                 busy_timeout: float, name: str = "default") -> int:
+async def _serve(
+    path: str,
+    host: str,
+    port: int,
+    secrets: Secrets,
+    max_body: int | None,
+    busy_timeout: float,
+    name: str = "default",
+) -> int:
     try:
         inbox = await Inbox.open(path, name=name, create=False, busy_timeout=busy_timeout)
     except InboxError as exc:
         print(f"onwatch serve: {printable(str(exc))}", file=sys.stderr)
-        return 2 if isinstance(exc, (NotAnInbox, BadInput)) else 3 if isinstance(
-            exc, InboxBusy) else 1
+        return (
+            2 if isinstance(exc, (NotAnInbox, BadInput)) else 3 if isinstance(exc, InboxBusy) else 1
+        )
     except (OSError, ValueError) as exc:  # a path the OS or SQLite cannot take (too long, NUL)
-        print(f"onwatch serve: cannot open {printable(repr(path))}: "
-              f"{printable(str(getattr(exc, 'strerror', None) or exc))}", file=sys.stderr)
+        print(
+            f"onwatch serve: cannot open {printable(repr(path))}: "
+            f"{printable(str(getattr(exc, 'strerror', None) or exc))}",
+            file=sys.stderr,
+        )
         return 2
     try:
         try:
-            server = await start_server(inbox, secrets=secrets, host=host, port=port,
-                                        max_body=max_body)
+            server = await start_server(
+                inbox, secrets=secrets, host=host, port=port, max_body=max_body
+            )
         except OSError as exc:
-            print(f"onwatch serve: cannot listen on {host}:{port}: "
-                  f"{printable(str(exc.strerror or exc))}",
-                  file=sys.stderr)
+            print(
+                f"onwatch serve: cannot listen on {host}:{port}: "
+                f"{printable(str(exc.strerror or exc))}",
+                file=sys.stderr,
+            )
             return 1
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -409,12 +473,19 @@ async def _serve(path: str, host: str, port: int, secrets: Secrets, max_body: in
                 loop.add_signal_handler(signum, stop.set)
             except (NotImplementedError, RuntimeError):  # Windows: Ctrl-C raises instead
                 pass
-        log.info("inbox %s; listening on %s; max body %d bytes", os.path.abspath(path),
-                 server.url, server.receiver.max_body)
+        log.info(
+            "inbox %s; listening on %s; max body %d bytes",
+            os.path.abspath(path),
+            server.url,
+            server.receiver.max_body,
+        )
         log.info("serving %s", secrets.describe())
         if not _is_loopback(host):
-            log.warning("listening beyond this machine (%s): put a TLS reverse proxy in "
-                        "front, see the README", host)
+            log.warning(
+                "listening beyond this machine (%s): put a TLS reverse proxy in "
+                "front, see the README",
+                host,
+            )
         try:
             await stop.wait()
         finally:

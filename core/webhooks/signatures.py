@@ -43,8 +43,9 @@ def _matches(given: str, message: bytes, secrets: Sequence[bytes]) -> bool:
     return matched
 
 
-def verify_sha256_header(body: bytes, header: str | None, secrets: Sequence[bytes], *,
-                         name: str = "X-Hub-Signature-256") -> None:
+def verify_sha256_header(
+    body: bytes, header: str | None, secrets: Sequence[bytes], *, name: str = "X-Hub-Signature-256"
+) -> None:
     """Check a `sha256=<hex HMAC-SHA256 of the raw body>` header (GitHub's scheme, also used
     by the generic route). Raises SignatureError."""
     if not secrets:
@@ -71,8 +72,7 @@ def parse_stripe_header(header: str) -> tuple[int, list[str]]:
         if not sep:
             continue
         if key == "t":
-            if not (value.isascii() and value.isdigit() and
-                    len(value) <= _MAX_TIMESTAMP_DIGITS):
+            if not (value.isascii() and value.isdigit() and len(value) <= _MAX_TIMESTAMP_DIGITS):
                 raise SignatureError("Stripe-Signature has a malformed timestamp")
             timestamp = int(value)
         elif key == "v1" and value:
@@ -84,8 +84,14 @@ def parse_stripe_header(header: str) -> tuple[int, list[str]]:
     return timestamp, signatures
 
 
-def verify_stripe(body: bytes, header: str | None, secrets: Sequence[bytes], *, now: float,
-                  tolerance: int = STRIPE_TOLERANCE) -> int:
+def verify_stripe(
+    body: bytes,
+    header: str | None,
+    secrets: Sequence[bytes],
+    *,
+    now: float,
+    tolerance: int = STRIPE_TOLERANCE,
+) -> int:
     """Check a `Stripe-Signature` header: some v1 value must be the hex HMAC-SHA256 of
     `"{t}.{raw body}"` under some configured secret, and `t` within `tolerance` seconds of
     `now` (either way). Returns `t`; raises SignatureError."""
@@ -98,14 +104,22 @@ def verify_stripe(body: bytes, header: str | None, secrets: Sequence[bytes], *, 
     if not any([_matches(given, signed, secrets) for given in signatures]):
         raise SignatureError("bad signature")
     if abs(now - timestamp) > tolerance:
-        raise SignatureError(f"stale timestamp ({int(now - timestamp)} s off; tolerance "
-                             f"{tolerance} s)")
+        raise SignatureError(
+            f"stale timestamp ({int(now - timestamp)} s off; tolerance {tolerance} s)"
+        )
     return timestamp
 
 
-def verify_standard(body: bytes, msg_id: str | None, timestamp: str | None,
-                    signature: str | None, secrets: Sequence[bytes], *, now: float,
-                    tolerance: int = STANDARD_TOLERANCE) -> int:
+def verify_standard(
+    body: bytes,
+    msg_id: str | None,
+    timestamp: str | None,
+    signature: str | None,
+    secrets: Sequence[bytes],
+    *,
+    now: float,
+    tolerance: int = STANDARD_TOLERANCE,
+) -> int:
     """Check a Standard Webhooks delivery (the `webhook-id`, `webhook-timestamp` and
     `webhook-signature` headers' values): some space-separated `v1,<base64>` signature must be
     the HMAC-SHA256 of `"{id}.{timestamp}.{raw body}"` under some configured key (the secret's
@@ -116,13 +130,17 @@ def verify_standard(body: bytes, msg_id: str | None, timestamp: str | None,
     raises SignatureError."""
     if not secrets:
         raise SignatureError("no secret configured")
-    for name, value in (("webhook-id", msg_id), ("webhook-timestamp", timestamp),
-                        ("webhook-signature", signature)):
+    for name, value in (
+        ("webhook-id", msg_id),
+        ("webhook-timestamp", timestamp),
+        ("webhook-signature", signature),
+    ):
         if not value:
             raise SignatureError(f"missing {name}")
     assert msg_id and timestamp and signature  # for the type checker: checked just above
-    if not (timestamp.isascii() and timestamp.isdigit() and
-            len(timestamp) <= _MAX_TIMESTAMP_DIGITS):
+    if not (
+        timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= _MAX_TIMESTAMP_DIGITS
+    ):
         raise SignatureError("webhook-timestamp is not a Unix time in seconds")
     given = []
     for item in signature.split():
@@ -138,8 +156,13 @@ def verify_standard(body: bytes, msg_id: str | None, timestamp: str | None,
     # Header values arrive decoded as UTF-8 with surrogateescape: encoding them back the same
     # way gives the bytes the sender signed.
     try:
-        signed = (msg_id.encode("utf-8", "surrogateescape") + b"." +
-                  timestamp.encode("ascii") + b"." + body)
+        signed = (
+            msg_id.encode("utf-8", "surrogateescape")
+            + b"."
+            + timestamp.encode("ascii")
+            + b"."
+            + body
+        )
     except UnicodeEncodeError:
         raise SignatureError("webhook-id is not valid UTF-8") from None
     expected = [hmac.new(secret, signed, hashlib.sha256).digest() for secret in secrets]
@@ -151,6 +174,7 @@ def verify_standard(body: bytes, msg_id: str | None, timestamp: str | None,
         raise SignatureError("bad signature")
     sent_at = int(timestamp)
     if abs(now - sent_at) > tolerance:
-        raise SignatureError(f"stale timestamp ({int(now - sent_at)} s off; tolerance "
-                             f"{tolerance} s)")
+        raise SignatureError(
+            f"stale timestamp ({int(now - sent_at)} s off; tolerance {tolerance} s)"
+        )
     return sent_at

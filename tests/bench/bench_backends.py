@@ -82,10 +82,20 @@ async def wake_latency(url: str, name: str, n: int) -> tuple[float, float]:
     """Another process ingests n times; here a Listener notes when each wake arrives. The
     other process prints the instant before each ingest (both clocks are this machine's)."""
     from core.pg.listen import Listener
+
     listener = await Listener.open(url)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", INGESTER, url, name, str(n), "0.02", cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE)
+        sys.executable,
+        "-c",
+        INGESTER,
+        url,
+        name,
+        str(n),
+        "0.02",
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=subprocess.PIPE,
+    )
     woken = []
     try:
         seen = listener.seen(name)
@@ -110,18 +120,23 @@ async def measure(target: str, name: str, sizes: dict) -> dict:
         results["ingest, 200 concurrent (events/s)"] = await ingest_concurrent(box, sizes["con"])
         results["run cycle (cycles/s)"] = await run_cycles(box, sizes["cycles"])
         results[f"scheduler pass, {sizes['timers']} timers (ms)"] = await scheduler_pass(
-            box, sizes["timers"])
+            box, sizes["timers"]
+        )
     finally:
         await box.close()
     return results
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    sizes = ({"seq": 50, "con": 200, "cycles": 30, "timers": 50, "wakes": 10} if args.quick
-             else {"seq": 1000, "con": 200, "cycles": 300, "timers": 500, "wakes": 100})
+    sizes = (
+        {"seq": 50, "con": 200, "cycles": 30, "timers": 50, "wakes": 10}
+        if args.quick
+        else {"seq": 1000, "con": 200, "cycles": 300, "timers": 500, "wakes": 100}
+    )
     url = args.url or os.environ.get("ONWATCH_TEST_DATABASE_URL")
     if url is None:
         from tests.pg.server import cluster
+
         url = cluster().new_database()
     with tempfile.TemporaryDirectory() as folder:
         sqlite = await measure(os.path.join(folder, "bench.db"), "default", sizes)
@@ -130,8 +145,7 @@ async def main_async(args: argparse.Namespace) -> None:
     for key in sqlite:
         print(f"{key:42} {sqlite[key]:12.1f} {postgres[key]:12.1f}")
     p50, p99 = await wake_latency(url, "wake", sizes["wakes"])
-    print(f"{'wake latency, other process (ms) p50/p99':42} {'polling':>12} "
-          f"{p50:6.1f}/{p99:.1f}")
+    print(f"{'wake latency, other process (ms) p50/p99':42} {'polling':>12} {p50:6.1f}/{p99:.1f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,8 +61,13 @@ PAYLOAD_TEXT = "x" * 120
 
 def payload(n: int) -> dict[str, Any]:
     """A small webhook-like body (about 200 bytes of JSON)."""
-    return {"n": n, "event": "push", "repo": "acme/api", "ref": "refs/heads/main",
-            "text": PAYLOAD_TEXT}
+    return {
+        "n": n,
+        "event": "push",
+        "repo": "acme/api",
+        "ref": "refs/heads/main",
+        "text": PAYLOAD_TEXT,
+    }
 
 
 @dataclass
@@ -78,13 +83,32 @@ class Sizes:
     read_calls: int
 
 
-FULL = Sizes(rounds=7, ingest=2000, cycles=400, timers=10_000, messages=10_000, writers=64,
-             per_writer=100, big_events=1_000_000, read_calls=200)
-QUICK = Sizes(rounds=2, ingest=100, cycles=20, timers=300, messages=300, writers=64,
-              per_writer=4, big_events=5_000, read_calls=10)
+FULL = Sizes(
+    rounds=7,
+    ingest=2000,
+    cycles=400,
+    timers=10_000,
+    messages=10_000,
+    writers=64,
+    per_writer=100,
+    big_events=1_000_000,
+    read_calls=200,
+)
+QUICK = Sizes(
+    rounds=2,
+    ingest=100,
+    cycles=20,
+    timers=300,
+    messages=300,
+    writers=64,
+    per_writer=4,
+    big_events=5_000,
+    read_calls=10,
+)
 
 
 # --- setup helpers (plain sqlite3, never timed) ------------------------------------------------
+
 
 def _setup(path: str, fn: Callable[[sqlite3.Connection], None]) -> None:
     with Yardstick(path) as y:
@@ -94,15 +118,20 @@ def _setup(path: str, fn: Callable[[sqlite3.Connection], None]) -> None:
 def add_due_timers(count: int) -> Callable[[sqlite3.Connection], None]:
     def fn(db: sqlite3.Connection) -> None:
         for i in range(count):
-            store.add_timer(db, f"follow-up-{i}", NOW - 60 - i % 600, {"i": i}, None, None,
-                            "coalesce", "timer")
+            store.add_timer(
+                db, f"follow-up-{i}", NOW - 60 - i % 600, {"i": i}, None, None, "coalesce", "timer"
+            )
+
     return fn
 
 
 def add_held_messages(count: int) -> Callable[[sqlite3.Connection], None]:
     def fn(db: sqlite3.Connection) -> None:
-        db.executemany("INSERT INTO outbox(body, urgent, created) VALUES (?, 0, ?)",
-                       ((f"reply {i}: " + PAYLOAD_TEXT[:60], NOW - 10) for i in range(count)))
+        db.executemany(
+            "INSERT INTO outbox(body, urgent, created) VALUES (?, 0, ?)",
+            ((f"reply {i}: " + PAYLOAD_TEXT[:60], NOW - 10) for i in range(count)),
+        )
+
     return fn
 
 
@@ -118,8 +147,10 @@ def reference_with_timers(path: str, count: int) -> None:
 def reference_with_messages(path: str, count: int) -> None:
     with ReferenceInbox(path) as ref:
         ref.db.execute("BEGIN IMMEDIATE")
-        ref.db.executemany("INSERT INTO outbox(body, created) VALUES (?, ?)",
-                           ((f"reply {i}: " + PAYLOAD_TEXT[:60], NOW - 10) for i in range(count)))
+        ref.db.executemany(
+            "INSERT INTO outbox(body, created) VALUES (?, ?)",
+            ((f"reply {i}: " + PAYLOAD_TEXT[:60], NOW - 10) for i in range(count)),
+        )
         ref.db.execute("COMMIT")
 
 
@@ -167,8 +198,9 @@ def _orders(first: int, count: int) -> list[tuple[str, ...]]:
     return [ORDERS[(first + c) % len(ORDERS)] for c in range(count)]
 
 
-async def _interleaved(steps: dict[str, Callable[[int], Any]], n: int,
-                       first: int) -> dict[str, float]:
+async def _interleaved(
+    steps: dict[str, Callable[[int], Any]], n: int, first: int
+) -> dict[str, float]:
     """Run steps 0..n-1 on every side in CHUNKS chunks, sides in turn; return seconds per
     side. The engine's step is a coroutine function, the others are plain functions."""
     spent = dict.fromkeys(steps, 0.0)
@@ -195,6 +227,7 @@ async def ingest_all(files: Files, n: int, first: int) -> tuple[dict[str, float]
     y = Yardstick(files.new("y-ingest"))
     box = await Inbox.open(files.new("a-ingest"), clock=FakeClock(NOW))
     try:
+
         async def a_new(i: int) -> None:
             await box.ingest("bench", f"key-{i}", payload(i), now=NOW)
 
@@ -204,22 +237,35 @@ async def ingest_all(files: Files, n: int, first: int) -> tuple[dict[str, float]
 
         async def a_dup(i: int) -> None:
             duplicate(await box.ingest("bench", f"key-{i}", payload(i), now=NOW))
-        fresh = await _interleaved({
-            "ref": lambda i: ref.ingest("bench", f"key-{i}", payload(i), NOW),
-            "yard": lambda i: y.ingest("bench", f"key-{i}", payload(i), now=NOW),
-            "engine": a_new}, n, first)
-        again = await _interleaved({
-            "ref": lambda i: duplicate(ref.ingest("bench", f"key-{i}", payload(i), NOW)),
-            "yard": lambda i: duplicate(y.ingest("bench", f"key-{i}", payload(i), now=NOW)),
-            "engine": a_dup}, n, first)
-        _expect("events stored", (ref.count("pending"), y.counts()["pending"],
-                                  (await box.counts())["pending"]), (n, n, n))
+
+        fresh = await _interleaved(
+            {
+                "ref": lambda i: ref.ingest("bench", f"key-{i}", payload(i), NOW),
+                "yard": lambda i: y.ingest("bench", f"key-{i}", payload(i), now=NOW),
+                "engine": a_new,
+            },
+            n,
+            first,
+        )
+        again = await _interleaved(
+            {
+                "ref": lambda i: duplicate(ref.ingest("bench", f"key-{i}", payload(i), NOW)),
+                "yard": lambda i: duplicate(y.ingest("bench", f"key-{i}", payload(i), now=NOW)),
+                "engine": a_dup,
+            },
+            n,
+            first,
+        )
+        _expect(
+            "events stored",
+            (ref.count("pending"), y.counts()["pending"], (await box.counts())["pending"]),
+            (n, n, n),
+        )
     finally:
         ref.close()
         y.close()
         await box.close()
-    return ({side: n / s for side, s in fresh.items()},
-            {side: n / s for side, s in again.items()})
+    return ({side: n / s for side, s in fresh.items()}, {side: n / s for side, s in again.items()})
 
 
 async def cycle_all(files: Files, n: int, first: int) -> dict[str, float]:
@@ -229,6 +275,7 @@ async def cycle_all(files: Files, n: int, first: int) -> dict[str, float]:
     y = Yardstick(files.new("y-cycle"))
     box = await Inbox.open(files.new("a-cycle"), clock=FakeClock(NOW))
     try:
+
         def r_cycle(i: int) -> None:
             ref.ingest("chat", f"msg-{i}", payload(i), NOW)
             gen = ref.acquire("worker", NOW)
@@ -247,13 +294,17 @@ async def cycle_all(files: Files, n: int, first: int) -> dict[str, float]:
             await box.ingest("chat", f"msg-{i}", payload(i), now=NOW)
             gen = await box.acquire("worker", now=NOW)
             claimed = await box.claim_batch("worker", gen, now=NOW)
-            if not await box.finish("worker", gen, [e.id for e in claimed], [f"answer {i}"],
-                                    now=NOW):
+            if not await box.finish(
+                "worker", gen, [e.id for e in claimed], [f"answer {i}"], now=NOW
+            ):
                 raise AssertionError("finish refused")
-        spent = await _interleaved({"ref": r_cycle, "yard": y_cycle, "engine": a_cycle}, n,
-                                   first)
-        _expect("runs done", (ref.count("done"), y.counts()["done"],
-                              (await box.counts())["done"]), (n, n, n))
+
+        spent = await _interleaved({"ref": r_cycle, "yard": y_cycle, "engine": a_cycle}, n, first)
+        _expect(
+            "runs done",
+            (ref.count("done"), y.counts()["done"], (await box.counts())["done"]),
+            (n, n, n),
+        )
     finally:
         ref.close()
         y.close()
@@ -290,6 +341,7 @@ async def async_scheduler(files: Files, n: int) -> float:
 
         async def run() -> None:
             fired.append(await box.run_scheduler(now=NOW))
+
         seconds = await atimed(run)
         _expect("async timers fired", (fired[0], (await box.counts())["pending"]), (n, n))
     finally:
@@ -329,9 +381,9 @@ async def async_dispatch(files: Files, n: int) -> float:
 
         async def run() -> None:
             counted.append(await box.dispatch(sent.append, now=NOW))
+
         seconds = await atimed(run)
-        _expect("async messages sent", (counted[0], len(await box.held_messages(limit=1))),
-                (n, 0))
+        _expect("async messages sent", (counted[0], len(await box.held_messages(limit=1))), (n, 0))
     finally:
         await box.close()
     return n / seconds
@@ -341,6 +393,7 @@ async def async_concurrent(files: Files, writers: int, per_writer: int) -> float
     """`writers` coroutines ingesting at once; each ingest returns after its commit."""
     box = await Inbox.open(files.new("a-concurrent"), clock=FakeClock(NOW))
     try:
+
         async def writer(w: int) -> None:
             for i in range(per_writer):
                 if not await box.ingest("storm", f"w{w}-{i}", payload(i), now=NOW):
@@ -348,6 +401,7 @@ async def async_concurrent(files: Files, writers: int, per_writer: int) -> float
 
         async def storm() -> None:
             await asyncio.gather(*(writer(w) for w in range(writers)))
+
         seconds = await atimed(storm)
         _expect("async concurrent events", (await box.counts())["pending"], writers * per_writer)
     finally:
@@ -357,8 +411,14 @@ async def async_concurrent(files: Files, writers: int, per_writer: int) -> float
 
 # --- the TUI's read paths on a big inbox --------------------------------------------------------
 
-STATUS_MIX = (("done", 0.90), ("pending", 0.06), ("dead", 0.02), ("interrupted", 0.01),
-              ("cancelled", 0.00998), ("running", 0.00002))
+STATUS_MIX = (
+    ("done", 0.90),
+    ("pending", 0.06),
+    ("dead", 0.02),
+    ("interrupted", 0.01),
+    ("cancelled", 0.00998),
+    ("running", 0.00002),
+)
 
 
 def build_big_inbox(path: str, events: int) -> dict[str, list[int]]:
@@ -379,19 +439,43 @@ def build_big_inbox(path: str, events: int) -> dict[str, list[int]]:
                 if len(ids[status]) < 5000:
                     ids[status].append(i)
                 running = status == "running"
-                yield (i, "github" if i % 3 else "chat", f"delivery-{i}",
-                       '{"n": %d, "event": "push"}' % i, status, 1 if status != "pending" else 0,
-                       1 if running else None, NOW - 10 if running else None,
-                       NOW - events + i, NOW - events + i, NOW - events + i)
+                yield (
+                    i,
+                    "github" if i % 3 else "chat",
+                    f"delivery-{i}",
+                    '{"n": %d, "event": "push"}' % i,
+                    status,
+                    1 if status != "pending" else 0,
+                    1 if running else None,
+                    NOW - 10 if running else None,
+                    NOW - events + i,
+                    NOW - events + i,
+                    NOW - events + i,
+                )
+
         db.executemany(
             "INSERT INTO events(id, source, source_id, payload, status, attempts, claim_gen, "
-            "claimed_at, available_at, created, updated) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows())
+            "claimed_at, available_at, created, updated) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            rows(),
+        )
         for i in range(1000):
-            store.add_timer(db, f"timer-{i}", NOW + 60 * i, {"i": i}, 3600 if i % 2 else None,
-                            None, "coalesce", "timer")
-        db.executemany("INSERT INTO outbox(body, urgent, created, status) VALUES (?, ?, ?, ?)",
-                       ((f"message {i}", int(i % 10 == 0), NOW - i, "held" if i < 1000 else "sent")
-                        for i in range(3000)))
+            store.add_timer(
+                db,
+                f"timer-{i}",
+                NOW + 60 * i,
+                {"i": i},
+                3600 if i % 2 else None,
+                None,
+                "coalesce",
+                "timer",
+            )
+        db.executemany(
+            "INSERT INTO outbox(body, urgent, created, status) VALUES (?, ?, ?, ?)",
+            (
+                (f"message {i}", int(i % 10 == 0), NOW - i, "held" if i < 1000 else "sent")
+                for i in range(3000)
+            ),
+        )
         for i in range(200):
             store.request_approval(db, f"approval-{i}", 3600 + i, f"deploy build {i}", NOW - 100)
         for i in range(100):
@@ -411,10 +495,11 @@ def read_paths(ids: dict[str, list[int]]) -> list[tuple[str, Callable[[Any], Any
         mid = some[len(some) // 2] if some else 1
         paths += [
             (f"page {status}: first", lambda api, s=status: api.events(s, limit=50)),
-            (f"page {status}: next", lambda api, s=status, m=mid: api.events(s, limit=50,
-                                                                              after=m)),
-            (f"page {status}: previous", lambda api, s=status, m=mid: api.events(
-                s, limit=50, before=m)),
+            (f"page {status}: next", lambda api, s=status, m=mid: api.events(s, limit=50, after=m)),
+            (
+                f"page {status}: previous",
+                lambda api, s=status, m=mid: api.events(s, limit=50, before=m),
+            ),
         ]
     paths += [
         ("lease", lambda api: api.lease_info()),
@@ -431,8 +516,9 @@ def _p95(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * 0.95))]
 
 
-async def measure_reads(path: str, ids: dict[str, list[int]], calls: int,
-                        rounds: int) -> dict[str, dict[str, list[float]]]:
+async def measure_reads(
+    path: str, ids: dict[str, list[int]], calls: int, rounds: int
+) -> dict[str, dict[str, list[float]]]:
     """Latency in ms per call, both sides, alternating order per round."""
     samples: dict[str, dict[str, list[float]]] = {}
     paths = read_paths(ids)
@@ -459,6 +545,7 @@ async def measure_reads(path: str, ids: dict[str, list[int]], calls: int,
 
 # --- the run ------------------------------------------------------------------------------------
 
+
 @dataclass
 class Row:
     name: str
@@ -478,8 +565,10 @@ def machine() -> str:
                 break
     except OSError:
         pass
-    return (f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, "
-            f"SQLite {sqlite3.sqlite_version}, {platform.system()} {platform.release()}")
+    return (
+        f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, "
+        f"SQLite {sqlite3.sqlite_version}, {platform.system()} {platform.release()}"
+    )
 
 
 def filesystem(folder: str) -> str:
@@ -504,17 +593,24 @@ def _spread(values: list[float]) -> str:
 
 async def run(sizes: Sizes, folder: str, out: Callable[[str], None], reads: bool = True) -> float:
     files = Files(folder)
-    rows = {key: Row(name, unit, target=target) for key, name, unit, target in (
-        # Per-commit workloads pay the loop <-> thread hand-off, a price accepted so that
-        # commits stay off the event loop: their target is 0.7x.
-        ("ingest", "sequential ingest (1 await/event)", "ev/s", 0.7),
-        ("duplicate", "duplicate ingest", "ev/s", 1.0),
-        ("cycle", "run cycle (ingest+acquire+claim+finish)", "cycles/s", 0.7),
-        ("scheduler", f"scheduler pass, {sizes.timers:,} due timers", "timers/s", 1.0),
-        ("dispatch", f"dispatch of {sizes.messages:,} held messages", "msgs/s", 1.0),
-        ("concurrent", f"concurrent intake, {sizes.writers} coroutines "
-                       f"(vs sequential)", "ev/s", 10.0),
-    )}
+    rows = {
+        key: Row(name, unit, target=target)
+        for key, name, unit, target in (
+            # Per-commit workloads pay the loop <-> thread hand-off, a price accepted so that
+            # commits stay off the event loop: their target is 0.7x.
+            ("ingest", "sequential ingest (1 await/event)", "ev/s", 0.7),
+            ("duplicate", "duplicate ingest", "ev/s", 1.0),
+            ("cycle", "run cycle (ingest+acquire+claim+finish)", "cycles/s", 0.7),
+            ("scheduler", f"scheduler pass, {sizes.timers:,} due timers", "timers/s", 1.0),
+            ("dispatch", f"dispatch of {sizes.messages:,} held messages", "msgs/s", 1.0),
+            (
+                "concurrent",
+                f"concurrent intake, {sizes.writers} coroutines (vs sequential)",
+                "ev/s",
+                10.0,
+            ),
+        )
+    }
     for r in range(sizes.rounds):
         first = r * 5 % len(ORDERS)  # a different first order every round
         out(f"  round {r + 1}/{sizes.rounds} (first: {', '.join(ORDERS[first])}) …")
@@ -531,15 +627,29 @@ async def run(sizes: Sizes, folder: str, out: Callable[[str], None], reads: bool
 
         fresh, dup = await ingest_all(files, sizes.ingest, first)
         cycle = await cycle_all(files, sizes.cycles, first)
-        sched = await all_sides({"ref": lambda: ref_scheduler(files, sizes.timers),
-                                 "yard": lambda: yard_scheduler(files, sizes.timers),
-                                 "engine": lambda: async_scheduler(files, sizes.timers)})
-        disp = await all_sides({"ref": lambda: ref_dispatch(files, sizes.messages),
-                                "yard": lambda: yard_dispatch(files, sizes.messages),
-                                "engine": lambda: async_dispatch(files, sizes.messages)})
+        sched = await all_sides(
+            {
+                "ref": lambda: ref_scheduler(files, sizes.timers),
+                "yard": lambda: yard_scheduler(files, sizes.timers),
+                "engine": lambda: async_scheduler(files, sizes.timers),
+            }
+        )
+        disp = await all_sides(
+            {
+                "ref": lambda: ref_dispatch(files, sizes.messages),
+                "yard": lambda: yard_dispatch(files, sizes.messages),
+                "engine": lambda: async_dispatch(files, sizes.messages),
+            }
+        )
         conc = dict(fresh, engine=await async_concurrent(files, sizes.writers, sizes.per_writer))
-        for key, rates in (("ingest", fresh), ("duplicate", dup), ("cycle", cycle),
-                           ("scheduler", sched), ("dispatch", disp), ("concurrent", conc)):
+        for key, rates in (
+            ("ingest", fresh),
+            ("duplicate", dup),
+            ("cycle", cycle),
+            ("scheduler", sched),
+            ("dispatch", disp),
+            ("concurrent", conc),
+        ):
             row = rows[key]
             for side in SIDES:
                 row.rates[side].append(rates[side])
@@ -558,8 +668,10 @@ async def run(sizes: Sizes, folder: str, out: Callable[[str], None], reads: bool
     # --- the table: the engine against the reference inbox (the targets), and against the
     # yardstick running the engine's own functions (what the hand-off alone costs)
     lines = []
-    header = (f"{'workload':<46} {'reference':>16} {'yardstick':>16} {'async engine':>16} "
-              f"{'vs ref':>7} {'target':>7}  ok  {'(spread)':>11} {'vs yardstick':>12}")
+    header = (
+        f"{'workload':<46} {'reference':>16} {'yardstick':>16} {'async engine':>16} "
+        f"{'vs ref':>7} {'target':>7}  ok  {'(spread)':>11} {'vs yardstick':>12}"
+    )
     lines.append(header)
     lines.append("-" * len(header))
     scores: list[tuple[float, str]] = []
@@ -568,23 +680,32 @@ async def run(sizes: Sizes, folder: str, out: Callable[[str], None], reads: bool
         ratio, hand_off = statistics.median(row.vs_ref), statistics.median(row.vs_yard)
         score = ratio / row.target
         scores.append((score, row.name))
-        lines.append(f"{row.name:<46} {_fmt_rate(ref, row.unit):>16} "
-                     f"{_fmt_rate(yard, row.unit):>16} {_fmt_rate(engine, row.unit):>16} "
-                     f"{ratio:>6.2f}x {'>= ' + format(row.target, 'g') + 'x':>7}  "
-                     f"{'yes' if score >= 1 else 'NO ':<3} {'(' + _spread(row.vs_ref) + ')':>11} "
-                     f"{hand_off:>11.2f}x")
+        lines.append(
+            f"{row.name:<46} {_fmt_rate(ref, row.unit):>16} "
+            f"{_fmt_rate(yard, row.unit):>16} {_fmt_rate(engine, row.unit):>16} "
+            f"{ratio:>6.2f}x {'>= ' + format(row.target, 'g') + 'x':>7}  "
+            f"{'yes' if score >= 1 else 'NO ':<3} {'(' + _spread(row.vs_ref) + ')':>11} "
+            f"{hand_off:>11.2f}x"
+        )
     if read_samples:
         lines.append("")
-        lines.append(f"{'TUI read path':<52} {'yardstick':>12} {'async engine':>14} "
-                     f"{'p95':>9} {'target':>8}  ok")
+        lines.append(
+            f"{'TUI read path':<52} {'yardstick':>12} {'async engine':>14} "
+            f"{'p95':>9} {'target':>8}  ok"
+        )
     for name, entry in read_samples.items():
-        y_med, a_med, a_p95 = (statistics.median(entry["yard"]), statistics.median(entry["async"]),
-                               _p95(entry["async"]))
+        y_med, a_med, a_p95 = (
+            statistics.median(entry["yard"]),
+            statistics.median(entry["async"]),
+            _p95(entry["async"]),
+        )
         score = READ_TARGET_MS / a_p95
         label = f"read on {sizes.big_events:,} events: {name}"
         scores.append((score, label))
-        lines.append(f"{label:<52} {y_med:>9.3f} ms {a_med:>11.3f} ms {a_p95:>6.3f} ms"
-                     f" {'< 5 ms':>8}  {'yes' if score >= 1 else 'NO'}")
+        lines.append(
+            f"{label:<52} {y_med:>9.3f} ms {a_med:>11.3f} ms {a_p95:>6.3f} ms"
+            f" {'< 5 ms':>8}  {'yes' if score >= 1 else 'NO'}"
+        )
     for line in lines:
         out(line)
     worst, worst_name = min(scores)
@@ -594,11 +715,15 @@ async def run(sizes: Sizes, folder: str, out: Callable[[str], None], reads: bool
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="small sizes, a smoke test rather than a measurement")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, a smoke test rather than a measurement"
+    )
     parser.add_argument("--rounds", type=int, help="rounds per workload (default 7, quick 2)")
-    parser.add_argument("--no-reads", action="store_true",
-                        help="leave out the TUI read paths (and building their big inbox)")
+    parser.add_argument(
+        "--no-reads",
+        action="store_true",
+        help="leave out the TUI read paths (and building their big inbox)",
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     if args.rounds:
@@ -609,15 +734,19 @@ def main(argv: list[str] | None = None) -> int:
 
     folder = tempfile.mkdtemp(prefix="onwatch-bench-")
     try:
-        out(f"onwatch core benchmark{' (quick: smoke test only)' if args.quick else ''}: "
+        out(
+            f"onwatch core benchmark{' (quick: smoke test only)' if args.quick else ''}: "
             f"async engine vs the reference inbox and the yardstick, WAL + synchronous=FULL, "
-            f"one commit per call")
+            f"one commit per call"
+        )
         out(f"machine: {machine()}")
         out(f"temp folder filesystem: {filesystem(folder)}")
-        out(f"{sizes.rounds} rounds, the sides take turns in every order; figures are medians "
+        out(
+            f"{sizes.rounds} rounds, the sides take turns in every order; figures are medians "
             f"over the rounds; a ratio is the median of the per-round ratios of throughput, "
             f"async engine / reference (the targets; spread = lowest-highest round) and "
-            f"async engine / yardstick (the same functions synchronously: the hand-off alone)")
+            f"async engine / yardstick (the same functions synchronously: the hand-off alone)"
+        )
         asyncio.run(run(sizes, folder, out, reads=not args.no_reads))
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -77,12 +77,21 @@ async def make_templates(folder: str) -> list[str]:
                 await inbox.ingest("chat", f"m{i}", {"text": f"message {i}"}, now=at)
                 gen = await inbox.acquire("worker", now=at)
                 batch = await inbox.claim_batch("worker", gen, now=at)
-                approvals = [ApprovalRequest("refund-1", 86_400, "Refund $40")] \
-                    if kind == "approval" and i == runs - 1 else []
+                approvals = (
+                    [ApprovalRequest("refund-1", 86_400, "Refund $40")]
+                    if kind == "approval" and i == runs - 1
+                    else []
+                )
                 error = "boom" if kind == "dead" or i % 7 == 3 else None
-                await inbox.finish("worker", gen, [e.id for e in batch], now=at + 1,
-                                   messages=[] if error else [f"reply {i}"], error=error,
-                                   approvals=[] if error else approvals)
+                await inbox.finish(
+                    "worker",
+                    gen,
+                    [e.id for e in batch],
+                    now=at + 1,
+                    messages=[] if error else [f"reply {i}"],
+                    error=error,
+                    approvals=[] if error else approvals,
+                )
             if kind == "dead":
                 gen = await inbox.acquire("worker", now=now)
                 await inbox.claim_batch("worker", gen, now=now)
@@ -119,25 +128,39 @@ async def fill_database(url: str, count: int) -> list[str]:
                 await inbox.ingest("chat", f"m{i}", {"text": f"message {i}"}, now=at)
                 gen = await inbox.acquire("worker", now=at)
                 batch = await inbox.claim_batch("worker", gen, now=at)
-                approvals = [ApprovalRequest("refund-1", 86_400, "Refund $40")] \
-                    if kind == "approval" and i == runs - 1 else []
+                approvals = (
+                    [ApprovalRequest("refund-1", 86_400, "Refund $40")]
+                    if kind == "approval" and i == runs - 1
+                    else []
+                )
                 error = "boom" if kind == "dead" or i % 7 == 3 else None
-                await inbox.finish("worker", gen, [e.id for e in batch], now=at + 1,
-                                   messages=[] if error else [f"reply {i}"], error=error,
-                                   approvals=[] if error else approvals)
+                await inbox.finish(
+                    "worker",
+                    gen,
+                    [e.id for e in batch],
+                    now=at + 1,
+                    messages=[] if error else [f"reply {i}"],
+                    error=error,
+                    approvals=[] if error else approvals,
+                )
             if kind == "dead":
                 gen = await inbox.acquire("worker", now=now)
                 await inbox.claim_batch("worker", gen, now=now)
 
     names = [f"agent-{i:04}" for i in range(count)]
     for start in range(0, count, 20):
-        await asyncio.gather(*(make(name, kinds[i % len(kinds)]) for i, name in
-                               enumerate(names[start:start + 20], start)))
+        await asyncio.gather(
+            *(
+                make(name, kinds[i % len(kinds)])
+                for i, name in enumerate(names[start : start + 20], start)
+            )
+        )
     return names
 
 
-async def measure(folder: str, names: list[str], changes: int,
-                  url: str | None = None) -> dict[str, float]:
+async def measure(
+    folder: str, names: list[str], changes: int, url: str | None = None
+) -> dict[str, float]:
     from tui.app import OnwatchApp
     from tui.fleet import FleetScreen
     from core import SystemClock
@@ -147,8 +170,12 @@ async def measure(folder: str, names: list[str], changes: int,
     source = DatabaseFleet(url) if url else FolderFleet(folder)
     app = OnwatchApp(None, clock=SystemClock(), fleet=source)
     async with app.run_test(size=(120, 40)) as pilot:
-        while not (getattr(app, "fleet_desk", None) and app.fleet_desk.loaded
-                   and isinstance(app.screen, FleetScreen) and app.screen.painted):
+        while not (
+            getattr(app, "fleet_desk", None)
+            and app.fleet_desk.loaded
+            and isinstance(app.screen, FleetScreen)
+            and app.screen.painted
+        ):
             await asyncio.sleep(0.005)
         await pilot.pause()
         figures["first paint (s)"] = time.perf_counter() - start
@@ -174,25 +201,33 @@ async def measure(folder: str, names: list[str], changes: int,
             name = names[(i * 97 + 13) % len(names)]
             request = f"bench-{i}"
             committed = time.perf_counter()
-            async with await (Inbox.open(url, name=name, create=False) if url else
-                              Inbox.open(os.path.join(folder, name), create=False)) as inbox:
+            async with await (
+                Inbox.open(url, name=name, create=False)
+                if url
+                else Inbox.open(os.path.join(folder, name), create=False)
+            ) as inbox:
                 await inbox.request_approval(request, 3600 + i, f"bench change {i}")
             noticed.clear()
             painted.clear()
-            while not any(s.key == name and any(a.request_id == request for a in s.approvals)
-                          for s in screen.rows.items[:40]):
+            while not any(
+                s.key == name and any(a.request_id == request for a in s.approvals)
+                for s in screen.rows.items[:40]
+            ):
                 await asyncio.sleep(0.001)
             while len(painted) < len(noticed) or not painted:
                 await asyncio.sleep(0.001)
             shown = painted[-1]
             after_commit.append(shown - committed)
             after_notice.append(shown - noticed[-1])
-        figures["change on screen after noticed, median (ms)"] = \
+        figures["change on screen after noticed, median (ms)"] = (
             statistics.median(after_notice) * 1000 if after_notice else float("nan")
-        figures["change on screen after noticed, max (ms)"] = \
+        )
+        figures["change on screen after noticed, max (ms)"] = (
             max(after_notice) * 1000 if after_notice else float("nan")
-        figures["change on screen after commit, median (ms)"] = \
+        )
+        figures["change on screen after commit, median (ms)"] = (
             statistics.median(after_commit) * 1000
+        )
 
         await asyncio.sleep(3)  # let the files written above settle
         cpu, wall = time.process_time(), time.perf_counter()
@@ -212,14 +247,18 @@ def main(argv: list[str]) -> int:
     url = argv[argv.index("--url") + 1] if "--url" in argv[:-1] else None
     if url == "test":
         from tests.pg.server import cluster
+
         url = cluster().new_database()
     if url:
         import psycopg
+
         with psycopg.connect(url) as conn:
-            if conn.execute("SELECT to_regclass('inboxes') IS NOT NULL AND EXISTS "
-                            "(SELECT 1 FROM inboxes)").fetchone()[0]:
-                print("bench_fleet: --url must name a database with no inboxes yet",
-                      file=sys.stderr)
+            if conn.execute(
+                "SELECT to_regclass('inboxes') IS NOT NULL AND EXISTS (SELECT 1 FROM inboxes)"
+            ).fetchone()[0]:
+                print(
+                    "bench_fleet: --url must name a database with no inboxes yet", file=sys.stderr
+                )
                 return 2
         started = time.perf_counter()
         names = asyncio.run(fill_database(url, count))
@@ -234,8 +273,9 @@ def main(argv: list[str]) -> int:
         what = f"{count:,} inbox files"
     print(f"fleet desk over {what}, 120×40, headless")
     for label, value in figures.items():
-        print(f"  {label:<48} {value:,.1f}" if isinstance(value, float) else
-              f"  {label:<48} {value}")
+        print(
+            f"  {label:<48} {value:,.1f}" if isinstance(value, float) else f"  {label:<48} {value}"
+        )
     return 0
 
 

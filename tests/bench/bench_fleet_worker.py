@@ -69,7 +69,7 @@ def _postgres_cpu(data: Path | None) -> float | None:
             stat = open(f"/proc/{entry}/stat").read()
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "
         pid, ppid = int(entry), int(fields[1])
         if pid == postmaster:
             total += sum(float(v) for v in fields[11:15])  # utime stime cutime cstime
@@ -78,22 +78,46 @@ def _postgres_cpu(data: Path | None) -> float | None:
     return total / ticks
 
 
-def measure(url: str, processes: int, total: int,
-            data: Path | None = None) -> tuple[float, float, float, float | None, float]:
+def measure(
+    url: str, processes: int, total: int, data: Path | None = None
+) -> tuple[float, float, float, float | None, float]:
     """Runs per second, and over the same span: the machine's CPU busy (share of all
     cores), per run the CPU seconds of the fleet processes, of PostgreSQL (None when the
     server is not ours to look at) and of everything else on the machine."""
     import resource
+
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0, all0 = _machine_busy()
     pg0 = _postgres_cpu(data)
     started = time.perf_counter()
-    fleet = [subprocess.Popen(
-        [sys.executable, "-m", "cli", "worker", url, "--all-inboxes", "--concurrency",
-         str(CONCURRENCY), "--agent", "tests.pg.actors:io_bound", "--holder", f"p{n}",
-         "--poll", "1", "--no-dispatch", "--log-level", "warning"], cwd=ROOT, env=env,
-        stdout=subprocess.DEVNULL) for n in range(processes)]
+    fleet = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "worker",
+                url,
+                "--all-inboxes",
+                "--concurrency",
+                str(CONCURRENCY),
+                "--agent",
+                "tests.pg.actors:io_bound",
+                "--holder",
+                f"p{n}",
+                "--poll",
+                "1",
+                "--no-dispatch",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        for n in range(processes)
+    ]
     try:
         deadline = time.monotonic() + 600
         while done(url) < total:
@@ -112,9 +136,13 @@ def measure(url: str, processes: int, total: int,
     fleet_cpu = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
     busy = busy1 - busy0
     pg_cpu = None if pg0 is None or pg1 is None else pg1 - pg0
-    return (total / elapsed, busy / (all1 - all0), fleet_cpu / total,
-            None if pg_cpu is None else pg_cpu / total,
-            max(busy - fleet_cpu - (pg_cpu or 0.0), 0.0) / total)
+    return (
+        total / elapsed,
+        busy / (all1 - all0),
+        fleet_cpu / total,
+        None if pg_cpu is None else pg_cpu / total,
+        max(busy - fleet_cpu - (pg_cpu or 0.0), 0.0) / total,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,21 +153,25 @@ def main(argv: list[str] | None = None) -> int:
     inboxes, events, counts = (40, 3, (1, 2)) if args.quick else (200, 10, (1, 2, 4))
     base = args.url or os.environ.get("ONWATCH_TEST_DATABASE_URL")
     from tests.pg.server import cluster
+
     server = None if base else cluster()
-    print(f"fleet: {inboxes} inboxes × {events} runs, agent {AGENT_SECONDS * 1e3:.0f} ms, "
-          f"concurrency {CONCURRENCY}, {os.cpu_count()} cores")
+    print(
+        f"fleet: {inboxes} inboxes × {events} runs, agent {AGENT_SECONDS * 1e3:.0f} ms, "
+        f"concurrency {CONCURRENCY}, {os.cpu_count()} cores"
+    )
     for processes in counts:
         url = base if server is None else server.new_database()
         asyncio.run(fill(url, inboxes, events))
         data = server.owned.data if server is not None and server.owned else None
-        rate, busy, fleet_cpu, pg_cpu, other_cpu = measure(url, processes, inboxes * events,
-                                                           data)
+        rate, busy, fleet_cpu, pg_cpu, other_cpu = measure(url, processes, inboxes * events, data)
         ideal = processes * CONCURRENCY / AGENT_SECONDS
         pg_text = "?" if pg_cpu is None else f"{pg_cpu * 1e3:.2f}"
-        print(f"{processes} process(es): {rate:7.1f} runs/s  (ideal {ideal:.0f}, "
-              f"{rate / ideal:.2f} of it); machine CPU {busy:.0%} busy; CPU ms per run: "
-              f"fleet {fleet_cpu * 1e3:.2f} (start-up included), PostgreSQL {pg_text}, "
-              f"rest of the machine {other_cpu * 1e3:.2f}")
+        print(
+            f"{processes} process(es): {rate:7.1f} runs/s  (ideal {ideal:.0f}, "
+            f"{rate / ideal:.2f} of it); machine CPU {busy:.0%} busy; CPU ms per run: "
+            f"fleet {fleet_cpu * 1e3:.2f} (start-up included), PostgreSQL {pg_text}, "
+            f"rest of the machine {other_cpu * 1e3:.2f}"
+        )
     return 0
 
 

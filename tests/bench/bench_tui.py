@@ -44,11 +44,14 @@ T0 = 1_700_000_000
 FULL = {"events": 1_000_000, "timers": 10_000, "approvals": 1_000, "outbox": 10_000}
 QUICK = {"events": 20_000, "timers": 500, "approvals": 100, "outbox": 500}
 # share of events per state (the rest are done)
-STATES = {"pending": 0.15, "running": 0.001, "dead": 0.02, "interrupted": 0.005,
-          "cancelled": 0.02}
-TARGETS = {"first full paint": (1.5, "s"), "resident memory": (200, "MB"),
-           "refresh after one row changed": (50, "ms"), "idle tick": (5, "ms"),
-           "keypress to committed action": (100, "ms")}
+STATES = {"pending": 0.15, "running": 0.001, "dead": 0.02, "interrupted": 0.005, "cancelled": 0.02}
+TARGETS = {
+    "first full paint": (1.5, "s"),
+    "resident memory": (200, "MB"),
+    "refresh after one row changed": (50, "ms"),
+    "idle tick": (5, "ms"),
+    "keypress to committed action": (100, "ms"),
+}
 
 
 def seed(path: str, sizes: dict[str, int]) -> float:
@@ -75,38 +78,79 @@ def seed(path: str, sizes: dict[str, int]) -> float:
         for i, status in enumerate(statuses):
             created = T0 - 86_400 + i % 86_400
             attempts = {"pending": i % 3, "running": 1, "dead": 3, "interrupted": 1}.get(
-                status, 1 if status == "done" else 0)
-            error = ("too many attempts (3/3): TimeoutError" if status == "dead"
-                     else "completion uncertain: run lost, generation 1 lost its lease"
-                     if status == "interrupted" else None)
-            yield (rng.choice(("webhook", "chat", "email", "timer")), f"bench-{i}",
-                   json.dumps({"n": i, "text": "hello " * 8}), status, attempts,
-                   2 if status == "running" else None, T0 if status == "running" else None,
-                   created, created, created, error)
+                status, 1 if status == "done" else 0
+            )
+            error = (
+                "too many attempts (3/3): TimeoutError"
+                if status == "dead"
+                else "completion uncertain: run lost, generation 1 lost its lease"
+                if status == "interrupted"
+                else None
+            )
+            yield (
+                rng.choice(("webhook", "chat", "email", "timer")),
+                f"bench-{i}",
+                json.dumps({"n": i, "text": "hello " * 8}),
+                status,
+                attempts,
+                2 if status == "running" else None,
+                T0 if status == "running" else None,
+                created,
+                created,
+                created,
+                error,
+            )
 
     db.executemany(
         "INSERT INTO events(source, source_id, payload, status, attempts, claim_gen, "
         "claimed_at, available_at, created, updated, error) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-        events())
+        events(),
+    )
     db.executemany(
         "INSERT INTO timers(id, kind, due, every, catch_up, payload) VALUES (?,?,?,?,?,?)",
-        ((f"timer-{i}", "timer", T0 + 60 + i * 7, 3600 if i % 2 else None, "coalesce",
-          json.dumps({"i": i})) for i in range(sizes["timers"])))
+        (
+            (
+                f"timer-{i}",
+                "timer",
+                T0 + 60 + i * 7,
+                3600 if i % 2 else None,
+                "coalesce",
+                json.dumps({"i": i}),
+            )
+            for i in range(sizes["timers"])
+        ),
+    )
     db.executemany(
         "INSERT INTO approvals(request_id, action, requested, due, answer, answered_at, "
         "answered_by) VALUES (?,?,?,?,?,?,?)",
-        ((f"req-{i}", f"Refund ${i}.00 to customer {i}", T0 - 600, T0 + 3600 + i,
-          None if i % 2 else "yes", None if i % 2 else T0 - 60, None if i % 2 else "operator")
-         for i in range(sizes["approvals"])))
+        (
+            (
+                f"req-{i}",
+                f"Refund ${i}.00 to customer {i}",
+                T0 - 600,
+                T0 + 3600 + i,
+                None if i % 2 else "yes",
+                None if i % 2 else T0 - 60,
+                None if i % 2 else "operator",
+            )
+            for i in range(sizes["approvals"])
+        ),
+    )
     db.executemany(
         "INSERT INTO outbox(body, urgent, created, status) VALUES (?,?,?, 'held')",
-        ((f"update {i}: still working on it", int(i % 50 == 0), T0 - 3600 + i)
-         for i in range(sizes["outbox"])))
-    db.execute("INSERT INTO lease(id, holder, gen, until) VALUES (1, 'worker-b', 2, ?)",
-               (T0 + 100,))
-    db.execute("INSERT INTO lease_history(gen, holder, previous_holder, at, how) VALUES "
-               "(1, 'worker-a', NULL, ?, 'first'), (2, 'worker-b', 'worker-a', ?, 'takeover')",
-               (T0 - 3600, T0 - 60))
+        (
+            (f"update {i}: still working on it", int(i % 50 == 0), T0 - 3600 + i)
+            for i in range(sizes["outbox"])
+        ),
+    )
+    db.execute(
+        "INSERT INTO lease(id, holder, gen, until) VALUES (1, 'worker-b', 2, ?)", (T0 + 100,)
+    )
+    db.execute(
+        "INSERT INTO lease_history(gen, holder, previous_holder, at, how) VALUES "
+        "(1, 'worker-a', NULL, ?, 'first'), (2, 'worker-b', 'worker-a', ?, 'takeover')",
+        (T0 - 3600, T0 - 60),
+    )
     db.execute("UPDATE meta SET value = ? WHERE key = 'last_paced_send'", (T0 - 600,))
     db.execute("COMMIT")
     db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -122,8 +166,7 @@ def rss_mb() -> float:
     return float("nan")
 
 
-async def measure(path: str, repeats: int,
-                  process_start: float | None = None) -> dict[str, float]:
+async def measure(path: str, repeats: int, process_start: float | None = None) -> dict[str, float]:
     """Run the app headless over `path` and take every figure (in this fresh process)."""
     from textual import events
 
@@ -152,8 +195,7 @@ async def measure(path: str, repeats: int,
             for event_id in pending[:repeats]:
                 while app._polling:
                     await asyncio.sleep(0.001)
-                other.execute("UPDATE events SET status = 'cancelled' WHERE id = ?",
-                              (event_id,))
+                other.execute("UPDATE events SET status = 'cancelled' WHERE id = ?", (event_id,))
                 app._polling = True  # run the poll by hand, timed, instead of the interval
                 begin = time.perf_counter()
                 await app._poll_once()
@@ -164,16 +206,14 @@ async def measure(path: str, repeats: int,
             # End to end, left to the app: commit → row gone from the pane (the file
             # notifier triggers the poll; without it, the 0.5 s poll finds the change).
             rng = random.Random(11)
-            for event_id in pending[repeats: 2 * repeats]:
+            for event_id in pending[repeats : 2 * repeats]:
                 await asyncio.sleep(rng.uniform(0, app.POLL_SECONDS))  # any phase of the poll
-                other.execute("UPDATE events SET status = 'cancelled' WHERE id = ?",
-                              (event_id,))
+                other.execute("UPDATE events SET status = 'cancelled' WHERE id = ?", (event_id,))
                 changed = time.perf_counter()
                 while str(event_id) in app.pane("pending")._records:
                     await asyncio.sleep(0.002)
                 latencies.append(time.perf_counter() - changed)
-            figures["change elsewhere on screen"] = \
-                statistics.median(latencies) * 1000
+            figures["change elsewhere on screen"] = statistics.median(latencies) * 1000
 
             # Idle: a tick of the clock and a poll that finds nothing changed.
             await pilot.press("4")  # the worst case: every approval's countdown moves
@@ -210,8 +250,12 @@ async def measure(path: str, repeats: int,
                 await pilot.pause()
                 begin = time.perf_counter()
                 app.post_message(events.Key("y", "y"))
-                while other.execute("SELECT status FROM events WHERE id = ?",
-                                    (event_id,)).fetchone()[0] != "pending":
+                while (
+                    other.execute("SELECT status FROM events WHERE id = ?", (event_id,)).fetchone()[
+                        0
+                    ]
+                    != "pending"
+                ):
                     await asyncio.sleep(0.001)
                 samples.append(time.perf_counter() - begin)
                 await app.workers.wait_for_complete()
@@ -225,13 +269,18 @@ async def measure(path: str, repeats: int,
 
 
 def table(sizes: dict[str, int], seconds: float, figures: dict[str, float]) -> str:
-    units = {"first full paint": "s", "first full paint, from process start": "s",
-             "resident memory": "MB",
-             "resident memory, at the end": "MB"}
-    lines = [f"inbox: {sizes['events']:,} events, {sizes['timers']:,} timers, "
-             f"{sizes['approvals']:,} approvals, {sizes['outbox']:,} held messages "
-             f"(seeded in {seconds:.1f} s)",
-             f"{'measure':<46}{'target':>10}{'measured':>12}  ok"]
+    units = {
+        "first full paint": "s",
+        "first full paint, from process start": "s",
+        "resident memory": "MB",
+        "resident memory, at the end": "MB",
+    }
+    lines = [
+        f"inbox: {sizes['events']:,} events, {sizes['timers']:,} timers, "
+        f"{sizes['approvals']:,} approvals, {sizes['outbox']:,} held messages "
+        f"(seeded in {seconds:.1f} s)",
+        f"{'measure':<46}{'target':>10}{'measured':>12}  ok",
+    ]
     for name, value in figures.items():
         unit = units.get(name, "ms")
         target = TARGETS.get(name)
@@ -255,10 +304,13 @@ def main(argv: list[str]) -> int:
         path = os.path.join(scratch, "big.db")
         seconds = seed(path, sizes)
         child = subprocess.run(
-            [sys.executable, __file__, "--measure", path, "3" if quick else "7",
-             str(time.time())],
-            capture_output=True, text=True, cwd=ROOT, timeout=900,
-            env=dict(os.environ, TZ="UTC"))
+            [sys.executable, __file__, "--measure", path, "3" if quick else "7", str(time.time())],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=900,
+            env=dict(os.environ, TZ="UTC"),
+        )
         if child.returncode != 0:
             print(child.stdout + child.stderr, file=sys.stderr)
             return child.returncode

@@ -44,6 +44,7 @@ TARGETS = {"worker wake p50": 10.0, "worker wake p99": 50.0, "TUI change on scre
 
 # --- the agent the worker process runs --------------------------------------------------------
 
+
 async def record(batch, ctx) -> None:
     """The benchmark's agent: note when it was called, for each event of its batch."""
     called = time.time()
@@ -54,6 +55,7 @@ async def record(batch, ctx) -> None:
 
 # --- worker wake ----------------------------------------------------------------------------------
 
+
 def _env(**extra: str) -> dict[str, str]:
     values = {k: v for k, v in os.environ.items() if k != "ONWATCH_NO_NOTIFY"}
     values.update(PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(ROOT), **extra)
@@ -61,17 +63,38 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _onwatch(*args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", *args], cwd=ROOT, env=_env(**env),
-                          capture_output=True, text=True, timeout=60, check=True)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args],
+        cwd=ROOT,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
 
 
 def _start_worker(path: str, calls: str, notify: bool, log: str) -> subprocess.Popen:
     env = _env(ONWATCH_BENCH_CALLS=calls, **({} if notify else {"ONWATCH_NO_NOTIFY": "1"}))
     with open(log, "ab") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "cli", "worker", path, "--agent",
-             "tests.bench.bench_wake:record", "--no-dispatch", "--log-level", "warning"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=err)
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "worker",
+                path,
+                "--agent",
+                "tests.bench.bench_wake:record",
+                "--no-dispatch",
+                "--log-level",
+                "warning",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
 
 
 def _stop(process: subprocess.Popen) -> None:
@@ -111,25 +134,33 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])))
 def worker_wake(folder: str, events: int, notify: bool, seed: int) -> list[float]:
     """Latencies in ms, ingest returned → agent called, for `events` events."""
     os.makedirs(folder, exist_ok=True)
-    path, calls, committed = (os.path.join(folder, name) for name in
-                              ("inbox.db", "calls.txt", "committed.txt"))
+    path, calls, committed = (
+        os.path.join(folder, name) for name in ("inbox.db", "calls.txt", "committed.txt")
+    )
     _onwatch("init", path, "lease_ttl=30")
     worker = _start_worker(path, calls, notify, os.path.join(folder, "worker.err"))
     try:
         _onwatch("ingest", path, "bench", "warm-up")  # the worker is up once this ran
         _wait_for(lambda: os.path.exists(calls), 30, "the worker's first run")
-        subprocess.run([sys.executable, "-c", INGESTER, path, str(events), committed,
-                        str(seed)], cwd=ROOT, env=_env(), check=True, timeout=600)
-        _wait_for(lambda: len(Path(calls).read_text().splitlines()) >= events + 1, 30,
-                  "every run")
+        subprocess.run(
+            [sys.executable, "-c", INGESTER, path, str(events), committed, str(seed)],
+            cwd=ROOT,
+            env=_env(),
+            check=True,
+            timeout=600,
+        )
+        _wait_for(lambda: len(Path(calls).read_text().splitlines()) >= events + 1, 30, "every run")
     finally:
         _stop(worker)
     called = dict(line.split() for line in Path(calls).read_text().splitlines())
-    return [(float(called[key]) - float(at)) * 1000 for key, at in
-            (line.split() for line in Path(committed).read_text().splitlines())]
+    return [
+        (float(called[key]) - float(at)) * 1000
+        for key, at in (line.split() for line in Path(committed).read_text().splitlines())
+    ]
 
 
 # --- TUI: commit elsewhere → row on screen -------------------------------------------------------
+
 
 async def tui_latencies(path: str, events: int, seed: int) -> list[float]:
     """In this (child) process: the app headless; another connection commits events."""
@@ -152,11 +183,13 @@ async def tui_latencies(path: str, events: int, seed: int) -> list[float]:
             pane = app.pane("pending")
             for i in range(events):
                 await asyncio.sleep(rng.uniform(0.1, 0.3))
-                write_transaction(other, store.ingest_many,
-                                  ([("tui", f"t{i}", "{}", int(time.time()))],))
+                write_transaction(
+                    other, store.ingest_many, ([("tui", f"t{i}", "{}", int(time.time()))],)
+                )
                 changed = time.perf_counter()
-                event_id = other.execute("SELECT id FROM events WHERE source_id = ?",
-                                         (f"t{i}",)).fetchone()[0]
+                event_id = other.execute(
+                    "SELECT id FROM events WHERE source_id = ?", (f"t{i}",)
+                ).fetchone()[0]
                 deadline = changed + 10
                 while str(event_id) not in pane._records:
                     if time.perf_counter() > deadline:
@@ -174,9 +207,14 @@ def tui_wake(folder: str, events: int, notify: bool, seed: int) -> list[float]:
     path = os.path.join(folder, "inbox.db")
     _onwatch("init", path)
     env = _env(TZ="UTC", **({} if notify else {"ONWATCH_NO_NOTIFY": "1"}))
-    child = subprocess.run([sys.executable, __file__, "--tui-child", path, str(events),
-                            str(seed)], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=600)
+    child = subprocess.run(
+        [sys.executable, __file__, "--tui-child", path, str(events), str(seed)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if child.returncode != 0:
         raise AssertionError(child.stdout + child.stderr)
     return json.loads(child.stdout.strip().splitlines()[-1])
@@ -225,23 +263,33 @@ def idle_cpu(folder: str, seconds: float) -> dict[str, float]:
         os.makedirs(sub)
         path = os.path.join(sub, "inbox.db")
         _onwatch("init", path, "lease_ttl=30")
-        workers[notify] = _start_worker(path, os.path.join(sub, "calls.txt"), notify,
-                                        os.path.join(sub, "worker.err"))
+        workers[notify] = _start_worker(
+            path, os.path.join(sub, "calls.txt"), notify, os.path.join(sub, "worker.err")
+        )
         tui_path = os.path.join(sub, "tui.db")
         _onwatch("init", tui_path)
         tuis[notify] = subprocess.Popen(
-            [sys.executable, "-c", TUI_IDLE, tui_path, str(seconds)], cwd=ROOT,
+            [sys.executable, "-c", TUI_IDLE, tui_path, str(seconds)],
+            cwd=ROOT,
             env=_env(TZ="UTC", **({} if notify else {"ONWATCH_NO_NOTIFY": "1"})),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
     try:
         time.sleep(2.0)  # past start-up
         before = {notify: _cpu_seconds(w.pid) for notify, w in workers.items()}
         started = time.monotonic()
         time.sleep(seconds)
         elapsed = time.monotonic() - started
-        figures = {f"idle worker CPU ({'notifier' if n else '0.5 s poll, before'})":
-                   (_cpu_seconds(w.pid) - before[n]) / elapsed * 100
-                   for n, w in workers.items()}
+        figures = {
+            f"idle worker CPU ({'notifier' if n else '0.5 s poll, before'})": (
+                _cpu_seconds(w.pid) - before[n]
+            )
+            / elapsed
+            * 100
+            for n, w in workers.items()
+        }
     finally:
         for worker in workers.values():
             _stop(worker)
@@ -249,12 +297,14 @@ def idle_cpu(folder: str, seconds: float) -> dict[str, float]:
         out, err = tui.communicate(timeout=seconds + 120)
         if tui.returncode != 0:
             raise AssertionError(err)
-        figures[f"idle TUI CPU ({'notifier' if notify else '0.5 s poll, before'})"] = \
+        figures[f"idle TUI CPU ({'notifier' if notify else '0.5 s poll, before'})"] = (
             json.loads(out.strip().splitlines()[-1]) * 100
+        )
     return figures
 
 
 # --- the run ------------------------------------------------------------------------------------
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -267,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(asyncio.run(tui_latencies(argv[1], int(argv[2]), int(argv[3])))))
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true",
-                        help="small sizes, a smoke test rather than a measurement")
+    parser.add_argument(
+        "--quick", action="store_true", help="small sizes, a smoke test rather than a measurement"
+    )
     parser.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
@@ -277,21 +328,25 @@ def main(argv: list[str] | None = None) -> int:
     def out(line: str) -> None:
         print(line, flush=True)
 
-    out(f"onwatch wake benchmark{' (quick: smoke test only)' if args.quick else ''}: "
+    out(
+        f"onwatch wake benchmark{' (quick: smoke test only)' if args.quick else ''}: "
         f"{rounds} round(s) of {events} worker events and {tui_events} TUI events per mode; "
-        f"idle CPU over {idle_seconds:g} s")
+        f"idle CPU over {idle_seconds:g} s"
+    )
     folder = tempfile.mkdtemp(prefix="onwatch-bench-wake-")
     samples: dict[str, list[float]] = {}
     try:
         for r in range(rounds):
             out(f"  round {r + 1}/{rounds} …")
             # Alternate which mode goes first, so a neighbour's load lands on both alike.
-            for notify in ((True, False) if r % 2 == 0 else (False, True)):
+            for notify in (True, False) if r % 2 == 0 else (False, True):
                 mode = "notifier" if notify else "0.5 s poll, before"
-                samples.setdefault(f"worker ({mode})", []).extend(worker_wake(
-                    os.path.join(folder, f"w{r}-{notify}"), events, notify, r))
-                samples.setdefault(f"TUI ({mode})", []).extend(tui_wake(
-                    os.path.join(folder, f"t{r}-{notify}"), tui_events, notify, r))
+                samples.setdefault(f"worker ({mode})", []).extend(
+                    worker_wake(os.path.join(folder, f"w{r}-{notify}"), events, notify, r)
+                )
+                samples.setdefault(f"TUI ({mode})", []).extend(
+                    tui_wake(os.path.join(folder, f"t{r}-{notify}"), tui_events, notify, r)
+                )
         out(f"  idle CPU over {idle_seconds:g} s …")
         idle = idle_cpu(folder, idle_seconds)
     finally:
@@ -305,8 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
         target = ""
         if name == "worker (notifier)":
-            target = (f"p50 < 10 ms {'yes' if p50 < 10 else 'NO'}, "
-                      f"p99 < 50 ms {'yes' if p99 < 50 else 'NO'}")
+            target = (
+                f"p50 < 10 ms {'yes' if p50 < 10 else 'NO'}, "
+                f"p99 < 50 ms {'yes' if p99 < 50 else 'NO'}"
+            )
             scores += [TARGETS["worker wake p50"] / p50, TARGETS["worker wake p99"] / p99]
         elif name == "TUI (notifier)":
             target = f"p50 < 50 ms {'yes' if p50 < 50 else 'NO'}"
@@ -317,8 +374,10 @@ def main(argv: list[str] | None = None) -> int:
         out(f"{name:<52}{share:>9.3f} %")
     for kind in ("worker", "TUI"):
         now, before = (idle[f"idle {kind} CPU ({m})"] for m in ("notifier", "0.5 s poll, before"))
-        out(f"idle {kind} CPU, notifier / poll: {now / before if before else float('nan'):.2f}"
-            f" ({'lower' if now < before else 'NOT lower'})")
+        out(
+            f"idle {kind} CPU, notifier / poll: {now / before if before else float('nan'):.2f}"
+            f" ({'lower' if now < before else 'NOT lower'})"
+        )
     out(f"samples: {', '.join(f'{k} {len(v)}' for k, v in samples.items())}")
     out(f"minimum target/measured: {min(scores):.2f}")
     return 0

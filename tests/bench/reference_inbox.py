@@ -114,27 +114,34 @@ class ReferenceInbox:
         cursor = self.db.execute(
             "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(source, source_id) DO NOTHING",
-            (source, source_id, json.dumps(payload), now, now, now))
+            (source, source_id, json.dumps(payload), now, now, now),
+        )
         return cursor.rowcount == 1
 
     # --- lease, claim, finish ----------------------------------------------------------------
 
     def acquire(self, holder: str, now: int) -> int | None:
         """Renew our unexpired lease, take over an expired one (next generation), or None."""
+
         def tx() -> int | None:
             row = self.db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
             if row is None:
-                self.db.execute("INSERT INTO lease(id, holder, gen, until) VALUES (1, ?, 1, ?)",
-                                (holder, now + LEASE_TTL))
+                self.db.execute(
+                    "INSERT INTO lease(id, holder, gen, until) VALUES (1, ?, 1, ?)",
+                    (holder, now + LEASE_TTL),
+                )
                 return 1
             current, gen, until = row
             if until >= now and current != holder:
                 return None
             if until < now:
                 gen += 1
-            self.db.execute("UPDATE lease SET holder = ?, gen = ?, until = ? WHERE id = 1",
-                            (holder, gen, now + LEASE_TTL))
+            self.db.execute(
+                "UPDATE lease SET holder = ?, gen = ?, until = ? WHERE id = 1",
+                (holder, gen, now + LEASE_TTL),
+            )
             return gen
+
         return self._transaction(tx)
 
     def _holds(self, holder: str, gen: int, now: int) -> bool:
@@ -143,6 +150,7 @@ class ReferenceInbox:
 
     def claim(self, holder: str, gen: int, now: int) -> list[tuple[int, str, str, Any]]:
         """Mark the oldest pending events running for this lease generation; return them."""
+
         def tx() -> list[tuple[int, str, str, Any]]:
             if not self._holds(holder, gen, now):
                 return []
@@ -150,25 +158,31 @@ class ReferenceInbox:
                 "UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = ?, "
                 "updated = ? WHERE id IN (SELECT id FROM events WHERE status = 'pending' AND "
                 "available_at <= ? ORDER BY id LIMIT ?) "
-                "RETURNING id, source, source_id, payload", (gen, now, now, BATCH)).fetchall()
+                "RETURNING id, source, source_id, payload",
+                (gen, now, now, BATCH),
+            ).fetchall()
             return sorted((r[0], r[1], r[2], json.loads(r[3])) for r in rows)
+
         return self._transaction(tx)
 
-    def finish(self, holder: str, gen: int, ids: list[int], replies: list[str],
-               now: int) -> bool:
+    def finish(self, holder: str, gen: int, ids: list[int], replies: list[str], now: int) -> bool:
         """Mark claimed events done and queue the replies, fenced by the lease generation."""
+
         def tx() -> bool:
             if not self._holds(holder, gen, now):
                 return False
             marks = ",".join("?" * len(ids))
             done = self.db.execute(
                 f"UPDATE events SET status = 'done', updated = ? WHERE id IN ({marks}) "
-                f"AND status = 'running' AND claim_gen = ?", (now, *ids, gen)).rowcount
+                f"AND status = 'running' AND claim_gen = ?",
+                (now, *ids, gen),
+            ).rowcount
             if not done:
                 return False
             for body in replies:
                 self.db.execute("INSERT INTO outbox(body, created) VALUES (?, ?)", (body, now))
             return True
+
         return self._transaction(tx)
 
     # --- timers ------------------------------------------------------------------------------
@@ -177,49 +191,65 @@ class ReferenceInbox:
         self.db.execute(
             "INSERT INTO timers(id, due, every, payload) VALUES (?, ?, ?, ?) "
             "ON CONFLICT(id) DO UPDATE SET due = excluded.due, every = excluded.every, "
-            "payload = excluded.payload", (timer_id, due, every, json.dumps(payload)))
+            "payload = excluded.payload",
+            (timer_id, due, every, json.dumps(payload)),
+        )
 
     def run_scheduler(self, now: int) -> int:
         """One transaction: each due timer becomes one event, then is advanced or removed."""
+
         def tx() -> int:
-            due = self.db.execute("SELECT id, due, every, payload FROM timers WHERE due <= ? "
-                                  "ORDER BY due, id", (now,)).fetchall()
+            due = self.db.execute(
+                "SELECT id, due, every, payload FROM timers WHERE due <= ? ORDER BY due, id", (now,)
+            ).fetchall()
             for timer_id, when, every, payload in due:
-                occurrence = {"timer": timer_id, "scheduled_for": when, "late_by": now - when,
-                              "data": json.loads(payload)}
+                occurrence = {
+                    "timer": timer_id,
+                    "scheduled_for": when,
+                    "late_by": now - when,
+                    "data": json.loads(payload),
+                }
                 self.db.execute(
                     "INSERT INTO events(source, source_id, payload, available_at, created, "
                     "updated) VALUES ('timer', ?, ?, ?, ?, ?) "
                     "ON CONFLICT(source, source_id) DO NOTHING",
-                    (f"{timer_id}@{when}", json.dumps(occurrence), now, now, now))
+                    (f"{timer_id}@{when}", json.dumps(occurrence), now, now, now),
+                )
                 if every is None:
                     self.db.execute("DELETE FROM timers WHERE id = ?", (timer_id,))
                 else:
-                    self.db.execute("UPDATE timers SET due = ? WHERE id = ?",
-                                    (when + ((now - when) // every + 1) * every, timer_id))
+                    self.db.execute(
+                        "UPDATE timers SET due = ? WHERE id = ?",
+                        (when + ((now - when) // every + 1) * every, timer_id),
+                    )
             return len(due)
+
         return self._transaction(tx)
 
     # --- outbox ------------------------------------------------------------------------------
 
     def dispatch(self, send: Callable[[str], Any]) -> int:
         """Send every held message as one text; mark them sent if the send returned."""
-        picked = self._transaction(lambda: self.db.execute(
-            "UPDATE outbox SET status = 'sending' WHERE status = 'held' "
-            "RETURNING id, body").fetchall())
+        picked = self._transaction(
+            lambda: self.db.execute(
+                "UPDATE outbox SET status = 'sending' WHERE status = 'held' RETURNING id, body"
+            ).fetchall()
+        )
         if not picked:
             return 0
         picked.sort()
         send("\n\n".join(body for _, body in picked))
-        self._transaction(lambda: self.db.execute(
-            "UPDATE outbox SET status = 'sent' WHERE status = 'sending'"))
+        self._transaction(
+            lambda: self.db.execute("UPDATE outbox SET status = 'sent' WHERE status = 'sending'")
+        )
         return len(picked)
 
     # --- reads (the benchmark's self-checks) -------------------------------------------------
 
     def count(self, status: str) -> int:
-        return self.db.execute("SELECT count(*) FROM events WHERE status = ?",
-                               (status,)).fetchone()[0]
+        return self.db.execute(
+            "SELECT count(*) FROM events WHERE status = ?", (status,)
+        ).fetchone()[0]
 
     def held(self) -> int:
         return self.db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]

@@ -19,28 +19,55 @@ pytestmark = pytest.mark.slow
 def test_core_benchmark_runs_quick_and_prints_its_table():
     result = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "bench" / "bench_core.py"), "--quick"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.strip().splitlines()
-    assert any(line.startswith("workload") and "reference" in line and "yardstick" in line
-               and "async engine" in line and "vs yardstick" in line
-               for line in lines), result.stdout
-    for workload in ("sequential ingest", "duplicate ingest", "run cycle", "scheduler pass",
-                     "dispatch of", "concurrent intake", "counts", "page pending: next",
-                     "lease", "next timers", "held messages", "approvals waiting"):
+    assert any(
+        line.startswith("workload")
+        and "reference" in line
+        and "yardstick" in line
+        and "async engine" in line
+        and "vs yardstick" in line
+        for line in lines
+    ), result.stdout
+    for workload in (
+        "sequential ingest",
+        "duplicate ingest",
+        "run cycle",
+        "scheduler pass",
+        "dispatch of",
+        "concurrent intake",
+        "counts",
+        "page pending: next",
+        "lease",
+        "next timers",
+        "held messages",
+        "approvals waiting",
+    ):
         assert any(workload in line for line in lines), f"no row for {workload}:\n{result.stdout}"
     assert re.fullmatch(r"minimum ratio/target: \d+\.\d\d \(.+\)", lines[-1]), lines[-1]
-
 
 
 def test_wake_benchmark_runs_quick_and_prints_its_table():
     result = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "bench" / "bench_wake.py"), "--quick"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.strip().splitlines()
-    for row in ("worker (notifier): commit → agent called", "TUI (notifier): commit → row shown",
-                "worker (0.5 s poll, before)", "idle worker CPU (notifier)",
-                "idle TUI CPU (notifier)"):
+    for row in (
+        "worker (notifier): commit → agent called",
+        "TUI (notifier): commit → row shown",
+        "worker (0.5 s poll, before)",
+        "idle worker CPU (notifier)",
+        "idle TUI CPU (notifier)",
+    ):
         assert any(line.startswith(row) for line in lines), f"no row {row}:\n{result.stdout}"
     assert re.fullmatch(r"minimum target/measured: \d+\.\d\d", lines[-1]), lines[-1]

@@ -32,14 +32,18 @@ def _paths() -> dict[str, Callable[[sqlite3.Connection], object]]:
         "status strip (overview)": lambda db: store.overview(db, NOW),
     }
     for status in STATUSES:
-        paths[f"page {status}: first"] = lambda db, s=status: store.events(db, s, 50, None,
-                                                                           None, None)
-        paths[f"page {status}: next"] = lambda db, s=status: store.events(db, s, 50, 1500,
-                                                                          None, None)
-        paths[f"page {status}: previous"] = lambda db, s=status: store.events(db, s, 50, None,
-                                                                              1500, None)
-        paths[f"page {status}: search"] = lambda db, s=status: store.events(db, s, 50, 1500,
-                                                                            None, "github")
+        paths[f"page {status}: first"] = lambda db, s=status: store.events(
+            db, s, 50, None, None, None
+        )
+        paths[f"page {status}: next"] = lambda db, s=status: store.events(
+            db, s, 50, 1500, None, None
+        )
+        paths[f"page {status}: previous"] = lambda db, s=status: store.events(
+            db, s, 50, None, 1500, None
+        )
+        paths[f"page {status}: search"] = lambda db, s=status: store.events(
+            db, s, 50, 1500, None, "github"
+        )
     return paths
 
 
@@ -95,16 +99,22 @@ def test_read_path_uses_indexes(inbox_file, name):
 
 
 def test_approvals_waiting_use_their_partial_index(inbox_file):
-    statements = [sql for sql in selects_of(inbox_file, lambda db: store.approvals(db, 100))
-                  if "answer IS NULL" in sql]
+    statements = [
+        sql
+        for sql in selects_of(inbox_file, lambda db: store.approvals(db, 100))
+        if "answer IS NULL" in sql
+    ]
     assert statements
     for sql in statements:
         assert not plan_problems(inbox_file, sql)
 
 
 def test_approvals_answered_use_an_index(inbox_file):
-    statements = [sql for sql in selects_of(inbox_file, lambda db: store.approvals(db, 100))
-                  if "answer IS NOT NULL" in sql]
+    statements = [
+        sql
+        for sql in selects_of(inbox_file, lambda db: store.approvals(db, 100))
+        if "answer IS NOT NULL" in sql
+    ]
     assert statements
     problems = [p for sql in statements for p in plan_problems(inbox_file, sql)]
     assert not problems, "\n".join(problems)

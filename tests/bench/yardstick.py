@@ -61,8 +61,9 @@ class Yardstick:
 
     # --- the API the benchmark drives ---------------------------------------------------------
 
-    def ingest(self, source: str, source_id: str, payload: Any = None, *,
-               now: int | None = None) -> bool:
+    def ingest(
+        self, source: str, source_id: str, payload: Any = None, *, now: int | None = None
+    ) -> bool:
         """One event, one transaction, committed (fsynced) before returning."""
         now = int(time.time()) if now is None else now
         result = self.write(store.ingest_many, [(source, source_id, json.dumps(payload), now)])[0]
@@ -76,10 +77,21 @@ class Yardstick:
     def claim_batch(self, holder: str, gen: int, *, now: int) -> list:
         return self.write(store.claim_batch, holder, gen, now)
 
-    def finish(self, holder: str, gen: int, ids: Sequence[int], messages: Sequence[str] = (),
-               *, now: int) -> bool:
-        return self.write(store.finish, holder, gen, list(ids), [Reply(m) for m in messages],
-                          None, None, [], [], now)
+    def finish(
+        self, holder: str, gen: int, ids: Sequence[int], messages: Sequence[str] = (), *, now: int
+    ) -> bool:
+        return self.write(
+            store.finish,
+            holder,
+            gen,
+            list(ids),
+            [Reply(m) for m in messages],
+            None,
+            None,
+            [],
+            [],
+            now,
+        )
 
     def run_scheduler(self, *, now: int) -> int:
         return self.write(store.run_scheduler, now)
@@ -102,8 +114,9 @@ class Yardstick:
     def counts(self) -> dict[str, int]:
         return store.counts(self.db)
 
-    def events(self, status: str, *, limit: int = 100, after: int | None = None,
-               before: int | None = None) -> list:
+    def events(
+        self, status: str, *, limit: int = 100, after: int | None = None, before: int | None = None
+    ) -> list:
         return store.events(self.db, status, limit, after, before, None)
 
     def lease_info(self):

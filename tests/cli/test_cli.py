@@ -16,6 +16,7 @@ import cli
 def run(capsys, *args, stdin: str | None = None, monkeypatch=None):
     if stdin is not None:
         import io
+
         monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
     code = cli.main([str(a) for a in args])
     out, err = capsys.readouterr()
@@ -36,8 +37,16 @@ def path(tmp_path, capsys) -> str:
 def test_help_lists_commands_examples_and_exit_codes(capsys):
     code, out, _ = run(capsys, "--help")
     assert code == 0
-    for word in ("init", "ingest", "status", "worker", "dispatch", "approve", "examples:",
-                 "exit codes"):
+    for word in (
+        "init",
+        "ingest",
+        "status",
+        "worker",
+        "dispatch",
+        "approve",
+        "examples:",
+        "exit codes",
+    ):
         assert word in out
     for sub in ("worker", "status", "config", "dispatch", "ingest", "serve", "tui"):
         code, out, _ = run(capsys, sub, "--help")
@@ -45,8 +54,14 @@ def test_help_lists_commands_examples_and_exit_codes(capsys):
 
 
 def test_usage_errors_are_one_line_and_exit_2(capsys, path):
-    for args in ((), ("status",), ("frobnicate", path), ("cancel", path, "not-a-number"),
-                 ("events", path, "sleeping"), ("worker", path)):
+    for args in (
+        (),
+        ("status",),
+        ("frobnicate", path),
+        ("cancel", path, "not-a-number"),
+        ("events", path, "sleeping"),
+        ("worker", path),
+    ):
         code, out, err = run(capsys, *args)
         assert code == 2, args
         if args:
@@ -56,14 +71,20 @@ def test_usage_errors_are_one_line_and_exit_2(capsys, path):
 def test_out_of_range_numbers_and_an_empty_path_are_usage_errors(capsys, path):
     huge = str(2**64)  # past SQLite's INTEGER: used to end as an 'internal error'
     agent = ("--agent", "examples.refund_agent:handle")
-    for args in (("show", path, huge), ("requeue", path, huge), ("events", path, "--after", huge),
-                 ("approvals", path, "--limit", huge), ("status", path, "--busy-timeout", "nan"),
-                 ("status", path, "--busy-timeout", "inf"), ("ingest", path, "c", "1",
-                                                              "--busy-timeout", "0"),
-                 ("worker", path, *agent, "--poll", "nan"),
-                 ("worker", path, *agent, "--grace", "-1"),
-                 ("worker", path, *agent, "--max-runs", "0"),
-                 ("init", ""), ("status", "")):
+    for args in (
+        ("show", path, huge),
+        ("requeue", path, huge),
+        ("events", path, "--after", huge),
+        ("approvals", path, "--limit", huge),
+        ("status", path, "--busy-timeout", "nan"),
+        ("status", path, "--busy-timeout", "inf"),
+        ("ingest", path, "c", "1", "--busy-timeout", "0"),
+        ("worker", path, *agent, "--poll", "nan"),
+        ("worker", path, *agent, "--grace", "-1"),
+        ("worker", path, *agent, "--max-runs", "0"),
+        ("init", ""),
+        ("status", ""),
+    ):
         code, out, err = run(capsys, *args)
         assert code == 2 and out == "" and one_line_error(err), (args, err)
         assert "argument" in err, (args, err)  # names the option or argument at fault
@@ -78,10 +99,10 @@ def test_init_is_idempotent_and_takes_settings(capsys, path):
 
 def test_ingest_prints_stored_then_duplicate_and_both_exit_0(capsys, path, monkeypatch):
     assert run(capsys, "ingest", path, "chat", "m1", '{"text": "hi"}') == (0, "stored\n", "")
-    assert run(capsys, "ingest", path, "chat", "m1", '{"text": "hi"}') == (0, "duplicate\n",
-                                                                         "")
-    code, out, _ = run(capsys, "ingest", path, "hook", "d1", "-", stdin='[1, 2]',
-                       monkeypatch=monkeypatch)
+    assert run(capsys, "ingest", path, "chat", "m1", '{"text": "hi"}') == (0, "duplicate\n", "")
+    code, out, _ = run(
+        capsys, "ingest", path, "hook", "d1", "-", stdin="[1, 2]", monkeypatch=monkeypatch
+    )
     assert code == 0 and out == "stored\n"
     code, out, _ = run(capsys, "ingest", path, "hook", "d2", "--json")
     assert json.loads(out) == {"source": "hook", "source_id": "d2", "stored": True}
@@ -112,9 +133,24 @@ def test_status_json_is_stable_and_documented(capsys, path):
     assert code == 0
     assert out == json.dumps(json.loads(out), sort_keys=True, ensure_ascii=False) + "\n"
     data = json.loads(out)
-    documented = {"path", "now", "counts", "lease", "lease_ttl", "on_lost_claim", "takeovers",
-                  "refused_writes", "paused", "outbox_held", "held_messages", "next_send_at",
-                  "next_timer_due", "waiting_approvals", "runs_last_day", "budgets"}
+    documented = {
+        "path",
+        "now",
+        "counts",
+        "lease",
+        "lease_ttl",
+        "on_lost_claim",
+        "takeovers",
+        "refused_writes",
+        "paused",
+        "outbox_held",
+        "held_messages",
+        "next_send_at",
+        "next_timer_due",
+        "waiting_approvals",
+        "runs_last_day",
+        "budgets",
+    }
     assert documented <= set(data)
     _, help_text, _ = run(capsys, "status", "--help")
     for key in documented:
@@ -131,13 +167,24 @@ def test_status_json_is_stable_and_documented(capsys, path):
 def test_config_shows_sets_and_validates(capsys, path):
     code, out, _ = run(capsys, "config", path)
     assert code == 0 and "lease_ttl = 120" in out and "max_pending = null" in out
-    code, out, _ = run(capsys, "config", path, "on_lost_claim=interrupt", "max_pending=5",
-                       'lost_claim_by_source={"stripe": "retry"}')
+    code, out, _ = run(
+        capsys,
+        "config",
+        path,
+        "on_lost_claim=interrupt",
+        "max_pending=5",
+        'lost_claim_by_source={"stripe": "retry"}',
+    )
     assert code == 0 and 'on_lost_claim = "interrupt"   (was "retry")' in out
     code, out, _ = run(capsys, "config", path, "max_pending=unlimited", "--json")
     assert json.loads(out)["max_pending"] is None
-    for bad in ("max_pending=-1", "lease_ttl=1.5", "bogus=1", "on_lost_claim=maybe",
-                "no-equals-sign"):
+    for bad in (
+        "max_pending=-1",
+        "lease_ttl=1.5",
+        "bogus=1",
+        "on_lost_claim=maybe",
+        "no-equals-sign",
+    ):
         code, _, err = run(capsys, "config", path, bad)
         assert code == 2 and one_line_error(err), bad
 
@@ -160,9 +207,14 @@ def test_event_actions_say_whether_they_applied(capsys, path):
     assert code == 1 and json.loads(out)["applied"] is False
     assert "changed meanwhile" in json.loads(out)["reason"]
     code, out, _ = run(capsys, "requeue", path, "1", "--json")
-    assert code == 0 and json.loads(out) == {"action": "requeue", "applied": True,
-                                             "before": "cancelled", "event_id": 1,
-                                             "reason": None, "status": "pending"}
+    assert code == 0 and json.loads(out) == {
+        "action": "requeue",
+        "applied": True,
+        "before": "cancelled",
+        "event_id": 1,
+        "reason": None,
+        "status": "pending",
+    }
     assert run(capsys, "bury", path, "1")[0] == 0
     assert run(capsys, "resolve", path, "1")[0] == 1
     code, _, err = run(capsys, "cancel", path, "99")
@@ -178,6 +230,7 @@ def test_answers_print_the_standing_outcome(capsys, path):
         async with await Inbox.open(path) as inbox:
             await inbox.request_approval("r1", 3600, "refund 5")
             await inbox.request_approval("r2", 3600, "refund 6")
+
     asyncio.run(ask())
     code, out, _ = run(capsys, "approvals", path)
     assert code == 0 and "r1\trefund 5\twaiting" in out
@@ -187,15 +240,20 @@ def test_answers_print_the_standing_outcome(capsys, path):
     assert err.startswith("onwatch: deny not applied to r1")  # not "no not applied"
     assert run(capsys, "expire", path, "r2")[:2] == (0, "expired\n")
     code, out, _ = run(capsys, "approve", path, "r2", "--json")
-    assert code == 1 and json.loads(out) == {"applied": False, "request_id": "r2",
-                                             "standing": "expired"}
+    assert code == 1 and json.loads(out) == {
+        "applied": False,
+        "request_id": "r2",
+        "standing": "expired",
+    }
     code, out, err = run(capsys, "approve", path, "never-asked")
     assert (code, out) == (1, "unknown\n") and "no such request" in err
 
 
 def test_switches_are_idempotent(capsys, path):
-    assert run(capsys, "pause", path)[:2] == (0, "execution paused: claims return nothing, "
-                                                 "intake goes on\n")
+    assert run(capsys, "pause", path)[:2] == (
+        0,
+        "execution paused: claims return nothing, intake goes on\n",
+    )
     code, out, _ = run(capsys, "pause", path, "--json")
     assert code == 0 and json.loads(out) == {"changed": False, "paused": True}
     assert "PAUSED" in run(capsys, "status", path)[1]
@@ -218,6 +276,7 @@ def _queue(path, *bodies):
             batch = await inbox.claim_batch("t", gen)
             await inbox.finish("t", gen, [e.id for e in batch], messages=list(bodies))
             await inbox.release("t", gen)
+
     asyncio.run(queue())
 
 
@@ -229,8 +288,7 @@ def test_dispatch_channels(capsys, path, tmp_path):
     [line] = sent.read_text().splitlines()
     record = json.loads(line)
     assert record["text"] == "one\n\ntwo" and record["count"] == 2
-    assert record["key"].startswith("onwatch-") and sorted(record) == ["at", "count", "key",
-                                                                       "text"]
+    assert record["key"].startswith("onwatch-") and sorted(record) == ["at", "count", "key", "text"]
     _queue(path, "three")
     code, out, err = run(capsys, "dispatch", path, "--stdout")
     assert code == 0 and out == "" and "nothing sent" in err and "next send allowed" in err
@@ -238,8 +296,14 @@ def test_dispatch_channels(capsys, path, tmp_path):
     assert code == 1 and one_line_error(err) and "exited with 7" in err
     assert run(capsys, "status", path, "--json")[1].count('"held_messages": 1') == 1
     target = tmp_path / "piped.txt"
-    code, out, err = run(capsys, "dispatch", path, "--now", "--command",
-                         f'cat > {target}; printf "\\n%s\\n" "$ONWATCH_DELIVERY_KEY" >> {target}')
+    code, out, err = run(
+        capsys,
+        "dispatch",
+        path,
+        "--now",
+        "--command",
+        f'cat > {target}; printf "\\n%s\\n" "$ONWATCH_DELIVERY_KEY" >> {target}',
+    )
     assert code == 0
     text, key = target.read_text().split("\n")[:2]
     assert text == "three" and key.startswith("onwatch-")
@@ -263,6 +327,7 @@ def test_missing_ui_modules_are_reported_not_crashed(capsys, path, monkeypatch):
         if name in ("tui.app", "tui.demo", "core.webhooks"):
             raise ModuleNotFoundError(f"No module named {name!r}")
         return real(name, *args)
+
     monkeypatch.setattr(cli.running.importlib, "import_module", missing)
     for args in (("tui", path), ("demo",), ("serve", path)):
         code, _, err = run(capsys, *args)
@@ -273,11 +338,17 @@ def test_serve_hands_its_arguments_to_the_webhook_receiver(capsys, path, monkeyp
     seen = {}
     fake = types.SimpleNamespace(main=lambda args: seen.update(vars(args)) or 0)
     monkeypatch.setattr(cli.running, "lazy", lambda module, what: fake)
-    code, _, _ = run(capsys, "serve", path, "--port", "9000", "--max-body", "1000",
-                     "--config", "hooks.toml")
+    code, _, _ = run(
+        capsys, "serve", path, "--port", "9000", "--max-body", "1000", "--config", "hooks.toml"
+    )
     assert code == 0
     assert (seen["path"], seen["host"], seen["port"], seen["config"], seen["max_body"]) == (
-        path, "127.0.0.1", 9000, "hooks.toml", 1000)
+        path,
+        "127.0.0.1",
+        9000,
+        "hooks.toml",
+        1000,
+    )
 
 
 def test_tui_and_demo_are_called_lazily(capsys, path, monkeypatch):
@@ -290,38 +361,69 @@ def test_tui_and_demo_are_called_lazily(capsys, path, monkeypatch):
 
 
 def test_status_never_imports_textual(path):
-    code = ("import sys; import cli; rc = cli.main(['status', sys.argv[1]]); "
-            "bad = [m for m in ('textual', 'rich') if m in sys.modules]; "
-            "sys.exit(10 if bad else rc)")
-    result = subprocess.run([sys.executable, "-c", code, path], cwd=ROOT, capture_output=True,
-                            text=True)
+    code = (
+        "import sys; import cli; rc = cli.main(['status', sys.argv[1]]); "
+        "bad = [m for m in ('textual', 'rich') if m in sys.modules]; "
+        "sys.exit(10 if bad else rc)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, path], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 
 def test_the_console_script_runs(path):
-    result = subprocess.run([sys.executable, "-m", "cli", "status", path, "--json"],
-                            cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "status", path, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0 and json.loads(result.stdout)["path"] == path
 
 
 def test_worker_agent_errors_are_one_line(capsys, path, tmp_path):
-    for spec, words in (("nocolon", "module:function"), ("no_such_module_xyz:handle",
-                                                         "cannot import"),
-                        ("examples.refund_agent:nope", "no function"),
-                        (f"{tmp_path}/missing.py:handle", "no file")):
+    for spec, words in (
+        ("nocolon", "module:function"),
+        ("no_such_module_xyz:handle", "cannot import"),
+        ("examples.refund_agent:nope", "no function"),
+        (f"{tmp_path}/missing.py:handle", "no file"),
+    ):
         code, _, err = run(capsys, "worker", path, "--agent", spec)
         assert code == 2 and one_line_error(err) and words in err, (spec, err)
 
 
 def test_worker_runs_an_agent_from_a_file_and_stops_after_max_runs(path, tmp_path):
     agent = tmp_path / "my_agent.py"
-    agent.write_text("async def handle(batch, ctx):\n"
-                     "    ctx.reply('seen ' + ', '.join(e.source_id for e in batch))\n")
-    subprocess.run([sys.executable, "-m", "cli", "ingest", path, "chat", "a1"], cwd=ROOT,
-                   check=True, capture_output=True)
-    result = subprocess.run([sys.executable, "-m", "cli", "worker", path, "--agent",
-                             f"{agent}:handle", "--max-runs", "1", "--holder", "file-agent"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+    agent.write_text(
+        "async def handle(batch, ctx):\n"
+        "    ctx.reply('seen ' + ', '.join(e.source_id for e in batch))\n"
+    )
+    subprocess.run(
+        [sys.executable, "-m", "cli", "ingest", path, "chat", "a1"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "worker",
+            path,
+            "--agent",
+            f"{agent}:handle",
+            "--max-runs",
+            "1",
+            "--holder",
+            "file-agent",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "seen a1\n"
     assert "1 run(s), 1 done" in result.stderr and "Traceback" not in result.stderr
@@ -329,16 +431,18 @@ def test_worker_runs_an_agent_from_a_file_and_stops_after_max_runs(path, tmp_pat
 
 def test_an_agent_file_is_loaded_once_as_a_real_module(tmp_path):
     agent = tmp_path / "agent.py"
-    agent.write_text("from __future__ import annotations\n"
-                     "from dataclasses import dataclass\n"
-                     "@dataclass\n"
-                     "class Note:\n"
-                     "    text: str\n"
-                     "STATE = {}\n"
-                     "def setup(inbox):\n"
-                     "    STATE['ready'] = True\n"
-                     "async def handle(batch, ctx):\n"
-                     "    ctx.reply(Note(str(STATE)).text)\n")
+    agent.write_text(
+        "from __future__ import annotations\n"
+        "from dataclasses import dataclass\n"
+        "@dataclass\n"
+        "class Note:\n"
+        "    text: str\n"
+        "STATE = {}\n"
+        "def setup(inbox):\n"
+        "    STATE['ready'] = True\n"
+        "async def handle(batch, ctx):\n"
+        "    ctx.reply(Note(str(STATE)).text)\n"
+    )
     setup = cli.running.load_callable(f"{agent}:setup", "--setup")  # a dataclass under
     handle = cli.running.load_callable(f"{agent}:handle", "--agent")  # string annotations loads
     try:
@@ -351,10 +455,25 @@ def test_an_agent_file_is_loaded_once_as_a_real_module(tmp_path):
 
 def test_a_failing_setup_is_reported_as_the_setups_failure(path, tmp_path):
     agent = tmp_path / "agent.py"
-    agent.write_text("def setup(inbox):\n    raise KeyError('timers')\n"
-                     "async def handle(batch, ctx):\n    pass\n")
-    result = subprocess.run([sys.executable, "-m", "cli", "worker", path, "--agent",
-                             f"{agent}:handle", "--setup", f"{agent}:setup"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=30)
+    agent.write_text(
+        "def setup(inbox):\n    raise KeyError('timers')\nasync def handle(batch, ctx):\n    pass\n"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "worker",
+            path,
+            "--agent",
+            f"{agent}:handle",
+            "--setup",
+            f"{agent}:setup",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert result.returncode == 2 and one_line_error(result.stderr), result.stderr
     assert f"--setup {agent}:setup failed: KeyError: 'timers'" in result.stderr

@@ -39,8 +39,13 @@ EXIT_WITHIN = 20.0  # seconds; a hang is what these tests catch
 def onwatch(tmp_path, *args: str) -> subprocess.Popen:
     err = open(tmp_path / "stderr.txt", "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "cli", *args], cwd=ROOT,
-                                env=env(tmp_path), stdout=subprocess.DEVNULL, stderr=err)
+        return subprocess.Popen(
+            [sys.executable, "-m", "cli", *args],
+            cwd=ROOT,
+            env=env(tmp_path),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     finally:
         err.close()
 
@@ -61,6 +66,7 @@ def prepare(tmp_path) -> str:
     async def seed() -> None:
         async with await Inbox.open(path) as inbox:
             await inbox.ingest("chat", "m1", {"text": "hi"})
+
     asyncio.run(seed())
     return path
 
@@ -73,10 +79,23 @@ async def read(path: str):
 def test_sigterm_with_the_agent_stuck_in_a_call_exits(tmp_path):
     path = prepare(tmp_path)
     agent = str(tmp_path / "agents.py") + ":stuck"
-    worker = onwatch(tmp_path, "worker", path, "--agent", agent, "--grace", "0.5",
-                     "--no-dispatch", "--poll", "0.1")
-    wait_for(lambda: b"run 1:" in (tmp_path / "stderr.txt").read_bytes(), timeout=15,
-             what="the run to start")
+    worker = onwatch(
+        tmp_path,
+        "worker",
+        path,
+        "--agent",
+        agent,
+        "--grace",
+        "0.5",
+        "--no-dispatch",
+        "--poll",
+        "0.1",
+    )
+    wait_for(
+        lambda: b"run 1:" in (tmp_path / "stderr.txt").read_bytes(),
+        timeout=15,
+        what="the run to start",
+    )
     worker.send_signal(signal.SIGTERM)
     started = time.monotonic()
     assert wait_exit(worker) == 0
@@ -87,8 +106,18 @@ def test_sigterm_with_the_agent_stuck_in_a_call_exits(tmp_path):
     assert event.status == "running" and event.attempts == 1  # left for recovery
     assert lease.until < now  # released on the way out
     # The next worker recovers the abandoned run (lost claim → pending → done).
-    good = onwatch(tmp_path, "worker", path, "--agent", str(tmp_path / "agents.py") + ":handle",
-                   "--max-runs", "1", "--no-dispatch", "--poll", "0.1")
+    good = onwatch(
+        tmp_path,
+        "worker",
+        path,
+        "--agent",
+        str(tmp_path / "agents.py") + ":handle",
+        "--max-runs",
+        "1",
+        "--no-dispatch",
+        "--poll",
+        "0.1",
+    )
     assert wait_exit(good) == 0
     event, _, _ = asyncio.run(read(path))
     assert (event.status, event.attempts) == ("done", 2)
@@ -96,9 +125,18 @@ def test_sigterm_with_the_agent_stuck_in_a_call_exits(tmp_path):
 
 def test_a_thread_left_by_the_agent_does_not_keep_the_worker_alive(tmp_path):
     path = prepare(tmp_path)
-    worker = onwatch(tmp_path, "worker", path, "--agent",
-                     str(tmp_path / "agents.py") + ":leaves_a_thread", "--max-runs", "1",
-                     "--no-dispatch", "--poll", "0.1")
+    worker = onwatch(
+        tmp_path,
+        "worker",
+        path,
+        "--agent",
+        str(tmp_path / "agents.py") + ":leaves_a_thread",
+        "--max-runs",
+        "1",
+        "--no-dispatch",
+        "--poll",
+        "0.1",
+    )
     assert wait_exit(worker) == 0
     assert "agent-helper" in (tmp_path / "stderr.txt").read_text()
     event, lease, now = asyncio.run(read(path))
@@ -107,9 +145,17 @@ def test_a_thread_left_by_the_agent_does_not_keep_the_worker_alive(tmp_path):
 
 def test_a_setup_that_crashes_after_starting_a_thread_exits_2(tmp_path):
     path = prepare(tmp_path)
-    worker = onwatch(tmp_path, "worker", path, "--agent",
-                     str(tmp_path / "agents.py") + ":handle", "--setup",
-                     str(tmp_path / "agents.py") + ":setup_then_crash", "--poll", "0.1")
+    worker = onwatch(
+        tmp_path,
+        "worker",
+        path,
+        "--agent",
+        str(tmp_path / "agents.py") + ":handle",
+        "--setup",
+        str(tmp_path / "agents.py") + ":setup_then_crash",
+        "--poll",
+        "0.1",
+    )
     assert wait_exit(worker) == 2
     err = (tmp_path / "stderr.txt").read_text()
     assert "setup crashed" in err and "setup-helper" in err, err

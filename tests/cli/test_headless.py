@@ -29,9 +29,13 @@ def imported(stderr: str) -> set[str]:
 def start(args: list[str], test_dir, name: str) -> subprocess.Popen:
     err = open(os.path.join(test_dir, f"{name}.err"), "wb")
     try:
-        return subprocess.Popen([sys.executable, "-X", "importtime", "-m", "cli", *args],
-                                cwd=ROOT, env=env(test_dir, ONWATCH_HOOK_SECRET_CHAT=SECRET),
-                                stdout=subprocess.DEVNULL, stderr=err)
+        return subprocess.Popen(
+            [sys.executable, "-X", "importtime", "-m", "cli", *args],
+            cwd=ROOT,
+            env=env(test_dir, ONWATCH_HOOK_SECRET_CHAT=SECRET),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     finally:
         err.close()
 
@@ -51,14 +55,21 @@ def path(tmp_path) -> str:
 
 def test_the_import_log_would_show_textual_if_it_came():
     # The check below can fail: a command that draws does import textual, and the log says so.
-    result = subprocess.run([sys.executable, "-X", "importtime", "-c", "import textual.app"],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import textual.app"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert "textual" in imported(result.stderr)
 
 
 def test_a_worker_runs_an_event_without_importing_textual_or_rich(path, tmp_path):
-    worker = start(["worker", path, "--agent", "tests.worker.agents:echo", "--poll", "0.1",
-                    "--max-runs", "1"], tmp_path, "worker")
+    worker = start(
+        ["worker", path, "--agent", "tests.worker.agents:echo", "--poll", "0.1", "--max-runs", "1"],
+        tmp_path,
+        "worker",
+    )
     try:
         assert worker.wait(timeout=60) == 0, log(tmp_path, "worker")
     finally:
@@ -71,9 +82,11 @@ def test_a_worker_runs_an_event_without_importing_textual_or_rich(path, tmp_path
 def test_serve_starts_and_stops_without_importing_textual_or_rich(path, tmp_path):
     server = start(["serve", path, "--port", "0"], tmp_path, "serve")
     try:
-        wait_for(lambda: "listening on" in log(tmp_path, "serve") or server.poll() is not None,
-                 timeout=60,
-                 what="the receiver to listen")
+        wait_for(
+            lambda: "listening on" in log(tmp_path, "serve") or server.poll() is not None,
+            timeout=60,
+            what="the receiver to listen",
+        )
         assert server.poll() is None, log(tmp_path, "serve")
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=30) == 0, log(tmp_path, "serve")

@@ -28,22 +28,75 @@ import cli
 # makes of undecodable bytes in argv (os.fsdecode / surrogateescape); "\ud800" cannot come from
 # argv but can from an in-process caller of main().
 HOSTILE = [
-    "", " ", "-1", "0", "1.5", str(2**63), str(2**63 - 1), str(-2**63 - 1), "9" * 40,
-    "9" * 5000, "1e300", "1e-300", "1e309", "NaN", "nan", "inf", "-Infinity", "true", "null",
-    "[]", "{}", '{"a": NaN}', "-", "[" * 900 + "]" * 900, "[" * 3000 + "]" * 3000,
-    "[" * 100_000 + "]" * 100_000, "x" * 1_000_000,
-    "\x00", "a\x00b", os.fsdecode(b"\xff\xfe"), "\ud800", "line\nbreak", "\x1b]0;pwned\x07",
-    "approval", "timer", "../../etc/passwd",
+    "",
+    " ",
+    "-1",
+    "0",
+    "1.5",
+    str(2**63),
+    str(2**63 - 1),
+    str(-(2**63) - 1),
+    "9" * 40,
+    "9" * 5000,
+    "1e300",
+    "1e-300",
+    "1e309",
+    "NaN",
+    "nan",
+    "inf",
+    "-Infinity",
+    "true",
+    "null",
+    "[]",
+    "{}",
+    '{"a": NaN}',
+    "-",
+    "[" * 900 + "]" * 900,
+    "[" * 3000 + "]" * 3000,
+    "[" * 100_000 + "]" * 100_000,
+    "x" * 1_000_000,
+    "\x00",
+    "a\x00b",
+    os.fsdecode(b"\xff\xfe"),
+    "\ud800",
+    "line\nbreak",
+    "\x1b]0;pwned\x07",
+    "approval",
+    "timer",
+    "../../etc/passwd",
 ]
 # Values for KEY=VALUE settings (init, config): every setting gets each of these.
 SETTING_VALUES = [
-    "0", "-1", "1.5", str(2**63), str(2**64), "9" * 5000, "1e309", "NaN", "Infinity", "true",
-    "null", '"text"', "[1]", '{"a": "retry"}', '{"a": NaN}', "[" * 3000 + "]" * 3000,
-    "[" * 100_000 + "]" * 100_000, os.fsdecode(b"\xff"), "\ud800", '{"\\ud800": "retry"}',
+    "0",
+    "-1",
+    "1.5",
+    str(2**63),
+    str(2**64),
+    "9" * 5000,
+    "1e309",
+    "NaN",
+    "Infinity",
+    "true",
+    "null",
+    '"text"',
+    "[1]",
+    '{"a": "retry"}',
+    '{"a": NaN}',
+    "[" * 3000 + "]" * 3000,
+    "[" * 100_000 + "]" * 100_000,
+    os.fsdecode(b"\xff"),
+    "\ud800",
+    '{"\\ud800": "retry"}',
 ]
 EXIT_CODES = {0, 1, 2, 3}
-GOOD = {"source": "chat", "source_id": "m1", "payload": "{}", "event_id": "1",
-        "request_id": "r1", "status": "pending"}
+GOOD = {
+    "source": "chat",
+    "source_id": "m1",
+    "payload": "{}",
+    "event_id": "1",
+    "request_id": "r1",
+    "status": "pending",
+}
 STANDARD_SECRET = "whsec_" + base64.b64encode(b"k" * 24).decode()
 
 
@@ -54,8 +107,7 @@ def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
 
 def slots(sub: argparse.ArgumentParser) -> list[argparse.Action]:
     """The arguments that take a value (positionals and options), help excluded."""
-    return [a for a in sub._actions
-            if not isinstance(a, argparse._HelpAction) and a.nargs != 0]
+    return [a for a in sub._actions if not isinstance(a, argparse._HelpAction) and a.nargs != 0]
 
 
 def baseline(sub: argparse.ArgumentParser, path: str) -> dict[str, list[str]]:
@@ -79,8 +131,11 @@ def argument_vectors(name: str, sub: argparse.ArgumentParser, path: str):
     base = baseline(sub, path)
     for action in slots(sub):
         if action.dest == "settings":
-            values = [f"{field.name}={value}" for field in dataclasses.fields(Settings)
-                      for value in SETTING_VALUES] + ["=1", "nokey", "max_attempts"]
+            values = [
+                f"{field.name}={value}"
+                for field in dataclasses.fields(Settings)
+                for value in SETTING_VALUES
+            ] + ["=1", "nokey", "max_attempts"]
         else:
             values = HOSTILE
         for value in values:
@@ -109,6 +164,7 @@ class TookTooLong(BaseException):
 def _bounded(fn, *args):
     def expire(signum, frame):
         raise TookTooLong
+
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, CALL_LIMIT)
     try:
@@ -128,11 +184,13 @@ def quick_long_runners(monkeypatch):
     configuration and (for the worker) start-up and lease are what is checked here."""
     from core import worker as worker_module
     from core.webhooks import server as server_module
+
     real_run = worker_module.Worker.run
 
     async def stop_at_once(self):
         self.request_stop()
         return await real_run(self)
+
     monkeypatch.setattr(worker_module.Worker, "run", stop_at_once)
     monkeypatch.setattr(server_module, "run", lambda *args, **kwargs: 0)
     for module_name in ("tui.app", "tui.demo"):
@@ -142,6 +200,7 @@ def quick_long_runners(monkeypatch):
 
     async def served(chosen):  # `onwatch web` checked up to the point it would listen
         return 0
+
     monkeypatch.setattr(web, "serve", served)
     for name in list(os.environ):
         if name.startswith("ONWATCH_"):
@@ -150,8 +209,9 @@ def quick_long_runners(monkeypatch):
 
 
 @pytest.mark.slow
-def test_every_subcommand_is_total_on_hostile_arguments(tmp_path, monkeypatch, capsys,
-                                                        quick_long_runners):
+def test_every_subcommand_is_total_on_hostile_arguments(
+    tmp_path, monkeypatch, capsys, quick_long_runners
+):
     monkeypatch.chdir(tmp_path)  # relative hostile paths land here, and are checked
     monkeypatch.setattr("sys.stdin", io.StringIO('{"from": "stdin"}'))  # for JSON '-'
     path = str(tmp_path / "inbox.db")
@@ -169,8 +229,10 @@ def test_every_subcommand_is_total_on_hostile_arguments(tmp_path, monkeypatch, c
             try:
                 code = _bounded(cli.main, argv)
             except TookTooLong:
-                failures.append(f"{label}: still running after {CALL_LIMIT} s (a long-running "
-                                f"command: stop it early in quick_long_runners)")
+                failures.append(
+                    f"{label}: still running after {CALL_LIMIT} s (a long-running "
+                    f"command: stop it early in quick_long_runners)"
+                )
                 capsys.readouterr()
                 continue
             out, err = capsys.readouterr()
@@ -195,12 +257,21 @@ def _side_files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-@pytest.mark.parametrize("settings", [
-    ["max_attempts=0"], ["lease_ttl=-1"], ["max_pending=1.5"], ["on_lost_claim=sometimes"],
-    ["backoff_base=100", "backoff_cap=10"], ["max_batch=" + str(2**64)], ["nosuch=1"],
-    ["lost_claim_by_source=" + "[" * 5000 + "]" * 5000], ["max_attempts"],
-    ["max_attempts=3", "delivery=maybe"],
-])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        ["max_attempts=0"],
+        ["lease_ttl=-1"],
+        ["max_pending=1.5"],
+        ["on_lost_claim=sometimes"],
+        ["backoff_base=100", "backoff_cap=10"],
+        ["max_batch=" + str(2**64)],
+        ["nosuch=1"],
+        ["lost_claim_by_source=" + "[" * 5000 + "]" * 5000],
+        ["max_attempts"],
+        ["max_attempts=3", "delivery=maybe"],
+    ],
+)
 def test_a_refused_init_leaves_no_file_behind(tmp_path, capsys, settings):
     """Class 13: `init new.db max_attempts=0` used to exit 2 with new.db left behind."""
     path = tmp_path / "new.db"
@@ -210,14 +281,14 @@ def test_a_refused_init_leaves_no_file_behind(tmp_path, capsys, settings):
     assert _side_files(tmp_path) == []  # no new.db, new.db-wal, new.db-shm, new.db-journal
 
 
-def test_init_removes_what_it_created_when_the_engine_refuses_late(tmp_path, capsys,
-                                                                  monkeypatch):
+def test_init_removes_what_it_created_when_the_engine_refuses_late(tmp_path, capsys, monkeypatch):
     """A refusal that only the open inbox can make (after the file exists) still leaves
     nothing: the engine may check more than the settings' own validation."""
     from core import BadInput
 
     async def refuse(self, **changes):
         raise BadInput("refused by the engine")
+
     monkeypatch.setattr(Inbox, "configure", refuse)
     path = tmp_path / "late.db"
     assert cli.main(["init", str(path), "max_attempts=4"]) == 2
@@ -229,8 +300,11 @@ def test_a_refused_init_on_an_existing_inbox_changes_nothing(tmp_path, capsys):
     path = tmp_path / "kept.db"
     assert cli.main(["init", str(path), "max_attempts=5"]) == 0
     before = snapshot(tmp_path)
-    for settings in (["max_attempts=0"], ["backoff_base=100", "backoff_cap=10"],
-                     ["max_attempts=7", "delivery=maybe"]):
+    for settings in (
+        ["max_attempts=0"],
+        ["backoff_base=100", "backoff_cap=10"],
+        ["max_attempts=7", "delivery=maybe"],
+    ):
         assert cli.main(["init", str(path), *settings]) == 2
         assert snapshot(tmp_path) == before, settings
     capsys.readouterr()
@@ -272,21 +346,30 @@ def test_listings_survive_rows_written_by_hand(tmp_path, capsys):
     written by another version or by hand are shown, never an 'internal error'. (Rows the
     engine itself cannot decode are the engine's to set aside.)"""
     import sqlite3
+
     path = str(tmp_path / "odd.db")
     assert cli.main(["init", path]) == 0
     assert cli.main(["ingest", path, "chat", "m1", "{}"]) == 0
     db = sqlite3.connect(path)
     with db:
-        db.execute("UPDATE events SET error = x'00ff1b', attempts = ? WHERE id = 1",
-                   (2**63 - 1,))
-        db.execute("INSERT INTO timers (id, due, catch_up) VALUES ('t', ?, 'coalesce')",
-                   (2**63 - 1,))
-        db.execute("INSERT INTO approvals (request_id, action, requested, due) "
-                   "VALUES ('r', 'act', 0, ?)", (-2**63,))
+        db.execute("UPDATE events SET error = x'00ff1b', attempts = ? WHERE id = 1", (2**63 - 1,))
+        db.execute(
+            "INSERT INTO timers (id, due, catch_up) VALUES ('t', ?, 'coalesce')", (2**63 - 1,)
+        )
+        db.execute(
+            "INSERT INTO approvals (request_id, action, requested, due) VALUES ('r', 'act', 0, ?)",
+            (-(2**63),),
+        )
     db.close()
     capsys.readouterr()
-    for argv in (["status", path], ["status", path, "--json"], ["approvals", path],
-                 ["approvals", path, "--json"], ["events", path], ["show", path, "1"]):
+    for argv in (
+        ["status", path],
+        ["status", path, "--json"],
+        ["approvals", path],
+        ["approvals", path, "--json"],
+        ["events", path],
+        ["show", path, "1"],
+    ):
         code = cli.main(argv)
         out, err = capsys.readouterr()
         assert code == 0 and err == "", (argv, err)
@@ -302,15 +385,23 @@ def test_undecodable_bytes_in_a_real_argv_are_exit_2(tmp_path):
     import sys
 
     from tests.worker.helpers import ROOT, env
+
     path = str(tmp_path / "inbox.db")
     assert cli.main(["init", path]) == 0
     before = snapshot(tmp_path)
-    for argv in ([b"ingest", path.encode(), b"chat\xff", b"m1"],
-                 [b"ingest", path.encode(), b"chat", b"m1", b'{"a": "\xfe"}'],
-                 [b"init", str(tmp_path).encode() + b"/new\xff.db"],
-                 [b"approve", path.encode(), b"r\xff"]):
-        result = subprocess.run([sys.executable, "-m", "cli", *argv], cwd=ROOT,
-                                env=env(tmp_path), capture_output=True, timeout=60)
+    for argv in (
+        [b"ingest", path.encode(), b"chat\xff", b"m1"],
+        [b"ingest", path.encode(), b"chat", b"m1", b'{"a": "\xfe"}'],
+        [b"init", str(tmp_path).encode() + b"/new\xff.db"],
+        [b"approve", path.encode(), b"r\xff"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "cli", *argv],
+            cwd=ROOT,
+            env=env(tmp_path),
+            capture_output=True,
+            timeout=60,
+        )
         err = result.stderr.decode("utf-8", "replace")
         assert result.returncode == 2, (argv, err)
         assert err.count("\n") == 1 and "not valid UTF-8" in err, (argv, err)
@@ -330,19 +421,30 @@ def test_a_payload_on_stdin_that_is_not_utf8_is_exit_2(tmp_path):
     import sys
 
     from tests.worker.helpers import ROOT, env
+
     path = str(tmp_path / "inbox.db")
     assert cli.main(["init", path]) == 0
     before = snapshot(tmp_path)
     for variables in ({}, {"LC_ALL": "C", "PYTHONUTF8": "0"}):
-        result = subprocess.run([sys.executable, "-m", "cli", "ingest", path, "chat", "s1",
-                                 "-"], input=b'{"a": "\xff"}', cwd=ROOT, capture_output=True,
-                                env=env(tmp_path, **variables), timeout=60)
+        result = subprocess.run(
+            [sys.executable, "-m", "cli", "ingest", path, "chat", "s1", "-"],
+            input=b'{"a": "\xff"}',
+            cwd=ROOT,
+            capture_output=True,
+            env=env(tmp_path, **variables),
+            timeout=60,
+        )
         err = result.stderr.decode("utf-8", "replace")
         assert result.returncode == 2 and err.count("\n") == 1 and "not UTF-8" in err, err
         assert snapshot(tmp_path) == before
-    result = subprocess.run([sys.executable, "-m", "cli", "ingest", path, "chat", "s2", "-"],
-                            input='{"a": "é"}'.encode(), cwd=ROOT, capture_output=True,
-                            env=env(tmp_path), timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "cli", "ingest", path, "chat", "s2", "-"],
+        input='{"a": "é"}'.encode(),
+        cwd=ROOT,
+        capture_output=True,
+        env=env(tmp_path),
+        timeout=60,
+    )
     assert result.returncode == 0 and result.stdout == b"stored\n"
 
 
@@ -353,13 +455,23 @@ def test_user_code_calling_sys_exit_is_one_line_and_exit_2(tmp_path, capsys):
     assert cli.main(["init", path]) == 0
     (tmp_path / "exits_at_import.py").write_text("import sys\nsys.exit(7)\n")
     (tmp_path / "exits_in_setup.py").write_text(
-        "import sys\ndef handle(batch, ctx): pass\ndef setup(inbox): sys.exit(9)\n")
+        "import sys\ndef handle(batch, ctx): pass\ndef setup(inbox): sys.exit(9)\n"
+    )
     capsys.readouterr()
     for argv, words in (
-            (["worker", path, "--agent", f"{tmp_path}/exits_at_import.py:handle"],
-             "cannot import"),
-            (["worker", path, "--agent", f"{tmp_path}/exits_in_setup.py:handle", "--setup",
-              f"{tmp_path}/exits_in_setup.py:setup"], "failed: SystemExit: 9")):
+        (["worker", path, "--agent", f"{tmp_path}/exits_at_import.py:handle"], "cannot import"),
+        (
+            [
+                "worker",
+                path,
+                "--agent",
+                f"{tmp_path}/exits_in_setup.py:handle",
+                "--setup",
+                f"{tmp_path}/exits_in_setup.py:setup",
+            ],
+            "failed: SystemExit: 9",
+        ),
+    ):
         before = snapshot(tmp_path)
         code = _bounded(cli.main, argv)
         err = capsys.readouterr().err

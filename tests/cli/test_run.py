@@ -36,10 +36,27 @@ def start_run(path: str, tmp_path, *extra: str) -> subprocess.Popen:
     err = open(tmp_path / "run.err", "ab")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "cli", "run", path, "--agent", "tests.worker.agents:echo",
-             "--port", "0", "--poll", "30", "--file", str(tmp_path / "sent.jsonl"), *extra],
-            cwd=ROOT, env=env(tmp_path, ONWATCH_HOOK_SECRET_CI=HOOK_SECRET, ONWATCH_ECHO_PAUSE="0"),
-            stdout=subprocess.DEVNULL, stderr=err)
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "run",
+                path,
+                "--agent",
+                "tests.worker.agents:echo",
+                "--port",
+                "0",
+                "--poll",
+                "30",
+                "--file",
+                str(tmp_path / "sent.jsonl"),
+                *extra,
+            ],
+            cwd=ROOT,
+            env=env(tmp_path, ONWATCH_HOOK_SECRET_CI=HOOK_SECRET, ONWATCH_ECHO_PAUSE="0"),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     finally:
         err.close()
 
@@ -49,29 +66,40 @@ def test_run_receives_a_signed_webhook_calls_the_agent_replies_and_stops_on_sigt
     assert onwatch("init", path, "outbox_gap=0").returncode == 0
     process = start_run(path, tmp_path)
     try:
-        url = wait_for(lambda: re.search(r"listening on (http://\S+)",
-                                         (tmp_path / "run.err").read_text()),
-                       timeout=20, what="the server").group(1)
+        url = wait_for(
+            lambda: re.search(r"listening on (http://\S+)", (tmp_path / "run.err").read_text()),
+            timeout=20,
+            what="the server",
+        ).group(1)
         # the worker takes the lease right after the server logs that it listens
-        wait_for(lambda: scalar(path, "SELECT holder FROM lease"), timeout=20,
-                 what="the worker's lease")
+        wait_for(
+            lambda: scalar(path, "SELECT holder FROM lease"), timeout=20, what="the worker's lease"
+        )
         body = json.dumps({"text": "hello"}).encode()
         started = time.monotonic()
         assert post(f"{url}/hooks/ci", body, standard_headers(body, "delivery-1")) == 202
         # Acknowledged means stored: the event is in the file when the 2xx arrives.
         assert scalar(path, "SELECT count(*) FROM events WHERE source_id = 'delivery-1'") == 1
-        wait_for(lambda: event_status(path, "delivery-1") == "done", timeout=10,
-                 what="the agent's run")
+        wait_for(
+            lambda: event_status(path, "delivery-1") == "done", timeout=10, what="the agent's run"
+        )
         # The fallback poll is 30 s: only the in-process wake explains a quick run.
         assert time.monotonic() - started < 5
-        sent = wait_for(lambda: (tmp_path / "sent.jsonl").exists() and
-                        (tmp_path / "sent.jsonl").read_text().splitlines(), what="the reply")
+        sent = wait_for(
+            lambda: (
+                (tmp_path / "sent.jsonl").exists()
+                and (tmp_path / "sent.jsonl").read_text().splitlines()
+            ),
+            what="the reply",
+        )
         assert json.loads(sent[0])["text"] == "reply ci/delivery-1"
         # A retry of the same delivery is a duplicate: answered 2xx, still one event.
         assert post(f"{url}/hooks/ci", body, standard_headers(body, "delivery-1")) == 200
         # A bad signature is refused and stores nothing.
-        assert post(f"{url}/hooks/ci", body, standard_headers(body, "delivery-2",
-                                                              secret=WRONG_SECRET)) == 401
+        assert (
+            post(f"{url}/hooks/ci", body, standard_headers(body, "delivery-2", secret=WRONG_SECRET))
+            == 401
+        )
         assert scalar(path, "SELECT count(*) FROM events") == 1
     finally:
         if process.poll() is None:
@@ -85,14 +113,33 @@ def test_run_receives_a_signed_webhook_calls_the_agent_replies_and_stops_on_sigt
 
 def test_run_refuses_a_missing_inbox_or_no_secrets_in_one_line(tmp_path):
     missing = str(tmp_path / "none.db")
-    for extra, words in (({"ONWATCH_HOOK_SECRET_CI": HOOK_SECRET}, "no inbox"),
-                         ({}, "no webhook secrets")):
-        environment = {k: v for k, v in env(tmp_path, **extra).items()
-                       if not k.startswith("ONWATCH_") or k in extra or k == "ONWATCH_TEST_DIR"}
+    for extra, words in (
+        ({"ONWATCH_HOOK_SECRET_CI": HOOK_SECRET}, "no inbox"),
+        ({}, "no webhook secrets"),
+    ):
+        environment = {
+            k: v
+            for k, v in env(tmp_path, **extra).items()
+            if not k.startswith("ONWATCH_") or k in extra or k == "ONWATCH_TEST_DIR"
+        }
         result = subprocess.run(
-            [sys.executable, "-m", "cli", "run", missing, "--agent",
-             "tests.worker.agents:echo", "--port", "0"], cwd=ROOT, env=environment,
-            capture_output=True, text=True, timeout=20)
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "run",
+                missing,
+                "--agent",
+                "tests.worker.agents:echo",
+                "--port",
+                "0",
+            ],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
         assert not os.path.exists(missing)

@@ -14,8 +14,9 @@ HOSTILE = "x\x1b]0;pwned\x07 \x1b[2J\rback\b \u202eevil \x9b31m"
 
 
 def onwatch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli", *args], capture_output=True,
-                          text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=60
+    )
 
 
 def test_printable_escapes_what_a_terminal_would_obey_and_is_idempotent():
@@ -36,8 +37,12 @@ def inbox(tmp_path):
 
 
 def test_events_show_and_errors_print_escaped(inbox):
-    for args in (("events", inbox, "pending"), ("show", inbox, "1"),
-                 ("cancel", inbox, "1"), ("cancel", inbox, "1")):
+    for args in (
+        ("events", inbox, "pending"),
+        ("show", inbox, "1"),
+        ("cancel", inbox, "1"),
+        ("cancel", inbox, "1"),
+    ):
         result = onwatch(*args)
         for stream in (result.stdout, result.stderr):
             assert "\x1b" not in stream and "\x07" not in stream and "\u202e" not in stream

@@ -19,8 +19,14 @@ T = 1_000_000
 DAY = 86_400
 
 BACKENDS = ("sqlite", "postgresql")
-CONFORMANCE = {"test_scenarios", "test_rules", "test_state_machine", "test_bad_input",
-               "test_hardening", "test_group_commit"}
+CONFORMANCE = {
+    "test_scenarios",
+    "test_rules",
+    "test_state_machine",
+    "test_bad_input",
+    "test_hardening",
+    "test_group_commit",
+}
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -36,6 +42,7 @@ def inbox_target(request, tmp_path) -> str:
     if backend == "sqlite":
         return str(tmp_path / "inbox.db")
     from tests.pg.server import Unavailable, cluster
+
     try:
         return cluster().new_schema()
     except Unavailable as exc:
@@ -62,6 +69,7 @@ async def inbox(path, clock):
 
 def is_postgresql(target: str) -> bool:
     from core.pg import is_url
+
     return is_url(target)
 
 
@@ -71,12 +79,14 @@ def dump(target: str, name: str = "default") -> list:
     row carrying its id), each table ordered by all its columns."""
     if not is_postgresql(target):
         import sqlite3
+
         db = sqlite3.connect(target)
         try:
             return list(db.iterdump())
         finally:
             db.close()
     import psycopg
+
     rows: list = []
     with psycopg.connect(target, autocommit=True) as conn:
         found = conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)).fetchone()
@@ -85,7 +95,8 @@ def dump(target: str, name: str = "default") -> list:
         tables = conn.execute(
             "SELECT table_name, bool_or(column_name = 'inbox_id'), count(*) "
             "FROM information_schema.columns WHERE table_schema = current_schema() "
-            "GROUP BY 1 ORDER BY 1").fetchall()
+            "GROUP BY 1 ORDER BY 1"
+        ).fetchall()
         for table, scoped, width in tables:
             order = ", ".join(str(i) for i in range(1, width + 1))
             if table == "inboxes":
@@ -105,12 +116,14 @@ def raw_sql(target: str, statement: str, params: tuple = ()) -> list[tuple]:
     holds the one inbox the statement means."""
     if not is_postgresql(target):
         import sqlite3
+
         db = sqlite3.connect(target, isolation_level=None)
         try:
             return db.execute(statement, params).fetchall()
         finally:
             db.close()
     import psycopg
+
     with psycopg.connect(target, autocommit=True) as conn:
         cursor = conn.execute(statement.replace("?", "%s"), params)
         return cursor.fetchall() if cursor.description else []

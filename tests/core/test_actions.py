@@ -26,7 +26,11 @@ async def test_act_returns_before_and_after_and_is_truthy_when_applied(inbox):
     assert (await inbox.get_event(1)).status == "cancelled"
     [entry] = await inbox.audit(limit=1)
     assert (entry.action, entry.before, entry.after, entry.applied) == (
-        "cancel", "pending", "cancelled", True)
+        "cancel",
+        "pending",
+        "cancelled",
+        True,
+    )
 
 
 async def test_act_says_why_when_a_second_operator_acted_in_between(inbox):
@@ -65,9 +69,17 @@ async def test_approvals_and_switches_report_the_standing_state(inbox):
     assert not again and (again.before, again.after) == ("true", "true")
 
 
-@pytest.mark.parametrize("name, target, expect", [
-    ("nope", 1, None), ("cancel", "one", None), ("cancel", 1, "gone"),
-    ("pause", 1, None), ("approve", "r1", "waiting"), (None, 1, None)])
+@pytest.mark.parametrize(
+    "name, target, expect",
+    [
+        ("nope", 1, None),
+        ("cancel", "one", None),
+        ("cancel", 1, "gone"),
+        ("pause", 1, None),
+        ("approve", "r1", "waiting"),
+        (None, 1, None),
+    ],
+)
 async def test_act_refuses_bad_input_and_changes_nothing(inbox, name, target, expect):
     await inbox.ingest("chat", "m1", {})
     before = await inbox.audit()
@@ -80,10 +92,12 @@ async def test_act_refuses_bad_input_and_changes_nothing(inbox, name, target, ex
 def test_the_cli_has_a_subcommand_for_every_action_in_the_table(monkeypatch):
     from core import actions
 
-    row = actions.Action("poke", "event", ("pending",), "pending", "a new row", "Poke {target}?",
-                         "Poke {count}?")
+    row = actions.Action(
+        "poke", "event", ("pending",), "pending", "a new row", "Poke {target}?", "Poke {count}?"
+    )
     monkeypatch.setitem(actions.ACTIONS, "poke", row)
     from cli.parser import build_parser
+
     parser = build_parser()
     listed = parser.format_help()
     for action in actions.ACTIONS.values():

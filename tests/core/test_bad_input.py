@@ -11,8 +11,6 @@ from core import ApprovalRequest, BadInput, FollowUp, Inbox, InboxError, Reply
 from .conftest import T, dump
 
 
-
-
 @pytest.fixture
 async def busy_inbox(inbox):
     """An inbox with a held lease and a claimed event, so finish and claims have something."""
@@ -34,8 +32,11 @@ CASES = [
     ("bool now", lambda b: b.acquire("W", now=True), "integer number"),
     ("float due", lambda b: b.add_timer("t", T + 0.5, None), "integer number"),
     ("zero every", lambda b: b.add_timer("t", T, None, every=0), "every must be a positive"),
-    ("key on repeating", lambda b: b.add_timer("t", T, None, every=60, key=("a", "b")),
-     "only allowed on a one-off"),
+    (
+        "key on repeating",
+        lambda b: b.add_timer("t", T, None, every=60, key=("a", "b")),
+        "only allowed on a one-off",
+    ),
     ("bad catch-up", lambda b: b.add_timer("t", T, None, catch_up="all"), "catch_up"),
     ("bad answer", lambda b: b.answer_approval("r", "maybe"), "answer must be"),
     ("zero expiry", lambda b: b.request_approval("r", 0, "do it"), "expires_in"),
@@ -44,16 +45,25 @@ CASES = [
     ("empty ids", lambda b: b.finish("W", 1, []), "at least one"),
     ("string ids", lambda b: b.finish("W", 1, "12"), "list of event ids"),
     ("bad message", lambda b: b.finish("W", 1, [1], [42]), "str or core.Reply"),
-    ("error with replies", lambda b: b.finish("W", 1, [1], ["hi"], error="boom"),
-     "cannot also queue"),
+    (
+        "error with replies",
+        lambda b: b.finish("W", 1, [1], ["hi"], error="boom"),
+        "cannot also queue",
+    ),
     ("bad approval", lambda b: b.finish("W", 1, [1], approvals=["r"]), "ApprovalRequest"),
-    ("bad follow-up", lambda b: b.finish("W", 1, [1], timers=[FollowUp("t", T, every=-1)]),
-     "every must be a positive"),
+    (
+        "bad follow-up",
+        lambda b: b.finish("W", 1, [1], timers=[FollowUp("t", T, every=-1)]),
+        "every must be a positive",
+    ),
     ("bad setting", lambda b: b.configure(max_attempts=0), "max_attempts must be a positive"),
     ("unknown setting", lambda b: b.configure(retries=3), "unknown setting"),
     ("bad policy", lambda b: b.configure(on_lost_claim="ignore"), "on_lost_claim"),
-    ("bad override", lambda b: b.configure(lost_claim_by_source={"stripe": "drop"}),
-     "lost_claim_by_source"),
+    (
+        "bad override",
+        lambda b: b.configure(lost_claim_by_source={"stripe": "drop"}),
+        "lost_claim_by_source",
+    ),
     ("bad expect", lambda b: b.requeue(1, expect="gone"), "expect must be"),
     ("bad event id", lambda b: b.requeue("1"), "event id must be"),
     ("bad effect state", lambda b: b.settle_effect("k", "maybe"), "state must be"),
@@ -75,8 +85,13 @@ async def test_follow_up_budget_refuses_the_whole_finish(busy_inbox, path):
     before = dump(path)
     event = busy_inbox.test_event
     with pytest.raises(BadInput, match="budget max_followups_per_run allows 1"):
-        await busy_inbox.finish("W", event.claim_gen, [event.id], [Reply("done")],
-                                timers=[FollowUp("a", T + 60), FollowUp("b", T + 60)])
+        await busy_inbox.finish(
+            "W",
+            event.claim_gen,
+            [event.id],
+            [Reply("done")],
+            timers=[FollowUp("a", T + 60), FollowUp("b", T + 60)],
+        )
     assert dump(path) == before
     assert (await busy_inbox.get_event(event.id)).status == "running"
 
@@ -89,8 +104,13 @@ async def test_a_settings_change_is_validated_as_a_whole(inbox):
 
 async def test_approval_request_in_finish_is_atomic_with_the_outcome(busy_inbox):
     event = busy_inbox.test_event
-    assert await busy_inbox.finish("W", event.claim_gen, [event.id], ["asking"],
-                                   approvals=[ApprovalRequest("refund-1", 3600, "refund 5")])
+    assert await busy_inbox.finish(
+        "W",
+        event.claim_gen,
+        [event.id],
+        ["asking"],
+        approvals=[ApprovalRequest("refund-1", 3600, "refund 5")],
+    )
     [approval] = await busy_inbox.approvals()
     assert approval.request_id == "refund-1" and approval.answer is None
     assert [t.id for t in await busy_inbox.timers()] == ["approval:refund-1"]
@@ -110,9 +130,11 @@ async def test_a_payload_limit_lowered_by_another_process_still_holds(inbox, pat
 
 async def test_a_lone_surrogate_in_a_payload_round_trips_and_harms_no_neighbour(inbox):
     # JSON allows "\ud800" as an escape; UTF-8 does not. A webhook may well send one.
-    results = await asyncio.gather(inbox.ingest("hook", "ok-1", 1),
-                                   inbox.ingest("hook", "odd", {"t": "bad \ud800 half"}),
-                                   inbox.ingest("hook", "ok-2", 2))
+    results = await asyncio.gather(
+        inbox.ingest("hook", "ok-1", 1),
+        inbox.ingest("hook", "odd", {"t": "bad \ud800 half"}),
+        inbox.ingest("hook", "ok-2", 2),
+    )
     assert results == [True, True, True]
     [odd] = [e for e in await inbox.events("pending") if e.source_id == "odd"]
     assert odd.payload == {"t": "bad \ud800 half"}

@@ -25,8 +25,13 @@ SCRIPT = textwrap.dedent("""
 
 def test_a_script_that_raises_without_close_exits(tmp_path):
     path = str(tmp_path / "inbox.db")
-    process = subprocess.run([sys.executable, "-c", SCRIPT.format(path=path)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60)
+    process = subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(path=path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert process.returncode == 1
     assert "the agent script crashed" in process.stderr
     db = sqlite3.connect(path)
@@ -47,4 +52,5 @@ def test_the_connection_thread_is_a_daemon(tmp_path):
             assert box._db._conn._thread.daemon  # the hook core/db.py relies on exists
         finally:
             await box.close()
+
     asyncio.run(main())

@@ -62,13 +62,21 @@ async def test_the_read_sees_another_process_take_over_or_change_the_ttl(inbox, 
     assert sql(path, "SELECT holder, gen FROM lease") == [("A", repaired)]
 
 
-@pytest.mark.parametrize("value", [
-    {"n": 1, "text": "plain", "f": 1.5, "ok": True, "none": None},
-    {"ü": "日本 \u2028 \"quoted\" \\", "big": 10 ** 30, "neg": -0.0},
-    {"nested": {"list": [1, (2, 3), {"x": []}]}},
-    [1, "two", None], "a string", 42, 2.5, None, {},
-    {1: "int key", 2.5: "float key", None: "null key", False: "bool key"},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"n": 1, "text": "plain", "f": 1.5, "ok": True, "none": None},
+        {"ü": '日本 \u2028 "quoted" \\', "big": 10**30, "neg": -0.0},
+        {"nested": {"list": [1, (2, 3), {"x": []}]}},
+        [1, "two", None],
+        "a string",
+        42,
+        2.5,
+        None,
+        {},
+        {1: "int key", 2.5: "float key", None: "null key", False: "bool key"},
+    ],
+)
 async def test_stored_payload_text_is_what_the_standard_encoder_writes(inbox, path, value):
     assert await inbox.ingest("hook", "k", value)
     [(stored,)] = sql(path, "SELECT payload FROM events")
@@ -83,8 +91,14 @@ async def test_values_the_encoder_must_not_take_are_refused_and_nothing_is_store
     deep: list = []
     for _ in range(150):
         deep = [deep]
-    for bad in (cyclic, deep, {"nan": float("nan")}, {"set": {1}}, {"bytes": b"x"},
-                {"flat but too many values": 1, **{str(i): i for i in range(70_000)}}):
+    for bad in (
+        cyclic,
+        deep,
+        {"nan": float("nan")},
+        {"set": {1}},
+        {"bytes": b"x"},
+        {"flat but too many values": 1, **{str(i): i for i in range(70_000)}},
+    ):
         with pytest.raises(BadInput):
             await inbox.ingest("hook", "bad", bad)
     assert sql(path, "SELECT count(*) FROM events") == [(0,)]

@@ -31,6 +31,7 @@ def _count_transactions(box: Inbox) -> list[int]:
     def spy(fn, args, done):
         sizes.append(len(args[0]))
         return real(fn, args, done)
+
     box._db.write_soon = spy
     return sizes
 
@@ -39,8 +40,9 @@ async def test_a_storm_shares_transactions_and_a_lone_caller_goes_at_once(box):
     sizes = _count_transactions(box)
     assert await box.ingest("hook", "alone", None, now=T) is True
     assert sizes == [1]
-    results = await asyncio.gather(*(box.ingest("hook", f"k{i}", {"i": i}, now=T)
-                                     for i in range(50)))
+    results = await asyncio.gather(
+        *(box.ingest("hook", f"k{i}", {"i": i}, now=T) for i in range(50))
+    )
     assert results == [True] * 50
     assert sum(sizes) == 51 and len(sizes) < 10  # shared, not one commit each
     assert (await box.counts())["pending"] == 51
@@ -52,8 +54,10 @@ async def test_one_bad_item_fails_alone_inside_a_shared_transaction(box, path):
     await other.close()
     items = [{"i": i} for i in range(20)]
     items[7] = {"big": "x" * 500}  # passes this inbox's stale check, fails in the transaction
-    results = await asyncio.gather(*(box.ingest("hook", f"k{i}", p, now=T)
-                                     for i, p in enumerate(items)), return_exceptions=True)
+    results = await asyncio.gather(
+        *(box.ingest("hook", f"k{i}", p, now=T) for i, p in enumerate(items)),
+        return_exceptions=True,
+    )
     assert isinstance(results[7], BadInput)
     assert [r for i, r in enumerate(results) if i != 7] == [True] * 19
     assert (await box.counts())["pending"] == 19
@@ -77,8 +81,9 @@ async def test_a_failed_transaction_reaches_every_caller_in_it_and_intake_recove
     try:
         blocker = sqlite3.connect(path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
-        results = await asyncio.gather(*(box.ingest("hook", f"k{i}", None, now=T)
-                                         for i in range(10)), return_exceptions=True)
+        results = await asyncio.gather(
+            *(box.ingest("hook", f"k{i}", None, now=T) for i in range(10)), return_exceptions=True
+        )
         assert all(isinstance(r, InboxBusy) for r in results), results
         blocker.execute("ROLLBACK")
         blocker.close()
@@ -128,8 +133,10 @@ async def test_the_duplicate_fast_path_never_waits_for_a_writer(tmp_path):
         assert await box.ingest("hook", "d1", None, now=T) is True
         blocker = sqlite3.connect(path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
-        blocker.execute("INSERT INTO events(source, source_id, available_at, created, updated) "
-                        "VALUES ('x', 'y', 1, 1, 1)")  # uncommitted, holding the write lock
+        blocker.execute(
+            "INSERT INTO events(source, source_id, available_at, created, updated) "
+            "VALUES ('x', 'y', 1, 1, 1)"
+        )  # uncommitted, holding the write lock
         start = time.monotonic()
         assert await box.ingest("hook", "d1", None, now=T) is False
         assert time.monotonic() - start < 0.5

@@ -14,13 +14,19 @@ import sqlite3
 import pytest
 
 from core import (
-    RESERVED_SOURCES, ApprovalRequest, BadInput, FakeClock, FollowUp, Inbox, store,
+    RESERVED_SOURCES,
+    ApprovalRequest,
+    BadInput,
+    FakeClock,
+    FollowUp,
+    Inbox,
+    store,
 )
 from core.db import write_transaction
 
 from .conftest import DAY, T, dump, is_postgresql, raw_sql
 
-BIG = 2 ** 63 - 1
+BIG = 2**63 - 1
 
 
 def deep(levels: int) -> list:
@@ -40,6 +46,7 @@ def corrupt(path: str, statement: str, params: tuple = ()) -> bool:
         sql(path, statement, params)
         return True
     import psycopg
+
     try:
         sql(path, statement, params)
     except psycopg.errors.DataError:
@@ -52,32 +59,35 @@ def corrupt(path: str, statement: str, params: tuple = ()) -> bool:
 WEDGES = [
     ("every", lambda b: b.add_timer("t", T, every=BIG)),
     ("due", lambda b: b.add_timer("t", BIG)),
-    ("due past 2**63", lambda b: b.add_timer("t", 2 ** 63)),
+    ("due past 2**63", lambda b: b.add_timer("t", 2**63)),
     ("negative due", lambda b: b.add_timer("t", -1)),
-    ("now", lambda b: b.ingest("chat", "x", None, now=2 ** 63)),
+    ("now", lambda b: b.ingest("chat", "x", None, now=2**63)),
     ("now int64 max", lambda b: b.acquire("W", now=BIG)),
     ("expires_in", lambda b: b.request_approval("r", BIG, "refund")),
-    ("event id", lambda b: b.get_event(2 ** 64)),
-    ("after", lambda b: b.events("pending", after=2 ** 64)),
-    ("limit", lambda b: b.timers(limit=2 ** 64)),
+    ("event id", lambda b: b.get_event(2**64)),
+    ("after", lambda b: b.events("pending", after=2**64)),
+    ("limit", lambda b: b.timers(limit=2**64)),
     ("lease_ttl", lambda b: b.configure(lease_ttl=BIG)),
     ("backoff_cap", lambda b: b.configure(backoff_cap=BIG)),
     ("outbox_gap", lambda b: b.configure(outbox_gap=BIG)),
     ("send_timeout", lambda b: b.configure(send_timeout=BIG)),
     ("max_run_seconds", lambda b: b.configure(max_run_seconds=BIG)),
-    ("max_batch", lambda b: b.configure(max_batch=10 ** 6)),
-    ("catch_up_limit", lambda b: b.configure(catch_up_limit=10 ** 9)),
-    ("gen", lambda b: b.renew("W", 2 ** 64)),
-    ("older_than", lambda b: b.prune_payloads(2 ** 64)),
+    ("max_batch", lambda b: b.configure(max_batch=10**6)),
+    ("catch_up_limit", lambda b: b.configure(catch_up_limit=10**9)),
+    ("gen", lambda b: b.renew("W", 2**64)),
+    ("older_than", lambda b: b.prune_payloads(2**64)),
     ("followup every", lambda b: b.finish("W", 1, [1], timers=[FollowUp("f", T, every=BIG)])),
-    ("approval expires_in", lambda b: b.finish(
-        "W", 1, [1], approvals=[ApprovalRequest("r", BIG, "refund")])),
+    (
+        "approval expires_in",
+        lambda b: b.finish("W", 1, [1], approvals=[ApprovalRequest("r", BIG, "refund")]),
+    ),
 ]
 
 
 @pytest.mark.parametrize("name,call", WEDGES, ids=[w[0] for w in WEDGES])
-async def test_class1_an_integer_out_of_bounds_is_refused_and_nothing_wedges(inbox, path,
-                                                                             name, call):
+async def test_class1_an_integer_out_of_bounds_is_refused_and_nothing_wedges(
+    inbox, path, name, call
+):
     await inbox.ingest("chat", "m1", None)
     await inbox.add_timer("good", T + 10)
     before = dump(path)
@@ -88,14 +98,22 @@ async def test_class1_an_integer_out_of_bounds_is_refused_and_nothing_wedges(inb
     assert await inbox.run_scheduler(now=T + 10) == 1
     gen = await inbox.acquire("W", now=T + 10)
     assert [e.source_id for e in await inbox.claim_batch("W", gen, now=T + 10)] == [
-        "m1", "good@1000010"]
+        "m1",
+        "good@1000010",
+    ]
 
 
 async def test_class1_the_largest_accepted_values_still_add_up(inbox):
     from core import MAX_DURATION, MAX_TIME
-    await inbox.configure(lease_ttl=MAX_DURATION, backoff_base=MAX_DURATION,
-                          backoff_cap=MAX_DURATION, send_timeout=MAX_DURATION,
-                          max_run_seconds=MAX_DURATION, outbox_gap=MAX_DURATION)
+
+    await inbox.configure(
+        lease_ttl=MAX_DURATION,
+        backoff_base=MAX_DURATION,
+        backoff_cap=MAX_DURATION,
+        send_timeout=MAX_DURATION,
+        max_run_seconds=MAX_DURATION,
+        outbox_gap=MAX_DURATION,
+    )
     await inbox.add_timer("far", MAX_TIME, every=MAX_DURATION)
     await inbox.ingest("chat", "m1", None, now=MAX_TIME)
     assert await inbox.run_scheduler(now=MAX_TIME) == 1
@@ -107,12 +125,13 @@ async def test_class1_the_largest_accepted_values_still_add_up(inbox):
 
 # --- class 2: a stored row never stops a pass -------------------------------------------------
 
+
 async def test_class2_broken_timers_are_set_aside_and_the_others_fire(inbox, path):
     await inbox.add_timer("good", T + 5, {"n": 1})
     await inbox.add_timer("huge-every", T, every=10)
     await inbox.add_timer("garbage", T)
     await inbox.add_timer("approval-ish", T + 1)
-    sql(path, "UPDATE timers SET every = ? WHERE id = 'huge-every'", (2 ** 63 - 5,))
+    sql(path, "UPDATE timers SET every = ? WHERE id = 'huge-every'", (2**63 - 5,))
     sql(path, "UPDATE timers SET payload = '{not json' WHERE id = 'garbage'")
     sql(path, "UPDATE timers SET kind = 'approval', payload = '[1]' WHERE id = 'approval-ish'")
     assert await inbox.run_scheduler(now=T + 5) == 4
@@ -136,8 +155,9 @@ async def test_class2_broken_events_are_set_aside_and_the_others_run(inbox, path
     sql(path, "UPDATE events SET payload = '{nope' WHERE source_id = 'bad-json'")
     sql(path, "UPDATE events SET payload = NULL WHERE source_id = 'pruned'")
     typed = not corrupt(path, "UPDATE events SET attempts = 'many' WHERE source_id = 'attempts'")
-    sql(path, "UPDATE events SET payload = ? WHERE source_id = 'good'",
-        (json.dumps({"k": "good"}),))
+    sql(
+        path, "UPDATE events SET payload = ? WHERE source_id = 'good'", (json.dumps({"k": "good"}),)
+    )
     gen = await inbox.acquire("W")
     batch = await inbox.claim_batch("W", gen)
     runnable = [("attempts", {"k": "attempts"})] if typed else []  # attempts is a bigint
@@ -157,20 +177,25 @@ async def test_class2_broken_outbox_rows_are_set_aside_and_the_others_sent(inbox
     blob_stored = corrupt(path, blob, ("\x00blob" if pg else b"\x00blob", T))
     if pg:
         assert not blob_stored  # the text column refuses a NUL: that fault cannot exist
-    sql(path, "INSERT INTO outbox({0}body, created) VALUES ({1}'fine', ?)".format(*inbox_id),
-        (T,))
+    sql(path, "INSERT INTO outbox({0}body, created) VALUES ({1}'fine', ?)".format(*inbox_id), (T,))
     sent = []
     assert await inbox.dispatch(sent.append) == 1
     assert sent == ["fine"]
     # A delivery row with nonsense in it: retried, it is set aside, never a crash.
     flags = ("true", "false") if pg else ("1", "0")
-    sql(path, "INSERT INTO deliveries({0}status, attempts, paced, at_most_once, created, "
-              "retry_after) VALUES ({1}'failed', ?, {2}, {3}, 0, 0)".format(*inbox_id, *flags),
-        (2 ** 63 - 1,))
-    sql(path, "INSERT INTO outbox({0}body, created, delivery_id) VALUES ({1}'orphan', ?, "
-              "(SELECT max(id) FROM deliveries))".format(*inbox_id), (T,))
-    sql(path, "INSERT INTO outbox({0}body, created) VALUES ({1}'after', ?)".format(*inbox_id),
-        (T,))
+    sql(
+        path,
+        "INSERT INTO deliveries({0}status, attempts, paced, at_most_once, created, "
+        "retry_after) VALUES ({1}'failed', ?, {2}, {3}, 0, 0)".format(*inbox_id, *flags),
+        (2**63 - 1,),
+    )
+    sql(
+        path,
+        "INSERT INTO outbox({0}body, created, delivery_id) VALUES ({1}'orphan', ?, "
+        "(SELECT max(id) FROM deliveries))".format(*inbox_id),
+        (T,),
+    )
+    sql(path, "INSERT INTO outbox({0}body, created) VALUES ({1}'after', ?)".format(*inbox_id), (T,))
     assert await inbox.dispatch(sent.append) == 1
     assert sent[-1] == "after"
     assert (await inbox.overview()).set_aside == 1 + blob_stored
@@ -178,26 +203,30 @@ async def test_class2_broken_outbox_rows_are_set_aside_and_the_others_sent(inbox
 
 async def test_class2_a_worker_survives_broken_rows(path):
     from core.worker import run_worker
+
     clock = FakeClock(T)
     box = await Inbox.open(path, clock=clock)
     await box.add_timer("bad", T, every=10)
     await box.ingest("chat", "bad-payload", None)
     await box.ingest("chat", "good", {"ok": 1})
     await box.close()
-    sql(path, "UPDATE timers SET every = ? WHERE id = 'bad'", (2 ** 63 - 1,))
+    sql(path, "UPDATE timers SET every = ? WHERE id = 'bad'", (2**63 - 1,))
     sql(path, "UPDATE events SET payload = '[[[' WHERE source_id = 'bad-payload'")
     seen = []
 
     async def agent(batch, ctx):
         seen.extend(e.source_id for e in batch)
+
     stats = await asyncio.wait_for(
-        run_worker(path, agent, holder="W", clock=clock, max_runs=1, poll_interval=0.01), 20)
+        run_worker(path, agent, holder="W", clock=clock, max_runs=1, poll_interval=0.01), 20
+    )
     assert seen == ["good"] and stats.done == 1
     rows = dict(sql(path, "SELECT source_id, status FROM events"))
     assert rows == {"bad-payload": "dead", "good": "done"}
 
 
 # --- class 3: a late delivery outcome is refused ----------------------------------------------
+
 
 async def test_class3_a_hanging_send_cannot_overwrite_a_later_attempt(inbox, clock):
     await inbox.configure(outbox_gap=0, send_timeout=30)
@@ -226,7 +255,10 @@ async def test_class3_a_hanging_send_cannot_overwrite_a_later_attempt(inbox, clo
     assert [who for who, _ in sends] == ["A", "B"]  # never a third time
     [refusal] = [a for a in await inbox.audit() if a.action.startswith("refused")]
     assert (refusal.action, refusal.target, refusal.applied) == (
-        "refused failed", f"delivery {delivery.id}", False)
+        "refused failed",
+        f"delivery {delivery.id}",
+        False,
+    )
     assert (await inbox.overview()).refused_writes == 1
 
 
@@ -246,6 +278,7 @@ async def test_class3_a_late_success_cannot_settle_a_redelivered_attempt(inbox, 
 
     def b_fails(text):
         raise ConnectionError("B failed")
+
     assert await inbox.dispatch(b_fails, now=T + 31) == 0
     gate.set()
     assert await a == 0  # A's late 'sent' belongs to attempt 1; attempt 2 owns the row
@@ -254,6 +287,7 @@ async def test_class3_a_late_success_cannot_settle_a_redelivered_attempt(inbox, 
 
 
 # --- class 4: finish is fenced by run as well as generation -----------------------------------
+
 
 async def test_class4_a_recovered_run_cannot_be_finished_by_its_old_caller(inbox, clock):
     await inbox.configure(max_run_seconds=60)
@@ -276,16 +310,17 @@ async def test_class4_a_recovered_run_cannot_be_finished_by_its_old_caller(inbox
 
 async def test_class4_the_worker_finishes_with_its_run(inbox, clock, monkeypatch):
     from core.worker import run_worker
+
     calls = []
     original = Inbox.finish
 
     async def spy(self, *args, **kwargs):
         calls.append(kwargs.get("run"))
         return await original(self, *args, **kwargs)
+
     monkeypatch.setattr(Inbox, "finish", spy)
     await inbox.ingest("chat", "m", None)
-    await run_worker(inbox, lambda batch, ctx: None, holder="W", max_runs=1,
-                     poll_interval=0.01)
+    await run_worker(inbox, lambda batch, ctx: None, holder="W", max_runs=1, poll_interval=0.01)
     [run] = await inbox.runs(1)
     assert calls == [run.id]
 
@@ -300,8 +335,10 @@ RESERVED_CALLS = [
     ("timer key", lambda b: b.add_timer("t", T + 5, key=("approval", "refund-7"))),
     ("cancel", lambda b: b.cancel_timer("approval:refund-7")),
     ("followup", lambda b: b.finish("W", 1, [1], timers=[FollowUp("approval:refund-7", T)])),
-    ("followup key", lambda b: b.finish("W", 1, [1], timers=[
-        FollowUp("t", T, key=("timer", "x"))])),
+    (
+        "followup key",
+        lambda b: b.finish("W", 1, [1], timers=[FollowUp("t", T, key=("timer", "x"))]),
+    ),
 ]
 
 
@@ -321,6 +358,7 @@ async def test_class5_reserved_names_are_refused(inbox, path, name, call):
 
 
 # --- class 6: effect keys ---------------------------------------------------------------------
+
 
 async def test_class6_an_effect_key_does_not_change_when_the_batch_does(inbox, clock):
     await inbox.configure(max_batch=3)
@@ -345,16 +383,19 @@ async def test_class6_an_effect_key_does_not_change_when_the_batch_does(inbox, c
 
 # --- class 7: one bad item in a group commit fails alone --------------------------------------
 
+
 async def test_class7_a_bad_item_in_a_group_fails_alone(inbox):
-    calls = [inbox.ingest("chat", "good-1", None), inbox.ingest("chat", "bad", None, now=2 ** 63),
-             inbox.ingest("chat", "good-2", None),
-             inbox.ingest("chat", "deep", deep(10_000)),
-             inbox.ingest("chat", "good-3", {"n": 3})]
+    calls = [
+        inbox.ingest("chat", "good-1", None),
+        inbox.ingest("chat", "bad", None, now=2**63),
+        inbox.ingest("chat", "good-2", None),
+        inbox.ingest("chat", "deep", deep(10_000)),
+        inbox.ingest("chat", "good-3", {"n": 3}),
+    ]
     results = await asyncio.gather(*calls, return_exceptions=True)
     assert results[0] is True and results[2] is True and results[4] is True
     assert isinstance(results[1], BadInput) and isinstance(results[3], BadInput)
-    assert [e.source_id for e in await inbox.events("pending")] == [
-        "good-1", "good-2", "good-3"]
+    assert [e.source_id for e in await inbox.events("pending")] == ["good-1", "good-2", "good-3"]
 
 
 async def test_class7_a_row_the_database_refuses_fails_alone(path):
@@ -364,8 +405,12 @@ async def test_class7_a_row_the_database_refuses_fails_alone(path):
     try:
         async with await Inbox.open(path):
             pass
-        items = [("chat", "a", "null", T), ("chat", "b", "null", 2 ** 63),
-                 ("", "c", "null", T), ("chat", "d", "null", T)]
+        items = [
+            ("chat", "a", "null", T),
+            ("chat", "b", "null", 2**63),
+            ("", "c", "null", T),
+            ("chat", "d", "null", T),
+        ]
         results = write_transaction(db, store.ingest_many, (items,))
         assert results[0] is True and results[3] is True
         assert all(isinstance(r, BadInput) for r in results[1:3])
@@ -377,18 +422,26 @@ async def test_class7_a_row_the_database_refuses_fails_alone(path):
 async def _a_row_postgresql_refuses_fails_alone(url: str) -> None:
     import psycopg
     from core.pg import db as pg_db, store as pg_store
+
     async with await Inbox.open(url):
         pass
     with psycopg.connect(url, autocommit=True) as conn:
         [inbox_id] = conn.execute("SELECT id FROM inboxes WHERE name = 'default'").fetchone()
-        items = [("chat", "a", "null", T), ("chat", "b", "null", 2 ** 63),
-                 ("", "c", "null", T), ("chat", "d", "null", T)]
-        results = pg_db.write_transaction(pg_db.Tx(conn, inbox_id, "default"),
-                                          pg_store.ingest_many, (items,))
+        items = [
+            ("chat", "a", "null", T),
+            ("chat", "b", "null", 2**63),
+            ("", "c", "null", T),
+            ("chat", "d", "null", T),
+        ]
+        results = pg_db.write_transaction(
+            pg_db.Tx(conn, inbox_id, "default"), pg_store.ingest_many, (items,)
+        )
         assert results[0] is True and results[3] is True
         assert all(isinstance(r, BadInput) for r in results[1:3])
-        assert [r[0] for r in conn.execute("SELECT source_id FROM events ORDER BY id")] == \
-            ["a", "d"]
+        assert [r[0] for r in conn.execute("SELECT source_id FROM events ORDER BY id")] == [
+            "a",
+            "d",
+        ]
 
 
 # --- class 9: deep JSON is refused, never recursed into ---------------------------------------
@@ -398,8 +451,7 @@ DEEP_CALLS = [
     ("batch", lambda b: b.ingest_batch([("chat", "x", deep(100_000))])),
     ("timer", lambda b: b.add_timer("t", T, {"a": deep(100_000)})),
     ("finish result", lambda b: b.finish("W", 1, [1], result=deep(100_000))),
-    ("followup payload", lambda b: b.finish("W", 1, [1], timers=[
-        FollowUp("t", T, deep(100_000))])),
+    ("followup payload", lambda b: b.finish("W", 1, [1], timers=[FollowUp("t", T, deep(100_000))])),
     ("effect detail", lambda b: b.intend_effect("W", 1, 1, "pay", deep(100_000))),
     ("just over", lambda b: b.ingest("chat", "x", deep(101))),
     ("circular", lambda b: b.ingest("chat", "x", (lambda a: (a.append(a), a)[1])([]))),
@@ -420,12 +472,15 @@ async def test_class9_deep_json_is_refused(inbox, path, name, call):
 
 async def test_class9_a_deep_result_fails_the_run_and_never_leaves_it_running(inbox):
     from core.worker import run_worker
+
     await inbox.ingest("chat", "m", None)
 
     def agent(batch, ctx):
         ctx.result = deep(100_000)
-    stats = await asyncio.wait_for(run_worker(inbox, agent, holder="W", max_runs=1,
-                                              poll_interval=0.01), 20)
+
+    stats = await asyncio.wait_for(
+        run_worker(inbox, agent, holder="W", max_runs=1, poll_interval=0.01), 20
+    )
     event = await inbox.get_event(1)
     assert event.status == "pending" and "nested deeper" in event.error
     assert stats.failed == 1
@@ -434,6 +489,7 @@ async def test_class9_a_deep_result_fails_the_run_and_never_leaves_it_running(in
 
 
 # --- class 10: next_wake is never a past instant nothing acts on ------------------------------
+
 
 async def test_class10_a_held_outbox_does_not_hide_a_timer(inbox, clock):
     await inbox.configure(outbox_gap=10)
@@ -469,6 +525,7 @@ async def test_class10_paused_and_the_daily_budget_are_not_past_wakeups(inbox, c
 
 async def test_class10_a_worker_fires_a_timer_on_time_while_the_outbox_is_held(path):
     from core.worker import Worker
+
     clock = FakeClock(T)
     box = await Inbox.open(path, clock=clock)
     await box.configure(outbox_gap=10, lease_ttl=120)
@@ -484,6 +541,7 @@ async def test_class10_a_worker_fires_a_timer_on_time_while_the_outbox_is_held(p
 
     async def agent(batch, ctx):
         fired.extend((e.source, clock.now()) for e in batch)
+
     worker = Worker(box, agent, holder="W", send=box_sends.append, poll_interval=0.01)
     task = asyncio.create_task(worker.run())
     try:
@@ -504,6 +562,7 @@ async def test_class10_a_worker_fires_a_timer_on_time_while_the_outbox_is_held(p
 
 
 # --- class 11: an at-most-once send cut off mid-send is uncertain -----------------------------
+
 
 async def _cut_off(inbox: Inbox, clock: FakeClock) -> int:
     await inbox.configure(delivery="at_most_once", outbox_gap=0, send_timeout=30)
@@ -538,11 +597,15 @@ async def test_class11_an_interrupted_at_most_once_send_is_uncertain(inbox, cloc
     assert [d.status for d in await inbox.deliveries()] == ["sent"]
     assert await inbox.held_messages() == []
     assert not await inbox.settle_delivery(delivery_id, "send again")
-    entries = [(a.action, a.before, a.after, a.applied) for a in await inbox.audit(
-        target=f"delivery {delivery_id}")]
-    assert entries == [("delivery send again", "sent", "sent", False),
-                       ("delivery sent", "uncertain", "sent", True),
-                       ("delivery sent", "uncertain", "uncertain", False)]
+    entries = [
+        (a.action, a.before, a.after, a.applied)
+        for a in await inbox.audit(target=f"delivery {delivery_id}")
+    ]
+    assert entries == [
+        ("delivery send again", "sent", "sent", False),
+        ("delivery sent", "uncertain", "sent", True),
+        ("delivery sent", "uncertain", "uncertain", False),
+    ]
 
 
 async def test_class11_send_again_puts_the_messages_back_under_a_new_key(inbox, clock):
@@ -556,6 +619,7 @@ async def test_class11_send_again_puts_the_messages_back_under_a_new_key(inbox, 
 
 
 # --- class 12: a pruned event cannot run on nothing -------------------------------------------
+
 
 async def test_class12_a_pruned_event_cannot_be_requeued(inbox, clock):
     await inbox.ingest("chat", "m", {"text": "hello"})
@@ -572,8 +636,8 @@ async def test_class12_a_pruned_event_cannot_be_requeued(inbox, clock):
 
 # --- class 13: refused or repeated calls leave no debris --------------------------------------
 
-async def test_class13_registering_an_each_timer_again_does_not_count_overflow_twice(inbox,
-                                                                                     clock):
+
+async def test_class13_registering_an_each_timer_again_does_not_count_overflow_twice(inbox, clock):
     await inbox.configure(catch_up_limit=2)
     await inbox.add_timer("tick", T, every=10, catch_up="each")
     assert await inbox.run_scheduler(now=T + 100) == 1
@@ -620,7 +684,7 @@ async def test_class2_a_broken_approval_or_running_row_fails_nothing_else(inbox,
     batch = await inbox.claim_batch("W", gen)  # the expiry's event and the chat one
     [event] = [e for e in batch if e.source == "chat"]
     if not corrupt(path, "UPDATE events SET attempts = 'x' WHERE id = ?", (event.id,)):
-        sql(path, "UPDATE events SET attempts = ? WHERE id = ?", (2 ** 63 - 1, event.id))
+        sql(path, "UPDATE events SET attempts = ? WHERE id = ?", (2**63 - 1, event.id))
     assert await inbox.finish("W", gen, [e.id for e in batch], error="boom")
     assert (await inbox.get_event(event.id)).status == "dead"
 
@@ -629,16 +693,22 @@ async def test_class2_a_broken_settings_row_falls_back_to_defaults(path, clock):
     async with await Inbox.open(path, clock=clock) as box:
         await box.configure(max_attempts=7, lease_ttl=300)
     if is_postgresql(path):  # the settings are a JSON text column of the inbox's row
-        sql(path, "UPDATE inboxes SET settings = jsonb_set(settings::jsonb, '{lease_ttl}', "
-                  "'9223372036854775807')::text")
+        sql(
+            path,
+            "UPDATE inboxes SET settings = jsonb_set(settings::jsonb, '{lease_ttl}', "
+            "'9223372036854775807')::text",
+        )
     else:
-        sql(path, "UPDATE settings SET json = json_set(json, '$.lease_ttl', "
-                  "9223372036854775807)")
+        sql(path, "UPDATE settings SET json = json_set(json, '$.lease_ttl', 9223372036854775807)")
     async with await Inbox.open(path, clock=clock) as box:
         assert (box.settings.max_attempts, box.settings.lease_ttl) == (7, 120)
         assert await box.acquire("W") == 1  # now + lease_ttl cannot overflow
-    sql(path, "UPDATE inboxes SET settings = '{not json'" if is_postgresql(path) else
-        "UPDATE settings SET json = '{not json'")
+    sql(
+        path,
+        "UPDATE inboxes SET settings = '{not json'"
+        if is_postgresql(path)
+        else "UPDATE settings SET json = '{not json'",
+    )
     async with await Inbox.open(path, clock=clock) as box:
         assert box.settings.max_attempts == 3
         assert await box.renew("W", 1)

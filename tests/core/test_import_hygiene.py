@@ -13,11 +13,13 @@ import sys
 def test_import_core_loads_no_ui_and_no_receiver():
     """The engine embeds in an agent: `import core` must not load a terminal UI, and the
     webhook receiver (with aiohttp) loads only when a server starts."""
-    code = ("import sys, core, core.inbox, core.store, core.webhooks.signatures, "
-            "core.webhooks.config; "
-            "bad = [m for m in ('textual', 'rich', 'aiohttp', 'core.webhooks.server') "
-            "if m in sys.modules]; "
-            "print(','.join(bad)); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, core, core.inbox, core.store, core.webhooks.signatures, "
+        "core.webhooks.config; "
+        "bad = [m for m in ('textual', 'rich', 'aiohttp', 'core.webhooks.server') "
+        "if m in sys.modules]; "
+        "print(','.join(bad)); sys.exit(1 if bad else 0)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, f"loaded: {result.stdout} {result.stderr}"
 

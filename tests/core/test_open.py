@@ -34,10 +34,13 @@ async def test_new_file_is_created_in_wal_mode_with_the_current_schema(path):
 
 async def test_every_connection_commits_with_full_durability_and_a_busy_timeout(path):
     async with await Inbox.open(path, busy_timeout=2.5) as box:
-        pragmas = await box._db.call(lambda db: (
-            db.execute("PRAGMA synchronous").fetchone()[0],
-            db.execute("PRAGMA busy_timeout").fetchone()[0],
-            db.execute("PRAGMA journal_mode").fetchone()[0]))
+        pragmas = await box._db.call(
+            lambda db: (
+                db.execute("PRAGMA synchronous").fetchone()[0],
+                db.execute("PRAGMA busy_timeout").fetchone()[0],
+                db.execute("PRAGMA journal_mode").fetchone()[0],
+            )
+        )
     assert pragmas == (2, 2500, "wal")  # 2 = FULL
 
 
@@ -57,8 +60,10 @@ async def test_a_directory_is_refused(tmp_path):
         await Inbox.open(str(tmp_path))
 
 
-@pytest.mark.parametrize("content", [b"hello, I am a text file\n", b"\x00" * 4096,
-                                     b"SQLite format 2\x00" + b"\x00" * 100])
+@pytest.mark.parametrize(
+    "content",
+    [b"hello, I am a text file\n", b"\x00" * 4096, b"SQLite format 2\x00" + b"\x00" * 100],
+)
 async def test_a_file_that_is_not_sqlite_is_refused_untouched(path, content):
     with open(path, "wb") as handle:
         handle.write(content)
@@ -130,10 +135,15 @@ async def test_forward_migration_from_a_version_1_file_keeps_every_row(path):
     db.execute("PRAGMA journal_mode = WAL")
     schema.migrate(db, path, target=1)
     assert db.execute("PRAGMA user_version").fetchone()[0] == 1
-    db.execute("INSERT INTO events(source, source_id, payload, available_at, created, updated) "
-               "VALUES ('chat', 'old-1', ?, 5, 5, 5)", (json.dumps({"text": "from v1"}),))
-    db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at, finished_at, outcome, "
-               "error) VALUES ('old-worker', 1, '[1]', 5, 6, 'error', 'timeout')")
+    db.execute(
+        "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
+        "VALUES ('chat', 'old-1', ?, 5, 5, 5)",
+        (json.dumps({"text": "from v1"}),),
+    )
+    db.execute(
+        "INSERT INTO runs(holder, gen, event_ids, claimed_at, finished_at, outcome, "
+        "error) VALUES ('old-worker', 1, '[1]', 5, 6, 'error', 'timeout')"
+    )
     db.execute("UPDATE events SET attempts = 1 WHERE id = 1")
     db.close()
     async with await Inbox.open(path, clock=FakeClock(1_000)) as box:
@@ -142,7 +152,8 @@ async def test_forward_migration_from_a_version_1_file_keeps_every_row(path):
         assert (await box.counts())["pending"] == 1
         # Version 2 indexed which runs claimed which event, backfilled from version 1's runs.
         assert [(r.holder, r.error) for r in await box.runs(event.id)] == [
-            ("old-worker", "timeout")]
+            ("old-worker", "timeout")
+        ]
         gen = await box.acquire("W")
         [claimed] = await box.claim_batch("W", gen)
         assert [r.holder for r in await box.runs(event.id)] == ["old-worker", "W"]
@@ -155,6 +166,7 @@ async def test_forward_migration_from_a_version_1_file_keeps_every_row(path):
 
 async def test_four_connections_creating_the_same_inbox_at_once(path):
     import asyncio
+
     boxes = await asyncio.gather(*(Inbox.open(path) for _ in range(4)))
     for box in boxes:
         await box.close()
@@ -167,6 +179,7 @@ async def test_four_connections_creating_the_same_inbox_at_once(path):
 def test_the_one_hop_hook_of_aiosqlite_exists():
     """core/db.py runs whole transactions through aiosqlite's Connection._execute."""
     import aiosqlite
+
     assert callable(getattr(aiosqlite.Connection, "_execute", None))
     assert isinstance(getattr(aiosqlite.Connection, "_conn", None), property)
 
@@ -199,13 +212,19 @@ async def test_forward_migration_from_a_version_2_file_adds_the_set_aside_column
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode = WAL")
     schema.migrate(db, path, target=2)
-    db.execute("INSERT INTO timers(id, due, every, catch_up, payload) "
-               "VALUES ('tick', 10, 60, 'each', 'null')")
-    db.execute("INSERT INTO deliveries(status, attempts, paced, created, retry_after) "
-               "VALUES ('sent', 1, 1, 5, 35)")
+    db.execute(
+        "INSERT INTO timers(id, due, every, catch_up, payload) "
+        "VALUES ('tick', 10, 60, 'each', 'null')"
+    )
+    db.execute(
+        "INSERT INTO deliveries(status, attempts, paced, created, retry_after) "
+        "VALUES ('sent', 1, 1, 5, 35)"
+    )
     db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES ('w', 1, '[1]', 5)")
-    db.execute("INSERT INTO effects(run_id, name, key, state, intended_at) "
-               "VALUES (1, 'pay', 'onwatch-x-ev1-2-3-pay-1', 'intended', 5)")
+    db.execute(
+        "INSERT INTO effects(run_id, name, key, state, intended_at) "
+        "VALUES (1, 'pay', 'onwatch-x-ev1-2-3-pay-1', 'intended', 5)"
+    )
     db.close()
     async with await Inbox.open(path, clock=FakeClock(1_000)) as box:
         [timer] = await box.timers()
@@ -217,6 +236,7 @@ async def test_forward_migration_from_a_version_2_file_adds_the_set_aside_column
     try:
         assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
         assert db.execute("SELECT key, event_id FROM effects").fetchall() == [
-            ("onwatch-x-ev1-2-3-pay-1", None)]  # old keys stay as they were issued
+            ("onwatch-x-ev1-2-3-pay-1", None)
+        ]  # old keys stay as they were issued
     finally:
         db.close()

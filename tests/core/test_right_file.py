@@ -28,6 +28,7 @@ def digest(path) -> str:
 
 # --- empty files ----------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("content", [b"", "bare-sqlite"])
 async def test_open_without_create_refuses_an_empty_file_untouched(tmp_path, content):
     path = tmp_path / "empty.db"
@@ -42,8 +43,9 @@ async def test_open_without_create_refuses_an_empty_file_untouched(tmp_path, con
     assert sorted(os.listdir(tmp_path)) == ["empty.db"]  # no -wal, no -journal
 
 
-@pytest.mark.parametrize("command", [["status"], ["status", "--json"], ["events", "pending"],
-                                     ["show", "1"], ["tui"]])
+@pytest.mark.parametrize(
+    "command", [["status"], ["status", "--json"], ["events", "pending"], ["show", "1"], ["tui"]]
+)
 def test_every_command_but_init_leaves_an_empty_file_as_it_is(tmp_path, command):
     path = tmp_path / "empty.db"
     path.write_bytes(b"")
@@ -70,6 +72,7 @@ async def test_a_new_inbox_is_not_made_over_a_deleted_ones_wal(tmp_path):
 
 
 # --- the file under a running process -------------------------------------------------------
+
 
 async def test_the_worker_stops_when_its_file_is_deleted(tmp_path):
     path = tmp_path / "live.db"
@@ -114,37 +117,46 @@ async def test_the_receiver_answers_503_once_its_file_is_replaced(tmp_path):
     try:
         body = b'{"build": 1}'
         async with aiohttp.ClientSession() as session:
-            async with session.post(server.url + "/hooks/ci", data=body,
-                                    headers=standard_headers(body, "b1")) as response:
+            async with session.post(
+                server.url + "/hooks/ci", data=body, headers=standard_headers(body, "b1")
+            ) as response:
                 assert response.status == 202
             for name in ("hooks.db", "hooks.db-wal", "hooks.db-shm"):
                 if (tmp_path / name).exists():
                     os.unlink(tmp_path / name)
             await (await Inbox.open(tmp_path / "hooks.db")).close()
             body = b'{"build": 2}'
-            async with session.post(server.url + "/hooks/ci", data=body,
-                                    headers=standard_headers(body, "b2")) as response:
+            async with session.post(
+                server.url + "/hooks/ci", data=body, headers=standard_headers(body, "b2")
+            ) as response:
                 assert response.status == 503
                 assert "Retry-After" in response.headers
     finally:
         server.stop(signal.SIGTERM)
     async with await Inbox.open(tmp_path / "hooks.db", create=False) as inbox:
         assert (await inbox.counts())["pending"] == 0
-    assert "inbox file deleted or replaced" in server.log.read_text() or \
-        "was replaced by another file" in server.log.read_text()
+    assert (
+        "inbox file deleted or replaced" in server.log.read_text()
+        or "was replaced by another file" in server.log.read_text()
+    )
 
 
 # --- the schema -----------------------------------------------------------------------------
+
 
 async def test_migration_4_adds_the_traceback_to_a_version_2_file(tmp_path):
     path = str(tmp_path / "v2.db")
     db = sqlite3.connect(path, isolation_level=None)
     db.execute("PRAGMA journal_mode = WAL")
     schema.migrate(db, path, target=2)
-    db.execute("INSERT INTO events(source, source_id, payload, available_at, created, updated,"
-               " attempts) VALUES ('chat', 'old-1', '{}', 5, 5, 5, 1)")
-    db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at, finished_at, outcome, "
-               "error) VALUES ('old', 1, '[1]', 5, 6, 'error', 'timeout')")
+    db.execute(
+        "INSERT INTO events(source, source_id, payload, available_at, created, updated,"
+        " attempts) VALUES ('chat', 'old-1', '{}', 5, 5, 5, 1)"
+    )
+    db.execute(
+        "INSERT INTO runs(holder, gen, event_ids, claimed_at, finished_at, outcome, "
+        "error) VALUES ('old', 1, '[1]', 5, 6, 'error', 'timeout')"
+    )
     db.execute("INSERT INTO run_events VALUES (1, 1)")
     db.close()
     async with await Inbox.open(path, clock=FakeClock(1_000)) as inbox:
@@ -152,8 +164,13 @@ async def test_migration_4_adds_the_traceback_to_a_version_2_file(tmp_path):
         assert (old.error, old.traceback) == ("timeout", None)
         gen = await inbox.acquire("W")
         [event] = await inbox.claim_batch("W", gen)
-        assert await inbox.finish("W", gen, [event.id], error="KeyError: 'refund'",
-                                  traceback="x" * 20_000 + "\nKeyError: 'refund'\n")
+        assert await inbox.finish(
+            "W",
+            gen,
+            [event.id],
+            error="KeyError: 'refund'",
+            traceback="x" * 20_000 + "\nKeyError: 'refund'\n",
+        )
         kept = (await inbox.runs(1))[-1].traceback
         assert kept.endswith("KeyError: 'refund'\n") and len(kept) == 16_384
     db = sqlite3.connect(path)
@@ -162,6 +179,7 @@ async def test_migration_4_adds_the_traceback_to_a_version_2_file(tmp_path):
 
 
 # --- the whole story ------------------------------------------------------------------------
+
 
 async def test_a_released_lease_is_a_succession_not_a_takeover(tmp_path):
     async with await Inbox.open(tmp_path / "l.db", clock=FakeClock(1_000)) as inbox:
@@ -192,8 +210,9 @@ async def test_show_prints_local_times_the_traceback_and_bury_reason(tmp_path):
         await inbox.bury(2, reason="customer asked us to drop it")
     result = onwatch("show", path, "1", test_dir=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert re.search(r"claimed \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+ \((now|\S+ ago)\)",
-                     result.stdout), result.stdout
+    assert re.search(
+        r"claimed \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+ \((now|\S+ ago)\)", result.stdout
+    ), result.stdout
     assert "traceback (the agent's" in result.stdout
     assert 'return {}["refund"]' in result.stdout and "test_right_file.py" in result.stdout
     shown = onwatch("show", path, "2", test_dir=tmp_path).stdout
@@ -205,19 +224,31 @@ async def test_show_prints_local_times_the_traceback_and_bury_reason(tmp_path):
 def test_a_held_reply_says_in_the_log_why_it_waits(tmp_path):
     path = tmp_path / "held.db"
     assert onwatch("init", path, test_dir=tmp_path).returncode == 0
-    assert onwatch("ingest", path, "chat", "a", '{"text": "hello"}',
-                   test_dir=tmp_path).returncode == 0
+    assert (
+        onwatch("ingest", path, "chat", "a", '{"text": "hello"}', test_dir=tmp_path).returncode == 0
+    )
     # A paced send went out a moment ago: the next reply waits for the gap.
     db = sqlite3.connect(path)
-    db.execute("UPDATE meta SET value = strftime('%s','now') - 720 WHERE key = "
-               "'last_paced_send'")
+    db.execute("UPDATE meta SET value = strftime('%s','now') - 720 WHERE key = 'last_paced_send'")
     db.commit()
     db.close()
     worker = subprocess.Popen(
-        [sys.executable, "-m", "cli", "worker", str(path), "--agent",
-         "examples.refund_agent:handle", "--poll", "0.1"],
-        cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE, stderr=open(
-            tmp_path / "worker.err", "wb"))
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "worker",
+            str(path),
+            "--agent",
+            "examples.refund_agent:handle",
+            "--poll",
+            "0.1",
+        ],
+        cwd=ROOT,
+        env=env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=open(tmp_path / "worker.err", "wb"),
+    )
     try:
         wait_for(lambda: "reply held" in log_of(tmp_path), what="the held line")
     finally:

@@ -21,6 +21,7 @@ async def run_once(box, holder="W", now=None, **finish):
 
 # --- intake ---------------------------------------------------------------------------------
 
+
 async def test_dedupe_key_survives_payload_pruning(inbox):
     await inbox.ingest("github", "d-1", {"big": "x" * 1000}, now=T)
     await run_once(inbox, now=T)
@@ -32,16 +33,18 @@ async def test_dedupe_key_survives_payload_pruning(inbox):
 
 async def test_concurrent_ingests_share_commits_with_per_caller_results(inbox):
     keys = [f"k{i % 40}" for i in range(100)]  # 60 duplicates among 100 calls
-    results = await asyncio.gather(*(inbox.ingest("hook", k, {"i": i}) for i, k in
-                                     enumerate(keys)), return_exceptions=True)
+    results = await asyncio.gather(
+        *(inbox.ingest("hook", k, {"i": i}) for i, k in enumerate(keys)), return_exceptions=True
+    )
     assert sum(r is True for r in results) == 40 and sum(r is False for r in results) == 60
     assert (await inbox.counts())["pending"] == 40
 
 
 async def test_max_pending_budget_refuses_only_the_excess(inbox):
     await inbox.configure(max_pending=2)
-    results = await asyncio.gather(*(inbox.ingest("hook", f"k{i}", None) for i in range(4)),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(inbox.ingest("hook", f"k{i}", None) for i in range(4)), return_exceptions=True
+    )
     assert results[:2] == [True, True]
     assert all(isinstance(r, BudgetExceeded) for r in results[2:])
     assert await inbox.ingest("hook", "k0", None) is False  # a duplicate is still a no-op
@@ -50,6 +53,7 @@ async def test_max_pending_budget_refuses_only_the_excess(inbox):
 
 # --- lease ----------------------------------------------------------------------------------
 
+
 async def test_renewal_keeps_the_generation_and_takeover_by_the_same_holder_does_not(inbox):
     assert await inbox.acquire("A", now=T) == 1
     assert await inbox.acquire("A", now=T + 120) == 1  # until >= now: renewal
@@ -57,7 +61,9 @@ async def test_renewal_keeps_the_generation_and_takeover_by_the_same_holder_does
     assert await inbox.acquire("A", now=T + 241) == 2  # expired: even A starts a new one
     history = await inbox.lease_history()
     assert [(h.gen, h.how, h.previous_holder) for h in history] == [
-        (2, "takeover", "A"), (1, "first", None)]
+        (2, "takeover", "A"),
+        (1, "first", None),
+    ]
 
 
 async def test_release_lets_a_successor_in_at_once_with_a_new_generation(inbox):
@@ -86,6 +92,7 @@ async def test_a_stale_claim_writes_nothing_but_the_refusal(inbox):
 
 
 # --- claims ---------------------------------------------------------------------------------
+
 
 async def test_max_batch_limits_one_run(inbox):
     await inbox.configure(max_batch=2)
@@ -184,12 +191,22 @@ async def test_finish_carries_follow_up_timers_atomically(inbox):
     gen = await inbox.acquire("W", now=T)
     [e] = await inbox.claim_batch("W", gen, now=T)
     await inbox.acquire("X", now=T + 121)  # W lost the lease: nothing of its finish lands
-    assert await inbox.finish("W", gen, [e.id], ["ok"], now=T + 121,
-                              timers=[FollowUp("remind", T + 3600, {"text": "ping"})]) is False
+    assert (
+        await inbox.finish(
+            "W",
+            gen,
+            [e.id],
+            ["ok"],
+            now=T + 121,
+            timers=[FollowUp("remind", T + 3600, {"text": "ping"})],
+        )
+        is False
+    )
     assert await inbox.timers() == [] and await inbox.held_messages() == []
 
 
 # --- timers ---------------------------------------------------------------------------------
+
 
 async def test_each_policy_makes_one_event_per_missed_occurrence(inbox):
     await inbox.add_timer("billing", T, None, every=DAY, catch_up="each")
@@ -238,6 +255,7 @@ async def test_a_clock_jump_backwards_fires_nothing_twice(inbox):
 
 # --- approvals ------------------------------------------------------------------------------
 
+
 async def test_asking_again_keeps_the_first_deadline(inbox):
     first = await inbox.request_approval("r", 3600, "refund 5", now=T)
     again = await inbox.request_approval("r", 7200, "refund 5", now=T + 600)
@@ -252,14 +270,15 @@ async def test_operator_expiry_stores_expired_once(inbox):
     assert await inbox.expire_approval("nope", now=T + 12) == "unknown"
     assert await inbox.timers() == []
     [event] = await inbox.events("pending")
-    assert (event.source, event.source_id, event.payload["answer"]) == ("approval", "r",
-                                                                         "expired")
+    assert (event.source, event.source_id, event.payload["answer"]) == ("approval", "r", "expired")
     applied = [a for a in await inbox.audit() if a.applied]
     assert [(a.action, a.actor, a.before, a.after) for a in applied] == [
-        ("expire", "ops", "waiting", "expired")]
+        ("expire", "ops", "waiting", "expired")
+    ]
 
 
 # --- outbox ---------------------------------------------------------------------------------
+
 
 async def queue(box, *bodies, now=None):
     await box.ingest("chat", f"q{bodies}", None, now=now)
@@ -356,6 +375,7 @@ async def test_hold_release_and_flush(inbox):
 
 # --- operator actions -----------------------------------------------------------------------
 
+
 async def test_requeue_is_conditional_on_the_state_the_operator_saw(inbox):
     await inbox.configure(on_lost_claim="interrupt")
     await inbox.ingest("stripe", "s", None, now=T)
@@ -383,7 +403,12 @@ async def test_requeue_gives_a_fresh_attempt_budget(inbox):
     assert (requeued.status, requeued.attempts, requeued.error) == ("pending", 0, None)
     [entry] = [a for a in await inbox.audit() if a.action == "requeue"]
     assert (entry.before, entry.after, entry.actor, entry.reason, entry.applied) == (
-        "dead", "pending", "ops", "fixed the bug", True)
+        "dead",
+        "pending",
+        "ops",
+        "fixed the bug",
+        True,
+    )
 
 
 async def test_effect_journal_shows_intended_and_confirmed(inbox):
@@ -397,8 +422,7 @@ async def test_effect_journal_shows_intended_and_confirmed(inbox):
     # A stale worker may not start new effects.
     assert await inbox.intend_effect("W", gen, e.run_id, "sms", None, now=T + 122) is None
     journal = await inbox.effects(e.id)
-    assert [(j.name, j.state) for j in journal] == [("refund", "confirmed"),
-                                                    ("email", "intended")]
+    assert [(j.name, j.state) for j in journal] == [("refund", "confirmed"), ("email", "intended")]
     assert k1 != k2 and journal[0].key == k1
 
 
@@ -427,8 +451,9 @@ async def test_default_effect_keys_survive_a_retry_of_the_same_batch(inbox):
     assert first == second  # the payment tool sees the same idempotency key
     # A worker may only journal effects for its own open run.
     assert await inbox.intend_effect("B", gen, e.run_id, "charge", None, now=T + 122) is None
-    assert (await inbox.audit(limit=1))[0].reason == f"run {e.run_id} is not an open run of " \
-        "this generation"
+    assert (await inbox.audit(limit=1))[
+        0
+    ].reason == f"run {e.run_id} is not an open run of this generation"
 
 
 async def test_change_token_moves_on_own_and_other_commits(inbox, path):
@@ -474,7 +499,10 @@ async def test_a_list_without_payloads_reads_no_documents(inbox):
 
 async def test_a_batch_is_stored_all_or_none(inbox):
     assert await inbox.ingest_batch([("chat", "a", 1), ("chat", "b", 2), ("chat", "a", 3)]) == [
-        True, True, False]
+        True,
+        True,
+        False,
+    ]
     await inbox.configure(max_pending=3)
     with pytest.raises(BudgetExceeded):
         await inbox.ingest_batch([("chat", "c", None), ("chat", "d", None)])

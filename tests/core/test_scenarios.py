@@ -125,8 +125,11 @@ async def test_7_approvals_with_a_four_hour_window(inbox):
     assert (await inbox.get_approval("r3")).answer == "yes"
     assert await inbox.answer_approval("never-asked", "yes", now=T) == "unknown"
     # Every request resumed the session exactly once, under ('approval', request_id).
-    answers = {e.source_id: e.payload["answer"] for e in await inbox.events("pending")
-               if e.source == "approval"}
+    answers = {
+        e.source_id: e.payload["answer"]
+        for e in await inbox.events("pending")
+        if e.source == "approval"
+    }
     assert answers == {"r1": "expired", "r2": "expired", "r3": "yes"}
 
 

@@ -24,14 +24,26 @@ def sql(path: str, statement: str, params: tuple = ()) -> list[tuple]:
 
 
 def occurrence(timer_id: str, due: int, now: int, data: object) -> dict:
-    return {"timer": timer_id, "scheduled_for": due, "late_by": now - due, "skipped": 0,
-            "data": data}
+    return {
+        "timer": timer_id,
+        "scheduled_for": due,
+        "late_by": now - due,
+        "skipped": 0,
+        "data": data,
+    }
 
 
 async def test_batched_timers_fire_in_due_order_with_the_payloads_they_stored(inbox, path):
     count = 2 * store._GROUP_ROWS + 7  # several insert statements
-    payloads = [None, {"n": 1}, ["ü", "日本", "\u2028"], "text \"quoted\"", 7.5,
-                {"deep": [[{}]]}, {"nested": [[[[[[[[[[[[1]]]]]]]]]]]] * 10}]
+    payloads = [
+        None,
+        {"n": 1},
+        ["ü", "日本", "\u2028"],
+        'text "quoted"',
+        7.5,
+        {"deep": [[{}]]},
+        {"nested": [[[[[[[[[[[[1]]]]]]]]]]]] * 10},
+    ]
     for i in range(count):
         await inbox.add_timer(f"t-{i:04d}", T - i, payloads[i % len(payloads)])
     await inbox.add_timer("keyed", T - count, {"k": 1}, key=("crm", "follow-up-9"))
@@ -39,8 +51,9 @@ async def test_batched_timers_fire_in_due_order_with_the_payloads_they_stored(in
     assert await inbox.run_scheduler(now=T + 3) == count + 2
     events = await inbox.events("pending", limit=10_000)
     assert [(e.source, e.source_id) for e in events] == (
-        [("timer", f"non-ascii-ïd@{T - count - 1}"), ("crm", "follow-up-9")] +
-        [("timer", f"t-{i:04d}@{T - i}") for i in reversed(range(count))])  # due order
+        [("timer", f"non-ascii-ïd@{T - count - 1}"), ("crm", "follow-up-9")]
+        + [("timer", f"t-{i:04d}@{T - i}") for i in reversed(range(count))]
+    )  # due order
     assert events[0].payload == occurrence("non-ascii-ïd", T - count - 1, T + 3, None)
     assert events[1].payload == occurrence("keyed", T - count, T + 3, {"k": 1})
     for event in events[2:]:
@@ -52,8 +65,7 @@ async def test_batched_timers_fire_in_due_order_with_the_payloads_they_stored(in
     assert (await inbox.overview(now=T + 3)).set_aside == 0
 
 
-async def test_a_row_the_events_table_refuses_mid_batch_is_set_aside_and_the_rest_fire(inbox,
-                                                                                        path):
+async def test_a_row_the_events_table_refuses_mid_batch_is_set_aside_and_the_rest_fire(inbox, path):
     count = 2 * store._GROUP_ROWS + 7
     for i in range(count):
         await inbox.add_timer(f"t-{i:04d}", T + i, {"i": i})
@@ -61,9 +73,13 @@ async def test_a_row_the_events_table_refuses_mid_batch_is_set_aside_and_the_res
     # and payloads that are not one JSON value: each must be set aside, never spliced.
     refused = {3, store._GROUP_ROWS + 1, count - 1}
     # (1,500 levels of nesting is valid JSON to SQLite's json_valid, not to Python's decoder.)
-    malformed = {10: '{"i": 10', 11: '{"i": 11} trailing', 12: '', 13: "[" * 1500 + "]" * 1500}
-    why = {10: "JSONDecodeError", 11: "JSONDecodeError", 12: "JSONDecodeError",
-           13: "RecursionError"}
+    malformed = {10: '{"i": 10', 11: '{"i": 11} trailing', 12: "", 13: "[" * 1500 + "]" * 1500}
+    why = {
+        10: "JSONDecodeError",
+        11: "JSONDecodeError",
+        12: "JSONDecodeError",
+        13: "RecursionError",
+    }
     for i in refused:
         sql(path, "UPDATE timers SET key_source = '', key_id = 'x' WHERE id = ?", (f"t-{i:04d}",))
     for i, text in malformed.items():
@@ -91,6 +107,9 @@ async def test_recurring_and_approval_timers_between_batches_keep_their_place(in
     await inbox.add_timer("b", T - 5, {"n": "b"})
     assert await inbox.run_scheduler(now=T) == 4
     assert [(e.source, e.source_id) for e in await inbox.events("pending")] == [
-        ("timer", f"a@{T - 30}"), ("timer", f"every@{T - 20}"), ("approval", "r-1"),
-        ("timer", f"b@{T - 5}")]
+        ("timer", f"a@{T - 30}"),
+        ("timer", f"every@{T - 20}"),
+        ("approval", "r-1"),
+        ("timer", f"b@{T - 5}"),
+    ]
     assert [t.id for t in await inbox.timers()] == ["every"]

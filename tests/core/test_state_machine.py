@@ -105,11 +105,13 @@ class Model:
                     event.status, event.available_at = "pending", now
                 self.runs[event.run].open = False
         for event in self.events.values():
-            if event.status == "pending" and 0 < event.attempts and \
-                    event.attempts >= MAX_ATTEMPTS:
+            if event.status == "pending" and 0 < event.attempts and event.attempts >= MAX_ATTEMPTS:
                 event.status = "dead"
-        ready = [i for i, e in sorted(self.events.items())
-                 if e.status == "pending" and e.available_at <= now]
+        ready = [
+            i
+            for i, e in sorted(self.events.items())
+            if e.status == "pending" and e.available_at <= now
+        ]
         retried = [i for i in ready if self.events[i].attempts > 0]
         ids = retried[:1] if retried else ready[:MAX_BATCH]
         if ids:
@@ -121,16 +123,22 @@ class Model:
             event.run = len(self.runs)
         return ids
 
-    def finish(self, holder: str, gen: int, ids: list[int], ok: bool, now: int,
-               run: int | None = None) -> bool:
+    def finish(
+        self, holder: str, gen: int, ids: list[int], ok: bool, now: int, run: int | None = None
+    ) -> bool:
         if not self.holds(holder, gen, now):
             self.refused += 1
             return False
         if run is not None and not (self.runs[run].open and self.runs[run].gen == gen):
             self.refused += 1
             return False
-        live = [i for i in ids if self.events[i].status == "running" and
-                self.events[i].claim_gen == gen and run in (None, self.events[i].run)]
+        live = [
+            i
+            for i in ids
+            if self.events[i].status == "running"
+            and self.events[i].claim_gen == gen
+            and run in (None, self.events[i].run)
+        ]
         if not live:
             self.refused += 1
             return False
@@ -185,8 +193,11 @@ class Model:
     # --- the outbox: each attempt owns its outcome ----------------------------------------
 
     def begin_send(self, now: int) -> tuple[int, int, int] | None:
-        retry = [i for i, d in sorted(self.deliveries.items())
-                 if d.status == "failed" or (d.status == "sending" and d.retry_after < now)]
+        retry = [
+            i
+            for i, d in sorted(self.deliveries.items())
+            if d.status == "failed" or (d.status == "sending" and d.retry_after < now)
+        ]
         if retry:
             delivery = self.deliveries[retry[0]]
             delivery.status, delivery.retry_after = "sending", now + SEND_TIMEOUT
@@ -226,18 +237,30 @@ class InboxMachine(RuleBasedStateMachine):
         super().__init__()
         self.loop = asyncio.new_event_loop()
         self.folder = tempfile.mkdtemp(prefix="onwatch-model-")
-        self.path = f"{self.folder}/inbox.db" if self.backend == "sqlite" else \
-            _pg_cluster().new_schema()
+        self.path = (
+            f"{self.folder}/inbox.db" if self.backend == "sqlite" else _pg_cluster().new_schema()
+        )
         self.clock = FakeClock(1_000_000)
         self.box = self.run(Inbox.open(self.path, clock=self.clock))
-        self.run(self.box.configure(lease_ttl=TTL, max_attempts=MAX_ATTEMPTS,
-                                    max_batch=MAX_BATCH, backoff_base=BASE, backoff_cap=CAP,
-                                    lost_claim_by_source={"stripe": "interrupt"},
-                                    outbox_gap=0, send_timeout=SEND_TIMEOUT,
-                                    max_delivery_attempts=MAX_SENDS))
+        self.run(
+            self.box.configure(
+                lease_ttl=TTL,
+                max_attempts=MAX_ATTEMPTS,
+                max_batch=MAX_BATCH,
+                backoff_base=BASE,
+                backoff_cap=CAP,
+                lost_claim_by_source={"stripe": "interrupt"},
+                outbox_gap=0,
+                send_timeout=SEND_TIMEOUT,
+                max_delivery_attempts=MAX_SENDS,
+            )
+        )
         self.model = Model()
-        uid_sql = "SELECT uid FROM inboxes" if self.backend == "postgresql" else \
-            "SELECT value FROM meta WHERE key = 'uid'"
+        uid_sql = (
+            "SELECT uid FROM inboxes"
+            if self.backend == "postgresql"
+            else "SELECT value FROM meta WHERE key = 'uid'"
+        )
         self.uid = self.run(self.box._db.read(lambda db: db.execute(uid_sql).fetchone()[0]))
         # dispatcher -> (task, gate, what the model says it took: (delivery, attempt, count))
         self.sending: dict[str, tuple] = {}
@@ -308,8 +331,16 @@ class InboxMachine(RuleBasedStateMachine):
     def _finish(self, holder, ok, by_run):
         gen, ids, run_id = self.claims[holder]
         run = run_id if by_run else None
-        accepted = self.run(self.box.finish(holder, gen, ids, ["reply"] if ok else (),
-                                            error=None if ok else "agent failed", run=run))
+        accepted = self.run(
+            self.box.finish(
+                holder,
+                gen,
+                ids,
+                ["reply"] if ok else (),
+                error=None if ok else "agent failed",
+                run=run,
+            )
+        )
         assert accepted == self.model.finish(holder, gen, ids, ok, self.clock.now(), run)
 
     @rule(holder=st.sampled_from(HOLDERS))
@@ -355,8 +386,9 @@ class InboxMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model.events)
     @rule(data=st.data())
     def requeue(self, data):
-        applied, event = self._operator(data, self.box.requeue,
-                                        ("dead", "interrupted", "cancelled"), "pending")
+        applied, event = self._operator(
+            data, self.box.requeue, ("dead", "interrupted", "cancelled"), "pending"
+        )
         if applied:
             event.attempts, event.claim_gen = 0, None
             event.available_at = self.clock.now()
@@ -386,7 +418,8 @@ class InboxMachine(RuleBasedStateMachine):
     @rule(timer_id=st.sampled_from(["t1", "t2"]))
     def cancel_timer(self, timer_id):
         assert self.run(self.box.cancel_timer(timer_id)) == (
-            self.model.timers.pop(timer_id, None) is not None)
+            self.model.timers.pop(timer_id, None) is not None
+        )
 
     @rule()
     def run_scheduler(self):
@@ -401,8 +434,10 @@ class InboxMachine(RuleBasedStateMachine):
             self.model.timers[f"approval:{request_id}"] = due
         assert (approval.due, approval.answer) == tuple(self.model.approvals[request_id])
 
-    @rule(request_id=st.sampled_from(["r1", "r2", "r3"]),
-          answer=st.sampled_from(["yes", "no", "expire"]))
+    @rule(
+        request_id=st.sampled_from(["r1", "r2", "r3"]),
+        answer=st.sampled_from(["yes", "no", "expire"]),
+    )
     def answer_approval(self, request_id, answer):
         now = self.clock.now()
         if answer == "expire":
@@ -421,8 +456,7 @@ class InboxMachine(RuleBasedStateMachine):
     @precondition(lambda self: len(self.sending) < len(DISPATCHERS))
     @rule(data=st.data())
     def begin_send(self, data):
-        dispatcher = data.draw(st.sampled_from([d for d in DISPATCHERS
-                                                if d not in self.sending]))
+        dispatcher = data.draw(st.sampled_from([d for d in DISPATCHERS if d not in self.sending]))
         gate = self.loop.create_future()
         started: list[str] = []
 
@@ -436,6 +470,7 @@ class InboxMachine(RuleBasedStateMachine):
         async def until_sending():
             while not started and not task.done():
                 await asyncio.sleep(0)
+
         self.run(until_sending())
         expected = self.model.begin_send(self.clock.now())
         assert bool(started) == (expected is not None)
@@ -457,8 +492,21 @@ class InboxMachine(RuleBasedStateMachine):
     @invariant()
     def the_inbox_agrees_with_the_model(self):
         read = _read_postgresql if self.backend == "postgresql" else _read_sqlite
-        (rows, counts, actual, lease, messages, outbox, deliveries, timers, approvals, effects,
-         open_runs, refused, done_twice) = read(self.path)
+        (
+            rows,
+            counts,
+            actual,
+            lease,
+            messages,
+            outbox,
+            deliveries,
+            timers,
+            approvals,
+            effects,
+            open_runs,
+            refused,
+            done_twice,
+        ) = read(self.path)
         for event_id, event in self.model.events.items():
             status, attempts, claim_gen = rows[event_id]
             assert (status, attempts) == (event.status, event.attempts), event_id
@@ -470,22 +518,28 @@ class InboxMachine(RuleBasedStateMachine):
             assert lease == (self.model.holder, self.model.gen, self.model.until)
         assert messages == self.model.messages
         assert outbox == [tuple(m) for m in self.model.outbox]
-        assert deliveries == [(i, d.status, d.attempts, d.retry_after)
-                              for i, d in sorted(self.model.deliveries.items())]
+        assert deliveries == [
+            (i, d.status, d.attempts, d.retry_after)
+            for i, d in sorted(self.model.deliveries.items())
+        ]
         assert timers == self.model.timers
         assert approvals == self.model.approvals
         assert effects == self.model.effects
         assert open_runs == {i for i, r in self.model.runs.items() if r.open}
         assert refused == self.model.refused
-        requeued = any(e.attempts == 0 and e.status != "pending"
-                       for e in self.model.events.values())
+        requeued = any(
+            e.attempts == 0 and e.status != "pending" for e in self.model.events.values()
+        )
         if not requeued:
             assert done_twice == []
 
 
 InboxMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=50, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
+    max_examples=150,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 test_lease_and_claim_rules = InboxMachine.TestCase
 
 
@@ -493,33 +547,50 @@ def _read_sqlite(path: str) -> tuple:
     """What the invariant reads, from the inbox file."""
     db = sqlite3.connect(path)
     try:
-        rows = {r[0]: r[1:] for r in db.execute(
-            "SELECT id, status, attempts, claim_gen FROM events")}
+        rows = {
+            r[0]: r[1:] for r in db.execute("SELECT id, status, attempts, claim_gen FROM events")
+        }
         counts = dict(db.execute("SELECT status, n FROM event_counts"))
         actual = dict(db.execute("SELECT status, count(*) FROM events GROUP BY status"))
         lease = db.execute("SELECT holder, gen, until FROM lease").fetchone()
         messages = db.execute("SELECT count(*) FROM outbox").fetchone()[0]
         outbox = db.execute("SELECT status, delivery_id FROM outbox ORDER BY id").fetchall()
-        deliveries = db.execute("SELECT id, status, attempts, retry_after FROM deliveries "
-                                "ORDER BY id").fetchall()
+        deliveries = db.execute(
+            "SELECT id, status, attempts, retry_after FROM deliveries ORDER BY id"
+        ).fetchall()
         timers = dict(db.execute("SELECT id, due FROM timers"))
-        approvals = {r[0]: [r[1], r[2]] for r in db.execute(
-            "SELECT request_id, due, answer FROM approvals")}
+        approvals = {
+            r[0]: [r[1], r[2]] for r in db.execute("SELECT request_id, due, answer FROM approvals")
+        }
         effects = db.execute("SELECT run_id, key FROM effects ORDER BY id").fetchall()
         open_runs = {r[0] for r in db.execute("SELECT id FROM runs WHERE outcome IS NULL")}
-        refused = db.execute("SELECT value FROM meta WHERE key = 'refused_writes'"
-                             ).fetchone()[0]
+        refused = db.execute("SELECT value FROM meta WHERE key = 'refused_writes'").fetchone()[0]
         done_twice = db.execute(
             "SELECT value, count(*) FROM runs, json_each(runs.event_ids) "
-            "WHERE outcome = 'done' GROUP BY value HAVING count(*) > 1").fetchall()
+            "WHERE outcome = 'done' GROUP BY value HAVING count(*) > 1"
+        ).fetchall()
     finally:
         db.close()
-    return (rows, counts, actual, lease, messages, outbox, deliveries, timers, approvals,
-            effects, open_runs, refused, done_twice)
+    return (
+        rows,
+        counts,
+        actual,
+        lease,
+        messages,
+        outbox,
+        deliveries,
+        timers,
+        approvals,
+        effects,
+        open_runs,
+        refused,
+        done_twice,
+    )
 
 
 def _pg_cluster():
     from tests.pg.server import Unavailable, cluster
+
     try:
         return cluster()
     except Unavailable as exc:
@@ -529,27 +600,45 @@ def _pg_cluster():
 def _read_postgresql(url: str) -> tuple:
     """What the invariant reads, from the PostgreSQL inbox (the only one in its schema)."""
     import psycopg
+
     with psycopg.connect(url) as db:
-        rows = {r[0]: r[1:] for r in db.execute(
-            "SELECT id, status, attempts, claim_gen FROM events")}
+        rows = {
+            r[0]: r[1:] for r in db.execute("SELECT id, status, attempts, claim_gen FROM events")
+        }
         counts = dict(db.execute("SELECT status, n FROM event_counts"))
         actual = dict(db.execute("SELECT status, count(*) FROM events GROUP BY status"))
         lease = db.execute("SELECT lease_holder, lease_gen, lease_until FROM inboxes").fetchone()
         messages = db.execute("SELECT count(*) FROM outbox").fetchone()[0]
         outbox = db.execute("SELECT status, delivery_id FROM outbox ORDER BY id").fetchall()
-        deliveries = db.execute("SELECT id, status, attempts, retry_after FROM deliveries "
-                                "ORDER BY id").fetchall()
+        deliveries = db.execute(
+            "SELECT id, status, attempts, retry_after FROM deliveries ORDER BY id"
+        ).fetchall()
         timers = dict(db.execute("SELECT id, due FROM timers"))
-        approvals = {r[0]: [r[1], r[2]] for r in db.execute(
-            "SELECT request_id, due, answer FROM approvals")}
+        approvals = {
+            r[0]: [r[1], r[2]] for r in db.execute("SELECT request_id, due, answer FROM approvals")
+        }
         effects = db.execute("SELECT run_id, key FROM effects ORDER BY id").fetchall()
         open_runs = {r[0] for r in db.execute("SELECT id FROM runs WHERE outcome IS NULL")}
         refused = db.execute("SELECT refused_writes FROM inboxes").fetchone()[0]
         done_twice = db.execute(
             "SELECT value, count(*) FROM runs, json_array_elements_text(event_ids::json) "
-            "WHERE outcome = 'done' GROUP BY value HAVING count(*) > 1").fetchall()
-    return (rows, counts, actual, lease, messages, outbox, deliveries, timers, approvals,
-            effects, open_runs, refused, done_twice)
+            "WHERE outcome = 'done' GROUP BY value HAVING count(*) > 1"
+        ).fetchall()
+    return (
+        rows,
+        counts,
+        actual,
+        lease,
+        messages,
+        outbox,
+        deliveries,
+        timers,
+        approvals,
+        effects,
+        open_runs,
+        refused,
+        done_twice,
+    )
 
 
 class PostgresInboxMachine(InboxMachine):
@@ -559,6 +648,9 @@ class PostgresInboxMachine(InboxMachine):
 
 
 PostgresInboxMachine.TestCase.settings = settings(
-    max_examples=30, stateful_step_count=40, deadline=None,
-    suppress_health_check=[HealthCheck.too_slow])
+    max_examples=30,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 test_lease_and_claim_rules_on_postgresql = PostgresInboxMachine.TestCase

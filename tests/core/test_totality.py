@@ -23,7 +23,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core import (
-    ApprovalRequest, BadInput, FakeClock, FollowUp, Inbox, Reply, Settings,
+    ApprovalRequest,
+    BadInput,
+    FakeClock,
+    FollowUp,
+    Inbox,
+    Reply,
+    Settings,
 )
 from core.worker import RunContext, Worker
 
@@ -50,20 +56,80 @@ class _Weird:
         raise RuntimeError("a repr that raises")
 
 
-INTS = [0, -1, 1, 2, 2 ** 31, 2 ** 53, 2 ** 53 + 1, 2 ** 62, 2 ** 63 - 1, 2 ** 63, 2 ** 64,
-        -2 ** 63, -2 ** 63 - 1, 10 ** 30, 10 ** 5000]
+INTS = [
+    0,
+    -1,
+    1,
+    2,
+    2**31,
+    2**53,
+    2**53 + 1,
+    2**62,
+    2**63 - 1,
+    2**63,
+    2**64,
+    -(2**63),
+    -(2**63) - 1,
+    10**30,
+    10**5000,
+]
 FLOATS = [math.nan, math.inf, -math.inf, 0.5, 1e308, -0.0]
-TEXTS = ["", "x", "\x00", "\ud800", "a\udfffb", "x" * 5000, "y" * (1 << 20) + "z",
-         "[@click=app.quit]x[/]", "\x1b]0;t\x07", "approval", "timer", "approval:r"]
-JSONS = [None, {}, {"a": 1}, [1, 2], _deep(100_000), _deep(101), _deep(99),
-         list(range(300_000)), {1: 2}, {"k": math.nan}, {"\ud800": 1}, _circular(),
-         {"big": 10 ** 5000}, b"bytes", {"set": {1}}]
-OTHERS = [None, True, False, object(), _Weird(), [], (), {}, [1, "x"], ("chat", "x"),
-          ("approval", "r"), [["chat", "x", None]], [("chat", "x", None)] * 3,
-          Reply("hi"), Reply("", urgent=True), Reply("x", urgent="yes"),
-          ApprovalRequest("r", 2 ** 63, "do"), ApprovalRequest("r", 60, "do"),
-          FollowUp("t", 2 ** 63), FollowUp("t", T, _deep(1000)), FollowUp("approval:x", T),
-          FollowUp("t", T, every=0), FollowUp("t", T + 5, catch_up="never")]
+TEXTS = [
+    "",
+    "x",
+    "\x00",
+    "\ud800",
+    "a\udfffb",
+    "x" * 5000,
+    "y" * (1 << 20) + "z",
+    "[@click=app.quit]x[/]",
+    "\x1b]0;t\x07",
+    "approval",
+    "timer",
+    "approval:r",
+]
+JSONS = [
+    None,
+    {},
+    {"a": 1},
+    [1, 2],
+    _deep(100_000),
+    _deep(101),
+    _deep(99),
+    list(range(300_000)),
+    {1: 2},
+    {"k": math.nan},
+    {"\ud800": 1},
+    _circular(),
+    {"big": 10**5000},
+    b"bytes",
+    {"set": {1}},
+]
+OTHERS = [
+    None,
+    True,
+    False,
+    object(),
+    _Weird(),
+    [],
+    (),
+    {},
+    [1, "x"],
+    ("chat", "x"),
+    ("approval", "r"),
+    [["chat", "x", None]],
+    [("chat", "x", None)] * 3,
+    Reply("hi"),
+    Reply("", urgent=True),
+    Reply("x", urgent="yes"),
+    ApprovalRequest("r", 2**63, "do"),
+    ApprovalRequest("r", 60, "do"),
+    FollowUp("t", 2**63),
+    FollowUp("t", T, _deep(1000)),
+    FollowUp("approval:x", T),
+    FollowUp("t", T, every=0),
+    FollowUp("t", T + 5, catch_up="never"),
+]
 HOSTILE = st.sampled_from(INTS + FLOATS + TEXTS + JSONS + OTHERS)
 
 
@@ -82,20 +148,48 @@ async def _send_async(text):
 # A plausible value for each parameter name: with the hostile ones drawn beside them, a
 # call gets far enough to meet the rules behind the argument checks.
 VALID = {
-    "source": ["chat", "hook"], "source_id": ["x1", "x2"], "payload": [{"a": 1}, None],
-    "now": [T, T + 200, None], "holder": ["W", "V"], "gen": [1, 2], "ids": [[1], [1, 2]],
-    "messages": [["hi"], ()], "error": [None, "boom"], "result": [None, {"ok": 1}],
+    "source": ["chat", "hook"],
+    "source_id": ["x1", "x2"],
+    "payload": [{"a": 1}, None],
+    "now": [T, T + 200, None],
+    "holder": ["W", "V"],
+    "gen": [1, 2],
+    "ids": [[1], [1, 2]],
+    "messages": [["hi"], ()],
+    "error": [None, "boom"],
+    "result": [None, {"ok": 1}],
     "approvals": [(), [ApprovalRequest("r", 60, "do")]],
-    "timers": [(), [FollowUp("f", T + 5)]], "run": [None, 1], "run_id": [1, 2],
-    "name": ["pay"], "detail": [None, {"n": 1}], "key": [None, "k1"], "event": [None, 1],
-    "state": ["confirmed", "failed"], "event_id": [1, 2], "timer_id": ["t", "u"],
-    "due": [T + 5], "every": [None, 60], "catch_up": ["coalesce", "each"],
-    "request_id": ["r", "s"], "expires_in": [60], "action": ["do"], "answer": ["yes", "no"],
+    "timers": [(), [FollowUp("f", T + 5)]],
+    "run": [None, 1],
+    "run_id": [1, 2],
+    "name": ["pay"],
+    "detail": [None, {"n": 1}],
+    "key": [None, "k1"],
+    "event": [None, 1],
+    "state": ["confirmed", "failed"],
+    "event_id": [1, 2],
+    "timer_id": ["t", "u"],
+    "due": [T + 5],
+    "every": [None, 60],
+    "catch_up": ["coalesce", "each"],
+    "request_id": ["r", "s"],
+    "expires_in": [60],
+    "action": ["do"],
+    "answer": ["yes", "no"],
     "traceback": [None, "Traceback (most recent call last):\n  KeyError: 'x'\n"],
-    "actor": ["op"], "reason": [None, "why"], "expect": [None, "pending", "uncertain"],
-    "status": ["pending", "done"], "limit": [10], "after": [None, 0], "before": [None, 5],
-    "search": [None, "x"], "older_than": [T], "items": [[("chat", "b1", None)]],
-    "delivery_id": [1], "outcome": ["sent", "send again"], "target": [None, "event 1"],
+    "actor": ["op"],
+    "reason": [None, "why"],
+    "expect": [None, "pending", "uncertain"],
+    "status": ["pending", "done"],
+    "limit": [10],
+    "after": [None, 0],
+    "before": [None, 5],
+    "search": [None, "x"],
+    "older_than": [T],
+    "items": [[("chat", "b1", None)]],
+    "delivery_id": [1],
+    "outcome": ["sent", "send again"],
+    "target": [None, "event 1"],
     "send": [_send_ok, _send_fails, _send_async],
 }
 # Parameters whose value decides nothing about the database (a flag read with bool()).
@@ -104,14 +198,20 @@ FLAGS = {("events", "payload")}
 SETTING_NAMES = sorted(f for f in Settings.__dataclass_fields__)
 
 # Lifecycle methods fed separately below (open) or that take no value at all.
-NOT_FED = {"close": "takes no value; closing is the test's teardown",
-           "now": "takes no value", "open": "fed below with hostile paths and timeouts",
-           "file_replaced": "takes no value (two stat calls on the opened file)"}
+NOT_FED = {
+    "close": "takes no value; closing is the test's teardown",
+    "now": "takes no value",
+    "open": "fed below with hostile paths and timeouts",
+    "file_replaced": "takes no value (two stat calls on the opened file)",
+}
 
 
 def public_methods(cls: type) -> dict[str, object]:
-    return {name: member for name, member in inspect.getmembers(cls)
-            if not name.startswith("_") and callable(member)}
+    return {
+        name: member
+        for name, member in inspect.getmembers(cls)
+        if not name.startswith("_") and callable(member)
+    }
 
 
 def dump(harness: "Harness") -> list:
@@ -130,6 +230,7 @@ class Harness:
         if backend == "postgresql":
             # One database; each example gets a freshly seeded inbox of its own (by name).
             from tests.pg.server import cluster
+
             self.url = self.path = cluster().new_database()
             self.folder = None
             return
@@ -194,17 +295,25 @@ def _arguments(data, method_name: str, method) -> tuple[list, dict]:
     args, kwargs = [], {}
     for parameter in list(inspect.signature(method).parameters.values())[1:]:
         if parameter.kind is parameter.VAR_KEYWORD:  # configure(**changes)
-            names = data.draw(st.lists(st.sampled_from(SETTING_NAMES + ["nonsense"]),
-                                       max_size=3, unique=True))
+            names = data.draw(
+                st.lists(st.sampled_from(SETTING_NAMES + ["nonsense"]), max_size=3, unique=True)
+            )
             for name in names:
-                kwargs[name] = data.draw(st.one_of(HOSTILE, st.sampled_from(
-                    [None, 1, 60, "retry", "at_most_once", {"chat": "interrupt"}])))
+                kwargs[name] = data.draw(
+                    st.one_of(
+                        HOSTILE,
+                        st.sampled_from(
+                            [None, 1, 60, "retry", "at_most_once", {"chat": "interrupt"}]
+                        ),
+                    )
+                )
             continue
         if (method_name, parameter.name) in FLAGS:
             value = data.draw(st.booleans())
         else:
-            assert parameter.name in VALID, \
+            assert parameter.name in VALID, (
                 f"{method_name}({parameter.name}=…): teach this test a valid value for it"
+            )
             if parameter.default is not parameter.empty and data.draw(st.booleans()):
                 continue  # left at its default
             value = data.draw(st.one_of(st.sampled_from(VALID[parameter.name]), HOSTILE))
@@ -232,6 +341,7 @@ def _harness(backend: str) -> Harness:
     if backend not in HARNESSES:
         if backend == "postgresql":
             from tests.pg.server import Unavailable, cluster
+
             try:
                 cluster()
             except Unavailable as exc:
@@ -241,9 +351,16 @@ def _harness(backend: str) -> Harness:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=400, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=400,
+    deadline=None,
+    database=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 @given(data=st.data())
 def test_every_inbox_method_is_total(backend, data):
     harness = _harness(backend)
@@ -268,18 +385,25 @@ def teardown_module(module) -> None:
 
 
 @settings(max_examples=60, deadline=None, database=None)
-@given(path=st.one_of(st.sampled_from(["", "\x00", "a\ud800.db", "x" * 5000,
-                                      "/nonexistent/dir/x.db",
-                                      "."]), HOSTILE),
-       busy=st.one_of(st.sampled_from([5.0, 1]), HOSTILE),
-       create=st.one_of(st.booleans(), HOSTILE))
+@given(
+    path=st.one_of(
+        st.sampled_from(["", "\x00", "a\ud800.db", "x" * 5000, "/nonexistent/dir/x.db", "."]),
+        HOSTILE,
+    ),
+    busy=st.one_of(st.sampled_from([5.0, 1]), HOSTILE),
+    create=st.one_of(st.booleans(), HOSTILE),
+)
 def test_open_is_total(path, busy, create):
     folder = tempfile.mkdtemp(prefix="onwatch-open-")
     loop = asyncio.new_event_loop()
     try:
         from core import NotAnInbox
-        target = path if not isinstance(path, str) or path in ("", ".") or path.startswith("/") \
+
+        target = (
+            path
+            if not isinstance(path, str) or path in ("", ".") or path.startswith("/")
             else os.path.join(folder, path)
+        )
         try:
             box = loop.run_until_complete(Inbox.open(target, busy_timeout=busy, create=create))
         except (BadInput, NotAnInbox):
@@ -292,23 +416,37 @@ def test_open_is_total(path, busy, create):
 
 
 def _worker_arguments(data) -> dict:
-    return {"holder": data.draw(st.one_of(st.sampled_from([None, "W"]), HOSTILE)),
-            "send": data.draw(st.one_of(st.sampled_from([None, _send_ok]), HOSTILE)),
-            "poll_interval": data.draw(st.one_of(st.sampled_from([0.5]), HOSTILE)),
-            "grace": data.draw(st.one_of(st.sampled_from([1.0]), HOSTILE)),
-            "setup": data.draw(st.one_of(st.sampled_from([None]), HOSTILE)),
-            "max_runs": data.draw(st.one_of(st.sampled_from([None, 1]), HOSTILE))}
+    return {
+        "holder": data.draw(st.one_of(st.sampled_from([None, "W"]), HOSTILE)),
+        "send": data.draw(st.one_of(st.sampled_from([None, _send_ok]), HOSTILE)),
+        "poll_interval": data.draw(st.one_of(st.sampled_from([0.5]), HOSTILE)),
+        "grace": data.draw(st.one_of(st.sampled_from([1.0]), HOSTILE)),
+        "setup": data.draw(st.one_of(st.sampled_from([None]), HOSTILE)),
+        "max_runs": data.draw(st.one_of(st.sampled_from([None, 1]), HOSTILE)),
+    }
 
 
 CONTEXT_VALID = {
-    "text": ["hi"], "urgent": [False, True], "request_id": ["r"], "expires_in": [60],
-    "action": ["do"], "timer_id": ["t"], "due": [T + 5], "payload": [None, {"a": 1}],
-    "every": [None, 60], "key": [None], "catch_up": ["coalesce"],
+    "text": ["hi"],
+    "urgent": [False, True],
+    "request_id": ["r"],
+    "expires_in": [60],
+    "action": ["do"],
+    "timer_id": ["t"],
+    "due": [T + 5],
+    "payload": [None, {"a": 1}],
+    "every": [None, 60],
+    "key": [None],
+    "catch_up": ["coalesce"],
 }
 
 
-@settings(max_examples=150, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=150,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(data=st.data())
 def test_worker_and_run_context_take_user_values_totally(data):
     if not HARNESS:
@@ -329,17 +467,20 @@ def _worker_and_context(harness: Harness, data) -> None:
     # The run context's plain methods (effect/perform journal through Inbox.intend_effect,
     # fed above): each takes the agent's values now, or refuses them with BadInput.
     ctx = RunContext(harness.box, "W", 1, [], harness.loop)
-    sync = {name: m for name, m in public_methods(RunContext).items()
-            if not inspect.iscoroutinefunction(m) and name not in ("close", "effect",
-                                                                   "perform")}
+    sync = {
+        name: m
+        for name, m in public_methods(RunContext).items()
+        if not inspect.iscoroutinefunction(m) and name not in ("close", "effect", "perform")
+    }
     assert set(sync) == {"reply", "ask_approval", "follow_up"}, sorted(sync)
     name = data.draw(st.sampled_from(sorted(sync)))
     kwargs = {}
     for parameter in list(inspect.signature(sync[name]).parameters.values())[1:]:
         if parameter.default is not parameter.empty and data.draw(st.booleans()):
             continue
-        kwargs[parameter.name] = data.draw(st.one_of(
-            st.sampled_from(CONTEXT_VALID[parameter.name]), HOSTILE))
+        kwargs[parameter.name] = data.draw(
+            st.one_of(st.sampled_from(CONTEXT_VALID[parameter.name]), HOSTILE)
+        )
     try:
         getattr(ctx, name)(**kwargs)
     except BadInput:

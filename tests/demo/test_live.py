@@ -29,49 +29,75 @@ async def test_kill_the_active_worker_under_both_policies(tmp_path):
     app = LiveDemoApp(inbox, str(tmp_path), workers=2, agent_seconds=1.5)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
+
             async def leased():
                 lease = await inbox.lease_info()
                 return lease is not None and lease.until >= inbox.now()
+
             await wait_for(pilot, leased, seconds=20, what="a worker to take the lease")
             first = await inbox.lease_info()
 
             # Policy retry: the killed run's events run again under the next generation.
             await pilot.press("i")
+
             async def running(n=3):
                 return (await inbox.counts()).get("running", 0) == n
+
             await wait_for(pilot, running, seconds=10, what="the run of three messages")
             await pilot.press("K")
-            await wait_for(pilot, lambda: _true(any(p.killed for p in app.processes)),
-                           seconds=5, what="the kill")
+            await wait_for(
+                pilot,
+                lambda: _true(any(p.killed for p in app.processes)),
+                seconds=5,
+                what="the kill",
+            )
+
             async def taken_over():
                 lease = await inbox.lease_info()
                 return lease is not None and lease.gen == first.gen + 1
+
             await wait_for(pilot, taken_over, seconds=15, what="the takeover")
             second = await inbox.lease_info()
             assert second.holder != first.holder
+
             async def all_done():
                 return (await inbox.counts()).get("done", 0) == 3
+
             await wait_for(pilot, all_done, seconds=20, what="the retried events")
             assert sorted(e.attempts for e in await inbox.events("done")) == [2, 2, 2]
             assert any("took over as generation" in line for line in app.story)
 
             # Policy interrupt: the same crash leaves the events for a human.
             await pilot.press("t")
-            await wait_for(pilot, lambda: _true(inbox.settings.on_lost_claim == "interrupt"),
-                           seconds=5, what="the policy switch")
+            await wait_for(
+                pilot,
+                lambda: _true(inbox.settings.on_lost_claim == "interrupt"),
+                seconds=5,
+                what="the policy switch",
+            )
             await pilot.press("i")
             await wait_for(pilot, running, seconds=10, what="the second run")
             await pilot.press("K")
-            await wait_for(pilot, lambda: _true(sum(p.killed for p in app.processes) == 2),
-                           seconds=5, what="the second kill")
+            await wait_for(
+                pilot,
+                lambda: _true(sum(p.killed for p in app.processes) == 2),
+                seconds=5,
+                what="the second kill",
+            )
             await pilot.press("w")  # no standby left: start one
+
             async def interrupted():
                 return (await inbox.counts()).get("interrupted", 0) == 3
+
             await wait_for(pilot, interrupted, seconds=20, what="the interrupted events")
             assert (await inbox.lease_info()).gen == second.gen + 1
             assert (await inbox.counts()).get("pending", 0) == 0
-            await wait_for(pilot, lambda: _true(app.query_one("#panes").current == "dead"),
-                           seconds=5, what="the Dead & interrupted pane to be shown")
+            await wait_for(
+                pilot,
+                lambda: _true(app.query_one("#panes").current == "dead"),
+                seconds=5,
+                what="the Dead & interrupted pane to be shown",
+            )
             assert any("Policy interrupt" in line for line in app.story)
     finally:
         app.stop_workers()

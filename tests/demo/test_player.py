@@ -79,8 +79,9 @@ async def test_autoplay_plays_to_the_end_and_stops(demo):
         await pilot.press("g")
         assert demo.autoplaying
         assert "autoplay" in head(demo)
-        await settle(pilot, demo, until=lambda: demo.playing.finished and not demo.autoplaying,
-                     seconds=30)
+        await settle(
+            pilot, demo, until=lambda: demo.playing.finished and not demo.autoplaying, seconds=30
+        )
         event = (await demo.inbox.events("done"))[0]
         assert (event.source_id, event.attempts) == ("msg-3", 2)
         assert (await demo.inbox.lease_info()).gen == 3
@@ -167,10 +168,16 @@ async def test_player_keys_are_bindings_listed_first_in_the_footer(demo):
     async with demo.run_test(size=SIZE) as pilot:
         await demo.loaded.wait()
         await pilot.pause()
-        actions = [a.binding.action for a in demo.screen.active_bindings.values()
-                   if a.binding.show]
-        assert actions[:7] == ["step", "autoplay", "faster", "slower", "restart",
-                               "next_scenario", "pick"]
+        actions = [a.binding.action for a in demo.screen.active_bindings.values() if a.binding.show]
+        assert actions[:7] == [
+            "step",
+            "autoplay",
+            "faster",
+            "slower",
+            "restart",
+            "next_scenario",
+            "pick",
+        ]
         for binding in DemoApp.BINDINGS:
             assert binding.description and binding.id
 

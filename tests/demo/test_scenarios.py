@@ -101,8 +101,11 @@ async def test_4_stall_takeover_late_finish_refused(played):
     assert refused[0].action == "refused finish" and refused[0].target == "gen 1"
     # B's takeover at t+10+121 (docs/rules.md#scenario-4-stall-and-takeover).
     takeover = [h for h in await inbox.lease_history() if h.gen == 2][0]
-    assert (takeover.holder, takeover.previous_holder, takeover.at) == \
-        ("worker-B", "worker-A", START + 10 + 121)
+    assert (takeover.holder, takeover.previous_holder, takeover.at) == (
+        "worker-B",
+        "worker-A",
+        START + 10 + 121,
+    )
 
 
 @case("poison")
@@ -151,8 +154,9 @@ async def test_7_approvals_standing_answers(played):
     answers = {a.request_id: a.answer for a in await inbox.approvals()}
     assert answers == {"refund-1": "expired", "refund-2": "expired", "refund-3": "yes"}
     # Exactly one resuming event per request, carrying the answer that stands.
-    resumed = {e.source_id: e.payload["answer"] for e in await all_events(inbox)
-               if e.source == "approval"}
+    resumed = {
+        e.source_id: e.payload["answer"] for e in await all_events(inbox) if e.source == "approval"
+    }
     assert resumed == answers
     # The timings: each late answer came at the scenario's offsets from its request
     # (docs/rules.md#scenario-7-approvals).
@@ -259,9 +263,11 @@ def test_scenarios_load_without_textual():
     import subprocess
     import sys
 
-    code = ("import sys, tui.demo, tui.demo.scenarios; "
-            "bad = [m for m in ('textual', 'rich') if m in sys.modules]; "
-            "print(','.join(bad)); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, tui.demo, tui.demo.scenarios; "
+        "bad = [m for m in ('textual', 'rich') if m in sys.modules]; "
+        "print(','.join(bad)); sys.exit(1 if bad else 0)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, f"scenarios imported UI modules: {result.stdout} {result.stderr}"
 

@@ -53,12 +53,17 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
 """
 
 
-def _kill_mid_stream(path: str, prefix: str, writers: int, acks_before_kill: int,
-                     rng: random.Random) -> list[str]:
+def _kill_mid_stream(
+    path: str, prefix: str, writers: int, acks_before_kill: int, rng: random.Random
+) -> list[str]:
     acked: list[str] = []
-    with subprocess.Popen([sys.executable, "-c", CHILD, path, prefix, str(writers)],
-                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+    with subprocess.Popen(
+        [sys.executable, "-c", CHILD, path, prefix, str(writers)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as child:
         try:
             assert child.stdout.readline() == b"ready\n", child.stderr.read().decode()
             deadline = time.monotonic() + 60

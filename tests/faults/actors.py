@@ -14,8 +14,9 @@ import time
 from core import Inbox, InboxBusy, InboxError
 
 
-async def acquire_rounds(path: str, holder: str, t0: float, rounds: int, gap: float,
-                         ttl: int) -> list:
+async def acquire_rounds(
+    path: str, holder: str, t0: float, rounds: int, gap: float, ttl: int
+) -> list:
     """At t0 + k*gap every process asks for the lease at the same simulated instant."""
     inbox = await Inbox.open(path, create=False, busy_timeout=10)
     won = []
@@ -36,8 +37,9 @@ async def acquire_rounds(path: str, holder: str, t0: float, rounds: int, gap: fl
 async def ingest(path: str, count: int, seed: int, seconds: float) -> dict:
     """Deliver every key twice (shuffled, some back to back); retry what a lock refused."""
     rng = random.Random(seed)
-    keys = [("chat", f"k{i}") for i in range(count)] + \
-           [("pay", f"p{i}") for i in range(count // 10)]
+    keys = [("chat", f"k{i}") for i in range(count)] + [
+        ("pay", f"p{i}") for i in range(count // 10)
+    ]
     deliveries = keys * 2
     rng.shuffle(deliveries)
     results: dict[str, list[bool]] = {}
@@ -73,22 +75,29 @@ async def operate(path: str, seconds: float, seed: int) -> dict:
                     pending = await inbox.events("pending", limit=50)
                     if pending:
                         event = rng.choice(pending)
-                        done.append(["cancel", event.id, await inbox.cancel(
-                            event.id, actor="chaos")])
+                        done.append(
+                            ["cancel", event.id, await inbox.cancel(event.id, actor="chaos")]
+                        )
                 elif choice < 0.6:
                     for state in ("dead", "interrupted", "cancelled"):
                         rows = await inbox.events(state, limit=50)
                         if rows:
                             event = rng.choice(rows)
-                            done.append(["requeue", event.id, await inbox.requeue(
-                                event.id, expect=state, actor="chaos")])
+                            done.append(
+                                [
+                                    "requeue",
+                                    event.id,
+                                    await inbox.requeue(event.id, expect=state, actor="chaos"),
+                                ]
+                            )
                             break
                 elif choice < 0.7:
                     rows = await inbox.events("interrupted", limit=50)
                     if rows:
                         event = rng.choice(rows)
-                        done.append(["resolve", event.id, await inbox.resolve(
-                            event.id, actor="chaos")])
+                        done.append(
+                            ["resolve", event.id, await inbox.resolve(event.id, actor="chaos")]
+                        )
                 elif choice < 0.8:
                     await inbox.pause(actor="chaos")
                     await asyncio.sleep(rng.uniform(0.1, 0.4))
@@ -103,8 +112,13 @@ async def operate(path: str, seconds: float, seed: int) -> dict:
                     rows = await inbox.events("running", limit=50)
                     if rows:  # must be refused: a running event cannot be cancelled
                         event = rng.choice(rows)
-                        done.append(["cancel-running", event.id, await inbox.cancel(
-                            event.id, expect="running", actor="chaos")])
+                        done.append(
+                            [
+                                "cancel-running",
+                                event.id,
+                                await inbox.cancel(event.id, expect="running", actor="chaos"),
+                            ]
+                        )
             except InboxBusy:
                 done.append(["busy", None, False])
         await inbox.resume(actor="chaos")
@@ -118,8 +132,9 @@ def main(argv: list[str]) -> int:
     role, path, *rest = argv
     if role == "acquire":
         holder, t0, rounds, gap, ttl = rest
-        out = asyncio.run(acquire_rounds(path, holder, float(t0), int(rounds), float(gap),
-                                         int(ttl)))
+        out = asyncio.run(
+            acquire_rounds(path, holder, float(t0), int(rounds), float(gap), int(ttl))
+        )
     elif role == "ingest":
         out = asyncio.run(ingest(path, int(rest[0]), int(rest[1]), float(rest[2])))
     elif role == "operate":

@@ -20,10 +20,27 @@ def race(tmp_path, rounds: int, ttl: int) -> list[list]:
     path = str(tmp_path / "inbox.db")
     assert onwatch("init", path, f"lease_ttl={max(ttl, 60)}").returncode == 0
     t0 = time.time() + 2.5  # every process imported and connected before the start
-    procs = [subprocess.Popen([sys.executable, "-m", "tests.faults.actors", "acquire", path,
-                               f"h{i}", str(t0), str(rounds), "0.4", str(ttl)],
-                              cwd=ROOT, env=env(tmp_path), stdout=subprocess.PIPE, text=True)
-             for i in range(PROCESSES)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.faults.actors",
+                "acquire",
+                path,
+                f"h{i}",
+                str(t0),
+                str(rounds),
+                "0.4",
+                str(ttl),
+            ],
+            cwd=ROOT,
+            env=env(tmp_path),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(PROCESSES)
+    ]
     results = []
     for proc in procs:
         out, _ = proc.communicate(timeout=30)

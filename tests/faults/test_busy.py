@@ -9,8 +9,7 @@ import time
 import pytest
 
 from core import Inbox, InboxBusy
-from tests.worker.helpers import (event_status, log_of, onwatch, scalar, start_worker, stop,
-                                  wait_for)
+from tests.worker.helpers import event_status, log_of, onwatch, scalar, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,8 +25,9 @@ db.execute("ROLLBACK")
 
 def hold_lock(path: str, seconds: float) -> subprocess.Popen:
     """Another process takes the write lock for `seconds`; returns once it holds it."""
-    locker = subprocess.Popen([sys.executable, "-c", LOCKER, path, str(seconds)],
-                              stdout=subprocess.PIPE, text=True)
+    locker = subprocess.Popen(
+        [sys.executable, "-c", LOCKER, path, str(seconds)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert locker.stdout.readline().strip() == "locked"
     finally:
@@ -51,13 +51,22 @@ async def test_lock_held_past_the_busy_timeout_is_reported_and_changes_nothing(p
             await inbox.ingest("chat", "m1", {"text": "hi"})
         waited = time.monotonic() - started
         assert 0.25 <= waited < 1.4  # it waited the busy timeout, not for the lock
-        for call in (lambda: inbox.acquire("A"), lambda: inbox.pause(),
-                     lambda: inbox.run_scheduler()):
+        for call in (
+            lambda: inbox.acquire("A"),
+            lambda: inbox.pause(),
+            lambda: inbox.run_scheduler(),
+        ):
             with pytest.raises(InboxBusy):
                 await call()
         locker.wait(5)
-        assert await inbox.counts() == {"pending": 0, "running": 0, "done": 0, "dead": 0,
-                                        "interrupted": 0, "cancelled": 0}
+        assert await inbox.counts() == {
+            "pending": 0,
+            "running": 0,
+            "done": 0,
+            "dead": 0,
+            "interrupted": 0,
+            "cancelled": 0,
+        }
         assert await inbox.lease_info() is None
         assert (await inbox.overview()).paused is False
         # Reads never wait for a writer (WAL).
@@ -86,8 +95,7 @@ async def test_lock_held_shorter_than_the_busy_timeout_is_waited_out(path):
 def test_cli_prints_one_line_and_exits_3_when_locked(path):
     locker = hold_lock(path, 3)
     try:
-        result = onwatch("ingest", path, "chat", "m1", '{"text": "hi"}', "--busy-timeout",
-                         "0.2")
+        result = onwatch("ingest", path, "chat", "m1", '{"text": "hi"}', "--busy-timeout", "0.2")
         assert result.returncode == 3, result
         assert result.stderr.count("\n") == 1 and result.stderr.startswith("onwatch: ")
         assert "locked" in result.stderr and "Traceback" not in result.stderr
@@ -112,8 +120,9 @@ def test_worker_survives_a_locked_database_and_carries_on(path, tmp_path):
         locker.wait(10)
         assert worker.poll() is None, log_of(tmp_path)
         onwatch("ingest", path, "chat", "after", '"y"')
-        wait_for(lambda: event_status(path, "after") == "done", timeout=10,
-                 what="a run after the lock")
+        wait_for(
+            lambda: event_status(path, "after") == "done", timeout=10, what="a run after the lock"
+        )
     finally:
         assert stop(worker) == 0, log_of(tmp_path)
     log = log_of(tmp_path)

@@ -93,9 +93,11 @@ async def call_ingest_duplicate(inbox: Inbox, sent: list) -> object:
 
 async def call_ingest_group(inbox: Inbox, sent: list) -> object:
     """Several at once (group commit may split them over transactions)."""
-    return await asyncio.gather(*(inbox.ingest("hook", f"g{i}", [i], now=T + 1)
-                                  for i in range(6)), inbox.ingest("chat", "m0", None, now=T + 1),
-                                return_exceptions=True)
+    return await asyncio.gather(
+        *(inbox.ingest("hook", f"g{i}", [i], now=T + 1) for i in range(6)),
+        inbox.ingest("chat", "m0", None, now=T + 1),
+        return_exceptions=True,
+    )
 
 
 async def setup_claim(inbox: Inbox) -> None:
@@ -127,9 +129,15 @@ async def setup_finish(inbox: Inbox) -> None:
 
 async def call_finish(inbox: Inbox, sent: list) -> object:
     return await inbox.finish(
-        "A", 1, [1, 2, 3], messages=["reply one", Reply("urgent two", urgent=True)],
-        result={"ok": True}, approvals=[ApprovalRequest("r-1", 3600, "refund 5")],
-        timers=[FollowUp("check-later", T + 600, {"why": "follow up"})], now=T + 10)
+        "A",
+        1,
+        [1, 2, 3],
+        messages=["reply one", Reply("urgent two", urgent=True)],
+        result={"ok": True},
+        approvals=[ApprovalRequest("r-1", 3600, "refund 5")],
+        timers=[FollowUp("check-later", T + 600, {"why": "follow up"})],
+        now=T + 10,
+    )
 
 
 async def call_finish_error(inbox: Inbox, sent: list) -> object:
@@ -186,8 +194,9 @@ async def setup_broken_timer(inbox: Inbox) -> None:
     await setup_scheduler(inbox)
     await inbox.add_timer("hand-edited", T - 10, None, every=60)
     # A row no valid call could write: its next occurrence would overflow SQLite's int64.
-    await inbox._db.write(lambda db: db.execute(
-        "UPDATE timers SET every = ? WHERE id = 'hand-edited'", (2 ** 63 - 1,)))
+    await inbox._db.write(
+        lambda db: db.execute("UPDATE timers SET every = ? WHERE id = 'hand-edited'", (2**63 - 1,))
+    )
 
 
 async def setup_uncertain(inbox: Inbox) -> None:
@@ -212,6 +221,7 @@ async def call_settle(inbox: Inbox, sent: list) -> object:
 
 async def call_group_with_a_bad_item(inbox: Inbox, sent: list) -> object:
     from core import store
+
     items = [("chat", "g1", "null", T), ("", "bad", "null", T), ("chat", "g2", "null", T)]
     results = await inbox._db.write(store.ingest_many, items)
     return [r if isinstance(r, bool) else type(r).__name__ for r in results]
@@ -239,11 +249,14 @@ def snapshot(path: str) -> dict[str, list]:
     """Every row of every table (the file's whole observable state)."""
     db = sqlite3.connect(path)
     try:
-        tables = [r[0] for r in db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-            "ORDER BY name")]
-        return {t: sorted(db.execute(f"SELECT * FROM {t}").fetchall(), key=repr)
-                for t in tables}
+        tables = [
+            r[0]
+            for r in db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
+                "ORDER BY name"
+            )
+        ]
+        return {t: sorted(db.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}
     finally:
         db.close()
 
@@ -255,25 +268,38 @@ def check_invariants(path: str) -> None:
         actual = dict(q("SELECT status, count(*) FROM events GROUP BY status"))
         kept = {s: n for s, n in q("SELECT status, n FROM event_counts") if n}
         assert actual == kept, "kept counts disagree with the rows"
-        assert q("""SELECT e.id FROM events e LEFT JOIN runs r ON r.id = e.run_id
-                    WHERE e.status = 'running' AND (r.id IS NULL OR r.outcome IS NOT NULL)""") \
-            == [], "a running event without an open run"
-        assert q("""SELECT e.id FROM events e JOIN run_events re ON re.event_id = e.id
+        assert (
+            q("""SELECT e.id FROM events e LEFT JOIN runs r ON r.id = e.run_id
+                    WHERE e.status = 'running' AND (r.id IS NULL OR r.outcome IS NOT NULL)""")
+            == []
+        ), "a running event without an open run"
+        assert (
+            q("""SELECT e.id FROM events e JOIN run_events re ON re.event_id = e.id
                     JOIN runs r ON r.id = re.run_id
-                    WHERE r.outcome = 'done' AND e.status <> 'done'""") == [], \
-            "a done run whose event is not done"
-        assert q("""SELECT o.id FROM outbox o JOIN runs r ON r.id = o.run_id
-                    WHERE r.outcome IS NOT 'done'""") == [], "a message of an unfinished run"
-        assert q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NOT NULL AND NOT
+                    WHERE r.outcome = 'done' AND e.status <> 'done'""")
+            == []
+        ), "a done run whose event is not done"
+        assert (
+            q("""SELECT o.id FROM outbox o JOIN runs r ON r.id = o.run_id
+                    WHERE r.outcome IS NOT 'done'""")
+            == []
+        ), "a message of an unfinished run"
+        assert (
+            q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NOT NULL AND NOT
                     EXISTS (SELECT 1 FROM events e WHERE e.source = 'approval'
-                            AND e.source_id = a.request_id)""") == [], \
-            "an answer without its resuming event"
-        assert q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NULL AND NOT EXISTS
-                    (SELECT 1 FROM timers t WHERE t.id = 'approval:' || a.request_id)""") \
-            == [], "a waiting approval without its expiry timer"
-        assert q("""SELECT o.id FROM outbox o LEFT JOIN deliveries d ON d.id = o.delivery_id
-                    WHERE o.status = 'sent' AND (d.status IS NOT 'sent')""") == [], \
-            "a message marked sent by a delivery that was not"
+                            AND e.source_id = a.request_id)""")
+            == []
+        ), "an answer without its resuming event"
+        assert (
+            q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NULL AND NOT EXISTS
+                    (SELECT 1 FROM timers t WHERE t.id = 'approval:' || a.request_id)""")
+            == []
+        ), "a waiting approval without its expiry timer"
+        assert (
+            q("""SELECT o.id FROM outbox o LEFT JOIN deliveries d ON d.id = o.delivery_id
+                    WHERE o.status = 'sent' AND (d.status IS NOT 'sent')""")
+            == []
+        ), "a message marked sent by a delivery that was not"
     finally:
         db.close()
 
@@ -331,8 +357,9 @@ async def setup_dispatch(inbox: Inbox) -> None:
 async def test_crash_at_every_statement_of_a_dispatch(tmp_path):
     """Before the send: nothing changed, nothing sent. After the send: the delivery stays
     'sending' and is sent again, under the same key, once the send timeout passed."""
-    p = Path("dispatch", setup_dispatch, lambda inbox, sent: inbox.dispatch(
-        sent.append, now=T + 20))
+    p = Path(
+        "dispatch", setup_dispatch, lambda inbox, sent: inbox.dispatch(sent.append, now=T + 20)
+    )
     base = await make_base(tmp_path, p)
     before = snapshot(base)
     clean_sent: list = []
@@ -348,8 +375,11 @@ async def test_crash_at_every_statement_of_a_dispatch(tmp_path):
         with pytest.raises(InboxError, match="injected crash"):
             await run_call(target, p, n, sent)
         check_invariants(target)
-        held = sqlite3.connect(target).execute(
-            "SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
+        held = (
+            sqlite3.connect(target)
+            .execute("SELECT count(*) FROM outbox WHERE status = 'held'")
+            .fetchone()[0]
+        )
         assert held == 2, "a crash lost or half-sent a message"
         if not sent:
             assert snapshot(target) == before, f"statement {n} left a trace before the send"
@@ -383,8 +413,12 @@ async def test_crash_at_every_statement_of_a_group_ingest(tmp_path):
         target = copy(base, str(tmp_path / f"crash-{n}.db"))
         outcomes = await run_call(target, p, n, [])
         assert any(isinstance(o, InboxError) for o in outcomes), n
-        stored = {r[0] for r in sqlite3.connect(target).execute(
-            "SELECT source_id FROM events WHERE source = 'hook'")}
+        stored = {
+            r[0]
+            for r in sqlite3.connect(target).execute(
+                "SELECT source_id FROM events WHERE source = 'hook'"
+            )
+        }
         for i, outcome in enumerate(outcomes[:6]):
             assert (outcome is True) == (f"g{i}" in stored), (n, i, outcome)
         check_invariants(target)
@@ -405,8 +439,11 @@ async def test_scheduler_pass_counts_every_occurrence_once(tmp_path):
     with pytest.raises(InboxError):
         await run_call(path, p, 9, [])  # crash in the middle of the pass
     assert await run_call(path, p, None, []) == 4  # digest, billing, once, the expiry
-    rows = sqlite3.connect(path).execute(
-        "SELECT source, source_id, payload FROM events ORDER BY id").fetchall()
+    rows = (
+        sqlite3.connect(path)
+        .execute("SELECT source, source_id, payload FROM events ORDER BY id")
+        .fetchall()
+    )
     keys = [f"{s}/{i}" for s, i, _ in rows]
     assert len(keys) == len(set(keys))
     digest = [json.loads(pl) for s, i, pl in rows if i.startswith("digest@")]

@@ -55,11 +55,15 @@ async def test_state_figures_equal_the_inbox_api(inbox):
     assert value(found, "onwatch_lease_ttl_seconds", inbox="alice") == 120
     assert value(found, "onwatch_outbox_held_messages", inbox="alice") == view.held_messages
     assert view.held_messages == 2
-    assert value(found, "onwatch_outbox_next_send_seconds", inbox="alice") == \
-        view.next_send_at - (T + 100)
+    assert value(found, "onwatch_outbox_next_send_seconds", inbox="alice") == view.next_send_at - (
+        T + 100
+    )
     assert value(found, "onwatch_next_timer_seconds", inbox="alice") == 500  # the approval's
-    assert value(found, "onwatch_stale_writes_refused_total", inbox="alice") == \
-        view.refused_writes >= 1
+    assert (
+        value(found, "onwatch_stale_writes_refused_total", inbox="alice")
+        == view.refused_writes
+        >= 1
+    )
     assert value(found, "onwatch_paused", inbox="alice") == 0
     clock.advance(1000)  # past refund-2's deadline: overdue is negative, the lease expired
     found = await render(metrics)
@@ -71,8 +75,12 @@ async def test_empty_inbox_leaves_out_what_does_not_exist(inbox):
     inbox, _ = inbox
     found = await render(InboxMetrics(inbox, name="bob", process=False))
     assert value(found, "onwatch_lease_generation", inbox="bob") == 0
-    for absent in ("onwatch_lease_expiry_seconds", "onwatch_approval_soonest_deadline_seconds",
-                   "onwatch_outbox_next_send_seconds", "onwatch_next_timer_seconds"):
+    for absent in (
+        "onwatch_lease_expiry_seconds",
+        "onwatch_approval_soonest_deadline_seconds",
+        "onwatch_outbox_next_send_seconds",
+        "onwatch_next_timer_seconds",
+    ):
         assert not [key for key in found if key[0] == absent]
     assert not [key for key in found if key[0].startswith("onwatch_runs")]  # not a worker
 
@@ -92,10 +100,16 @@ async def test_worker_counters_and_latency(inbox):
     assert value(found, "onwatch_run_duration_seconds_count", inbox="alice") == 1
     assert value(found, "onwatch_run_duration_seconds_sum", inbox="alice") == pytest.approx(0.3)
     assert value(found, "onwatch_claim_latency_seconds_sum", inbox="alice", source="chat") == 7
-    assert value(found, "onwatch_claim_latency_seconds_bucket", inbox="alice", source="chat",
-                 le="5.0") == 0
-    assert value(found, "onwatch_claim_latency_seconds_bucket", inbox="alice", source="chat",
-                 le="10.0") == 1
+    assert (
+        value(found, "onwatch_claim_latency_seconds_bucket", inbox="alice", source="chat", le="5.0")
+        == 0
+    )
+    assert (
+        value(
+            found, "onwatch_claim_latency_seconds_bucket", inbox="alice", source="chat", le="10.0"
+        )
+        == 1
+    )
 
 
 async def test_sources_are_bounded_and_payload_text_never_becomes_a_label(inbox):
@@ -108,8 +122,11 @@ async def test_sources_are_bounded_and_payload_text_never_becomes_a_label(inbox)
     await inbox.ingest("chat", "secret-id-123", {"text": "payload words"})
     body, _ = await metrics.render()
     found = samples(body.decode())
-    sources = {dict(labels).get("source") for (name, labels) in found
-               if name == "onwatch_events_ingested_total"}
+    sources = {
+        dict(labels).get("source")
+        for (name, labels) in found
+        if name == "onwatch_events_ingested_total"
+    }
     assert len(sources) == MAX_SOURCES + 1 and "other" in sources
     assert value(found, "onwatch_events_ingested_total", inbox="alice", source="other") == 31
     assert value(found, "onwatch_ingest_duplicates_total", inbox="alice", source="src0") == 1

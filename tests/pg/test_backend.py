@@ -19,9 +19,13 @@ T = 1_000_000
 
 def tables(url: str) -> list[str]:
     with psycopg.connect(url) as conn:
-        return [r[0] for r in conn.execute(
-            "SELECT table_name FROM information_schema.tables "
-            "WHERE table_schema = current_schema() ORDER BY 1")]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = current_schema() ORDER BY 1"
+            )
+        ]
 
 
 async def test_a_foreign_database_is_refused_untouched(url):
@@ -86,7 +90,9 @@ async def test_many_inboxes_in_one_database_never_see_each_other(url):
         assert await b.held_messages() == []
         assert (await a.counts())["done"] == 1 and (await b.counts())["pending"] == 1
         assert [(r.action, r.applied) for r in await b.audit()] == [
-            ("answer yes", False), ("refused finish", False)]  # newest first, bob's only
+            ("answer yes", False),
+            ("refused finish", False),
+        ]  # newest first, bob's only
         assert [r.action for r in await a.audit()] == []
     finally:
         await a.close()
@@ -103,11 +109,17 @@ def test_thousands_of_inboxes_cheap_to_create_and_listed_by_one_indexed_query(ur
         started = time.perf_counter()
         ids = [_find_inbox(conn, f"inbox-{i:05d}", True, "test") for i in range(2000)]
         per_inbox = (time.perf_counter() - started) / len(ids)
-        conn.execute("INSERT INTO approvals(inbox_id, request_id, action, requested, due) "
-                     "SELECT id, 'r', 'x', 0, id FROM inboxes WHERE id % 3 = 0")
+        conn.execute(
+            "INSERT INTO approvals(inbox_id, request_id, action, requested, due) "
+            "SELECT id, 'r', 'x', 0, id FROM inboxes WHERE id % 3 = 0"
+        )
         conn.execute("ANALYZE")
-        plan = "\n".join(r[0] for r in conn.execute(
-            "EXPLAIN " + LIST_INBOXES.replace("%s", "''", 1).replace("%s", "100")))
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "EXPLAIN " + LIST_INBOXES.replace("%s", "''", 1).replace("%s", "100")
+            )
+        )
         page = conn.execute(LIST_INBOXES, ("inbox-00999", 3)).fetchall()
     print(f"inbox creation: {per_inbox * 1e3:.2f} ms each; plan:\n{plan}")
     assert "Seq Scan" not in plan, plan

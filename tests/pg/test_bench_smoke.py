@@ -11,8 +11,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_backend_benchmark_runs_quick_and_prints_both_backends(pg):
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "bench" / "bench_backends.py"), "--quick",
-         "--url", pg.new_database()], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            str(ROOT / "tests" / "bench" / "bench_backends.py"),
+            "--quick",
+            "--url",
+            pg.new_database(),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert "SQLite" in lines[0] and "PostgreSQL" in lines[0]

@@ -65,8 +65,9 @@ def test_sigkill_and_a_server_restart_lose_nothing_and_fence_the_rest(pg, tmp_pa
         ).fetchall()
         assert twice == []
         refused = conn.execute("SELECT sum(refused_writes) FROM inboxes").fetchone()[0]
-        audited = conn.execute("SELECT count(*) FROM audit WHERE action LIKE 'refused %%' "
-                               "AND NOT applied").fetchone()[0]
+        audited = conn.execute(
+            "SELECT count(*) FROM audit WHERE action LIKE 'refused %%' AND NOT applied"
+        ).fetchone()[0]
         assert refused == audited  # every refused stale write is in the audit log
     runs = [json.loads(line) for line in (tmp_path / "ledger").read_text().splitlines()]
     assert {r["pid"] for r in runs} >= {fleets[1].pid, fleets[2].pid}
@@ -84,16 +85,23 @@ async def fill_fleet(url: str) -> None:
         box = await Inbox.open(url, name=name)
         # A short lease: a killed or stopped holder's inboxes are taken over within seconds.
         await box.configure(max_batch=1, lease_ttl=3, max_attempts=MAX_ATTEMPTS)
-        await box.ingest_batch([("chat", f"{name}/{k}", None) for k in range(FIRST_EVENTS)]
-                               + [("chat", f"{name}/ask", None)])
+        await box.ingest_batch(
+            [("chat", f"{name}/{k}", None) for k in range(FIRST_EVENTS)]
+            + [("chat", f"{name}/ask", None)]
+        )
         await box.close()
 
 
 def start_actor(test_dir, name: str, *args: str) -> subprocess.Popen:
     out = open(os.path.join(test_dir, f"{name}.err"), "ab")
     try:
-        return subprocess.Popen([sys.executable, "-m", "tests.pg.actors", *args], cwd=ROOT,
-                                env=env(test_dir), stdout=subprocess.DEVNULL, stderr=out)
+        return subprocess.Popen(
+            [sys.executable, "-m", "tests.pg.actors", *args],
+            cwd=ROOT,
+            env=env(test_dir),
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
     finally:
         out.close()
 
@@ -101,9 +109,10 @@ def start_actor(test_dir, name: str, *args: str) -> subprocess.Popen:
 def settled(url: str) -> tuple[int, int]:
     """(events not yet done, approvals not yet answered)."""
     with psycopg.connect(url, connect_timeout=5) as conn:
-        return (conn.execute("SELECT count(*) FROM events WHERE status <> 'done'").fetchone()[0],
-                conn.execute("SELECT count(*) FROM approvals WHERE answer IS NULL"
-                             ).fetchone()[0])
+        return (
+            conn.execute("SELECT count(*) FROM events WHERE status <> 'done'").fetchone()[0],
+            conn.execute("SELECT count(*) FROM approvals WHERE answer IS NULL").fetchone()[0],
+        )
 
 
 def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
@@ -119,16 +128,21 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
     url = pg.new_database()
     asyncio.run(fill_fleet(url))
     started = time.monotonic()
-    fleets = {n: start_fleet(url, tmp_path, f"fleet-{n}", concurrency=25, agent="chaos_agent")
-              for n in range(4)}
-    ingester = start_actor(tmp_path, "ingester", "ingest-late", url, str(FLEET_INBOXES),
-                           str(LATE_EVENTS), "0.02")
-    approver = start_actor(tmp_path, "approver", "approve", url, str(FLEET_INBOXES),
-                           str(time.time() + 90))
+    fleets = {
+        n: start_fleet(url, tmp_path, f"fleet-{n}", concurrency=25, agent="chaos_agent")
+        for n in range(4)
+    }
+    ingester = start_actor(
+        tmp_path, "ingester", "ingest-late", url, str(FLEET_INBOXES), str(LATE_EVENTS), "0.02"
+    )
+    approver = start_actor(
+        tmp_path, "approver", "approve", url, str(FLEET_INBOXES), str(time.time() + 90)
+    )
     ledger = tmp_path / "ledger"
 
     def runs_so_far() -> int:
         return len(ledger.read_text().splitlines()) if ledger.exists() else 0
+
     stopped = None
     try:
         wait_for(lambda: runs_so_far() >= 150, 30, what="the fleet under way")
@@ -146,8 +160,12 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
         stopped = None
         assert ingester.wait(timeout=60) == 0, (tmp_path / "ingester.err").read_text()
         assert approver.wait(timeout=60) == 0, (tmp_path / "approver.err").read_text()
-        wait_for(lambda: settled(url) == (0, 0), 60, interval=0.2,
-                 what="every event done and every approval answered")
+        wait_for(
+            lambda: settled(url) == (0, 0),
+            60,
+            interval=0.2,
+            what="every event done and every approval answered",
+        )
     finally:
         if stopped is not None:
             stopped.send_signal(signal.SIGCONT)
@@ -168,17 +186,22 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
     runs = [json.loads(line) for line in ledger.read_text().splitlines()]
     with psycopg.connect(url) as conn:
         names = dict(conn.execute("SELECT id, name FROM inboxes"))
-        events = {(names[i], s, k): (status, attempts) for i, s, k, status, attempts in
-                  conn.execute("SELECT inbox_id, source, source_id, status, attempts "
-                               "FROM events")}
+        events = {
+            (names[i], s, k): (status, attempts)
+            for i, s, k, status, attempts in conn.execute(
+                "SELECT inbox_id, source, source_id, status, attempts FROM events"
+            )
+        }
         # Nothing acknowledged lost: the first events, every late one, every answer.
         total = FLEET_INBOXES * (FIRST_EVENTS + 2) + LATE_EVENTS
         assert len(events) == total
         for key in acked:
             assert events[(key.split("/")[0], "chat", key)][0] == "done", key
         assert {status for status, _ in events.values()} == {"done"}
-        assert conn.execute("SELECT count(*) FROM approvals WHERE answer = 'yes'"
-                            ).fetchone()[0] == FLEET_INBOXES
+        assert (
+            conn.execute("SELECT count(*) FROM approvals WHERE answer = 'yes'").fetchone()[0]
+            == FLEET_INBOXES
+        )
         # Within the policy: attempts counted at claim never pass max_attempts, and no event
         # reached an agent more often than its attempts say.
         assert max(attempts for _, attempts in events.values()) <= MAX_ATTEMPTS
@@ -186,8 +209,9 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
         for run in runs:
             for event in run["events"]:
                 source, key = event.split(":", 1)
-                reached[(run["inbox"], source, key)] = reached.get(
-                    (run["inbox"], source, key), 0) + 1
+                reached[(run["inbox"], source, key)] = (
+                    reached.get((run["inbox"], source, key), 0) + 1
+                )
         for key, count in reached.items():
             assert count <= events[key][1], (key, count, events[key])
         # Each event finished done exactly once.
@@ -196,11 +220,16 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
             "r.event_ids::json) v WHERE r.outcome = 'done' GROUP BY 1, 2 HAVING count(*) > 1"
         ).fetchall()
         assert twice == []
-        counted = {(names[i], gen, tuple(json.loads(ids))) for i, gen, ids in conn.execute(
-            "SELECT inbox_id, gen, event_ids FROM runs WHERE outcome = 'done'")}
+        counted = {
+            (names[i], gen, tuple(json.loads(ids)))
+            for i, gen, ids in conn.execute(
+                "SELECT inbox_id, gen, event_ids FROM runs WHERE outcome = 'done'"
+            )
+        }
         refused = conn.execute("SELECT sum(refused_writes) FROM inboxes").fetchone()[0]
-        audited = conn.execute("SELECT count(*) FROM audit WHERE action LIKE 'refused %%' "
-                               "AND NOT applied").fetchone()[0]
+        audited = conn.execute(
+            "SELECT count(*) FROM audit WHERE action LIKE 'refused %%' AND NOT applied"
+        ).fetchone()[0]
         assert refused == audited  # every refused stale write is in the audit log
         assert refused > 0  # the frozen fleet's late finishes were refused
     # No inbox had two runs at once that both counted: two agent runs of one inbox that
@@ -213,13 +242,18 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
     for inbox, spans in by_inbox.items():
         spans.sort(key=lambda r: r["began"])
         for i, early in enumerate(spans):
-            for late in spans[i + 1:]:
+            for late in spans[i + 1 :]:
                 if late["began"] >= early["ended"]:
                     break
                 overlaps += 1
                 assert early["gen"] != late["gen"], (inbox, early, late)
                 older = min(early, late, key=lambda r: r["gen"])
-                assert (inbox, older["gen"], tuple(older["ids"])) not in counted, \
-                    (inbox, early, late)
-    print(f"chaos at scale: {len(runs)} agent runs for {total} events in {elapsed:.1f} s, "
-          f"{refused} refused stale writes, {overlaps} overlapping runs fenced")
+                assert (inbox, older["gen"], tuple(older["ids"])) not in counted, (
+                    inbox,
+                    early,
+                    late,
+                )
+    print(
+        f"chaos at scale: {len(runs)} agent runs for {total} events in {elapsed:.1f} s, "
+        f"{refused} refused stale writes, {overlaps} overlapping runs fenced"
+    )

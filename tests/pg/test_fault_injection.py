@@ -31,9 +31,13 @@ from tests.faults import test_fault_injection as faults
 T = faults.T
 SEQUENCED = ("runs", "deliveries", "outbox", "audit", "effects")
 REFERENCES = {  # table → {column: the sequenced table it points into}
-    "events": {"run_id": "runs"}, "run_events": {"run_id": "runs"},
-    "approvals": {"run_id": "runs"}, "effects": {"run_id": "runs"},
-    "outbox": {"run_id": "runs", "delivery_id": "deliveries"}, "runs": {}, "audit": {},
+    "events": {"run_id": "runs"},
+    "run_events": {"run_id": "runs"},
+    "approvals": {"run_id": "runs"},
+    "effects": {"run_id": "runs"},
+    "outbox": {"run_id": "runs", "delivery_id": "deliveries"},
+    "runs": {},
+    "audit": {},
     "deliveries": {},
 }
 
@@ -64,7 +68,8 @@ class Faulty(psycopg.Connection):
                 cls.dead = True
                 self.close()  # the server rolls back whatever was open, as for a dead client
                 raise psycopg.OperationalError(
-                    f"injected crash at statement {cls.count}: {str(query)[:40]}")
+                    f"injected crash at statement {cls.count}: {str(query)[:40]}"
+                )
         return super().execute(query, params, **kwargs)
 
 
@@ -74,6 +79,7 @@ def faulty_connections(monkeypatch):
         conn = Faulty.connect(url, autocommit=True, connect_timeout=10)
         psycopg.Connection.execute(conn, f"SET lock_timeout = {int(busy_timeout * 1000)}")
         return conn
+
     monkeypatch.setattr(pg_db.Database, "_connect", staticmethod(connect))
 
 
@@ -81,20 +87,25 @@ async def setup_broken_timer(inbox: Inbox) -> None:
     await faults.setup_scheduler(inbox)
     await inbox.add_timer("hand-edited", T - 10, None, every=60)
     # A row no valid call could write: its next occurrence would overflow a bigint.
-    await inbox._db.write(lambda tx: tx.execute(
-        "UPDATE timers SET every = %s WHERE inbox_id = %s AND id = 'hand-edited'",
-        (2 ** 63 - 1, tx.inbox)))
+    await inbox._db.write(
+        lambda tx: tx.execute(
+            "UPDATE timers SET every = %s WHERE inbox_id = %s AND id = 'hand-edited'",
+            (2**63 - 1, tx.inbox),
+        )
+    )
 
 
 async def call_group_with_a_bad_item(inbox: Inbox, sent: list) -> object:
     from core.pg import store
+
     items = [("chat", "g1", "null", T), ("", "bad", "null", T), ("chat", "g2", "null", T)]
     results = await inbox._db.write(store.ingest_many, items)
     return [r if isinstance(r, bool) else type(r).__name__ for r in results]
 
 
-PATHS = [p for p in faults.PATHS
-         if p.name not in ("scheduler-sets-a-row-aside", "group-with-a-bad-item")] + [
+PATHS = [
+    p for p in faults.PATHS if p.name not in ("scheduler-sets-a-row-aside", "group-with-a-bad-item")
+] + [
     faults.Path("scheduler-sets-a-row-aside", setup_broken_timer, faults.call_scheduler),
     faults.Path("group-with-a-bad-item", faults.setup_ingest, call_group_with_a_bad_item),
 ]
@@ -125,17 +136,25 @@ async def run_call(url: str, p: faults.Path, fail_at: int | None, sent: list) ->
 def outcome(value: object) -> object:
     """A call's result without the sequence-drawn run id (see the module docstring)."""
     if isinstance(value, list):
-        return [dataclasses.replace(v, run_id=None) if dataclasses.is_dataclass(v) and
-                hasattr(v, "run_id") else v for v in value]
+        return [
+            dataclasses.replace(v, run_id=None)
+            if dataclasses.is_dataclass(v) and hasattr(v, "run_id")
+            else v
+            for v in value
+        ]
     return value
 
 
 def snapshot(url: str) -> dict[str, list]:
     """Every row of every table, sequence ids replaced by their rank (see the docstring)."""
     with psycopg.connect(url, autocommit=True) as conn:
-        tables = [r[0] for r in conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = "
-            "current_schema() AND table_type = 'BASE TABLE' ORDER BY 1")]
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = "
+                "current_schema() AND table_type = 'BASE TABLE' ORDER BY 1"
+            )
+        ]
         rows = {}
         for table in tables:
             cursor = conn.execute(f"SELECT * FROM {table}")
@@ -143,8 +162,10 @@ def snapshot(url: str) -> dict[str, list]:
             rows[table] = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
     for row in rows["inboxes"]:
         del row["changes"]  # the change token, not state (see the module docstring)
-    ranks = {t: {r["id"]: n for n, r in enumerate(sorted(rows[t], key=lambda r: r["id"]), 1)}
-             for t in SEQUENCED}
+    ranks = {
+        t: {r["id"]: n for n, r in enumerate(sorted(rows[t], key=lambda r: r["id"]), 1)}
+        for t in SEQUENCED
+    }
     for table, columns in REFERENCES.items():
         for row in rows[table]:
             if table in ranks:
@@ -152,8 +173,7 @@ def snapshot(url: str) -> dict[str, list]:
             for column, target in columns.items():
                 if row.get(column) is not None:
                     row[column] = ranks[target].get(row[column], f"dangling {row[column]}")
-    return {t: sorted((tuple(sorted(r.items())) for r in rs), key=repr)
-            for t, rs in rows.items()}
+    return {t: sorted((tuple(sorted(r.items())) for r in rs), key=repr) for t, rs in rows.items()}
 
 
 def check_invariants(url: str) -> None:
@@ -162,26 +182,38 @@ def check_invariants(url: str) -> None:
         actual = dict(q("SELECT status, count(*) FROM events GROUP BY status"))
         kept = {s: n for s, n in q("SELECT status, n FROM event_counts") if n}
         assert actual == kept, "kept counts disagree with the rows"
-        assert q("""SELECT e.id FROM events e LEFT JOIN runs r ON r.id = e.run_id
-                    WHERE e.status = 'running' AND (r.id IS NULL OR r.outcome IS NOT NULL)""") \
-            == [], "a running event without an open run"
-        assert q("""SELECT e.id FROM events e JOIN run_events re ON re.event_id = e.id
+        assert (
+            q("""SELECT e.id FROM events e LEFT JOIN runs r ON r.id = e.run_id
+                    WHERE e.status = 'running' AND (r.id IS NULL OR r.outcome IS NOT NULL)""")
+            == []
+        ), "a running event without an open run"
+        assert (
+            q("""SELECT e.id FROM events e JOIN run_events re ON re.event_id = e.id
                     JOIN runs r ON r.id = re.run_id
-                    WHERE r.outcome = 'done' AND e.status <> 'done'""") == [], \
-            "a done run whose event is not done"
-        assert q("""SELECT o.id FROM outbox o JOIN runs r ON r.id = o.run_id
-                    WHERE r.outcome IS DISTINCT FROM 'done'""") == [], \
-            "a message of an unfinished run"
-        assert q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NOT NULL AND NOT
+                    WHERE r.outcome = 'done' AND e.status <> 'done'""")
+            == []
+        ), "a done run whose event is not done"
+        assert (
+            q("""SELECT o.id FROM outbox o JOIN runs r ON r.id = o.run_id
+                    WHERE r.outcome IS DISTINCT FROM 'done'""")
+            == []
+        ), "a message of an unfinished run"
+        assert (
+            q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NOT NULL AND NOT
                     EXISTS (SELECT 1 FROM events e WHERE e.source = 'approval'
-                            AND e.source_id = a.request_id)""") == [], \
-            "an answer without its resuming event"
-        assert q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NULL AND NOT EXISTS
-                    (SELECT 1 FROM timers t WHERE t.id = 'approval:' || a.request_id)""") \
-            == [], "a waiting approval without its expiry timer"
-        assert q("""SELECT o.id FROM outbox o LEFT JOIN deliveries d ON d.id = o.delivery_id
-                    WHERE o.status = 'sent' AND d.status IS DISTINCT FROM 'sent'""") == [], \
-            "a message marked sent by a delivery that was not"
+                            AND e.source_id = a.request_id)""")
+            == []
+        ), "an answer without its resuming event"
+        assert (
+            q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NULL AND NOT EXISTS
+                    (SELECT 1 FROM timers t WHERE t.id = 'approval:' || a.request_id)""")
+            == []
+        ), "a waiting approval without its expiry timer"
+        assert (
+            q("""SELECT o.id FROM outbox o LEFT JOIN deliveries d ON d.id = o.delivery_id
+                    WHERE o.status = 'sent' AND d.status IS DISTINCT FROM 'sent'""")
+            == []
+        ), "a message marked sent by a delivery that was not"
 
 
 @pytest.mark.slow
@@ -210,8 +242,11 @@ async def test_crash_at_every_statement_of_a_write_path(pg, faulty_connections, 
 async def test_crash_at_every_statement_of_a_dispatch(pg, faulty_connections):
     """Before the send: nothing changed, nothing sent. After it: sent again under the same
     key once the send timeout passed."""
-    p = faults.Path("dispatch", faults.setup_dispatch, lambda inbox, sent: inbox.dispatch(
-        sent.append, now=T + 20))
+    p = faults.Path(
+        "dispatch",
+        faults.setup_dispatch,
+        lambda inbox, sent: inbox.dispatch(sent.append, now=T + 20),
+    )
     clean = await make_base(pg, p)
     before = snapshot(clean)
     clean_sent: list = []
@@ -248,7 +283,8 @@ async def test_crash_at_every_statement_of_a_dispatch(pg, faulty_connections):
 
 def test_every_path_of_the_file_suite_is_run_here():
     assert [p.name for p in faults.PATHS] == sorted(
-        (p.name for p in PATHS), key=[q.name for q in faults.PATHS].index)
+        (p.name for p in PATHS), key=[q.name for q in faults.PATHS].index
+    )
 
 
 @pytest.mark.slow
@@ -265,8 +301,9 @@ async def test_crash_at_every_statement_of_a_group_ingest(pg, faulty_connections
         outcomes = await run_call(target, p, n, [])
         assert any(isinstance(o, InboxError) for o in outcomes), n
         with psycopg.connect(target) as conn:
-            stored = {r[0] for r in conn.execute(
-                "SELECT source_id FROM events WHERE source = 'hook'")}
+            stored = {
+                r[0] for r in conn.execute("SELECT source_id FROM events WHERE source = 'hook'")
+            }
         for i, outcome in enumerate(outcomes[:6]):
             assert (outcome is True) == (f"g{i}" in stored), (n, i, outcome)
         check_invariants(target)

@@ -20,16 +20,34 @@ pytestmark = pytest.mark.slow
 INBOXES, EVENTS = 20, 4
 
 
-def start_fleet(url: str, test_dir, holder: str, *, concurrency: int = 4,
-                agent: str = "ledgered") -> subprocess.Popen:
+def start_fleet(
+    url: str, test_dir, holder: str, *, concurrency: int = 4, agent: str = "ledgered"
+) -> subprocess.Popen:
     out = open(os.path.join(test_dir, f"{holder}.err"), "ab")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "cli", "worker", url, "--all-inboxes",
-             "--concurrency", str(concurrency), "--agent", f"tests.pg.actors:{agent}",
-             "--holder", holder,
-             "--poll", "5", "--no-dispatch"], cwd=ROOT, env=env(test_dir),
-            stdout=subprocess.DEVNULL, stderr=out)
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "worker",
+                url,
+                "--all-inboxes",
+                "--concurrency",
+                str(concurrency),
+                "--agent",
+                f"tests.pg.actors:{agent}",
+                "--holder",
+                holder,
+                "--poll",
+                "5",
+                "--no-dispatch",
+            ],
+            cwd=ROOT,
+            env=env(test_dir),
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
     finally:
         out.close()
 
@@ -53,8 +71,9 @@ def test_two_fleet_workers_share_the_inboxes_and_never_run_one_twice_at_once(url
     try:
         wait_for(lambda: done(url) == INBOXES * EVENTS, 60, what="every event done")
         # Idle now; new work is noticed by NOTIFY, long before the 5 s poll.
-        assert onwatch("ingest", url, "chat", "inbox-07/late", "--inbox", "inbox-07"
-                       ).returncode == 0
+        assert (
+            onwatch("ingest", url, "chat", "inbox-07/late", "--inbox", "inbox-07").returncode == 0
+        )
         wait_for(lambda: done(url) == INBOXES * EVENTS + 1, 4, what="the late event")
     finally:
         for fleet in fleets:
@@ -73,8 +92,13 @@ def test_two_fleet_workers_share_the_inboxes_and_never_run_one_twice_at_once(url
         for (_, end), (start, _) in zip(spans, spans[1:], strict=False):
             assert start >= end, f"{inbox} ran twice at once"
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT status, attempts, count(*) FROM events GROUP BY 1, 2"
-                            ).fetchall() == [("done", 1, INBOXES * EVENTS + 1)]
+        assert conn.execute(
+            "SELECT status, attempts, count(*) FROM events GROUP BY 1, 2"
+        ).fetchall() == [("done", 1, INBOXES * EVENTS + 1)]
         assert conn.execute("SELECT sum(refused_writes) FROM inboxes").fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM inboxes WHERE lease_until >= "
-                            "extract(epoch FROM now())").fetchone()[0] == 0  # all released
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM inboxes WHERE lease_until >= extract(epoch FROM now())"
+            ).fetchone()[0]
+            == 0
+        )  # all released

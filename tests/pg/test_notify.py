@@ -92,8 +92,10 @@ async def test_a_lost_listening_connection_falls_back_and_reconnects(boxes, url,
     waiting = asyncio.ensure_future(listener.wait("a", seen, timeout=10))
     await asyncio.sleep(0)
     with psycopg.connect(url, autocommit=True) as admin:
-        killed = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-                               "query = 'LISTEN onwatch' AND pid <> pg_backend_pid()").fetchall()
+        killed = admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+            "query = 'LISTEN onwatch' AND pid <> pg_backend_pid()"
+        ).fetchall()
     assert killed == [(True,)]
     assert await waiting is True  # woken by the loss: look again, as after a poll
     for _ in range(200):
@@ -111,11 +113,11 @@ async def test_a_listener_opened_while_the_server_is_away_polls_and_says_so(capl
     """A fleet worker started during a server restart must not die of it: the listener
     starts disconnected, its waiters fall back to polling, and the log says why."""
     import socket
+
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    listener = await Listener.open(f"postgresql://nobody@127.0.0.1:{port}/none",
-                                   poll_interval=0.05)
+    listener = await Listener.open(f"postgresql://nobody@127.0.0.1:{port}/none", poll_interval=0.05)
     try:
         assert not listener.connected
         started = time.monotonic()
@@ -131,6 +133,7 @@ async def test_an_inbox_whose_connection_was_cut_reconnects_and_says_so(url, cap
     in flight fails with ConnectionLost (retry), the next one reconnects, and the log
     records both; nothing committed before is lost."""
     from core.pg.db import ConnectionLost
+
     box = await Inbox.open(url, name="a")
     try:
         assert await box.ingest("chat", "before", None)

@@ -21,9 +21,15 @@ PROCESSES = 6
 
 
 def start(kind: str, url: str, name: str, t0: float, *extra: str) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-m", "tests.pg.actors", kind, url, name,
-                              f"h{i}", str(t0), *extra], cwd=ROOT, stdout=subprocess.PIPE,
-                             text=True) for i in range(PROCESSES)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.pg.actors", kind, url, name, f"h{i}", str(t0), *extra],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(PROCESSES)
+    ]
 
 
 def results(procs: list[subprocess.Popen]) -> list:
@@ -47,8 +53,11 @@ def test_simultaneous_acquire_exactly_one_wins_each_generation(url):
     for k in range(rounds):
         winners = [r[k] for r in got if r[k] is not None]
         assert winners == [k + 1], (k, got)  # one process, the next generation
-    history = query(url, "SELECT h.gen, h.how FROM lease_history h JOIN inboxes i "
-                         "ON i.id = h.inbox_id WHERE i.name = 'race' ORDER BY h.gen")
+    history = query(
+        url,
+        "SELECT h.gen, h.how FROM lease_history h JOIN inboxes i "
+        "ON i.id = h.inbox_id WHERE i.name = 'race' ORDER BY h.gen",
+    )
     assert history == [(1, "first")] + [(g, "takeover") for g in range(2, rounds + 1)]
 
 
@@ -63,8 +72,11 @@ def test_racing_workers_claim_every_event_exactly_once(url):
     assert sorted(claimed) == sorted(set(claimed)) and len(claimed) == events
     assert sum(r["refused"] for r in got) == 0
     assert sum(1 for r in got if r["runs"]) >= 2, got  # the lease really changed hands
-    rows = query(url, "SELECT i.name, e.status, e.attempts, count(*) FROM events e "
-                      "JOIN inboxes i ON i.id = e.inbox_id GROUP BY 1, 2, 3 ORDER BY 1")
+    rows = query(
+        url,
+        "SELECT i.name, e.status, e.attempts, count(*) FROM events e "
+        "JOIN inboxes i ON i.id = e.inbox_id GROUP BY 1, 2, 3 ORDER BY 1",
+    )
     assert rows == [("bystander", "pending", 0, 5), ("race", "done", 1, events)]
     assert query(url, "SELECT count(*) FROM outbox")[0][0] == len(gens)
     assert query(url, "SELECT count(*) FROM runs WHERE outcome = 'done'")[0][0] == len(gens)

@@ -28,9 +28,13 @@ pytestmark = pytest.mark.slow
 async def start_receiver(url: str, name: str, log_path) -> tuple[subprocess.Popen, str]:
     log_file = open(log_path, "ab")
     env = dict(secrets_env(), PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "cli", "serve", url, "--inbox", name,
-                             "--port", "0"], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=log_file)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", url, "--inbox", name, "--port", "0"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log_file,
+    )
     log_file.close()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -67,18 +71,19 @@ def test_deliveries_acknowledged_before_a_server_restart_are_all_stored(pg, tmp_
         answers: dict[int, list] = {}
         try:
             async with aiohttp.ClientSession() as http:
+
                 async def client(numbers) -> None:
                     for n in numbers:
                         status = await deliver(http, hook, n)
                         answers.setdefault(n, []).append(status)
                         if status in (200, 202):
                             acked.add(n)
+
                 # Before: 200 deliveries, 10 senders at once, every one acknowledged.
                 await asyncio.gather(*(client(range(k, 200, 10)) for k in range(10)))
                 assert acked == set(range(200))
                 # During: senders keep delivering while PostgreSQL restarts under them.
-                senders = asyncio.gather(*(client(range(200 + k, 600, 10))
-                                           for k in range(10)))
+                senders = asyncio.gather(*(client(range(200 + k, 600, 10)) for k in range(10)))
                 await asyncio.sleep(0.1)
                 await asyncio.to_thread(pg.pg_ctl, "-w", "-m", "immediate", "restart")
                 await senders
@@ -98,11 +103,16 @@ def test_deliveries_acknowledged_before_a_server_restart_are_all_stored(pg, tmp_
     refused = {n for n, statuses in answers.items() if statuses[0] not in (200, 202)}
     assert refused, "the restart refused no delivery: it did not happen under load"
     # Nothing was acknowledged without being stored, and nothing stored twice.
-    assert all(s in (200, 202, 503, None) for statuses in answers.values() for s in statuses), \
-        {n: s for n, s in answers.items() if set(s) - {200, 202, 503, None}}
+    assert all(s in (200, 202, 503, None) for statuses in answers.values() for s in statuses), {
+        n: s for n, s in answers.items() if set(s) - {200, 202, 503, None}
+    }
     with psycopg.connect(url) as conn:
-        stored = [r[0] for r in conn.execute(
-            "SELECT e.source_id FROM events e JOIN inboxes i ON i.id = e.inbox_id "
-            "WHERE i.name = 'hooks' AND e.source = 'github'")]
+        stored = [
+            r[0]
+            for r in conn.execute(
+                "SELECT e.source_id FROM events e JOIN inboxes i ON i.id = e.inbox_id "
+                "WHERE i.name = 'hooks' AND e.source = 'github'"
+            )
+        ]
     assert sorted(stored) == sorted(f"d-{n}" for n in range(600))
     assert "lost the connection" in log and "reconnected" in log

@@ -28,29 +28,38 @@ async def seeded(tmp_path):
 def screen_text(app) -> str:
     """What a person would see: the whole screen (dialogs included) as plain text."""
     width, height = app.size
-    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True,
-                      color_system="truecolor", record=True, legacy_windows=False,
-                      safe_box=False)
-    console.print(app.screen._compositor.render_update(
-        full=True, screen_stack=app._background_screens))
+    console = Console(
+        width=width,
+        height=height,
+        file=io.StringIO(),
+        force_terminal=True,
+        color_system="truecolor",
+        record=True,
+        legacy_windows=False,
+        safe_box=False,
+    )
+    console.print(
+        app.screen._compositor.render_update(full=True, screen_stack=app._background_screens)
+    )
     return console.export_text(styles=False)
 
 
-async def wait_for(pilot, predicate: Callable[[], bool], *, timeout: float = 5.0,
-                   what: str = "condition") -> None:
+async def wait_for(
+    pilot, predicate: Callable[[], bool], *, timeout: float = 5.0, what: str = "condition"
+) -> None:
     """Let the app run until `predicate()` holds (bounded; never a bare sleep)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not predicate():
         if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}:\n"
-                                 f"{screen_text(pilot.app)}")
+            raise AssertionError(
+                f"timed out after {timeout}s waiting for {what}:\n{screen_text(pilot.app)}"
+            )
         await pilot.pause(0.05)
 
 
 async def wait_for_text(pilot, text: str, *, timeout: float = 5.0) -> None:
-    await wait_for(pilot, lambda: text in screen_text(pilot.app), timeout=timeout,
-                   what=repr(text))
+    await wait_for(pilot, lambda: text in screen_text(pilot.app), timeout=timeout, what=repr(text))
 
 
 async def started(app, pilot) -> None:

@@ -26,8 +26,9 @@ async def press(pilot, *keys: str) -> None:
 
 
 async def confirm_open(pilot) -> ConfirmScreen:
-    await wait_for(pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen),
-                   what="the confirmation")
+    await wait_for(
+        pilot, lambda: isinstance(pilot.app.screen, ConfirmScreen), what="the confirmation"
+    )
     return pilot.app.screen
 
 
@@ -43,13 +44,16 @@ async def highlight(pilot, pane_id: str, key: str) -> None:
 
 # --- approvals ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("key, confirm, answer, words", [
-    ("a", "y", "yes", "approved refund-ord-991"),
-    ("d", "enter", "no", "denied refund-ord-991"),
-    ("e", "y", "expired", "expired refund-ord-991 now"),
-])
-async def test_approval_actions_confirm_then_store_the_answer(seeded, key, confirm, answer,
-                                                              words):
+
+@pytest.mark.parametrize(
+    "key, confirm, answer, words",
+    [
+        ("a", "y", "yes", "approved refund-ord-991"),
+        ("d", "enter", "no", "denied refund-ord-991"),
+        ("e", "y", "expired", "expired refund-ord-991 now"),
+    ],
+)
+async def test_approval_actions_confirm_then_store_the_answer(seeded, key, confirm, answer, words):
     inbox, clock, _ = seeded
     app = OnwatchApp(inbox)
     async with app.run_test(size=SIZE) as pilot:
@@ -120,6 +124,7 @@ async def test_an_answer_given_elsewhere_meanwhile_stands(seeded):
 
 
 # --- events ---------------------------------------------------------------------------------
+
 
 async def test_requeue_a_dead_event(seeded):
     inbox, _, _ = seeded
@@ -196,8 +201,11 @@ async def test_marked_rows_are_acted_on_together(seeded):
         assert "Cancel these 2 pending events?" in screen_text(app)
         await press(pilot, "y")
         await wait_for_text(pilot, "cancelled 2 of 2")
-        assert [(await inbox.get_event(i)).status for i in (13, 14, 15)] == \
-            ["cancelled", "cancelled", "pending"]
+        assert [(await inbox.get_event(i)).status for i in (13, 14, 15)] == [
+            "cancelled",
+            "cancelled",
+            "pending",
+        ]
         assert "marked" not in screen_text(app)
 
 
@@ -216,8 +224,7 @@ async def test_a_row_the_worker_claimed_meanwhile_is_reported_not_overwritten(se
         finally:
             await worker.close()
         await press(pilot, "y")
-        await wait_for_text(pilot, "#13: changed meanwhile: the worker claimed it "
-                                   "(it was pending)")
+        await wait_for_text(pilot, "#13: changed meanwhile: the worker claimed it (it was pending)")
         assert (await inbox.get_event(13)).status == "running"
         audit = (await inbox.audit(target="event 13", limit=1))[0]
         assert not audit.applied and "changed meanwhile" in audit.reason
@@ -234,8 +241,20 @@ async def test_a_row_the_worker_finished_meanwhile_is_reported(seeded):
         gen = await inbox.acquire("worker-b")
         assert await inbox.finish("worker-b", gen, [running.id])
         pane = app.pane("pending")
-        app.post_message(pane.ActionRequested(pane, "cancel", (running.__class__(
-            **{**{f: getattr(running, f) for f in running.__slots__}, "status": "pending"}),)))
+        app.post_message(
+            pane.ActionRequested(
+                pane,
+                "cancel",
+                (
+                    running.__class__(
+                        **{
+                            **{f: getattr(running, f) for f in running.__slots__},
+                            "status": "pending",
+                        }
+                    ),
+                ),
+            )
+        )
         await confirm_open(pilot)
         await press(pilot, "y")
         await press(pilot, "1")
@@ -244,6 +263,7 @@ async def test_a_row_the_worker_finished_meanwhile_is_reported(seeded):
 
 
 # --- execution and outbox -------------------------------------------------------------------
+
 
 async def test_pause_and_resume(seeded):
     inbox, _, _ = seeded
@@ -299,34 +319,58 @@ async def test_send_now_flushes_held_messages_to_the_outbox_log(seeded):
 
 # --- read-only ------------------------------------------------------------------------------
 
+
 async def test_read_only_refuses_every_action(seeded):
     inbox, _, path = seeded
-    before = (await inbox.counts(), await inbox.approvals(), await inbox.overview(),
-              await inbox.held_messages())
+    before = (
+        await inbox.counts(),
+        await inbox.approvals(),
+        await inbox.overview(),
+        await inbox.held_messages(),
+    )
     audit_before = await inbox.audit(limit=1000)
     app = OnwatchApp(inbox, read_only=True)
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
         assert "READ-ONLY" in screen_text(app)
-        for pane_key, keys in (("1", ("space", "c")), ("3", ("r", "m")),
-                               ("4", ("a", "d", "e")), ("6", ("p", "o", "s"))):
+        for pane_key, keys in (
+            ("1", ("space", "c")),
+            ("3", ("r", "m")),
+            ("4", ("a", "d", "e")),
+            ("6", ("p", "o", "s")),
+        ):
             await press(pilot, pane_key)
             for key in keys:
                 await press(pilot, key)
                 assert not isinstance(app.screen, ConfirmScreen), key
             footer = screen_text(app).splitlines()[-1]
-            for word in ("Cancel", "Requeue", "Resolve", "Approve", "Deny", "Expire",
-                         "Pause", "Hold outbox", "Send now", "Mark"):
+            for word in (
+                "Cancel",
+                "Requeue",
+                "Resolve",
+                "Approve",
+                "Deny",
+                "Expire",
+                "Pause",
+                "Hold outbox",
+                "Send now",
+                "Mark",
+            ):
                 assert word not in footer, (word, footer)
         await app.workers.wait_for_complete()
-    after = (await inbox.counts(), await inbox.approvals(), await inbox.overview(),
-             await inbox.held_messages())
+    after = (
+        await inbox.counts(),
+        await inbox.approvals(),
+        await inbox.overview(),
+        await inbox.held_messages(),
+    )
     assert after == before
     assert await inbox.audit(limit=1000) == audit_before
     assert not os.path.exists(f"{path}.outbox.log")
 
 
 # --- reading --------------------------------------------------------------------------------
+
 
 async def test_detail_shows_payload_runs_and_audit(seeded):
     inbox, _, _ = seeded
@@ -355,8 +399,9 @@ async def test_filter_narrows_the_pane(seeded):
         await started(app, pilot)
         await press(pilot, "slash")
         await pilot.press(*"msg-5", "enter")
-        await wait_for(pilot, lambda: list(app.pane("pending")._records) == ["14"],
-                       what="the filtered window")
+        await wait_for(
+            pilot, lambda: list(app.pane("pending")._records) == ["14"], what="the filtered window"
+        )
         assert "filter “msg-5”" in screen_text(app)
         await press(pilot, "slash", "ctrl+a", "ctrl+k", "enter")
         await wait_for(pilot, lambda: len(app.pane("pending")._records) == 5)
@@ -373,13 +418,33 @@ async def test_help_and_palette_read_the_bindings(seeded):
         console = Console(width=120, file=io.StringIO(), record=True)
         console.print(app.screen.body)
         text = console.export_text()
-        for words in ("Approve", "answer yes", "Requeue", "Send → file", "outbox.log",
-                      "Resolve", "Cancel", "Next page"):
+        for words in (
+            "Approve",
+            "answer yes",
+            "Requeue",
+            "Send → file",
+            "outbox.log",
+            "Resolve",
+            "Cancel",
+            "Next page",
+        ):
             assert words in text, words
         await press(pilot, "escape")
         names = [c.title for c in app.get_system_commands(app.screen)]
-        for name in ("Approve", "Deny", "Expire", "Pause", "Hold outbox", "Send → file",
-                     "Detail", "Filter", "Pending", "Outbox", "Help", "Quit"):
+        for name in (
+            "Approve",
+            "Deny",
+            "Expire",
+            "Pause",
+            "Hold outbox",
+            "Send → file",
+            "Detail",
+            "Filter",
+            "Pending",
+            "Outbox",
+            "Help",
+            "Quit",
+        ):
             assert name in names, name
         assert len(names) == len(set(names)), names  # one Quit, one Help
         assert "Cursor up" not in names  # the table's own keys are Textual's "Keys" command

@@ -20,9 +20,19 @@ pytestmark = pytest.mark.slow
 def test_tui_benchmark_runs_quick_and_prints_its_table():
     result = subprocess.run(
         [sys.executable, str(ROOT / "tests" / "bench" / "bench_tui.py"), "--quick"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
-    for row in ("first full paint", "resident memory", "refresh after one row changed",
-                "idle tick", "keypress to committed action"):
-        assert any(line.startswith(row) for line in result.stdout.splitlines()), \
+    for row in (
+        "first full paint",
+        "resident memory",
+        "refresh after one row changed",
+        "idle tick",
+        "keypress to committed action",
+    ):
+        assert any(line.startswith(row) for line in result.stdout.splitlines()), (
             f"no row for {row}:\n{result.stdout}"
+        )

@@ -56,8 +56,9 @@ async def test_keyset_pages_over_many_pending_events(seeded):
         assert len(first) == 300 and first == sorted(first)
         assert "] next page" in screen_text(app)
         await pilot.press("right_square_bracket")
-        await wait_for(pilot, lambda: int(next(iter(pane._records))) > first[-1],
-                       what="the next page")
+        await wait_for(
+            pilot, lambda: int(next(iter(pane._records))) > first[-1], what="the next page"
+        )
         second = [int(k) for k in pane._records]
         assert len(second) == 300 and second[0] > first[-1]
         assert "[ previous" in screen_text(app)
@@ -65,8 +66,9 @@ async def test_keyset_pages_over_many_pending_events(seeded):
         await wait_for(pilot, lambda: int(next(iter(pane._records))) > second[-1])
         assert len(pane._records) == 705 - 600  # the last, partial page
         await pilot.press("left_square_bracket", "left_square_bracket")
-        await wait_for(pilot, lambda: [int(k) for k in pane._records] == first,
-                       what="back to the first page")
+        await wait_for(
+            pilot, lambda: [int(k) for k in pane._records] == first, what="back to the first page"
+        )
         assert "Pending · 705" in screen_text(app)
 
 

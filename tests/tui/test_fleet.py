@@ -42,9 +42,15 @@ def make_app(folder: str, clock, **kwargs) -> OnwatchApp:
 
 
 async def loaded(app, pilot) -> FleetScreen:
-    await wait_for(pilot, lambda: getattr(app, "fleet_desk", None) is not None
-                   and app.fleet_desk.loaded and isinstance(app.screen, FleetScreen),
-                   what="the first scan")
+    await wait_for(
+        pilot,
+        lambda: (
+            getattr(app, "fleet_desk", None) is not None
+            and app.fleet_desk.loaded
+            and isinstance(app.screen, FleetScreen)
+        ),
+        what="the first scan",
+    )
     await pilot.pause()
     return app.screen
 
@@ -80,8 +86,11 @@ async def test_rows_need_a_human_first_and_are_coloured_by_health(fleet):
         assert order[4:6] == ["carol", "dave"]
         assert order[6:9] == ["ledger", "new", "notes"]
         assert order[9:] == ["erin", "frank"]
-        rows = {summary.name: row for summary in screen.order
-                if (row := screen.rows.painted.get(summary.key)) is not None}
+        rows = {
+            summary.name: row
+            for summary in screen.order
+            if (row := screen.rows.painted.get(summary.key)) is not None
+        }
         assert rows["bob"].style == "urgent"
         assert rows["alice"].style == "approval"
         assert rows["carol"].style == "dead"
@@ -109,8 +118,11 @@ async def test_enter_drills_in_and_escape_or_0_come_back_to_the_same_inbox(fleet
         while screen.cursor_key != "carol.db":
             await pilot.press("down")
         await pilot.press("enter")
-        await wait_for(pilot, lambda: not isinstance(app.screen, FleetScreen)
-                       and app.inbox is not None, what="the inbox's panes")
+        await wait_for(
+            pilot,
+            lambda: not isinstance(app.screen, FleetScreen) and app.inbox is not None,
+            what="the inbox's panes",
+        )
         assert app.inbox.path == os.path.join(folder, "carol.db")
         await pilot.press("3")
         await wait_for_text(pilot, "gh-poison-9")
@@ -162,11 +174,12 @@ async def test_all_approvals_answered_one_after_another_in_their_own_files(fleet
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
         await loaded(app, pilot)
         await pilot.press("A")
-        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen),
-                       what="the queue")
+        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen), what="the queue")
         queue = app.screen
         assert [(s.name, a.request_id) for s, a in queue.items][:2] == [
-            ("bob", "wire-transfer-88"), ("alice", "refund-ord-991")]
+            ("bob", "wire-transfer-88"),
+            ("alice", "refund-ord-991"),
+        ]
         assert app.title == title_for(1)  # bob's request is within ten minutes
         await pilot.press("a")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
@@ -174,8 +187,11 @@ async def test_all_approvals_answered_one_after_another_in_their_own_files(fleet
         await pilot.press("y")
         await wait_for_text(pilot, "bob: approved wire-transfer-88")
         assert await answer_of(os.path.join(folder, "bob.db"), "wire-transfer-88") == "yes"
-        await wait_for(pilot, lambda: queue.items and queue.items[0][0].name == "alice",
-                       what="bob's request leaving the queue")
+        await wait_for(
+            pilot,
+            lambda: queue.items and queue.items[0][0].name == "alice",
+            what="bob's request leaving the queue",
+        )
         assert app.screen is queue and queue.rows.selected[0].name == "alice"
         await wait_for(pilot, lambda: app.title == "onwatch", what="the count going")
         # Not confirmed: nothing changes.
@@ -190,8 +206,9 @@ async def test_all_approvals_answered_one_after_another_in_their_own_files(fleet
         await wait_for_text(pilot, "alice: denied refund-ord-991")
         assert await answer_of(os.path.join(folder, "alice.db"), "refund-ord-991") == "no"
         # Expire the hostile one: its action text is shown literally in the dialog.
-        await wait_for(pilot, lambda: queue.rows.selected[0].name == HOSTILE_NAME,
-                       what="the next request")
+        await wait_for(
+            pilot, lambda: queue.rows.selected[0].name == HOSTILE_NAME, what="the next request"
+        )
         await pilot.press("e")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
         assert "[@click=app.quit]x[/] \\x1b]0;pwned\\x07" in screen_text(app)
@@ -202,8 +219,9 @@ async def test_all_approvals_answered_one_after_another_in_their_own_files(fleet
         assert app.is_running
         # A request answered elsewhere meanwhile: the standing answer is reported.
         escaped = os.path.join(folder, f"{ESCAPE_NAME}.db")
-        await wait_for(pilot, lambda: queue.rows.selected[0].name == ESCAPE_NAME,
-                       what="the last request")
+        await wait_for(
+            pilot, lambda: queue.rows.selected[0].name == ESCAPE_NAME, what="the last request"
+        )
         await pilot.press("a")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
         async with await Inbox.open(escaped, clock=clock) as other:
@@ -217,13 +235,21 @@ async def test_all_approvals_answered_one_after_another_in_their_own_files(fleet
         async with await Inbox.open(os.path.join(folder, "dave.db"), clock=clock) as dave:
             await dave.request_approval("dave-ask", 3600, "restart the mail relay")
         await pilot.press("A")
-        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen)
-                       and app.screen.items, what="dave's request")
+        await wait_for(
+            pilot,
+            lambda: isinstance(app.screen, ApprovalQueueScreen) and app.screen.items,
+            what="dave's request",
+        )
         await pilot.press("enter")
-        await wait_for(pilot, lambda: app.inbox is not None
-                       and app.inbox.path.endswith("dave.db")
-                       and not isinstance(app.screen, (FleetScreen, ApprovalQueueScreen)),
-                       what="dave's panes")
+        await wait_for(
+            pilot,
+            lambda: (
+                app.inbox is not None
+                and app.inbox.path.endswith("dave.db")
+                and not isinstance(app.screen, (FleetScreen, ApprovalQueueScreen))
+            ),
+            what="dave's panes",
+        )
         await wait_for_text(pilot, "restart the mail relay")
         await close(app)
 
@@ -249,8 +275,9 @@ async def test_unreadable_files_are_rows_with_reasons_and_stay_untouched(fleet):
     holder = sqlite3.connect(locked, isolation_level=None)
     holder.execute("CREATE TABLE t (x)")
     holder.execute("BEGIN EXCLUSIVE")  # a rollback-journal file locked by another writer
-    paths = [os.path.join(folder, name) for name in
-             ("ledger.sqlite", "notes.db", "new.db", "busy.db")]
+    paths = [
+        os.path.join(folder, name) for name in ("ledger.sqlite", "notes.db", "new.db", "busy.db")
+    ]
     before = {path: digest(path) for path in paths}
     app = make_app(folder, clock)
     try:
@@ -285,8 +312,9 @@ async def test_hostile_names_and_action_texts_stay_inert(fleet):
         assert "[@click=app.qui" in text  # the markup is shown, not run
         assert "\\x1b]0;pwned\\x07" in text and "\x1b" not in text
         # The new approval's toast names the inbox, literally; the title never does.
-        async with await Inbox.open(os.path.join(folder, f"{HOSTILE_NAME}.db"),
-                                    clock=clock) as hostile:
+        async with await Inbox.open(
+            os.path.join(folder, f"{HOSTILE_NAME}.db"), clock=clock
+        ) as hostile:
             await hostile.request_approval("again", 3600, HOSTILE_ACTION)
         await wait_for_text(pilot, "New approval in [@click=app.quit]quit[b]x")
         assert app.title == title_for(2) == "onwatch · 2 approvals need you"

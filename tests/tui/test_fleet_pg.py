@@ -47,14 +47,22 @@ def database() -> str:
         for i in range(INBOXES):
             async with await Inbox.open(url, name=f"agent-{i:02}") as inbox:
                 await inbox.ingest("chat", "m-1", {"text": "hello"})
+
     asyncio.run(fill())
     return url
 
 
 async def loaded(app, pilot) -> FleetScreen:
-    await wait_for(pilot, lambda: app.fleet_desk is not None and app.fleet_desk.loaded
-                   and isinstance(app.screen, FleetScreen), what="the first scan",
-                   timeout=15)
+    await wait_for(
+        pilot,
+        lambda: (
+            app.fleet_desk is not None
+            and app.fleet_desk.loaded
+            and isinstance(app.screen, FleetScreen)
+        ),
+        what="the first scan",
+        timeout=15,
+    )
     await pilot.pause()
     return app.screen
 
@@ -77,8 +85,7 @@ async def test_50_inboxes_listed_and_another_process_raises_the_alarm(database):
             script = AGENT.format(root=ROOT, url=database, name="agent-37")
             process = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
             assert await asyncio.wait_for(process.wait(), 30) == 0
-            await wait_for_text(pilot, "New approval in agent-37: ship the release",
-                                timeout=10)
+            await wait_for_text(pilot, "New approval in agent-37: ship the release", timeout=10)
             assert bells == [1] and app.title == "onwatch · 1 approval needs you"
             assert screen.order[0].name == "agent-37"
             assert [a.request_id for a in await waiting(database, "agent-37")] == ["from-afar"]
@@ -87,8 +94,15 @@ async def test_50_inboxes_listed_and_another_process_raises_the_alarm(database):
             await pilot.press("home")
             assert screen.rows.selected.name == "agent-37"
             await pilot.press("enter")
-            await wait_for(pilot, lambda: app.inbox is not None and app.inbox.name == "agent-37"
-                           and not isinstance(app.screen, FleetScreen), what="agent-37's panes")
+            await wait_for(
+                pilot,
+                lambda: (
+                    app.inbox is not None
+                    and app.inbox.name == "agent-37"
+                    and not isinstance(app.screen, FleetScreen)
+                ),
+                what="agent-37's panes",
+            )
             await pilot.press("4")
             await wait_for_text(pilot, "from-afar", timeout=10)
             await app.inbox.close()
@@ -106,11 +120,11 @@ async def test_an_answer_from_the_queue_lands_in_its_inbox(database):
         async with app.run_test(size=(120, 40), notifications=True) as pilot:
             await loaded(app, pilot)
             await pilot.press("A")
-            await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen),
-                           what="the queue")
+            await wait_for(
+                pilot, lambda: isinstance(app.screen, ApprovalQueueScreen), what="the queue"
+            )
             queue = app.screen
-            assert [(s.name, a.request_id) for s, a in queue.items] == [("agent-12",
-                                                                          "refund-7")]
+            assert [(s.name, a.request_id) for s, a in queue.items] == [("agent-12", "refund-7")]
             await pilot.press("a")
             await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
             assert "Refund $40 [b]now[/b]" in screen_text(app)  # literal, never markup
@@ -134,8 +148,12 @@ async def test_a_new_inbox_shows_up_live(database):
             assert "zz-late" not in {s.name for s in screen.order}
             async with await Inbox.open(database, name="zz-late") as late:
                 await late.ingest("chat", "m-1", {"text": "hi"})
-            await wait_for(pilot, lambda: "zz-late" in {s.name for s in screen.order},
-                           what="the new inbox", timeout=10)
+            await wait_for(
+                pilot,
+                lambda: "zz-late" in {s.name for s in screen.order},
+                what="the new inbox",
+                timeout=10,
+            )
             assert len(screen.order) == INBOXES + 1
             assert app.fleet_desk.summaries["zz-late"].pending == 1
     finally:
@@ -154,14 +172,16 @@ async def test_a_lost_connection_is_said_once_and_the_fleet_is_read_again(databa
             await loaded(app, pilot)
             desk = app.fleet_desk
             with psycopg.connect(database, autocommit=True) as admin:
-                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = current_database() AND pid <> pg_backend_pid()")
-            await wait_for(pilot, lambda: desk.failure is not None, what="the lost connection",
-                           timeout=10)
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            await wait_for(
+                pilot, lambda: desk.failure is not None, what="the lost connection", timeout=10
+            )
             assert "lost the connection" in desk.failure
             assert len(desk.summaries) == INBOXES  # what was read last stays on screen
-            await wait_for(pilot, lambda: desk.failure is None, what="the reconnection",
-                           timeout=15)
+            await wait_for(pilot, lambda: desk.failure is None, what="the reconnection", timeout=15)
             toasts = [n.message for n in app._notifications]
             assert sum("cannot scan the fleet" in str(m) for m in toasts) == 1
             assert any("read again" in str(m) for m in toasts)
@@ -174,10 +194,14 @@ def test_tui_on_a_url_opens_the_fleet_or_one_inbox(database, monkeypatch):
     from tui import app as app_module, fleet as fleet_module
 
     calls = []
-    monkeypatch.setattr(fleet_module, "run", lambda target, read_only=False:
-                        calls.append(("fleet", target)) or 0)
-    monkeypatch.setattr(app_module, "run", lambda path, read_only=False, name="default":
-                        calls.append(("inbox", path, name)) or 0)
+    monkeypatch.setattr(
+        fleet_module, "run", lambda target, read_only=False: calls.append(("fleet", target)) or 0
+    )
+    monkeypatch.setattr(
+        app_module,
+        "run",
+        lambda path, read_only=False, name="default": calls.append(("inbox", path, name)) or 0,
+    )
     assert cli.main(["tui", database]) == 0
     assert cli.main(["tui", database, "--inbox", "agent-03"]) == 0
     assert calls == [("fleet", database), ("inbox", database, "agent-03")]

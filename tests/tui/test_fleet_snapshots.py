@@ -43,6 +43,7 @@ def driver(keys: tuple[str, ...], screen: type):
         await settle(app, pilot)
         app.tick()
         await pilot.pause()
+
     return run_before
 
 

@@ -57,8 +57,9 @@ async def test_summary_of_runs_lease_and_outbox(tmp_path):
             await inbox.ingest("chat", f"m{i}", {}, now=at)
             gen = await inbox.acquire("w", now=at)
             batch = await inbox.claim_batch("w", gen, now=at)
-            await inbox.finish("w", gen, [e.id for e in batch], ["r"] if not error else [],
-                               error=error, now=at + 1)
+            await inbox.finish(
+                "w", gen, [e.id for e in batch], ["r"] if not error else [], error=error, now=at + 1
+            )
         await inbox.hold_outbox(now=T0)
     summary = read_summary(path, "w.db", "w", T0)
     assert summary.problem is None and summary.lease.holder == "w"
@@ -68,9 +69,16 @@ async def test_summary_of_runs_lease_and_outbox(tmp_path):
 
 def test_a_summary_read_never_writes_a_foreign_file(tmp_path):
     path = tmp_path / "other.sqlite"
-    subprocess.run([sys.executable, "-c", f"import sqlite3; d = sqlite3.connect({str(path)!r}); "
-                    "d.execute('PRAGMA journal_mode=DELETE'); d.execute('CREATE TABLE x (y)'); "
-                    "d.commit()"], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sqlite3; d = sqlite3.connect({str(path)!r}); "
+            "d.execute('PRAGMA journal_mode=DELETE'); d.execute('CREATE TABLE x (y)'); "
+            "d.commit()",
+        ],
+        check=True,
+    )
     before = path.read_bytes()
     summary = read_summary(str(path), "other.sqlite", "other", T0)
     assert "not an onwatch inbox (tables: x)" in summary.problem

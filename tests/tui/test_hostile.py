@@ -21,12 +21,24 @@ LINK = "[link=http://x]y[/link]"
 STYLE = "[bold red]z"
 OSC = "\x1b]0;pwned\x07"
 CLEAR = "\x1b[2J"
-HOSTILE = [CLICK, LINK, STYLE, OSC, CLEAR, "a\rb", "c\bd", "e\x7ff", "g\x9bh", "\u202eevil",
-           "line one\nline two"]
+HOSTILE = [
+    CLICK,
+    LINK,
+    STYLE,
+    OSC,
+    CLEAR,
+    "a\rb",
+    "c\bd",
+    "e\x7ff",
+    "g\x9bh",
+    "\u202eevil",
+    "line one\nline two",
+]
 RAW = ("\x1b", "\x07", "\r", "\b", "\x7f", "\x9b", "\u202e")
 
 
 # --- the helper itself ----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_safe_text_is_literal_and_escapes_controls(value):
@@ -64,6 +76,7 @@ def test_non_strings_and_odd_bytes():
 
 # --- in the running app ---------------------------------------------------------------------
 
+
 async def hostile_inbox(path: str) -> tuple[Inbox, FakeClock]:
     clock = FakeClock(T0)
     inbox = await Inbox.open(path, clock=clock)
@@ -74,10 +87,16 @@ async def hostile_inbox(path: str) -> tuple[Inbox, FakeClock]:
     # the first claim takes a batch; finish it with hostile errors, messages and approvals
     batch = await inbox.claim_batch("w", gen)
     first, rest = batch[:2], batch[2:]
-    await inbox.finish("w", gen, [e.id for e in rest[:1]],
-                       messages=[f"{value} body" for value in HOSTILE],
-                       approvals=[ApprovalRequest(CLICK, 3600, f"{LINK} {OSC} {STYLE}"),
-                                  ApprovalRequest(f"req{CLEAR}", 3600, "line one\nline two")])
+    await inbox.finish(
+        "w",
+        gen,
+        [e.id for e in rest[:1]],
+        messages=[f"{value} body" for value in HOSTILE],
+        approvals=[
+            ApprovalRequest(CLICK, 3600, f"{LINK} {OSC} {STYLE}"),
+            ApprovalRequest(f"req{CLEAR}", 3600, "line one\nline two"),
+        ],
+    )
     for event in first:
         await inbox.finish("w", gen, [event.id], error=f"{CLICK} {OSC} {LINK}")
     await inbox.add_timer(f"t{OSC}", T0 + 60, {"x": CLICK})
@@ -90,8 +109,10 @@ async def hostile(tmp_path):
     inbox, clock = await hostile_inbox(path)
     # A payload that decodes to a lone surrogate, written as a JSON escape by a raw writer.
     with sqlite3.connect(path) as db:
-        db.execute("UPDATE events SET payload = ? WHERE source_id = ?",
-                   (json.dumps({"odd": "\udcff\ud800"}), "line one\nline two"))
+        db.execute(
+            "UPDATE events SET payload = ? WHERE source_id = ?",
+            (json.dumps({"odd": "\udcff\ud800"}), "line one\nline two"),
+        )
     try:
         yield inbox, clock, path
     finally:
@@ -117,9 +138,20 @@ async def test_every_pane_shows_hostile_text_literally(hostile):
             await pilot.pause()
             seen.append(assert_clean(app))
         shown = "\n".join(seen)
-        for literal in (CLICK, LINK, STYLE, "\\x1b]0;pwned\\x07", "\\x1b[2J", "a\\rb",
-                        "c\\x08d", "e\\x7ff", "g\\x9bh", "\\u202eevil",
-                        "line one\\nline two", "t\\x1b]0;pwned"):
+        for literal in (
+            CLICK,
+            LINK,
+            STYLE,
+            "\\x1b]0;pwned\\x07",
+            "\\x1b[2J",
+            "a\\rb",
+            "c\\x08d",
+            "e\\x7ff",
+            "g\\x9bh",
+            "\\u202eevil",
+            "line one\\nline two",
+            "t\\x1b]0;pwned",
+        ):
             assert literal in shown, literal
 
 

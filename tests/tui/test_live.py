@@ -31,9 +31,14 @@ async def test_another_connection_writes_and_the_panes_follow(seeded):
             await other.resume()
             claimed = await other.claim_batch("worker-b", gen)
             assert claimed
-            await wait_for(pilot, lambda: "gh-live-1" not in
-                           " ".join(r.source_id for r in app.pane("pending").records()),
-                           timeout=3, what="the claimed row to leave Pending")
+            await wait_for(
+                pilot,
+                lambda: (
+                    "gh-live-1" not in " ".join(r.source_id for r in app.pane("pending").records())
+                ),
+                timeout=3,
+                what="the claimed row to leave Pending",
+            )
             await pilot.press("2")
             await wait_for_text(pilot, "gh-live-1", timeout=3)
         finally:
@@ -103,8 +108,10 @@ def test_run_refuses_a_file_that_is_not_sqlite(tmp_path, capsys):
 
 def test_run_reports_a_locked_inbox(tmp_path, capsys, monkeypatch):
     async def busy(*args, **kwargs):
-        raise InboxBusy("inbox x.db stayed locked by another process for more than 5 s; "
-                        "nothing was changed, try again")
+        raise InboxBusy(
+            "inbox x.db stayed locked by another process for more than 5 s; "
+            "nothing was changed, try again"
+        )
 
     monkeypatch.setattr(app_module.Inbox, "open", busy)
     assert app_module.run(str(tmp_path / "x.db")) == 2
@@ -161,8 +168,12 @@ async def test_a_failed_read_is_shown_and_retried(seeded):
             assert "cannot read the inbox: inbox stayed locked" in screen_text(app)
         finally:
             inbox.overview = original
-        await wait_for(pilot, lambda: "updated 0s ago" in screen_text(app), timeout=3,
-                       what="the poll to read again")
+        await wait_for(
+            pilot,
+            lambda: "updated 0s ago" in screen_text(app),
+            timeout=3,
+            what="the poll to read again",
+        )
 
 
 async def test_a_failed_poll_is_shown_and_cleared_once_the_file_answers(seeded):
@@ -187,8 +198,12 @@ async def test_a_failed_poll_is_shown_and_cleared_once_the_file_answers(seeded):
             await wait_for_text(pilot, "cannot read the inbox: inbox stayed locked", timeout=3)
         finally:
             del inbox.change_token
-        await wait_for(pilot, lambda: "updated 0s ago" in screen_text(app), timeout=3,
-                       what="the next poll to clear the problem")
+        await wait_for(
+            pilot,
+            lambda: "updated 0s ago" in screen_text(app),
+            timeout=3,
+            what="the next poll to clear the problem",
+        )
 
 
 async def test_a_change_reads_only_the_shown_pane(seeded):
@@ -200,9 +215,11 @@ async def test_a_change_reads_only_the_shown_pane(seeded):
         await started(app, pilot)
         windows = []
         for name in ("events", "timers", "approvals", "held_messages"):
+
             def counting(*args, _original=getattr(inbox, name), _name=name, **kwargs):  # noqa: B008 - evaluated once, on purpose
                 windows.append(_name)
                 return _original(*args, **kwargs)
+
             setattr(inbox, name, counting)
         other = await Inbox.open(path, create=False, clock=clock)
         try:

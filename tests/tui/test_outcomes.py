@@ -24,6 +24,7 @@ async def two(tmp_path):
 def no_log_reads(monkeypatch, inbox):
     async def refuse(*args, **kwargs):
         raise AssertionError("the desk re-read the audit log")
+
     monkeypatch.setattr(inbox, "audit", refuse)
 
 
@@ -35,7 +36,8 @@ async def test_an_event_another_operator_buried_meanwhile(two, monkeypatch):
     no_log_reads(monkeypatch, mine)
     outcome = await operator.event_action(mine, "cancel", seen, now=mine.now(), actor="ana")
     assert outcome == operator.Outcome(
-        False, "#1: changed meanwhile: it went to dead (it was pending)")
+        False, "#1: changed meanwhile: it went to dead (it was pending)"
+    )
     assert (await other.get_event(1)).status == "dead"
 
 
@@ -46,18 +48,15 @@ async def test_a_refusal_reason_comes_from_the_action_itself(two, monkeypatch):
     seen = await mine.get_event(1)  # dead: resolve applies only to interrupted
     no_log_reads(monkeypatch, mine)
     outcome = await operator.event_action(mine, "resolve", seen, now=mine.now(), actor="ana")
-    assert outcome == operator.Outcome(
-        False, "#1: cannot resolve a dead event (only interrupted)")
+    assert outcome == operator.Outcome(False, "#1: cannot resolve a dead event (only interrupted)")
 
 
-async def test_an_answer_is_applied_for_this_operator_even_if_another_writes_next(two,
-                                                                                  monkeypatch):
+async def test_an_answer_is_applied_for_this_operator_even_if_another_writes_next(two, monkeypatch):
     mine, other = two
     await mine.request_approval("r1", 3600, "refund 5")
     approval = (await mine.approvals())[0]
     no_log_reads(monkeypatch, mine)
-    outcome = await operator.approval_action(mine, "approve", approval, now=mine.now(),
-                                             actor="ana")
+    outcome = await operator.approval_action(mine, "approve", approval, now=mine.now(), actor="ana")
     assert outcome == operator.Outcome(True, "approved r1")
     assert await other.answer_approval("r1", "no", actor="bob") == "yes"
 

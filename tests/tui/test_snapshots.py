@@ -38,6 +38,7 @@ def make_app(tmp_path):
 
 def driver(*keys: str, screen: type | None = None):
     """A run_before that waits for the first read, presses `keys`, and waits for `screen`."""
+
     async def run_before(pilot) -> None:
         app = pilot.app
         await asyncio.wait_for(app.loaded.wait(), 10)
@@ -53,6 +54,7 @@ def driver(*keys: str, screen: type | None = None):
         await settle(app, pilot)
         app.tick()
         await pilot.pause()
+
     return run_before
 
 
@@ -83,5 +85,4 @@ def test_snapshot(case, make_app, snap_compare):
 
 
 def test_snapshot_read_only(make_app, snap_compare):
-    assert snap_compare(make_app(read_only=True), terminal_size=WIDE,
-                        run_before=driver("4"))
+    assert snap_compare(make_app(read_only=True), terminal_size=WIDE, run_before=driver("4"))

@@ -23,9 +23,11 @@ async def test_a_set_aside_timer_is_shown_with_its_reason(tmp_path):
     inbox = await Inbox.open(path, clock=clock)
     await inbox.add_timer("hourly-digest", T0 + 3600, {"digest": True}, every=3600)
     with sqlite3.connect(path) as raw:
-        raw.execute("INSERT INTO timers (id, kind, due, every, catch_up, payload) "
-                    "VALUES (?, 'timer', ?, NULL, 'coalesce', '{not json')",
-                    (HOSTILE_ID, T0 - 10))
+        raw.execute(
+            "INSERT INTO timers (id, kind, due, every, catch_up, payload) "
+            "VALUES (?, 'timer', ?, NULL, 'coalesce', '{not json')",
+            (HOSTILE_ID, T0 - 10),
+        )
     raw.close()
     assert await inbox.run_scheduler(now=T0) == 1  # due, and set aside instead of fired
     with sqlite3.connect(path) as raw:
@@ -54,8 +56,8 @@ async def test_a_set_aside_timer_is_shown_with_its_reason(tmp_path):
     finally:
         await inbox.close()
     with sqlite3.connect(path) as raw:  # still set aside, never fired, nothing else written
-        assert raw.execute("SELECT broken IS NOT NULL, last_fired FROM timers WHERE id = ?",
-                           (HOSTILE_ID,)).fetchone() == (1, None)
-        assert raw.execute("SELECT count(*) FROM events WHERE source = 'timer'"
-                           ).fetchone()[0] == 0
+        assert raw.execute(
+            "SELECT broken IS NOT NULL, last_fired FROM timers WHERE id = ?", (HOSTILE_ID,)
+        ).fetchone() == (1, None)
+        assert raw.execute("SELECT count(*) FROM events WHERE source = 'timer'").fetchone()[0] == 0
     raw.close()

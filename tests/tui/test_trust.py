@@ -36,6 +36,7 @@ async def pending_inbox(path: str, n: int = 12) -> tuple[Inbox, FakeClock]:
 
 # --- the right row --------------------------------------------------------------------------
 
+
 async def test_the_highlight_stays_on_its_event_while_rows_above_it_go(tmp_path):
     path = str(tmp_path / "live.db")
     inbox, clock = await pending_inbox(path)
@@ -53,8 +54,11 @@ async def test_the_highlight_stays_on_its_event_while_rows_above_it_go(tmp_path)
             raw.execute("DELETE FROM events WHERE id = 1")
             raw.commit()
             raw.close()
-            await wait_for(pilot, lambda: "1" not in pane._records and "5" not in pane._records,
-                           what="the rows above to leave")
+            await wait_for(
+                pilot,
+                lambda: "1" not in pane._records and "5" not in pane._records,
+                what="the rows above to leave",
+            )
             assert pane.cursor_key() == "8"
             assert pane.table.cursor_row == list(pane._records).index("8")
             # The event itself leaves: the pane says so and stays at the same height.
@@ -128,8 +132,11 @@ async def test_marks_hidden_by_a_filter_are_left_out_and_said_so(tmp_path):
             assert "2 marked rows are hidden by the filter" in text
             await press(pilot, "y")
             await wait_for_text(pilot, "cancelled #7")
-            assert [(await inbox.get_event(i)).status for i in (3, 4, 7)] == \
-                ["pending", "pending", "cancelled"]
+            assert [(await inbox.get_event(i)).status for i in (3, 4, 7)] == [
+                "pending",
+                "pending",
+                "cancelled",
+            ]
             # Escape clears the filter; * marks every row shown, u clears every mark.
             await press(pilot, "escape")
             await wait_for(pilot, lambda: len(pane._records) == 7, what="every row again")
@@ -153,8 +160,9 @@ async def test_a_burst_of_pasted_keys_goes_into_the_filter_not_a_dialog(tmp_path
             for char in "/chat":
                 key = "slash" if char == "/" else char
                 app.post_message(events.Key(key, char))
-            await wait_for(pilot, lambda: isinstance(app.screen, FilterScreen),
-                           what="the filter dialog")
+            await wait_for(
+                pilot, lambda: isinstance(app.screen, FilterScreen), what="the filter dialog"
+            )
             await pilot.pause()
             screens = [type(s).__name__ for s in app.screen_stack]
             assert "ConfirmScreen" not in screens, screens
@@ -204,6 +212,7 @@ async def test_vim_and_k9s_keys_move_the_cursor(tmp_path):
 
 
 # --- the right file -------------------------------------------------------------------------
+
 
 async def test_a_deleted_and_replaced_file_raises_an_alarm_and_refuses_actions(tmp_path):
     path = str(tmp_path / "live.db")

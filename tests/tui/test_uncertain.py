@@ -46,16 +46,18 @@ async def test_operator_settles_an_uncertain_send_once(seeded):
     inbox, clock, _ = seeded
     delivery_id = await _cut_off(inbox, clock)
     now = clock.now()
-    first = await operator.delivery_action(inbox, "mark_sent", delivery_id, now=now,
-                                           actor="ann")
+    first = await operator.delivery_action(inbox, "mark_sent", delivery_id, now=now, actor="ann")
     assert first.applied and "marked sent" in first.text
-    again = await operator.delivery_action(inbox, "send_again", delivery_id, now=now,
-                                           actor="bob")
+    again = await operator.delivery_action(inbox, "send_again", delivery_id, now=now, actor="bob")
     assert not again.applied and "it is sent now, not uncertain" in again.text
     assert (await inbox.overview()).uncertain_deliveries == 0
     [entry, earlier] = await inbox.audit(target=f"delivery {delivery_id}", limit=2)
     assert (earlier.actor, earlier.applied, entry.actor, entry.applied) == (
-        "ann", True, "bob", False)
+        "ann",
+        True,
+        "bob",
+        False,
+    )
 
 
 @pytest.mark.parametrize("key, word", [("x", "marked sent"), ("A", "held again")])

@@ -15,24 +15,38 @@ from pathlib import Path
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # The system browser, headless, with nothing that phones home or downloads.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
-NO_CHROMIUM = ("no Chromium on this machine (Debian/Ubuntu: apt-get install chromium; "
-               ".ci/run installs it when run as root); the browser test launches the system's "
-               "browser and never downloads one")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+NO_CHROMIUM = (
+    "no Chromium on this machine (Debian/Ubuntu: apt-get install chromium; "
+    ".ci/run installs it when run as root); the browser test launches the system's "
+    "browser and never downloads one"
+)
 
-HOSTILE_ACTION = ("refund 40 [@click=app.quit]x[/] <script>window.__pwned=1</script> "
-                  "\x1b]0;PWNED\x07\x1b[2J<img src=x onerror=window.__pwned=2>")
-HOSTILE_PAYLOAD = ("[@click=app.quit]pay[/] <script>window.__pwned=3</script> "
-                   "\x1b]0;PAYLOAD\x07 [link=https://evil.example]here[/link]")
+HOSTILE_ACTION = (
+    "refund 40 [@click=app.quit]x[/] <script>window.__pwned=1</script> "
+    "\x1b]0;PWNED\x07\x1b[2J<img src=x onerror=window.__pwned=2>"
+)
+HOSTILE_PAYLOAD = (
+    "[@click=app.quit]pay[/] <script>window.__pwned=3</script> "
+    "\x1b]0;PAYLOAD\x07 [link=https://evil.example]here[/link]"
+)
 CSI = re.compile(rb"\x1b\[[0-9;?<>=]*[ -/]*[@-~]")
 
 
 class WebProcess:
     """`onwatch web DB --port 0 …` in its own process; stdout and stderr kept in files."""
 
-    def __init__(self, target: Path, logs: Path, *extra: str,
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, target: Path, logs: Path, *extra: str, env: dict[str, str] | None = None
+    ) -> None:
         self.target, self.extra = target, extra
         self.out, self.err = logs / "web.out", logs / "web.err"
         base = {k: v for k, v in os.environ.items() if not k.startswith("ONWATCH_")}
@@ -42,12 +56,16 @@ class WebProcess:
     def start(self, timeout: float = 20.0) -> "WebProcess":
         self._out, self._err = open(self.out, "wb"), open(self.err, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "web", str(self.target), "--port", "0",
-             *self.extra], stdout=self._out, stderr=self._err, env=self.env)
+            [sys.executable, "-m", "cli", "web", str(self.target), "--port", "0", *self.extra],
+            stdout=self._out,
+            stderr=self._err,
+            env=self.env,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = re.search(r"^open (http://\S+?)/\?token=(\S+)$", self.out.read_text(),
-                              re.MULTILINE)
+            found = re.search(
+                r"^open (http://\S+?)/\?token=(\S+)$", self.out.read_text(), re.MULTILINE
+            )
             if found:
                 self.url, self.token = found.group(1), found.group(2)
                 return self
@@ -75,8 +93,12 @@ class Screen:
         page.on("websocket", self._watch)
 
     def _watch(self, socket) -> None:
-        socket.on("framereceived", lambda payload: self.frames.append(
-            payload if isinstance(payload, bytes) else payload.encode()))
+        socket.on(
+            "framereceived",
+            lambda payload: self.frames.append(
+                payload if isinstance(payload, bytes) else payload.encode()
+            ),
+        )
 
     @property
     def raw(self) -> bytes:

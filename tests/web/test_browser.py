@@ -13,8 +13,7 @@ from core import Inbox
 from .helpers import CHROMIUM, NO_CHROMIUM, Screen, WebProcess, launch
 from .seed import APPROVAL, seed
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(CHROMIUM is None, reason=NO_CHROMIUM)]
 
 playwright_api = pytest.importorskip("playwright.async_api")
 
@@ -55,12 +54,13 @@ async def test_desk_in_the_browser_shows_the_panes_and_approves_by_keystroke(des
     response = await page.goto(f"{web.url}/?token={web.token}")
     assert response.status == 200
     assert page.url == f"{web.url}/", "the token must leave the address bar"
-    cookie, = await page.context.cookies()
+    (cookie,) = await page.context.cookies()
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
     assert web.token not in cookie["value"]
 
-    await screen.wait_for("Pending", "Running", "Dead", "Approvals", "Timers", "Outbox",
-                          "msg-5", "lease")
+    await screen.wait_for(
+        "Pending", "Running", "Dead", "Approvals", "Timers", "Outbox", "msg-5", "lease"
+    )
     await page.focus(".xterm-helper-textarea")
     await screen.press(page, "4")
     await screen.wait_for("send the daily digest", "refund 40")
@@ -74,7 +74,7 @@ async def test_desk_in_the_browser_shows_the_panes_and_approves_by_keystroke(des
     assert await answer(db, APPROVAL) == "yes"
     async with await Inbox.open(db, create=False) as inbox:
         assert (await inbox.get_approval("send-digest")).answer is None
-        entry, = await inbox.audit(limit=5, target=f"approval {APPROVAL}")
+        (entry,) = await inbox.audit(limit=5, target=f"approval {APPROVAL}")
         assert (entry.before, entry.after, entry.applied) == ("waiting", "yes", True)
 
 
@@ -90,8 +90,9 @@ async def test_hostile_text_stays_inert_in_the_page(desk, browser):
     await page.keyboard.press("4")
     # Markup shown as its own characters (a parsed [@click] would leave just "x"), HTML as
     # text inside the terminal's canvas, ESC shown as the four characters \x1b.
-    await screen.wait_for("[@click=app.quit]x[/]", "<script>window.__pwned=1</script>",
-                          "\\x1b]0;PWNED\\x07\\x1b[2J")
+    await screen.wait_for(
+        "[@click=app.quit]x[/]", "<script>window.__pwned=1</script>", "\\x1b]0;PWNED\\x07\\x1b[2J"
+    )
     assert b"\x1b]0;PWNED" not in screen.raw and b"PWNED\x07" not in screen.raw
     assert b"\x1b[2J<img" not in screen.raw
     # the hostile event's payload, in its detail view (pane 1, its first row, Enter)
@@ -104,8 +105,11 @@ async def test_hostile_text_stays_inert_in_the_page(desk, browser):
         except AssertionError:
             if attempt == 2:
                 raise
-    await screen.wait_for("[@click=app.quit]pay[/]", "<script>window.__pwned=3</script>",
-                          "[link=https://evil.example]here[/link]")
+    await screen.wait_for(
+        "[@click=app.quit]pay[/]",
+        "<script>window.__pwned=3</script>",
+        "[link=https://evil.example]here[/link]",
+    )
     assert b"\x1b]0;PAYLOAD" not in screen.raw and b"PAYLOAD\x07" not in screen.raw
     assert b"\x1b]8;" not in screen.raw  # no hyperlink was made of the [link] markup
     await page.keyboard.press("Escape")
@@ -117,11 +121,11 @@ async def test_hostile_text_stays_inert_in_the_page(desk, browser):
     await page.keyboard.press("6")
     await screen.wait_for("Outbox")
     assert "Session ended" not in await page.evaluate(
-        "document.body.classList.contains('-closed') ? 'Session ended' : ''")
+        "document.body.classList.contains('-closed') ? 'Session ended' : ''"
+    )
 
 
-async def test_wrong_token_gets_401_then_429_and_the_token_never_reaches_the_log(desk,
-                                                                                 browser):
+async def test_wrong_token_gets_401_then_429_and_the_token_never_reaches_the_log(desk, browser):
     db, web = desk
     operator = await (await browser.new_context()).new_page()
     assert (await operator.goto(f"{web.url}/?token={web.token}")).status == 200

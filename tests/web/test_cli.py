@@ -21,15 +21,18 @@ def db(tmp_path):
     return path
 
 
-@pytest.mark.parametrize("argv, env, message", [
-    (["--host", "0.0.0.0"], {}, "refusing to listen on 0.0.0.0 without $ONWATCH_WEB_TOKEN"),
-    (["--host", "192.168.1.5"], {}, "without $ONWATCH_WEB_TOKEN"),
-    ([], {"ONWATCH_WEB_TOKEN": "short"}, "ONWATCH_WEB_TOKEN is too short"),
-    (["--inbox", "alice"], {}, "--inbox picks an inbox inside a PostgreSQL database"),
-    (["--public-url", "desk.example.org"], {}, "--public-url must be like"),
-    (["--public-url", "https://desk.example.org/x?y"], {}, "--public-url must be like"),
-    (["--port", "70000"], {}, "argument --port: expected a port from 0 to 65535"),
-])
+@pytest.mark.parametrize(
+    "argv, env, message",
+    [
+        (["--host", "0.0.0.0"], {}, "refusing to listen on 0.0.0.0 without $ONWATCH_WEB_TOKEN"),
+        (["--host", "192.168.1.5"], {}, "without $ONWATCH_WEB_TOKEN"),
+        ([], {"ONWATCH_WEB_TOKEN": "short"}, "ONWATCH_WEB_TOKEN is too short"),
+        (["--inbox", "alice"], {}, "--inbox picks an inbox inside a PostgreSQL database"),
+        (["--public-url", "desk.example.org"], {}, "--public-url must be like"),
+        (["--public-url", "https://desk.example.org/x?y"], {}, "--public-url must be like"),
+        (["--port", "70000"], {}, "argument --port: expected a port from 0 to 65535"),
+    ],
+)
 def test_refusals(db, capsys, monkeypatch, argv, env, message):
     monkeypatch.delenv("ONWATCH_WEB_TOKEN", raising=False)
     for key, value in env.items():
@@ -50,8 +53,15 @@ def test_a_folder_is_served_as_the_fleet_desk(tmp_path):
     from tui.web import plan
 
     class Args:
-        target, inbox, host, port, read_only, public_url = \
-            str(tmp_path), None, "127.0.0.1", 8000, True, None
+        target, inbox, host, port, read_only, public_url = (
+            str(tmp_path),
+            None,
+            "127.0.0.1",
+            8000,
+            True,
+            None,
+        )
+
     chosen = plan(Args, {})
     assert chosen.command.endswith(f"tui {tmp_path} --read-only")
     assert chosen.token_generated and len(chosen.token) >= 40
@@ -61,8 +71,8 @@ def test_a_configured_token_may_listen_beyond_loopback(db):
     from tui.web import plan
 
     class Args:
-        target, inbox, host, port, read_only, public_url = \
-            str(db), None, "0.0.0.0", 0, False, None
+        target, inbox, host, port, read_only, public_url = str(db), None, "0.0.0.0", 0, False, None
+
     chosen = plan(Args, {"ONWATCH_WEB_TOKEN": "a-long-chosen-token-0123456789"})
     assert not chosen.token_generated and chosen.token == "a-long-chosen-token-0123456789"
 
@@ -75,9 +85,10 @@ async def test_a_configured_token_is_not_printed_nor_inherited_by_the_desks(db, 
     try:
         assert web.token == "$ONWATCH_WEB_TOKEN"
         async with aiohttp.ClientSession() as http:
-            async with http.ws_connect(f"{web.url}/ws?width=80&height=24",
-                                       headers={"Authorization": f"Bearer {token}",
-                                                "Origin": web.url}) as ws:
+            async with http.ws_connect(
+                f"{web.url}/ws?width=80&height=24",
+                headers={"Authorization": f"Bearer {token}", "Origin": web.url},
+            ) as ws:
                 screen = b""
                 deadline = time.monotonic() + 20
                 while b"Pending" not in screen and time.monotonic() < deadline:

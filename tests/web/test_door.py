@@ -121,6 +121,7 @@ async def test_websocket_needs_the_session_and_the_desks_own_origin(client):
 
 def test_failure_memory_is_bounded(monkeypatch):
     import tui.web.door as door
+
     monkeypatch.setattr(door, "MAX_ADDRESSES", 100)
     limit = FailureLimit(clock=Clock())
     for n in range(1000):
@@ -141,10 +142,12 @@ async def test_access_log_never_writes_the_query_string(client, caplog):
     class Request:
         remote, method, path = "127.0.0.1", "GET", "/"
         path_qs = f"/?token={TOKEN}"
+
     access.log(Request(), response, 0.001)
     # Only the door's loggers: the test client's own access log (aiohttp's default, not the
     # one `onwatch web` installs) may be on when another test left the root logger at INFO.
-    ours = "\n".join(record.getMessage() for record in caplog.records
-                     if record.name.startswith("onwatch.web"))
+    ours = "\n".join(
+        record.getMessage() for record in caplog.records if record.name.startswith("onwatch.web")
+    )
     assert "GET / 303" in ours
     assert TOKEN not in ours and "wrong-guess" not in ours

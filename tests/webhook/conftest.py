@@ -28,8 +28,9 @@ async def serve():
     servers = []
 
     async def start(inbox, *, secrets: Secrets | None = None, max_body: int | None = None):
-        server = await start_server(inbox, secrets=secrets or default_secrets(),
-                                    host="127.0.0.1", port=0, max_body=max_body)
+        server = await start_server(
+            inbox, secrets=secrets or default_secrets(), host="127.0.0.1", port=0, max_body=max_body
+        )
         servers.append(server)
         return server
 
@@ -47,4 +48,3 @@ async def server(inbox, serve):
 async def http():
     async with aiohttp.ClientSession() as session:
         yield session
-

@@ -39,22 +39,29 @@ def stripe_signature(body: bytes, secrets: list[str], t: int) -> str:
     """docs.stripe.com, "Verify webhook signatures manually": t=<timestamp>, then one
     v1=<hex HMAC-SHA256 of "{t}.{payload}"> per active signing secret."""
     signed = f"{t}.".encode() + body
-    return ",".join([f"t={t}"] + [
-        "v1=" + hmac.new(s.encode(), signed, hashlib.sha256).hexdigest() for s in secrets])
+    return ",".join(
+        [f"t={t}"]
+        + ["v1=" + hmac.new(s.encode(), signed, hashlib.sha256).hexdigest() for s in secrets]
+    )
 
 
-def github_headers(body: bytes, delivery: str | None, *, secret: str = GITHUB_SECRET,
-                   event: str = "push") -> dict[str, str]:
-    headers = {"X-Hub-Signature-256": github_signature(secret, body), "X-GitHub-Event": event,
-               "Content-Type": "application/json"}
+def github_headers(
+    body: bytes, delivery: str | None, *, secret: str = GITHUB_SECRET, event: str = "push"
+) -> dict[str, str]:
+    headers = {
+        "X-Hub-Signature-256": github_signature(secret, body),
+        "X-GitHub-Event": event,
+        "Content-Type": "application/json",
+    }
     if delivery is not None:
         headers["X-GitHub-Delivery"] = delivery
     return headers
 
 
 def stripe_event(event_id: str, kind: str = "invoice.paid") -> bytes:
-    return json.dumps({"id": event_id, "object": "event", "type": kind,
-                       "data": {"object": {"id": "in_1"}}}).encode()
+    return json.dumps(
+        {"id": event_id, "object": "event", "type": kind, "data": {"object": {"id": "in_1"}}}
+    ).encode()
 
 
 def standard_signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:
@@ -65,13 +72,16 @@ def standard_signature(secret: str, msg_id: str, timestamp: int, body: bytes) ->
     return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
 
 
-def standard_headers(body: bytes, msg_id: str | None, *, secret: str = HOOK_SECRET,
-                     timestamp: int | None = None) -> dict:
+def standard_headers(
+    body: bytes, msg_id: str | None, *, secret: str = HOOK_SECRET, timestamp: int | None = None
+) -> dict:
     """Standard Webhooks headers for `body` (webhook-id left out when msg_id is None)."""
     timestamp = int(time.time()) if timestamp is None else timestamp
-    headers = {"webhook-timestamp": str(timestamp),
-               "webhook-signature": standard_signature(secret, msg_id or "", timestamp, body),
-               "Content-Type": "application/json"}
+    headers = {
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": standard_signature(secret, msg_id or "", timestamp, body),
+        "Content-Type": "application/json",
+    }
     if msg_id is not None:
         headers["webhook-id"] = msg_id
     return headers
@@ -80,9 +90,12 @@ def standard_headers(body: bytes, msg_id: str | None, *, secret: str = HOOK_SECR
 def secrets_env() -> dict[str, str]:
     """The environment the subprocess receiver gets its secrets from."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ONWATCH_")}
-    env.update(ONWATCH_GITHUB_SECRET=GITHUB_SECRET,
-               ONWATCH_STRIPE_SECRET=f"{STRIPE_SECRET},{STRIPE_OLD_SECRET}",
-               ONWATCH_HOOK_SECRET_CI=HOOK_SECRET, PYTHONDONTWRITEBYTECODE="1")
+    env.update(
+        ONWATCH_GITHUB_SECRET=GITHUB_SECRET,
+        ONWATCH_STRIPE_SECRET=f"{STRIPE_SECRET},{STRIPE_OLD_SECRET}",
+        ONWATCH_HOOK_SECRET_CI=HOOK_SECRET,
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     return env
 
 
@@ -100,12 +113,16 @@ class ServerProcess:
 
     async def start(self, timeout: float = 20.0) -> "ServerProcess":
         from core import Inbox
+
         await (await Inbox.open(self.db)).close()
         self._log_file = open(self.log, "ab")
         log_start = self._log_file.tell()  # a restart appends to the same log
-        self.proc = subprocess.Popen([*self.command, "--port", "0", *self.extra],
-                                     stdout=subprocess.DEVNULL, stderr=self._log_file,
-                                     env=self.env)
+        self.proc = subprocess.Popen(
+            [*self.command, "--port", "0", *self.extra],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log_file,
+            env=self.env,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = self.log.read_bytes()[log_start:].decode(errors="replace")

@@ -15,21 +15,29 @@ BODY = json.dumps({"action": "opened", "issue": {"number": 7, "title": "Webhook 
 async def test_valid_delivery_is_stored_with_its_event_then_deduplicated(server, inbox, http):
     url = server.url + "/hooks/github"
     body = BODY.encode()
-    status, answer, _ = await post(http, url, body, github_headers(body, "guid-1",
-                                                                   event="issues"))
+    status, answer, _ = await post(http, url, body, github_headers(body, "guid-1", event="issues"))
     assert (status, answer) == (202, {"stored": True})
     assert await stored(inbox, "github") == {
-        "guid-1": {"event": "issues", "body": json.loads(BODY)}}
+        "guid-1": {"event": "issues", "body": json.loads(BODY)}
+    }
 
     # GitHub's redelivery of the same delivery: 2xx, so it stops, and still one row.
-    status, answer, _ = await post(http, url, body, github_headers(body, "guid-1",
-                                                                   event="issues"))
+    status, answer, _ = await post(http, url, body, github_headers(body, "guid-1", event="issues"))
     assert (status, answer) == (200, {"stored": False, "duplicate": True})
     assert (await inbox.counts())["pending"] == 1
 
 
-@pytest.mark.parametrize("case", ["tampered body", "wrong secret", "missing signature",
-                                  "sha1 signature", "empty digest", "uppercase garbage"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "tampered body",
+        "wrong secret",
+        "missing signature",
+        "sha1 signature",
+        "empty digest",
+        "uppercase garbage",
+    ],
+)
 async def test_refused_signatures_store_nothing(server, inbox, http, case):
     body = BODY.encode()
     headers = github_headers(body, "guid-2")
@@ -71,8 +79,9 @@ async def test_signed_but_missing_delivery_headers_is_400(server, inbox, http, m
 
 async def test_signed_malformed_json_is_400(server, inbox, http):
     body = b'{"action": "opened",'
-    status, answer, _ = await post(http, server.url + "/hooks/github", body,
-                                   github_headers(body, "guid-4"))
+    status, answer, _ = await post(
+        http, server.url + "/hooks/github", body, github_headers(body, "guid-4")
+    )
     assert status == 400
     assert answer["error"].startswith("malformed JSON")
     assert sum((await inbox.counts()).values()) == 0
@@ -92,8 +101,9 @@ async def test_secret_is_keyed_as_utf8_text(server, inbox, http):
     # The test secret has non-ASCII letters: GitHub keys the HMAC with the secret's UTF-8.
     assert not GITHUB_SECRET.isascii()
     body = b"{}"
-    status, _, _ = await post(http, server.url + "/hooks/github", body,
-                              github_headers(body, "guid-6", event="ping"))
+    status, _, _ = await post(
+        http, server.url + "/hooks/github", body, github_headers(body, "guid-6", event="ping")
+    )
     assert status == 202
 
 

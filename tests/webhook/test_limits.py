@@ -30,17 +30,25 @@ async def read_status(reader, timeout: float = 5.0) -> tuple[int, str]:
 
 
 def signed_head(path: str, body_hint: bytes, *extra: str) -> list[str]:
-    return [f"POST {path} HTTP/1.1", "Host: 127.0.0.1",
-            *(f"{name}: {value}" for name, value in standard_headers(body_hint, "big").items()
-              if name != "Content-Type"),
-            "Content-Type: application/json", *extra]
+    return [
+        f"POST {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        *(
+            f"{name}: {value}"
+            for name, value in standard_headers(body_hint, "big").items()
+            if name != "Content-Type"
+        ),
+        "Content-Type: application/json",
+        *extra,
+    ]
 
 
 async def test_declared_content_length_over_the_limit_is_413(serve, inbox, http):
     server = await serve(inbox, max_body=LIMIT)
     body = b'{"pad": "' + b"x" * LIMIT + b'"}'
-    status, answer, headers = await post(http, server.url + "/hooks/ci", body,
-                                         standard_headers(body, "big"))
+    status, answer, headers = await post(
+        http, server.url + "/hooks/ci", body, standard_headers(body, "big")
+    )
     assert status == 413
     assert f"{LIMIT} bytes" in answer["error"]
     assert headers.get("Connection") == "close"
@@ -51,10 +59,10 @@ async def test_a_body_of_exactly_the_limit_is_accepted(serve, inbox, http):
     server = await serve(inbox, max_body=LIMIT)
     body = b'{"pad": "' + b"x" * (LIMIT - 12) + b'"}'
     assert len(body) == LIMIT - 1
-    for key, payload in (("fits", body), ("fits-exactly", body + b" "),
-                         ("one-over", body + b"  ")):
-        status, _, _ = await post(http, server.url + "/hooks/ci", payload,
-                                  standard_headers(payload, key))
+    for key, payload in (("fits", body), ("fits-exactly", body + b" "), ("one-over", body + b"  ")):
+        status, _, _ = await post(
+            http, server.url + "/hooks/ci", payload, standard_headers(payload, key)
+        )
         assert status == {"fits": 202, "fits-exactly": 202, "one-over": 413}[key], key
 
 
@@ -63,8 +71,9 @@ async def test_chunked_body_over_the_limit_is_refused_mid_stream(serve, inbox):
     than the limit and then nothing: the 413 comes although the body never ends, so the
     receiver did not wait for (or buffer) the rest."""
     server = await serve(inbox, max_body=LIMIT)
-    reader, writer = await raw_request(server, signed_head("/hooks/ci", b"",
-                                                           "Transfer-Encoding: chunked"))
+    reader, writer = await raw_request(
+        server, signed_head("/hooks/ci", b"", "Transfer-Encoding: chunked")
+    )
     chunk = b"x" * 4096
     sent = 0
     while sent <= LIMIT + len(chunk):
@@ -90,8 +99,9 @@ async def test_endless_chunked_upload_gets_413_and_the_connection_closed(serve, 
             yield b"x" * 65536
 
     try:
-        async with http.post(server.url + "/hooks/ci", data=endless(),
-                             headers=standard_headers(b"", "endless")) as response:
+        async with http.post(
+            server.url + "/hooks/ci", data=endless(), headers=standard_headers(b"", "endless")
+        ) as response:
             assert response.status == 413
     except (OSError, asyncio.TimeoutError) as exc:  # a reset may beat the answer
         pytest.fail(f"no answer, the connection failed: {exc!r}")
@@ -101,8 +111,10 @@ async def test_endless_chunked_upload_gets_413_and_the_connection_closed(serve, 
 
 async def test_expect_100_continue_is_refused_before_the_body_is_sent(serve, inbox):
     server = await serve(inbox, max_body=LIMIT)
-    reader, writer = await raw_request(server, signed_head(
-        "/hooks/ci", b"", f"Content-Length: {10 * LIMIT}", "Expect: 100-continue"))
+    reader, writer = await raw_request(
+        server,
+        signed_head("/hooks/ci", b"", f"Content-Length: {10 * LIMIT}", "Expect: 100-continue"),
+    )
     status, head = await read_status(reader)  # no body was sent at all
     assert status == 413
     assert "Connection: close" in head
@@ -112,8 +124,7 @@ async def test_expect_100_continue_is_refused_before_the_body_is_sent(serve, inb
 async def test_expect_100_continue_within_the_limit_continues(serve, inbox):
     server = await serve(inbox, max_body=LIMIT)
     body = b'{"ok": true}'
-    head = signed_head("/hooks/ci", body, f"Content-Length: {len(body)}",
-                       "Expect: 100-continue")
+    head = signed_head("/hooks/ci", body, f"Content-Length: {len(body)}", "Expect: 100-continue")
     reader, writer = await raw_request(server, head)
     status, _ = await read_status(reader)
     assert status == 100
@@ -127,8 +138,9 @@ async def test_expect_100_continue_within_the_limit_continues(serve, inbox):
 async def test_an_unknown_expectation_is_417_and_nothing_is_stored(serve, inbox):
     server = await serve(inbox, max_body=LIMIT)
     body = b'{"ok": true}'
-    reader, writer = await raw_request(server, signed_head(
-        "/hooks/ci", body, f"Content-Length: {len(body)}", "Expect: 200-ok"))
+    reader, writer = await raw_request(
+        server, signed_head("/hooks/ci", body, f"Content-Length: {len(body)}", "Expect: 200-ok")
+    )
     status, _ = await read_status(reader)
     assert status == 417
     writer.close()
@@ -137,9 +149,10 @@ async def test_an_unknown_expectation_is_417_and_nothing_is_stored(serve, inbox)
 
 async def test_expect_100_continue_unsigned_is_401_without_the_body(serve, inbox):
     server = await serve(inbox, max_body=LIMIT)
-    reader, writer = await raw_request(server, [
-        "POST /hooks/github HTTP/1.1", "Host: x", "Content-Length: 100",
-        "Expect: 100-continue"])
+    reader, writer = await raw_request(
+        server,
+        ["POST /hooks/github HTTP/1.1", "Host: x", "Content-Length: 100", "Expect: 100-continue"],
+    )
     status, _ = await read_status(reader)
     assert status == 401
     writer.close()
@@ -148,8 +161,7 @@ async def test_expect_100_continue_unsigned_is_401_without_the_body(serve, inbox
 async def test_a_body_that_never_finishes_is_408(serve, inbox, monkeypatch):
     monkeypatch.setattr(server_module, "BODY_TIMEOUT", 0.3)
     server = await serve(inbox, max_body=LIMIT)
-    reader, writer = await raw_request(server, signed_head("/hooks/ci", b"",
-                                                           "Content-Length: 100"))
+    reader, writer = await raw_request(server, signed_head("/hooks/ci", b"", "Content-Length: 100"))
     writer.write(b"{")
     await writer.drain()
     status, _ = await read_status(reader)
@@ -165,8 +177,9 @@ async def test_payload_over_the_inbox_limit_is_413(tmp_path, serve, http):
         await inbox.reload_settings()
         server = await serve(inbox, max_body=LIMIT)
         body = b'{"pad": "' + b"x" * 2000 + b'"}'
-        status, answer, _ = await post(http, server.url + "/hooks/ci", body,
-                                       standard_headers(body, "k"))
+        status, answer, _ = await post(
+            http, server.url + "/hooks/ci", body, standard_headers(body, "k")
+        )
         assert status == 413
         assert "max_payload_bytes" in answer["error"]
         assert sum((await inbox.counts()).values()) == 0
@@ -206,15 +219,17 @@ async def test_locked_database_is_503_with_retry_after(tmp_path, serve, http):
         server = await serve(inbox)
         body = b'{"n": 1}'
         locker.execute("BEGIN IMMEDIATE")
-        status, answer, headers = await post(http, server.url + "/hooks/ci", body,
-                                             standard_headers(body, "during-lock"))
+        status, answer, headers = await post(
+            http, server.url + "/hooks/ci", body, standard_headers(body, "during-lock")
+        )
         assert status == 503, answer
         assert int(headers["Retry-After"]) > 0
         locker.execute("ROLLBACK")
         assert sum((await inbox.counts()).values()) == 0
         # The sender's retry after the lock is gone is stored.
-        status, _, _ = await post(http, server.url + "/hooks/ci", body,
-                                  standard_headers(body, "during-lock"))
+        status, _, _ = await post(
+            http, server.url + "/hooks/ci", body, standard_headers(body, "during-lock")
+        )
         assert status == 202
     finally:
         locker.close()

@@ -15,8 +15,16 @@ import pytest
 
 from core import Inbox
 
-from .helpers import GITHUB_SECRET, HOOK_SECRET, STRIPE_SECRET, ServerProcess, \
-    standard_headers, github_headers, percentile, stored
+from .helpers import (
+    GITHUB_SECRET,
+    HOOK_SECRET,
+    STRIPE_SECRET,
+    ServerProcess,
+    standard_headers,
+    github_headers,
+    percentile,
+    stored,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -28,8 +36,7 @@ def delivery(n: int) -> tuple[str, bytes]:
     return f"delivery-{n:05d}", json.dumps({"n": n, "pad": PAD}).encode()
 
 
-async def run_clients(url: str, work: list[tuple[str, bytes]], clients: int,
-                      on_answer=None):
+async def run_clients(url: str, work: list[tuple[str, bytes]], clients: int, on_answer=None):
     """`clients` concurrent HTTP clients (one connection each) working through `work`.
     Returns [(key, status or None, seconds)] in completion order."""
     queue: asyncio.Queue = asyncio.Queue()
@@ -44,8 +51,9 @@ async def run_clients(url: str, work: list[tuple[str, bytes]], clients: int,
                 key, body = queue.get_nowait()
                 started = time.perf_counter()
                 try:
-                    async with session.post(url, data=body,
-                                            headers=github_headers(body, key)) as response:
+                    async with session.post(
+                        url, data=body, headers=github_headers(body, key)
+                    ) as response:
                         await response.read()
                         status = response.status
                 except aiohttp.ClientError:
@@ -86,10 +94,12 @@ async def test_bounded_load_2000_deliveries_100_clients_30_percent_duplicates(tm
     assert all(events[key]["body"]["n"] == int(key.split("-")[1]) for key in events)
 
     latencies = [seconds for _, _, seconds in results]
-    figures = (f"webhook load: 2000 deliveries (1400 unique, 600 duplicates), {CLIENTS} "
-               f"concurrent clients, ~1.6 KB each: {2000 / elapsed:.0f} deliveries/s, "
-               f"p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
-               f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, total {elapsed:.2f} s")
+    figures = (
+        f"webhook load: 2000 deliveries (1400 unique, 600 duplicates), {CLIENTS} "
+        f"concurrent clients, ~1.6 KB each: {2000 / elapsed:.0f} deliveries/s, "
+        f"p50 {percentile(latencies, 0.5) * 1000:.1f} ms, "
+        f"p99 {percentile(latencies, 0.99) * 1000:.1f} ms, total {elapsed:.2f} s"
+    )
     print("\n" + figures)
 
     log = server.log.read_text()
@@ -131,8 +141,10 @@ async def test_sigkill_mid_load_loses_no_acknowledged_delivery(tmp_path):
         keys = set(await stored(inbox, "github"))
     missing = acknowledged - keys
     assert not missing, f"{len(missing)} acknowledged deliveries lost, e.g. {sorted(missing)[:5]}"
-    print(f"\nwebhook SIGKILL: {len(acknowledged)} acknowledged, {len(failed)} cut off in "
-          f"flight, {len(keys)} stored (cut-off ones may be stored too); none lost")
+    print(
+        f"\nwebhook SIGKILL: {len(acknowledged)} acknowledged, {len(failed)} cut off in "
+        f"flight, {len(keys)} stored (cut-off ones may be stored too); none lost"
+    )
 
     # Restart on the same file: the senders' retries of acknowledged deliveries are
     # duplicates, the cut-off ones are stored now if they were not before.
@@ -154,8 +166,9 @@ async def test_sigterm_or_sigint_stops_cleanly_with_status_0(tmp_path, sig):
     server = await ServerProcess(tmp_path / "term.db", tmp_path / "server.log").start()
     body = b'{"build": 1}'
     async with aiohttp.ClientSession() as session:
-        async with session.post(server.url + "/hooks/ci", data=body,
-                                headers=standard_headers(body, "b1")) as response:
+        async with session.post(
+            server.url + "/hooks/ci", data=body, headers=standard_headers(body, "b1")
+        ) as response:
             assert response.status == 202
     assert server.stop(sig) == 0
     log = server.log.read_text()
@@ -172,7 +185,8 @@ async def test_port_in_use_is_one_line_and_status_1(tmp_path):
     try:
         port = first.url.rsplit(":", 1)[1]
         proc = await asyncio.create_subprocess_exec(
-            *first.command, "--port", port, stderr=asyncio.subprocess.PIPE, env=first.env)
+            *first.command, "--port", port, stderr=asyncio.subprocess.PIPE, env=first.env
+        )
         _, err = await asyncio.wait_for(proc.communicate(), 20)
         assert proc.returncode == 1
         assert err.decode().count("\n") == 1 and "cannot listen" in err.decode()
@@ -184,8 +198,9 @@ async def test_missing_inbox_is_refused_with_status_2(tmp_path):
     # Like every onwatch command but init, serve does not create an inbox: a typo in PATH
     # must not silently start a second, empty inbox nobody watches.
     server = ServerProcess(tmp_path / "typo.db", tmp_path / "x.log")
-    proc = await asyncio.create_subprocess_exec(*server.command, "--port", "0",
-                                                stderr=asyncio.subprocess.PIPE, env=server.env)
+    proc = await asyncio.create_subprocess_exec(
+        *server.command, "--port", "0", stderr=asyncio.subprocess.PIPE, env=server.env
+    )
     _, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 2
     assert err.decode().count("\n") == 1 and "onwatch init" in err.decode(), err

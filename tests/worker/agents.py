@@ -33,8 +33,9 @@ async def blocking(batch, ctx) -> None:
             open(os.path.join(_dir(), f"inside-{event.source_id}"), "w").close()
             while not os.path.exists(os.path.join(_dir(), "release")):
                 await asyncio.sleep(0.02)
-            _ledger({"effect": "send-mail", "event": event.source_id, "key": key,
-                     "pid": os.getpid()})
+            _ledger(
+                {"effect": "send-mail", "event": event.source_id, "key": key, "pid": os.getpid()}
+            )
         ctx.reply(f"done {event.source_id}")
 
 

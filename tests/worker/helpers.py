@@ -14,25 +14,47 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def env(test_dir: str | os.PathLike, **extra: str) -> dict[str, str]:
-    values = dict(os.environ, ONWATCH_TEST_DIR=str(test_dir), PYTHONDONTWRITEBYTECODE="1",
-                  PYTHONPATH=str(ROOT))
+    values = dict(
+        os.environ,
+        ONWATCH_TEST_DIR=str(test_dir),
+        PYTHONDONTWRITEBYTECODE="1",
+        PYTHONPATH=str(ROOT),
+    )
     values.update(extra)
     return values
 
 
-def onwatch(*args: str, test_dir: str | os.PathLike = "/tmp", timeout: float = 20,
-            input: str | None = None) -> subprocess.CompletedProcess:
+def onwatch(
+    *args: str, test_dir: str | os.PathLike = "/tmp", timeout: float = 20, input: str | None = None
+) -> subprocess.CompletedProcess:
     """Run the `onwatch` command line in a fresh process."""
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=ROOT,
-                          env=env(test_dir), capture_output=True, text=True, timeout=timeout,
-                          input=input)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *map(str, args)],
+        cwd=ROOT,
+        env=env(test_dir),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=input,
+    )
 
 
-def start_worker(path, agent: str, test_dir, *extra: str, holder: str | None = None,
-                 name: str = "worker") -> subprocess.Popen:
+def start_worker(
+    path, agent: str, test_dir, *extra: str, holder: str | None = None, name: str = "worker"
+) -> subprocess.Popen:
     """Start `onwatch worker` in its own process; its output goes to files in test_dir."""
-    args = [sys.executable, "-m", "cli", "worker", str(path), "--agent",
-            f"tests.worker.agents:{agent}", "--poll", "0.1", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "cli",
+        "worker",
+        str(path),
+        "--agent",
+        f"tests.worker.agents:{agent}",
+        "--poll",
+        "0.1",
+        *extra,
+    ]
     if holder:
         args += ["--holder", holder]
     out = open(os.path.join(test_dir, f"{name}.out"), "ab")
@@ -69,8 +91,7 @@ def stop(process: subprocess.Popen, timeout: float = 10.0) -> int:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-            raise AssertionError(f"process {process.pid} ignored SIGTERM for {timeout} s") \
-                from None
+            raise AssertionError(f"process {process.pid} ignored SIGTERM for {timeout} s") from None
     return process.returncode
 
 

@@ -39,14 +39,15 @@ async def test_refund_asks_first_and_acts_only_on_yes(inbox, start, tmp_path, mo
     await running.stop()
     assert str(sent[1]) == "refunded 25 (reference refund:refund-m1)"
     assert [json.loads(line) for line in ledger.read_text().splitlines()] == [
-        {"amount": 25, "key": "refund:refund-m1"}]
+        {"amount": 25, "key": "refund:refund-m1"}
+    ]
     event = (await inbox.events("done"))[-1]
     assert [(e.name, e.state, e.detail) for e in await inbox.effects(event.id)] == [
-        ("refund", "confirmed", {"amount": 25, "request": "refund-m1"})]
+        ("refund", "confirmed", {"amount": 25, "request": "refund-m1"})
+    ]
 
 
-async def test_refund_denied_or_expired_refunds_nothing(inbox, start, clock, tmp_path,
-                                                        monkeypatch):
+async def test_refund_denied_or_expired_refunds_nothing(inbox, start, clock, tmp_path, monkeypatch):
     ledger = tmp_path / "ledger.jsonl"
     monkeypatch.setenv(example_agent.LEDGER_ENV, str(ledger))
     await inbox.ingest("chat", "m1", {"text": "refund 5"})
@@ -60,7 +61,8 @@ async def test_refund_denied_or_expired_refunds_nothing(inbox, start, clock, tmp
     await running.stop()
     assert [str(s) for s in sent[1:]] == [
         "refund of 5 was denied; nothing was refunded",
-        "refund of 7 expired without an answer; nothing was refunded"]
+        "refund of 7 expired without an answer; nothing was refunded",
+    ]
     assert not ledger.exists()
 
 

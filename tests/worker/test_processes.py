@@ -13,16 +13,27 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import (ROOT, env, event_status, log_of, onwatch, query, scalar, start_worker,
-                      stop, wait_for)
+from .helpers import (
+    ROOT,
+    env,
+    event_status,
+    log_of,
+    onwatch,
+    query,
+    scalar,
+    start_worker,
+    stop,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
 
 def make_inbox(tmp_path, **settings) -> str:
     path = str(tmp_path / "inbox.db")
-    pairs = [f"{k}={json.dumps(v)}" for k, v in {"lease_ttl": 2, "outbox_gap": 0,
-                                                   **settings}.items()]
+    pairs = [
+        f"{k}={json.dumps(v)}" for k, v in {"lease_ttl": 2, "outbox_gap": 0, **settings}.items()
+    ]
     result = onwatch("init", path, *pairs)
     assert result.returncode == 0, result.stderr
     return path
@@ -30,12 +41,16 @@ def make_inbox(tmp_path, **settings) -> str:
 
 def effects_of(path, source_id: str) -> list[tuple]:
     """(run gen, effect name, state) for every effect of every run that claimed the event."""
-    return query(path, """
+    return query(
+        path,
+        """
         SELECT runs.gen, effects.name, effects.state FROM effects
         JOIN runs ON runs.id = effects.run_id
         JOIN run_events ON run_events.run_id = runs.id
         JOIN events ON events.id = run_events.event_id
-        WHERE events.source_id = ? ORDER BY effects.id""", (source_id,))
+        WHERE events.source_id = ? ORDER BY effects.id""",
+        (source_id,),
+    )
 
 
 def ledger(tmp_path) -> list[dict]:
@@ -68,8 +83,9 @@ def kill_mid_run(tmp_path, policy: str):
 def test_sigkill_mid_run_retry_runs_again_under_a_new_generation(tmp_path):
     path, second, killed_at = kill_mid_run(tmp_path, "retry")
     try:
-        wait_for(lambda: event_status(path, "m1") == "done", timeout=15,
-                 what="worker B to finish m1")
+        wait_for(
+            lambda: event_status(path, "m1") == "done", timeout=15, what="worker B to finish m1"
+        )
         took_over = time.monotonic() - killed_at
     finally:
         assert stop(second) == 0, log_of(tmp_path, "b")
@@ -79,8 +95,11 @@ def test_sigkill_mid_run_retry_runs_again_under_a_new_generation(tmp_path):
     assert scalar(path, "SELECT attempts FROM events WHERE source_id = 'm1'") == 2
     # The journal tells what the killed run did: charged (confirmed), mail intended only.
     assert effects_of(path, "m1") == [
-        (1, "charge", "confirmed"), (1, "send-mail", "intended"),
-        (2, "charge", "confirmed"), (2, "send-mail", "confirmed")]
+        (1, "charge", "confirmed"),
+        (1, "send-mail", "intended"),
+        (2, "charge", "confirmed"),
+        (2, "send-mail", "confirmed"),
+    ]
     assert query(path, "SELECT body FROM outbox") == [("done m1",)]
     # At-least-once: under retry this tool really charged twice (that is what interrupt is
     # for), but both runs passed it the same idempotency key: a payment API that dedupes on
@@ -93,8 +112,11 @@ def test_sigkill_mid_run_retry_runs_again_under_a_new_generation(tmp_path):
 def test_sigkill_mid_run_interrupt_waits_for_the_operator(tmp_path):
     path, second, _ = kill_mid_run(tmp_path, "interrupt")
     try:
-        wait_for(lambda: event_status(path, "m1") == "interrupted", timeout=15,
-                 what="m1 to become interrupted")
+        wait_for(
+            lambda: event_status(path, "m1") == "interrupted",
+            timeout=15,
+            what="m1 to become interrupted",
+        )
         # B keeps running: it runs the next event, but never picks the interrupted one up.
         assert onwatch("ingest", path, "chat", "m2", '{"text": "next"}').returncode == 0
         wait_for(lambda: event_status(path, "m2") == "done", timeout=15, what="B to run m2")
@@ -106,7 +128,9 @@ def test_sigkill_mid_run_interrupt_waits_for_the_operator(tmp_path):
     assert scalar(path, "SELECT count(*) FROM outbox WHERE body = 'done m1'") == 0
     shown = json.loads(onwatch("show", path, "1", "--json").stdout)
     assert [(e["name"], e["state"]) for e in shown["effects"]] == [
-        ("charge", "confirmed"), ("send-mail", "intended")]
+        ("charge", "confirmed"),
+        ("send-mail", "intended"),
+    ]
     assert "completion uncertain" in shown["event"]["error"]
     # Knowing the mail may have gone, the operator marks it done.
     result = onwatch("resolve", path, "1", "--actor", "ana", "--reason", "mail was sent")
@@ -123,15 +147,20 @@ def test_sigstop_stalled_worker_is_fenced_after_a_takeover(tmp_path):
         wait_for(lambda: (tmp_path / "inside-m1").exists(), what="A inside its effect")
         stalled.send_signal(signal.SIGSTOP)
         (tmp_path / "release").touch()
-        second = start_worker(path, "blocking", tmp_path, "--no-dispatch", holder="B",
-                              name="b")
+        second = start_worker(path, "blocking", tmp_path, "--no-dispatch", holder="B", name="b")
         wait_for(lambda: event_status(path, "m1") == "done", timeout=15, what="B to finish")
         assert scalar(path, "SELECT holder || ':' || gen FROM lease") == "B:2"
         stalled.send_signal(signal.SIGCONT)
         # A wakes up: its renewal and/or its finish of the generation-1 claim are refused.
-        wait_for(lambda: scalar(path, "SELECT count(*) FROM audit WHERE applied = 0 AND "
-                                      "actor = 'A' AND action LIKE 'refused %'"),
-                 timeout=10, what="A's stale write to be refused")
+        wait_for(
+            lambda: scalar(
+                path,
+                "SELECT count(*) FROM audit WHERE applied = 0 AND "
+                "actor = 'A' AND action LIKE 'refused %'",
+            ),
+            timeout=10,
+            what="A's stale write to be refused",
+        )
     finally:
         assert stop(stalled) == 0, log_of(tmp_path, "a")
         if second is not None:
@@ -167,8 +196,13 @@ def test_stalled_process_late_finish_returns_false(tmp_path):
     path = make_inbox(tmp_path)
     onwatch("ingest", path, "chat", "m1", '{"text": "hi"}')
     gate = tmp_path / "gate"
-    stalled = subprocess.Popen([sys.executable, "-c", STALE_FINISH, path, str(gate)], cwd=ROOT,
-                               env=env(tmp_path), stdout=subprocess.PIPE, text=True)
+    stalled = subprocess.Popen(
+        [sys.executable, "-c", STALE_FINISH, path, str(gate)],
+        cwd=ROOT,
+        env=env(tmp_path),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert stalled.stdout.readline().split()[:2] == ["claimed", "1"]
         stalled.send_signal(signal.SIGSTOP)
@@ -185,8 +219,12 @@ def test_stalled_process_late_finish_returns_false(tmp_path):
         if stalled.poll() is None:
             stalled.kill()
     assert query(path, "SELECT body FROM outbox") == [("reply chat/m1",)]
-    assert scalar(path, "SELECT count(*) FROM audit WHERE action = 'refused finish' "
-                        "AND target = 'gen 1'") == 1
+    assert (
+        scalar(
+            path, "SELECT count(*) FROM audit WHERE action = 'refused finish' AND target = 'gen 1'"
+        )
+        == 1
+    )
     assert scalar(path, "SELECT attempts FROM events") == 2
 
 

@@ -33,13 +33,15 @@ async def test_a_run_finishes_once_with_its_replies_and_result(inbox, start):
     assert (stats.runs, stats.done, stats.sent, stats.generations) == (1, 1, 3, [1])
     runs = await inbox.runs(1)
     assert [(r.outcome, r.result, r.event_ids) for r in runs] == [
-        ("done", {"ids": [1, 2, 3]}, (1, 2, 3))]
+        ("done", {"ids": [1, 2, 3]}, (1, 2, 3))
+    ]
     lease = await inbox.lease_info()
     assert lease.until < inbox.now()  # released on stop
 
 
 async def test_an_agent_that_raises_is_recorded_with_backoff_and_the_worker_goes_on(
-        inbox, start, clock):
+    inbox, start, clock
+):
     calls = []
 
     async def flaky(batch, ctx):
@@ -65,8 +67,7 @@ async def test_an_agent_that_raises_is_recorded_with_backoff_and_the_worker_goes
     assert [m.body for m in await inbox.held_messages()] == ["third time lucky"]
 
 
-async def test_an_agent_error_the_inbox_would_refuse_to_store_is_stored_escaped(
-        inbox, start):
+async def test_an_agent_error_the_inbox_would_refuse_to_store_is_stored_escaped(inbox, start):
     async def agent(batch, ctx):
         raise ValueError("bad byte \x00, lone \ud800, line\nbreak")
 
@@ -79,8 +80,7 @@ async def test_an_agent_error_the_inbox_would_refuse_to_store_is_stored_escaped(
     assert (stats.runs, stats.failed) == (1, 1)
 
 
-async def test_an_agent_that_raises_cancelled_error_is_a_failed_run_not_a_crash(
-        inbox, start):
+async def test_an_agent_that_raises_cancelled_error_is_a_failed_run_not_a_crash(inbox, start):
     async def agent(batch, ctx):
         raise asyncio.CancelledError()  # e.g. a sub-task's cancellation let through
 
@@ -133,11 +133,13 @@ async def test_the_effect_journal_records_intent_then_outcome(inbox, start):
     await until(lambda: _status_is(inbox, 1, "done"))
     await running.stop()
     assert [(e.name, e.state) for e in await inbox.effects(1)] == [
-        ("send-mail", "confirmed"), ("charge", "failed"), ("sms", "confirmed")]
+        ("send-mail", "confirmed"),
+        ("charge", "failed"),
+        ("sms", "confirmed"),
+    ]
 
 
-async def test_a_run_past_max_run_seconds_is_abandoned_and_recovered_as_lost(
-        inbox, start, clock):
+async def test_a_run_past_max_run_seconds_is_abandoned_and_recovered_as_lost(inbox, start, clock):
     await inbox.configure(max_run_seconds=30)
     calls = []
     gate = asyncio.Event()
@@ -186,8 +188,7 @@ async def test_over_budget_under_interrupt_waits_for_the_operator(inbox, start, 
     assert [(e.name, e.state) for e in await inbox.effects(1)] == [("charge", "intended")]
 
 
-async def test_a_lost_lease_abandons_the_run_and_the_successor_recovers_it(
-        inbox, start, clock):
+async def test_a_lost_lease_abandons_the_run_and_the_successor_recovers_it(inbox, start, clock):
     gate = asyncio.Event()
     seen = []
 
@@ -294,7 +295,8 @@ async def test_cancelling_the_worker_mid_run_cancels_the_agent_too(inbox, start)
 
 
 async def test_a_restarted_process_with_the_same_holder_name_does_not_adopt_stuck_claims(
-        inbox, start, clock):
+    inbox, start, clock
+):
     await inbox.ingest("chat", "m1", "x")
     assert await inbox.acquire("box") == 1
     await inbox.claim_batch("box", 1)  # ... and the process died
@@ -309,13 +311,16 @@ async def test_a_restarted_process_with_the_same_holder_name_does_not_adopt_stuc
 
 
 async def test_a_standby_worker_waits_on_reads_without_write_transactions(
-        inbox, start, clock, monkeypatch):
+    inbox, start, clock, monkeypatch
+):
     assert await inbox.acquire("A") == 1  # the active worker, elsewhere
     calls = {"acquire": 0, "lease_info": 0, "change_token": 0}
     for name in calls:
+
         def spy(*args, _real=getattr(inbox, name), _name=name, **kwargs):  # noqa: B008 - evaluated once, on purpose
             calls[_name] += 1
             return _real(*args, **kwargs)
+
         monkeypatch.setattr(inbox, name, spy)
     running = start(echo, holder="B")
     for i in range(3):  # commits by others wake the standby; each costs it one read
@@ -357,14 +362,17 @@ async def test_paused_inbox_is_not_claimed_until_resumed(inbox, start):
 
 # --- budgets (docs/rules.md#budgets): each says whether excess is delayed or refused ------
 
+
 async def test_budget_runs_per_day_delays_the_excess(inbox, start, clock):
     await inbox.configure(max_runs_per_day=2, max_batch=1)
     for i in range(3):
         await inbox.ingest("chat", f"m{i}", "x")
     running = start(echo)
     stats = running.worker.stats
-    await until(lambda: stats.runs == 2 and stats.idle >= 1,
-                what="a claim after the second run that found nothing")
+    await until(
+        lambda: stats.runs == 2 and stats.idle >= 1,
+        what="a claim after the second run that found nothing",
+    )
     assert await _status_is(inbox, 2, "done")
     assert await status(inbox, 3) == "pending"  # delayed, not refused
     overview = await inbox.overview()
@@ -407,8 +415,10 @@ async def test_a_failed_delivery_is_logged_by_the_worker(inbox, start, caplog):
     await inbox.ingest("chat", "m1", "x")
     running = start(echo, send=broken)
     await until(lambda: _status_is(inbox, 1, "done"))
-    await until(lambda: any("smtp refused" in r.getMessage() for r in caplog.records),
-                what="the failure in the log")
+    await until(
+        lambda: any("smtp refused" in r.getMessage() for r in caplog.records),
+        what="the failure in the log",
+    )
     await running.stop()
     line = next(r.getMessage() for r in caplog.records if "smtp refused" in r.getMessage())
     assert line.startswith("delivery onwatch-") and "ConnectionError: smtp refused" in line
@@ -422,8 +432,9 @@ async def test_run_worker_opens_a_path_and_stops_on_the_event(tmp_path):
     await inbox.close()
     stop = asyncio.Event()
     sent = []
-    task = asyncio.create_task(run_worker(path, echo, stop=stop, send=sent.append,
-                                          poll_interval=0.02))
+    task = asyncio.create_task(
+        run_worker(path, echo, stop=stop, send=sent.append, poll_interval=0.02)
+    )
     await until(lambda: sent)
     stop.set()
     stats = await asyncio.wait_for(task, 5)
@@ -433,15 +444,22 @@ async def test_run_worker_opens_a_path_and_stops_on_the_event(tmp_path):
 async def test_worker_refuses_a_non_callable_agent_and_bad_options(inbox):
     with pytest.raises(ValueError):
         Worker(inbox, "not a function")
-    for options in ({"poll_interval": 0}, {"poll_interval": float("nan")},
-                    {"poll_interval": float("inf")}, {"grace": -1}, {"grace": float("nan")},
-                    {"max_runs": 0}, {"max_runs": 1.5}):
+    for options in (
+        {"poll_interval": 0},
+        {"poll_interval": float("nan")},
+        {"poll_interval": float("inf")},
+        {"grace": -1},
+        {"grace": float("nan")},
+        {"max_runs": 0},
+        {"max_runs": 1.5},
+    ):
         with pytest.raises(ValueError, match=next(iter(options))):
             Worker(inbox, echo, **options)
 
 
 async def test_run_worker_closes_the_inbox_it_opened_when_the_worker_is_refused(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     path = str(tmp_path / "w.db")
     await (await Inbox.open(path)).close()
     closed = []
@@ -450,6 +468,7 @@ async def test_run_worker_closes_the_inbox_it_opened_when_the_worker_is_refused(
     async def close(self):
         closed.append(self)
         await real_close(self)
+
     monkeypatch.setattr(Inbox, "close", close)
     with pytest.raises(ValueError, match="agent must be callable"):
         await run_worker(path, "not a function")
@@ -463,8 +482,11 @@ async def test_command_channel_never_leaves_its_command_running(tmp_path):
     assert time.monotonic() - started < 5  # the shell's child went with it
     pid_file = tmp_path / "pid"
     task = asyncio.create_task(command_channel(f"echo $$ > {pid_file}; exec sleep 30")("hi"))
-    pid = int(await until(lambda: pid_file.exists() and pid_file.read_text().strip(),
-                          what="the command to start"))
+    pid = int(
+        await until(
+            lambda: pid_file.exists() and pid_file.read_text().strip(), what="the command to start"
+        )
+    )
     task.cancel()  # e.g. the dispatching worker is cancelled
     with pytest.raises(asyncio.CancelledError):
         await task

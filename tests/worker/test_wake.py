@@ -17,13 +17,22 @@ import pytest
 from core import Inbox
 from core import wake as wake_module
 from tests.worker.helpers import (
-    ROOT, env, event_status, log_of, onwatch, scalar, start_worker, stop, wait_for,
+    ROOT,
+    env,
+    event_status,
+    log_of,
+    onwatch,
+    scalar,
+    start_worker,
+    stop,
+    wait_for,
 )
 
 pytestmark = pytest.mark.slow
 
-needs_inotify = pytest.mark.skipif(wake_module.INotify is None,
-                                   reason="file notification is Linux-only")
+needs_inotify = pytest.mark.skipif(
+    wake_module.INotify is None, reason="file notification is Linux-only"
+)
 
 
 def make_inbox(tmp_path) -> str:
@@ -45,13 +54,18 @@ def test_another_process_commit_wakes_an_idle_worker_within_a_second(tmp_path):
     worker = start_worker(path, "echo", tmp_path, "--poll", "30")
     try:
         wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
-        wait_for(lambda: "woken by file notification" in log_of(tmp_path),
-                 what="the worker's start")
+        wait_for(
+            lambda: "woken by file notification" in log_of(tmp_path), what="the worker's start"
+        )
         for n in range(3):  # more than once: the notifier re-arms after each wake
             time.sleep(0.3)
             committed = asyncio.run(ingest(path, f"wake-{n}"))
-            wait_for(lambda: event_status(path, f"wake-{n}") == "done", timeout=10,  # noqa: B023 - called within this iteration
-                     interval=0.005, what="the run")
+            wait_for(
+                lambda: event_status(path, f"wake-{n}") == "done",  # noqa: B023 - called now
+                timeout=10,
+                interval=0.005,
+                what="the run",
+            )
             assert time.monotonic() - committed < 1.0, log_of(tmp_path)
     finally:
         assert stop(worker) == 0, log_of(tmp_path)
@@ -60,12 +74,27 @@ def test_another_process_commit_wakes_an_idle_worker_within_a_second(tmp_path):
 def test_without_the_notifier_the_fallback_poll_still_wakes_the_worker(tmp_path):
     path = make_inbox(tmp_path)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "cli", "worker", path, "--agent", "tests.worker.agents:echo",
-         "--poll", "0.3"], cwd=ROOT, env=env(tmp_path, ONWATCH_NO_NOTIFY="1"),
-        stdout=open(tmp_path / "worker.out", "wb"), stderr=open(tmp_path / "worker.err", "wb"))
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "worker",
+            path,
+            "--agent",
+            "tests.worker.agents:echo",
+            "--poll",
+            "0.3",
+        ],
+        cwd=ROOT,
+        env=env(tmp_path, ONWATCH_NO_NOTIFY="1"),
+        stdout=open(tmp_path / "worker.out", "wb"),
+        stderr=open(tmp_path / "worker.err", "wb"),
+    )
     try:
-        wait_for(lambda: "polling for changes every 0.3 s" in log_of(tmp_path),
-                 what="the worker's start without notification")
+        wait_for(
+            lambda: "polling for changes every 0.3 s" in log_of(tmp_path),
+            what="the worker's start without notification",
+        )
         wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
         time.sleep(0.5)
         committed = asyncio.run(ingest(path, "polled"))
@@ -87,6 +116,7 @@ async def test_a_notifier_that_fails_falls_back_to_the_poll(tmp_path, monkeypatc
 
         def broken(*args, **kwargs):
             raise OSError(5, "Input/output error")
+
         monkeypatch.setattr(wake._notifier, "read", broken)
         waiting = asyncio.ensure_future(wake.wait(seen, 30))
         await asyncio.sleep(0.05)
@@ -159,8 +189,8 @@ async def test_a_burst_of_ten_thousand_commits_does_not_make_the_watcher_spin(tm
         await asyncio.sleep(0.05)
         cpu_before, started = _cpu(), time.monotonic()
         burster = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", BURSTER, path, str(BURST), cwd=ROOT,
-            env=env(tmp_path))
+            sys.executable, "-c", BURSTER, path, str(BURST), cwd=ROOT, env=env(tmp_path)
+        )
         assert await burster.wait() == 0
         burst_seconds = time.monotonic() - started
         cpu_burst = _cpu() - cpu_before
@@ -179,9 +209,11 @@ async def test_a_burst_of_ten_thousand_commits_does_not_make_the_watcher_spin(tm
         wake.notify()
         await task
 
-    print(f"\nburst of {BURST} commits in {burst_seconds:.1f} s: {settled} wake-ups of the "
-          f"waiter, {wakeups} in all (confirm's included), {reads} notifier reads, "
-          f"{cpu_burst:.2f} s CPU here; quiet 1 s: {quiet_cpu:.3f} s")
+    print(
+        f"\nburst of {BURST} commits in {burst_seconds:.1f} s: {settled} wake-ups of the "
+        f"waiter, {wakeups} in all (confirm's included), {reads} notifier reads, "
+        f"{cpu_burst:.2f} s CPU here; quiet 1 s: {quiet_cpu:.3f} s"
+    )
     assert settled <= BURST  # at most one wake per commit (fewer when commits come together)
     assert wakeups <= 2 * BURST
     assert reads <= wakeups + 2  # every drain of the notifier fed a wake-up: no idle spinning

@@ -18,9 +18,12 @@ def run(*, live: bool = False) -> int:
     """
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         from .narrate import narrate
+
         return narrate()
     if live:
         from .live import main as live_main
+
         return live_main()
     from .player import main
+
     return main()

@@ -25,12 +25,25 @@ class DemoScreen(Screen):
         bindings = super().active_bindings
         wanted = getattr(self.app, "FOOTER_FIRST", frozenset())
         # In the order the app declares them (priority bindings would otherwise lead).
-        declared = [binding.action for binding in getattr(self.app, "BINDINGS", ())
-                    if hasattr(binding, "action")]
-        first = dict(sorted(((key, active) for key, active in bindings.items()
-                             if active.binding.action in wanted),
-                            key=lambda item: declared.index(item[1].binding.action)
-                            if item[1].binding.action in declared else len(declared)))
+        declared = [
+            binding.action
+            for binding in getattr(self.app, "BINDINGS", ())
+            if hasattr(binding, "action")
+        ]
+        first = dict(
+            sorted(
+                (
+                    (key, active)
+                    for key, active in bindings.items()
+                    if active.binding.action in wanted
+                ),
+                key=lambda item: (
+                    declared.index(item[1].binding.action)
+                    if item[1].binding.action in declared
+                    else len(declared)
+                ),
+            )
+        )
         return {**first, **{k: v for k, v in bindings.items() if k not in first}}
 
 

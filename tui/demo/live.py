@@ -39,8 +39,12 @@ from .desk import DemoDesk
 LEASE_TTL = 5  # seconds: short, so a takeover happens while you watch
 AGENT_SECONDS = 4.0  # how long the slow example agent "thinks" before it answers
 AGENT_SECONDS_ENV = THINK_SECONDS_ENV
-SETTINGS: dict[str, Any] = {"lease_ttl": LEASE_TTL, "max_attempts": 3, "outbox_gap": 20,
-                            "on_lost_claim": "retry"}
+SETTINGS: dict[str, Any] = {
+    "lease_ttl": LEASE_TTL,
+    "max_attempts": 3,
+    "outbox_gap": 20,
+    "on_lost_claim": "retry",
+}
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -80,21 +84,44 @@ class WorkerProcess:
             self.process.wait(timeout)
 
 
-def start_worker(path: str, name: str, scratch: str, *,
-                 agent_seconds: float = AGENT_SECONDS) -> WorkerProcess:
+def start_worker(
+    path: str, name: str, scratch: str, *, agent_seconds: float = AGENT_SECONDS
+) -> WorkerProcess:
     """Start `onwatch worker PATH --agent examples.refund_agent:slow_handle` as its own process.
 
     Its log and its sends go to files in `scratch`, never to the demo's terminal.
     """
     log = os.path.join(scratch, f"{name}.log")
-    command = [sys.executable, "-m", "cli", "worker", path,
-               "--agent", "examples.refund_agent:slow_handle", "--holder", name, "--poll", "0.2",
-               "--grace", "1", "--file", os.path.join(scratch, "sent.jsonl"),
-               "--log-level", "info"]
+    command = [
+        sys.executable,
+        "-m",
+        "cli",
+        "worker",
+        path,
+        "--agent",
+        "examples.refund_agent:slow_handle",
+        "--holder",
+        name,
+        "--poll",
+        "0.2",
+        "--grace",
+        "1",
+        "--file",
+        os.path.join(scratch, "sent.jsonl"),
+        "--log-level",
+        "info",
+    ]
     env = dict(os.environ, **{AGENT_SECONDS_ENV: str(agent_seconds)}, PYTHONUNBUFFERED="1")
     with open(log, "ab") as out:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                   cwd=str(ROOT), env=env, start_new_session=True)
+        process = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            cwd=str(ROOT),
+            env=env,
+            start_new_session=True,
+        )
     return WorkerProcess(name, process, log)
 
 
@@ -102,14 +129,22 @@ class LiveBar(Vertical):
     """Under the panes: the worker processes, the policy, and what just happened."""
 
     def compose(self) -> ComposeResult:
-        yield Label(Text(f"Live: real worker processes on a real clock · lease {LEASE_TTL} s"),
-                    id="live-title")
+        yield Label(
+            Text(f"Live: real worker processes on a real clock · lease {LEASE_TTL} s"),
+            id="live-title",
+        )
         yield Label("", id="live-workers")
         yield Label("", id="live-policy")
         yield Static("", id="live-story")
 
-    def show(self, workers: list[WorkerProcess], holder: str | None, gen: int | None,
-             policy: str, story: list[str]) -> None:
+    def show(
+        self,
+        workers: list[WorkerProcess],
+        holder: str | None,
+        gen: int | None,
+        policy: str,
+        story: list[str],
+    ) -> None:
         line = Text("workers: ", end="")
         for index, worker in enumerate(workers):
             if index:
@@ -123,14 +158,18 @@ class LiveBar(Vertical):
             else:
                 line.append(f"○ {worker.name} standby")
         self.query_one("#live-workers", Label).update(line)
-        self.query_one("#live-policy", Label).update(Text(
-            f"lost-claim policy {policy}: a killed run's events "
-            + ("run again" if policy == "retry" else "wait for a human (interrupted)")))
+        self.query_one("#live-policy", Label).update(
+            Text(
+                f"lost-claim policy {policy}: a killed run's events "
+                + ("run again" if policy == "retry" else "wait for a human (interrupted)")
+            )
+        )
         # Newest first, so the latest line is never the one cut off on a small terminal.
         recent = list(reversed(story[-3:]))
-        lines = [safe_content(line, limit=600, multiline=True,
-                              style="" if index == 0 else "dim")
-                 for index, line in enumerate(recent)]
+        lines = [
+            safe_content(line, limit=600, multiline=True, style="" if index == 0 else "dim")
+            for index, line in enumerate(recent)
+        ]
         self.query_one("#live-story", Static).update(Content("\n").join(lines))
 
 
@@ -141,20 +180,41 @@ class LiveDemoApp(DemoDesk):
     OBSERVE_SECONDS = 0.5
 
     BINDINGS = [
-        Binding("i", "send_messages", "Send messages", id="live-ingest",
-                tooltip="Three chat messages arrive; a worker runs them as one slow run"),
-        Binding("K", "kill", "Kill active worker", id="live-kill",
-                tooltip="SIGKILL the process that holds the lease, in the middle of its run"),
-        Binding("w", "start_worker", "Start worker", id="live-start",
-                tooltip="Start another worker process (a standby)"),
-        Binding("t", "toggle_policy", "Policy", id="live-policy",
-                tooltip="Switch the lost-claim policy between retry and interrupt"),
+        Binding(
+            "i",
+            "send_messages",
+            "Send messages",
+            id="live-ingest",
+            tooltip="Three chat messages arrive; a worker runs them as one slow run",
+        ),
+        Binding(
+            "K",
+            "kill",
+            "Kill active worker",
+            id="live-kill",
+            tooltip="SIGKILL the process that holds the lease, in the middle of its run",
+        ),
+        Binding(
+            "w",
+            "start_worker",
+            "Start worker",
+            id="live-start",
+            tooltip="Start another worker process (a standby)",
+        ),
+        Binding(
+            "t",
+            "toggle_policy",
+            "Policy",
+            id="live-policy",
+            tooltip="Switch the lost-claim policy between retry and interrupt",
+        ),
     ]
     LIVE_ACTIONS = frozenset({"send_messages", "kill", "start_worker", "toggle_policy"})
     FOOTER_FIRST = LIVE_ACTIONS
 
-    def __init__(self, inbox: Inbox, scratch: str, *, workers: int = 2,
-                 agent_seconds: float = AGENT_SECONDS) -> None:
+    def __init__(
+        self, inbox: Inbox, scratch: str, *, workers: int = 2, agent_seconds: float = AGENT_SECONDS
+    ) -> None:
         super().__init__(inbox, clock=inbox.clock, read_only=False)
         self.scratch = scratch
         self.agent_seconds = agent_seconds
@@ -171,8 +231,10 @@ class LiveDemoApp(DemoDesk):
 
     def on_mount(self) -> None:
         super().on_mount()
-        self.tell(f"Starting {self.initial_workers} worker processes running the example "
-                  f"agent (each run takes {self.agent_seconds:g} s). Press i to send messages.")
+        self.tell(
+            f"Starting {self.initial_workers} worker processes running the example "
+            f"agent (each run takes {self.agent_seconds:g} s). Press i to send messages."
+        )
         for _ in range(self.initial_workers):
             self.action_start_worker(quiet=True)
         self.set_interval(self.OBSERVE_SECONDS, self._observe_soon, name="live-observe")
@@ -194,50 +256,61 @@ class LiveDemoApp(DemoDesk):
         texts = ("hello", "are you there?", "please summarise my day")
         first = self.messages_sent + 1
         # One transaction: the worker sees all three at once and runs them as one batch.
-        await self.inbox.ingest_batch([("chat", f"msg-{first + i}", {"text": text})
-                                       for i, text in enumerate(texts)])
+        await self.inbox.ingest_batch(
+            [("chat", f"msg-{first + i}", {"text": text}) for i, text in enumerate(texts)]
+        )
         self.messages_sent += len(texts)
-        self.tell(f"msg-{first}…msg-{self.messages_sent} arrived. The lease holder claims them "
-                  f"as one run; the agent takes {self.agent_seconds:g} s — press K meanwhile.")
+        self.tell(
+            f"msg-{first}…msg-{self.messages_sent} arrived. The lease holder claims them "
+            f"as one run; the agent takes {self.agent_seconds:g} s — press K meanwhile."
+        )
         self.action_show_pane("running")
         await self.reload()
 
     async def action_kill(self) -> None:
         lease = await self.inbox.lease_info()
         now = self.clock.now()
-        victim = next((w for w in self.processes if lease and w.alive and w.name == lease.holder),
-                      None)
+        victim = next(
+            (w for w in self.processes if lease and w.alive and w.name == lease.holder), None
+        )
         if victim is None or lease is None:
             self.tell("No live worker holds the lease right now: nothing to kill.")
             return
         victim.kill()
         self._killed_at[victim.name] = (now, lease.gen)
         running = (await self.inbox.counts()).get("running", 0)
-        mid = (f"in the middle of a run of {running} event{'s' if running != 1 else ''}"
-               if running else "while idle")
+        mid = (
+            f"in the middle of a run of {running} event{'s' if running != 1 else ''}"
+            if running
+            else "while idle"
+        )
         standby = any(w.alive for w in self.processes)
-        self.tell(f"You killed {victim.name} (SIGKILL, pid {victim.pid}) {mid}: no finish, no "
-                  f"release. Its lease (gen {lease.gen}) stays valid for "
-                  f"{max(lease.until - now, 0)} s more: a dead worker looks like a slow one "
-                  f"until then."
-                  + ("" if standby else " No standby is running: press w to start one."))
+        self.tell(
+            f"You killed {victim.name} (SIGKILL, pid {victim.pid}) {mid}: no finish, no "
+            f"release. Its lease (gen {lease.gen}) stays valid for "
+            f"{max(lease.until - now, 0)} s more: a dead worker looks like a slow one "
+            f"until then." + ("" if standby else " No standby is running: press w to start one.")
+        )
         self._show_live()
 
     def action_start_worker(self, quiet: bool = False) -> None:
         name = f"worker-{len(self.processes) + 1}"
-        worker = start_worker(self.inbox.path, name, self.scratch,
-                              agent_seconds=self.agent_seconds)
+        worker = start_worker(self.inbox.path, name, self.scratch, agent_seconds=self.agent_seconds)
         self.processes.append(worker)
         if not quiet:
-            self.tell(f"Started {name} (pid {worker.pid}). If another worker holds the lease it "
-                      f"waits as a standby.")
+            self.tell(
+                f"Started {name} (pid {worker.pid}). If another worker holds the lease it "
+                f"waits as a standby."
+            )
         self._show_live()
 
     async def action_toggle_policy(self) -> None:
         policy = "interrupt" if self.inbox.settings.on_lost_claim == "retry" else "retry"
         await self.inbox.configure(on_lost_claim=policy)
-        self.tell(f"Lost-claim policy is now {policy}. Send messages (i) and kill the active "
-                  f"worker (k) to see what a takeover does with its run.")
+        self.tell(
+            f"Lost-claim policy is now {policy}. Send messages (i) and kill the active "
+            f"worker (k) to see what a takeover does with its run."
+        )
         self._show_live()
 
     # --- watching the inbox and the processes -----------------------------------------------
@@ -249,9 +322,13 @@ class LiveDemoApp(DemoDesk):
     def _show_live(self) -> None:
         lease = self._seen.lease if self._seen else None
         live = lease is not None and lease.until >= self.clock.now()
-        self.query_one(LiveBar).show(self.processes, lease.holder if live else None,
-                                     lease.gen if live else None,
-                                     self.inbox.settings.on_lost_claim, self.story)
+        self.query_one(LiveBar).show(
+            self.processes,
+            lease.holder if live else None,
+            lease.gen if live else None,
+            self.inbox.settings.on_lost_claim,
+            self.story,
+        )
         self.refresh_bindings()
 
     def _observe_soon(self) -> None:
@@ -273,38 +350,53 @@ class LiveDemoApp(DemoDesk):
 
     async def _narrate(self, before: Overview, after: Overview, now: int) -> None:
         old, new = before.lease, after.lease
-        if new is not None and (old is None or new.gen != old.gen) or \
-                (before is after and new is not None):
+        if (
+            new is not None
+            and (old is None or new.gen != old.gen)
+            or (before is after and new is not None)
+        ):
             if old is None or before is after:
-                self.tell(f"{new.holder} took the lease: generation {new.gen}. The other "
-                          f"worker waits as a standby.")
+                self.tell(
+                    f"{new.holder} took the lease: generation {new.gen}. The other "
+                    f"worker waits as a standby."
+                )
             else:
                 killed = self._killed_at.get(old.holder)
-                after_kill = (f", {now - killed[0]} s after {old.holder} was killed"
-                              if killed else "")
-                line = (f"{new.holder} took over as generation {new.gen}{after_kill}: "
-                        f"{old.holder}'s lease had expired.")
-                interrupted = after.counts.get("interrupted", 0) - \
-                    before.counts.get("interrupted", 0)
+                after_kill = (
+                    f", {now - killed[0]} s after {old.holder} was killed" if killed else ""
+                )
+                line = (
+                    f"{new.holder} took over as generation {new.gen}{after_kill}: "
+                    f"{old.holder}'s lease had expired."
+                )
+                interrupted = after.counts.get("interrupted", 0) - before.counts.get(
+                    "interrupted", 0
+                )
                 if interrupted > 0:
-                    line += (f" Policy interrupt: {interrupted} event"
-                             f"{'s' if interrupted != 1 else ''} of the lost run became "
-                             f"interrupted and will not run again by themselves — see pane 3 "
-                             f"(m marks done, r requeues).")
+                    line += (
+                        f" Policy interrupt: {interrupted} event"
+                        f"{'s' if interrupted != 1 else ''} of the lost run became "
+                        f"interrupted and will not run again by themselves — see pane 3 "
+                        f"(m marks done, r requeues)."
+                    )
                     self.action_show_pane("dead")
                 else:
                     retried = [e for e in await self.inbox.events("running") if e.attempts > 1]
                     if retried:
-                        line += (f" Policy retry: the lost run's events run again (attempt "
-                                 f"{max(e.attempts for e in retried)}), one at a time: an event "
-                                 f"that was already attempted runs alone, in case it is the "
-                                 f"one that crashes.")
+                        line += (
+                            f" Policy retry: the lost run's events run again (attempt "
+                            f"{max(e.attempts for e in retried)}), one at a time: an event "
+                            f"that was already attempted runs alone, in case it is the "
+                            f"one that crashes."
+                        )
                 self.tell(line)
         done = after.counts.get("done", 0) - before.counts.get("done", 0)
         if done > 0:
             holder = new.holder if new else "a worker"
-            self.tell(f"{holder} finished: {done} event{'s' if done != 1 else ''} done, the "
-                      f"replies went to the outbox in the same transaction.")
+            self.tell(
+                f"{holder} finished: {done} event{'s' if done != 1 else ''} done, the "
+                f"replies went to the outbox in the same transaction."
+            )
         for worker in self.processes:
             if not worker.alive and not worker.killed and not worker.exit_told:
                 worker.exit_told = True

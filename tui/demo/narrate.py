@@ -15,14 +15,19 @@ def narrate(echo: Callable[[str], Any] = print) -> int:
     """Play every scenario headless and print its narration (no terminal UI needed)."""
 
     async def everything() -> None:
-        echo("onwatch demo: no terminal here, so the scenarios are played headless and "
-             "narrated (run it in a terminal for the player).")
+        echo(
+            "onwatch demo: no terminal here, so the scenarios are played headless and "
+            "narrated (run it in a terminal for the player)."
+        )
         scratch = tempfile.mkdtemp(prefix="onwatch-demo-")
         try:
             for item in SCENARIOS:
                 echo(f"\n{item.number}. {item.title}\n   {item.intro}")
-                run = await play(item, os.path.join(scratch, f"{item.key}.db"),
-                                 echo=lambda line: echo(f"  {line}"))
+                run = await play(
+                    item,
+                    os.path.join(scratch, f"{item.key}.db"),
+                    echo=lambda line: echo(f"  {line}"),
+                )
                 await run.close()
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

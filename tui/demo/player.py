@@ -77,8 +77,11 @@ class StepList(Vertical):
                 mark, style = "▶", ""
             else:
                 mark, style = "", "dim"
-            body.add_row(Text(mark, style=style), Text(str(index + 1), style=style),
-                         Text(step.title, style=style))
+            body.add_row(
+                Text(mark, style=style),
+                Text(str(index + 1), style=style),
+                Text(step.title, style=style),
+            )
         self.query_one("#steps-body", Static).update(body)
 
 
@@ -98,18 +101,21 @@ class PlayerBar(Horizontal):
     def show(self, view: PlayerView) -> None:
         scenario = view.scenario
         steps = len(scenario.steps)
-        title = Text(f"Scenario {scenario.number} of {len(SCENARIOS)}: {scenario.title}",
-                     no_wrap=True, overflow="ellipsis", end="")
+        title = Text(
+            f"Scenario {scenario.number} of {len(SCENARIOS)}: {scenario.title}",
+            no_wrap=True,
+            overflow="ellipsis",
+            end="",
+        )
         self.query_one("#demo-title", Label).update(title)
         state = f"step {view.position} of {steps} · simulated clock {since_start(view.now)}"
-        state += (f" · ▶ autoplay, {view.speed:g} s a step" if view.autoplay
-                  else " · autoplay off")
-        self.query_one("#demo-state", Label).update(Text(state, no_wrap=True,
-                                                         overflow="ellipsis", end=""))
+        state += f" · ▶ autoplay, {view.speed:g} s a step" if view.autoplay else " · autoplay off"
+        self.query_one("#demo-state", Label).update(
+            Text(state, no_wrap=True, overflow="ellipsis", end="")
+        )
         self.set_class(view.autoplay, "-autoplay")
         # The narration quotes inbox text (sources, errors): it goes through the safe helper.
-        self.query_one("#demo-narration", Static).update(
-            safe_content(view.narration, limit=1000))
+        self.query_one("#demo-narration", Static).update(safe_content(view.narration, limit=1000))
         self.query_one("#demo-watch", Static).update(Text(scenario.watch))
         if view.busy:
             hint = "…"
@@ -117,8 +123,9 @@ class PlayerBar(Horizontal):
             hint = f"Next: {scenario.steps[view.position].title} — press space"
         else:
             hint = "End of this scenario — b plays it again, n the next one, l lists all"
-        self.query_one("#demo-next", Label).update(Text(hint, no_wrap=True,
-                                                        overflow="ellipsis", end=""))
+        self.query_one("#demo-next", Label).update(
+            Text(hint, no_wrap=True, overflow="ellipsis", end="")
+        )
         self.query_one(StepList).show(view)
 
 
@@ -145,15 +152,25 @@ class ScenarioPicker(ModalScreen[int | None]):
             label.add_row("", Text(item.intro, style="dim"))
             options.append(Option(label, id=str(item.number)))
         with Vertical(classes="dialog picker"):
-            yield Label(Text(f"onwatch demo · pick one of {_count(len(self.scenarios))}"),
-                        classes="question")
-            yield Label(Text("Each plays how an always-on agent fails, step by step, on a "
-                             "scratch inbox: the panes behind are the real supervisor."),
-                        classes="note")
+            yield Label(
+                Text(f"onwatch demo · pick one of {_count(len(self.scenarios))}"),
+                classes="question",
+            )
+            yield Label(
+                Text(
+                    "Each plays how an always-on agent fails, step by step, on a "
+                    "scratch inbox: the panes behind are the real supervisor."
+                ),
+                classes="note",
+            )
             yield OptionList(*options, id="picker-list")
-            yield Label(Text("↑↓ choose · ↵ play · esc close — then space steps, g "
-                             "autoplays. onwatch demo --live runs real worker processes."),
-                        classes="keys")
+            yield Label(
+                Text(
+                    "↑↓ choose · ↵ play · esc close — then space steps, g "
+                    "autoplays. onwatch demo --live runs real worker processes."
+                ),
+                classes="keys",
+            )
 
     def on_mount(self) -> None:
         listing = self.query_one(OptionList)
@@ -178,28 +195,72 @@ class DemoApp(DemoDesk):
     TITLE = "onwatch demo"
 
     BINDINGS = [
-        Binding("space", "step", "Step", priority=True, id="demo-step",
-                tooltip="Play the scenario's next step"),
-        Binding("g", "autoplay", "Autoplay", priority=True, id="demo-autoplay",
-                tooltip="Play the steps one after another"),
+        Binding(
+            "space",
+            "step",
+            "Step",
+            priority=True,
+            id="demo-step",
+            tooltip="Play the scenario's next step",
+        ),
+        Binding(
+            "g",
+            "autoplay",
+            "Autoplay",
+            priority=True,
+            id="demo-autoplay",
+            tooltip="Play the steps one after another",
+        ),
         Binding("g", "stop", "Stop", priority=True, id="demo-stop", tooltip="Stop autoplay"),
-        Binding("plus", "faster", "Faster", id="demo-faster", key_display="+", group=SPEED,
-                tooltip="Autoplay: less time between steps"),
-        Binding("minus", "slower", "Slower", id="demo-slower", key_display="-", group=SPEED,
-                tooltip="Autoplay: more time between steps"),
-        Binding("b", "restart", "Restart", id="demo-restart",
-                tooltip="Play this scenario again from the start, on a fresh inbox"),
-        Binding("n", "next_scenario", "Next scenario", id="demo-next",
-                tooltip="Go on to the next scenario"),
-        Binding("l", "pick", "Scenarios", id="demo-pick",
-                tooltip="List every scenario and pick one"),
+        Binding(
+            "plus",
+            "faster",
+            "Faster",
+            id="demo-faster",
+            key_display="+",
+            group=SPEED,
+            tooltip="Autoplay: less time between steps",
+        ),
+        Binding(
+            "minus",
+            "slower",
+            "Slower",
+            id="demo-slower",
+            key_display="-",
+            group=SPEED,
+            tooltip="Autoplay: more time between steps",
+        ),
+        Binding(
+            "b",
+            "restart",
+            "Restart",
+            id="demo-restart",
+            tooltip="Play this scenario again from the start, on a fresh inbox",
+        ),
+        Binding(
+            "n",
+            "next_scenario",
+            "Next scenario",
+            id="demo-next",
+            tooltip="Go on to the next scenario",
+        ),
+        Binding(
+            "l", "pick", "Scenarios", id="demo-pick", tooltip="List every scenario and pick one"
+        ),
     ]
-    PLAYER_ACTIONS = frozenset({"step", "autoplay", "stop", "faster", "slower", "restart",
-                                "next_scenario", "pick"})
+    PLAYER_ACTIONS = frozenset(
+        {"step", "autoplay", "stop", "faster", "slower", "restart", "next_scenario", "pick"}
+    )
     FOOTER_FIRST = PLAYER_ACTIONS
 
-    def __init__(self, run: ScenarioRun, scratch: str, *,
-                 scenarios: tuple[Scenario, ...] = SCENARIOS, pick_first: bool = True) -> None:
+    def __init__(
+        self,
+        run: ScenarioRun,
+        scratch: str,
+        *,
+        scenarios: tuple[Scenario, ...] = SCENARIOS,
+        pick_first: bool = True,
+    ) -> None:
         super().__init__(run.stage.inbox, clock=run.stage.clock, read_only=False)
         self.playing = run  # the ScenarioRun on screen
         self.scratch = scratch
@@ -215,8 +276,9 @@ class DemoApp(DemoDesk):
         self._retired: list[ScenarioRun] = []
 
     @classmethod
-    async def open(cls, scratch: str, first: Scenario = SCENARIOS[0], *,
-                   pick_first: bool = True) -> "DemoApp":
+    async def open(
+        cls, scratch: str, first: Scenario = SCENARIOS[0], *, pick_first: bool = True
+    ) -> "DemoApp":
         """A player whose scratch inboxes live under `scratch`, starting on `first`.
 
         With `pick_first`, the scenario list opens over it at once. Call `close_runs()` after
@@ -243,7 +305,8 @@ class DemoApp(DemoDesk):
         super().on_resize(event)
         # Below 100 columns (or 30 rows) the bar keeps to the narration: the panes need room.
         self.query_one(PlayerBar).set_class(
-            event.size.width < WIDE_BAR[0] or event.size.height < WIDE_BAR[1], "-narrow")
+            event.size.width < WIDE_BAR[0] or event.size.height < WIDE_BAR[1], "-narrow"
+        )
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -264,8 +327,15 @@ class DemoApp(DemoDesk):
         intro = self.narration
         if self.playing.position == 0:
             intro = f"{self.scenario.intro} Press space to play the first step."
-        view = PlayerView(self.scenario, self.playing.position, self.clock.now(), intro,
-                          self.autoplaying, self.speed, self.busy)
+        view = PlayerView(
+            self.scenario,
+            self.playing.position,
+            self.clock.now(),
+            intro,
+            self.autoplaying,
+            self.speed,
+            self.busy,
+        )
         self.query_one(PlayerBar).show(view)
         self.refresh_bindings()
 
@@ -335,8 +405,9 @@ class DemoApp(DemoDesk):
             self._autoplay_timer = None
         self.autoplaying = on and not self.playing.finished
         if self.autoplaying:
-            self._autoplay_timer = self.set_interval(self.speed, self._autoplay_tick,
-                                                     name="autoplay")
+            self._autoplay_timer = self.set_interval(
+                self.speed, self._autoplay_tick, name="autoplay"
+            )
         self._show_player()
 
     def _autoplay_tick(self) -> None:
@@ -358,8 +429,11 @@ class DemoApp(DemoDesk):
 
     def action_next_scenario(self) -> None:
         numbers = [s.number for s in self.scenarios]
-        index = (numbers.index(self.scenario.number) + 1) % len(numbers) \
-            if self.scenario.number in numbers else 0
+        index = (
+            (numbers.index(self.scenario.number) + 1) % len(numbers)
+            if self.scenario.number in numbers
+            else 0
+        )
         self.run_worker(self.load(self.scenarios[index]), group="demo", exit_on_error=False)
 
     def action_pick(self) -> None:
@@ -369,6 +443,7 @@ class DemoApp(DemoDesk):
             picked = next((s for s in self.scenarios if s.number == number), None)
             if picked is not None:
                 self.run_worker(self.load(picked), group="demo", exit_on_error=False)
+
         self.push_screen(ScenarioPicker(self.scenario.number, self.scenarios), chosen)
 
     # --- switching scenarios --------------------------------------------------------------
@@ -382,8 +457,7 @@ class DemoApp(DemoDesk):
                 self._runs_made += 1
                 folder = os.path.join(self.scratch, f"{self._runs_made:03d}-{scenario.key}")
                 os.makedirs(folder, exist_ok=True)
-                run = await ScenarioRun.open(scenario, os.path.join(folder, "demo.db"),
-                                             self.clock)
+                run = await ScenarioRun.open(scenario, os.path.join(folder, "demo.db"), self.clock)
                 old, self.playing = self.playing, run
                 self.inbox = run.stage.inbox  # the reload below reads its change token
                 for pane in self.panes:

@@ -44,8 +44,9 @@ async def settle_footer(app, pilot) -> None:
     await pilot.pause(0.1)
 
 
-async def capture(scenario: Scenario, out_dir: Path, *, size: tuple[int, int] = SIZE,
-                  picker: bool = False) -> Path:
+async def capture(
+    scenario: Scenario, out_dir: Path, *, size: tuple[int, int] = SIZE, picker: bool = False
+) -> Path:
     """Play `scenario` to its key moment in the player and save the screen; return the file."""
     from .player import DemoApp, ScenarioPicker
 

@@ -28,8 +28,10 @@ def title_for(count: int) -> str:
     """The app and terminal title: fixed words and a count, nothing from an inbox."""
     if count <= 0:
         return TITLE
-    return f"{TITLE} · {int(count)} approval{'s' if count != 1 else ''} " \
-           f"need{'s' if count == 1 else ''} you"
+    return (
+        f"{TITLE} · {int(count)} approval{'s' if count != 1 else ''} "
+        f"need{'s' if count == 1 else ''} you"
+    )
 
 
 def lease_lost(summary: InboxSummary, now: int) -> bool:
@@ -58,8 +60,12 @@ _RANK = {"urgent": 0, "approval": 0, "dead": 1, "lost": 2, "problem": 3, "ok": 4
 def needs_a_human_first(summary: InboxSummary, now: int) -> tuple:
     """Sort key: approvals by deadline, then dead/interrupted, lost leases, unreadable files,
     then the rest; by name within each."""
-    return (_RANK[health(summary, now)], summary.soonest_due or 0, summary.name.lower(),
-            summary.key)
+    return (
+        _RANK[health(summary, now)],
+        summary.soonest_due or 0,
+        summary.name.lower(),
+        summary.key,
+    )
 
 
 class FleetView(Protocol):
@@ -124,8 +130,11 @@ class FleetDesk:
     def _failed(self, exc: BaseException) -> None:
         self._scanning = False
         if self.failure is None:  # once per outage, not at every scan while it lasts
-            self.app.notify(safe_plain(f"cannot scan the fleet: {exc}", limit=200),
-                            severity="error", markup=False)
+            self.app.notify(
+                safe_plain(f"cannot scan the fleet: {exc}", limit=200),
+                severity="error",
+                markup=False,
+            )
         self.failure = str(exc)
 
     def apply(self, scan: FleetScan) -> None:
@@ -142,8 +151,8 @@ class FleetDesk:
         arrived = self._arrivals(scan, first)
         if scan.read or scan.removed or first:
             self._deadlines = sorted(
-                (a.due, s.key, a.request_id) for s in self.summaries.values()
-                for a in s.approvals)
+                (a.due, s.key, a.request_id) for s in self.summaries.values() for a in s.approvals
+            )
             self._forget_answered()
             view = self.view()
             if view is not None:
@@ -222,23 +231,37 @@ class FleetDesk:
         if arrived:
             if len(arrived) == 1:
                 summary, approval = arrived[0]
-                text = (f"New approval in {safe_plain(summary.name, limit=40)}: "
-                        f"{safe_plain(approval.action, limit=120)}")
+                text = (
+                    f"New approval in {safe_plain(summary.name, limit=40)}: "
+                    f"{safe_plain(approval.action, limit=120)}"
+                )
             else:
                 names = sorted({safe_plain(s.name, limit=24) for s, _ in arrived})
-                text = f"{len(arrived)} new approvals in " + ", ".join(names[:4]) + \
-                    (" …" if len(names) > 4 else "")
-            self.app.notify(text, title="Approval waiting", severity="warning",
-                            markup=False, timeout=10)
+                text = (
+                    f"{len(arrived)} new approvals in "
+                    + ", ".join(names[:4])
+                    + (" …" if len(names) > 4 else "")
+                )
+            self.app.notify(
+                text, title="Approval waiting", severity="warning", markup=False, timeout=10
+            )
         for summary, approval in warned[:3]:
             left = max(approval.due - self.now(), 0)
             self.app.notify(
                 f"{safe_plain(summary.name, limit=40)}: {safe_plain(approval.request_id, limit=60)}"
-                f" expires in {left // 60}m{left % 60:02d}s", title="Deadline close",
-                severity="error", markup=False, timeout=15)
+                f" expires in {left // 60}m{left % 60:02d}s",
+                title="Deadline close",
+                severity="error",
+                markup=False,
+                timeout=15,
+            )
         if len(warned) > 3:
-            self.app.notify(f"{len(warned) - 3} more approvals expire within 10 minutes",
-                            title="Deadline close", severity="error", markup=False)
+            self.app.notify(
+                f"{len(warned) - 3} more approvals expire within 10 minutes",
+                title="Deadline close",
+                severity="error",
+                markup=False,
+            )
         if arrived or warned:
             self.bells += 1
             self.app.bell()

@@ -47,10 +47,14 @@ def queue_text(item: Item, now: int, width: int) -> Text:
     narrow = width < 100
     inbox_w, left_w, request_w = (12, 11, 16) if narrow else (16, 14, 24)
     action_w = max(width - inbox_w - left_w - request_w - 4, 10)
-    return Text(" ").join([
-        _cell(safe_text(summary.name, limit=60), inbox_w), _cell(countdown, left_w),
-        _cell(safe_text(approval.request_id, limit=80), request_w),
-        _cell(safe_text(approval.action, limit=300), action_w)])
+    return Text(" ").join(
+        [
+            _cell(safe_text(summary.name, limit=60), inbox_w),
+            _cell(countdown, left_w),
+            _cell(safe_text(approval.request_id, limit=80), request_w),
+            _cell(safe_text(approval.action, limit=300), action_w),
+        ]
+    )
 
 
 class QueueRows(RowWindow):
@@ -71,16 +75,43 @@ class ApprovalQueueScreen(ModalScreen[None]):
     covers_panes = True  # opaque: the app does not tick the panes beneath (see on_screen_suspend)
 
     BINDINGS = [
-        Binding("a", "approve", "Approve", id="queue-approve",
-                tooltip="answer yes; that inbox's agent resumes with it (confirmed)"),
-        Binding("d", "deny", "Deny", id="queue-deny",
-                tooltip="answer no; the agent resumes with a refusal (confirmed)"),
-        Binding("e", "expire", "Expire", id="queue-expire",
-                tooltip="end the request now as if its deadline had passed (confirmed)"),
-        Binding("enter", "open", "Open inbox", id="queue-open", priority=True,
-                tooltip="the request's inbox, at its Approvals pane"),
-        Binding("escape", "back", "Back", id="queue-back", key_display="esc",
-                tooltip="back to the fleet"),
+        Binding(
+            "a",
+            "approve",
+            "Approve",
+            id="queue-approve",
+            tooltip="answer yes; that inbox's agent resumes with it (confirmed)",
+        ),
+        Binding(
+            "d",
+            "deny",
+            "Deny",
+            id="queue-deny",
+            tooltip="answer no; the agent resumes with a refusal (confirmed)",
+        ),
+        Binding(
+            "e",
+            "expire",
+            "Expire",
+            id="queue-expire",
+            tooltip="end the request now as if its deadline had passed (confirmed)",
+        ),
+        Binding(
+            "enter",
+            "open",
+            "Open inbox",
+            id="queue-open",
+            priority=True,
+            tooltip="the request's inbox, at its Approvals pane",
+        ),
+        Binding(
+            "escape",
+            "back",
+            "Back",
+            id="queue-back",
+            key_display="esc",
+            tooltip="back to the fleet",
+        ),
         Binding("q", "app.quit", "Quit", id="queue-quit"),
     ]
     ACTIONS = frozenset({"approve", "deny", "expire"})
@@ -95,8 +126,9 @@ class ApprovalQueueScreen(ModalScreen[None]):
             yield Label("", id="queue-title")
             yield Label("", id="queue-outcome")
             yield Static("", id="queue-columns", markup=False)
-            yield QueueRows(queue_row, lambda item: (item[0].key, item[1].request_id),
-                            id="queue-rows")
+            yield QueueRows(
+                queue_row, lambda item: (item[0].key, item[1].request_id), id="queue-rows"
+            )
         yield Footer()
 
     def on_mount(self) -> None:
@@ -113,14 +145,17 @@ class ApprovalQueueScreen(ModalScreen[None]):
 
     def show_fleet(self, now: int) -> None:
         items = [(s, a) for s in self.desk.summaries.values() for a in s.approvals]
-        items.sort(key=lambda item: (item[1].due, item[0].name.lower(), item[0].key,
-                                     item[1].request_id))
+        items.sort(
+            key=lambda item: (item[1].due, item[0].name.lower(), item[0].key, item[1].request_id)
+        )
         self.items = items
         self.rows.show(items, now)
         waiting = sum(s.waiting for s in self.desk.summaries.values())
         inboxes = len({s.key for s, _ in items})
-        title = f"All approvals · {waiting:,} waiting in {inboxes:,} inbox" \
-                f"{'es' if inboxes != 1 else ''} · soonest deadline first"
+        title = (
+            f"All approvals · {waiting:,} waiting in {inboxes:,} inbox"
+            f"{'es' if inboxes != 1 else ''} · soonest deadline first"
+        )
         if waiting > len(items):
             title += f" ({len(items):,} listed)"
         if not items:
@@ -128,9 +163,13 @@ class ApprovalQueueScreen(ModalScreen[None]):
         self.query_one("#queue-title", Label).update(Text(title))
         narrow = self.app.size.width < 100
         widths = (12, 11, 16) if narrow else (16, 14, 24)
-        head = Text(" ").join([_cell(name, width) for name, width in
-                               zip(("inbox", "time left", "request"), widths, strict=True)]
-                              + [Text("action")])
+        head = Text(" ").join(
+            [
+                _cell(name, width)
+                for name, width in zip(("inbox", "time left", "request"), widths, strict=True)
+            ]
+            + [Text("action")]
+        )
         self.query_one("#queue-columns", Static).update(head)
         self.refresh_bindings()
 
@@ -178,8 +217,9 @@ class ApprovalQueueScreen(ModalScreen[None]):
         name = safe_text(summary.name, limit=40, style="bold")
         shown = app.inbox is not None and app.inbox.path == summary.target
         try:
-            inbox = app.inbox if shown else await self.desk.source.open(summary.key,
-                                                                        clock=app.clock)
+            inbox = (
+                app.inbox if shown else await self.desk.source.open(summary.key, clock=app.clock)
+            )
         except (InboxError, OSError) as exc:
             self._line(join(name, ": cannot open: ", safe_text(str(exc), limit=200)), False)
             return
@@ -189,8 +229,9 @@ class ApprovalQueueScreen(ModalScreen[None]):
             if not await app.push_screen_wait(app._confirmation(action, (current,))):
                 self._line(join(name, ": not confirmed: nothing changed"), None)
                 return
-            outcome = await operator.approval_action(inbox, action, current,
-                                                     now=app.clock.now(), actor=app.ACTOR)
+            outcome = await operator.approval_action(
+                inbox, action, current, now=app.clock.now(), actor=app.ACTOR
+            )
         except InboxError as exc:
             self._line(join(name, ": not done: ", safe_text(str(exc), limit=200)), False)
             return
@@ -210,8 +251,12 @@ class ApprovalQueueScreen(ModalScreen[None]):
         if fleet is None:
             return
         self.dismiss(None)
-        fleet.run_worker(fleet.open_inbox(item[0].key, pane="approvals"),
-                         group="fleet-open", exclusive=True, exit_on_error=False)
+        fleet.run_worker(
+            fleet.open_inbox(item[0].key, pane="approvals"),
+            group="fleet-open",
+            exclusive=True,
+            exit_on_error=False,
+        )
 
     def action_back(self) -> None:
         self.dismiss(None)

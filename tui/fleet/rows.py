@@ -62,8 +62,13 @@ class RowWindow(Widget, can_focus=True):
             self.window = window
             self.key = key
 
-    def __init__(self, render_row: Callable[[Any, int, bool, int], Row],
-                 key_of: Callable[[Any], Hashable], *, id: str | None = None) -> None:
+    def __init__(
+        self,
+        render_row: Callable[[Any, int, bool, int], Row],
+        key_of: Callable[[Any], Hashable],
+        *,
+        id: str | None = None,
+    ) -> None:
         super().__init__(id=id)
         self.render_row = render_row
         self.key_of = key_of
@@ -154,8 +159,11 @@ class RowWindow(Widget, can_focus=True):
         for y in range(height):
             at = top + y
             selected = at == self.cursor
-            row = self.render_row(items[at], self.now, selected, width - 2) \
-                if at < len(items) else None
+            row = (
+                self.render_row(items[at], self.now, selected, width - 2)
+                if at < len(items)
+                else None
+            )
             if row is not None:
                 painted[self.key_of(items[at])] = row
             old, was_selected, _, _ = self._lines[y]
@@ -166,8 +174,9 @@ class RowWindow(Widget, can_focus=True):
             self.refresh(Region(0, y, width, 1))
         self.painted = painted
 
-    def _draw(self, y: int, row: Row | None, selected: bool,
-              width: int) -> tuple[Row | None, bool, Strip, tuple[Strip, ...]]:
+    def _draw(
+        self, y: int, row: Row | None, selected: bool, width: int
+    ) -> tuple[Row | None, bool, Strip, tuple[Strip, ...]]:
         """The line for `row`, reusing the segments of the cells that did not change."""
         if row is None:
             return (None, selected, Strip.blank(width, self.rich_style), ())
@@ -175,8 +184,12 @@ class RowWindow(Widget, can_focus=True):
         console = self.app.console
         strips = []
         for i, cell in enumerate(row.cells):
-            if old is not None and i < len(old.cells) and i < len(old_strips) \
-                    and old.cells[i] == cell:
+            if (
+                old is not None
+                and i < len(old.cells)
+                and i < len(old_strips)
+                and old.cells[i] == cell
+            ):
                 strips.append(old_strips[i])
             else:
                 strips.append(Strip(list(cell.render(console)), cell.cell_len))
@@ -185,8 +198,7 @@ class RowWindow(Widget, can_focus=True):
         for i, strip in enumerate(strips):
             parts += [space, strip] if i else [strip]
         line = Strip.join(parts).crop_extend(0, width, None)
-        return (row, selected, line.apply_style(self._style(row.style, selected)),
-                tuple(strips))
+        return (row, selected, line.apply_style(self._style(row.style, selected)), tuple(strips))
 
     def render_line(self, y: int) -> Strip:
         if y < len(self._lines):

@@ -36,8 +36,14 @@ HEALTH = ("urgent", "approval", "dead", "lost", "problem", "ok")
 
 # (column, wide width, narrow width; 0 = not shown when narrow), right-aligned if numeric
 COLUMNS = (
-    ("inbox", 16, 12), ("pending", 7, 4), ("run", 4, 4), ("dead", 5, 5),
-    ("approvals", 13, 12), ("lease", 26, 11), ("last run", 15, 9), ("outbox", 12, 0),
+    ("inbox", 16, 12),
+    ("pending", 7, 4),
+    ("run", 4, 4),
+    ("dead", 5, 5),
+    ("approvals", 13, 12),
+    ("lease", 26, 11),
+    ("last run", 15, 9),
+    ("outbox", 12, 0),
 )
 NUMERIC = {"pending", "run", "dead"}
 SHORT = {"pending": "pend", "approvals": "approval", "last run": "last"}
@@ -68,8 +74,7 @@ def header_text(narrow: bool) -> Text:
     for name, wide, small in COLUMNS:
         width = small if narrow else wide
         if width:
-            parts.append(_cell(SHORT.get(name, name) if narrow else name, width,
-                               name in NUMERIC))
+            parts.append(_cell(SHORT.get(name, name) if narrow else name, width, name in NUMERIC))
     return Text(" ").join(parts)
 
 
@@ -77,8 +82,11 @@ def approvals_cell(summary: InboxSummary, now: int) -> str:
     if not summary.waiting:
         return "—"
     due = summary.soonest_due
-    left = "" if due is None else (f" · {duration(due - now, precise=True)}" if due > now
-                                   else " · expired")
+    left = (
+        ""
+        if due is None
+        else (f" · {duration(due - now, precise=True)}" if due > now else " · expired")
+    )
     return f"{summary.waiting:,}{left}"
 
 
@@ -91,8 +99,11 @@ def lease_cell(summary: InboxSummary, now: int, narrow: bool) -> Text:
     elif summary.lease_released:
         state = "released"
     else:
-        state = f"expired {coarse(now - lease.until)} ago" if not narrow else \
-            f"lost {coarse(now - lease.until)}"
+        state = (
+            f"expired {coarse(now - lease.until)} ago"
+            if not narrow
+            else f"lost {coarse(now - lease.until)}"
+        )
     if narrow:
         return Text(f"g{lease.gen} {state}")
     # The state first: a long holder name is what gets cut.
@@ -128,16 +139,21 @@ def inbox_cell(summary: InboxSummary) -> Text:
 
 def count_cells(summary: InboxSummary) -> dict[str, str]:
     """The cells that change only with a new summary, never with the clock."""
-    return {"pending": f"{summary.pending:,}", "run": f"{summary.running:,}",
-            "dead": f"{summary.dead + summary.interrupted:,}"}
+    return {
+        "pending": f"{summary.pending:,}",
+        "run": f"{summary.running:,}",
+        "dead": f"{summary.dead + summary.interrupted:,}",
+    }
 
 
 def ticking_cells(summary: InboxSummary, now: int, narrow: bool) -> dict[str, Text | str]:
     """The cells the clock moves: countdowns and ages."""
-    return {"approvals": approvals_cell(summary, now),
-            "lease": lease_cell(summary, now, narrow),
-            "last run": last_run_cell(summary, now, narrow),
-            "outbox": outbox_cell(summary, now)}
+    return {
+        "approvals": approvals_cell(summary, now),
+        "lease": lease_cell(summary, now, narrow),
+        "last run": last_run_cell(summary, now, narrow),
+        "outbox": outbox_cell(summary, now),
+    }
 
 
 def activity(summary: InboxSummary, now: int) -> tuple[list[int], int]:
@@ -166,8 +182,12 @@ class FleetRows(RowWindow):
 
     PREFIX = "fleet-row"
     COMPONENT_CLASSES = {f"fleet-row--{name}" for name in HEALTH} | {
-        "fleet-row--runs", "fleet-row--runs-low", "fleet-row--failing",
-        "fleet-row--failing-low", "row-window--cursor"}
+        "fleet-row--runs",
+        "fleet-row--runs-low",
+        "fleet-row--failing",
+        "fleet-row--failing-low",
+        "row-window--cursor",
+    }
 
 
 class RowPainter:
@@ -194,21 +214,29 @@ class RowPainter:
         the hour's runs failed (computed once a minute per inbox)."""
         kept = self._sparks.get(summary.key)
         minute = now // 60
-        if kept is not None and kept[0] is summary and kept[1] == minute \
-                and kept[2] == self.narrow:
+        if kept is not None and kept[0] is summary and kept[1] == minute and kept[2] == self.narrow:
             return kept[3], kept[4]
         runs, failed = activity(summary, now)
-        high, low = ("fleet-row--failing", "fleet-row--failing-low") if failed else \
-            ("fleet-row--runs", "fleet-row--runs-low")
+        high, low = (
+            ("fleet-row--failing", "fleet-row--failing-low")
+            if failed
+            else ("fleet-row--runs", "fleet-row--runs-low")
+        )
         base = window.background_colors[1]
-        colours = [(base + window.get_component_styles(name).color).rich_color
-                   for name in (low, high)]
-        renderable = SparklineRenderable(runs, width=8 if self.narrow else 12,
-                                         min_color=colours[0], max_color=colours[1])
+        colours = [
+            (base + window.get_component_styles(name).color).rich_color for name in (low, high)
+        ]
+        renderable = SparklineRenderable(
+            runs, width=8 if self.narrow else 12, min_color=colours[0], max_color=colours[1]
+        )
         console = window.app.console
-        spark = Text.assemble(*((segment.text, segment.style) for segment in
-                                console.render(renderable, console.options)
-                                if segment.text and segment.text != "\n"))
+        spark = Text.assemble(
+            *(
+                (segment.text, segment.style)
+                for segment in console.render(renderable, console.options)
+                if segment.text and segment.text != "\n"
+            )
+        )
         self._sparks[summary.key] = (summary, minute, self.narrow, spark, bool(failed))
         return spark, bool(failed)
 
@@ -219,8 +247,9 @@ class RowPainter:
         if fixed is None or fixed[0] is not summary or fixed[1] != narrow:
             cells = [_cell(inbox_cell(summary), widths["inbox"])]
             if not summary.problem:
-                cells += [_cell(value, widths[name], True)
-                          for name, value in count_cells(summary).items()]
+                cells += [
+                    _cell(value, widths[name], True) for name, value in count_cells(summary).items()
+                ]
             fixed = (summary, narrow, tuple(cells))
             self._fixed[summary.key] = fixed
         spark, failed = self.sparkline(window, summary, now)
@@ -243,8 +272,11 @@ class RowPainter:
             cells.append(kept[1])
             used += widths[name] + 1
         gap = Text(" " * max(width - used, 0))
-        return Row((*cells, Text.assemble(gap, spark)), health(summary, now),
-                   frozenset({"failing"}) if failed else frozenset())
+        return Row(
+            (*cells, Text.assemble(gap, spark)),
+            health(summary, now),
+            frozenset({"failing"}) if failed else frozenset(),
+        )
 
 
 class FleetScreen(ModalScreen[None]):
@@ -253,18 +285,52 @@ class FleetScreen(ModalScreen[None]):
     covers_panes = True  # opaque: the app does not tick the panes beneath (see on_screen_suspend)
 
     BINDINGS = [
-        Binding("enter", "open", "Open", id="fleet-open", priority=True,
-                tooltip="the highlighted inbox's six panes (esc or 0 comes back)"),
-        Binding("A", "approvals", "All approvals", id="fleet-approvals",
-                tooltip="every approval waiting in the fleet, by deadline; answer with a/d/e"),
-        Binding("slash", "filter", "Filter", id="fleet-filter", key_display="/",
-                tooltip="show only the inboxes whose name contains a text"),
-        Binding("escape", "clear_filter", "Clear filter", id="fleet-clear-filter",
-                key_display="esc", tooltip="show every inbox again"),
-        Binding("question_mark", "help", "Help", id="fleet-help", key_display="?",
-                tooltip="this list of keys"),
-        Binding("q", "app.quit", "Quit", id="fleet-quit",
-                tooltip="leave onwatch (the agents keep running)"),
+        Binding(
+            "enter",
+            "open",
+            "Open",
+            id="fleet-open",
+            priority=True,
+            tooltip="the highlighted inbox's six panes (esc or 0 comes back)",
+        ),
+        Binding(
+            "A",
+            "approvals",
+            "All approvals",
+            id="fleet-approvals",
+            tooltip="every approval waiting in the fleet, by deadline; answer with a/d/e",
+        ),
+        Binding(
+            "slash",
+            "filter",
+            "Filter",
+            id="fleet-filter",
+            key_display="/",
+            tooltip="show only the inboxes whose name contains a text",
+        ),
+        Binding(
+            "escape",
+            "clear_filter",
+            "Clear filter",
+            id="fleet-clear-filter",
+            key_display="esc",
+            tooltip="show every inbox again",
+        ),
+        Binding(
+            "question_mark",
+            "help",
+            "Help",
+            id="fleet-help",
+            key_display="?",
+            tooltip="this list of keys",
+        ),
+        Binding(
+            "q",
+            "app.quit",
+            "Quit",
+            id="fleet-quit",
+            tooltip="leave onwatch (the agents keep running)",
+        ),
     ]
 
     def __init__(self, desk: "FleetDesk") -> None:
@@ -346,13 +412,16 @@ class FleetScreen(ModalScreen[None]):
         every = self.desk.summaries.values()
         total = len(self.desk.summaries)
         waiting = sum(s.waiting for s in every)
-        soon = sum(1 for s in every if s.soonest_due is not None
-                   and s.soonest_due - now <= WARN_SECONDS)
+        soon = sum(
+            1 for s in every if s.soonest_due is not None and s.soonest_due - now <= WARN_SECONDS
+        )
         lost = sum(1 for s in every if lease_lost(s, now))
         dead = sum(1 for s in every if s.dead or s.interrupted)
         problems = sum(1 for s in every if s.problem)
-        parts = [f"{total:,} inbox{'es' if total != 1 else ''}",
-                 f"{waiting:,} approval{'s' if waiting != 1 else ''} waiting"]
+        parts = [
+            f"{total:,} inbox{'es' if total != 1 else ''}",
+            f"{waiting:,} approval{'s' if waiting != 1 else ''} waiting",
+        ]
         if soon:
             parts.append(f"{soon} expiring soon")
         parts += [f"{dead} with dead events", f"{lost} lost lease{'s' if lost != 1 else ''}"]
@@ -360,14 +429,20 @@ class FleetScreen(ModalScreen[None]):
             parts.append(f"{problems} unreadable")
         if not self.desk.loaded:
             parts = ["reading the inboxes…"]
-        figures = join(safe_text(self.desk.source.label, limit=40, style="bold"), "  ",
-                       " · ".join(parts))
+        figures = join(
+            safe_text(self.desk.source.label, limit=40, style="bold"), "  ", " · ".join(parts)
+        )
         self.query_one("#fleet-figures", Label).update(figures)
         self.set_class(bool(soon), "-alarm")
         if self.search:
             shown = len(self.order)
-            self._line(join("filter “", safe_text(self.search, limit=40),
-                            f"”: {shown:,} of {total:,} shown (esc shows every inbox)"))
+            self._line(
+                join(
+                    "filter “",
+                    safe_text(self.search, limit=40),
+                    f"”: {shown:,} of {total:,} shown (esc shows every inbox)",
+                )
+            )
 
     def _line(self, text: Text, applied: bool | None = None) -> None:
         label = self.query_one("#fleet-outcome", Label)
@@ -387,8 +462,12 @@ class FleetScreen(ModalScreen[None]):
     def action_open(self) -> None:
         summary = self.rows.selected
         if summary is not None:
-            self.run_worker(self.open_inbox(summary.key), group="fleet-open",
-                            exclusive=True, exit_on_error=False)
+            self.run_worker(
+                self.open_inbox(summary.key),
+                group="fleet-open",
+                exclusive=True,
+                exit_on_error=False,
+            )
 
     async def open_inbox(self, key: str, pane: str | None = None) -> None:
         """Drill into inbox `key`: the app's panes show it, this screen steps aside."""
@@ -401,8 +480,14 @@ class FleetScreen(ModalScreen[None]):
             try:
                 inbox = await self.desk.source.open(key, clock=app.clock)
             except (InboxError, OSError) as exc:
-                self._line(join(safe_text(summary.name, limit=40, style="bold"),
-                                ": cannot open: ", safe_text(str(exc), limit=200)), False)
+                self._line(
+                    join(
+                        safe_text(summary.name, limit=40, style="bold"),
+                        ": cannot open: ",
+                        safe_text(str(exc), limit=200),
+                    ),
+                    False,
+                )
                 return
             await app.switch_inbox(inbox)
         while app.screen is not self and len(app.screen_stack) > 1:
@@ -427,9 +512,14 @@ class FleetScreen(ModalScreen[None]):
             self.show_fleet(self.desk.now())
             self.refresh_bindings()
 
-        self.app.push_screen(FilterScreen("inboxes", self.search,
-                                          "Matches the inbox name (the file name without "
-                                          "its extension)."), apply)
+        self.app.push_screen(
+            FilterScreen(
+                "inboxes",
+                self.search,
+                "Matches the inbox name (the file name without its extension).",
+            ),
+            apply,
+        )
 
     def action_clear_filter(self) -> None:
         self.search = None
@@ -443,20 +533,37 @@ class FleetScreen(ModalScreen[None]):
         def listed(bindings: list) -> list:
             return [(b, True) for b in bindings if isinstance(b, Binding)]
 
-        queue = [(b, not self.desk.read_only or b.action not in ("approve", "deny", "expire"))
-                 for b in ApprovalQueueScreen.BINDINGS if isinstance(b, Binding)]
-        groups = [("Fleet", listed(self.BINDINGS)),
-                  ("Moving", listed(RowWindow.BINDINGS)),
-                  ("All approvals (A)", queue),
-                  ("In an inbox", [(Binding("0", "fleet", "Fleet", tooltip="back to the fleet "
-                                            "(esc too), the cursor on the same inbox"), True)])]
-        notes = ["Rows: approvals by deadline first, then dead or interrupted events, then "
-                 "lost leases, then unreadable files, then the rest by name.",
-                 "A new approval anywhere, or one within 10 minutes of its deadline, raises a "
-                 "toast, the bell and a count in the title, whichever view is open."]
-        self.app.push_screen(HelpScreen(render_groups(groups, self.app.get_key_display,
-                                                      notes)))
+        queue = [
+            (b, not self.desk.read_only or b.action not in ("approve", "deny", "expire"))
+            for b in ApprovalQueueScreen.BINDINGS
+            if isinstance(b, Binding)
+        ]
+        groups = [
+            ("Fleet", listed(self.BINDINGS)),
+            ("Moving", listed(RowWindow.BINDINGS)),
+            ("All approvals (A)", queue),
+            (
+                "In an inbox",
+                [
+                    (
+                        Binding(
+                            "0",
+                            "fleet",
+                            "Fleet",
+                            tooltip="back to the fleet (esc too), the cursor on the same inbox",
+                        ),
+                        True,
+                    )
+                ],
+            ),
+        ]
+        notes = [
+            "Rows: approvals by deadline first, then dead or interrupted events, then "
+            "lost leases, then unreadable files, then the rest by name.",
+            "A new approval anywhere, or one within 10 minutes of its deadline, raises a "
+            "toast, the bell and a count in the title, whichever view is open.",
+        ]
+        self.app.push_screen(HelpScreen(render_groups(groups, self.app.get_key_display, notes)))
 
     def on_row_window_moved(self, message: RowWindow.Moved) -> None:
         self.refresh_bindings()
-

@@ -24,8 +24,9 @@ async def _inbox(folder: str, name: str, clock: FakeClock) -> Inbox:
     return await Inbox.open(os.path.join(folder, f"{name}.db"), clock=clock)
 
 
-async def _busy(inbox: Inbox, clock: FakeClock, holder: str, base: int, *, runs: int,
-                failures: int) -> None:
+async def _busy(
+    inbox: Inbox, clock: FakeClock, holder: str, base: int, *, runs: int, failures: int
+) -> None:
     """Runs spread over the last hour, some failing; leaves the lease held."""
     await inbox.configure(lease_ttl=600, backoff_base=1, max_attempts=100)
     step = 3000 // max(runs, 1)
@@ -36,10 +37,15 @@ async def _busy(inbox: Inbox, clock: FakeClock, holder: str, base: int, *, runs:
         gen = await inbox.acquire(holder, now=at)
         batch = await inbox.claim_batch(holder, gen, now=at)
         every = max(runs // max(failures, 1), 1)
-        error = "TimeoutError: the model did not answer" if i % every == 0 \
-            and failures else None
-        await inbox.finish(holder, gen, [e.id for e in batch], now=at + 2,
-                           messages=[] if error else [f"reply {i}"], error=error)
+        error = "TimeoutError: the model did not answer" if i % every == 0 and failures else None
+        await inbox.finish(
+            holder,
+            gen,
+            [e.id for e in batch],
+            now=at + 2,
+            messages=[] if error else [f"reply {i}"],
+            error=error,
+        )
     clock.set(base)
     await inbox.acquire(holder, now=base - 60)
 
@@ -53,8 +59,9 @@ async def seed_fleet(folder: str, base: int = T0) -> FakeClock:
 
     bob = await _inbox(folder, "bob", clock)  # an approval seven minutes from its deadline
     await _busy(bob, clock, "worker-bob", base, runs=4, failures=0)
-    await bob.request_approval("wire-transfer-88", 420 + 600, "Wire $9,800 to ACME Ltd",
-                               now=base - 600)
+    await bob.request_approval(
+        "wire-transfer-88", 420 + 600, "Wire $9,800 to ACME Ltd", now=base - 600
+    )
     await bob.close()
 
     carol = await _inbox(folder, "carol", clock)  # a poison event went dead
@@ -62,8 +69,13 @@ async def seed_fleet(folder: str, base: int = T0) -> FakeClock:
     await carol.ingest("webhook", "gh-poison-9", {"size": "huge"}, now=base - 900)
     gen = await carol.acquire("worker-carol", now=base - 900)
     claimed = await carol.claim_batch("worker-carol", gen, now=base - 900)
-    await carol.finish("worker-carol", gen, [e.id for e in claimed], now=base - 890,
-                       error="MemoryError: payload too large")
+    await carol.finish(
+        "worker-carol",
+        gen,
+        [e.id for e in claimed],
+        now=base - 890,
+        error="MemoryError: payload too large",
+    )
     await carol.claim_batch("worker-carol", gen, now=base - 880)  # out of attempts: dead
     await carol.release("worker-carol", gen, now=base - 870)
     await carol.close()
@@ -87,13 +99,18 @@ async def seed_fleet(folder: str, base: int = T0) -> FakeClock:
     await hostile.ingest("chat", "h-1", {"text": "hi"}, now=base - 300)
     gen = await hostile.acquire("[red]w[/red]", now=base - 300)
     batch = await hostile.claim_batch("[red]w[/red]", gen, now=base - 300)
-    await hostile.finish("[red]w[/red]", gen, [e.id for e in batch], now=base - 290,
-                         approvals=[ApprovalRequest("[@click=app.quit]go[/]", 86_400,
-                                                    HOSTILE_ACTION)])
+    await hostile.finish(
+        "[red]w[/red]",
+        gen,
+        [e.id for e in batch],
+        now=base - 290,
+        approvals=[ApprovalRequest("[@click=app.quit]go[/]", 86_400, HOSTILE_ACTION)],
+    )
     await hostile.close()
     escaped = await _inbox(folder, ESCAPE_NAME, clock)
-    await escaped.request_approval("ok-\x1b[2J", 90_000, "\x1b]0;retitled\x07 reboot",
-                                   now=base - 100)
+    await escaped.request_approval(
+        "ok-\x1b[2J", 90_000, "\x1b]0;retitled\x07 reboot", now=base - 100
+    )
     await escaped.close()
 
     foreign = sqlite3.connect(os.path.join(folder, "ledger.sqlite"))

@@ -8,8 +8,24 @@ from .pending import PendingPane
 from .running import RunningPane
 from .timers import TimersPane
 
-PANES: tuple[type[Pane], ...] = (PendingPane, RunningPane, DeadPane, ApprovalsPane, TimersPane,
-                                 OutboxPane)
+PANES: tuple[type[Pane], ...] = (
+    PendingPane,
+    RunningPane,
+    DeadPane,
+    ApprovalsPane,
+    TimersPane,
+    OutboxPane,
+)
 
-__all__ = ["PANES", "ApprovalsPane", "DeadPane", "OutboxPane", "Pane", "PaneData",
-           "PendingPane", "RunningPane", "TimersPane", "Window"]
+__all__ = [
+    "PANES",
+    "ApprovalsPane",
+    "DeadPane",
+    "OutboxPane",
+    "Pane",
+    "PaneData",
+    "PendingPane",
+    "RunningPane",
+    "TimersPane",
+    "Window",
+]

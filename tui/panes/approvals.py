@@ -26,8 +26,7 @@ def time_left(approval: Approval, now: int) -> str:
     if approval.answer is not None:
         return approval.answer
     left = approval.due - now
-    return f"{duration(left, precise=True)} left" if left > 0 else \
-        f"expired {duration(-left)} ago"
+    return f"{duration(left, precise=True)} left" if left > 0 else f"expired {duration(-left)} ago"
 
 
 class ApprovalsPane(Pane):
@@ -52,12 +51,27 @@ class ApprovalsPane(Pane):
         Column("action", "action", 24, fill=True),
     )
     BINDINGS = [
-        Binding("a", "approve", "Approve", id="approve",
-                tooltip="answer yes; the agent resumes with it (confirmed)"),
-        Binding("d", "deny", "Deny", id="deny",
-                tooltip="answer no; the agent resumes with a refusal (confirmed)"),
-        Binding("e", "expire", "Expire", id="expire",
-                tooltip="end the request now as if its deadline had passed (confirmed)"),
+        Binding(
+            "a",
+            "approve",
+            "Approve",
+            id="approve",
+            tooltip="answer yes; the agent resumes with it (confirmed)",
+        ),
+        Binding(
+            "d",
+            "deny",
+            "Deny",
+            id="deny",
+            tooltip="answer no; the agent resumes with a refusal (confirmed)",
+        ),
+        Binding(
+            "e",
+            "expire",
+            "Expire",
+            id="expire",
+            tooltip="end the request now as if its deadline had passed (confirmed)",
+        ),
     ]
 
     @classmethod
@@ -77,9 +91,11 @@ class ApprovalsPane(Pane):
 
     def cells(self, approval: Approval, now: int) -> dict[str, Text]:
         dim = "dim" if approval.answer is not None else ""
-        return {"request": safe_text(approval.request_id, limit=40, style=dim),
-                **self.ticking_cells(approval, now),
-                "action": safe_text(approval.action, limit=300, style=dim)}
+        return {
+            "request": safe_text(approval.request_id, limit=40, style=dim),
+            **self.ticking_cells(approval, now),
+            "action": safe_text(approval.action, limit=300, style=dim),
+        }
 
     def ticking_cells(self, approval: Approval, now: int) -> dict[str, Text]:
         if approval.answer is not None:
@@ -90,8 +106,10 @@ class ApprovalsPane(Pane):
             left.append_text(safe_text(by, limit=30, style="dim"))
             return {"left": left, "asked": Text(duration(now - approval.requested), style="dim")}
         overdue = approval.due <= now
-        return {"left": Text(time_left(approval, now), style="bold" if overdue else ""),
-                "asked": Text(duration(now - approval.requested))}
+        return {
+            "left": Text(time_left(approval, now), style="bold" if overdue else ""),
+            "asked": Text(duration(now - approval.requested)),
+        }
 
     def allowed(self, action: str, targets: list[Approval]) -> bool | None:
         # Answered rows too: the app then says what stands instead of doing nothing.
@@ -105,4 +123,3 @@ class ApprovalsPane(Pane):
 
     def action_expire(self) -> None:
         self.request("expire")
-

@@ -79,18 +79,48 @@ class PaneTable(DataTable):
     # k9s / vim habits next to the arrows; `home`/`end` move the row cursor (DataTable's
     # own move a column cursor, which a row table does not have).
     BINDINGS = [
-        Binding("j", "cursor_down", "Down", show=False, id="row-down",
-                tooltip="the next row (↓ too)"),
-        Binding("k", "cursor_up", "Up", show=False, id="row-up",
-                tooltip="the previous row (↑ too)"),
-        Binding("g,home", "scroll_top", "First row", show=False, id="row-first",
-                key_display="g home", tooltip="the first row of the window"),
-        Binding("G,end", "scroll_bottom", "Last row", show=False, id="row-last",
-                key_display="G end", tooltip="the last row of the window"),
-        Binding("ctrl+d", "half_page(1)", "Half page down", show=False, id="half-down",
-                key_display="^d", tooltip="half a screen down (pgdn: a screen)"),
-        Binding("ctrl+u", "half_page(-1)", "Half page up", show=False, id="half-up",
-                key_display="^u", tooltip="half a screen up (pgup: a screen)"),
+        Binding(
+            "j", "cursor_down", "Down", show=False, id="row-down", tooltip="the next row (↓ too)"
+        ),
+        Binding(
+            "k", "cursor_up", "Up", show=False, id="row-up", tooltip="the previous row (↑ too)"
+        ),
+        Binding(
+            "g,home",
+            "scroll_top",
+            "First row",
+            show=False,
+            id="row-first",
+            key_display="g home",
+            tooltip="the first row of the window",
+        ),
+        Binding(
+            "G,end",
+            "scroll_bottom",
+            "Last row",
+            show=False,
+            id="row-last",
+            key_display="G end",
+            tooltip="the last row of the window",
+        ),
+        Binding(
+            "ctrl+d",
+            "half_page(1)",
+            "Half page down",
+            show=False,
+            id="half-down",
+            key_display="^d",
+            tooltip="half a screen down (pgdn: a screen)",
+        ),
+        Binding(
+            "ctrl+u",
+            "half_page(-1)",
+            "Half page up",
+            show=False,
+            id="half-up",
+            key_display="^u",
+            tooltip="half a screen up (pgup: a screen)",
+        ),
     ]
 
     def action_half_page(self, direction: int) -> None:
@@ -110,8 +140,11 @@ class PaneTable(DataTable):
         available = self.scrollable_content_region.width
         # At 80 columns the other columns give up width first (their narrow widths), so
         # the fill column (a reason, an error, an action's text) keeps what matters.
-        normal = sum(self.widths.get(key, (c.width, c.width))[0] + padding
-                     for key, c in self.columns.items() if key != self.fill_column)
+        normal = sum(
+            self.widths.get(key, (c.width, c.width))[0] + padding
+            for key, c in self.columns.items()
+            if key != self.fill_column
+        )
         fill = self.fill_minimum if self.fill_column is not None else 0
         narrow = available - normal - padding < fill
         for key, (wide, small) in self.widths.items():
@@ -124,11 +157,14 @@ class PaneTable(DataTable):
         if self.fill_column is None:
             self.refresh()
             return
-        others = sum(c.get_render_width(self) for key, c in self.columns.items()
-                     if key != self.fill_column)
+        others = sum(
+            c.get_render_width(self) for key, c in self.columns.items() if key != self.fill_column
+        )
         column = self.columns[self.fill_column]
-        width = max(min(self.fill_minimum, 12) if narrow else self.fill_minimum,
-                    available - others - padding)
+        width = max(
+            min(self.fill_minimum, 12) if narrow else self.fill_minimum,
+            available - others - padding,
+        )
         if width != column.width:
             column.width = width
             column.auto_width = False
@@ -153,33 +189,92 @@ class Pane(Vertical):
     BINDINGS = [
         # Help and quit lead the footer (they are the app's; repeated here only for the
         # order), so they stay visible at 80 columns, where the last keys are cut off.
-        Binding("question_mark", "app.help", "Help", id="help", key_display="?",
-                tooltip="this list of keys"),
+        Binding(
+            "question_mark",
+            "app.help",
+            "Help",
+            id="help",
+            key_display="?",
+            tooltip="this list of keys",
+        ),
         Binding("q", "app.quit", "Quit", id="quit", show=False),
-        Binding("enter", "detail", "Detail", priority=True, id="detail",
-                tooltip="the highlighted row in full: payload, attempts, errors, history"),
-        Binding("slash", "filter", "Filter", id="filter", key_display="/",
-                tooltip="show only the rows matching a text"),
-        Binding("space", "mark", "Mark", id="mark", key_display="␣",
-                tooltip="mark or unmark the row; an action applies to the marked rows shown"),
-        Binding("asterisk", "mark_all", "Mark all shown", show=False, id="mark-all",
-                key_display="*", tooltip="mark every row the window and filter show"),
-        Binding("u", "unmark_all", "Unmark all", show=False, id="unmark-all",
-                tooltip="clear every mark in this pane, shown or hidden"),
-        Binding("escape", "clear_filter", "Clear filter", show=False, id="clear-filter",
-                key_display="esc", tooltip="show every row again (when a filter is set)"),
-        Binding("right_square_bracket", "next_page", "Next page", show=False, id="next-page",
-                key_display="]", tooltip="the next window of rows (by id)"),
-        Binding("left_square_bracket", "prev_page", "Previous page", show=False,
-                id="prev-page", key_display="[", tooltip="the window before"),
+        Binding(
+            "enter",
+            "detail",
+            "Detail",
+            priority=True,
+            id="detail",
+            tooltip="the highlighted row in full: payload, attempts, errors, history",
+        ),
+        Binding(
+            "slash",
+            "filter",
+            "Filter",
+            id="filter",
+            key_display="/",
+            tooltip="show only the rows matching a text",
+        ),
+        Binding(
+            "space",
+            "mark",
+            "Mark",
+            id="mark",
+            key_display="␣",
+            tooltip="mark or unmark the row; an action applies to the marked rows shown",
+        ),
+        Binding(
+            "asterisk",
+            "mark_all",
+            "Mark all shown",
+            show=False,
+            id="mark-all",
+            key_display="*",
+            tooltip="mark every row the window and filter show",
+        ),
+        Binding(
+            "u",
+            "unmark_all",
+            "Unmark all",
+            show=False,
+            id="unmark-all",
+            tooltip="clear every mark in this pane, shown or hidden",
+        ),
+        Binding(
+            "escape",
+            "clear_filter",
+            "Clear filter",
+            show=False,
+            id="clear-filter",
+            key_display="esc",
+            tooltip="show every row again (when a filter is set)",
+        ),
+        Binding(
+            "right_square_bracket",
+            "next_page",
+            "Next page",
+            show=False,
+            id="next-page",
+            key_display="]",
+            tooltip="the next window of rows (by id)",
+        ),
+        Binding(
+            "left_square_bracket",
+            "prev_page",
+            "Previous page",
+            show=False,
+            id="prev-page",
+            key_display="[",
+            tooltip="the window before",
+        ),
     ]
 
     class ActionRequested(Message):
         """The operator asked for `action` on `targets` (records as they were on screen);
         `hidden` marked rows are not among them (filtered out or on another page)."""
 
-        def __init__(self, pane: "Pane", action: str, targets: tuple[Any, ...],
-                     hidden: int = 0) -> None:
+        def __init__(
+            self, pane: "Pane", action: str, targets: tuple[Any, ...], hidden: int = 0
+        ) -> None:
             super().__init__()
             self.pane = pane
             self.action = action
@@ -259,8 +354,7 @@ class Pane(Vertical):
         table = PaneTable(id=f"{self.PANE_ID}-table", cursor_type="row", zebra_stripes=True)
         if self.MARKABLE:
             table.add_column(" ", key="mark", width=1)
-        table.widths = {c.key: (c.width, c.narrow) for c in self.COLUMNS
-                        if c.narrow is not None}
+        table.widths = {c.key: (c.width, c.narrow) for c in self.COLUMNS if c.narrow is not None}
         for column in self.COLUMNS:
             table.add_column(column.label, key=column.key, width=column.width)
             if column.fill:
@@ -383,8 +477,10 @@ class Pane(Vertical):
             self._acted_on.clear()
             return
         landed = self.cursor_key()
-        self.show_notice(f"{self.label(cursor)} left {self.TITLE}; the highlight is now on "
-                         f"{self.label(landed) if landed else 'no row'}")
+        self.show_notice(
+            f"{self.label(cursor)} left {self.TITLE}; the highlight is now on "
+            f"{self.label(landed) if landed else 'no row'}"
+        )
 
     def acted_on(self, records: Iterable[Any]) -> None:
         """These rows may leave because of the operator's own action: its outcome says
@@ -490,18 +586,21 @@ class Pane(Vertical):
                 return None
             return self.allowed(action, self.targets())
         if action in ("mark", "mark_all"):
-            return False if (self.read_only or not self.MARKABLE) else (
-                True if self._records else None)
+            return (
+                False
+                if (self.read_only or not self.MARKABLE)
+                else (True if self._records else None)
+            )
         if action == "unmark_all":
-            return False if (self.read_only or not self.MARKABLE) else (
-                True if self._marks else None)
+            return (
+                False if (self.read_only or not self.MARKABLE) else (True if self._marks else None)
+            )
         if action == "clear_filter":
             return bool(self.window.search)  # otherwise escape means what it meant
         if action in ("next_page", "prev_page"):
             if not self.PAGED:
                 return False
-            return (self.data.more if action == "next_page"
-                    else bool(self.window.previous)) or None
+            return (self.data.more if action == "next_page" else bool(self.window.previous)) or None
         if action == "detail":
             return True if self._records else None
         return True
@@ -523,10 +622,12 @@ class Pane(Vertical):
         # The dialog goes up now, not when a message reaches the app: the keys of a paste
         # ("/chat") are already queued behind this one and must land in the filter's input,
         # not on this pane's `c`.
-        hint = ("Matches the source, the source id or the error text."
-                if self.PAGED else "Matches the text of the rows in this pane.")
-        self.app.push_screen(FilterScreen(self.TITLE, self.window.search, hint),
-                             self.set_filter)
+        hint = (
+            "Matches the source, the source id or the error text."
+            if self.PAGED
+            else "Matches the text of the rows in this pane."
+        )
+        self.app.push_screen(FilterScreen(self.TITLE, self.window.search, hint), self.set_filter)
 
     def action_clear_filter(self) -> None:
         if self.window.search:
@@ -589,5 +690,6 @@ class Pane(Vertical):
         """Post an action request for the current targets (the app confirms and runs it)."""
         targets = self.targets()
         if targets and not self.read_only:
-            self.post_message(self.ActionRequested(self, action, tuple(targets),
-                                                   self.hidden_marks()))
+            self.post_message(
+                self.ActionRequested(self, action, tuple(targets), self.hidden_marks())
+            )

@@ -41,10 +41,20 @@ class DeadPane(EventPane):
         Column("source_id", "source id", 16, narrow=0),
     )
     BINDINGS = [
-        Binding("r", "requeue", "Requeue", id="requeue",
-                tooltip="back to pending with a fresh attempt budget (confirmed)"),
-        Binding("m", "resolve", "Resolve", id="resolve",
-                tooltip="an interrupted event's effect did happen: done, never rerun (confirmed)"),
+        Binding(
+            "r",
+            "requeue",
+            "Requeue",
+            id="requeue",
+            tooltip="back to pending with a fresh attempt budget (confirmed)",
+        ),
+        Binding(
+            "m",
+            "resolve",
+            "Resolve",
+            id="resolve",
+            tooltip="an interrupted event's effect did happen: done, never rerun (confirmed)",
+        ),
     ]
 
     @classmethod
@@ -54,9 +64,14 @@ class DeadPane(EventPane):
 
     def cells(self, event: Event, now: int) -> dict[str, Text]:
         state = Text(event.status, style="bold" if event.status == "interrupted" else "")
-        return {"id": self.id_cell(event), "state": state, **self.source_cells(event),
-                "attempts": self.attempts_cell(event), **self.ticking_cells(event, now),
-                "error": safe_text(event.error, limit=300)}
+        return {
+            "id": self.id_cell(event),
+            "state": state,
+            **self.source_cells(event),
+            "attempts": self.attempts_cell(event),
+            **self.ticking_cells(event, now),
+            "error": safe_text(event.error, limit=300),
+        }
 
     def ticking_cells(self, event: Event, now: int) -> dict[str, Text]:
         return {"since": Text(duration(now - event.updated))}

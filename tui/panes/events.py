@@ -12,8 +12,9 @@ from ..safe import safe_text
 from .base import Pane, PaneData, Window
 
 
-async def fetch_events(inbox: Any, statuses: tuple[str, ...], window: Window,
-                       total: int) -> PaneData:
+async def fetch_events(
+    inbox: Any, statuses: tuple[str, ...], window: Window, total: int
+) -> PaneData:
     """One window of events in `statuses`, by id, after the window's anchor.
 
     Each state is its own keyset page on the (status, id) index, merged by id, so a million
@@ -23,8 +24,9 @@ async def fetch_events(inbox: Any, statuses: tuple[str, ...], window: Window,
     for status in statuses:
         # Without payloads: a window holds rows, not documents (the detail view reads the
         # payload of the one row it shows).
-        rows += await inbox.events(status, limit=window.limit + 1, after=window.after,
-                                   search=window.search, payload=False)
+        rows += await inbox.events(
+            status, limit=window.limit + 1, after=window.after, search=window.search, payload=False
+        )
     rows.sort(key=lambda e: e.id)
     more = len(rows) > window.limit
     rows = rows[: window.limit]
@@ -38,8 +40,15 @@ class EventPane(Pane):
 
     def signature(self, record: Event) -> Hashable:
         # With the attempt budget: the tries column reads 'attempts/max_attempts'.
-        return (record.updated, record.status, record.attempts, record.available_at,
-                record.claim_gen, record.error, self.data.extra)
+        return (
+            record.updated,
+            record.status,
+            record.attempts,
+            record.available_at,
+            record.claim_gen,
+            record.error,
+            self.data.extra,
+        )
 
     def id_cell(self, event: Event) -> Text:
         return Text(str(event.id), justify="right")
@@ -49,8 +58,10 @@ class EventPane(Pane):
         return Text(f"{event.attempts}/{limit}" if limit else str(event.attempts))
 
     def source_cells(self, event: Event) -> dict[str, Text]:
-        return {"source": safe_text(event.source, limit=12),
-                "source_id": safe_text(event.source_id, limit=22)}
+        return {
+            "source": safe_text(event.source, limit=12),
+            "source_id": safe_text(event.source_id, limit=22),
+        }
 
     def count_label(self, data: PaneData) -> str:
         if self.window.search:

@@ -52,11 +52,21 @@ class OutboxPane(Pane):
     # act on the oldest one listed, the rows of the table being held messages.
     ACTIONS = frozenset({"mark_sent", "send_again"})
     BINDINGS = [
-        Binding("x", "mark_sent", "Mark sent", id="mark-sent",
-                tooltip="the oldest uncertain send did reach the channel (confirmed)"),
-        Binding("A", "send_again", "Send again", id="send-again",
-                tooltip="the oldest uncertain send: its messages held again, to go out under "
-                        "a new key (confirmed)"),
+        Binding(
+            "x",
+            "mark_sent",
+            "Mark sent",
+            id="mark-sent",
+            tooltip="the oldest uncertain send did reach the channel (confirmed)",
+        ),
+        Binding(
+            "A",
+            "send_again",
+            "Send again",
+            id="send-again",
+            tooltip="the oldest uncertain send: its messages held again, to go out under "
+            "a new key (confirmed)",
+        ),
     ]
 
     @classmethod
@@ -65,12 +75,16 @@ class OutboxPane(Pane):
         needle = (window.search or "").lower()
         shown = tuple(m for m in held if needle in m.body.lower())
         sends = tuple(await inbox.deliveries(limit=cls.SENDS))
-        uncertain = tuple(await inbox.uncertain_deliveries(limit=cls.SENDS)) \
-            if getattr(overview, "uncertain_deliveries", 0) else ()
+        uncertain = (
+            tuple(await inbox.uncertain_deliveries(limit=cls.SENDS))
+            if getattr(overview, "uncertain_deliveries", 0)
+            else ()
+        )
         listed = {d.id for d in sends}
         sends = tuple(d for d in uncertain if d.id not in listed) + sends  # never scrolled off
-        state = OutboxState(sends, overview.next_send_at, overview.outbox_held,
-                            inbox.settings.outbox_gap, uncertain)
+        state = OutboxState(
+            sends, overview.next_send_at, overview.outbox_held, inbox.settings.outbox_gap, uncertain
+        )
         return PaneData(shown, overview.held_messages, len(held) >= window.limit, state)
 
     def compose(self):
@@ -78,18 +92,26 @@ class OutboxPane(Pane):
         yield from super().compose()
         sends = DataTable(id="sends", cursor_type="none", show_cursor=False)
         sends.can_focus = False
-        for key, label, width in (("id", "send", 6), ("status", "status", 8),
-                                  ("count", "msgs", 4), ("when", "when", 10),
-                                  ("attempts", "tries", 5), ("note", "last error", 60)):
+        for key, label, width in (
+            ("id", "send", 6),
+            ("status", "status", 8),
+            ("count", "msgs", 4),
+            ("when", "when", 10),
+            ("attempts", "tries", 5),
+            ("note", "last error", 60),
+        ):
             sends.add_column(label, key=key, width=width)
         yield Label("Recent sends", classes="sends-title")
         yield sends
 
     def cells(self, message: Message, now: int) -> dict[str, Text]:
-        return {"id": Text(str(message.id), justify="right"), **self.ticking_cells(message, now),
-                "urgent": Text("urgent", style="bold") if message.urgent else Text(""),
-                "run": Text(f"#{message.run_id}" if message.run_id else "—"),
-                "body": safe_text(message.body, limit=300)}
+        return {
+            "id": Text(str(message.id), justify="right"),
+            **self.ticking_cells(message, now),
+            "urgent": Text("urgent", style="bold") if message.urgent else Text(""),
+            "run": Text(f"#{message.run_id}" if message.run_id else "—"),
+            "body": safe_text(message.body, limit=300),
+        }
 
     def ticking_cells(self, message: Message, now: int) -> dict[str, Text]:
         return {"queued": Text(duration(now - message.created))}
@@ -114,18 +136,25 @@ class OutboxPane(Pane):
         parts: list[str | Text] = [f"{self.data.total:,} held"]
         if state.uncertain:
             count = len(state.uncertain)
-            parts.append(Text(f" · {count} UNCERTAIN send{'s' if count != 1 else ''} (cut off "
-                              f"mid-send: may or may not have gone out; never re-sent by "
-                              f"itself — settle: mark sent or send again)", style="bold"))
+            parts.append(
+                Text(
+                    f" · {count} UNCERTAIN send{'s' if count != 1 else ''} (cut off "
+                    f"mid-send: may or may not have gone out; never re-sent by "
+                    f"itself — settle: mark sent or send again)",
+                    style="bold",
+                )
+            )
         if state.held:
-            parts.append(" · HELD by the operator: nothing goes out until released (o) "
-                         "or sent now (s)")
+            parts.append(
+                " · HELD by the operator: nothing goes out until released (o) or sent now (s)"
+            )
         elif state.next_send_at is not None:
             wait = state.next_send_at - now
-            parts.append(" · next paced send " + ("allowed now" if wait <= 0 else
-                                                  f"in {duration(wait, precise=True)}"))
-        parts.append(f" · pacing: one send {period(state.gap)}" if state.gap else
-                     " · pacing: off")
+            parts.append(
+                " · next paced send "
+                + ("allowed now" if wait <= 0 else f"in {duration(wait, precise=True)}")
+            )
+        parts.append(f" · pacing: one send {period(state.gap)}" if state.gap else " · pacing: off")
         self.query_one(".summary", Label).update(join(*parts))
         self.set_class(state.held, "-held")
 
@@ -135,10 +164,18 @@ class OutboxPane(Pane):
         table.clear()
         for d in state.deliveries if state else ():
             note = safe_text(d.last_error, limit=200)
-            table.add_row(Text(f"#{d.id}"), Text(d.status + (" !" if d.urgent else ""),
-                                                 style="bold" if d.status == "uncertain" else ""),
-                          Text(str(d.message_count)), self._sent_when(d, now),
-                          Text(str(d.attempts)), note, key=str(d.id))
+            table.add_row(
+                Text(f"#{d.id}"),
+                Text(
+                    d.status + (" !" if d.urgent else ""),
+                    style="bold" if d.status == "uncertain" else "",
+                ),
+                Text(str(d.message_count)),
+                self._sent_when(d, now),
+                Text(str(d.attempts)),
+                note,
+                key=str(d.id),
+            )
 
     @staticmethod
     def _sent_when(delivery: Delivery, now: int) -> Text:

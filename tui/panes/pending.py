@@ -36,25 +36,34 @@ class PendingPane(EventPane):
         Column("error", "last error", 20, fill=True),
     )
     BINDINGS = [
-        Binding("c", "cancel", "Cancel", id="cancel",
-                tooltip="the event will never be claimed (confirmed)"),
+        Binding(
+            "c",
+            "cancel",
+            "Cancel",
+            id="cancel",
+            tooltip="the event will never be claimed (confirmed)",
+        ),
     ]
 
     @classmethod
     async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
-        return await fetch_events(inbox, ("pending",), window,
-                                  overview.counts.get("pending", 0))
+        return await fetch_events(inbox, ("pending",), window, overview.counts.get("pending", 0))
 
     def cells(self, event: Event, now: int) -> dict[str, Text]:
-        return {"id": self.id_cell(event), **self.source_cells(event),
-                **self.ticking_cells(event, now), "attempts": self.attempts_cell(event),
-                "error": safe_text(event.error, limit=200, style="italic")}
+        return {
+            "id": self.id_cell(event),
+            **self.source_cells(event),
+            **self.ticking_cells(event, now),
+            "attempts": self.attempts_cell(event),
+            "error": safe_text(event.error, limit=200, style="italic"),
+        }
 
     def ticking_cells(self, event: Event, now: int) -> dict[str, Text]:
         wait = event.available_at - now
-        return {"age": Text(duration(now - event.created)),
-                "available": Text("now") if wait <= 0 else Text(f"in {duration(wait)}",
-                                                                style="italic")}
+        return {
+            "age": Text(duration(now - event.created)),
+            "available": Text("now") if wait <= 0 else Text(f"in {duration(wait)}", style="italic"),
+        }
 
     def allowed(self, action: str, targets: list[Event]) -> bool | None:
         return True if any(t.status == "pending" for t in targets) else None

@@ -34,14 +34,17 @@ class RunningPane(EventPane):
 
     @classmethod
     async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
-        return await fetch_events(inbox, ("running",), window,
-                                  overview.counts.get("running", 0))
+        return await fetch_events(inbox, ("running",), window, overview.counts.get("running", 0))
 
     def cells(self, event: Event, now: int) -> dict[str, Text]:
-        return {"id": self.id_cell(event), **self.source_cells(event),
-                "gen": Text(f"gen {event.claim_gen}" if event.claim_gen else "—"),
-                "attempts": self.attempts_cell(event), **self.ticking_cells(event, now),
-                "run": Text(f"#{event.run_id}" if event.run_id else "—")}
+        return {
+            "id": self.id_cell(event),
+            **self.source_cells(event),
+            "gen": Text(f"gen {event.claim_gen}" if event.claim_gen else "—"),
+            "attempts": self.attempts_cell(event),
+            **self.ticking_cells(event, now),
+            "run": Text(f"#{event.run_id}" if event.run_id else "—"),
+        }
 
     def ticking_cells(self, event: Event, now: int) -> dict[str, Text]:
         since = event.claimed_at if event.claimed_at is not None else event.updated

@@ -35,8 +35,9 @@ def lease_line(overview: Overview | None, now: int) -> Text:
             when = f"released {duration(max(-left - 1, 0))} ago"
         else:
             when = f"expired {duration(-left)} ago"
-        head = join("lease ", safe_text(lease.holder, limit=24, style="bold"),
-                    f" gen {lease.gen} · {when}")
+        head = join(
+            "lease ", safe_text(lease.holder, limit=24, style="bold"), f" gen {lease.gen} · {when}"
+        )
     return head
 
 
@@ -48,8 +49,10 @@ def fencing_line(overview: Overview | None) -> Text:
     # Only a lease left to expire counts: a worker that released it on a clean stop and
     # its successor are a restart, not a takeover.
     text = Text(f"takeovers {overview.takeovers} · ")
-    text.append(f"refused stale writes {overview.refused_writes}",
-                style="bold" if overview.refused_writes else "")
+    text.append(
+        f"refused stale writes {overview.refused_writes}",
+        style="bold" if overview.refused_writes else "",
+    )
     return text
 
 
@@ -64,8 +67,10 @@ def budget_line(overview: Overview | None) -> str:
     pending = overview.budgets.get("max_pending", {})
     if pending.get("limit"):
         parts.append(f"pending {pending.get('used', 0):,}/{pending['limit']:,}")
-    for name, words in (("max_run_seconds", "run ≤ {}s"), ("max_followups_per_run",
-                                                          "≤ {} follow-ups")):
+    for name, words in (
+        ("max_run_seconds", "run ≤ {}s"),
+        ("max_followups_per_run", "≤ {} follow-ups"),
+    ):
         limit = overview.budgets.get(name, {}).get("limit")
         if limit:
             parts.append(words.format(limit))
@@ -115,12 +120,23 @@ class StatusStrip(Vertical):
         label = self.query_one("#alarm", Label)
         label.display = why is not None
         if why is not None:
-            label.update(join("⚠ ", safe_text(why, limit=200),
-                              " · every action is refused · R reopens the path"))
+            label.update(
+                join(
+                    "⚠ ",
+                    safe_text(why, limit=200),
+                    " · every action is refused · R reopens the path",
+                )
+            )
         self.set_class(why is not None, "-alarm")
 
-    def show(self, overview: Overview, now: int, updated_at: int | None,
-             problem: str | None = None, activity: tuple | None = None) -> None:
+    def show(
+        self,
+        overview: Overview,
+        now: int,
+        updated_at: int | None,
+        problem: str | None = None,
+        activity: tuple | None = None,
+    ) -> None:
         """Show a fresh overview (attributes down from the app), and the runs of the last
         hour per minute (`core.fleet.run_activity`) when they were read."""
         if activity is not None:
@@ -146,8 +162,12 @@ class StatusStrip(Vertical):
         """Redraw what the clock moves: lease time left and 'updated Ns ago'."""
         overview = self.overview
         self._put("lease", lease_line(overview, now))
-        expired = overview is not None and overview.lease is not None and \
-            overview.lease.until < now and not overview.lease_released
+        expired = (
+            overview is not None
+            and overview.lease is not None
+            and overview.lease.until < now
+            and not overview.lease_released
+        )
         self.set_class(expired, "-lease-expired")
         if self.alarm:  # the rows shown are a lost file's: never "updated 0s ago"
             self._put("updated", "not the file at the path")

@@ -46,8 +46,17 @@ class TimersPane(Pane):
         return record.id
 
     def signature(self, record: Timer) -> Hashable:
-        return (record.due, record.every, record.catch_up, record.last_fired,
-                record.last_skipped, record.overflow, record.kind, record.key, record.broken)
+        return (
+            record.due,
+            record.every,
+            record.catch_up,
+            record.last_fired,
+            record.last_skipped,
+            record.overflow,
+            record.kind,
+            record.key,
+            record.broken,
+        )
 
     def cells(self, timer: Timer, now: int) -> dict[str, Text]:
         if timer.broken is not None:
@@ -56,28 +65,39 @@ class TimersPane(Pane):
         skipped = str(timer.last_skipped) if timer.last_skipped else ""
         if timer.overflow:
             skipped += f" +{timer.overflow} over cap"
-        return {"timer": safe_text(timer.id, limit=40, style="italic" if expiry else ""),
-                **self.ticking_cells(timer, now), "at": Text(clock(timer.due)),
-                "period": Text("expiry" if expiry else period(timer.every)),
-                "catch_up": Text("" if timer.every is None else timer.catch_up),
-                "skipped": Text(skipped), "note": Text("")}
+        return {
+            "timer": safe_text(timer.id, limit=40, style="italic" if expiry else ""),
+            **self.ticking_cells(timer, now),
+            "at": Text(clock(timer.due)),
+            "period": Text("expiry" if expiry else period(timer.every)),
+            "catch_up": Text("" if timer.every is None else timer.catch_up),
+            "skipped": Text(skipped),
+            "note": Text(""),
+        }
 
     def broken_cells(self, timer: Timer) -> dict[str, Text]:
         """A row the scheduler set aside: it no longer fires, and the note says why. Its
         fields are whatever was stored (that is why it was set aside): shown as text, never
         computed with."""
         every = timer.every
-        return {"timer": safe_text(timer.id, limit=40),
-                "due": Text("set aside", style="bold reverse"),
-                "period": Text(period(every)) if type(every) is int and every > 0
-                else safe_text(every if every is not None else "one-off", limit=12),
-                "catch_up": safe_text(timer.catch_up, limit=10),
-                "last": Text(""), "skipped": Text(""), "at": Text(""),
-                "note": safe_text(timer.broken, limit=300, style="bold")}
+        return {
+            "timer": safe_text(timer.id, limit=40),
+            "due": Text("set aside", style="bold reverse"),
+            "period": Text(period(every))
+            if type(every) is int and every > 0
+            else safe_text(every if every is not None else "one-off", limit=12),
+            "catch_up": safe_text(timer.catch_up, limit=10),
+            "last": Text(""),
+            "skipped": Text(""),
+            "at": Text(""),
+            "note": safe_text(timer.broken, limit=300, style="bold"),
+        }
 
     def ticking_cells(self, timer: Timer, now: int) -> dict[str, Text]:
         if timer.broken is not None:
             return {"due": Text("set aside", style="bold reverse"), "last": Text("")}
         last = "" if timer.last_fired is None else f"{duration(now - timer.last_fired)} ago"
-        return {"due": Text(countdown(now, timer.due), style="bold" if timer.due <= now else ""),
-                "last": Text(last)}
+        return {
+            "due": Text(countdown(now, timer.due), style="bold" if timer.due <= now else ""),
+            "last": Text(last),
+        }

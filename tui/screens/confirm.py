@@ -35,15 +35,13 @@ class ConfirmScreen(ModalScreen[bool]):
 
     BINDINGS = [
         Binding("y", "confirm", "Confirm", id="confirm-yes"),
-        Binding("enter", "confirm", "Confirm", priority=True, id="confirm-enter",
-                key_display="↵"),
+        Binding("enter", "confirm", "Confirm", priority=True, id="confirm-enter", key_display="↵"),
         Binding("n", "cancel", "Cancel", id="confirm-no"),
         Binding("escape", "cancel", "Cancel", id="confirm-escape", key_display="esc"),
     ]
     SHOWN = 6  # subjects listed before "and N more"
 
-    def __init__(self, question: str, subjects: list[Subject], now: int,
-                 note: str = "") -> None:
+    def __init__(self, question: str, subjects: list[Subject], now: int, note: str = "") -> None:
         super().__init__(classes="dialog-screen")
         self.question = question
         self.subjects = subjects

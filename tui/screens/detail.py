@@ -39,8 +39,9 @@ def _audit(text: Text, entries: list[AuditEntry]) -> None:
         text.append_text(safe_text(entry.actor, limit=40))
         text.append(f"  {entry.action}  ")
         text.append_text(safe_text(f"{entry.before} → {entry.after}", limit=60))
-        text.append("  applied" if entry.applied else "  refused",
-                    style="" if entry.applied else "bold")
+        text.append(
+            "  applied" if entry.applied else "  refused", style="" if entry.applied else "bold"
+        )
         if entry.reason:
             text.append(": ")
             text.append_text(safe_text(entry.reason, limit=500))
@@ -63,17 +64,29 @@ async def event_detail(inbox: Any, event_id: int, now: int) -> tuple[str, Text]:
     _field(text, "created", f"{stamp(event.created)} ({ago(now, event.created)})")
     _field(text, "changed", f"{stamp(event.updated)} ({ago(now, event.updated)})")
     if event.status == "pending":
-        _field(text, "available", "now" if event.available_at <= now else
-               f"{stamp(event.available_at)} ({countdown(now, event.available_at)}, backoff)")
+        _field(
+            text,
+            "available",
+            "now"
+            if event.available_at <= now
+            else f"{stamp(event.available_at)} ({countdown(now, event.available_at)}, backoff)",
+        )
     if event.claim_gen is not None:
-        _field(text, "claimed", f"by lease generation {event.claim_gen}"
-               + (f" at {stamp(event.claimed_at)}" if event.claimed_at else "")
-               + (f", run #{event.run_id}" if event.run_id else ""))
+        _field(
+            text,
+            "claimed",
+            f"by lease generation {event.claim_gen}"
+            + (f" at {stamp(event.claimed_at)}" if event.claimed_at else "")
+            + (f", run #{event.run_id}" if event.run_id else ""),
+        )
     if event.error:
         _field(text, "error", safe_text(event.error, limit=10_000, multiline=True))
     _section(text, "Payload")
-    text.append_text(Text("(pruned: the body was dropped, the dedupe key stays)", style="dim")
-                     if event.payload is None else safe_json(event.payload))
+    text.append_text(
+        Text("(pruned: the body was dropped, the dedupe key stays)", style="dim")
+        if event.payload is None
+        else safe_json(event.payload)
+    )
     text.append("\n")
     _section(text, f"Runs ({len(runs)})")
     if not runs:
@@ -100,8 +113,9 @@ async def event_detail(inbox: Any, event_id: int, now: int) -> tuple[str, Text]:
             # The agent's own traceback: its text (file names, the exception's message) is
             # untrusted like any error, so it goes through safe_text, line breaks kept.
             text.append("   traceback (most recent call last at the bottom)\n", style="dim")
-            text.append_text(safe_text(run.traceback.rstrip(), limit=20_000, multiline=True,
-                                       style="dim"))
+            text.append_text(
+                safe_text(run.traceback.rstrip(), limit=20_000, multiline=True, style="dim")
+            )
             text.append("\n")
     _section(text, f"Effect journal ({len(effects)})")
     if not effects:
@@ -136,8 +150,12 @@ async def approval_detail(inbox: Any, request_id: str, now: int) -> tuple[str, T
     if approval.answer is None:
         _field(text, "answer", Text("waiting", style="bold"))
     else:
-        by = join(approval.answer, " by ", safe_text(approval.answered_by, limit=100),
-                  f" at {stamp(approval.answered_at)}")
+        by = join(
+            approval.answer,
+            " by ",
+            safe_text(approval.answered_by, limit=100),
+            f" at {stamp(approval.answered_at)}",
+        )
         _field(text, "answer", by)
     _section(text, "Action")
     text.append_text(safe_text(approval.action, limit=20_000, multiline=True))
@@ -157,12 +175,23 @@ def timer_detail(timer: Timer, now: int) -> tuple[str, Text]:
     _field(text, "period", period(timer.every))
     _field(text, "catch-up", timer.catch_up if timer.every else "—")
     if timer.key:
-        _field(text, "event key", join(safe_text(timer.key[0], limit=200), " / ",
-                                       safe_text(timer.key[1], limit=200)))
-    _field(text, "last fired", "never" if timer.last_fired is None else
-           f"{stamp(timer.last_fired)} ({ago(now, timer.last_fired)})")
-    _field(text, "skipped", f"{timer.last_skipped} by the last catch-up; "
-                            f"{timer.overflow} over the catch-up cap in all")
+        _field(
+            text,
+            "event key",
+            join(safe_text(timer.key[0], limit=200), " / ", safe_text(timer.key[1], limit=200)),
+        )
+    _field(
+        text,
+        "last fired",
+        "never"
+        if timer.last_fired is None
+        else f"{stamp(timer.last_fired)} ({ago(now, timer.last_fired)})",
+    )
+    _field(
+        text,
+        "skipped",
+        f"{timer.last_skipped} by the last catch-up; {timer.overflow} over the catch-up cap in all",
+    )
     _section(text, "Payload")
     text.append_text(safe_json(timer.payload))
     text.append("\n")
@@ -171,8 +200,9 @@ def timer_detail(timer: Timer, now: int) -> tuple[str, Text]:
 
 def message_detail(message: Message, now: int) -> tuple[str, Text]:
     text = Text(end="")
-    _field(text, "message", f"#{message.id}" + ("  urgent: skips the gap" if message.urgent
-                                                else ""))
+    _field(
+        text, "message", f"#{message.id}" + ("  urgent: skips the gap" if message.urgent else "")
+    )
     _field(text, "queued", f"{stamp(message.created)} ({ago(now, message.created)})")
     _field(text, "status", message.status)
     if message.run_id:

@@ -35,8 +35,11 @@ def render_groups(groups: Iterable[Group], key_display, notes: list[str]) -> Ren
         for binding, available in bindings:
             style = "" if available else "dim"
             what = binding.tooltip + ("" if available else " (not in read-only mode)")
-            table.add_row(Text("  " + key_name(binding, key_display), style=style),
-                          Text(binding.description, style=style), Text(what, style=style))
+            table.add_row(
+                Text("  " + key_name(binding, key_display), style=style),
+                Text(binding.description, style=style),
+                Text(what, style=style),
+            )
         parts += [table, Text("")]
     parts += [Text(note, style="italic") for note in notes]
     return RenderGroup(*parts)

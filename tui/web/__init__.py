@@ -58,11 +58,15 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
     """Check the arguments and the environment; raises WebConfigError."""
     target = os.fspath(args.target)
     if target.startswith(("postgresql://", "postgres://")):
-        raise WebConfigError("PostgreSQL targets are not available in this build; serve an "
-                             "inbox file or a folder of them")
+        raise WebConfigError(
+            "PostgreSQL targets are not available in this build; serve an "
+            "inbox file or a folder of them"
+        )
     if getattr(args, "inbox", None) is not None:
-        raise WebConfigError("--inbox picks an inbox inside a PostgreSQL database; a file is "
-                             "one inbox and a folder shows all of its inboxes")
+        raise WebConfigError(
+            "--inbox picks an inbox inside a PostgreSQL database; a file is "
+            "one inbox and a folder shows all of its inboxes"
+        )
     if not os.path.exists(target):
         raise WebConfigError(f"no inbox at {target} (run `onwatch init {target}` first)")
     host, port = args.host, args.port
@@ -72,27 +76,43 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
         raise WebConfigError(f"--port must be 0-65535, got {port!r}")
     token = environ.get(TOKEN_ENV, "").strip()
     if token and len(token) < MIN_TOKEN:
-        raise WebConfigError(f"${TOKEN_ENV} is too short: use {MIN_TOKEN} characters or more "
-                             f"(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe())')")
+        raise WebConfigError(
+            f"${TOKEN_ENV} is too short: use {MIN_TOKEN} characters or more "
+            f"(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe())')"
+        )
     if not token and not is_loopback(host):
-        raise WebConfigError(f"refusing to listen on {host} without ${TOKEN_ENV}: beyond this "
-                             f"machine the token must be one you chose and keep, not one "
-                             f"printed to a terminal")
+        raise WebConfigError(
+            f"refusing to listen on {host} without ${TOKEN_ENV}: beyond this "
+            f"machine the token must be one you chose and keep, not one "
+            f"printed to a terminal"
+        )
     public_url = getattr(args, "public_url", None)
     if public_url is not None:
         parts = urlsplit(public_url)
-        if parts.scheme not in ("http", "https") or not parts.netloc or \
-                parts.path not in ("", "/") or parts.query or parts.fragment:
-            raise WebConfigError(f"--public-url must be like https://desk.example.org, got "
-                                 f"{public_url!r}")
+        if (
+            parts.scheme not in ("http", "https")
+            or not parts.netloc
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise WebConfigError(
+                f"--public-url must be like https://desk.example.org, got {public_url!r}"
+            )
         public_url = f"{parts.scheme}://{parts.netloc}"
     argv = [sys.executable, "-m", "cli", "tui", os.path.abspath(target)]
     if args.read_only:
         argv.append("--read-only")
-    return Plan(command=shlex.join(argv), target=os.path.abspath(target), host=host,
-                port=port, token=token or secrets.token_urlsafe(32),
-                token_generated=not token, read_only=bool(args.read_only),
-                public_url=public_url)
+    return Plan(
+        command=shlex.join(argv),
+        target=os.path.abspath(target),
+        host=host,
+        port=port,
+        token=token or secrets.token_urlsafe(32),
+        token_generated=not token,
+        read_only=bool(args.read_only),
+        public_url=public_url,
+    )
 
 
 def main(args: Any) -> int:
@@ -128,26 +148,38 @@ async def serve(chosen: Plan) -> int:
 
     door = Door(chosen.token, public_url=chosen.public_url)
     title = f"onwatch {os.path.basename(chosen.target.rstrip(os.sep)) or chosen.target}"
-    app = await desk_app(chosen.command, title=title, public_url=chosen.public_url,
-                         middlewares=(door.middleware,))
-    runner = web.AppRunner(app, access_log_class=AccessLog, access_log=log,
-                           shutdown_timeout=SHUTDOWN_TIMEOUT)
+    app = await desk_app(
+        chosen.command, title=title, public_url=chosen.public_url, middlewares=(door.middleware,)
+    )
+    runner = web.AppRunner(
+        app, access_log_class=AccessLog, access_log=log, shutdown_timeout=SHUTDOWN_TIMEOUT
+    )
     await runner.setup()
     try:
         try:
             await web.TCPSite(runner, chosen.host, chosen.port).start()
         except OSError as exc:
-            print(f"onwatch web: cannot listen on {chosen.host}:{chosen.port}: "
-                  f"{exc.strerror or exc}", file=sys.stderr)
+            print(
+                f"onwatch web: cannot listen on {chosen.host}:{chosen.port}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
             return 1
         host, port = runner.addresses[0][:2]
         shown = f"[{host}]" if ":" in host else host
         base = chosen.public_url or f"http://{shown}:{port}"
-        log.info("listening on http://%s:%s; serving %s%s", shown, port, chosen.target,
-                 " read-only" if chosen.read_only else "")
+        log.info(
+            "listening on http://%s:%s; serving %s%s",
+            shown,
+            port,
+            chosen.target,
+            " read-only" if chosen.read_only else "",
+        )
         if not is_loopback(chosen.host):
-            log.warning("listening beyond this machine (%s): put a TLS reverse proxy in "
-                        "front, see the README", chosen.host)
+            log.warning(
+                "listening beyond this machine (%s): put a TLS reverse proxy in "
+                "front, see the README",
+                chosen.host,
+            )
         if chosen.token_generated:
             # stdout, once: the address to open. Never logged (stderr has no token).
             print(f"open {base}/?token={chosen.token}", flush=True)

@@ -50,9 +50,9 @@ MAX_ADDRESSES = 10_000  # addresses remembered at once; the oldest are forgotten
 # and it may not be framed (a framed desk could be clicked through by another page).
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; "
-                               "style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-                               "font-src 'self'; connect-src 'self'; frame-ancestors 'none'; "
-                               "base-uri 'none'; form-action 'none'",
+    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "font-src 'self'; connect-src 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'; form-action 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
@@ -65,8 +65,13 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 class FailureLimit:
     """Failed attempts per client address in a sliding window; `clock` is injectable."""
 
-    def __init__(self, *, max_failures: int = MAX_FAILURES, window: float = WINDOW,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        max_failures: int = MAX_FAILURES,
+        window: float = WINDOW,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.max_failures, self.window, self.clock = max_failures, window, clock
         self._failures: dict[str, collections.deque[float]] = {}
 
@@ -103,13 +108,17 @@ class FailureLimit:
 class Door:
     """The aiohttp middleware that admits only holders of the token (see the module doc)."""
 
-    def __init__(self, token: str, *, public_url: str | None = None,
-                 limit: FailureLimit | None = None) -> None:
+    def __init__(
+        self, token: str, *, public_url: str | None = None, limit: FailureLimit | None = None
+    ) -> None:
         if not token:
             raise ValueError("the door needs a token")
         self._token = token.encode("utf-8")
-        self._session = hmac.new(self._token, b"onwatch web session",
-                                 hashlib.sha256).hexdigest().encode("ascii")
+        self._session = (
+            hmac.new(self._token, b"onwatch web session", hashlib.sha256)
+            .hexdigest()
+            .encode("ascii")
+        )
         self.public_url = public_url
         self.secure = bool(public_url and public_url.startswith("https:"))
         self.limit = limit or FailureLimit()
@@ -120,17 +129,21 @@ class Door:
     def _has_session(self, request: web.Request) -> bool:
         cookie = request.cookies.get(COOKIE)
         return cookie is not None and hmac.compare_digest(
-            cookie.encode("utf-8", "surrogatepass"), self._session)
+            cookie.encode("utf-8", "surrogatepass"), self._session
+        )
 
     def _origin_ok(self, request: web.Request) -> bool:
         origin = request.headers.get("Origin")
         if origin is None:
             return False
         ours = urlsplit(self.public_url) if self.public_url else None
-        expected = f"{ours.scheme}://{ours.netloc}" if ours else \
-            f"{request.scheme}://{request.host}"
-        return hmac.compare_digest(origin.lower().encode("utf-8", "surrogatepass"),
-                                   expected.lower().encode("utf-8", "surrogatepass"))
+        expected = (
+            f"{ours.scheme}://{ours.netloc}" if ours else f"{request.scheme}://{request.host}"
+        )
+        return hmac.compare_digest(
+            origin.lower().encode("utf-8", "surrogatepass"),
+            expected.lower().encode("utf-8", "surrogatepass"),
+        )
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -153,8 +166,11 @@ class Door:
             if presented is not None:  # a guess; a bare request (a favicon) guesses nothing
                 self.limit.fail(address)
                 log.warning("%s %s: wrong token", printable(address), _path(request))
-            return _plain(401, "a valid token is needed: open the address `onwatch web` "
-                               "printed, or send Authorization: Bearer <token>")
+            return _plain(
+                401,
+                "a valid token is needed: open the address `onwatch web` "
+                "printed, or send Authorization: Bearer <token>",
+            )
         if upgrade and not self._origin_ok(request):
             return _plain(403, "this desk takes websockets from its own page only")
         if "token" in request.query and request.method == "GET" and not upgrade:
@@ -167,8 +183,14 @@ class Door:
         query.popall("token")
         location = request.rel_url.with_query(query)
         response = web.Response(status=303, headers={"Location": str(location)})
-        response.set_cookie(COOKIE, self._session.decode("ascii"), httponly=True,
-                            samesite="Strict", secure=self.secure, path="/")
+        response.set_cookie(
+            COOKIE,
+            self._session.decode("ascii"),
+            httponly=True,
+            samesite="Strict",
+            secure=self.secure,
+            path="/",
+        )
         return _secured(response)
 
 
@@ -191,11 +213,15 @@ def _path(request: web.BaseRequest) -> str:
 class AccessLog(AbstractAccessLogger):
     """One line per request: peer, method, path (no query string), status, time."""
 
-    def log(self, request: web.BaseRequest, response: web.StreamResponse,
-            time: float) -> None:
-        self.logger.info("%s %s %s %d %.1fms", printable(request.remote or "-"),
-                         printable(request.method), _path(request), response.status,
-                         time * 1000)
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info(
+            "%s %s %s %d %.1fms",
+            printable(request.remote or "-"),
+            printable(request.method),
+            _path(request),
+            response.status,
+            time * 1000,
+        )
 
     @property
     def enabled(self) -> bool:

@@ -21,8 +21,13 @@ class _DeskServer(Server):
     """textual-serve's Server, quiet, with page URLs that follow the browser's address."""
 
     def __init__(self, command: str, *, title: str, public_url: str | None) -> None:
-        super().__init__(command, host="127.0.0.1", port=0, title=title,
-                         public_url=public_url or "http://127.0.0.1")
+        super().__init__(
+            command,
+            host="127.0.0.1",
+            port=0,
+            title=title,
+            public_url=public_url or "http://127.0.0.1",
+        )
         self._fixed_url = public_url.rstrip("/") if public_url else None
 
     async def on_startup(self, app: web.Application) -> None:
@@ -52,8 +57,9 @@ def _int(text: str | None, default: int) -> int:
         return default
 
 
-async def desk_app(command: str, *, title: str, public_url: str | None = None,
-                   middlewares: tuple = ()) -> web.Application:
+async def desk_app(
+    command: str, *, title: str, public_url: str | None = None, middlewares: tuple = ()
+) -> web.Application:
     """An aiohttp app serving `command` (a shell command line, already quoted) to browsers:
     `/` the page, `/ws` the websocket that runs one `command` process per connection,
     `/static/…` its scripts. `middlewares` run before every route."""

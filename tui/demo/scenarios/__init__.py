@@ -42,15 +42,40 @@ from .stage import (
 )
 
 __all__ = [
-    "DAY", "HOUR", "MINUTE", "SCENARIOS", "SETTINGS", "START", "Scenario", "ScenarioRun", "Stage",
-    "Step", "find", "play", "plural", "scenario", "since_start",
+    "DAY",
+    "HOUR",
+    "MINUTE",
+    "SCENARIOS",
+    "SETTINGS",
+    "START",
+    "Scenario",
+    "ScenarioRun",
+    "Stage",
+    "Step",
+    "find",
+    "play",
+    "plural",
+    "scenario",
+    "since_start",
 ]
 
-SCENARIOS: tuple[Scenario, ...] = tuple(module.build() for module in (
-    s01_webhook_twice, s02_lease_race, s03_chat_batch, s04_takeover, s05_poison, s06_timers,
-    s07_approvals, s08_outbox, s09_restart_before_claim, s10_restart_during_run,
-    s11_delivery_failed, s12_cancel,
-))
+SCENARIOS: tuple[Scenario, ...] = tuple(
+    module.build()
+    for module in (
+        s01_webhook_twice,
+        s02_lease_race,
+        s03_chat_batch,
+        s04_takeover,
+        s05_poison,
+        s06_timers,
+        s07_approvals,
+        s08_outbox,
+        s09_restart_before_claim,
+        s10_restart_during_run,
+        s11_delivery_failed,
+        s12_cancel,
+    )
+)
 
 
 def find(key: str | int) -> Scenario:
@@ -58,15 +83,20 @@ def find(key: str | int) -> Scenario:
     for item in SCENARIOS:
         if key in (item.key, item.number, str(item.number)):
             return item
-    raise KeyError(f"no scenario {key!r}; known: "
-                   f"{', '.join(f'{s.number} {s.key}' for s in SCENARIOS)}")
+    raise KeyError(
+        f"no scenario {key!r}; known: {', '.join(f'{s.number} {s.key}' for s in SCENARIOS)}"
+    )
 
 
 scenario = find  # the name the player and the tests know it by
 
 
-async def play(scenario: Scenario | str | int, path: str | os.PathLike | None = None,
-               *, echo: Callable[[str], Any] | None = None) -> ScenarioRun:
+async def play(
+    scenario: Scenario | str | int,
+    path: str | os.PathLike | None = None,
+    *,
+    echo: Callable[[str], Any] | None = None,
+) -> ScenarioRun:
     """Play a scenario headless to its end on a scratch inbox; return the (open) run.
 
     The caller closes it (`await run.close()`). Without `path`, a temporary file is used.

@@ -153,8 +153,9 @@ class ScenarioRun:
         self.narration: list[str] = []
 
     @classmethod
-    async def open(cls, scenario: Scenario, path: str | os.PathLike,
-                   clock: FakeClock | None = None) -> "ScenarioRun":
+    async def open(
+        cls, scenario: Scenario, path: str | os.PathLike, clock: FakeClock | None = None
+    ) -> "ScenarioRun":
         """Open a fresh inbox at `path` on `clock` (reset to t) with the scenario's settings."""
         clock = clock or FakeClock(START)
         clock.set(START)

@@ -12,6 +12,22 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 EVENT_STATES_SQL = "('pending','running','done','dead','interrupted','cancelled')"
 
+# The audit words older versions wrote for an operator action → the action's one name.
+OLD_AUDIT_WORDS = {
+    "answer yes": "approve",
+    "answer no": "deny",
+    "delivery sent": "mark_sent",
+    "delivery send again": "send_again",
+    "mark done": "resolve",
+    "send to dead": "bury",
+    "hold outbox": "hold",
+    "release outbox": "release",
+}
+AUDIT_RENAMES = "".join(
+    f"UPDATE audit SET action = '{new}' WHERE action = '{old}';\n"
+    for old, new in OLD_AUDIT_WORDS.items()
+)
+
 # Each entry migrates from version i to i + 1; a file at version N has run the first N.
 MIGRATIONS: tuple[str, ...] = (
     # 1: the inbox.
@@ -201,6 +217,9 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE runs ADD COLUMN traceback TEXT;
     """,
+    # 5: the audit log names each operator action by its one name (core/actions.py), the
+    # name its CLI subcommand and the desk use; older files wrote other words for some.
+    AUDIT_RENAMES,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1095,7 +1095,7 @@ def answer_approval(
             db,
             now,
             actor,
-            f"answer {answer}",
+            "approve" if answer == "yes" else "deny",  # the action's one name
             f"approval {request_id}",
             None,
             None,
@@ -1108,7 +1108,7 @@ def answer_approval(
             db,
             now,
             actor,
-            f"answer {answer}",
+            "approve" if answer == "yes" else "deny",  # the action's one name
             f"approval {request_id}",
             approval.answer,
             approval.answer,
@@ -1123,7 +1123,7 @@ def answer_approval(
             db,
             now,
             actor,
-            f"answer {answer}",
+            "approve" if answer == "yes" else "deny",  # the action's one name
             f"approval {request_id}",
             "waiting",
             "expired",
@@ -1136,7 +1136,7 @@ def answer_approval(
         db,
         now,
         actor,
-        f"answer {answer}",
+        "approve" if answer == "yes" else "deny",  # the action's one name
         f"approval {request_id}",
         "waiting",
         answer,
@@ -1410,7 +1410,7 @@ def settle_delivery(
         db,
         now,
         actor,
-        f"delivery {outcome}",
+        "mark_sent" if outcome == "sent" else "send_again",  # the action's one name
         f"delivery {delivery_id}",
         before,
         after,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import NotAnInbox
+from ..schema import AUDIT_RENAMES
 from .rows import Row, one
 
 if TYPE_CHECKING:
@@ -251,6 +252,9 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX effects_by_run ON effects(inbox_id, run_id, key);
     CREATE INDEX effects_by_key ON effects(inbox_id, key, id);
     """,
+    # 2: the audit log names each operator action by its one name (core/actions.py); older
+    # databases wrote other words for some (the same rewrite as SQLite schema 5).
+    AUDIT_RENAMES,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1026,7 +1026,7 @@ def answer_approval(
             db,
             now,
             actor,
-            f"answer {answer}",
+            "approve" if answer == "yes" else "deny",  # the action's one name
             f"approval {request_id}",
             None,
             None,
@@ -1039,7 +1039,7 @@ def answer_approval(
             db,
             now,
             actor,
-            f"answer {answer}",
+            "approve" if answer == "yes" else "deny",  # the action's one name
             f"approval {request_id}",
             approval.answer,
             approval.answer,
@@ -1053,7 +1053,7 @@ def answer_approval(
             db,
             now,
             actor,
-            f"answer {answer}",
+            "approve" if answer == "yes" else "deny",  # the action's one name
             f"approval {request_id}",
             "waiting",
             "expired",
@@ -1066,7 +1066,7 @@ def answer_approval(
         db,
         now,
         actor,
-        f"answer {answer}",
+        "approve" if answer == "yes" else "deny",  # the action's one name
         f"approval {request_id}",
         "waiting",
         answer,
@@ -1340,7 +1340,7 @@ def settle_delivery(
         db,
         now,
         actor,
-        f"delivery {outcome}",
+        "mark_sent" if outcome == "sent" else "send_again",  # the action's one name
         f"delivery {delivery_id}",
         before,
         after,

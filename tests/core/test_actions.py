@@ -104,3 +104,72 @@ def test_the_cli_has_a_subcommand_for_every_action_in_the_table(monkeypatch):
         assert re.search(rf"^ +{re.escape(action.command)}\b", listed, re.M), action.command
     args = parser.parse_args(["poke", "a.db", "7", "--expect", "pending"])
     assert (args.event_id, args.expect) == (7, "pending")
+
+
+async def test_settling_and_answering_are_audited_by_the_action_name(inbox):
+    await inbox.request_approval("r1", 3600, "refund 5")
+    await inbox.request_approval("r2", 3600, "refund 6")
+    await inbox.act("approve", "r1")
+    await inbox.answer_approval("r2", "no")  # the method the agent's code calls: same name
+    await inbox.act("deny", "r1")  # refused: r1 stands as yes
+    await inbox.act("mark_sent", 1)  # no such delivery: refused, audited
+    await inbox.act("send_again", 1)
+    words = [(entry.action, entry.applied) for entry in reversed(await inbox.audit())]
+    assert words == [
+        ("approve", True),
+        ("deny", True),
+        ("deny", False),
+        ("mark_sent", False),
+        ("send_again", False),
+    ]
+
+
+async def test_migration_5_renames_the_old_audit_words_of_a_version_4_file(tmp_path):
+    import sqlite3
+
+    from core import schema
+
+    path = str(tmp_path / "v4.db")
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    schema.migrate(db, path, target=4)
+    old = [
+        ("answer yes", "approval r1", 1),
+        ("answer no", "approval r2", 1),
+        ("answer yes", "approval r2", 0),
+        ("delivery sent", "delivery 3", 1),
+        ("delivery send again", "delivery 4", 1),
+        ("mark done", "event 5", 1),
+        ("send to dead", "event 6", 1),
+        ("hold outbox", "outbox_held", 1),
+        ("release outbox", "outbox_held", 1),
+        # not operator actions: the engine's own entries keep their words
+        ("refused sent", "delivery 3", 0),
+        ("refused finish", "gen 1", 0),
+        ("requeue", "event 6", 1),
+    ]
+    db.executemany(
+        "INSERT INTO audit(at, actor, action, target, applied) VALUES (5, 'ops', ?, ?, ?)", old
+    )
+    db.close()
+    async with await Inbox.open(path, clock=FakeClock(1_000)) as box:
+        entries = list(reversed(await box.audit()))
+        assert [(e.action, e.target, e.applied) for e in entries] == [
+            ("approve", "approval r1", True),
+            ("deny", "approval r2", True),
+            ("approve", "approval r2", False),
+            ("mark_sent", "delivery 3", True),
+            ("send_again", "delivery 4", True),
+            ("resolve", "event 5", True),
+            ("bury", "event 6", True),
+            ("hold", "outbox_held", True),
+            ("release", "outbox_held", True),
+            ("refused sent", "delivery 3", False),
+            ("refused finish", "gen 1", False),
+            ("requeue", "event 6", True),
+        ]
+        # every operator entry now carries a name from the table, the CLI's and the desk's
+        assert {e.action for e in entries if e.actor == "ops" and e.applied} <= set(ACTIONS)
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION >= 5
+    db.close()

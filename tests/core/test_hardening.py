@@ -602,9 +602,9 @@ async def test_class11_an_interrupted_at_most_once_send_is_uncertain(inbox, cloc
         for a in await inbox.audit(target=f"delivery {delivery_id}")
     ]
     assert entries == [
-        ("delivery send again", "sent", "sent", False),
-        ("delivery sent", "uncertain", "sent", True),
-        ("delivery sent", "uncertain", "uncertain", False),
+        ("send_again", "sent", "sent", False),
+        ("mark_sent", "uncertain", "sent", True),
+        ("mark_sent", "uncertain", "uncertain", False),
     ]
 
 

@@ -90,7 +90,7 @@ async def test_many_inboxes_in_one_database_never_see_each_other(url):
         assert await b.held_messages() == []
         assert (await a.counts())["done"] == 1 and (await b.counts())["pending"] == 1
         assert [(r.action, r.applied) for r in await b.audit()] == [
-            ("answer yes", False),
+            ("approve", False),
             ("refused finish", False),
         ]  # newest first, bob's only
         assert [r.action for r in await a.audit()] == []
@@ -127,3 +127,33 @@ def test_thousands_of_inboxes_cheap_to_create_and_listed_by_one_indexed_query(ur
     assert "approvals_waiting" in plan, plan
     assert [r[0] for r in page] == ["inbox-01000", "inbox-01001", "inbox-01002"]
     assert per_inbox < 0.05
+
+
+async def test_migration_2_renames_the_old_audit_words_of_a_version_1_database(url):
+    with psycopg.connect(url, autocommit=True) as conn:
+        schema.migrate(conn, "test", target=1)
+        inbox_id = _find_inbox(conn, "a", True, "test")
+        for word, target in [
+            ("answer yes", "approval r1"),
+            ("delivery send again", "delivery 2"),
+            ("mark done", "event 3"),
+            ("refused sent", "delivery 2"),  # the engine's own word: kept
+        ]:
+            conn.execute(
+                "INSERT INTO audit(inbox_id, at, actor, action, target, applied) "
+                "VALUES (%s, 5, 'ops', %s, %s, true)",
+                (inbox_id, word, target),
+            )
+    box = await Inbox.open(url, name="a")
+    try:
+        assert [r.action for r in reversed(await box.audit())] == [
+            "approve",
+            "send_again",
+            "resolve",
+            "refused sent",
+        ]
+    finally:
+        await box.close()
+    with psycopg.connect(url) as conn:
+        version = conn.execute("SELECT version FROM onwatch_schema").fetchone()[0]
+        assert version == schema.SCHEMA_VERSION >= 2

@@ -13,7 +13,9 @@ class Action:
     """One operator action. `name` is its one name: the `Inbox.act` name, the audit log's
     action word (where the inbox writes it), the CLI subcommand (`_` shown as `-`) and the
     desk's action. `target` is what it acts on: "event", "approval", "delivery" or "inbox".
-    `allowed` are the states it applies to; `after` the state it leaves (None: a switch)."""
+    `allowed` are the states it applies to; `after` the state it leaves. An "inbox" action
+    sets one of the inbox's switches, `switch` ("paused", "outbox_held"): its states are
+    "true" and "false"."""
 
     name: str
     target: str
@@ -23,6 +25,7 @@ class Action:
     question: str  # the confirmation for one target
     question_many: str  # for several: formatted with {n}
     note: str = ""
+    switch: str | None = None
 
     @property
     def command(self) -> str:
@@ -132,6 +135,7 @@ ACTIONS: dict[str, Action] = {
             "pause execution (claims return nothing; intake goes on)",
             "Pause execution?",
             "Pause execution?",
+            switch="paused",
         ),
         Action(
             "resume",
@@ -141,6 +145,7 @@ ACTIONS: dict[str, Action] = {
             "resume execution",
             "Resume execution?",
             "Resume execution?",
+            switch="paused",
         ),
         Action(
             "hold",
@@ -150,6 +155,7 @@ ACTIONS: dict[str, Action] = {
             "hold the outbox (nothing is sent)",
             "Hold the outbox?",
             "Hold the outbox?",
+            switch="outbox_held",
         ),
         Action(
             "release",
@@ -159,6 +165,7 @@ ACTIONS: dict[str, Action] = {
             "release the outbox",
             "Release the outbox?",
             "Release the outbox?",
+            switch="outbox_held",
         ),
     )
 }

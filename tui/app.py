@@ -28,6 +28,7 @@ from core import ACTIONS, Approval, Clock, Delivery, Event, Inbox, InboxError, O
 from core.fleet import FleetSource, run_activity
 from core.wake import SLOW_POLL
 
+from . import actions as desk
 from . import operator
 from .panes import PANES, Pane
 from .panes.base import PaneTable, Window
@@ -62,7 +63,7 @@ class OnwatchApp(App[int]):
     POLL_SECONDS = 0.5
     FALLBACK_POLL_SECONDS = 1.0  # while the notifier runs: it also retries a failed read
     TICK_SECONDS = 1.0
-    MUTATING = frozenset({"pause", "resume", "hold_outbox", "release_outbox", "send_now"})
+    MUTATING = frozenset({"send_now"})  # besides the operator actions (`act(...)`)
     FILE_CHECK_SECONDS = 1.0  # how often the path is checked to still name the opened file
 
     BINDINGS = [
@@ -77,40 +78,8 @@ class OnwatchApp(App[int]):
             )
             for pane in PANES
         ),
-        # p and o are in help's first screen and the palette, not the footer: at 80
-        # columns the footer keeps the pane's own keys, s and the palette key.
-        Binding(
-            "p",
-            "pause",
-            "Pause",
-            id="pause",
-            show=False,
-            tooltip="claims return nothing until resumed; intake never stops",
-        ),
-        Binding(
-            "p",
-            "resume",
-            "Resume",
-            id="resume",
-            show=False,
-            tooltip="the worker may claim events again",
-        ),
-        Binding(
-            "o",
-            "hold_outbox",
-            "Hold outbox",
-            id="hold-outbox",
-            show=False,
-            tooltip="paced sends wait until the outbox is released",
-        ),
-        Binding(
-            "o",
-            "release_outbox",
-            "Release outbox",
-            id="release-outbox",
-            show=False,
-            tooltip="paced sends go out again",
-        ),
+        # The inbox's switches (pause/resume, hold/release the outbox): p and o.
+        *desk.bindings(desk.offered("inbox", ("false", "true"))),
         Binding(
             "s",
             "send_now",
@@ -446,19 +415,20 @@ class OnwatchApp(App[int]):
             return self.file_problem is not None
         if action == "fleet":
             return self.fleet is not None
-        if action not in self.MUTATING:
+        if action not in self.MUTATING and action != "act":
             return True
         if self.read_only:
             return False
         if self.file_problem is not None:
             return None
         overview = self.overview
-        paused = overview is not None and overview.paused
-        held = overview is not None and overview.outbox_held
-        if action in ("pause", "resume"):
-            return paused == (action == "resume")
-        if action in ("hold_outbox", "release_outbox"):
-            return held == (action == "release_outbox")
+        if action == "act":
+            # A switch's two keys share one key: only the one that changes it is offered.
+            row = ACTIONS.get(str(parameters[0])) if parameters else None
+            if row is None or row.target != "inbox" or row.switch is None:
+                return False
+            on = overview is not None and bool(getattr(overview, row.switch))
+            return ("true" if on else "false") in row.allowed
         return True if overview is None or overview.held_messages else None
 
     def on_pane_action_requested(self, message: Pane.ActionRequested) -> None:
@@ -554,7 +524,7 @@ class OnwatchApp(App[int]):
         async with self._action_lock:
             if self._refuse_lost_file(pane):
                 return
-            if action in operator.CONFIRMED:
+            if desk.KEYS[action].confirm:
                 if not await self.push_screen_wait(self._confirmation(action, targets, hidden)):
                     pane.show_outcome("not confirmed: nothing changed", None)
                     return
@@ -565,14 +535,15 @@ class OnwatchApp(App[int]):
             pane.show_outcome("waiting for the lock…", None)
             now = self.clock.now()
             outcomes = []
+            on = ACTIONS[action].target
             for target in targets:
-                if action in operator.APPROVAL_ACTIONS:
+                if on == "approval":
                     outcomes.append(
                         await operator.approval_action(
                             self.inbox, action, target, now=now, actor=self.ACTOR
                         )
                     )
-                elif isinstance(target, Delivery):
+                elif on == "delivery":
                     outcomes.append(
                         await operator.delivery_action(
                             self.inbox, action, target.id, now=now, actor=self.ACTOR
@@ -626,17 +597,10 @@ class OnwatchApp(App[int]):
             return
         self.run_worker(self._global(action), group="actions", exit_on_error=False)
 
-    def action_pause(self) -> None:
-        self._run_global("pause")
-
-    def action_resume(self) -> None:
-        self._run_global("resume")
-
-    def action_hold_outbox(self) -> None:
-        self._run_global("hold_outbox")
-
-    def action_release_outbox(self) -> None:
-        self._run_global("release_outbox")
+    def action_act(self, name: str) -> None:
+        """The key of an inbox switch (the panes take the actions on rows)."""
+        if name in ACTIONS and ACTIONS[name].target == "inbox":
+            self._run_global(name)
 
     def action_send_now(self) -> None:
         self._run_global("send_now")
@@ -680,12 +644,11 @@ class OnwatchApp(App[int]):
     # --- help and the command palette -----------------------------------------------------
 
     def _help_text(self) -> RenderGroup:
-        def available(owner: Any, binding: Binding) -> bool:
-            return not (
-                self.read_only
-                and binding.action.split("(")[0]
-                in (self.MUTATING | getattr(owner, "ACTIONS", frozenset()) | {"mark"})
+        def available(binding: Binding) -> bool:
+            writes = desk.acted(binding) is not None or binding.action.split("(")[0] in (
+                self.MUTATING | {"mark"}
             )
+            return not (self.read_only and writes)
 
         app_bindings = [
             b
@@ -702,18 +665,14 @@ class OnwatchApp(App[int]):
         groups = [(self.TITLE, [(b, True) for b in added])] if added else []
         # The keys that change things come first: at 80×24 they are the first screen.
         for pane in PANES:
-            own = [(b, available(pane, b)) for b in pane.BINDINGS if b not in Pane.BINDINGS]
+            own = [(b, available(b)) for b in pane.BINDINGS if b not in Pane.BINDINGS]
             if own:
                 groups.append((f"{pane.KEY} {pane.TITLE}", own))
         groups += [
             ("Panes", [(b, True) for b in app_bindings if b.action.startswith("show_pane")]),
             (
                 "Everywhere",
-                [
-                    (b, available(self, b))
-                    for b in app_bindings
-                    if not b.action.startswith("show_pane")
-                ]
+                [(b, available(b)) for b in app_bindings if not b.action.startswith("show_pane")]
                 + [
                     (
                         Binding(
@@ -728,7 +687,7 @@ class OnwatchApp(App[int]):
             ),
             (
                 "In every pane",
-                [(b, available(Pane, b)) for b in Pane.BINDINGS if not b.action.startswith("app.")],
+                [(b, available(b)) for b in Pane.BINDINGS if not b.action.startswith("app.")],
             ),
             (
                 "Moving in a table (↑ ↓ pgup pgdn too)",

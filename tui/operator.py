@@ -4,7 +4,8 @@ Every action is conditional on what the operator saw (`expect=` the status on sc
 row the worker changed meanwhile is reported, never overwritten. Each runs through
 `Inbox.act`, which returns what happened in the action's own transaction (applied, before →
 after, why refused); this module puts that in words a person can act on, without reading
-the audit log again (a second operator acting meanwhile would blur that).
+the audit log again (a second operator acting meanwhile would blur that). The words of an
+applied action come from the desk's table (tui/actions.py: `done`, `verb`, `already`).
 
 Outcome texts are plain strings that may contain inbox text (ids, action texts, errors):
 display them through tui.safe only.
@@ -18,28 +19,8 @@ from typing import Sequence
 
 from core import Approval, Event, Inbox, InboxError
 
+from .actions import KEYS
 from .panes.timefmt import clock
-
-# the desk's action name → the core's one name for it (core.actions.ACTIONS)
-CORE_NAME = {"hold_outbox": "hold", "release_outbox": "release"}
-# action name → verb for the outcome line over several rows
-EVENT_ACTIONS = {"requeue": "requeued", "cancel": "cancelled", "resolve": "resolved"}
-# action name → the answer it stores
-APPROVAL_ACTIONS = {"approve": "yes", "deny": "no", "expire": "expired"}
-# the actions that ask for confirmation first
-CONFIRMED = frozenset(
-    {
-        "approve",
-        "deny",
-        "expire",
-        "cancel",
-        "resolve",
-        "send_now",
-        "mark_sent",
-        "send_again",
-        "requeue",
-    }
-)
 
 # What a change of state means, seen from the operator's chair.
 _CHANGED = {
@@ -68,23 +49,14 @@ def changed_meanwhile(seen: str, now: str | None) -> str:
 
 
 async def event_action(inbox: Inbox, action: str, event: Event, *, now: int, actor: str) -> Outcome:
-    """Requeue, cancel or mark done one event, expecting the status the operator saw."""
+    """Run an event action on one event, expecting the status the operator saw."""
     label = f"#{event.id}"
     try:
-        outcome = await inbox.act(
-            CORE_NAME.get(action, action), event.id, expect=event.status, now=now, actor=actor
-        )
+        outcome = await inbox.act(action, event.id, expect=event.status, now=now, actor=actor)
     except InboxError as exc:
         return Outcome(False, f"{label}: not done: {exc}")
     if outcome:
-        return Outcome(
-            True,
-            {
-                "requeue": f"requeued {label}: pending again with a fresh attempt budget",
-                "cancel": f"cancelled {label}: it will never run",
-                "resolve": f"resolved {label} as done: its effect is taken as having happened",
-            }[action],
-        )
+        return Outcome(True, KEYS[action].done.format(label=label))
     if outcome.before != event.status:  # the state found by the action itself
         return Outcome(False, f"{label}: {changed_meanwhile(event.status, outcome.before)}")
     if action == "cancel" and outcome.before == "running":
@@ -98,7 +70,6 @@ async def approval_action(
 ) -> Outcome:
     """Approve, deny or expire one request; the outcome is the answer that stands."""
     rid = approval.request_id
-    wanted = APPROVAL_ACTIONS[action]
     try:
         outcome = await inbox.act(action, rid, now=now, actor=actor)
     except InboxError as exc:
@@ -107,14 +78,7 @@ async def approval_action(
     if standing == "unknown":
         return Outcome(False, f"{rid}: no such request")
     if applied:
-        return Outcome(
-            True,
-            {
-                "yes": f"approved {rid}",
-                "no": f"denied {rid}",
-                "expired": f"expired {rid} now: the agent resumes with a refusal",
-            }[wanted],
-        )
+        return Outcome(True, KEYS[action].done.format(label=rid))
     current = await inbox.get_approval(rid)
     due = current.due if current else approval.due
     if (
@@ -130,26 +94,14 @@ async def approval_action(
 
 
 async def flag_action(inbox: Inbox, action: str, *, now: int, actor: str) -> Outcome:
-    """Pause/resume execution or hold/release the outbox."""
+    """Set one of the inbox's switches: pause/resume execution, hold/release the outbox."""
     try:
-        changed = (await inbox.act(CORE_NAME.get(action, action), now=now, actor=actor)).applied
+        changed = (await inbox.act(action, now=now, actor=actor)).applied
     except InboxError as exc:
         return Outcome(False, f"not done: {exc}")
-    done = {
-        "pause": "paused: claims return nothing until you resume (intake goes on)",
-        "resume": "resumed: the worker may claim events again",
-        "hold_outbox": "outbox held: paced sends wait until you release it",
-        "release_outbox": "outbox released: paced sends go out again",
-    }
-    already = {
-        "pause": "already paused",
-        "resume": "already running",
-        "hold_outbox": "outbox already held",
-        "release_outbox": "outbox already released",
-    }
     if changed:
-        return Outcome(True, done[action])
-    return Outcome(False, f"changed meanwhile: {already[action]}; nothing changed")
+        return Outcome(True, KEYS[action].done)
+    return Outcome(False, f"changed meanwhile: {KEYS[action].already}; nothing changed")
 
 
 def outbox_log_path(inbox: Inbox) -> str:
@@ -186,11 +138,8 @@ def summarize(action: str, outcomes: Sequence[Outcome]) -> Outcome:
     if len(outcomes) == 1:
         return outcomes[0]
     applied = sum(o.applied for o in outcomes)
-    verb = EVENT_ACTIONS.get(action) or {
-        "approve": "approved",
-        "deny": "denied",
-        "expire": "expired",
-    }.get(action, action)
+    desk = KEYS.get(action)
+    verb = desk.verb if desk and desk.verb else action
     head = f"{verb} {applied} of {len(outcomes)}"
     refused = [o.text for o in outcomes if not o.applied]
     if not refused:
@@ -210,10 +159,5 @@ async def delivery_action(
     except InboxError as exc:
         return Outcome(False, f"{label}: not done: {exc}")
     if outcome:
-        return Outcome(
-            True,
-            f"{label} marked sent"
-            if action == "mark_sent"
-            else f"{label}: its messages are held again for a new send",
-        )
+        return Outcome(True, KEYS[action].done.format(label=label))
     return Outcome(False, f"{label}: {outcome.reason or 'it is no longer uncertain'}")

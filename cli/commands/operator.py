@@ -13,10 +13,10 @@ from cli.running import open_inbox, run_async
 from core import ACTIONS
 
 _SWITCHED = {
-    "pause": ("paused", "execution paused: claims return nothing, intake goes on"),
-    "resume": ("paused", "execution resumed"),
-    "hold": ("outbox_held", "outbox held: nothing is sent until `release`"),
-    "release": ("outbox_held", "outbox released"),
+    "pause": "execution paused: claims return nothing, intake goes on",
+    "resume": "execution resumed",
+    "hold": "outbox held: nothing is sent until `release`",
+    "release": "outbox released",
 }
 
 
@@ -45,9 +45,9 @@ async def _act(args: argparse.Namespace, name: str) -> int:
         else:
             print(outcome.result)
     elif action.target == "inbox":
-        field, message = _SWITCHED[name]
+        message = _SWITCHED.get(name, f"{name}: done")
         if args.json:
-            emit_json({"changed": outcome.applied, field: outcome.after == "true"})
+            emit_json({"changed": outcome.applied, str(action.switch): outcome.after == "true"})
         else:
             print(message if outcome.applied else f"already so: {message}")
         return OK  # a switch already in place is not a failure

@@ -20,6 +20,7 @@ from textual.widgets import Footer, Label, Static
 from core import Approval, InboxError
 from core.fleet import InboxSummary
 
+from .. import actions as desk_actions
 from .. import operator
 from ..panes.timefmt import duration
 from ..safe import join, safe_text
@@ -57,6 +58,10 @@ def queue_text(item: Item, now: int, width: int) -> Text:
     )
 
 
+# The actions on a waiting request, from the desk's table (tui/actions.py).
+ANSWERS = desk_actions.offered("approval", ("waiting",))
+
+
 class QueueRows(RowWindow):
     """The queue's rows, one line per waiting approval."""
 
@@ -74,28 +79,9 @@ class ApprovalQueueScreen(ModalScreen[None]):
 
     covers_panes = True  # opaque: the app does not tick the panes beneath (see on_screen_suspend)
 
+    ACTIONS = frozenset(ANSWERS)
     BINDINGS = [
-        Binding(
-            "a",
-            "approve",
-            "Approve",
-            id="queue-approve",
-            tooltip="answer yes; that inbox's agent resumes with it (confirmed)",
-        ),
-        Binding(
-            "d",
-            "deny",
-            "Deny",
-            id="queue-deny",
-            tooltip="answer no; the agent resumes with a refusal (confirmed)",
-        ),
-        Binding(
-            "e",
-            "expire",
-            "Expire",
-            id="queue-expire",
-            tooltip="end the request now as if its deadline had passed (confirmed)",
-        ),
+        *desk_actions.bindings(ANSWERS, id_prefix="queue-"),
         Binding(
             "enter",
             "open",
@@ -114,7 +100,6 @@ class ApprovalQueueScreen(ModalScreen[None]):
         ),
         Binding("q", "app.quit", "Quit", id="queue-quit"),
     ]
-    ACTIONS = frozenset({"approve", "deny", "expire"})
 
     def __init__(self, desk: "FleetDesk") -> None:
         super().__init__(id="approval-queue")
@@ -185,8 +170,8 @@ class ApprovalQueueScreen(ModalScreen[None]):
     # --- keys -----------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in self.ACTIONS:
-            if self.desk.read_only:
+        if action == "act":
+            if self.desk.read_only or not parameters or parameters[0] not in self.ACTIONS:
                 return False
             return True if self.rows.selected is not None else None
         if action == "open":
@@ -196,18 +181,9 @@ class ApprovalQueueScreen(ModalScreen[None]):
     def on_row_window_moved(self, message: RowWindow.Moved) -> None:
         self.refresh_bindings()
 
-    def action_approve(self) -> None:
-        self._answer("approve")
-
-    def action_deny(self) -> None:
-        self._answer("deny")
-
-    def action_expire(self) -> None:
-        self._answer("expire")
-
-    def _answer(self, action: str) -> None:
+    def action_act(self, action: str) -> None:
         item = self.rows.selected
-        if item is None or self.desk.read_only:
+        if item is None or self.desk.read_only or action not in self.ACTIONS:
             return
         self.run_worker(self.answer(action, *item), group="actions", exit_on_error=False)
 

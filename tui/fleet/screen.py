@@ -21,6 +21,7 @@ from textual.widgets import Footer, Label, Static
 from core import InboxError
 from core.fleet import InboxSummary, run_buckets
 
+from .. import actions as desk_actions
 from ..panes.timefmt import duration
 from ..safe import join, safe_text
 from ..screens.filter import FilterScreen
@@ -534,7 +535,7 @@ class FleetScreen(ModalScreen[None]):
             return [(b, True) for b in bindings if isinstance(b, Binding)]
 
         queue = [
-            (b, not self.desk.read_only or b.action not in ("approve", "deny", "expire"))
+            (b, not self.desk.read_only or desk_actions.acted(b) is None)
             for b in ApprovalQueueScreen.BINDINGS
             if isinstance(b, Binding)
         ]

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.binding import Binding
 
 from core import Approval
 
@@ -42,7 +41,8 @@ class ApprovalsPane(Pane):
     KEY = "4"
     EMPTY = "No approval requests."
     MARKABLE = True
-    ACTIONS = frozenset({"approve", "deny", "expire"})
+    TARGET = "approval"
+    STATES = ("waiting",)
     HELP = "requests for a human's yes or no, with a live countdown; answered ones greyed"
     COLUMNS = (
         Column("request", "request", 18, narrow=14),
@@ -50,29 +50,6 @@ class ApprovalsPane(Pane):
         Column("asked", "asked", 7, ticking=True),
         Column("action", "action", 24, fill=True),
     )
-    BINDINGS = [
-        Binding(
-            "a",
-            "approve",
-            "Approve",
-            id="approve",
-            tooltip="answer yes; the agent resumes with it (confirmed)",
-        ),
-        Binding(
-            "d",
-            "deny",
-            "Deny",
-            id="deny",
-            tooltip="answer no; the agent resumes with a refusal (confirmed)",
-        ),
-        Binding(
-            "e",
-            "expire",
-            "Expire",
-            id="expire",
-            tooltip="end the request now as if its deadline had passed (confirmed)",
-        ),
-    ]
 
     @classmethod
     async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
@@ -114,12 +91,3 @@ class ApprovalsPane(Pane):
     def allowed(self, action: str, targets: list[Approval]) -> bool | None:
         # Answered rows too: the app then says what stands instead of doing nothing.
         return True if targets else None
-
-    def action_approve(self) -> None:
-        self.request("approve")
-
-    def action_deny(self) -> None:
-        self.request("deny")
-
-    def action_expire(self) -> None:
-        self.request("expire")

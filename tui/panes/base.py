@@ -19,6 +19,9 @@ from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.widgets import DataTable, Label
 
+from core import ACTIONS as CORE_ACTIONS
+
+from .. import actions as desk
 from ..safe import join, safe_content, safe_text
 from ..screens.filter import FilterScreen
 
@@ -183,7 +186,11 @@ class Pane(Vertical):
     EMPTY: ClassVar[str] = "Nothing here."
     MARKABLE: ClassVar[bool] = False  # has actions that can apply to several rows
     PAGED: ClassVar[bool] = False  # keyset pages over events
-    ACTIONS: ClassVar[frozenset[str]] = frozenset()  # actions that write to the inbox
+    # What the rows are (a core action target: "event", "approval", "delivery") and the
+    # states the pane shows: its operator actions follow (tui/actions.py), never listed here.
+    TARGET: ClassVar[str | None] = None
+    STATES: ClassVar[tuple[str, ...]] = ()
+    ACTIONS: ClassVar[frozenset[str]] = frozenset()  # derived: the actions that write
     HELP: ClassVar[str] = ""
 
     BINDINGS = [
@@ -268,6 +275,15 @@ class Pane(Vertical):
         ),
     ]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Before Textual merges the class's bindings: the keys of the actions on what this
+        # pane shows join its own.
+        offered = desk.offered(cls.TARGET, cls.STATES)
+        cls.ACTIONS = frozenset(offered)
+        if "TARGET" in cls.__dict__ or "STATES" in cls.__dict__:
+            cls.BINDINGS = [*cls.__dict__.get("BINDINGS", ()), *desk.bindings(offered)]
+        super().__init_subclass__(**kwargs)
+
     class ActionRequested(Message):
         """The operator asked for `action` on `targets` (records as they were on screen);
         `hidden` marked rows are not among them (filtered out or on another page)."""
@@ -345,8 +361,11 @@ class Pane(Vertical):
         return f"{data.total:,}"
 
     def allowed(self, action: str, targets: list[Any]) -> bool | None:
-        """Whether `action` applies to these targets: True, None (shown disabled), False."""
-        return True
+        """Whether `action` applies to these targets: True, None (shown disabled), False.
+
+        By default: when one of them is in a state the core's row allows."""
+        wanted = CORE_ACTIONS[action].allowed
+        return True if any(getattr(t, "status", None) in wanted for t in targets) else None
 
     # --- layout -------------------------------------------------------------------------
 
@@ -579,12 +598,13 @@ class Pane(Vertical):
     # --- actions ------------------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action in self.ACTIONS:
-            if self.read_only:
+        if action == "act":
+            name = parameters[0] if parameters else None
+            if self.read_only or name not in self.ACTIONS:
                 return False
             if self.refusing:
                 return None
-            return self.allowed(action, self.targets())
+            return self.allowed(str(name), self.targets())
         if action in ("mark", "mark_all"):
             return (
                 False
@@ -685,6 +705,11 @@ class Pane(Vertical):
         self.window.after = self.window.previous.pop()
         self._window_moved = True
         self.post_message(self.WindowChanged(self))
+
+    def action_act(self, name: str) -> None:
+        """The key of an operator action: the app confirms and runs it on the targets."""
+        if name in self.ACTIONS:
+            self.request(name)
 
     def request(self, action: str) -> None:
         """Post an action request for the current targets (the app confirms and runs it)."""

@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.binding import Binding
 
-from core import ACTIONS as CORE_ACTIONS
 from core import Event
 
 from ..safe import safe_text
@@ -19,8 +17,8 @@ from .timefmt import duration
 class DeadPane(EventPane):
     """Dead events (out of attempts) and interrupted ones (completion uncertain).
 
-    `r` requeues with a fresh attempt budget; `m` marks an interrupted event done (confirmed):
-    the operator checked that its effect happened.
+    `r` requeues with a fresh attempt budget; `m` resolves an interrupted event as done (the
+    operator checked that its effect happened); `D` buries it; each confirmed.
     """
 
     PANE_ID = "dead"
@@ -29,7 +27,7 @@ class DeadPane(EventPane):
     KEY = "3"
     EMPTY = "No dead or interrupted events: nothing needs a human."
     MARKABLE = True
-    ACTIONS = frozenset({"requeue", "resolve"})
+    STATES = ("dead", "interrupted")
     HELP = "dead events (out of attempts) and interrupted runs (completion uncertain)"
     COLUMNS = (
         Column("id", "id", 7, narrow=5),
@@ -40,22 +38,6 @@ class DeadPane(EventPane):
         Column("source", "source", 10, narrow=0),
         Column("source_id", "source id", 16, narrow=0),
     )
-    BINDINGS = [
-        Binding(
-            "r",
-            "requeue",
-            "Requeue",
-            id="requeue",
-            tooltip="back to pending with a fresh attempt budget (confirmed)",
-        ),
-        Binding(
-            "m",
-            "resolve",
-            "Resolve",
-            id="resolve",
-            tooltip="an interrupted event's effect did happen: done, never rerun (confirmed)",
-        ),
-    ]
 
     @classmethod
     async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
@@ -75,13 +57,3 @@ class DeadPane(EventPane):
 
     def ticking_cells(self, event: Event, now: int) -> dict[str, Text]:
         return {"since": Text(duration(now - event.updated))}
-
-    def allowed(self, action: str, targets: list[Event]) -> bool | None:
-        wanted = CORE_ACTIONS[action].allowed  # the core's table: the states it applies to
-        return True if any(t.status in wanted for t in targets) else None
-
-    def action_requeue(self) -> None:
-        self.request("requeue")
-
-    def action_resolve(self) -> None:
-        self.request("resolve")

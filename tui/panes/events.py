@@ -37,6 +37,7 @@ class EventPane(Pane):
     """A pane of events: keyset pages, filter by source, source id or error text."""
 
     PAGED = True
+    TARGET = "event"
 
     def signature(self, record: Event) -> Hashable:
         # With the attempt budget: the tries column reads 'attempts/max_attempts'.

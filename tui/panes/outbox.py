@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
-from textual.binding import Binding
 from textual.widgets import DataTable, Label
 
 from core import Delivery, Message
@@ -48,26 +47,10 @@ class OutboxPane(Pane):
         Column("body", "message", 24, fill=True),
     )
     SENDS = 8  # recent sends listed under the held messages
-    # An uncertain send (at-most-once, cut off mid-send) is settled by the operator: these
-    # act on the oldest one listed, the rows of the table being held messages.
-    ACTIONS = frozenset({"mark_sent", "send_again"})
-    BINDINGS = [
-        Binding(
-            "x",
-            "mark_sent",
-            "Mark sent",
-            id="mark-sent",
-            tooltip="the oldest uncertain send did reach the channel (confirmed)",
-        ),
-        Binding(
-            "A",
-            "send_again",
-            "Send again",
-            id="send-again",
-            tooltip="the oldest uncertain send: its messages held again, to go out under "
-            "a new key (confirmed)",
-        ),
-    ]
+    # An uncertain send (at-most-once, cut off mid-send) is settled by the operator: its
+    # actions act on the oldest one listed, the rows of the table being held messages.
+    TARGET = "delivery"
+    STATES = ("uncertain",)
 
     @classmethod
     async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
@@ -186,17 +169,11 @@ class OutboxPane(Pane):
         state: OutboxState | None = self.data.extra
         return min(state.uncertain, key=lambda d: d.id) if state and state.uncertain else None
 
+    def targets(self) -> list[Any]:
+        """The oldest uncertain send: what `x` and `A` settle (not a row of the table)."""
+        delivery = self._oldest_uncertain()
+        return [] if delivery is None else [delivery]
+
     def allowed(self, action: str, targets: list[Any]) -> bool | None:
         # Hidden, not greyed, while nothing is uncertain: a rare case must not crowd the footer.
-        return self._oldest_uncertain() is not None
-
-    def _settle(self, action: str) -> None:
-        delivery = self._oldest_uncertain()
-        if delivery is not None and not self.read_only:
-            self.post_message(self.ActionRequested(self, action, (delivery,)))
-
-    def action_mark_sent(self) -> None:
-        self._settle("mark_sent")
-
-    def action_send_again(self) -> None:
-        self._settle("send_again")
+        return bool(targets)

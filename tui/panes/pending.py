@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
-from textual.binding import Binding
 
 from core import Event
 
@@ -16,7 +15,7 @@ from .timefmt import duration
 
 
 class PendingPane(EventPane):
-    """Events waiting for the worker; `c` cancels (confirmed)."""
+    """Events waiting for the worker; `c` cancels, `D` buries (both confirmed)."""
 
     PANE_ID = "pending"
     TITLE = "Pending"
@@ -24,7 +23,7 @@ class PendingPane(EventPane):
     KEY = "1"
     EMPTY = "No pending events: the agent is caught up."
     MARKABLE = True
-    ACTIONS = frozenset({"cancel"})
+    STATES = ("pending",)
     HELP = "events waiting for a run: age, attempts so far, when a retry is allowed (backoff)"
     COLUMNS = (
         Column("id", "id", 7, narrow=5),
@@ -35,15 +34,6 @@ class PendingPane(EventPane):
         Column("available", "available", 10, narrow=9, ticking=True),
         Column("error", "last error", 20, fill=True),
     )
-    BINDINGS = [
-        Binding(
-            "c",
-            "cancel",
-            "Cancel",
-            id="cancel",
-            tooltip="the event will never be claimed (confirmed)",
-        ),
-    ]
 
     @classmethod
     async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
@@ -64,9 +54,3 @@ class PendingPane(EventPane):
             "age": Text(duration(now - event.created)),
             "available": Text("now") if wait <= 0 else Text(f"in {duration(wait)}", style="italic"),
         }
-
-    def allowed(self, action: str, targets: list[Event]) -> bool | None:
-        return True if any(t.status == "pending" for t in targets) else None
-
-    def action_cancel(self) -> None:
-        self.request("cancel")

@@ -21,6 +21,7 @@ class RunningPane(EventPane):
     TAB = "Running"
     KEY = "2"
     EMPTY = "Nothing running."
+    STATES = ("running",)  # no operator action applies to a running event
     HELP = "events claimed by a worker: lease generation, attempt number, running for"
     COLUMNS = (
         Column("id", "id", 7, narrow=5),

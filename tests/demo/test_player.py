@@ -156,6 +156,29 @@ async def test_pick_a_scenario_from_the_list(tmp_path):
         await app.close_runs()
 
 
+async def test_a_scenario_is_picked_by_typing_its_number(tmp_path):
+    app = await DemoApp.open(str(tmp_path), SCENARIOS[0], pick_first=True)
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await app.loaded.wait()
+            await settle(pilot, app, until=lambda: isinstance(app.screen, ScenarioPicker))
+            picker = app.screen
+            listing = picker.query_one("#picker-list")
+            await pilot.press("4")
+            assert listing.highlighted == 3
+            await pilot.press("1", "2")  # twelve: both digits name one scenario
+            assert listing.highlighted == 11
+            await pilot.press("9")  # "129" is none: the 9 starts over
+            assert listing.highlighted == 8
+            await pilot.press("0")  # "90" and "0" are none: the highlight stays
+            assert listing.highlighted == 8
+            await pilot.press("1", "1", "enter")
+            await settle(pilot, app, until=lambda: app.scenario.number == 11)
+            assert not isinstance(app.screen, ScenarioPicker)
+    finally:
+        await app.close_runs()
+
+
 async def test_next_scenario_key(demo):
     async with demo.run_test(size=SIZE) as pilot:
         await demo.loaded.wait()

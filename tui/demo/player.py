@@ -130,7 +130,9 @@ class PlayerBar(Horizontal):
 
 
 class ScenarioPicker(ModalScreen[int | None]):
-    """The list of scenarios; Enter plays the highlighted one, Escape keeps the current one."""
+    """The list of scenarios; Enter plays the highlighted one, Escape keeps the current one.
+    Typing a scenario's number highlights it (1 then 2 is twelve; a digit that makes no
+    scenario's number starts over), so the numbers shown are also the keys."""
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="picker-close", key_display="esc"),
@@ -140,6 +142,7 @@ class ScenarioPicker(ModalScreen[int | None]):
         super().__init__(classes="dialog-screen")
         self.current = current
         self.scenarios = scenarios
+        self.typed = ""  # the digits typed so far, while they name a scenario
 
     def compose(self) -> ComposeResult:
         options = []
@@ -166,7 +169,7 @@ class ScenarioPicker(ModalScreen[int | None]):
             yield OptionList(*options, id="picker-list")
             yield Label(
                 Text(
-                    "↑↓ choose · ↵ play · esc close — then space steps, g "
+                    "↑↓ or its number choose · ↵ play · esc close — then space steps, g "
                     "autoplays. onwatch demo --live runs real worker processes."
                 ),
                 classes="keys",
@@ -177,6 +180,20 @@ class ScenarioPicker(ModalScreen[int | None]):
         numbers = [s.number for s in self.scenarios]
         listing.highlighted = numbers.index(self.current) if self.current in numbers else 0
         listing.focus()
+
+    def on_key(self, event: events.Key) -> None:
+        if event.character is None or event.character not in "0123456789":
+            return
+        event.stop()
+        numbers = [str(s.number) for s in self.scenarios]
+        typed = self.typed + event.character
+        if typed not in numbers:
+            typed = event.character
+        if typed in numbers:
+            self.typed = typed
+            self.query_one(OptionList).highlighted = numbers.index(typed)
+        else:
+            self.typed = ""
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()

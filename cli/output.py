@@ -35,7 +35,7 @@ def emit_json(data: Any) -> None:
 
 
 def _json_default(value: Any) -> Any:
-    if dataclasses.is_dataclass(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     if isinstance(value, (set, tuple)):
         return list(value)
@@ -85,7 +85,8 @@ class _TerminalSafe:
         self._stream = stream
 
     def write(self, text: str) -> int:
-        return self._stream.write(printable(text, keep="\n\t"))
+        written: int = self._stream.write(printable(text, keep="\n\t"))
+        return written
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

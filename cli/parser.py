@@ -157,8 +157,8 @@ def build_parser() -> Parser:
     def sub(
         name: str,
         help_text: str,
-        handler: Callable,
-        parents: tuple = (common,),
+        handler: Callable[[argparse.Namespace], int],
+        parents: tuple[Parser, ...] = (common,),
         epilog: str | None = None,
         path: bool = True,
     ) -> Parser:

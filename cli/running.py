@@ -18,10 +18,12 @@ import sys
 import threading
 import time
 import types
-from typing import Any, Callable
+from typing import Any, Callable, Coroutine, TypeVar
 
 from cli.output import CliError, fail, one_line
 from core import Inbox, InboxError
+
+T = TypeVar("T")
 
 
 async def open_inbox(args: argparse.Namespace, *, create: bool = False) -> Inbox:
@@ -33,14 +35,16 @@ async def open_inbox(args: argparse.Namespace, *, create: bool = False) -> Inbox
     )
 
 
-def run_async(coro_fn: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
+def run_async(
+    coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         return run_loop(coro_fn(args))
 
     return handler
 
 
-def run_loop(coro: Any) -> Any:
+def run_loop(coro: Coroutine[Any, Any, T]) -> T:
     """asyncio.run, except that it never waits for threads it handed work to (a plain-def
     agent or channel run through asyncio.to_thread): asyncio.run joins them without a
     timeout, so one stuck in a call kept a stopped or crashed worker alive for ever.
@@ -94,7 +98,7 @@ def leave_no_thread_behind(code: int) -> None:
     os._exit(code)
 
 
-def load_callable(spec: str, what: str) -> Callable:
+def load_callable(spec: str, what: str) -> Callable[..., Any]:
     """'package.module:function' or 'path/to/file.py:function' → the function."""
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
@@ -114,7 +118,7 @@ def load_callable(spec: str, what: str) -> Callable:
         raise CliError(
             f"{what}: cannot import {module_name}: {type(exc).__name__}: {one_line(exc)}"
         ) from None
-    fn = getattr(module, attr, None)
+    fn: object = getattr(module, attr, None)
     if not callable(fn):
         raise CliError(f"{what}: {module_name} has no function {attr!r}")
     return fn
@@ -140,7 +144,7 @@ def _load_file(path: str, what: str) -> types.ModuleType:
     return module
 
 
-def setup_step(setup: Callable, spec: str) -> Callable[[Inbox], Any]:
+def setup_step(setup: Callable[..., Any], spec: str) -> Callable[[Inbox], Any]:
     """--setup as the worker calls it: if the user's function fails, say so (one line),
     rather than report an onwatch 'internal error'."""
 

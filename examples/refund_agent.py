@@ -23,7 +23,8 @@ import os
 import re
 from typing import Any
 
-from core import Event
+from core import Event, Inbox
+from core.worker import RunContext
 
 DAY = 86_400
 APPROVAL_WINDOW = 4 * 3600
@@ -62,9 +63,9 @@ def fake_refund(amount: int, key: str) -> str:
     return "refunded"
 
 
-async def handle(batch: list[Event], ctx) -> None:
+async def handle(batch: list[Event], ctx: RunContext) -> None:
     """The agent function: `onwatch worker PATH --agent examples.refund_agent:handle`."""
-    handled = []
+    handled: list[int] = []
     for event in batch:
         if event.source == "chat":
             await _chat(event, ctx)
@@ -82,14 +83,14 @@ async def handle(batch: list[Event], ctx) -> None:
     ctx.result = {"handled": handled}
 
 
-async def slow_handle(batch: list[Event], ctx) -> None:
+async def slow_handle(batch: list[Event], ctx: RunContext) -> None:
     """`handle`, first taking $ONWATCH_EXAMPLE_THINK_SECONDS (default 0) like a model call
     does: the live demo's workers run it, so that a kill lands mid-run."""
     await asyncio.sleep(float(os.environ.get(THINK_SECONDS_ENV, "0")))
     await handle(batch, ctx)
 
 
-async def _chat(event: Event, ctx) -> None:
+async def _chat(event: Event, ctx: RunContext) -> None:
     text = message_text(event.payload)
     match = REFUND.match(text)
     if match is None:
@@ -104,7 +105,7 @@ async def _chat(event: Event, ctx) -> None:
     ctx.reply(f"refund of {amount} is waiting for approval")
 
 
-async def _approval(event: Event, ctx) -> None:
+async def _approval(event: Event, ctx: RunContext) -> None:
     payload = event.payload if isinstance(event.payload, dict) else {}
     match = re.search(r"refund (\d+)", str(payload.get("action", "")))
     if not str(payload.get("request_id", "")).startswith("refund-") or match is None:
@@ -132,7 +133,7 @@ async def _approval(event: Event, ctx) -> None:
         )
 
 
-def _digest(event: Event, ctx) -> None:
+def _digest(event: Event, ctx: RunContext) -> None:
     scheduled = event.payload.get("scheduled_for", ctx.now)
     day = dt.datetime.fromtimestamp(scheduled, dt.timezone.utc).date().isoformat()
     skipped = event.payload.get("skipped", 0)
@@ -140,7 +141,7 @@ def _digest(event: Event, ctx) -> None:
     ctx.reply(f"daily digest for {day}{extra}")
 
 
-async def ensure_digest(inbox, *, hour: int = 8) -> int:
+async def ensure_digest(inbox: Inbox, *, hour: int = 8) -> int:
     """Register the daily "digest" timer (coalescing catch-up) unless it exists; return its
     next due time. Leaves an existing schedule alone, so restarts never move it."""
     for timer in await inbox.timers():

@@ -52,6 +52,7 @@ async def _act(args: argparse.Namespace, name: str) -> int:
             print(message if outcome.applied else f"already so: {message}")
         return OK  # a switch already in place is not a failure
     elif args.json:
+        assert target is not None  # only the inbox switches have none, handled above
         emit_json(
             {
                 "action": name,

@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from cli import running
 from cli.output import NOT_APPLIED, OK, CliError, clip, emit_json, one_line, when
@@ -17,13 +17,22 @@ from cli.running import load_callable, open_inbox, restoring_signals, run_loop, 
 from core import Inbox
 from core.pg import is_url as _is_postgres_url
 
+if TYPE_CHECKING:  # annotations only: prometheus_client loads when --metrics-port asks
+    from core.inbox import SendFn
+    from core.metrics import WorkerMetrics
 
-def _channel(args: argparse.Namespace):
+
+def _channel(args: argparse.Namespace) -> SendFn | None:
     """The send function chosen by --stdout / --file / --command (None for --no-dispatch)."""
-    from core.channels import command_channel, file_channel, stdout_channel
-
     if getattr(args, "no_dispatch", False):
         return None
+    return _send_channel(args)
+
+
+def _send_channel(args: argparse.Namespace) -> SendFn:
+    """The send function chosen by --stdout / --file / --command."""
+    from core.channels import command_channel, file_channel, stdout_channel
+
     if args.file:
         return file_channel(args.file)
     if args.command:
@@ -34,7 +43,7 @@ def _channel(args: argparse.Namespace):
 class _Recording:
     """Wraps a channel to remember a failure (dispatch itself reports 0 either way)."""
 
-    def __init__(self, send: Callable) -> None:
+    def __init__(self, send: SendFn) -> None:
         self.send = send
         self.error: str | None = None
 
@@ -49,7 +58,7 @@ class _Recording:
 
 
 async def cmd_dispatch(args: argparse.Namespace) -> int:
-    send = _Recording(_channel(args))
+    send = _Recording(_send_channel(args))  # dispatch has no --no-dispatch
     async with await open_inbox(args) as inbox:
         if args.now:
             sent = await inbox.flush_outbox(send, actor=args.actor, reason=args.reason)
@@ -123,7 +132,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _metrics_server(inbox: Inbox, args: argparse.Namespace):
+async def _metrics_server(
+    inbox: Inbox, args: argparse.Namespace
+) -> AsyncIterator[WorkerMetrics | None]:
     """--metrics-port N: GET /metrics on 127.0.0.1:N for the worker's whole life; yields the
     worker's counters (None without the option)."""
     if args.metrics_port is None:
@@ -147,7 +158,7 @@ async def _metrics_server(inbox: Inbox, args: argparse.Namespace):
         await server.close()
 
 
-def _fleet_worker(args: argparse.Namespace, agent: Callable, early: list[int]) -> int:
+def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: list[int]) -> int:
     """`worker URL --all-inboxes`: every inbox of the database that has work, N at once."""
     if not _is_postgres_url(args.path):
         raise CliError("--all-inboxes serves a postgresql:// database (a file is one inbox)")
@@ -199,7 +210,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     early: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, frame: early.append(number))
-    from core.webhooks import ConfigError, config_file_warning, load_secrets, start_server
+    from core.webhooks import ConfigError, load_secrets, start_server
+    from core.webhooks.config import config_file_warning
     from core.webhooks.arguments import check_serve_args
     from core.worker import Worker
 

@@ -268,13 +268,14 @@ async def test_class3_a_late_success_cannot_settle_a_redelivered_attempt(inbox, 
     await inbox.ingest("chat", "m", None)
     [event] = await inbox.claim_batch("W", gen)
     assert await inbox.finish("W", gen, [event.id], ["hello"])
-    gate = asyncio.Event()
+    gate, sending = asyncio.Event(), asyncio.Event()
 
     async def slow_ok(text):
+        sending.set()
         await gate.wait()
 
     a = asyncio.create_task(inbox.dispatch(slow_ok, now=T))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(sending.wait(), 5)  # A's attempt 1 is in its channel
 
     def b_fails(text):
         raise ConnectionError("B failed")
@@ -546,8 +547,14 @@ async def test_class10_a_worker_fires_a_timer_on_time_while_the_outbox_is_held(p
     task = asyncio.create_task(worker.run())
     try:
         await box.add_timer("soon", T + 45)
-        for _ in range(500):  # let the worker settle into its idle wait
+        # Let the worker settle into its idle wait: a wait begun before the timer's commit
+        # was ended by it, so one in progress now was planned with the timer in view.
+        for _ in range(5000):
+            if worker.stats.idle >= 1 and box.wake.waiting:
+                break
             await asyncio.sleep(0.002)
+        else:
+            raise AssertionError("the worker never went idle")
         clock.set(T + 45)
         for _ in range(2000):
             if fired:

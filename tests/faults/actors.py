@@ -54,6 +54,7 @@ async def ingest(path: str, count: int, seed: int, seconds: float) -> dict:
                 except InboxBusy:
                     busy += 1
             results.setdefault(f"{source}/{source_id}", []).append(stored)
+            # Paces the deliveries over the chaos; nothing is asserted on the timing.
             await asyncio.sleep(rng.uniform(0, 2 * seconds / len(deliveries)))
     finally:
         await inbox.close()
@@ -68,7 +69,7 @@ async def operate(path: str, seconds: float, seed: int) -> dict:
     deadline = time.monotonic() + seconds
     try:
         while time.monotonic() < deadline:
-            await asyncio.sleep(rng.uniform(0.05, 0.25))
+            await asyncio.sleep(rng.uniform(0.05, 0.25))  # paces the operator, no check
             try:
                 choice = rng.random()
                 if choice < 0.3:

@@ -114,11 +114,20 @@ def test_worker_survives_a_locked_database_and_carries_on(path, tmp_path):
         wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
         onwatch("ingest", path, "chat", "before", '"x"')
         wait_for(lambda: event_status(path, "before") == "done", what="the first run")
-        locker = hold_lock(path, 3)  # longer than the lease: the worker may lose it too
-        time.sleep(0.2)
-        assert worker.poll() is None
-        locker.wait(10)
-        assert worker.poll() is None, log_of(tmp_path)
+        locker = hold_lock(path, 60)  # until killed
+        try:
+            until = scalar(path, "SELECT until FROM lease")  # no renewal commits from now on
+            # The worker meets the lock (its renewal waits out the busy timeout), and the
+            # lock outlasts its lease: it cannot renew, so it loses the lease too.
+            wait_for(
+                lambda: "stayed locked by another process" in log_of(tmp_path),
+                what="the worker to meet the lock",
+            )
+            wait_for(lambda: time.time() > until + 1, what="the lease to lapse under the lock")
+            assert worker.poll() is None, log_of(tmp_path)
+        finally:
+            locker.kill()
+            locker.wait()
         onwatch("ingest", path, "chat", "after", '"y"')
         wait_for(
             lambda: event_status(path, "after") == "done", timeout=10, what="a run after the lock"

@@ -84,7 +84,7 @@ def test_racing_workers_with_kills_stalls_duplicates_and_operators(tmp_path):
     deadline = time.monotonic() + CHAOS_SECONDS
     try:
         while time.monotonic() < deadline:
-            time.sleep(rng.uniform(0.1, 0.4))
+            time.sleep(rng.uniform(0.1, 0.4))  # paces the chaos; the checks come after it
             for process in workers:
                 if stalled.get(process.pid, float("inf")) <= time.monotonic():
                     process.send_signal(signal.SIGCONT)

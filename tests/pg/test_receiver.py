@@ -84,7 +84,10 @@ def test_deliveries_acknowledged_before_a_server_restart_are_all_stored(pg, tmp_
                 assert acked == set(range(200))
                 # During: senders keep delivering while PostgreSQL restarts under them.
                 senders = asyncio.gather(*(client(range(200 + k, 600, 10)) for k in range(10)))
-                await asyncio.sleep(0.1)
+                deadline = time.monotonic() + 30
+                while len(acked) < 220 and not senders.done():  # the senders are under way
+                    assert time.monotonic() < deadline, "no delivery of the second wave stored"
+                    await asyncio.sleep(0.01)
                 await asyncio.to_thread(pg.pg_ctl, "-w", "-m", "immediate", "restart")
                 await senders
                 # After: what was not acknowledged is delivered again (as a sender retries),

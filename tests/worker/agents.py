@@ -2,7 +2,8 @@
 
 They talk to the test through files in $ONWATCH_TEST_DIR: `inside-<source_id>` marks that a
 run reached the blocking effect, `release` lets blocked runs go on, `ledger` records the
-effects that really happened (one JSON line each).
+effects that really happened (one JSON line each). `show_naps` is a --setup that lets the test
+see when the worker sleeps (helpers.wait_asleep).
 """
 
 from __future__ import annotations
@@ -51,3 +52,28 @@ async def sleepy(batch, ctx) -> None:
     """Never finishes on its own (for run budgets and stop handling)."""
     open(os.path.join(_dir(), f"inside-{batch[0].source_id}"), "w").close()
     await asyncio.sleep(3600)
+
+
+NAP = 0.1  # seconds: a wait at least this long is an idle nap; confirm's looks are shorter
+
+
+def show_naps(inbox) -> None:
+    """--setup: while the worker sleeps in an idle nap (waiting for a wake-up or its poll),
+    the file signals/asleep exists in $ONWATCH_TEST_DIR, so a test can tell an idle worker
+    from one still busy. A subfolder: the inbox's own folder is watched for commits."""
+    folder = os.path.join(_dir(), "signals")
+    os.makedirs(folder, exist_ok=True)
+    marker = os.path.join(folder, "asleep")
+    wake = inbox.wake
+    wait = wake.wait
+
+    async def watched_wait(since: int, timeout: float) -> bool:
+        if timeout < NAP:
+            return await wait(since, timeout)
+        open(marker, "w").close()
+        try:
+            return await wait(since, timeout)
+        finally:
+            os.unlink(marker)
+
+    wake.wait = watched_wait

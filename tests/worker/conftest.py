@@ -14,9 +14,20 @@ T = 1_000_000
 DAY = 86_400
 
 
+class CountingClock(FakeClock):
+    """A FakeClock that counts its reads. The worker's loops read the clock on every pass, so
+    reads that moved since a moment prove the worker went round and had its chance to act."""
+
+    reads = 0
+
+    def now(self) -> int:
+        self.reads += 1
+        return super().now()
+
+
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock(T)
+def clock() -> CountingClock:
+    return CountingClock(T)
 
 
 @pytest.fixture
@@ -68,6 +79,13 @@ async def start(inbox):
     for handle in running:
         if not handle.task.done():
             await handle.stop(force=True)
+
+
+async def asleep(running: Running, inbox: Inbox) -> int:
+    """Wait until the worker sleeps in its idle nap (a wait on the inbox's wake-up); return
+    how many times it went idle, a count that moves each time it goes back to sleep."""
+    await until(lambda: inbox.wake.waiting, what="the worker asleep")
+    return running.worker.stats.idle
 
 
 async def status(inbox: Inbox, event_id: int) -> str:

@@ -78,6 +78,20 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str
         time.sleep(interval)
 
 
+SHOW_NAPS = ("--setup", "tests.worker.agents:show_naps")  # worker arguments for wait_asleep
+
+
+def asleep(test_dir) -> bool:
+    """True while a worker started with SHOW_NAPS sleeps in an idle nap."""
+    return Path(test_dir, "signals", "asleep").exists()
+
+
+def wait_asleep(test_dir, timeout: float = 10.0, what: str = "the worker to go idle") -> None:
+    """Wait until a worker started with SHOW_NAPS has gone to sleep: it has done everything
+    it had to do and waits for a wake-up (a run it finished before this is behind it)."""
+    wait_for(lambda: asleep(test_dir), timeout=timeout, interval=0.01, what=what)
+
+
 def stop(process: subprocess.Popen, timeout: float = 10.0) -> int:
     """SIGCONT then SIGTERM a process and wait for it; SIGKILL if it will not go."""
     if process.poll() is None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from .helpers import (
+    SHOW_NAPS,
     ROOT,
     env,
     event_status,
@@ -23,6 +24,7 @@ from .helpers import (
     scalar,
     start_worker,
     stop,
+    wait_asleep,
     wait_for,
 )
 
@@ -230,9 +232,9 @@ def test_stalled_process_late_finish_returns_false(tmp_path):
 
 def test_sigterm_idle_releases_the_lease_and_exits_0(tmp_path):
     path = make_inbox(tmp_path, lease_ttl=60)
-    worker = start_worker(path, "echo", tmp_path, holder="A")
+    worker = start_worker(path, "echo", tmp_path, *SHOW_NAPS, holder="A")
     wait_for(lambda: scalar(path, "SELECT holder FROM lease") == "A", what="A's lease")
-    time.sleep(0.3)
+    wait_asleep(tmp_path)  # idle, the case under test
     started = time.monotonic()
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(5) == 0, log_of(tmp_path)
@@ -262,10 +264,12 @@ def test_sigterm_mid_run_abandons_after_grace_and_successor_starts_at_once(tmp_p
 
 def test_new_events_and_timers_wake_an_idle_worker_quickly(tmp_path):
     path = make_inbox(tmp_path, lease_ttl=30)
-    worker = start_worker(path, "echo", tmp_path, "--file", str(tmp_path / "sent.jsonl"))
+    worker = start_worker(
+        path, "echo", tmp_path, "--file", str(tmp_path / "sent.jsonl"), *SHOW_NAPS
+    )
     try:
         wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
-        time.sleep(0.5)
+        wait_asleep(tmp_path)  # idle: only a wake-up brings it to the new event
         started = time.monotonic()
         onwatch("ingest", path, "chat", "wake", '"x"')
         wait_for(lambda: event_status(path, "wake") == "done", timeout=5, what="the run")
@@ -285,12 +289,12 @@ def cpu_seconds(pid: int) -> float:
 @pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc")
 def test_idle_worker_uses_well_under_one_percent_cpu(tmp_path):
     path = make_inbox(tmp_path, lease_ttl=30)
-    worker = start_worker(path, "echo", tmp_path, "--poll", "0.5")
+    worker = start_worker(path, "echo", tmp_path, "--poll", "0.5", *SHOW_NAPS)
     try:
         wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
-        time.sleep(1.0)  # past start-up
+        wait_asleep(tmp_path)  # past start-up: asleep in its idle nap
         before, started = cpu_seconds(worker.pid), time.monotonic()
-        time.sleep(4.0)
+        time.sleep(4.0)  # the window measured (its CPU time, which load does not inflate)
         used = cpu_seconds(worker.pid) - before
         share = used / (time.monotonic() - started)
     finally:

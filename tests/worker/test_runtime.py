@@ -13,7 +13,7 @@ import pytest
 from core import BudgetExceeded, Inbox
 from core.worker import LeaseLost, RunAbandoned, Worker, command_channel, run_worker
 
-from .conftest import DAY, T, status, until
+from .conftest import DAY, T, asleep, status, until
 
 
 async def echo(batch, ctx):
@@ -238,7 +238,7 @@ async def test_an_effect_after_the_lease_was_lost_is_never_performed(inbox, star
     assert any(a.action == "refused effect refund" for a in await inbox.audit(limit=5))
 
 
-async def test_stop_lets_the_current_run_finish_within_grace(inbox, start):
+async def test_stop_lets_the_current_run_finish_within_grace(inbox, start, clock):
     release = asyncio.Event()
 
     async def agent(batch, ctx):
@@ -249,7 +249,11 @@ async def test_stop_lets_the_current_run_finish_within_grace(inbox, start):
     running = start(agent, grace=5)
     await until(lambda: _status_is(inbox, 1, "running"))
     running.worker.request_stop()
-    await asyncio.sleep(0.1)
+    # The run loop reads the clock on every pass: three passes since the stop have each
+    # had the chance to abandon the run, and none may (the grace is 5 s).
+    reads = clock.reads
+    await until(lambda: clock.reads >= reads + 3 or running.task.done(), what="three passes")
+    assert not running.task.done() and running.worker.stats.abandoned == 0
     release.set()
     stats = await asyncio.wait_for(running.task, 5)
     assert stats.done == 1 and stats.abandoned == 0
@@ -295,13 +299,15 @@ async def test_cancelling_the_worker_mid_run_cancels_the_agent_too(inbox, start)
 
 
 async def test_a_restarted_process_with_the_same_holder_name_does_not_adopt_stuck_claims(
-    inbox, start, clock
+    inbox, start, clock, caplog
 ):
     await inbox.ingest("chat", "m1", "x")
     assert await inbox.acquire("box") == 1
     await inbox.claim_batch("box", 1)  # ... and the process died
     running = start(echo, holder="box")
-    await asyncio.sleep(0.2)
+    # It looked at the lease, said why it will not adopt it, and went to sleep on it.
+    await until(lambda: "held under this holder name" in caplog.text, what="the refusal")
+    await asleep(running, inbox)
     assert await status(inbox, 1) == "running"
     assert (await inbox.lease_info()).gen == 1
     clock.advance(121)
@@ -335,14 +341,43 @@ async def test_a_standby_worker_waits_on_reads_without_write_transactions(
     assert calls["acquire"] >= 1 and running.worker.stats.generations == [2]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="core/worker.py takes its change mark (wake seq, change token) after the empty "
+    "claim, so a commit in between is counted as seen: the event waits for the next lease "
+    "renewal (for ever on a clock that does not move). Taking the mark before the claim "
+    "fixes it; remove this mark then.",
+)
+async def test_an_event_committed_between_an_empty_claim_and_the_nap_is_run(inbox, start, clock):
+    other = await Inbox.open(inbox.path, clock=clock)  # another connection: another process
+    next_wake, committed = inbox.next_wake, asyncio.Event()
+
+    async def commit_then_next_wake():  # _idle asks for it after the claim, before the nap
+        if not committed.is_set():
+            await other.ingest("chat", "between", "x")
+            committed.set()
+        return await next_wake()
+
+    inbox.next_wake = commit_then_next_wake
+    try:
+        running = start(echo)
+        await asyncio.wait_for(committed.wait(), 5)
+        await asleep(running, inbox)
+        await until(lambda: _status_is(inbox, 1, "done"), timeout=5, what="the event's run")
+    finally:
+        await other.close()
+
+
 async def test_idle_worker_wakes_for_new_events_answers_and_timers(inbox, start, clock):
     running = start(echo)
     await until(lambda: inbox.lease_info())
-    await asyncio.sleep(0.1)
+    await asleep(running, inbox)  # idle: only a wake-up brings it to the new event
     await inbox.ingest("chat", "late", "x")
     await until(lambda: _status_is(inbox, 1, "done"), timeout=2, what="the new event")
+    idle = await asleep(running, inbox)
     await inbox.add_timer("ping", T + 50, None)
-    await asyncio.sleep(0.1)
+    # Woken by the new timer, it looked and went back to sleep: not due yet, nothing ran.
+    await until(lambda: running.worker.stats.idle > idle and inbox.wake.waiting, what="a look")
     assert (await inbox.counts())["done"] == 1
     clock.advance(50)
     await until(lambda: _status_is(inbox, 2, "done"), timeout=2, what="the timer")

@@ -58,7 +58,7 @@ def ensure_env() -> None:
 def static_checks(env: dict[str, str]) -> bool:
     """Run every static check, one line each; True when all pass (all run even after a failure)."""
     checks = [
-        ("mypy (strict, core/)", [str(PYTHON), "-m", "mypy"]),
+        ("mypy (strict)", [str(PYTHON), "-m", "mypy"]),
         ("import-linter (layers)", [str(BIN / "lint-imports"), "--no-cache"]),
         ("ruff (lint)", [str(BIN / "ruff"), "check", "--no-cache", "."]),
         ("ruff (format)", [str(BIN / "ruff"), "format", "--check", "--no-cache", "."]),

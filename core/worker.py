@@ -337,6 +337,9 @@ class Worker:
                 await self._step(self.inbox.run_scheduler)
                 await self._step(self.inbox.reload_settings)
                 claimed_at = self.clock.now()
+                # The change mark is read before the claim: a commit that lands after an
+                # empty claim, before the nap, must still count as news.
+                before_claim = await self._change_mark()
                 batch = await self._claim()
                 if batch:
                     await self._run(batch)
@@ -346,7 +349,7 @@ class Worker:
                     continue
                 await self._dispatch()
                 if batch is not None:  # None: the claim hit a locked database, retry soon
-                    await self._idle(claimed_at)
+                    await self._idle(claimed_at, before_claim)
                 else:
                     await self._sleep(self.poll_interval)
         finally:
@@ -683,28 +686,42 @@ class Worker:
 
     # --- sleeping -------------------------------------------------------------------------
 
-    async def _idle(self, claimed_at: int) -> None:
-        """Sleep until the next wake-up, a lease renewal, or another process's commit."""
+    async def _idle(self, claimed_at: int, version: tuple[int, int] | None) -> None:
+        """Sleep until the next wake-up, a lease renewal, or a commit since `version` (the
+        change token read before the claim that found nothing)."""
         self.stats.idle += 1
         wake = await self._step(self.inbox.next_wake)
         if wake is not None and wake <= claimed_at:
             # Already due when the claim found nothing to run (paused, the runs-per-day
             # budget, a held outbox): wait for a change rather than spin on it.
             wake = claimed_at + 1 if wake == claimed_at else None
-        await self._idle_until(wake, renew=True)
+        await self._idle_until(wake, renew=True, version=version)
+
+    async def _change_mark(self) -> tuple[int, int] | None:
+        try:
+            return await self._changes()
+        except InboxError:
+            return None  # unknown: the nap's first look decides
 
     async def _changes(self) -> tuple[int, int]:
         """A value that moves when anyone commits: other connections (PRAGMA data_version)
         or other tasks sharing this process's Inbox (the connection's total_changes)."""
         return await self.inbox.change_token()
 
-    async def _idle_until(self, wake: int | None, *, renew: bool) -> None:
+    async def _idle_until(
+        self, wake: int | None, *, renew: bool, version: tuple[int, int] | None = None
+    ) -> None:
+        """Nap until `wake`, the renewal, or a commit the change token shows since `version`
+        (read now when not given; when given, a token that moved since returns at once).
+        The notifier's `seq` is taken here, before the token is compared, so a commit in
+        between moves one or the other; our own writes since `version` (the dispatch) only
+        cost one more pass of the loop."""
         notifier = self.inbox.wake
-        seen = notifier.seq  # before the token: a commit after it moves one or the other
-        try:
-            version = await self._changes()
-        except InboxError:
-            version = None
+        seen = notifier.seq
+        if version is None:
+            version = await self._change_mark()
+        elif await self._change_mark() != version:
+            return  # a commit since the claim looked: its event may be runnable now
         checked = time.monotonic()
         while not self.stopping:
             now = self.clock.now()

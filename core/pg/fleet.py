@@ -228,7 +228,7 @@ class _UntilIdle(ListeningWorker):
     """A worker that gives its inbox back as soon as it has nothing to run, or when another
     holds the lease (it does not wait for it: the fleet has other inboxes)."""
 
-    async def _idle(self, claimed_at: int) -> None:
+    async def _idle(self, claimed_at: int, version: tuple[int, int] | None) -> None:
         self.request_stop()
 
     async def _wait_for(self, lease: Any) -> None:

@@ -341,13 +341,6 @@ async def test_a_standby_worker_waits_on_reads_without_write_transactions(
     assert calls["acquire"] >= 1 and running.worker.stats.generations == [2]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core/worker.py takes its change mark (wake seq, change token) after the empty "
-    "claim, so a commit in between is counted as seen: the event waits for the next lease "
-    "renewal (for ever on a clock that does not move). Taking the mark before the claim "
-    "fixes it; remove this mark then.",
-)
 async def test_an_event_committed_between_an_empty_claim_and_the_nap_is_run(inbox, start, clock):
     other = await Inbox.open(inbox.path, clock=clock)  # another connection: another process
     next_wake, committed = inbox.next_wake, asyncio.Event()

@@ -31,80 +31,32 @@ from .records import (
     ApprovalRequest,
 )
 from .settings import Settings
-
-_JSON_STRING = json.encoder.encode_basestring_ascii  # what json.dumps does with a str
-_JSON_DECODE = json.JSONDecoder().decode  # json.loads of a str, without its type checks
+from .decoding import (  # noqa: F401 - EVENT_COLUMNS, TIMER_COLUMNS: the Inbox's names here
+    DECODE_ERRORS,
+    EVENT_COLUMNS,
+    TIMER_COLUMNS,
+    audit_entry_from_row,
+    checked_timer,
+    delivery_from_row,
+    effect_from_row,
+    event_from_row,
+    event_ids,
+    is_int as _is_int,
+    message_from_row,
+    not_fired,
+    reason as _reason,
+    run_from_row,
+    shown_status,
+    timer_from_row,
+)
 
 DAY = 86_400
-EVENT_COLUMNS = (
-    "id, source, source_id, payload, status, attempts, claim_gen, error, created, "
-    "updated, available_at, claimed_at, run_id"
-)
-TIMER_COLUMNS = (
-    "id, due, every, catch_up, payload, key_source, key_id, last_fired, "
-    "last_skipped, overflow, kind, broken"
-)
 # Row errors that mean "this stored row is not something the engine can process" (a row
 # written by hand or by another version): the row is set aside with the reason, the pass
 # goes on. Anything else (disk, locks) still stops the transaction.
-ROW_ERRORS = (
-    ValueError,
-    TypeError,
-    OverflowError,
-    KeyError,
-    IndexError,
-    AttributeError,
-    RecursionError,
-    sqlite3.IntegrityError,
-)
-
-
-# --- decoding -------------------------------------------------------------------------------
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _shown(text: Any) -> Any:
-    """Decoded JSON for a listing; a stored value that does not decode (a row edited by
-    hand) is shown as it is stored instead of failing the whole list."""
-    try:
-        return _loads(text)
-    except ROW_ERRORS:
-        return text
-
-
-def event_from_row(row: Sequence[Any], strict: bool = False) -> Event:
-    """The event in `row`; strict (for a claim), a payload that does not decode raises."""
-    payload = _loads(row[3]) if strict else _shown(row[3])
-    return Event(
-        row[0],
-        row[1],
-        row[2],
-        payload,
-        row[4],
-        row[5],
-        row[6],
-        row[7],
-        row[8],
-        row[9],
-        row[10],
-        row[11],
-        row[12],
-    )
-
-
-def timer_from_row(row: Sequence[Any]) -> Timer:
-    key = (row[5], row[6]) if row[5] is not None else None
-    payload = _shown(row[4])  # the scheduler sets aside a timer whose payload does not decode
-    return Timer(
-        row[0], row[1], row[2], row[3], payload, key, row[7], row[8], row[9], row[10], row[11]
-    )
-
-
-def _is_int(value: Any, low: int, high: int) -> bool:
-    return type(value) is int and low <= value <= high
+ROW_ERRORS = DECODE_ERRORS + (sqlite3.IntegrityError,)
+_JSON_STRING = json.encoder.encode_basestring_ascii  # what json.dumps does with a str
+_JSON_DECODE = json.JSONDecoder().decode  # json.loads of a str, without its type checks
 
 
 def _set_aside_counted(db: sqlite3.Connection) -> None:
@@ -112,10 +64,6 @@ def _set_aside_counted(db: sqlite3.Connection) -> None:
         "INSERT INTO meta(key, value) VALUES ('set_aside', 1) "
         "ON CONFLICT(key) DO UPDATE SET value = coalesce(value, 0) + 1"
     )
-
-
-def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc)[:300]}"
 
 
 def _placeholders(values: Sequence[Any]) -> str:
@@ -796,7 +744,7 @@ def run_scheduler(db: sqlite3.Connection, now: int) -> int:
         # back and set aside with the reason, and the other timers still fire.
         db.execute("SAVEPOINT fire_timer")
         try:
-            timer = _checked_timer(row)
+            timer = checked_timer(row)
             if timer.every is None:
                 _fire_once(db, timer, now)
             elif timer.catch_up == "coalesce":
@@ -807,10 +755,7 @@ def run_scheduler(db: sqlite3.Connection, now: int) -> int:
         except ROW_ERRORS as exc:
             db.execute("ROLLBACK TO fire_timer")
             db.execute("RELEASE fire_timer")
-            db.execute(
-                "UPDATE timers SET broken = ? WHERE id = ?",
-                ("set aside, not fired: " + _reason(exc), row[0]),
-            )
+            db.execute("UPDATE timers SET broken = ? WHERE id = ?", (not_fired(exc), row[0]))
             _set_aside_counted(db)
     return len(due)
 
@@ -939,24 +884,6 @@ def _plain_occurrence(row: Sequence[Any], now: int) -> _EventRow | None:
         f'"late_by": {now - due}, "skipped": 0, "data": {data}}}'
     )
     return source, source_id, text, now, now, now
-
-
-def _checked_timer(row: Sequence[Any]) -> Timer:
-    """The timer in `row`, or ValueError naming what no valid call could have stored."""
-    timer = timer_from_row(row)
-    if not _is_int(timer.due, 0, MAX_TIME):
-        raise ValueError(f"due is {str(timer.due)[:40]!r}, not a time")
-    if timer.every is not None and not _is_int(timer.every, 1, MAX_DURATION):
-        raise ValueError(f"every is {str(timer.every)[:40]!r}, not a duration")
-    if timer.last_fired is not None and not _is_int(timer.last_fired, 0, MAX_TIME):
-        raise ValueError(f"last_fired is {str(timer.last_fired)[:40]!r}, not a time")
-    if not _is_int(timer.overflow, 0, 1 << 62):
-        raise ValueError(f"overflow is {str(timer.overflow)[:40]!r}, not a count")
-    if timer.catch_up not in ("coalesce", "each"):
-        raise ValueError(f"catch_up is {str(timer.catch_up)[:40]!r}")
-    if isinstance(row[4], str):
-        json.loads(row[4])  # raises if the payload is not JSON
-    return timer
 
 
 def _first_unfired(timer: Timer) -> int:
@@ -1426,19 +1353,7 @@ def delivery_state(db: sqlite3.Connection, delivery_id: int, now: int) -> str | 
     ).fetchone()
     if row is None:
         return None
-    return _shown_status(row[0], row[1], row[2], now)
-
-
-def _shown_status(status: str, at_most_once: Any, retry_after: Any, now: int | None) -> str:
-    if (
-        status == "sending"
-        and at_most_once
-        and now is not None
-        and isinstance(retry_after, int)
-        and retry_after < now
-    ):
-        return "uncertain"
-    return status
+    return shown_status(row[0], row[1], row[2], now)
 
 
 def uncertain_deliveries(db: sqlite3.Connection, now: int, limit: int) -> list[Delivery]:
@@ -1581,7 +1496,7 @@ def intend_effect(
             f"run {run_id} is not an open run of this generation",
         )
         return None
-    events = list(_event_ids(run[0]))
+    events = list(event_ids(run[0]))
     if event is None and len(events) == 1:
         event = events[0]
     elif event is None and key is None:
@@ -1719,7 +1634,7 @@ def approvals(db: sqlite3.Connection, limit: int) -> list[Approval]:
 
 def held_messages(db: sqlite3.Connection, limit: int) -> list[Message]:
     return [
-        Message(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6])
+        message_from_row(r)
         for r in db.execute(
             "SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox "
             "WHERE status = 'held' ORDER BY id LIMIT ?",
@@ -1743,20 +1658,7 @@ def deliveries(
         f"{where} ORDER BY d.id {'ASC' if ids is not None else 'DESC'} LIMIT ?",
         params,
     ).fetchall()
-    return [
-        Delivery(
-            r[0],
-            delivery_key(db, r[0]),
-            _shown_status(r[1], r[8], r[9], now),
-            r[2],
-            r[3],
-            r[4],
-            r[5],
-            r[10] or r[6],
-            bool(r[7]),
-        )
-        for r in rows
-    ]
+    return [delivery_from_row(r, delivery_key(db, r[0]), now) for r in rows]
 
 
 def audit_entries(db: sqlite3.Connection, limit: int, target: str | None) -> list[AuditEntry]:
@@ -1768,7 +1670,7 @@ def audit_entries(db: sqlite3.Connection, limit: int, target: str | None) -> lis
             f"SELECT {columns} FROM audit WHERE target = ? ORDER BY id DESC LIMIT ?",
             (target, limit),
         )
-    return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in rows]
+    return [audit_entry_from_row(r) for r in rows]
 
 
 def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
@@ -1778,15 +1680,7 @@ def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
         f"traceback FROM runs WHERE id IN ({_placeholders(ids)}) ORDER BY id",
         ids,
     )
-    return [
-        Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
-        for r in rows
-    ]
-
-
-def _event_ids(text: Any) -> tuple[int, ...]:
-    ids = _shown(text)
-    return tuple(ids) if isinstance(ids, list) else ()
+    return [run_from_row(r) for r in rows]
 
 
 def runs_for_event(db: sqlite3.Connection, event_id: int) -> list[Run]:
@@ -1806,7 +1700,7 @@ def effects_for_run(db: sqlite3.Connection, run_ids: Sequence[int]) -> list[Effe
         f"WHERE run_id IN ({_placeholders(run_ids)}) ORDER BY id",
         list(run_ids),
     )
-    return [Effect(r[0], r[1], r[2], r[3], r[4], _shown(r[5]), r[6], r[7]) for r in rows]
+    return [effect_from_row(r) for r in rows]
 
 
 def overview(db: sqlite3.Connection, now: int) -> Overview:

@@ -50,27 +50,35 @@ from ..records import (
 from ..settings import Settings
 
 # Decoding and the checks of a stored row are plain Python, shared with the file backend.
+from ..decoding import (  # noqa: F401 - EVENT_COLUMNS, TIMER_COLUMNS: the Inbox's names here
+    DECODE_ERRORS,
+    EVENT_COLUMNS,
+    TIMER_COLUMNS,
+    audit_entry_from_row,
+    checked_timer,
+    delivery_from_row,
+    effect_from_row,
+    event_from_row,
+    event_ids,
+    message_from_row,
+    not_fired,
+    reason as _reason,
+    run_from_row,
+    shown_status,
+    timer_from_row,
+)
 from ..store import (  # noqa: F401 - re-exported: the names the Inbox reaches through here
     DAY,
     DELIVERY_STATES,
-    EVENT_COLUMNS,
-    ROW_ERRORS as _FILE_ROW_ERRORS,
     SETTLE_OUTCOMES,
-    TIMER_COLUMNS,
-    _checked_timer,
-    _event_ids,
     _first_unfired,
-    _reason,
-    _shown,
     ingest_group,
-    _shown_status,
-    event_from_row,
-    timer_from_row,
 )
 from .db import Tx
 
-# What makes a stored row one the engine cannot process (set aside, the pass goes on).
-ROW_ERRORS = _FILE_ROW_ERRORS + (psycopg.DataError, psycopg.IntegrityError)
+# What makes a stored row one the engine cannot process (set aside, the pass goes on): the
+# file backend's sqlite3.IntegrityError is never raised here, psycopg's own errors are.
+ROW_ERRORS = DECODE_ERRORS + (psycopg.DataError, psycopg.IntegrityError)
 
 # The SQLite file's `meta` keys are columns of the inbox's row here.
 META_COLUMNS = {
@@ -760,7 +768,7 @@ def run_scheduler(db: Tx, now: int) -> int:
         # back and set aside with the reason, and the other timers still fire.
         db.execute("SAVEPOINT fire_timer")
         try:
-            timer = _checked_timer(row)
+            timer = checked_timer(row)
             if timer.every is None:
                 _fire_once(db, timer, now)
             elif timer.catch_up == "coalesce":
@@ -773,7 +781,7 @@ def run_scheduler(db: Tx, now: int) -> int:
             db.execute("RELEASE fire_timer")
             db.execute(
                 "UPDATE timers SET broken = %s WHERE inbox_id = %s AND id = %s",
-                ("set aside, not fired: " + _reason(exc), db.inbox, row[0]),
+                (not_fired(exc), db.inbox, row[0]),
             )
             _set_aside_counted(db)
     return len(due)
@@ -802,7 +810,7 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
     fired_once: list[str] = []
     for row in due:
         try:
-            timer = _checked_timer(row)
+            timer = checked_timer(row)
             if timer.kind == "approval":
                 rest.append(row)
                 continue
@@ -1355,7 +1363,7 @@ def delivery_state(db: Tx, delivery_id: int, now: int) -> str | None:
         "SELECT status, at_most_once, retry_after FROM deliveries WHERE inbox_id = %s AND id = %s",
         (db.inbox, delivery_id),
     ).fetchone()
-    return None if row is None else _shown_status(row[0], row[1], row[2], now)
+    return None if row is None else shown_status(row[0], row[1], row[2], now)
 
 
 def uncertain_deliveries(db: Tx, now: int, limit: int) -> list[Delivery]:
@@ -1497,7 +1505,7 @@ def intend_effect(
             f"run {run_id} is not an open run of this generation",
         )
         return None
-    events = list(_event_ids(run[0]))
+    events = list(event_ids(run[0]))
     if event is None and len(events) == 1:
         event = events[0]
     elif event is None and key is None:
@@ -1636,7 +1644,7 @@ def approvals(db: Tx, limit: int) -> list[Approval]:
 
 def held_messages(db: Tx, limit: int) -> list[Message]:
     return [
-        Message(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6])
+        message_from_row(r)
         for r in db.execute(
             "SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox "
             "WHERE inbox_id = %s AND status = 'held' ORDER BY id LIMIT %s",
@@ -1658,20 +1666,7 @@ def deliveries(
         f"ORDER BY d.id {'ASC' if ids is not None else 'DESC'} LIMIT %s",
         (db.inbox, None if ids is None else list(ids), None if ids is None else list(ids), limit),
     ).fetchall()
-    return [
-        Delivery(
-            r[0],
-            delivery_key(db, r[0]),
-            _shown_status(r[1], r[8], r[9], now),
-            r[2],
-            r[3],
-            r[4],
-            r[5],
-            r[10] or r[6],
-            bool(r[7]),
-        )
-        for r in rows
-    ]
+    return [delivery_from_row(r, delivery_key(db, r[0]), now) for r in rows]
 
 
 def audit_entries(db: Tx, limit: int, target: str | None) -> list[AuditEntry]:
@@ -1687,7 +1682,7 @@ def audit_entries(db: Tx, limit: int, target: str | None) -> list[AuditEntry]:
             f"ORDER BY id DESC LIMIT %s",
             (db.inbox, target, limit),
         )
-    return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in rows]
+    return [audit_entry_from_row(r) for r in rows]
 
 
 def run_records(db: Tx, ids: Iterable[int]) -> list[Run]:
@@ -1696,10 +1691,7 @@ def run_records(db: Tx, ids: Iterable[int]) -> list[Run]:
         "traceback FROM runs WHERE inbox_id = %s AND id = ANY(%s) ORDER BY id",
         (db.inbox, list(ids)),
     )
-    return [
-        Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
-        for r in rows
-    ]
+    return [run_from_row(r) for r in rows]
 
 
 def runs_for_event(db: Tx, event_id: int) -> list[Run]:
@@ -1720,7 +1712,7 @@ def effects_for_run(db: Tx, run_ids: Sequence[int]) -> list[Effect]:
         "WHERE inbox_id = %s AND run_id = ANY(%s) ORDER BY id",
         (db.inbox, list(run_ids)),
     )
-    return [Effect(r[0], r[1], r[2], r[3], r[4], _shown(r[5]), r[6], r[7]) for r in rows]
+    return [effect_from_row(r) for r in rows]
 
 
 def overview(db: Tx, now: int) -> Overview:

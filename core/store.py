@@ -31,6 +31,7 @@ from .records import (
     ApprovalRequest,
 )
 from .settings import Settings
+from .timing import EventRow, approval_timer, firing, plain_occurrence
 from .decoding import (  # noqa: F401 - EVENT_COLUMNS, TIMER_COLUMNS: the Inbox's names here
     DECODE_ERRORS,
     EVENT_COLUMNS,
@@ -744,13 +745,7 @@ def run_scheduler(db: sqlite3.Connection, now: int) -> int:
         # back and set aside with the reason, and the other timers still fire.
         db.execute("SAVEPOINT fire_timer")
         try:
-            timer = checked_timer(row)
-            if timer.every is None:
-                _fire_once(db, timer, now)
-            elif timer.catch_up == "coalesce":
-                _fire_coalesced(db, timer, timer.every, now)
-            else:
-                _fire_each(db, timer, timer.every, now, settings.catch_up_limit)
+            _fire(db, checked_timer(row), now, settings.catch_up_limit)
             db.execute("RELEASE fire_timer")
         except ROW_ERRORS as exc:
             db.execute("ROLLBACK TO fire_timer")
@@ -765,9 +760,7 @@ _INSERT_EVENTS_VALUES = (
 )
 _ON_KEY_DO_NOTHING = " ON CONFLICT(source, source_id) DO NOTHING"
 _INSERT_EVENTS = _INSERT_EVENTS_VALUES + "(?, ?, ?, ?, ?, ?)" + _ON_KEY_DO_NOTHING
-# An events row for _INSERT_EVENTS: (source, source_id, payload, available_at, created,
-# updated). A timers row as read is a tuple[Any, ...]: checked before it is trusted.
-_EventRow = tuple[str, str, str, int, int, int]
+# A timers row as read is a tuple[Any, ...]: checked before it is trusted.
 
 
 def _fire_plain_runs(
@@ -775,17 +768,17 @@ def _fire_plain_runs(
 ) -> Iterable[tuple[Any, ...]]:
     """Fire each run of consecutive valid one-shot plain timers (the common case, thousands
     in a pass) with multi-row statements, and yield every other row, in order, to the
-    per-row path. Rows are checked here first, the same checks as `_checked_timer` (the
-    payload proven to be JSON, see `_plain_occurrence`); the occurrence's JSON is built
+    per-row path. Rows are checked here first, the same checks as `checked_timer` (the
+    payload proven to be JSON, see `plain_occurrence`); the occurrence's JSON is built
     around the payload's stored text instead of decoding and encoding it again. No
     savepoint around a run (it would double the cost of the inserts): if the events table
     refuses a row (say a key its CHECK forbids), the rows before it stand, the refused one
     goes to the per-row path, which sets it aside with the reason, and the rest of the run
     goes on."""
     batch: list[tuple[Any, ...]] = []
-    events: list[_EventRow] = []
+    events: list[EventRow] = []
     for index, row in enumerate(due):
-        event = _plain_occurrence(row, now)
+        event = plain_occurrence(row, now, row[12] == 1)  # row[12]: json_valid(payload)
         if event is not None:
             batch.append(row)
             events.append(event)
@@ -805,7 +798,7 @@ def _fire_plain_runs(
             yield row
 
 
-def _insert_until_refused(db: sqlite3.Connection, events: list[_EventRow]) -> int:
+def _insert_until_refused(db: sqlite3.Connection, events: list[EventRow]) -> int:
     """Insert `events` in order; return how many went in before a row the table refused
     (len(events) if none was); that row and the ones after it are not stored.
 
@@ -826,7 +819,7 @@ def _insert_until_refused(db: sqlite3.Connection, events: list[_EventRow]) -> in
         except ROW_ERRORS:
             fed = 0
 
-            def feed() -> Iterable[_EventRow]:
+            def feed() -> Iterable[EventRow]:
                 nonlocal fed
                 for event in chunk:  # executemany binds and steps one row, then the next  # noqa: B023 - called within this iteration
                     fed += 1
@@ -840,123 +833,25 @@ def _insert_until_refused(db: sqlite3.Connection, events: list[_EventRow]) -> in
     return done
 
 
-def _plain_occurrence(row: Sequence[Any], now: int) -> _EventRow | None:
-    """The event row (source, source_id, payload, now, now, now) a valid one-shot plain
-    timer fires, its payload `json.dumps` of `_occurrence`'s dict (with the stored payload
-    text as the data, which decodes to the same value); None for any other row: recurring,
-    an approval's expiry, or anything `_checked_timer` would refuse."""
-    timer_id, due, every, catch_up, payload, key_source, key_id, last_fired, _, overflow, kind = (
-        row[:11]
-    )
-    if (
-        every is not None
-        or kind != "timer"
-        or type(timer_id) is not str
-        or not _is_int(due, 0, MAX_TIME)
-        or catch_up not in ("coalesce", "each")
-        or not _is_int(overflow, 0, 1 << 62)
-        or (last_fired is not None and not _is_int(last_fired, 0, MAX_TIME))
-    ):
-        return None
-    if key_source is None:
-        source, source_id = "timer", f"{timer_id}@{due}"
-    elif type(key_source) is str and type(key_id) is str:
-        source, source_id = key_source, key_id
-    else:
-        return None
-    if payload is None:
-        data = "null"
-    elif type(payload) is str:
-        # Never spliced unless it is one whole JSON value that Python's decoder takes.
-        # SQLite's json_valid (row[12], strict RFC 8259) answers in C; it is stricter than
-        # Python's decoder (no NaN: those are decoded here) except for nesting, which Python
-        # refuses past its recursion limit: a payload with many brackets is decoded here.
-        if row[12] != 1 or payload.count("[") + payload.count("{") > 100:
-            try:
-                _JSON_DECODE(payload)
-            except ROW_ERRORS:
-                return None
-        data = payload
-    else:
-        return None
-    text = (
-        f'{{"timer": {_JSON_STRING(timer_id)}, "scheduled_for": {due}, '
-        f'"late_by": {now - due}, "skipped": 0, "data": {data}}}'
-    )
-    return source, source_id, text, now, now, now
-
-
-def _first_unfired(timer: Timer) -> int:
-    """The first scheduled time not yet turned into an event. A recurring timer whose
-    definition was registered again (same or earlier due) keeps what it already fired, so
-    those occurrences (and their overflow) are not counted a second time."""
-    due, every = timer.due, timer.every
-    if every is not None and timer.last_fired is not None and due <= timer.last_fired:
-        due += ((timer.last_fired - due) // every + 1) * every
-    return due
-
-
-def _occurrence(
-    timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any
-) -> dict[str, Any]:
-    return {
-        "timer": timer.id,
-        "scheduled_for": scheduled,
-        "late_by": now - scheduled,
-        "skipped": skipped,
-        "data": timer.payload,
-        **extra,
-    }
-
-
-def _fire_once(db: sqlite3.Connection, timer: Timer, now: int) -> None:
-    if timer.kind == "approval":
+def _fire(db: sqlite3.Connection, timer: Timer, now: int, catch_up_limit: int) -> None:
+    """Write what core/timing.py plans for one due timer; an approval's expiry answers it."""
+    if timer.every is None and timer.kind == "approval":
         _expire(db, timer.payload["request_id"], now, "scheduler")
+        db.execute("DELETE FROM timers WHERE id = ?", (timer.id,))
+        return
+    plan = firing(timer, now, catch_up_limit)
+    for source, source_id, payload in plan.events:
+        _insert_event(db, source, source_id, payload, now)
+    if plan.due is None:
+        db.execute("DELETE FROM timers WHERE id = ?", (timer.id,))
+    elif plan.fired is None:
+        db.execute("UPDATE timers SET due = ? WHERE id = ?", (plan.due, timer.id))
     else:
-        source, source_id = timer.key or ("timer", f"{timer.id}@{timer.due}")
-        _insert_event(db, source, source_id, _occurrence(timer, timer.due, now, 0), now)
-    db.execute("DELETE FROM timers WHERE id = ?", (timer.id,))
-
-
-def _fire_coalesced(db: sqlite3.Connection, timer: Timer, every: int, now: int) -> None:
-    due = _first_unfired(timer)
-    if due > now:
-        db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer.id))
-        return
-    timer = dataclasses.replace(timer, due=due)
-    missed = (now - timer.due) // every  # occurrences before the latest one
-    latest = timer.due + missed * every
-    _insert_event(db, "timer", f"{timer.id}@{latest}", _occurrence(timer, latest, now, missed), now)
-    db.execute(
-        "UPDATE timers SET due = ?, last_fired = ?, last_skipped = ? WHERE id = ?",
-        (latest + every, latest, missed, timer.id),
-    )
-
-
-def _fire_each(db: sqlite3.Connection, timer: Timer, every: int, now: int, limit: int) -> None:
-    due = _first_unfired(timer)
-    if due > now:
-        db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer.id))
-        return
-    timer = dataclasses.replace(timer, due=due)
-    count = (now - timer.due) // every + 1
-    overflow = max(count - limit, 0)
-    first = timer.due + overflow * every  # the newest `limit` occurrences get events
-    latest = timer.due + (count - 1) * every
-    for index, scheduled in enumerate(range(first, latest + 1, every)):
-        extra = {"overflow": overflow} if index == 0 and overflow else {}
-        _insert_event(
-            db,
-            "timer",
-            f"{timer.id}@{scheduled}",
-            _occurrence(timer, scheduled, now, 0, **extra),
-            now,
+        db.execute(
+            "UPDATE timers SET due = ?, last_fired = ?, last_skipped = ?, "
+            "overflow = overflow + ? WHERE id = ?",
+            (plan.due, plan.fired, plan.skipped, plan.overflow, timer.id),
         )
-    db.execute(
-        "UPDATE timers SET due = ?, last_fired = ?, last_skipped = ?, "
-        "overflow = overflow + ? WHERE id = ?",
-        (latest + every, latest, overflow, overflow, timer.id),
-    )
 
 
 def next_timer_due(db: sqlite3.Connection) -> int | None:
@@ -990,7 +885,7 @@ def request_approval(
     if inserted:
         add_timer(
             db,
-            f"approval:{request_id}",
+            approval_timer(request_id),
             now + expires_in,
             {"request_id": request_id},
             None,
@@ -1130,7 +1025,7 @@ def _store_answer(
         {"request_id": approval.request_id, "answer": answer, "action": approval.action},
         now,
     )
-    db.execute("DELETE FROM timers WHERE id = ?", (f"approval:{approval.request_id}",))
+    db.execute("DELETE FROM timers WHERE id = ?", (approval_timer(approval.request_id),))
 
 
 # --- outbox ---------------------------------------------------------------------------------

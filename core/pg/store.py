@@ -71,9 +71,9 @@ from ..store import (  # noqa: F401 - re-exported: the names the Inbox reaches t
     DAY,
     DELIVERY_STATES,
     SETTLE_OUTCOMES,
-    _first_unfired,
     ingest_group,
 )
+from ..timing import approval_timer, firing
 from .db import Tx
 
 # What makes a stored row one the engine cannot process (set aside, the pass goes on): the
@@ -768,13 +768,7 @@ def run_scheduler(db: Tx, now: int) -> int:
         # back and set aside with the reason, and the other timers still fire.
         db.execute("SAVEPOINT fire_timer")
         try:
-            timer = checked_timer(row)
-            if timer.every is None:
-                _fire_once(db, timer, now)
-            elif timer.catch_up == "coalesce":
-                _fire_coalesced(db, timer, timer.every, now)
-            else:
-                _fire_each(db, timer, timer.every, now, settings.catch_up_limit)
+            _fire(db, checked_timer(row), now, settings.catch_up_limit)
             db.execute("RELEASE fire_timer")
         except ROW_ERRORS as exc:
             db.execute("ROLLBACK TO fire_timer")
@@ -801,9 +795,9 @@ run_scheduler.precheck = _nothing_due  # type: ignore[attr-defined] # see db.wri
 
 
 def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
-    """Fire the plain timers of `due` in three statements, the same rows as _fire_once,
-    _fire_coalesced and _fire_each would write one by one; return the rows left to the
-    per-row path (approval expiries, rows that fail their checks)."""
+    """Fire the plain timers of `due` in three statements, the same rows as _fire would
+    write one by one (core/timing.py's plans); return the rows left to the per-row path
+    (approval expiries, rows that fail their checks)."""
     rest: list[Any] = []
     events: list[tuple[str, str, str]] = []  # (source, source_id, payload), in firing order
     advanced: list[tuple[str, int, int | None, int | None, int]] = []
@@ -814,45 +808,12 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
             if timer.kind == "approval":
                 rest.append(row)
                 continue
-            if timer.every is None:
-                source, source_id = timer.key or ("timer", f"{timer.id}@{timer.due}")
-                events.append(
-                    (source, source_id, json.dumps(_occurrence(timer, timer.due, now, 0)))
-                )
+            plan = firing(timer, now, limit)
+            events += [(source, key, json.dumps(data)) for source, key, data in plan.events]
+            if plan.due is None:
                 fired_once.append(timer.id)
-                continue
-            every = timer.every  # (the replace below forgets that it is not None)
-            first = _first_unfired(timer)
-            if first > now:
-                advanced.append((timer.id, first, None, None, 0))
-                continue
-            timer = dataclasses.replace(timer, due=first)
-            if timer.catch_up == "coalesce":
-                missed = (now - timer.due) // every
-                latest = timer.due + missed * every
-                events.append(
-                    (
-                        "timer",
-                        f"{timer.id}@{latest}",
-                        json.dumps(_occurrence(timer, latest, now, missed)),
-                    )
-                )
-                advanced.append((timer.id, latest + every, latest, missed, 0))
             else:
-                count = (now - timer.due) // every + 1
-                overflow = max(count - limit, 0)
-                start = timer.due + overflow * every
-                latest = timer.due + (count - 1) * every
-                for index, scheduled in enumerate(range(start, latest + 1, every)):
-                    extra = {"overflow": overflow} if index == 0 and overflow else {}
-                    events.append(
-                        (
-                            "timer",
-                            f"{timer.id}@{scheduled}",
-                            json.dumps(_occurrence(timer, scheduled, now, 0, **extra)),
-                        )
-                    )
-                advanced.append((timer.id, latest + every, latest, overflow, overflow))
+                advanced.append((timer.id, plan.due, plan.fired, plan.skipped, plan.overflow))
         except ROW_ERRORS:
             rest.append(row)
     if events:
@@ -902,78 +863,28 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
     return rest
 
 
-def _occurrence(
-    timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any
-) -> dict[str, Any]:
-    return {
-        "timer": timer.id,
-        "scheduled_for": scheduled,
-        "late_by": now - scheduled,
-        "skipped": skipped,
-        "data": timer.payload,
-        **extra,
-    }
-
-
-def _fire_once(db: Tx, timer: Timer, now: int) -> None:
-    if timer.kind == "approval":
+def _fire(db: Tx, timer: Timer, now: int, catch_up_limit: int) -> None:
+    """Write what core/timing.py plans for one due timer; an approval's expiry answers it."""
+    if timer.every is None and timer.kind == "approval":
         _expire(db, timer.payload["request_id"], now, "scheduler")
-    else:
-        source, source_id = timer.key or ("timer", f"{timer.id}@{timer.due}")
-        _insert_event(db, source, source_id, _occurrence(timer, timer.due, now, 0), now)
-    db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = %s", (db.inbox, timer.id))
-
-
-def _advance_only(db: Tx, timer: Timer, now: int) -> Timer | None:
-    """The timer from its first occurrence not fired yet; None (its due moved there) when
-    that is still to come."""
-    due = _first_unfired(timer)
-    if due > now:
+        db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = %s", (db.inbox, timer.id))
+        return
+    plan = firing(timer, now, catch_up_limit)
+    for source, source_id, payload in plan.events:
+        _insert_event(db, source, source_id, payload, now)
+    if plan.due is None:
+        db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = %s", (db.inbox, timer.id))
+    elif plan.fired is None:
         db.execute(
-            "UPDATE timers SET due = %s WHERE inbox_id = %s AND id = %s", (due, db.inbox, timer.id)
+            "UPDATE timers SET due = %s WHERE inbox_id = %s AND id = %s",
+            (plan.due, db.inbox, timer.id),
         )
-        return None
-    return dataclasses.replace(timer, due=due)
-
-
-def _fire_coalesced(db: Tx, timer: Timer, every: int, now: int) -> None:
-    advanced = _advance_only(db, timer, now)
-    if advanced is None:
-        return
-    timer = advanced
-    missed = (now - timer.due) // every  # occurrences before the latest one
-    latest = timer.due + missed * every
-    _insert_event(db, "timer", f"{timer.id}@{latest}", _occurrence(timer, latest, now, missed), now)
-    db.execute(
-        "UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s "
-        "WHERE inbox_id = %s AND id = %s",
-        (latest + every, latest, missed, db.inbox, timer.id),
-    )
-
-
-def _fire_each(db: Tx, timer: Timer, every: int, now: int, limit: int) -> None:
-    advanced = _advance_only(db, timer, now)
-    if advanced is None:
-        return
-    timer = advanced
-    count = (now - timer.due) // every + 1
-    overflow = max(count - limit, 0)
-    first = timer.due + overflow * every  # the newest `limit` occurrences get events
-    latest = timer.due + (count - 1) * every
-    for index, scheduled in enumerate(range(first, latest + 1, every)):
-        extra = {"overflow": overflow} if index == 0 and overflow else {}
-        _insert_event(
-            db,
-            "timer",
-            f"{timer.id}@{scheduled}",
-            _occurrence(timer, scheduled, now, 0, **extra),
-            now,
+    else:
+        db.execute(
+            "UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s, "
+            "overflow = overflow + %s WHERE inbox_id = %s AND id = %s",
+            (plan.due, plan.fired, plan.skipped, plan.overflow, db.inbox, timer.id),
         )
-    db.execute(
-        "UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s, "
-        "overflow = overflow + %s WHERE inbox_id = %s AND id = %s",
-        (latest + every, latest, overflow, overflow, db.inbox, timer.id),
-    )
 
 
 def next_timer_due(db: Tx) -> int | None:
@@ -1002,7 +913,7 @@ def request_approval(
     if inserted:
         add_timer(
             db,
-            f"approval:{request_id}",
+            approval_timer(request_id),
             now + expires_in,
             {"request_id": request_id},
             None,
@@ -1139,7 +1050,7 @@ def _store_answer(db: Tx, approval: Approval, answer: str, now: int, actor: str)
     )
     db.execute(
         "DELETE FROM timers WHERE inbox_id = %s AND id = %s",
-        (db.inbox, f"approval:{approval.request_id}"),
+        (db.inbox, approval_timer(approval.request_id)),
     )
 
 

@@ -31,6 +31,7 @@ from .records import (
     ApprovalRequest,
 )
 from .settings import Settings
+from .plans import answering, expiring, resumption
 from .timing import EventRow, approval_timer, firing, plain_occurrence
 from .decoding import (  # noqa: F401 - EVENT_COLUMNS, TIMER_COLUMNS: the Inbox's names here
     DECODE_ERRORS,
@@ -912,95 +913,42 @@ def answer_approval(
 ) -> str:
     """Store the first answer unless the deadline has passed; return the answer that stands."""
     approval = get_approval(db, request_id)
-    if approval is None:
-        audit(
-            db,
-            now,
-            actor,
-            f"answer {answer}",
-            f"approval {request_id}",
-            None,
-            None,
-            False,
-            reason or "no such request",
-        )
-        return "unknown"
-    if approval.answer is not None:
-        audit(
-            db,
-            now,
-            actor,
-            f"answer {answer}",
-            f"approval {request_id}",
-            approval.answer,
-            approval.answer,
-            False,
-            reason or "already answered",
-        )
-        return approval.answer
-    if not _is_int(approval.due, 0, MAX_TIME + MAX_DURATION) or now >= approval.due:
-        # (a deadline that is not a time, written by hand, counts as passed)
-        _expire(db, request_id, now, actor)
-        audit(
-            db,
-            now,
-            actor,
-            f"answer {answer}",
-            f"approval {request_id}",
-            "waiting",
-            "expired",
-            False,
-            reason or f"too late: deadline was {approval.due}",
-        )
-        return "expired"
-    _store_answer(db, approval, answer, now, actor)
+    verdict = answering(approval, answer, now)
+    if approval is not None and verdict.write is not None:
+        _store_answer(db, approval, verdict.write, now, actor)
     audit(
         db,
         now,
         actor,
         f"answer {answer}",
         f"approval {request_id}",
-        "waiting",
-        answer,
-        True,
-        reason,
+        verdict.before,
+        verdict.after,
+        verdict.refused is None,
+        verdict.reason(reason),
     )
-    return answer
+    return verdict.stands
 
 
 def expire_approval(
     db: sqlite3.Connection, request_id: str, now: int, actor: str, reason: str | None
 ) -> str:
     approval = get_approval(db, request_id)
-    if approval is None:
-        audit(
-            db,
-            now,
-            actor,
-            "expire",
-            f"approval {request_id}",
-            None,
-            None,
-            False,
-            reason or "no such request",
-        )
-        return "unknown"
-    if approval.answer is not None:
-        audit(
-            db,
-            now,
-            actor,
-            "expire",
-            f"approval {request_id}",
-            approval.answer,
-            approval.answer,
-            False,
-            reason or "already answered",
-        )
-        return approval.answer
-    _expire(db, request_id, now, actor)
-    audit(db, now, actor, "expire", f"approval {request_id}", "waiting", "expired", True, reason)
-    return "expired"
+    verdict = expiring(approval)
+    if approval is not None and verdict.write is not None:
+        _store_answer(db, approval, verdict.write, now, actor)
+    audit(
+        db,
+        now,
+        actor,
+        "expire",
+        f"approval {request_id}",
+        verdict.before,
+        verdict.after,
+        verdict.refused is None,
+        verdict.reason(reason),
+    )
+    return verdict.stands
 
 
 def _expire(db: sqlite3.Connection, request_id: str, now: int, actor: str) -> None:
@@ -1022,7 +970,7 @@ def _store_answer(
         db,
         "approval",
         approval.request_id,
-        {"request_id": approval.request_id, "answer": answer, "action": approval.action},
+        resumption(approval, answer),
         now,
     )
     db.execute("DELETE FROM timers WHERE id = ?", (approval_timer(approval.request_id),))

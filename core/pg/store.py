@@ -73,6 +73,7 @@ from ..store import (  # noqa: F401 - re-exported: the names the Inbox reaches t
     SETTLE_OUTCOMES,
     ingest_group,
 )
+from ..plans import answering, expiring, resumption
 from ..timing import approval_timer, firing
 from .db import Tx
 
@@ -940,92 +941,40 @@ def answer_approval(
 ) -> str:
     """Store the first answer unless the deadline has passed; return the answer that stands."""
     approval = get_approval(db, request_id)
-    if approval is None:
-        audit(
-            db,
-            now,
-            actor,
-            f"answer {answer}",
-            f"approval {request_id}",
-            None,
-            None,
-            False,
-            reason or "no such request",
-        )
-        return "unknown"
-    if approval.answer is not None:
-        audit(
-            db,
-            now,
-            actor,
-            f"answer {answer}",
-            f"approval {request_id}",
-            approval.answer,
-            approval.answer,
-            False,
-            reason or "already answered",
-        )
-        return approval.answer
-    if now >= approval.due:
-        _expire(db, request_id, now, actor)
-        audit(
-            db,
-            now,
-            actor,
-            f"answer {answer}",
-            f"approval {request_id}",
-            "waiting",
-            "expired",
-            False,
-            reason or f"too late: deadline was {approval.due}",
-        )
-        return "expired"
-    _store_answer(db, approval, answer, now, actor)
+    verdict = answering(approval, answer, now)
+    if approval is not None and verdict.write is not None:
+        _store_answer(db, approval, verdict.write, now, actor)
     audit(
         db,
         now,
         actor,
         f"answer {answer}",
         f"approval {request_id}",
-        "waiting",
-        answer,
-        True,
-        reason,
+        verdict.before,
+        verdict.after,
+        verdict.refused is None,
+        verdict.reason(reason),
     )
-    return answer
+    return verdict.stands
 
 
 def expire_approval(db: Tx, request_id: str, now: int, actor: str, reason: str | None) -> str:
     approval = get_approval(db, request_id)
-    if approval is None:
-        audit(
-            db,
-            now,
-            actor,
-            "expire",
-            f"approval {request_id}",
-            None,
-            None,
-            False,
-            reason or "no such request",
-        )
-        return "unknown"
-    if approval.answer is not None:
-        audit(
-            db,
-            now,
-            actor,
-            "expire",
-            f"approval {request_id}",
-            approval.answer,
-            approval.answer,
-            False,
-            reason or "already answered",
-        )
-        return approval.answer
-    _expire(db, request_id, now, actor)
-    audit(db, now, actor, "expire", f"approval {request_id}", "waiting", "expired", True, reason)
-    return "expired"
+    verdict = expiring(approval)
+    if approval is not None and verdict.write is not None:
+        _store_answer(db, approval, verdict.write, now, actor)
+    audit(
+        db,
+        now,
+        actor,
+        "expire",
+        f"approval {request_id}",
+        verdict.before,
+        verdict.after,
+        verdict.refused is None,
+        verdict.reason(reason),
+    )
+    return verdict.stands
 
 
 def _expire(db: Tx, request_id: str, now: int, actor: str) -> None:
@@ -1045,7 +994,7 @@ def _store_answer(db: Tx, approval: Approval, answer: str, now: int, actor: str)
         db,
         "approval",
         approval.request_id,
-        {"request_id": approval.request_id, "answer": answer, "action": approval.action},
+        resumption(approval, answer),
         now,
     )
     db.execute(

@@ -10,8 +10,9 @@ Timers have their own module, core/timing.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence
 
-from .clock import MAX_DURATION, MAX_TIME
+from .clock import MAX_COUNT, MAX_DURATION, MAX_TIME
 from .decoding import is_int
 from .records import Approval
 
@@ -65,3 +66,77 @@ def resumption(approval: Approval, answer: str) -> dict[str, str]:
     """The payload of the event that resumes the agent with an answer; its key is
     ('approval', request id), shared with the answer (write-once, deduped)."""
     return {"request_id": approval.request_id, "answer": answer, "action": approval.action}
+
+
+# --- deliveries -----------------------------------------------------------------------------
+
+
+def delivery_key(uid: object, delivery_id: int) -> str:
+    """The idempotency key a send carries: this inbox's uid and the delivery's id."""
+    return f"onwatch-{uid}-{delivery_id}"
+
+
+def paced_now(flush: bool, last_paced: int | None, gap: int, now: int) -> bool:
+    """Whether a send now may carry the ordinary (not urgent) messages too: a flush, the
+    first paced send, or `gap` seconds after the last one."""
+    return flush or last_paced is None or now >= last_paced + gap
+
+
+def next_paced_send(last_paced: int | None, gap: int) -> int:
+    """When the next paced send is allowed (0: at once, nothing was sent paced yet)."""
+    return 0 if last_paced is None else last_paced + gap
+
+
+def not_a_count(attempts: object) -> str:
+    """Why a delivery whose attempts column holds no count is set aside, not sent."""
+    return f"set aside, not sent: attempts is {str(attempts)[:40]!r}, not a count"
+
+
+def unsendable_attempt(attempt: object) -> str | None:
+    """Why the attempt a retry has just counted cannot be sent (None when it can)."""
+    return None if is_int(attempt, 1, MAX_COUNT) else not_a_count(attempt)
+
+
+def unsendable_messages(bodies: Sequence[object]) -> str | None:
+    """Why a delivery cannot be sent with these message bodies (None when it can)."""
+    if bodies and all(isinstance(body, str) for body in bodies):
+        return None
+    return "set aside, not sent: its messages are missing or not text"
+
+
+def send_outcome(
+    row: Sequence[Any] | None, attempt: int, error: str | None, max_attempts: int
+) -> str:
+    """What a send's outcome does to its delivery, read as (status, attempts, at_most_once):
+    'late' when it is not this attempt's to record (another dispatcher re-sent meanwhile, or
+    an operator settled it), else 'sent'; a failure 'dead' (at most once, or out of
+    attempts) or 'failed' (held for the next dispatch)."""
+    if row is None or row[0] != "sending" or row[1] != attempt:
+        return "late"
+    if error is None:
+        return "sent"
+    if row[2] or row[1] >= max_attempts:
+        return "dead"
+    return "failed"
+
+
+def late_outcome(row: Sequence[Any] | None, attempt: int) -> tuple[str, str]:
+    """A late outcome's audit: the delivery as seen now, and why the outcome is refused."""
+    seen = "no such delivery" if row is None else f"{row[0]}, attempt {row[1]}"
+    return seen, f"late outcome of attempt {attempt}: the delivery is {seen} now"
+
+
+def settling(before: str | None, expect: str, outcome: str) -> tuple[bool, str | None, str | None]:
+    """An operator settles a delivery it saw `expect`: (applied, state after, why refused).
+    Only an uncertain one, still as seen; 'sent' marks it sent, 'send again' puts its
+    messages back for a new delivery under a new key."""
+    if before == "uncertain" and before == expect:
+        return True, ("sent" if outcome == "sent" else "sent again"), None
+    why = (
+        "no such delivery"
+        if before is None
+        else f"changed meanwhile: it is {before} now, not {expect}"
+        if before != expect
+        else f"only an uncertain delivery can be settled (this one is {before})"
+    )
+    return False, before, why

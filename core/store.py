@@ -31,7 +31,19 @@ from .records import (
     ApprovalRequest,
 )
 from .settings import Settings
-from .plans import answering, expiring, resumption
+from . import plans
+from .plans import (
+    answering,
+    expiring,
+    late_outcome,
+    next_paced_send,
+    paced_now,
+    resumption,
+    send_outcome,
+    settling,
+    unsendable_attempt,
+    unsendable_messages,
+)
 from .timing import EventRow, approval_timer, firing, plain_occurrence
 from .decoding import (  # noqa: F401 - EVENT_COLUMNS, TIMER_COLUMNS: the Inbox's names here
     DECODE_ERRORS,
@@ -1045,10 +1057,9 @@ def _begin_delivery(
         attempt = db.execute(
             "SELECT attempts FROM deliveries WHERE id = ?", (delivery_id,)
         ).fetchone()[0]
-        if not _is_int(attempt, 1, MAX_COUNT):
-            raise _BrokenDelivery(
-                delivery_id, f"set aside, not sent: attempts is {str(attempt)[:40]!r}, not a count"
-            )
+        unsendable = unsendable_attempt(attempt)
+        if unsendable is not None:
+            raise _BrokenDelivery(delivery_id, unsendable)
     else:
         # A message row no valid call could have written (a body that is not text) is set
         # aside before it joins a delivery: it would fail every send of its neighbours.
@@ -1060,7 +1071,7 @@ def _begin_delivery(
             _set_aside_counted(db)
         attempt = 1
         last = get_meta(db, "last_paced_send")
-        paced = flush or last is None or now >= last + settings.outbox_gap
+        paced = paced_now(flush, last, settings.outbox_gap, now)
         waiting = "status = 'held' AND delivery_id IS NULL" + ("" if paced else " AND urgent = 1")
         if db.execute(f"SELECT 1 FROM outbox WHERE {waiting} LIMIT 1").fetchone() is None:
             return None
@@ -1079,15 +1090,14 @@ def _begin_delivery(
             "SELECT body FROM outbox WHERE delivery_id = ? ORDER BY id", (delivery_id,)
         )
     ]
-    if not bodies or not all(isinstance(body, str) for body in bodies):
-        raise _BrokenDelivery(
-            delivery_id, "set aside, not sent: its messages are missing or not text"
-        )
+    unsendable = unsendable_messages(bodies)
+    if unsendable is not None:
+        raise _BrokenDelivery(delivery_id, unsendable)
     return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies), attempt)
 
 
 def delivery_key(db: sqlite3.Connection, delivery_id: int) -> str:
-    return f"onwatch-{get_meta(db, 'uid')}-{delivery_id}"
+    return plans.delivery_key(get_meta(db, "uid"), delivery_id)
 
 
 def end_delivery(
@@ -1100,8 +1110,9 @@ def end_delivery(
     row = db.execute(
         "SELECT status, attempts, at_most_once FROM deliveries WHERE id = ?", (delivery_id,)
     ).fetchone()
-    if row is None or row[0] != "sending" or row[1] != attempt:
-        seen = "no such delivery" if row is None else f"{row[0]}, attempt {row[1]}"
+    outcome = send_outcome(row, attempt, error, settings.max_delivery_attempts)
+    if outcome == "late":
+        seen, why = late_outcome(row, attempt)
         audit(
             db,
             now,
@@ -1111,19 +1122,18 @@ def end_delivery(
             seen,
             None,
             False,
-            f"late outcome of attempt {attempt}: the delivery is {seen} now",
+            why,
         )
         _bump(db, "refused_writes")
         return False
-    _, attempts, at_most_once = row
-    if error is None:
+    if outcome == "sent":
         db.execute(
             "UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = NULL WHERE id = ?",
             (now, delivery_id),
         )
         db.execute("UPDATE outbox SET status = 'sent' WHERE delivery_id = ?", (delivery_id,))
         return True
-    if at_most_once or attempts >= settings.max_delivery_attempts:
+    if outcome == "dead":
         db.execute(
             "UPDATE deliveries SET status = 'dead', last_error = ? WHERE id = ?",
             (error, delivery_id),
@@ -1150,7 +1160,7 @@ def settle_delivery(
     messages go back to the outbox, for a new delivery under a new key). Applied only if the
     delivery is uncertain and in the state the operator saw; audited either way."""
     before = delivery_state(db, delivery_id, now)
-    applied = before == "uncertain" and before == expect
+    applied, after, why = settling(before, expect, outcome)
     if applied and outcome == "sent":
         db.execute(
             "UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = ? WHERE id = ?",
@@ -1166,16 +1176,6 @@ def settle_delivery(
             "UPDATE outbox SET delivery_id = NULL WHERE delivery_id = ? AND status = 'held'",
             (delivery_id,),
         )
-    why = reason
-    if not applied:
-        why = (
-            "no such delivery"
-            if before is None
-            else f"changed meanwhile: it is {before} now, not {expect}"
-            if before != expect
-            else f"only an uncertain delivery can be settled (this one is {before})"
-        )
-    after = ("sent" if outcome == "sent" else "sent again") if applied else before
     audit(
         db,
         now,
@@ -1185,7 +1185,7 @@ def settle_delivery(
         before,
         after,
         applied,
-        why,
+        reason if applied else why,
     )
     return applied
 
@@ -1216,8 +1216,7 @@ def next_send_at(db: sqlite3.Connection) -> int | None:
     ).fetchone()
     if waiting is None:
         return None
-    last = get_meta(db, "last_paced_send")
-    return 0 if last is None else last + load_settings(db).outbox_gap
+    return next_paced_send(get_meta(db, "last_paced_send"), load_settings(db).outbox_gap)
 
 
 # --- operator actions -----------------------------------------------------------------------

@@ -73,7 +73,20 @@ from ..store import (  # noqa: F401 - re-exported: the names the Inbox reaches t
     SETTLE_OUTCOMES,
     ingest_group,
 )
-from ..plans import answering, expiring, resumption
+from .. import plans
+from ..plans import (
+    answering,
+    expiring,
+    late_outcome,
+    next_paced_send,
+    not_a_count,
+    paced_now,
+    resumption,
+    send_outcome,
+    settling,
+    unsendable_attempt,
+    unsendable_messages,
+)
 from ..timing import approval_timer, firing
 from .db import Tx
 
@@ -1061,22 +1074,19 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
     if retry is not None:
         delivery_id = retry[0]
         if not 0 <= retry[1] < MAX_COUNT:  # one more would overflow the column: an error
-            raise _BrokenDelivery(
-                delivery_id, f"set aside, not sent: attempts is {retry[1]}, not a count"
-            )
+            raise _BrokenDelivery(delivery_id, not_a_count(retry[1]))
         attempt = db.one(
             "UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
             "retry_after = %s WHERE inbox_id = %s AND id = %s RETURNING attempts",
             (now + settings.send_timeout, db.inbox, delivery_id),
         )[0]
-        if not 1 <= attempt <= MAX_COUNT:
-            raise _BrokenDelivery(
-                delivery_id, f"set aside, not sent: attempts is {attempt}, not a count"
-            )
+        unsendable = unsendable_attempt(attempt)
+        if unsendable is not None:
+            raise _BrokenDelivery(delivery_id, unsendable)
     else:
         attempt = 1
         last = get_meta(db, "last_paced_send")
-        paced = flush or last is None or now >= last + settings.outbox_gap
+        paced = paced_now(flush, last, settings.outbox_gap, now)
         waiting = "inbox_id = %s AND status = 'held' AND delivery_id IS NULL" + (
             "" if paced else " AND urgent"
         )
@@ -1101,13 +1111,14 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
             (db.inbox, delivery_id),
         )
     ]
-    if not bodies:
-        raise _BrokenDelivery(delivery_id, "set aside, not sent: its messages are missing")
+    unsendable = unsendable_messages(bodies)
+    if unsendable is not None:
+        raise _BrokenDelivery(delivery_id, unsendable)
     return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies), attempt)
 
 
 def delivery_key(db: Tx, delivery_id: int) -> str:
-    return f"onwatch-{get_meta(db, 'uid')}-{delivery_id}"
+    return plans.delivery_key(get_meta(db, "uid"), delivery_id)
 
 
 def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now: int) -> bool:
@@ -1119,8 +1130,9 @@ def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now:
         "SELECT status, attempts, at_most_once FROM deliveries WHERE inbox_id = %s AND id = %s",
         (db.inbox, delivery_id),
     ).fetchone()
-    if row is None or row[0] != "sending" or row[1] != attempt:
-        seen = "no such delivery" if row is None else f"{row[0]}, attempt {row[1]}"
+    outcome = send_outcome(row, attempt, error, settings.max_delivery_attempts)
+    if outcome == "late":
+        seen, why = late_outcome(row, attempt)
         audit(
             db,
             now,
@@ -1130,12 +1142,11 @@ def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now:
             seen,
             None,
             False,
-            f"late outcome of attempt {attempt}: the delivery is {seen} now",
+            why,
         )
         _bump(db, "refused_writes")
         return False
-    _, attempts, at_most_once = row
-    if error is None:
+    if outcome == "sent":
         db.execute(
             "UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = NULL "
             "WHERE inbox_id = %s AND id = %s",
@@ -1146,7 +1157,7 @@ def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now:
             (db.inbox, delivery_id),
         )
         return True
-    if at_most_once or attempts >= settings.max_delivery_attempts:
+    if outcome == "dead":
         db.execute(
             "UPDATE deliveries SET status = 'dead', last_error = %s "
             "WHERE inbox_id = %s AND id = %s",
@@ -1172,7 +1183,7 @@ def settle_delivery(
     messages go back to the outbox, for a new delivery under a new key). Applied only if the
     delivery is uncertain and in the state the operator saw; audited either way."""
     before = delivery_state(db, delivery_id, now)
-    applied = before == "uncertain" and before == expect
+    applied, after, why = settling(before, expect, outcome)
     if applied and outcome == "sent":
         db.execute(
             "UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = %s "
@@ -1194,16 +1205,6 @@ def settle_delivery(
             "delivery_id = %s AND status = 'held'",
             (db.inbox, delivery_id),
         )
-    why = reason
-    if not applied:
-        why = (
-            "no such delivery"
-            if before is None
-            else f"changed meanwhile: it is {before} now, not {expect}"
-            if before != expect
-            else f"only an uncertain delivery can be settled (this one is {before})"
-        )
-    after = ("sent" if outcome == "sent" else "sent again") if applied else before
     audit(
         db,
         now,
@@ -1213,7 +1214,7 @@ def settle_delivery(
         before,
         after,
         applied,
-        why,
+        reason if applied else why,
     )
     return applied
 
@@ -1246,8 +1247,7 @@ def next_send_at(db: Tx) -> int | None:
     ).fetchone()
     if waiting is None:
         return None
-    last = get_meta(db, "last_paced_send")
-    return 0 if last is None else last + load_settings(db).outbox_gap
+    return next_paced_send(get_meta(db, "last_paced_send"), load_settings(db).outbox_gap)
 
 
 # --- operator actions -----------------------------------------------------------------------

@@ -10,11 +10,18 @@ Timers have their own module, core/timing.py.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from .clock import MAX_COUNT, MAX_DURATION, MAX_TIME
 from .decoding import is_int
+from .errors import BadInput
 from .records import Approval
+from .settings import Settings
+
+DAY = 86_400  # the window of the runs-per-day budget
+# The states a delivery is shown in, and what an operator may settle an uncertain one as.
+DELIVERY_STATES = ("sending", "failed", "sent", "dead", "uncertain")
+SETTLE_OUTCOMES = ("sent", "send again")
 
 # --- approvals ------------------------------------------------------------------------------
 
@@ -140,3 +147,82 @@ def settling(before: str | None, expect: str, outcome: str) -> tuple[bool, str |
         else f"only an uncertain delivery can be settled (this one is {before})"
     )
     return False, before, why
+
+
+# --- effects --------------------------------------------------------------------------------
+
+
+def effect_event(
+    run_id: int, events: Sequence[int], event: int | None, key: str | None, name: str
+) -> int | None:
+    """The event of run `run_id` (its events `events`) an effect is for: the one given, or
+    the run's only one; None only with a key of the caller's own. Raises BadInput for an
+    event not in the run, or none named in a run of many without a key (the default key
+    must not depend on how the events were batched)."""
+    if event is None and len(events) == 1:
+        return events[0]
+    if event is None and key is None:
+        raise BadInput(
+            f"run {run_id} has {len(events)} events; say which one effect {name!r} "
+            f"is for (event=), so that its key does not depend on the batch"
+        )
+    if event is not None and event not in events:
+        raise BadInput(f"event {event} is not in run {run_id}")
+    return event
+
+
+def effect_key(uid: object, event: int, name: str, intended: int) -> str:
+    """An effect's default idempotency key, derived from what the effect is for (this inbox,
+    the event, the effect's name, and how many times this run `intended` it for that event
+    before), never from the run or how it was batched: a retry of the event, alone or in
+    another batch, gets the same keys, so a tool that dedupes on them acts once."""
+    return f"onwatch-{uid}-ev{event}-{name}-{intended + 1}"
+
+
+# --- operator actions -----------------------------------------------------------------------
+
+
+def change_refused(
+    before: str | None, expect: str | None, pruned: bool, action: str, allowed: Sequence[str]
+) -> str:
+    """Why an operator's change of an event was not applied (audited as the reason)."""
+    if before is None:
+        return "no such event"
+    if expect is not None and before != expect:
+        return f"changed meanwhile: it is {before} now, not {expect}"
+    if pruned:
+        return "its payload was pruned; an agent cannot run on nothing"
+    return f"cannot {action} a {before} event (only {' or '.join(allowed)})"
+
+
+# --- overview and wake-ups ------------------------------------------------------------------
+
+
+def budgets(settings: Settings, runs_last_day: int, pending: int) -> dict[str, dict[str, Any]]:
+    """The overview's budgets: each limit, what is used of it, and what happens to excess."""
+    return {
+        "max_runs_per_day": {
+            "limit": settings.max_runs_per_day,
+            "used": runs_last_day,
+            "excess": "delayed",
+        },
+        "max_pending": {"limit": settings.max_pending, "used": pending, "excess": "refused"},
+        "max_followups_per_run": {"limit": settings.max_followups_per_run, "excess": "refused"},
+        "max_run_seconds": {"limit": settings.max_run_seconds, "excess": "lost claim"},
+    }
+
+
+def when_runs_allow(pending: Any, oldest_counted: Any) -> Any:
+    """When the earliest pending event (available at `pending`) can run under the
+    runs-per-day budget: once the oldest run still counted (claimed at `oldest_counted`,
+    None when a slot is free) leaves the day's window."""
+    if isinstance(oldest_counted, int):
+        return max(pending, oldest_counted + DAY)
+    return pending
+
+
+def earliest(candidates: Iterable[Any]) -> int | None:
+    """The earliest instant among `candidates`; a value that is not an instant (nothing
+    pending, or a row edited by hand) is never a wake-up."""
+    known = [c for c in candidates if type(c) is int]
+    return min(known) if known else None

@@ -33,7 +33,14 @@ from .records import (
 from .settings import Settings
 from . import plans
 from .plans import (
+    DAY,
+    DELIVERY_STATES as DELIVERY_STATES,  # the Inbox checks an operator's words against these
+    SETTLE_OUTCOMES as SETTLE_OUTCOMES,
     answering,
+    change_refused,
+    earliest,
+    effect_event,
+    when_runs_allow,
     expiring,
     late_outcome,
     next_paced_send,
@@ -45,7 +52,7 @@ from .plans import (
     unsendable_messages,
 )
 from .timing import EventRow, approval_timer, firing, plain_occurrence
-from .decoding import (  # noqa: F401 - EVENT_COLUMNS, TIMER_COLUMNS: the Inbox's names here
+from .decoding import (
     DECODE_ERRORS,
     EVENT_COLUMNS,
     TIMER_COLUMNS,
@@ -64,7 +71,6 @@ from .decoding import (  # noqa: F401 - EVENT_COLUMNS, TIMER_COLUMNS: the Inbox'
     timer_from_row,
 )
 
-DAY = 86_400
 # Row errors that mean "this stored row is not something the engine can process" (a row
 # written by hand or by another version): the row is set aside with the reason, the pass
 # goes on. Anything else (disk, locks) still stops the transaction.
@@ -990,8 +996,6 @@ def _store_answer(
 
 # --- outbox ---------------------------------------------------------------------------------
 
-DELIVERY_STATES = ("sending", "failed", "sent", "dead", "uncertain")
-SETTLE_OUTCOMES = ("sent", "send again")
 # An at-most-once delivery still 'sending' after its send_timeout was cut off mid-send: it
 # may or may not have gone out. It is never sent again by itself; an operator settles it.
 # (The IN term lets SQLite use the partial index of open deliveries, never a scan.)
@@ -1257,16 +1261,7 @@ def change_event(
             (after, now, now, *args, event_id, seen),
         )
         applied = cursor.rowcount == 1
-    why = reason
-    if not applied:
-        if before is None:
-            why = "no such event"
-        elif expect is not None and before != expect:
-            why = f"changed meanwhile: it is {before} now, not {expect}"
-        elif pruned:
-            why = "its payload was pruned; an agent cannot run on nothing"
-        else:
-            why = f"cannot {action} a {before} event (only {' or '.join(allowed)})"
+    why = reason if applied else change_refused(before, expect, bool(pruned), action, allowed)
     audit(
         db,
         now,
@@ -1338,16 +1333,7 @@ def intend_effect(
             f"run {run_id} is not an open run of this generation",
         )
         return None
-    events = list(event_ids(run[0]))
-    if event is None and len(events) == 1:
-        event = events[0]
-    elif event is None and key is None:
-        raise BadInput(
-            f"run {run_id} has {len(events)} events; say which one effect {name!r} "
-            f"is for (event=), so that its key does not depend on the batch"
-        )
-    elif event is not None and event not in events:
-        raise BadInput(f"event {event} is not in run {run_id}")
+    event = effect_event(run_id, event_ids(run[0]), event, key, name)
     if key is None:
         assert event is not None  # no event and no key was refused above
         key = _default_effect_key(db, run_id, event, name)
@@ -1360,18 +1346,12 @@ def intend_effect(
 
 
 def _default_effect_key(db: sqlite3.Connection, run_id: int, event: int, name: str) -> str:
-    """Derived from what the effect is for (this inbox, the event, the effect's name, and
-    how many times this run intended it for that event), never from the run or how it was
-    batched: a retry of the event, alone or in another batch, gets the same keys, so a tool
-    that dedupes on them acts once."""
-    nth = (
-        db.execute(
-            "SELECT count(*) FROM effects WHERE run_id = ? AND name = ? AND event_id = ?",
-            (run_id, name, event),
-        ).fetchone()[0]
-        + 1
-    )
-    return f"onwatch-{get_meta(db, 'uid')}-ev{event}-{name}-{nth}"
+    """The key core/plans.py derives from what the effect is for (`effect_key`)."""
+    intended = db.execute(
+        "SELECT count(*) FROM effects WHERE run_id = ? AND name = ? AND event_id = ?",
+        (run_id, name, event),
+    ).fetchone()[0]
+    return plans.effect_key(get_meta(db, "uid"), event, name, intended)
 
 
 def settle_effect(db: sqlite3.Connection, key: str, state: str, now: int) -> bool:
@@ -1556,20 +1536,7 @@ def overview(db: sqlite3.Connection, now: int) -> Overview:
     timer_count = db.execute("SELECT count(*) FROM timers").fetchone()[0]
     runs_day = runs_since(db, now - DAY)
     pending = counts(db)
-    budgets = {
-        "max_runs_per_day": {
-            "limit": settings.max_runs_per_day,
-            "used": runs_day,
-            "excess": "delayed",
-        },
-        "max_pending": {
-            "limit": settings.max_pending,
-            "used": pending.get("pending", 0),
-            "excess": "refused",
-        },
-        "max_followups_per_run": {"limit": settings.max_followups_per_run, "excess": "refused"},
-        "max_run_seconds": {"limit": settings.max_run_seconds, "excess": "lost claim"},
-    }
+    budgets = plans.budgets(settings, runs_day, pending.get("pending", 0))
     return Overview(
         now=now,
         counts=pending,
@@ -1616,8 +1583,7 @@ def next_wake(db: sqlite3.Connection, now: int) -> int | None:
                 "LIMIT 1 OFFSET ?",
                 (now - DAY, limit - 1),
             ).fetchone()
-            if oldest_counted is not None and isinstance(oldest_counted[0], int):
-                pending = max(pending, oldest_counted[0] + DAY)
+            pending = when_runs_allow(pending, oldest_counted and oldest_counted[0])
         candidates.append(pending)
     if not get_meta(db, "outbox_held"):
         candidates += [
@@ -1628,5 +1594,4 @@ def next_wake(db: sqlite3.Connection, now: int) -> int | None:
                 "AND at_most_once = 0"
             ).fetchone()[0],
         ]
-    known = [c for c in candidates if type(c) is int]  # a hand-edited row: never a wake-up
-    return min(known) if known else None
+    return earliest(candidates)

@@ -50,7 +50,7 @@ from ..records import (
 from ..settings import Settings
 
 # Decoding and the checks of a stored row are plain Python, shared with the file backend.
-from ..decoding import (  # noqa: F401 - EVENT_COLUMNS, TIMER_COLUMNS: the Inbox's names here
+from ..decoding import (
     DECODE_ERRORS,
     EVENT_COLUMNS,
     TIMER_COLUMNS,
@@ -67,15 +67,15 @@ from ..decoding import (  # noqa: F401 - EVENT_COLUMNS, TIMER_COLUMNS: the Inbox
     shown_status,
     timer_from_row,
 )
-from ..store import (  # noqa: F401 - re-exported: the names the Inbox reaches through here
-    DAY,
-    DELIVERY_STATES,
-    SETTLE_OUTCOMES,
-    ingest_group,
-)
+from ..store import ingest_group
 from .. import plans
 from ..plans import (
+    DAY,
     answering,
+    change_refused,
+    earliest,
+    effect_event,
+    when_runs_allow,
     expiring,
     late_outcome,
     next_paced_send,
@@ -1288,16 +1288,7 @@ def change_event(
             (after, now, now, db.inbox, event_id, seen),
         )
         applied = cursor.rowcount == 1
-    why = reason
-    if not applied:
-        if before is None:
-            why = "no such event"
-        elif expect is not None and before != expect:
-            why = f"changed meanwhile: it is {before} now, not {expect}"
-        elif pruned:
-            why = "its payload was pruned; an agent cannot run on nothing"
-        else:
-            why = f"cannot {action} a {before} event (only {' or '.join(allowed)})"
+    why = reason if applied else change_refused(before, expect, bool(pruned), action, allowed)
     audit(
         db,
         now,
@@ -1365,16 +1356,7 @@ def intend_effect(
             f"run {run_id} is not an open run of this generation",
         )
         return None
-    events = list(event_ids(run[0]))
-    if event is None and len(events) == 1:
-        event = events[0]
-    elif event is None and key is None:
-        raise BadInput(
-            f"run {run_id} has {len(events)} events; say which one effect {name!r} "
-            f"is for (event=), so that its key does not depend on the batch"
-        )
-    elif event is not None and event not in events:
-        raise BadInput(f"event {event} is not in run {run_id}")
+    event = effect_event(run_id, event_ids(run[0]), event, key, name)
     if key is None:
         assert event is not None  # no event and no key was refused above
         key = _default_effect_key(db, run_id, event, name)
@@ -1388,15 +1370,13 @@ def intend_effect(
 
 
 def _default_effect_key(db: Tx, run_id: int, event: int, name: str) -> str:
-    """Derived from what the effect is for (this inbox, the event, the effect's name, and
-    how many times this run intended it for that event), never from the run or how it was
-    batched: a retry of the event, alone or in another batch, gets the same keys."""
-    nth = db.one(
+    """The key core/plans.py derives from what the effect is for (`effect_key`)."""
+    intended = db.one(
         "SELECT count(*) FROM effects WHERE inbox_id = %s AND run_id = %s AND "
         "name = %s AND event_id = %s",
         (db.inbox, run_id, name, event),
     )[0]
-    return f"onwatch-{get_meta(db, 'uid')}-ev{event}-{name}-{nth + 1}"
+    return plans.effect_key(get_meta(db, "uid"), event, name, intended)
 
 
 def settle_effect(db: Tx, key: str, state: str, now: int) -> bool:
@@ -1592,20 +1572,7 @@ def overview(db: Tx, now: int) -> Overview:
     timer_count = db.one("SELECT count(*) FROM timers WHERE inbox_id = %s", (db.inbox,))[0]
     runs_day = runs_since(db, now - DAY)
     pending = counts(db)
-    budgets = {
-        "max_runs_per_day": {
-            "limit": settings.max_runs_per_day,
-            "used": runs_day,
-            "excess": "delayed",
-        },
-        "max_pending": {
-            "limit": settings.max_pending,
-            "used": pending.get("pending", 0),
-            "excess": "refused",
-        },
-        "max_followups_per_run": {"limit": settings.max_followups_per_run, "excess": "refused"},
-        "max_run_seconds": {"limit": settings.max_run_seconds, "excess": "lost claim"},
-    }
+    budgets = plans.budgets(settings, runs_day, pending.get("pending", 0))
     return Overview(
         now=now,
         counts=pending,
@@ -1650,8 +1617,7 @@ def next_wake(db: Tx, now: int) -> int | None:
                 "ORDER BY claimed_at DESC LIMIT 1 OFFSET %s",
                 (db.inbox, now - DAY, limit - 1),
             ).fetchone()
-            if oldest_counted is not None:
-                pending = max(pending, oldest_counted[0] + DAY)
+            pending = when_runs_allow(pending, oldest_counted and oldest_counted[0])
         candidates.append(pending)
     if not get_meta(db, "outbox_held"):
         candidates += [
@@ -1663,8 +1629,7 @@ def next_wake(db: Tx, now: int) -> int | None:
                 (db.inbox,),
             )[0],
         ]
-    known = [c for c in candidates if c is not None]
-    return min(known) if known else None
+    return earliest(candidates)
 
 
 # --- only on PostgreSQL ---------------------------------------------------------------------

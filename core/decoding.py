@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 from .clock import MAX_DURATION, MAX_TIME
 from .records import AuditEntry, Delivery, Effect, Event, Message, Run, Timer
+from .settings import Settings
 
 EVENT_COLUMNS = (
     "id, source, source_id, payload, status, attempts, claim_gen, error, created, "
@@ -62,6 +63,18 @@ def reason(exc: BaseException) -> str:
 def not_fired(exc: BaseException) -> str:
     """What a set-aside timer's `broken` column says."""
     return "set aside, not fired: " + reason(exc)
+
+
+_settings_cache: dict[str, Settings] = {}
+
+
+def settings_from(text: str) -> Settings:
+    """The settings stored as `text` (decoded once per distinct text: every transaction
+    reads them)."""
+    cached = _settings_cache.get(text)
+    if cached is None:
+        cached = _settings_cache[text] = Settings.from_json(text)
+    return cached
 
 
 def event_from_row(row: Sequence[Any], strict: bool = False) -> Event:

@@ -78,6 +78,15 @@ def resumption(approval: Approval, answer: str) -> dict[str, str]:
 # --- deliveries -----------------------------------------------------------------------------
 
 
+class Unsendable(Exception):
+    """A delivery no valid call could have made (its attempts, its messages): the store
+    rolls back what it began and sets the delivery aside with `why`."""
+
+    def __init__(self, delivery_id: int, why: str) -> None:
+        super().__init__(why)
+        self.delivery_id, self.why = delivery_id, why
+
+
 def delivery_key(uid: object, delivery_id: int) -> str:
     """The idempotency key a send carries: this inbox's uid and the delivery's id."""
     return f"onwatch-{uid}-{delivery_id}"

@@ -36,6 +36,7 @@ from .plans import (
     DAY,
     DELIVERY_STATES as DELIVERY_STATES,  # the Inbox checks an operator's words against these
     SETTLE_OUTCOMES as SETTLE_OUTCOMES,
+    Unsendable,
     answering,
     change_refused,
     earliest,
@@ -67,6 +68,7 @@ from .decoding import (
     not_fired,
     reason as _reason,
     run_from_row,
+    settings_from as _settings_from,
     shown_status,
     timer_from_row,
 )
@@ -92,21 +94,12 @@ def _placeholders(values: Sequence[Any]) -> str:
 
 # --- settings and flags ---------------------------------------------------------------------
 
-_settings_cache: dict[str, Settings] = {}
-
 
 def load_settings(db: sqlite3.Connection) -> Settings:
     row = db.execute("SELECT json FROM settings WHERE id = 1").fetchone()
     if row is None:
         return Settings()
     return _settings_from(row[0])
-
-
-def _settings_from(text: str) -> Settings:
-    cached = _settings_cache.get(text)
-    if cached is None:
-        cached = _settings_cache[text] = Settings.from_json(text)
-    return cached
 
 
 def store_settings(db: sqlite3.Connection, settings: Settings) -> None:
@@ -1019,7 +1012,7 @@ def begin_delivery(
             picked = _begin_delivery(db, now, flush)
             db.execute("RELEASE begin_delivery")
             return picked
-        except _BrokenDelivery as exc:
+        except Unsendable as exc:
             db.execute("ROLLBACK TO begin_delivery")
             db.execute("RELEASE begin_delivery")
             db.execute(
@@ -1031,12 +1024,6 @@ def begin_delivery(
             )
             _set_aside_counted(db)
     return None
-
-
-class _BrokenDelivery(Exception):
-    def __init__(self, delivery_id: int, why: str) -> None:
-        super().__init__(why)
-        self.delivery_id, self.why = delivery_id, why
 
 
 def _begin_delivery(
@@ -1063,7 +1050,7 @@ def _begin_delivery(
         ).fetchone()[0]
         unsendable = unsendable_attempt(attempt)
         if unsendable is not None:
-            raise _BrokenDelivery(delivery_id, unsendable)
+            raise Unsendable(delivery_id, unsendable)
     else:
         # A message row no valid call could have written (a body that is not text) is set
         # aside before it joins a delivery: it would fail every send of its neighbours.
@@ -1096,7 +1083,7 @@ def _begin_delivery(
     ]
     unsendable = unsendable_messages(bodies)
     if unsendable is not None:
-        raise _BrokenDelivery(delivery_id, unsendable)
+        raise Unsendable(delivery_id, unsendable)
     return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies), attempt)
 
 

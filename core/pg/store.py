@@ -64,6 +64,7 @@ from ..decoding import (
     not_fired,
     reason as _reason,
     run_from_row,
+    settings_from,
     shown_status,
     timer_from_row,
 )
@@ -71,6 +72,7 @@ from ..store import ingest_group
 from .. import plans
 from ..plans import (
     DAY,
+    Unsendable,
     answering,
     change_refused,
     earliest,
@@ -108,17 +110,12 @@ META_COLUMNS = {
 
 # --- settings and flags ---------------------------------------------------------------------
 
-_settings_cache: dict[str, Settings] = {}
-
 
 def load_settings(db: Tx) -> Settings:
     row = db.row or db.execute("SELECT settings FROM inboxes WHERE id = %s", (db.inbox,)).fetchone()
     if row is None or row[0] is None:
         return Settings()
-    cached = _settings_cache.get(row[0])
-    if cached is None:
-        cached = _settings_cache[row[0]] = Settings.from_json(row[0])
-    return cached
+    return settings_from(row[0])
 
 
 load_settings.one_statement = True  # type: ignore[attr-defined] # see db.read_transaction
@@ -1038,7 +1035,7 @@ def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, i
             picked = _begin_delivery(db, now, flush)
             db.execute("RELEASE begin_delivery")
             return picked
-        except _BrokenDelivery as exc:
+        except Unsendable as exc:
             db.execute("ROLLBACK TO begin_delivery")
             db.execute("RELEASE begin_delivery")
             db.execute(
@@ -1052,12 +1049,6 @@ def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, i
             )
             _set_aside_counted(db)
     return None
-
-
-class _BrokenDelivery(Exception):
-    def __init__(self, delivery_id: int, why: str) -> None:
-        super().__init__(why)
-        self.delivery_id, self.why = delivery_id, why
 
 
 def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, int] | None:
@@ -1074,7 +1065,7 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
     if retry is not None:
         delivery_id = retry[0]
         if not 0 <= retry[1] < MAX_COUNT:  # one more would overflow the column: an error
-            raise _BrokenDelivery(delivery_id, not_a_count(retry[1]))
+            raise Unsendable(delivery_id, not_a_count(retry[1]))
         attempt = db.one(
             "UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
             "retry_after = %s WHERE inbox_id = %s AND id = %s RETURNING attempts",
@@ -1082,7 +1073,7 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
         )[0]
         unsendable = unsendable_attempt(attempt)
         if unsendable is not None:
-            raise _BrokenDelivery(delivery_id, unsendable)
+            raise Unsendable(delivery_id, unsendable)
     else:
         attempt = 1
         last = get_meta(db, "last_paced_send")
@@ -1113,7 +1104,7 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
     ]
     unsendable = unsendable_messages(bodies)
     if unsendable is not None:
-        raise _BrokenDelivery(delivery_id, unsendable)
+        raise Unsendable(delivery_id, unsendable)
     return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies), attempt)
 
 

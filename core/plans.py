@@ -204,6 +204,12 @@ def change_refused(
     return f"cannot {action} a {before} event (only {' or '.join(allowed)})"
 
 
+def buried_by(actor: str, reason: str | None) -> str:
+    """The error an event an operator sent to dead keeps: the Dead pane and `onwatch show`
+    read it to say who buried it, and why."""
+    return f"sent to dead by {actor}" + (f": {reason}" if reason else "")
+
+
 # --- overview and wake-ups ------------------------------------------------------------------
 
 

@@ -38,6 +38,7 @@ from .plans import (
     SETTLE_OUTCOMES as SETTLE_OUTCOMES,
     Unsendable,
     answering,
+    buried_by,
     change_refused,
     earliest,
     effect_event,
@@ -1239,9 +1240,7 @@ def change_event(
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
         args: tuple[str, ...] = ()
         if after == "dead":
-            # The Dead pane and `onwatch show` read the event's error: say who buried it, why.
-            extra = ", error = ?"
-            args = (f"sent to dead by {actor}" + (f": {reason}" if reason else ""),)
+            extra, args = ", error = ?", (buried_by(actor, reason),)
         cursor = db.execute(
             f"UPDATE events SET status = ?, available_at = ?, updated = ?{extra} "
             f"WHERE id = ? AND status = ?",

@@ -74,6 +74,7 @@ from ..plans import (
     DAY,
     Unsendable,
     answering,
+    buried_by,
     change_refused,
     earliest,
     effect_event,
@@ -1273,10 +1274,13 @@ def change_event(
     applied = applied and not pruned
     if applied:
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
+        args: tuple[str, ...] = ()
+        if after == "dead":
+            extra, args = ", error = %s", (buried_by(actor, reason),)
         cursor = db.execute(
             f"UPDATE events SET status = %s, available_at = %s, updated = %s{extra} "
             f"WHERE inbox_id = %s AND id = %s AND status = %s",
-            (after, now, now, db.inbox, event_id, seen),
+            (after, now, now, *args, db.inbox, event_id, seen),
         )
         applied = cursor.rowcount == 1
     why = reason if applied else change_refused(before, expect, bool(pruned), action, allowed)

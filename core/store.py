@@ -2,7 +2,9 @@
 
 Each function takes a `sqlite3.Connection` already inside the right transaction (see
 core/db.py) and is named for the rule it enforces. Nothing here awaits, sends, or calls the
-agent: a transaction is short by construction.
+agent: a transaction is short by construction. What a function decides from the rows it read
+is decided in core/decoding.py, core/timing.py and core/plans.py, shared with the
+PostgreSQL store (core/pg/store.py): here are the statements and the glue.
 """
 
 from __future__ import annotations
@@ -13,47 +15,6 @@ import sqlite3
 from typing import Any, Callable, Iterable, Sequence
 
 from .clock import MAX_COUNT, MAX_DURATION, MAX_TIME
-from .errors import BadInput, BudgetExceeded, InboxError
-from .records import (
-    Approval,
-    AuditEntry,
-    Delivery,
-    Effect,
-    Event,
-    FollowUp,
-    Lease,
-    LeaseChange,
-    Message,
-    Overview,
-    Reply,
-    Run,
-    Timer,
-    ApprovalRequest,
-)
-from .settings import Settings
-from . import plans
-from .plans import (
-    DAY,
-    DELIVERY_STATES as DELIVERY_STATES,  # the Inbox checks an operator's words against these
-    SETTLE_OUTCOMES as SETTLE_OUTCOMES,
-    Unsendable,
-    answering,
-    buried_by,
-    change_refused,
-    earliest,
-    effect_event,
-    when_runs_allow,
-    expiring,
-    late_outcome,
-    next_paced_send,
-    paced_now,
-    resumption,
-    send_outcome,
-    settling,
-    unsendable_attempt,
-    unsendable_messages,
-)
-from .timing import EventRow, approval_timer, firing, plain_occurrence
 from .decoding import (
     DECODE_ERRORS,
     EVENT_COLUMNS,
@@ -73,6 +34,47 @@ from .decoding import (
     shown_status,
     timer_from_row,
 )
+from .errors import BadInput, BudgetExceeded, InboxError
+from . import plans
+from .plans import (
+    DAY,
+    DELIVERY_STATES as DELIVERY_STATES,  # the Inbox checks an operator's words against these
+    SETTLE_OUTCOMES as SETTLE_OUTCOMES,
+    answering,
+    buried_by,
+    change_refused,
+    earliest,
+    effect_event,
+    expiring,
+    late_outcome,
+    next_paced_send,
+    paced_now,
+    resumption,
+    send_outcome,
+    settling,
+    Unsendable,
+    unsendable_attempt,
+    unsendable_messages,
+    when_runs_allow,
+)
+from .records import (
+    Approval,
+    AuditEntry,
+    Delivery,
+    Effect,
+    Event,
+    FollowUp,
+    Lease,
+    LeaseChange,
+    Message,
+    Overview,
+    Reply,
+    Run,
+    Timer,
+    ApprovalRequest,
+)
+from .settings import Settings
+from .timing import approval_timer, EventRow, firing, plain_occurrence
 
 # Row errors that mean "this stored row is not something the engine can process" (a row
 # written by hand or by another version): the row is set aside with the reason, the pass

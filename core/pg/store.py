@@ -2,8 +2,10 @@
 
 Each function takes a `Tx` (core/pg/db.py: the connection and the id of the inbox it works
 on) already inside the right transaction, and has the name and arguments of its twin in
-core/store.py, so everything above the SQL (core/inbox.py, the worker) is shared. Every
-statement is scoped to `tx.inbox`: one database holds many inboxes.
+core/store.py, so everything above the SQL (core/inbox.py, the worker) is shared, and so
+are the decisions around it (core/decoding.py, core/timing.py, core/plans.py): here are the
+statements and the glue. Every statement is scoped to `tx.inbox`: one database holds many
+inboxes.
 
 Isolation: READ COMMITTED plus one explicit row lock, not SERIALIZABLE plus retry.
 Every write transaction starts with `SELECT … FROM inboxes WHERE id = … FOR UPDATE`
@@ -30,26 +32,6 @@ from typing import Any, Iterable, Sequence
 import psycopg
 
 from ..clock import MAX_COUNT
-from ..errors import BadInput, BudgetExceeded
-from ..records import (
-    Approval,
-    AuditEntry,
-    Delivery,
-    Effect,
-    Event,
-    FollowUp,
-    Lease,
-    LeaseChange,
-    Message,
-    Overview,
-    Reply,
-    Run,
-    Timer,
-    ApprovalRequest,
-)
-from ..settings import Settings
-
-# Decoding and the checks of a stored row are plain Python, shared with the file backend.
 from ..decoding import (
     DECODE_ERRORS,
     EVENT_COLUMNS,
@@ -68,17 +50,15 @@ from ..decoding import (
     shown_status,
     timer_from_row,
 )
-from ..store import ingest_group
+from ..errors import BadInput, BudgetExceeded
 from .. import plans
 from ..plans import (
     DAY,
-    Unsendable,
     answering,
     buried_by,
     change_refused,
     earliest,
     effect_event,
-    when_runs_allow,
     expiring,
     late_outcome,
     next_paced_send,
@@ -87,9 +67,29 @@ from ..plans import (
     resumption,
     send_outcome,
     settling,
+    Unsendable,
     unsendable_attempt,
     unsendable_messages,
+    when_runs_allow,
 )
+from ..records import (
+    Approval,
+    AuditEntry,
+    Delivery,
+    Effect,
+    Event,
+    FollowUp,
+    Lease,
+    LeaseChange,
+    Message,
+    Overview,
+    Reply,
+    Run,
+    Timer,
+    ApprovalRequest,
+)
+from ..settings import Settings
+from ..store import ingest_group  # the group commit's savepoints, the same on both
 from ..timing import approval_timer, firing
 from .db import Tx
 

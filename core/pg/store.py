@@ -901,6 +901,7 @@ def _fire(db: Tx, timer: Timer, now: int, catch_up_limit: int) -> None:
 
 def next_timer_due(db: Tx) -> int | None:
     """The earliest due of the timers the scheduler can fire (set-aside ones never fire)."""
+    # No typeof() filter as on SQLite: the column is bigint, a hand edit cannot store text.
     due: int | None = db.one(
         "SELECT min(due) FROM timers WHERE inbox_id = %s AND broken IS NULL", (db.inbox,)
     )[0]

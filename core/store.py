@@ -2,7 +2,9 @@
 
 Each function takes a `sqlite3.Connection` already inside the right transaction (see
 core/db.py) and is named for the rule it enforces. Nothing here awaits, sends, or calls the
-agent: a transaction is short by construction.
+agent: a transaction is short by construction. What a function decides from the rows it read
+is decided in core/decoding.py, core/timing.py and core/plans.py, shared with the
+PostgreSQL store (core/pg/store.py): here are the statements and the glue.
 """
 
 from __future__ import annotations
@@ -13,7 +15,48 @@ import sqlite3
 from typing import Any, Callable, Iterable, Sequence
 
 from .clock import MAX_COUNT, MAX_DURATION, MAX_TIME
+from .decoding import (
+    DECODE_ERRORS,
+    EVENT_COLUMNS,
+    TIMER_COLUMNS,
+    audit_entry_from_row,
+    checked_timer,
+    delivery_from_row,
+    effect_from_row,
+    event_from_row,
+    event_ids,
+    is_int as _is_int,
+    message_from_row,
+    not_fired,
+    reason as _reason,
+    run_from_row,
+    settings_from as _settings_from,
+    shown_status,
+    timer_from_row,
+)
 from .errors import BadInput, BudgetExceeded, InboxError
+from . import plans
+from .plans import (
+    DAY,
+    DELIVERY_STATES as DELIVERY_STATES,  # the Inbox checks an operator's words against these
+    SETTLE_OUTCOMES as SETTLE_OUTCOMES,
+    answering,
+    buried_by,
+    change_refused,
+    earliest,
+    effect_event,
+    expiring,
+    late_outcome,
+    next_paced_send,
+    paced_now,
+    resumption,
+    send_outcome,
+    settling,
+    Unsendable,
+    unsendable_attempt,
+    unsendable_messages,
+    when_runs_allow,
+)
 from .records import (
     Approval,
     AuditEntry,
@@ -31,80 +74,14 @@ from .records import (
     ApprovalRequest,
 )
 from .settings import Settings
+from .timing import approval_timer, EventRow, firing, plain_occurrence
 
-_JSON_STRING = json.encoder.encode_basestring_ascii  # what json.dumps does with a str
-_JSON_DECODE = json.JSONDecoder().decode  # json.loads of a str, without its type checks
-
-DAY = 86_400
-EVENT_COLUMNS = (
-    "id, source, source_id, payload, status, attempts, claim_gen, error, created, "
-    "updated, available_at, claimed_at, run_id"
-)
-TIMER_COLUMNS = (
-    "id, due, every, catch_up, payload, key_source, key_id, last_fired, "
-    "last_skipped, overflow, kind, broken"
-)
 # Row errors that mean "this stored row is not something the engine can process" (a row
 # written by hand or by another version): the row is set aside with the reason, the pass
 # goes on. Anything else (disk, locks) still stops the transaction.
-ROW_ERRORS = (
-    ValueError,
-    TypeError,
-    OverflowError,
-    KeyError,
-    IndexError,
-    AttributeError,
-    RecursionError,
-    sqlite3.IntegrityError,
-)
-
-
-# --- decoding -------------------------------------------------------------------------------
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _shown(text: Any) -> Any:
-    """Decoded JSON for a listing; a stored value that does not decode (a row edited by
-    hand) is shown as it is stored instead of failing the whole list."""
-    try:
-        return _loads(text)
-    except ROW_ERRORS:
-        return text
-
-
-def event_from_row(row: Sequence[Any], strict: bool = False) -> Event:
-    """The event in `row`; strict (for a claim), a payload that does not decode raises."""
-    payload = _loads(row[3]) if strict else _shown(row[3])
-    return Event(
-        row[0],
-        row[1],
-        row[2],
-        payload,
-        row[4],
-        row[5],
-        row[6],
-        row[7],
-        row[8],
-        row[9],
-        row[10],
-        row[11],
-        row[12],
-    )
-
-
-def timer_from_row(row: Sequence[Any]) -> Timer:
-    key = (row[5], row[6]) if row[5] is not None else None
-    payload = _shown(row[4])  # the scheduler sets aside a timer whose payload does not decode
-    return Timer(
-        row[0], row[1], row[2], row[3], payload, key, row[7], row[8], row[9], row[10], row[11]
-    )
-
-
-def _is_int(value: Any, low: int, high: int) -> bool:
-    return type(value) is int and low <= value <= high
+ROW_ERRORS = DECODE_ERRORS + (sqlite3.IntegrityError,)
+_JSON_STRING = json.encoder.encode_basestring_ascii  # what json.dumps does with a str
+_JSON_DECODE = json.JSONDecoder().decode  # json.loads of a str, without its type checks
 
 
 def _set_aside_counted(db: sqlite3.Connection) -> None:
@@ -114,17 +91,11 @@ def _set_aside_counted(db: sqlite3.Connection) -> None:
     )
 
 
-def _reason(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {str(exc)[:300]}"
-
-
 def _placeholders(values: Sequence[Any]) -> str:
     return ",".join("?" * len(values))
 
 
 # --- settings and flags ---------------------------------------------------------------------
-
-_settings_cache: dict[str, Settings] = {}
 
 
 def load_settings(db: sqlite3.Connection) -> Settings:
@@ -132,13 +103,6 @@ def load_settings(db: sqlite3.Connection) -> Settings:
     if row is None:
         return Settings()
     return _settings_from(row[0])
-
-
-def _settings_from(text: str) -> Settings:
-    cached = _settings_cache.get(text)
-    if cached is None:
-        cached = _settings_cache[text] = Settings.from_json(text)
-    return cached
 
 
 def store_settings(db: sqlite3.Connection, settings: Settings) -> None:
@@ -796,21 +760,12 @@ def run_scheduler(db: sqlite3.Connection, now: int) -> int:
         # back and set aside with the reason, and the other timers still fire.
         db.execute("SAVEPOINT fire_timer")
         try:
-            timer = _checked_timer(row)
-            if timer.every is None:
-                _fire_once(db, timer, now)
-            elif timer.catch_up == "coalesce":
-                _fire_coalesced(db, timer, timer.every, now)
-            else:
-                _fire_each(db, timer, timer.every, now, settings.catch_up_limit)
+            _fire(db, checked_timer(row), now, settings.catch_up_limit)
             db.execute("RELEASE fire_timer")
         except ROW_ERRORS as exc:
             db.execute("ROLLBACK TO fire_timer")
             db.execute("RELEASE fire_timer")
-            db.execute(
-                "UPDATE timers SET broken = ? WHERE id = ?",
-                ("set aside, not fired: " + _reason(exc), row[0]),
-            )
+            db.execute("UPDATE timers SET broken = ? WHERE id = ?", (not_fired(exc), row[0]))
             _set_aside_counted(db)
     return len(due)
 
@@ -820,9 +775,7 @@ _INSERT_EVENTS_VALUES = (
 )
 _ON_KEY_DO_NOTHING = " ON CONFLICT(source, source_id) DO NOTHING"
 _INSERT_EVENTS = _INSERT_EVENTS_VALUES + "(?, ?, ?, ?, ?, ?)" + _ON_KEY_DO_NOTHING
-# An events row for _INSERT_EVENTS: (source, source_id, payload, available_at, created,
-# updated). A timers row as read is a tuple[Any, ...]: checked before it is trusted.
-_EventRow = tuple[str, str, str, int, int, int]
+# A timers row as read is a tuple[Any, ...]: checked before it is trusted.
 
 
 def _fire_plain_runs(
@@ -830,17 +783,17 @@ def _fire_plain_runs(
 ) -> Iterable[tuple[Any, ...]]:
     """Fire each run of consecutive valid one-shot plain timers (the common case, thousands
     in a pass) with multi-row statements, and yield every other row, in order, to the
-    per-row path. Rows are checked here first, the same checks as `_checked_timer` (the
-    payload proven to be JSON, see `_plain_occurrence`); the occurrence's JSON is built
+    per-row path. Rows are checked here first, the same checks as `checked_timer` (the
+    payload proven to be JSON, see `plain_occurrence`); the occurrence's JSON is built
     around the payload's stored text instead of decoding and encoding it again. No
     savepoint around a run (it would double the cost of the inserts): if the events table
     refuses a row (say a key its CHECK forbids), the rows before it stand, the refused one
     goes to the per-row path, which sets it aside with the reason, and the rest of the run
     goes on."""
     batch: list[tuple[Any, ...]] = []
-    events: list[_EventRow] = []
+    events: list[EventRow] = []
     for index, row in enumerate(due):
-        event = _plain_occurrence(row, now)
+        event = plain_occurrence(row, now, row[12] == 1)  # row[12]: json_valid(payload)
         if event is not None:
             batch.append(row)
             events.append(event)
@@ -860,7 +813,7 @@ def _fire_plain_runs(
             yield row
 
 
-def _insert_until_refused(db: sqlite3.Connection, events: list[_EventRow]) -> int:
+def _insert_until_refused(db: sqlite3.Connection, events: list[EventRow]) -> int:
     """Insert `events` in order; return how many went in before a row the table refused
     (len(events) if none was); that row and the ones after it are not stored.
 
@@ -881,7 +834,7 @@ def _insert_until_refused(db: sqlite3.Connection, events: list[_EventRow]) -> in
         except ROW_ERRORS:
             fed = 0
 
-            def feed() -> Iterable[_EventRow]:
+            def feed() -> Iterable[EventRow]:
                 nonlocal fed
                 for event in chunk:  # executemany binds and steps one row, then the next  # noqa: B023 - called within this iteration
                     fed += 1
@@ -895,141 +848,25 @@ def _insert_until_refused(db: sqlite3.Connection, events: list[_EventRow]) -> in
     return done
 
 
-def _plain_occurrence(row: Sequence[Any], now: int) -> _EventRow | None:
-    """The event row (source, source_id, payload, now, now, now) a valid one-shot plain
-    timer fires, its payload `json.dumps` of `_occurrence`'s dict (with the stored payload
-    text as the data, which decodes to the same value); None for any other row: recurring,
-    an approval's expiry, or anything `_checked_timer` would refuse."""
-    timer_id, due, every, catch_up, payload, key_source, key_id, last_fired, _, overflow, kind = (
-        row[:11]
-    )
-    if (
-        every is not None
-        or kind != "timer"
-        or type(timer_id) is not str
-        or not _is_int(due, 0, MAX_TIME)
-        or catch_up not in ("coalesce", "each")
-        or not _is_int(overflow, 0, 1 << 62)
-        or (last_fired is not None and not _is_int(last_fired, 0, MAX_TIME))
-    ):
-        return None
-    if key_source is None:
-        source, source_id = "timer", f"{timer_id}@{due}"
-    elif type(key_source) is str and type(key_id) is str:
-        source, source_id = key_source, key_id
-    else:
-        return None
-    if payload is None:
-        data = "null"
-    elif type(payload) is str:
-        # Never spliced unless it is one whole JSON value that Python's decoder takes.
-        # SQLite's json_valid (row[12], strict RFC 8259) answers in C; it is stricter than
-        # Python's decoder (no NaN: those are decoded here) except for nesting, which Python
-        # refuses past its recursion limit: a payload with many brackets is decoded here.
-        if row[12] != 1 or payload.count("[") + payload.count("{") > 100:
-            try:
-                _JSON_DECODE(payload)
-            except ROW_ERRORS:
-                return None
-        data = payload
-    else:
-        return None
-    text = (
-        f'{{"timer": {_JSON_STRING(timer_id)}, "scheduled_for": {due}, '
-        f'"late_by": {now - due}, "skipped": 0, "data": {data}}}'
-    )
-    return source, source_id, text, now, now, now
-
-
-def _checked_timer(row: Sequence[Any]) -> Timer:
-    """The timer in `row`, or ValueError naming what no valid call could have stored."""
-    timer = timer_from_row(row)
-    if not _is_int(timer.due, 0, MAX_TIME):
-        raise ValueError(f"due is {str(timer.due)[:40]!r}, not a time")
-    if timer.every is not None and not _is_int(timer.every, 1, MAX_DURATION):
-        raise ValueError(f"every is {str(timer.every)[:40]!r}, not a duration")
-    if timer.last_fired is not None and not _is_int(timer.last_fired, 0, MAX_TIME):
-        raise ValueError(f"last_fired is {str(timer.last_fired)[:40]!r}, not a time")
-    if not _is_int(timer.overflow, 0, 1 << 62):
-        raise ValueError(f"overflow is {str(timer.overflow)[:40]!r}, not a count")
-    if timer.catch_up not in ("coalesce", "each"):
-        raise ValueError(f"catch_up is {str(timer.catch_up)[:40]!r}")
-    if isinstance(row[4], str):
-        json.loads(row[4])  # raises if the payload is not JSON
-    return timer
-
-
-def _first_unfired(timer: Timer) -> int:
-    """The first scheduled time not yet turned into an event. A recurring timer whose
-    definition was registered again (same or earlier due) keeps what it already fired, so
-    those occurrences (and their overflow) are not counted a second time."""
-    due, every = timer.due, timer.every
-    if every is not None and timer.last_fired is not None and due <= timer.last_fired:
-        due += ((timer.last_fired - due) // every + 1) * every
-    return due
-
-
-def _occurrence(
-    timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any
-) -> dict[str, Any]:
-    return {
-        "timer": timer.id,
-        "scheduled_for": scheduled,
-        "late_by": now - scheduled,
-        "skipped": skipped,
-        "data": timer.payload,
-        **extra,
-    }
-
-
-def _fire_once(db: sqlite3.Connection, timer: Timer, now: int) -> None:
-    if timer.kind == "approval":
+def _fire(db: sqlite3.Connection, timer: Timer, now: int, catch_up_limit: int) -> None:
+    """Write what core/timing.py plans for one due timer; an approval's expiry answers it."""
+    if timer.every is None and timer.kind == "approval":
         _expire(db, timer.payload["request_id"], now, "scheduler")
+        db.execute("DELETE FROM timers WHERE id = ?", (timer.id,))
+        return
+    plan = firing(timer, now, catch_up_limit)
+    for source, source_id, payload in plan.events:
+        _insert_event(db, source, source_id, payload, now)
+    if plan.due is None:
+        db.execute("DELETE FROM timers WHERE id = ?", (timer.id,))
+    elif plan.fired is None:
+        db.execute("UPDATE timers SET due = ? WHERE id = ?", (plan.due, timer.id))
     else:
-        source, source_id = timer.key or ("timer", f"{timer.id}@{timer.due}")
-        _insert_event(db, source, source_id, _occurrence(timer, timer.due, now, 0), now)
-    db.execute("DELETE FROM timers WHERE id = ?", (timer.id,))
-
-
-def _fire_coalesced(db: sqlite3.Connection, timer: Timer, every: int, now: int) -> None:
-    due = _first_unfired(timer)
-    if due > now:
-        db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer.id))
-        return
-    timer = dataclasses.replace(timer, due=due)
-    missed = (now - timer.due) // every  # occurrences before the latest one
-    latest = timer.due + missed * every
-    _insert_event(db, "timer", f"{timer.id}@{latest}", _occurrence(timer, latest, now, missed), now)
-    db.execute(
-        "UPDATE timers SET due = ?, last_fired = ?, last_skipped = ? WHERE id = ?",
-        (latest + every, latest, missed, timer.id),
-    )
-
-
-def _fire_each(db: sqlite3.Connection, timer: Timer, every: int, now: int, limit: int) -> None:
-    due = _first_unfired(timer)
-    if due > now:
-        db.execute("UPDATE timers SET due = ? WHERE id = ?", (due, timer.id))
-        return
-    timer = dataclasses.replace(timer, due=due)
-    count = (now - timer.due) // every + 1
-    overflow = max(count - limit, 0)
-    first = timer.due + overflow * every  # the newest `limit` occurrences get events
-    latest = timer.due + (count - 1) * every
-    for index, scheduled in enumerate(range(first, latest + 1, every)):
-        extra = {"overflow": overflow} if index == 0 and overflow else {}
-        _insert_event(
-            db,
-            "timer",
-            f"{timer.id}@{scheduled}",
-            _occurrence(timer, scheduled, now, 0, **extra),
-            now,
+        db.execute(
+            "UPDATE timers SET due = ?, last_fired = ?, last_skipped = ?, "
+            "overflow = overflow + ? WHERE id = ?",
+            (plan.due, plan.fired, plan.skipped, plan.overflow, timer.id),
         )
-    db.execute(
-        "UPDATE timers SET due = ?, last_fired = ?, last_skipped = ?, "
-        "overflow = overflow + ? WHERE id = ?",
-        (latest + every, latest, overflow, overflow, timer.id),
-    )
 
 
 def next_timer_due(db: sqlite3.Connection) -> int | None:
@@ -1063,7 +900,7 @@ def request_approval(
     if inserted:
         add_timer(
             db,
-            f"approval:{request_id}",
+            approval_timer(request_id),
             now + expires_in,
             {"request_id": request_id},
             None,
@@ -1090,95 +927,42 @@ def answer_approval(
 ) -> str:
     """Store the first answer unless the deadline has passed; return the answer that stands."""
     approval = get_approval(db, request_id)
-    if approval is None:
-        audit(
-            db,
-            now,
-            actor,
-            "approve" if answer == "yes" else "deny",  # the action's one name
-            f"approval {request_id}",
-            None,
-            None,
-            False,
-            reason or "no such request",
-        )
-        return "unknown"
-    if approval.answer is not None:
-        audit(
-            db,
-            now,
-            actor,
-            "approve" if answer == "yes" else "deny",  # the action's one name
-            f"approval {request_id}",
-            approval.answer,
-            approval.answer,
-            False,
-            reason or "already answered",
-        )
-        return approval.answer
-    if not _is_int(approval.due, 0, MAX_TIME + MAX_DURATION) or now >= approval.due:
-        # (a deadline that is not a time, written by hand, counts as passed)
-        _expire(db, request_id, now, actor)
-        audit(
-            db,
-            now,
-            actor,
-            "approve" if answer == "yes" else "deny",  # the action's one name
-            f"approval {request_id}",
-            "waiting",
-            "expired",
-            False,
-            reason or f"too late: deadline was {approval.due}",
-        )
-        return "expired"
-    _store_answer(db, approval, answer, now, actor)
+    verdict = answering(approval, answer, now)
+    if approval is not None and verdict.write is not None:
+        _store_answer(db, approval, verdict.write, now, actor)
     audit(
         db,
         now,
         actor,
         "approve" if answer == "yes" else "deny",  # the action's one name
         f"approval {request_id}",
-        "waiting",
-        answer,
-        True,
-        reason,
+        verdict.before,
+        verdict.after,
+        verdict.refused is None,
+        verdict.reason(reason),
     )
-    return answer
+    return verdict.stands
 
 
 def expire_approval(
     db: sqlite3.Connection, request_id: str, now: int, actor: str, reason: str | None
 ) -> str:
     approval = get_approval(db, request_id)
-    if approval is None:
-        audit(
-            db,
-            now,
-            actor,
-            "expire",
-            f"approval {request_id}",
-            None,
-            None,
-            False,
-            reason or "no such request",
-        )
-        return "unknown"
-    if approval.answer is not None:
-        audit(
-            db,
-            now,
-            actor,
-            "expire",
-            f"approval {request_id}",
-            approval.answer,
-            approval.answer,
-            False,
-            reason or "already answered",
-        )
-        return approval.answer
-    _expire(db, request_id, now, actor)
-    audit(db, now, actor, "expire", f"approval {request_id}", "waiting", "expired", True, reason)
-    return "expired"
+    verdict = expiring(approval)
+    if approval is not None and verdict.write is not None:
+        _store_answer(db, approval, verdict.write, now, actor)
+    audit(
+        db,
+        now,
+        actor,
+        "expire",
+        f"approval {request_id}",
+        verdict.before,
+        verdict.after,
+        verdict.refused is None,
+        verdict.reason(reason),
+    )
+    return verdict.stands
 
 
 def _expire(db: sqlite3.Connection, request_id: str, now: int, actor: str) -> None:
@@ -1200,16 +984,14 @@ def _store_answer(
         db,
         "approval",
         approval.request_id,
-        {"request_id": approval.request_id, "answer": answer, "action": approval.action},
+        resumption(approval, answer),
         now,
     )
-    db.execute("DELETE FROM timers WHERE id = ?", (f"approval:{approval.request_id}",))
+    db.execute("DELETE FROM timers WHERE id = ?", (approval_timer(approval.request_id),))
 
 
 # --- outbox ---------------------------------------------------------------------------------
 
-DELIVERY_STATES = ("sending", "failed", "sent", "dead", "uncertain")
-SETTLE_OUTCOMES = ("sent", "send again")
 # An at-most-once delivery still 'sending' after its send_timeout was cut off mid-send: it
 # may or may not have gone out. It is never sent again by itself; an operator settles it.
 # (The IN term lets SQLite use the partial index of open deliveries, never a scan.)
@@ -1233,7 +1015,7 @@ def begin_delivery(
             picked = _begin_delivery(db, now, flush)
             db.execute("RELEASE begin_delivery")
             return picked
-        except _BrokenDelivery as exc:
+        except Unsendable as exc:
             db.execute("ROLLBACK TO begin_delivery")
             db.execute("RELEASE begin_delivery")
             db.execute(
@@ -1245,12 +1027,6 @@ def begin_delivery(
             )
             _set_aside_counted(db)
     return None
-
-
-class _BrokenDelivery(Exception):
-    def __init__(self, delivery_id: int, why: str) -> None:
-        super().__init__(why)
-        self.delivery_id, self.why = delivery_id, why
 
 
 def _begin_delivery(
@@ -1275,10 +1051,9 @@ def _begin_delivery(
         attempt = db.execute(
             "SELECT attempts FROM deliveries WHERE id = ?", (delivery_id,)
         ).fetchone()[0]
-        if not _is_int(attempt, 1, MAX_COUNT):
-            raise _BrokenDelivery(
-                delivery_id, f"set aside, not sent: attempts is {str(attempt)[:40]!r}, not a count"
-            )
+        unsendable = unsendable_attempt(attempt)
+        if unsendable is not None:
+            raise Unsendable(delivery_id, unsendable)
     else:
         # A message row no valid call could have written (a body that is not text) is set
         # aside before it joins a delivery: it would fail every send of its neighbours.
@@ -1290,7 +1065,7 @@ def _begin_delivery(
             _set_aside_counted(db)
         attempt = 1
         last = get_meta(db, "last_paced_send")
-        paced = flush or last is None or now >= last + settings.outbox_gap
+        paced = paced_now(flush, last, settings.outbox_gap, now)
         waiting = "status = 'held' AND delivery_id IS NULL" + ("" if paced else " AND urgent = 1")
         if db.execute(f"SELECT 1 FROM outbox WHERE {waiting} LIMIT 1").fetchone() is None:
             return None
@@ -1309,15 +1084,14 @@ def _begin_delivery(
             "SELECT body FROM outbox WHERE delivery_id = ? ORDER BY id", (delivery_id,)
         )
     ]
-    if not bodies or not all(isinstance(body, str) for body in bodies):
-        raise _BrokenDelivery(
-            delivery_id, "set aside, not sent: its messages are missing or not text"
-        )
+    unsendable = unsendable_messages(bodies)
+    if unsendable is not None:
+        raise Unsendable(delivery_id, unsendable)
     return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies), attempt)
 
 
 def delivery_key(db: sqlite3.Connection, delivery_id: int) -> str:
-    return f"onwatch-{get_meta(db, 'uid')}-{delivery_id}"
+    return plans.delivery_key(get_meta(db, "uid"), delivery_id)
 
 
 def end_delivery(
@@ -1330,8 +1104,9 @@ def end_delivery(
     row = db.execute(
         "SELECT status, attempts, at_most_once FROM deliveries WHERE id = ?", (delivery_id,)
     ).fetchone()
-    if row is None or row[0] != "sending" or row[1] != attempt:
-        seen = "no such delivery" if row is None else f"{row[0]}, attempt {row[1]}"
+    outcome = send_outcome(row, attempt, error, settings.max_delivery_attempts)
+    if outcome == "late":
+        seen, why = late_outcome(row, attempt)
         audit(
             db,
             now,
@@ -1341,19 +1116,18 @@ def end_delivery(
             seen,
             None,
             False,
-            f"late outcome of attempt {attempt}: the delivery is {seen} now",
+            why,
         )
         _bump(db, "refused_writes")
         return False
-    _, attempts, at_most_once = row
-    if error is None:
+    if outcome == "sent":
         db.execute(
             "UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = NULL WHERE id = ?",
             (now, delivery_id),
         )
         db.execute("UPDATE outbox SET status = 'sent' WHERE delivery_id = ?", (delivery_id,))
         return True
-    if at_most_once or attempts >= settings.max_delivery_attempts:
+    if outcome == "dead":
         db.execute(
             "UPDATE deliveries SET status = 'dead', last_error = ? WHERE id = ?",
             (error, delivery_id),
@@ -1380,7 +1154,7 @@ def settle_delivery(
     messages go back to the outbox, for a new delivery under a new key). Applied only if the
     delivery is uncertain and in the state the operator saw; audited either way."""
     before = delivery_state(db, delivery_id, now)
-    applied = before == "uncertain" and before == expect
+    applied, after, why = settling(before, expect, outcome)
     if applied and outcome == "sent":
         db.execute(
             "UPDATE deliveries SET status = 'sent', sent_at = ?, last_error = ? WHERE id = ?",
@@ -1396,16 +1170,6 @@ def settle_delivery(
             "UPDATE outbox SET delivery_id = NULL WHERE delivery_id = ? AND status = 'held'",
             (delivery_id,),
         )
-    why = reason
-    if not applied:
-        why = (
-            "no such delivery"
-            if before is None
-            else f"changed meanwhile: it is {before} now, not {expect}"
-            if before != expect
-            else f"only an uncertain delivery can be settled (this one is {before})"
-        )
-    after = ("sent" if outcome == "sent" else "sent again") if applied else before
     audit(
         db,
         now,
@@ -1415,7 +1179,7 @@ def settle_delivery(
         before,
         after,
         applied,
-        why,
+        reason if applied else why,
     )
     return applied
 
@@ -1426,19 +1190,7 @@ def delivery_state(db: sqlite3.Connection, delivery_id: int, now: int) -> str | 
     ).fetchone()
     if row is None:
         return None
-    return _shown_status(row[0], row[1], row[2], now)
-
-
-def _shown_status(status: str, at_most_once: Any, retry_after: Any, now: int | None) -> str:
-    if (
-        status == "sending"
-        and at_most_once
-        and now is not None
-        and isinstance(retry_after, int)
-        and retry_after < now
-    ):
-        return "uncertain"
-    return status
+    return shown_status(row[0], row[1], row[2], now)
 
 
 def uncertain_deliveries(db: sqlite3.Connection, now: int, limit: int) -> list[Delivery]:
@@ -1458,8 +1210,7 @@ def next_send_at(db: sqlite3.Connection) -> int | None:
     ).fetchone()
     if waiting is None:
         return None
-    last = get_meta(db, "last_paced_send")
-    return 0 if last is None else last + load_settings(db).outbox_gap
+    return next_paced_send(get_meta(db, "last_paced_send"), load_settings(db).outbox_gap)
 
 
 # --- operator actions -----------------------------------------------------------------------
@@ -1491,25 +1242,14 @@ def change_event(
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
         args: tuple[str, ...] = ()
         if after == "dead":
-            # The Dead pane and `onwatch show` read the event's error: say who buried it, why.
-            extra = ", error = ?"
-            args = (f"sent to dead by {actor}" + (f": {reason}" if reason else ""),)
+            extra, args = ", error = ?", (buried_by(actor, reason),)
         cursor = db.execute(
             f"UPDATE events SET status = ?, available_at = ?, updated = ?{extra} "
             f"WHERE id = ? AND status = ?",
             (after, now, now, *args, event_id, seen),
         )
         applied = cursor.rowcount == 1
-    why = reason
-    if not applied:
-        if before is None:
-            why = "no such event"
-        elif expect is not None and before != expect:
-            why = f"changed meanwhile: it is {before} now, not {expect}"
-        elif pruned:
-            why = "its payload was pruned; an agent cannot run on nothing"
-        else:
-            why = f"cannot {action} a {before} event (only {' or '.join(allowed)})"
+    why = reason if applied else change_refused(before, expect, bool(pruned), action, allowed)
     audit(
         db,
         now,
@@ -1581,16 +1321,7 @@ def intend_effect(
             f"run {run_id} is not an open run of this generation",
         )
         return None
-    events = list(_event_ids(run[0]))
-    if event is None and len(events) == 1:
-        event = events[0]
-    elif event is None and key is None:
-        raise BadInput(
-            f"run {run_id} has {len(events)} events; say which one effect {name!r} "
-            f"is for (event=), so that its key does not depend on the batch"
-        )
-    elif event is not None and event not in events:
-        raise BadInput(f"event {event} is not in run {run_id}")
+    event = effect_event(run_id, event_ids(run[0]), event, key, name)
     if key is None:
         assert event is not None  # no event and no key was refused above
         key = _default_effect_key(db, run_id, event, name)
@@ -1603,18 +1334,12 @@ def intend_effect(
 
 
 def _default_effect_key(db: sqlite3.Connection, run_id: int, event: int, name: str) -> str:
-    """Derived from what the effect is for (this inbox, the event, the effect's name, and
-    how many times this run intended it for that event), never from the run or how it was
-    batched: a retry of the event, alone or in another batch, gets the same keys, so a tool
-    that dedupes on them acts once."""
-    nth = (
-        db.execute(
-            "SELECT count(*) FROM effects WHERE run_id = ? AND name = ? AND event_id = ?",
-            (run_id, name, event),
-        ).fetchone()[0]
-        + 1
-    )
-    return f"onwatch-{get_meta(db, 'uid')}-ev{event}-{name}-{nth}"
+    """The key core/plans.py derives from what the effect is for (`effect_key`)."""
+    intended = db.execute(
+        "SELECT count(*) FROM effects WHERE run_id = ? AND name = ? AND event_id = ?",
+        (run_id, name, event),
+    ).fetchone()[0]
+    return plans.effect_key(get_meta(db, "uid"), event, name, intended)
 
 
 def settle_effect(db: sqlite3.Connection, key: str, state: str, now: int) -> bool:
@@ -1719,7 +1444,7 @@ def approvals(db: sqlite3.Connection, limit: int) -> list[Approval]:
 
 def held_messages(db: sqlite3.Connection, limit: int) -> list[Message]:
     return [
-        Message(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6])
+        message_from_row(r)
         for r in db.execute(
             "SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox "
             "WHERE status = 'held' ORDER BY id LIMIT ?",
@@ -1743,20 +1468,7 @@ def deliveries(
         f"{where} ORDER BY d.id {'ASC' if ids is not None else 'DESC'} LIMIT ?",
         params,
     ).fetchall()
-    return [
-        Delivery(
-            r[0],
-            delivery_key(db, r[0]),
-            _shown_status(r[1], r[8], r[9], now),
-            r[2],
-            r[3],
-            r[4],
-            r[5],
-            r[10] or r[6],
-            bool(r[7]),
-        )
-        for r in rows
-    ]
+    return [delivery_from_row(r, delivery_key(db, r[0]), now) for r in rows]
 
 
 def audit_entries(db: sqlite3.Connection, limit: int, target: str | None) -> list[AuditEntry]:
@@ -1768,7 +1480,7 @@ def audit_entries(db: sqlite3.Connection, limit: int, target: str | None) -> lis
             f"SELECT {columns} FROM audit WHERE target = ? ORDER BY id DESC LIMIT ?",
             (target, limit),
         )
-    return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in rows]
+    return [audit_entry_from_row(r) for r in rows]
 
 
 def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
@@ -1778,15 +1490,7 @@ def run_records(db: sqlite3.Connection, ids: Iterable[int]) -> list[Run]:
         f"traceback FROM runs WHERE id IN ({_placeholders(ids)}) ORDER BY id",
         ids,
     )
-    return [
-        Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
-        for r in rows
-    ]
-
-
-def _event_ids(text: Any) -> tuple[int, ...]:
-    ids = _shown(text)
-    return tuple(ids) if isinstance(ids, list) else ()
+    return [run_from_row(r) for r in rows]
 
 
 def runs_for_event(db: sqlite3.Connection, event_id: int) -> list[Run]:
@@ -1806,7 +1510,7 @@ def effects_for_run(db: sqlite3.Connection, run_ids: Sequence[int]) -> list[Effe
         f"WHERE run_id IN ({_placeholders(run_ids)}) ORDER BY id",
         list(run_ids),
     )
-    return [Effect(r[0], r[1], r[2], r[3], r[4], _shown(r[5]), r[6], r[7]) for r in rows]
+    return [effect_from_row(r) for r in rows]
 
 
 def overview(db: sqlite3.Connection, now: int) -> Overview:
@@ -1820,20 +1524,7 @@ def overview(db: sqlite3.Connection, now: int) -> Overview:
     timer_count = db.execute("SELECT count(*) FROM timers").fetchone()[0]
     runs_day = runs_since(db, now - DAY)
     pending = counts(db)
-    budgets = {
-        "max_runs_per_day": {
-            "limit": settings.max_runs_per_day,
-            "used": runs_day,
-            "excess": "delayed",
-        },
-        "max_pending": {
-            "limit": settings.max_pending,
-            "used": pending.get("pending", 0),
-            "excess": "refused",
-        },
-        "max_followups_per_run": {"limit": settings.max_followups_per_run, "excess": "refused"},
-        "max_run_seconds": {"limit": settings.max_run_seconds, "excess": "lost claim"},
-    }
+    budgets = plans.budgets(settings, runs_day, pending.get("pending", 0))
     return Overview(
         now=now,
         counts=pending,
@@ -1880,8 +1571,7 @@ def next_wake(db: sqlite3.Connection, now: int) -> int | None:
                 "LIMIT 1 OFFSET ?",
                 (now - DAY, limit - 1),
             ).fetchone()
-            if oldest_counted is not None and isinstance(oldest_counted[0], int):
-                pending = max(pending, oldest_counted[0] + DAY)
+            pending = when_runs_allow(pending, oldest_counted and oldest_counted[0])
         candidates.append(pending)
     if not get_meta(db, "outbox_held"):
         candidates += [
@@ -1892,5 +1582,4 @@ def next_wake(db: sqlite3.Connection, now: int) -> int | None:
                 "AND at_most_once = 0"
             ).fetchone()[0],
         ]
-    known = [c for c in candidates if type(c) is int]  # a hand-edited row: never a wake-up
-    return min(known) if known else None
+    return earliest(candidates)

@@ -2,8 +2,10 @@
 
 Each function takes a `Tx` (core/pg/db.py: the connection and the id of the inbox it works
 on) already inside the right transaction, and has the name and arguments of its twin in
-core/store.py, so everything above the SQL (core/inbox.py, the worker) is shared. Every
-statement is scoped to `tx.inbox`: one database holds many inboxes.
+core/store.py, so everything above the SQL (core/inbox.py, the worker) is shared, and so
+are the decisions around it (core/decoding.py, core/timing.py, core/plans.py): here are the
+statements and the glue. Every statement is scoped to `tx.inbox`: one database holds many
+inboxes.
 
 Isolation: READ COMMITTED plus one explicit row lock, not SERIALIZABLE plus retry.
 Every write transaction starts with `SELECT … FROM inboxes WHERE id = … FOR UPDATE`
@@ -30,7 +32,46 @@ from typing import Any, Iterable, Sequence
 import psycopg
 
 from ..clock import MAX_COUNT
+from ..decoding import (
+    DECODE_ERRORS,
+    EVENT_COLUMNS,
+    TIMER_COLUMNS,
+    audit_entry_from_row,
+    checked_timer,
+    delivery_from_row,
+    effect_from_row,
+    event_from_row,
+    event_ids,
+    message_from_row,
+    not_fired,
+    reason as _reason,
+    run_from_row,
+    settings_from,
+    shown_status,
+    timer_from_row,
+)
 from ..errors import BadInput, BudgetExceeded
+from .. import plans
+from ..plans import (
+    DAY,
+    answering,
+    buried_by,
+    change_refused,
+    earliest,
+    effect_event,
+    expiring,
+    late_outcome,
+    next_paced_send,
+    not_a_count,
+    paced_now,
+    resumption,
+    send_outcome,
+    settling,
+    Unsendable,
+    unsendable_attempt,
+    unsendable_messages,
+    when_runs_allow,
+)
 from ..records import (
     Approval,
     AuditEntry,
@@ -48,29 +89,13 @@ from ..records import (
     ApprovalRequest,
 )
 from ..settings import Settings
-
-# Decoding and the checks of a stored row are plain Python, shared with the file backend.
-from ..store import (  # noqa: F401 - re-exported: the names the Inbox reaches through here
-    DAY,
-    DELIVERY_STATES,
-    EVENT_COLUMNS,
-    ROW_ERRORS as _FILE_ROW_ERRORS,
-    SETTLE_OUTCOMES,
-    TIMER_COLUMNS,
-    _checked_timer,
-    _event_ids,
-    _first_unfired,
-    _reason,
-    _shown,
-    ingest_group,
-    _shown_status,
-    event_from_row,
-    timer_from_row,
-)
+from ..store import ingest_group  # the group commit's savepoints, the same on both
+from ..timing import approval_timer, firing
 from .db import Tx
 
-# What makes a stored row one the engine cannot process (set aside, the pass goes on).
-ROW_ERRORS = _FILE_ROW_ERRORS + (psycopg.DataError, psycopg.IntegrityError)
+# What makes a stored row one the engine cannot process (set aside, the pass goes on): the
+# file backend's sqlite3.IntegrityError is never raised here, psycopg's own errors are.
+ROW_ERRORS = DECODE_ERRORS + (psycopg.DataError, psycopg.IntegrityError)
 
 # The SQLite file's `meta` keys are columns of the inbox's row here.
 META_COLUMNS = {
@@ -86,17 +111,12 @@ META_COLUMNS = {
 
 # --- settings and flags ---------------------------------------------------------------------
 
-_settings_cache: dict[str, Settings] = {}
-
 
 def load_settings(db: Tx) -> Settings:
     row = db.row or db.execute("SELECT settings FROM inboxes WHERE id = %s", (db.inbox,)).fetchone()
     if row is None or row[0] is None:
         return Settings()
-    cached = _settings_cache.get(row[0])
-    if cached is None:
-        cached = _settings_cache[row[0]] = Settings.from_json(row[0])
-    return cached
+    return settings_from(row[0])
 
 
 load_settings.one_statement = True  # type: ignore[attr-defined] # see db.read_transaction
@@ -760,20 +780,14 @@ def run_scheduler(db: Tx, now: int) -> int:
         # back and set aside with the reason, and the other timers still fire.
         db.execute("SAVEPOINT fire_timer")
         try:
-            timer = _checked_timer(row)
-            if timer.every is None:
-                _fire_once(db, timer, now)
-            elif timer.catch_up == "coalesce":
-                _fire_coalesced(db, timer, timer.every, now)
-            else:
-                _fire_each(db, timer, timer.every, now, settings.catch_up_limit)
+            _fire(db, checked_timer(row), now, settings.catch_up_limit)
             db.execute("RELEASE fire_timer")
         except ROW_ERRORS as exc:
             db.execute("ROLLBACK TO fire_timer")
             db.execute("RELEASE fire_timer")
             db.execute(
                 "UPDATE timers SET broken = %s WHERE inbox_id = %s AND id = %s",
-                ("set aside, not fired: " + _reason(exc), db.inbox, row[0]),
+                (not_fired(exc), db.inbox, row[0]),
             )
             _set_aside_counted(db)
     return len(due)
@@ -793,58 +807,25 @@ run_scheduler.precheck = _nothing_due  # type: ignore[attr-defined] # see db.wri
 
 
 def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
-    """Fire the plain timers of `due` in three statements, the same rows as _fire_once,
-    _fire_coalesced and _fire_each would write one by one; return the rows left to the
-    per-row path (approval expiries, rows that fail their checks)."""
+    """Fire the plain timers of `due` in three statements, the same rows as _fire would
+    write one by one (core/timing.py's plans); return the rows left to the per-row path
+    (approval expiries, rows that fail their checks)."""
     rest: list[Any] = []
     events: list[tuple[str, str, str]] = []  # (source, source_id, payload), in firing order
     advanced: list[tuple[str, int, int | None, int | None, int]] = []
     fired_once: list[str] = []
     for row in due:
         try:
-            timer = _checked_timer(row)
+            timer = checked_timer(row)
             if timer.kind == "approval":
                 rest.append(row)
                 continue
-            if timer.every is None:
-                source, source_id = timer.key or ("timer", f"{timer.id}@{timer.due}")
-                events.append(
-                    (source, source_id, json.dumps(_occurrence(timer, timer.due, now, 0)))
-                )
+            plan = firing(timer, now, limit)
+            events += [(source, key, json.dumps(data)) for source, key, data in plan.events]
+            if plan.due is None:
                 fired_once.append(timer.id)
-                continue
-            every = timer.every  # (the replace below forgets that it is not None)
-            first = _first_unfired(timer)
-            if first > now:
-                advanced.append((timer.id, first, None, None, 0))
-                continue
-            timer = dataclasses.replace(timer, due=first)
-            if timer.catch_up == "coalesce":
-                missed = (now - timer.due) // every
-                latest = timer.due + missed * every
-                events.append(
-                    (
-                        "timer",
-                        f"{timer.id}@{latest}",
-                        json.dumps(_occurrence(timer, latest, now, missed)),
-                    )
-                )
-                advanced.append((timer.id, latest + every, latest, missed, 0))
             else:
-                count = (now - timer.due) // every + 1
-                overflow = max(count - limit, 0)
-                start = timer.due + overflow * every
-                latest = timer.due + (count - 1) * every
-                for index, scheduled in enumerate(range(start, latest + 1, every)):
-                    extra = {"overflow": overflow} if index == 0 and overflow else {}
-                    events.append(
-                        (
-                            "timer",
-                            f"{timer.id}@{scheduled}",
-                            json.dumps(_occurrence(timer, scheduled, now, 0, **extra)),
-                        )
-                    )
-                advanced.append((timer.id, latest + every, latest, overflow, overflow))
+                advanced.append((timer.id, plan.due, plan.fired, plan.skipped, plan.overflow))
         except ROW_ERRORS:
             rest.append(row)
     if events:
@@ -894,82 +875,33 @@ def _fire_batch(db: Tx, due: Sequence[Any], now: int, limit: int) -> list[Any]:
     return rest
 
 
-def _occurrence(
-    timer: Timer, scheduled: int, now: int, skipped: int, **extra: Any
-) -> dict[str, Any]:
-    return {
-        "timer": timer.id,
-        "scheduled_for": scheduled,
-        "late_by": now - scheduled,
-        "skipped": skipped,
-        "data": timer.payload,
-        **extra,
-    }
-
-
-def _fire_once(db: Tx, timer: Timer, now: int) -> None:
-    if timer.kind == "approval":
+def _fire(db: Tx, timer: Timer, now: int, catch_up_limit: int) -> None:
+    """Write what core/timing.py plans for one due timer; an approval's expiry answers it."""
+    if timer.every is None and timer.kind == "approval":
         _expire(db, timer.payload["request_id"], now, "scheduler")
-    else:
-        source, source_id = timer.key or ("timer", f"{timer.id}@{timer.due}")
-        _insert_event(db, source, source_id, _occurrence(timer, timer.due, now, 0), now)
-    db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = %s", (db.inbox, timer.id))
-
-
-def _advance_only(db: Tx, timer: Timer, now: int) -> Timer | None:
-    """The timer from its first occurrence not fired yet; None (its due moved there) when
-    that is still to come."""
-    due = _first_unfired(timer)
-    if due > now:
+        db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = %s", (db.inbox, timer.id))
+        return
+    plan = firing(timer, now, catch_up_limit)
+    for source, source_id, payload in plan.events:
+        _insert_event(db, source, source_id, payload, now)
+    if plan.due is None:
+        db.execute("DELETE FROM timers WHERE inbox_id = %s AND id = %s", (db.inbox, timer.id))
+    elif plan.fired is None:
         db.execute(
-            "UPDATE timers SET due = %s WHERE inbox_id = %s AND id = %s", (due, db.inbox, timer.id)
+            "UPDATE timers SET due = %s WHERE inbox_id = %s AND id = %s",
+            (plan.due, db.inbox, timer.id),
         )
-        return None
-    return dataclasses.replace(timer, due=due)
-
-
-def _fire_coalesced(db: Tx, timer: Timer, every: int, now: int) -> None:
-    advanced = _advance_only(db, timer, now)
-    if advanced is None:
-        return
-    timer = advanced
-    missed = (now - timer.due) // every  # occurrences before the latest one
-    latest = timer.due + missed * every
-    _insert_event(db, "timer", f"{timer.id}@{latest}", _occurrence(timer, latest, now, missed), now)
-    db.execute(
-        "UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s "
-        "WHERE inbox_id = %s AND id = %s",
-        (latest + every, latest, missed, db.inbox, timer.id),
-    )
-
-
-def _fire_each(db: Tx, timer: Timer, every: int, now: int, limit: int) -> None:
-    advanced = _advance_only(db, timer, now)
-    if advanced is None:
-        return
-    timer = advanced
-    count = (now - timer.due) // every + 1
-    overflow = max(count - limit, 0)
-    first = timer.due + overflow * every  # the newest `limit` occurrences get events
-    latest = timer.due + (count - 1) * every
-    for index, scheduled in enumerate(range(first, latest + 1, every)):
-        extra = {"overflow": overflow} if index == 0 and overflow else {}
-        _insert_event(
-            db,
-            "timer",
-            f"{timer.id}@{scheduled}",
-            _occurrence(timer, scheduled, now, 0, **extra),
-            now,
+    else:
+        db.execute(
+            "UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s, "
+            "overflow = overflow + %s WHERE inbox_id = %s AND id = %s",
+            (plan.due, plan.fired, plan.skipped, plan.overflow, db.inbox, timer.id),
         )
-    db.execute(
-        "UPDATE timers SET due = %s, last_fired = %s, last_skipped = %s, "
-        "overflow = overflow + %s WHERE inbox_id = %s AND id = %s",
-        (latest + every, latest, overflow, overflow, db.inbox, timer.id),
-    )
 
 
 def next_timer_due(db: Tx) -> int | None:
     """The earliest due of the timers the scheduler can fire (set-aside ones never fire)."""
+    # No typeof() filter as on SQLite: the column is bigint, a hand edit cannot store text.
     due: int | None = db.one(
         "SELECT min(due) FROM timers WHERE inbox_id = %s AND broken IS NULL", (db.inbox,)
     )[0]
@@ -994,7 +926,7 @@ def request_approval(
     if inserted:
         add_timer(
             db,
-            f"approval:{request_id}",
+            approval_timer(request_id),
             now + expires_in,
             {"request_id": request_id},
             None,
@@ -1021,92 +953,40 @@ def answer_approval(
 ) -> str:
     """Store the first answer unless the deadline has passed; return the answer that stands."""
     approval = get_approval(db, request_id)
-    if approval is None:
-        audit(
-            db,
-            now,
-            actor,
-            "approve" if answer == "yes" else "deny",  # the action's one name
-            f"approval {request_id}",
-            None,
-            None,
-            False,
-            reason or "no such request",
-        )
-        return "unknown"
-    if approval.answer is not None:
-        audit(
-            db,
-            now,
-            actor,
-            "approve" if answer == "yes" else "deny",  # the action's one name
-            f"approval {request_id}",
-            approval.answer,
-            approval.answer,
-            False,
-            reason or "already answered",
-        )
-        return approval.answer
-    if now >= approval.due:
-        _expire(db, request_id, now, actor)
-        audit(
-            db,
-            now,
-            actor,
-            "approve" if answer == "yes" else "deny",  # the action's one name
-            f"approval {request_id}",
-            "waiting",
-            "expired",
-            False,
-            reason or f"too late: deadline was {approval.due}",
-        )
-        return "expired"
-    _store_answer(db, approval, answer, now, actor)
+    verdict = answering(approval, answer, now)
+    if approval is not None and verdict.write is not None:
+        _store_answer(db, approval, verdict.write, now, actor)
     audit(
         db,
         now,
         actor,
         "approve" if answer == "yes" else "deny",  # the action's one name
         f"approval {request_id}",
-        "waiting",
-        answer,
-        True,
-        reason,
+        verdict.before,
+        verdict.after,
+        verdict.refused is None,
+        verdict.reason(reason),
     )
-    return answer
+    return verdict.stands
 
 
 def expire_approval(db: Tx, request_id: str, now: int, actor: str, reason: str | None) -> str:
     approval = get_approval(db, request_id)
-    if approval is None:
-        audit(
-            db,
-            now,
-            actor,
-            "expire",
-            f"approval {request_id}",
-            None,
-            None,
-            False,
-            reason or "no such request",
-        )
-        return "unknown"
-    if approval.answer is not None:
-        audit(
-            db,
-            now,
-            actor,
-            "expire",
-            f"approval {request_id}",
-            approval.answer,
-            approval.answer,
-            False,
-            reason or "already answered",
-        )
-        return approval.answer
-    _expire(db, request_id, now, actor)
-    audit(db, now, actor, "expire", f"approval {request_id}", "waiting", "expired", True, reason)
-    return "expired"
+    verdict = expiring(approval)
+    if approval is not None and verdict.write is not None:
+        _store_answer(db, approval, verdict.write, now, actor)
+    audit(
+        db,
+        now,
+        actor,
+        "expire",
+        f"approval {request_id}",
+        verdict.before,
+        verdict.after,
+        verdict.refused is None,
+        verdict.reason(reason),
+    )
+    return verdict.stands
 
 
 def _expire(db: Tx, request_id: str, now: int, actor: str) -> None:
@@ -1126,12 +1006,12 @@ def _store_answer(db: Tx, approval: Approval, answer: str, now: int, actor: str)
         db,
         "approval",
         approval.request_id,
-        {"request_id": approval.request_id, "answer": answer, "action": approval.action},
+        resumption(approval, answer),
         now,
     )
     db.execute(
         "DELETE FROM timers WHERE inbox_id = %s AND id = %s",
-        (db.inbox, f"approval:{approval.request_id}"),
+        (db.inbox, approval_timer(approval.request_id)),
     )
 
 
@@ -1157,7 +1037,7 @@ def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, i
             picked = _begin_delivery(db, now, flush)
             db.execute("RELEASE begin_delivery")
             return picked
-        except _BrokenDelivery as exc:
+        except Unsendable as exc:
             db.execute("ROLLBACK TO begin_delivery")
             db.execute("RELEASE begin_delivery")
             db.execute(
@@ -1171,12 +1051,6 @@ def begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, i
             )
             _set_aside_counted(db)
     return None
-
-
-class _BrokenDelivery(Exception):
-    def __init__(self, delivery_id: int, why: str) -> None:
-        super().__init__(why)
-        self.delivery_id, self.why = delivery_id, why
 
 
 def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, int] | None:
@@ -1193,22 +1067,19 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
     if retry is not None:
         delivery_id = retry[0]
         if not 0 <= retry[1] < MAX_COUNT:  # one more would overflow the column: an error
-            raise _BrokenDelivery(
-                delivery_id, f"set aside, not sent: attempts is {retry[1]}, not a count"
-            )
+            raise Unsendable(delivery_id, not_a_count(retry[1]))
         attempt = db.one(
             "UPDATE deliveries SET status = 'sending', attempts = attempts + 1, "
             "retry_after = %s WHERE inbox_id = %s AND id = %s RETURNING attempts",
             (now + settings.send_timeout, db.inbox, delivery_id),
         )[0]
-        if not 1 <= attempt <= MAX_COUNT:
-            raise _BrokenDelivery(
-                delivery_id, f"set aside, not sent: attempts is {attempt}, not a count"
-            )
+        unsendable = unsendable_attempt(attempt)
+        if unsendable is not None:
+            raise Unsendable(delivery_id, unsendable)
     else:
         attempt = 1
         last = get_meta(db, "last_paced_send")
-        paced = flush or last is None or now >= last + settings.outbox_gap
+        paced = paced_now(flush, last, settings.outbox_gap, now)
         waiting = "inbox_id = %s AND status = 'held' AND delivery_id IS NULL" + (
             "" if paced else " AND urgent"
         )
@@ -1233,13 +1104,14 @@ def _begin_delivery(db: Tx, now: int, flush: bool) -> tuple[int, str, str, int, 
             (db.inbox, delivery_id),
         )
     ]
-    if not bodies:
-        raise _BrokenDelivery(delivery_id, "set aside, not sent: its messages are missing")
+    unsendable = unsendable_messages(bodies)
+    if unsendable is not None:
+        raise Unsendable(delivery_id, unsendable)
     return (delivery_id, delivery_key(db, delivery_id), "\n\n".join(bodies), len(bodies), attempt)
 
 
 def delivery_key(db: Tx, delivery_id: int) -> str:
-    return f"onwatch-{get_meta(db, 'uid')}-{delivery_id}"
+    return plans.delivery_key(get_meta(db, "uid"), delivery_id)
 
 
 def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now: int) -> bool:
@@ -1251,8 +1123,9 @@ def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now:
         "SELECT status, attempts, at_most_once FROM deliveries WHERE inbox_id = %s AND id = %s",
         (db.inbox, delivery_id),
     ).fetchone()
-    if row is None or row[0] != "sending" or row[1] != attempt:
-        seen = "no such delivery" if row is None else f"{row[0]}, attempt {row[1]}"
+    outcome = send_outcome(row, attempt, error, settings.max_delivery_attempts)
+    if outcome == "late":
+        seen, why = late_outcome(row, attempt)
         audit(
             db,
             now,
@@ -1262,12 +1135,11 @@ def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now:
             seen,
             None,
             False,
-            f"late outcome of attempt {attempt}: the delivery is {seen} now",
+            why,
         )
         _bump(db, "refused_writes")
         return False
-    _, attempts, at_most_once = row
-    if error is None:
+    if outcome == "sent":
         db.execute(
             "UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = NULL "
             "WHERE inbox_id = %s AND id = %s",
@@ -1278,7 +1150,7 @@ def end_delivery(db: Tx, delivery_id: int, attempt: int, error: str | None, now:
             (db.inbox, delivery_id),
         )
         return True
-    if at_most_once or attempts >= settings.max_delivery_attempts:
+    if outcome == "dead":
         db.execute(
             "UPDATE deliveries SET status = 'dead', last_error = %s "
             "WHERE inbox_id = %s AND id = %s",
@@ -1304,7 +1176,7 @@ def settle_delivery(
     messages go back to the outbox, for a new delivery under a new key). Applied only if the
     delivery is uncertain and in the state the operator saw; audited either way."""
     before = delivery_state(db, delivery_id, now)
-    applied = before == "uncertain" and before == expect
+    applied, after, why = settling(before, expect, outcome)
     if applied and outcome == "sent":
         db.execute(
             "UPDATE deliveries SET status = 'sent', sent_at = %s, last_error = %s "
@@ -1326,16 +1198,6 @@ def settle_delivery(
             "delivery_id = %s AND status = 'held'",
             (db.inbox, delivery_id),
         )
-    why = reason
-    if not applied:
-        why = (
-            "no such delivery"
-            if before is None
-            else f"changed meanwhile: it is {before} now, not {expect}"
-            if before != expect
-            else f"only an uncertain delivery can be settled (this one is {before})"
-        )
-    after = ("sent" if outcome == "sent" else "sent again") if applied else before
     audit(
         db,
         now,
@@ -1345,7 +1207,7 @@ def settle_delivery(
         before,
         after,
         applied,
-        why,
+        reason if applied else why,
     )
     return applied
 
@@ -1355,7 +1217,7 @@ def delivery_state(db: Tx, delivery_id: int, now: int) -> str | None:
         "SELECT status, at_most_once, retry_after FROM deliveries WHERE inbox_id = %s AND id = %s",
         (db.inbox, delivery_id),
     ).fetchone()
-    return None if row is None else _shown_status(row[0], row[1], row[2], now)
+    return None if row is None else shown_status(row[0], row[1], row[2], now)
 
 
 def uncertain_deliveries(db: Tx, now: int, limit: int) -> list[Delivery]:
@@ -1378,8 +1240,7 @@ def next_send_at(db: Tx) -> int | None:
     ).fetchone()
     if waiting is None:
         return None
-    last = get_meta(db, "last_paced_send")
-    return 0 if last is None else last + load_settings(db).outbox_gap
+    return next_paced_send(get_meta(db, "last_paced_send"), load_settings(db).outbox_gap)
 
 
 # --- operator actions -----------------------------------------------------------------------
@@ -1414,22 +1275,16 @@ def change_event(
     applied = applied and not pruned
     if applied:
         extra = ", attempts = 0, error = NULL, claim_gen = NULL" if after == "pending" else ""
+        args: tuple[str, ...] = ()
+        if after == "dead":
+            extra, args = ", error = %s", (buried_by(actor, reason),)
         cursor = db.execute(
             f"UPDATE events SET status = %s, available_at = %s, updated = %s{extra} "
             f"WHERE inbox_id = %s AND id = %s AND status = %s",
-            (after, now, now, db.inbox, event_id, seen),
+            (after, now, now, *args, db.inbox, event_id, seen),
         )
         applied = cursor.rowcount == 1
-    why = reason
-    if not applied:
-        if before is None:
-            why = "no such event"
-        elif expect is not None and before != expect:
-            why = f"changed meanwhile: it is {before} now, not {expect}"
-        elif pruned:
-            why = "its payload was pruned; an agent cannot run on nothing"
-        else:
-            why = f"cannot {action} a {before} event (only {' or '.join(allowed)})"
+    why = reason if applied else change_refused(before, expect, bool(pruned), action, allowed)
     audit(
         db,
         now,
@@ -1497,16 +1352,7 @@ def intend_effect(
             f"run {run_id} is not an open run of this generation",
         )
         return None
-    events = list(_event_ids(run[0]))
-    if event is None and len(events) == 1:
-        event = events[0]
-    elif event is None and key is None:
-        raise BadInput(
-            f"run {run_id} has {len(events)} events; say which one effect {name!r} "
-            f"is for (event=), so that its key does not depend on the batch"
-        )
-    elif event is not None and event not in events:
-        raise BadInput(f"event {event} is not in run {run_id}")
+    event = effect_event(run_id, event_ids(run[0]), event, key, name)
     if key is None:
         assert event is not None  # no event and no key was refused above
         key = _default_effect_key(db, run_id, event, name)
@@ -1520,15 +1366,13 @@ def intend_effect(
 
 
 def _default_effect_key(db: Tx, run_id: int, event: int, name: str) -> str:
-    """Derived from what the effect is for (this inbox, the event, the effect's name, and
-    how many times this run intended it for that event), never from the run or how it was
-    batched: a retry of the event, alone or in another batch, gets the same keys."""
-    nth = db.one(
+    """The key core/plans.py derives from what the effect is for (`effect_key`)."""
+    intended = db.one(
         "SELECT count(*) FROM effects WHERE inbox_id = %s AND run_id = %s AND "
         "name = %s AND event_id = %s",
         (db.inbox, run_id, name, event),
     )[0]
-    return f"onwatch-{get_meta(db, 'uid')}-ev{event}-{name}-{nth + 1}"
+    return plans.effect_key(get_meta(db, "uid"), event, name, intended)
 
 
 def settle_effect(db: Tx, key: str, state: str, now: int) -> bool:
@@ -1636,7 +1480,7 @@ def approvals(db: Tx, limit: int) -> list[Approval]:
 
 def held_messages(db: Tx, limit: int) -> list[Message]:
     return [
-        Message(r[0], r[1], bool(r[2]), r[3], r[4], r[5], r[6])
+        message_from_row(r)
         for r in db.execute(
             "SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox "
             "WHERE inbox_id = %s AND status = 'held' ORDER BY id LIMIT %s",
@@ -1658,20 +1502,7 @@ def deliveries(
         f"ORDER BY d.id {'ASC' if ids is not None else 'DESC'} LIMIT %s",
         (db.inbox, None if ids is None else list(ids), None if ids is None else list(ids), limit),
     ).fetchall()
-    return [
-        Delivery(
-            r[0],
-            delivery_key(db, r[0]),
-            _shown_status(r[1], r[8], r[9], now),
-            r[2],
-            r[3],
-            r[4],
-            r[5],
-            r[10] or r[6],
-            bool(r[7]),
-        )
-        for r in rows
-    ]
+    return [delivery_from_row(r, delivery_key(db, r[0]), now) for r in rows]
 
 
 def audit_entries(db: Tx, limit: int, target: str | None) -> list[AuditEntry]:
@@ -1687,7 +1518,7 @@ def audit_entries(db: Tx, limit: int, target: str | None) -> list[AuditEntry]:
             f"ORDER BY id DESC LIMIT %s",
             (db.inbox, target, limit),
         )
-    return [AuditEntry(r[0], r[1], r[2], r[3], r[4], r[5], r[6], bool(r[7]), r[8]) for r in rows]
+    return [audit_entry_from_row(r) for r in rows]
 
 
 def run_records(db: Tx, ids: Iterable[int]) -> list[Run]:
@@ -1696,10 +1527,7 @@ def run_records(db: Tx, ids: Iterable[int]) -> list[Run]:
         "traceback FROM runs WHERE inbox_id = %s AND id = ANY(%s) ORDER BY id",
         (db.inbox, list(ids)),
     )
-    return [
-        Run(r[0], r[1], r[2], _event_ids(r[3]), r[4], r[5], r[6], _shown(r[7]), r[8], r[9])
-        for r in rows
-    ]
+    return [run_from_row(r) for r in rows]
 
 
 def runs_for_event(db: Tx, event_id: int) -> list[Run]:
@@ -1720,7 +1548,7 @@ def effects_for_run(db: Tx, run_ids: Sequence[int]) -> list[Effect]:
         "WHERE inbox_id = %s AND run_id = ANY(%s) ORDER BY id",
         (db.inbox, list(run_ids)),
     )
-    return [Effect(r[0], r[1], r[2], r[3], r[4], _shown(r[5]), r[6], r[7]) for r in rows]
+    return [effect_from_row(r) for r in rows]
 
 
 def overview(db: Tx, now: int) -> Overview:
@@ -1740,20 +1568,7 @@ def overview(db: Tx, now: int) -> Overview:
     timer_count = db.one("SELECT count(*) FROM timers WHERE inbox_id = %s", (db.inbox,))[0]
     runs_day = runs_since(db, now - DAY)
     pending = counts(db)
-    budgets = {
-        "max_runs_per_day": {
-            "limit": settings.max_runs_per_day,
-            "used": runs_day,
-            "excess": "delayed",
-        },
-        "max_pending": {
-            "limit": settings.max_pending,
-            "used": pending.get("pending", 0),
-            "excess": "refused",
-        },
-        "max_followups_per_run": {"limit": settings.max_followups_per_run, "excess": "refused"},
-        "max_run_seconds": {"limit": settings.max_run_seconds, "excess": "lost claim"},
-    }
+    budgets = plans.budgets(settings, runs_day, pending.get("pending", 0))
     return Overview(
         now=now,
         counts=pending,
@@ -1798,8 +1613,7 @@ def next_wake(db: Tx, now: int) -> int | None:
                 "ORDER BY claimed_at DESC LIMIT 1 OFFSET %s",
                 (db.inbox, now - DAY, limit - 1),
             ).fetchone()
-            if oldest_counted is not None:
-                pending = max(pending, oldest_counted[0] + DAY)
+            pending = when_runs_allow(pending, oldest_counted and oldest_counted[0])
         candidates.append(pending)
     if not get_meta(db, "outbox_held"):
         candidates += [
@@ -1811,8 +1625,7 @@ def next_wake(db: Tx, now: int) -> int | None:
                 (db.inbox,),
             )[0],
         ]
-    known = [c for c in candidates if c is not None]
-    return min(known) if known else None
+    return earliest(candidates)
 
 
 # --- only on PostgreSQL ---------------------------------------------------------------------

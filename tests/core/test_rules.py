@@ -391,6 +391,17 @@ async def test_requeue_is_conditional_on_the_state_the_operator_saw(inbox):
     assert (await inbox.get_event(e.id)).status == "done"
 
 
+async def test_a_buried_event_keeps_who_buried_it_and_why(inbox):
+    await inbox.ingest("stripe", "b", None, now=T)
+    await inbox.ingest("stripe", "c", None, now=T)
+    first, second = await inbox.events("pending")
+    assert await inbox.bury(first.id, expect="pending", actor="alice", reason="a test charge")
+    assert await inbox.bury(second.id, expect="pending", actor="bob")
+    # The Dead pane and `onwatch show` read the event's error: it says who and why.
+    assert (await inbox.get_event(first.id)).error == "sent to dead by alice: a test charge"
+    assert (await inbox.get_event(second.id)).error == "sent to dead by bob"
+
+
 async def test_requeue_gives_a_fresh_attempt_budget(inbox):
     await inbox.configure(max_attempts=1)
     await inbox.ingest("chat", "p", None, now=T)

@@ -24,7 +24,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Label
 
-from core import ACTIONS, Approval, Clock, Delivery, Event, Inbox, InboxError, Overview
+from core import ACTIONS, Approval, BadInput, Clock, Delivery, Event, Inbox, InboxError, Overview
 from core.fleet import FleetSource, run_activity
 from core.wake import SLOW_POLL
 
@@ -117,12 +117,17 @@ class OnwatchApp(App[int]):
         read_only: bool = False,
         fleet: FleetSource | None = None,
     ) -> None:
+        """Raises BadInput without an inbox and without a clock (the clock is the inbox's)."""
+        if clock is None:
+            if inbox is None:
+                raise BadInput("a clock is needed when no inbox is given (the fleet desk)")
+            clock = inbox.clock
         # CSS_PATH is relative to the class that names it: a subclass in another package
         # that keeps ours gets it by absolute path.
         own_css = type(self).CSS_PATH == OnwatchApp.CSS_PATH
         super().__init__(css_path=str(STYLESHEET) if own_css else None)
         self.inbox = inbox
-        self.clock = clock or inbox.clock
+        self.clock = clock
         self.read_only = read_only
         self.now = self.clock.now()
         self.overview: Overview | None = None

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.widgets import DataTable, Label
 
 from core import Delivery, Message
@@ -70,10 +71,10 @@ class OutboxPane(Pane):
         )
         return PaneData(shown, overview.held_messages, len(held) >= window.limit, state)
 
-    def compose(self):
+    def compose(self) -> ComposeResult:
         yield Label("", classes="summary")
         yield from super().compose()
-        sends = DataTable(id="sends", cursor_type="none", show_cursor=False)
+        sends: DataTable[Text] = DataTable(id="sends", cursor_type="none", show_cursor=False)
         sends.can_focus = False
         for key, label, width in (
             ("id", "send", 6),

@@ -413,6 +413,8 @@ class OnwatchApp(App[int]):
         self.run_worker(self._detail(message.record), group="dialog", exit_on_error=False)
 
     async def _detail(self, record: Any) -> None:
+        if self.inbox is None:  # the fleet desk before an inbox was chosen: no rows
+            return
         try:
             title, body = await load_detail(self.inbox, record, self.clock.now())
         except InboxError as exc:

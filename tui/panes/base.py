@@ -22,6 +22,7 @@ from textual.widgets import DataTable, Label
 from textual.widgets.data_table import ColumnKey
 
 from core import ACTIONS as CORE_ACTIONS
+from core import Inbox, Overview
 
 from .. import actions as desk
 from ..safe import join, safe_content, safe_text
@@ -339,7 +340,7 @@ class Pane(Vertical):
     # --- what subclasses provide --------------------------------------------------------
 
     @classmethod
-    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+    async def fetch(cls, inbox: Inbox, window: Window, overview: Overview) -> PaneData:
         """Read this pane's window from the inbox (runs in the app's refresh)."""
         raise NotImplementedError
 

@@ -14,7 +14,7 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from rich.console import Group as RenderGroup
 from textual import events
@@ -24,7 +24,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Label
 
-from core import ACTIONS, Approval, Clock, Delivery, Event, Inbox, InboxError, Overview
+from core import ACTIONS, Approval, BadInput, Clock, Delivery, Event, Inbox, InboxError, Overview
 from core.fleet import FleetSource, run_activity
 from core.wake import SLOW_POLL
 
@@ -40,6 +40,9 @@ from .screens.confirm import ConfirmScreen, Subject
 from .screens.detail import DetailScreen, load_detail
 from .screens.filter import FilterScreen
 from .screens.help import HelpScreen, render_groups
+
+if TYPE_CHECKING:
+    from .fleet import FleetDesk
 
 STYLESHEET = Path(__file__).with_name("app.tcss")
 
@@ -117,12 +120,17 @@ class OnwatchApp(App[int]):
         read_only: bool = False,
         fleet: FleetSource | None = None,
     ) -> None:
+        """Raises BadInput without an inbox and without a clock (the clock is the inbox's)."""
+        if clock is None:
+            if inbox is None:
+                raise BadInput("a clock is needed when no inbox is given (the fleet desk)")
+            clock = inbox.clock
         # CSS_PATH is relative to the class that names it: a subclass in another package
         # that keeps ours gets it by absolute path.
         own_css = type(self).CSS_PATH == OnwatchApp.CSS_PATH
         super().__init__(css_path=str(STYLESHEET) if own_css else None)
         self.inbox = inbox
-        self.clock = clock or inbox.clock
+        self.clock = clock
         self.read_only = read_only
         self.now = self.clock.now()
         self.overview: Overview | None = None
@@ -131,13 +139,13 @@ class OnwatchApp(App[int]):
         self._action_lock = asyncio.Lock()
         self._seen_token: tuple[int, int] | None = None  # the change token the panes show
         self._polling = False
-        self._follower: asyncio.Task | None = None  # wakes the poll, see _follow
+        self._follower: asyncio.Task[None] | None = None  # wakes the poll, see _follow
         self._problem: str | None = None
         self.file_problem: str | None = None  # the path no longer names the opened file
         # A folder (or database) of inboxes: the Fleet view opens over the panes, and the
         # inbox they show is the one chosen there (None until then).
         self.fleet = fleet
-        self.fleet_desk: Any = None  # tui.fleet.FleetDesk, made at mount when fleet is set
+        self.fleet_desk: FleetDesk | None = None  # made at mount when fleet is set
 
     # --- layout ---------------------------------------------------------------------------
 
@@ -288,12 +296,15 @@ class OnwatchApp(App[int]):
                 await asyncio.sleep(0.1)
 
     async def _poll_once(self, confirm: bool = False) -> None:
+        inbox = self.inbox
         try:
+            if inbox is None:  # another inbox was being chosen meanwhile (the fleet desk)
+                return
             # After a wake-up the commit may not be visible yet: confirm reads a little longer.
             if (
-                await self.inbox.wake.confirm(self.inbox.change_token, self._seen_token)
+                await inbox.wake.confirm(inbox.change_token, self._seen_token)
                 if confirm
-                else await self.inbox.change_token() != self._seen_token
+                else await inbox.change_token() != self._seen_token
             ):
                 await self._refresh()
             elif self._problem is None:
@@ -341,7 +352,7 @@ class OnwatchApp(App[int]):
 
     async def action_reopen(self) -> None:
         """Open the inbox now at the path; the old connection (to a lost file) is closed."""
-        if self.file_problem is None:
+        if self.file_problem is None or self.inbox is None:
             return
         try:
             fresh = await Inbox.open(self.inbox.path, clock=self.clock, create=False)
@@ -350,7 +361,8 @@ class OnwatchApp(App[int]):
             return
         async with self._refresh_lock, self._action_lock:
             old, self.inbox = self.inbox, fresh
-            await old.close()
+            if old is not None:
+                await old.close()
             self._seen_token = None
             for pane in self.panes:
                 pane.clear_marks()
@@ -359,7 +371,7 @@ class OnwatchApp(App[int]):
         self._start_following()  # the old connection's notifier went with it
         self.check_file()
         self.active_pane.show_outcome(
-            f"reopened {self.inbox.path}: this is the file at that path now", True
+            f"reopened {fresh.path}: this is the file at that path now", True
         )
         await self.reload()
 
@@ -401,6 +413,8 @@ class OnwatchApp(App[int]):
         self.run_worker(self._detail(message.record), group="dialog", exit_on_error=False)
 
     async def _detail(self, record: Any) -> None:
+        if self.inbox is None:  # the fleet desk before an inbox was chosen: no rows
+            return
         try:
             title, body = await load_detail(self.inbox, record, self.clock.now())
         except InboxError as exc:
@@ -524,6 +538,9 @@ class OnwatchApp(App[int]):
         async with self._action_lock:
             if self._refuse_lost_file(pane):
                 return
+            inbox = self.inbox
+            if inbox is None:  # the fleet desk before an inbox was chosen: no rows to act on
+                return
             if desk.KEYS[action].confirm:
                 if not await self.push_screen_wait(self._confirmation(action, targets, hidden)):
                     pane.show_outcome("not confirmed: nothing changed", None)
@@ -540,19 +557,19 @@ class OnwatchApp(App[int]):
                 if on == "approval":
                     outcomes.append(
                         await operator.approval_action(
-                            self.inbox, action, target, now=now, actor=self.ACTOR
+                            inbox, action, target, now=now, actor=self.ACTOR
                         )
                     )
                 elif on == "delivery":
                     outcomes.append(
                         await operator.delivery_action(
-                            self.inbox, action, target.id, now=now, actor=self.ACTOR
+                            inbox, action, target.id, now=now, actor=self.ACTOR
                         )
                     )
                 else:
                     outcomes.append(
                         await operator.event_action(
-                            self.inbox, action, target, now=now, actor=self.ACTOR
+                            inbox, action, target, now=now, actor=self.ACTOR
                         )
                     )
             outcome = operator.summarize(action, outcomes)
@@ -566,9 +583,12 @@ class OnwatchApp(App[int]):
             pane = self.active_pane
             if self._refuse_lost_file(pane):
                 return
+            inbox = self.inbox
+            if inbox is None:  # the fleet desk before an inbox was chosen: nothing to switch
+                return
             if action == "send_now":
                 held = self.overview.held_messages if self.overview else 0
-                log = operator.outbox_log_path(self.inbox)
+                log = operator.outbox_log_path(inbox)
                 question = f"Send {held:,} held message{'s' if held != 1 else ''} now?"
                 note = (
                     f"They go out at once, ignoring the gap and any hold. The TUI has no "
@@ -580,13 +600,11 @@ class OnwatchApp(App[int]):
                 if self._refuse_lost_file(pane):
                     return
                 pane.show_outcome("waiting for the lock…", None)
-                outcome = await operator.send_now(
-                    self.inbox, now=self.clock.now(), actor=self.ACTOR
-                )
+                outcome = await operator.send_now(inbox, now=self.clock.now(), actor=self.ACTOR)
             else:
                 pane.show_outcome("waiting for the lock…", None)
                 outcome = await operator.flag_action(
-                    self.inbox, action, now=self.clock.now(), actor=self.ACTOR
+                    inbox, action, now=self.clock.now(), actor=self.ACTOR
                 )
             pane.acted_on(pane.records())  # rows sent now leave: the outcome says so
             pane.show_outcome(outcome.text, outcome.applied)
@@ -610,10 +628,12 @@ class OnwatchApp(App[int]):
     def _start_fleet(self) -> None:
         from .fleet import FleetDesk, FleetScreen
 
-        self.fleet_desk = FleetDesk(self, self.fleet, read_only=self.read_only)
-        self.install_screen(FleetScreen(self.fleet_desk), name="fleet")
+        if self.fleet is None:
+            return
+        desk = self.fleet_desk = FleetDesk(self, self.fleet, read_only=self.read_only)
+        self.install_screen(FleetScreen(desk), name="fleet")
         self.push_screen("fleet")
-        self.fleet_desk.start()
+        desk.start()
 
     def action_fleet(self) -> None:
         """Back to the Fleet view, its cursor on the inbox it was on."""
@@ -665,7 +685,11 @@ class OnwatchApp(App[int]):
         groups = [(self.TITLE, [(b, True) for b in added])] if added else []
         # The keys that change things come first: at 80×24 they are the first screen.
         for pane in PANES:
-            own = [(b, available(b)) for b in pane.BINDINGS if b not in Pane.BINDINGS]
+            own = [
+                (b, available(b))
+                for b in pane.BINDINGS
+                if isinstance(b, Binding) and b not in Pane.BINDINGS
+            ]
             if own:
                 groups.append((f"{pane.KEY} {pane.TITLE}", own))
         groups += [
@@ -687,7 +711,11 @@ class OnwatchApp(App[int]):
             ),
             (
                 "In every pane",
-                [(b, available(b)) for b in Pane.BINDINGS if not b.action.startswith("app.")],
+                [
+                    (b, available(b))
+                    for b in Pane.BINDINGS
+                    if isinstance(b, Binding) and not b.action.startswith("app.")
+                ],
             ),
             (
                 "Moving in a table (↑ ↓ pgup pgdn too)",
@@ -698,9 +726,12 @@ class OnwatchApp(App[int]):
             "Confirmations: y or ↵ confirms, n or esc cancels.",
             "Every action is conditional on the state you saw: a row the worker changed "
             "meanwhile is reported, not overwritten.",
-            f"s has no channel of its own: held messages are appended to "
-            f"{operator.outbox_log_path(self.inbox)}.",
         ]
+        if self.inbox is not None:
+            notes.append(
+                f"s has no channel of its own: held messages are appended to "
+                f"{operator.outbox_log_path(self.inbox)}."
+            )
         if self.read_only:
             notes.insert(0, "Read-only: every action is removed; you can watch and read.")
         return render_groups(groups, self.get_key_display, notes)
@@ -708,7 +739,7 @@ class OnwatchApp(App[int]):
     def action_help(self) -> None:
         self.push_screen(HelpScreen(self._help_text()))
 
-    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         """The palette offers every onwatch key that is active where it was opened, by name.
 
         Only our bindings (each has an id): the widgets' navigation keys are listed by
@@ -732,7 +763,8 @@ class OnwatchApp(App[int]):
             yield SystemCommand(
                 binding.description,
                 help_text,
-                partial(self.call_later, active.node.run_action, binding.action),
+                # The action runs where its binding lives (a pane, a dialog), as a key press would.
+                partial(self.call_later, self.run_action, binding.action, active.node),
             )
 
 

@@ -58,9 +58,9 @@ def safe_text(
     Tabs become spaces in multi-line text.
     """
     raw = _to_str(value)
-    cut = limit is not None and len(raw) > limit
-    if cut:
-        raw = raw[: max(limit, 0)]
+    cut = False
+    if limit is not None and len(raw) > limit:
+        raw, cut = raw[: max(limit, 0)], True
     text = Text(style=style, end="", no_wrap=not multiline)
     position = 0
     for match in UNSAFE.finditer(raw):

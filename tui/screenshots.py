@@ -17,9 +17,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from core import RESERVED_SOURCES, ApprovalRequest, FakeClock, FollowUp, Inbox, Reply, store
+from core import (
+    RESERVED_SOURCES,
+    ApprovalRequest,
+    Event,
+    FakeClock,
+    FollowUp,
+    Inbox,
+    Reply,
+    store,
+)
+
+if TYPE_CHECKING:
+    from textual.app import App
+    from textual.pilot import Pilot
 
 T0 = 1_700_000_000  # 2023-11-14 22:13:20 UTC; screenshots and snapshots render in UTC
 
@@ -29,6 +42,15 @@ def use_utc() -> None:
     os.environ["TZ"] = "UTC"
     if hasattr(time, "tzset"):
         time.tzset()
+
+
+async def lease(inbox: Inbox, holder: str, *, now: int) -> int:
+    """Take the lease for `holder` and return its generation; raise RuntimeError if it is
+    refused (a seed writes its own file: a refusal means the seed's script is wrong)."""
+    gen = await inbox.acquire(holder, now=now)
+    if gen is None:
+        raise RuntimeError(f"the seed's {holder} was refused the lease of {inbox.path}")
+    return gen
 
 
 async def seed(inbox: Inbox, clock: FakeClock, base: int = T0) -> None:
@@ -54,11 +76,11 @@ async def seed(inbox: Inbox, clock: FakeClock, base: int = T0) -> None:
         now=now,
     )
     await inbox.ingest("webhook", "gh-poison-77", {"action": "opened", "size": "huge"}, now=now)
-    gen_a = await inbox.acquire("worker-a", now=now)
+    gen_a = await lease(inbox, "worker-a", now=now)
     stale = await inbox.claim_batch("worker-a", gen_a, now=now)
-    gen_b = await inbox.acquire("worker-b", now=at(T0 - 2390))  # takeover: generation 2
+    gen_b = await lease(inbox, "worker-b", now=at(T0 - 2390))  # takeover: generation 2
 
-    async def run_b(t: int, **finish) -> list:
+    async def run_b(t: int, **finish: Any) -> list[Event]:
         await inbox.acquire("worker-b", now=at(t))  # renews: same generation
         claimed = await inbox.claim_batch("worker-b", gen_b, now=t)
         if claimed and finish:
@@ -156,7 +178,7 @@ async def open_seeded(path: str, base: int = T0) -> tuple[Inbox, FakeClock]:
 Step = Callable[[object], Awaitable[None]]
 
 
-async def settle(app, pilot, timeout: float = 5.0) -> None:
+async def settle(app: App[Any], pilot: Pilot[Any], timeout: float = 5.0) -> None:
     """Wait (bounded) until every read and dialog load has finished; an action waiting on
     its confirmation dialog is left waiting."""
     loop = asyncio.get_running_loop()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from textual.binding import Binding
 from textual.widgets import Label
 
+from core import BadInput
 from tui.app import OnwatchApp
 
 from .conftest import screen_text, started, wait_for
@@ -42,6 +44,13 @@ async def test_a_subclass_adds_widgets_and_keys(seeded):
 async def test_the_clock_defaults_to_the_inboxs(seeded):
     inbox, _, _ = seeded
     assert OnwatchApp(inbox).clock is inbox.clock
+
+
+def test_without_an_inbox_the_clock_is_required():
+    # The fleet desk opens with no inbox chosen yet: its clock cannot be the inbox's. This was
+    # an AttributeError on None; a public entry point refuses with BadInput instead.
+    with pytest.raises(BadInput, match="clock"):
+        OnwatchApp(None)
 
 
 async def test_keyset_pages_over_many_pending_events(seeded):

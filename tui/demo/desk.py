@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 from textual.app import ComposeResult
-from textual.binding import ActiveBinding
+from textual.binding import ActiveBinding, Binding
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Footer
@@ -14,7 +15,7 @@ from .. import app as app_module
 from ..app import OnwatchApp
 
 
-class DemoScreen(Screen):
+class DemoScreen(Screen[None]):
     """The demo's main screen: the footer lists the demo's own keys before the desk's.
 
     The app names them in `FOOTER_FIRST` (a set of action names).
@@ -23,13 +24,10 @@ class DemoScreen(Screen):
     @property
     def active_bindings(self) -> dict[str, ActiveBinding]:
         bindings = super().active_bindings
-        wanted = getattr(self.app, "FOOTER_FIRST", frozenset())
+        desk = self.app
+        wanted = desk.FOOTER_FIRST if isinstance(desk, DemoDesk) else frozenset()
         # In the order the app declares them (priority bindings would otherwise lead).
-        declared = [
-            binding.action
-            for binding in getattr(self.app, "BINDINGS", ())
-            if hasattr(binding, "action")
-        ]
+        declared = [binding.action for binding in desk.BINDINGS if isinstance(binding, Binding)]
         first = dict(
             sorted(
                 (
@@ -52,6 +50,7 @@ class DemoDesk(OnwatchApp):
     demo screen (their keys first in the footer), and a bar of their own above the footer."""
 
     ACTOR = "viewer"
+    FOOTER_FIRST: ClassVar[frozenset[str]] = frozenset()  # the demo's own actions
     # The supervisor's one stylesheet (a relative CSS_PATH would resolve beside this module).
     CSS_PATH = str(Path(app_module.__file__).with_name(OnwatchApp.CSS_PATH))
 
@@ -59,7 +58,7 @@ class DemoDesk(OnwatchApp):
         """The demo's own bar, shown between the panes and the footer."""
         raise NotImplementedError
 
-    def get_default_screen(self) -> Screen:
+    def get_default_screen(self) -> Screen[None]:
         return DemoScreen(id="_default")
 
     def compose(self) -> ComposeResult:

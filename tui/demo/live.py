@@ -53,7 +53,7 @@ class WorkerProcess:
     """One `onwatch worker` OS process, as the demo started it."""
 
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen[bytes]
     log: str
     killed: bool = False
     exit_told: bool = False  # the story said it exited by itself
@@ -178,6 +178,7 @@ class LiveDemoApp(DemoDesk):
 
     TITLE = "onwatch demo --live"
     OBSERVE_SECONDS = 0.5
+    inbox: Inbox  # always one (the supervisor's is None only on a fleet desk before a choice)
 
     BINDINGS = [
         Binding(
@@ -321,11 +322,11 @@ class LiveDemoApp(DemoDesk):
 
     def _show_live(self) -> None:
         lease = self._seen.lease if self._seen else None
-        live = lease is not None and lease.until >= self.clock.now()
+        live = lease if lease is not None and lease.until >= self.clock.now() else None
         self.query_one(LiveBar).show(
             self.processes,
-            lease.holder if live else None,
-            lease.gen if live else None,
+            live.holder if live else None,
+            live.gen if live else None,
             self.inbox.settings.on_lost_claim,
             self.story,
         )

@@ -279,6 +279,7 @@ class DemoApp(DemoDesk):
         pick_first: bool = True,
     ) -> None:
         super().__init__(run.stage.inbox, clock=run.stage.clock, read_only=False)
+        self.sim_clock = run.stage.clock  # `clock` itself: every scenario is set on it anew
         self.playing = run  # the ScenarioRun on screen
         self.scratch = scratch
         self.scenarios = scenarios
@@ -474,7 +475,9 @@ class DemoApp(DemoDesk):
                 self._runs_made += 1
                 folder = os.path.join(self.scratch, f"{self._runs_made:03d}-{scenario.key}")
                 os.makedirs(folder, exist_ok=True)
-                run = await ScenarioRun.open(scenario, os.path.join(folder, "demo.db"), self.clock)
+                run = await ScenarioRun.open(
+                    scenario, os.path.join(folder, "demo.db"), self.sim_clock
+                )
                 old, self.playing = self.playing, run
                 self.inbox = run.stage.inbox  # the reload below reads its change token
                 for pane in self.panes:

@@ -18,8 +18,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .scenarios import SCENARIOS, Scenario
+
+if TYPE_CHECKING:
+    from textual.app import App
+    from textual.pilot import Pilot
 
 SIZE = (120, 40)
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +36,7 @@ def use_utc() -> None:
         time.tzset()
 
 
-async def settle_footer(app, pilot) -> None:
+async def settle_footer(app: App[Any], pilot: Pilot[Any]) -> None:
     """Wait (bounded) until the footer has re-laid out its keys after the last step."""
     from textual.widgets import Footer
 

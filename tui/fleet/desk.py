@@ -10,7 +10,7 @@ action text must never reach the terminal's title bar.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 
 from core import Approval
 from core.fleet import FleetScan, FleetSource, InboxSummary
@@ -19,6 +19,8 @@ from ..safe import safe_plain
 
 if TYPE_CHECKING:
     from textual.app import App
+
+    from ..app import OnwatchApp
 
 WARN_SECONDS = 600  # an approval this close to its deadline raises the alarm
 TITLE = "onwatch"
@@ -57,7 +59,7 @@ def health(summary: InboxSummary, now: int) -> str:
 _RANK = {"urgent": 0, "approval": 0, "dead": 1, "lost": 2, "problem": 3, "ok": 4}
 
 
-def needs_a_human_first(summary: InboxSummary, now: int) -> tuple:
+def needs_a_human_first(summary: InboxSummary, now: int) -> tuple[int, int, str, str]:
     """Sort key: approvals by deadline, then dead/interrupted, lost leases, unreadable files,
     then the rest; by name within each."""
     return (
@@ -68,7 +70,10 @@ def needs_a_human_first(summary: InboxSummary, now: int) -> tuple:
     )
 
 
+@runtime_checkable
 class FleetView(Protocol):
+    """A screen that shows the desk's summaries (the Fleet view, the approval queue)."""
+
     def show_fleet(self, now: int) -> None: ...
     def tick(self, now: int) -> None: ...
 
@@ -78,7 +83,7 @@ class FleetDesk:
 
     POLL_SECONDS = 1.0
 
-    def __init__(self, app: "App[Any]", source: FleetSource, *, read_only: bool = False) -> None:
+    def __init__(self, app: OnwatchApp, source: FleetSource, *, read_only: bool = False) -> None:
         self.app = app
         self.source = source
         self.read_only = read_only
@@ -98,7 +103,7 @@ class FleetDesk:
         self._deadlines: list[tuple[int, str, str]] = []  # (due, key, request id), soonest first
 
     def now(self) -> int:
-        return self.app.clock.now()  # type: ignore[attr-defined]  (the app's one clock)
+        return self.app.clock.now()  # the app's one clock
 
     def start(self) -> None:
         self.scan()
@@ -165,7 +170,7 @@ class FleetDesk:
 
     def view(self) -> FleetView | None:
         screen = self.app.screen
-        return screen if hasattr(screen, "show_fleet") else None  # type: ignore[return-value]
+        return screen if isinstance(screen, FleetView) else None
 
     # --- the alarm ------------------------------------------------------------------------
 
@@ -227,7 +232,11 @@ class FleetDesk:
         self._unseen.clear()
         self._update_title(self.now())
 
-    def _alarm(self, arrived: list, warned: list) -> None:
+    def _alarm(
+        self,
+        arrived: list[tuple[InboxSummary, Approval]],
+        warned: list[tuple[InboxSummary, Approval]],
+    ) -> None:
         if arrived:
             if len(arrived) == 1:
                 summary, approval = arrived[0]

@@ -8,7 +8,7 @@ Approvals pane.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -122,7 +122,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
         self.show_fleet(self.desk.now())
 
     def on_screen_suspend(self) -> None:
-        self.app.call_later(self.app.tick)  # type: ignore[attr-defined]  (see FleetScreen)
+        self.app.call_later(self.desk.app.tick)
 
     @property
     def rows(self) -> RowWindow:
@@ -189,12 +189,14 @@ class ApprovalQueueScreen(ModalScreen[None]):
 
     async def answer(self, action: str, summary: InboxSummary, approval: Approval) -> None:
         """Confirm, then answer one request in its own inbox file; show what stands."""
-        app: Any = self.app
+        app = self.desk.app
         name = safe_text(summary.name, limit=40, style="bold")
-        shown = app.inbox is not None and app.inbox.path == summary.target
+        shown = app.inbox if app.inbox is not None and app.inbox.path == summary.target else None
         try:
             inbox = (
-                app.inbox if shown else await self.desk.source.open(summary.key, clock=app.clock)
+                shown
+                if shown is not None
+                else await self.desk.source.open(summary.key, clock=app.clock)
             )
         except (InboxError, OSError) as exc:
             self._line(join(name, ": cannot open: ", safe_text(str(exc), limit=200)), False)
@@ -212,7 +214,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
             self._line(join(name, ": not done: ", safe_text(str(exc), limit=200)), False)
             return
         finally:
-            if not shown:
+            if shown is None:
                 await inbox.close()
         self._line(join(name, ": ", safe_text(outcome.text, limit=300)), outcome.applied)
         self.desk.scan(force=(summary.key,))

@@ -8,11 +8,11 @@ waiting approval of the fleet, `/` filters by name.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Iterable
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
@@ -162,7 +162,7 @@ def activity(summary: InboxSummary, now: int) -> tuple[list[int], int]:
     return run_buckets(summary.activity, now, BUCKETS)
 
 
-def next_change(summaries: Any, now: int) -> int:
+def next_change(summaries: Iterable[InboxSummary], now: int) -> int:
     """The next instant at which the clock alone changes an inbox's health: an approval
     coming within WARN_SECONDS of its deadline or passing it, a lease expiring."""
     soonest = now + 3600
@@ -233,7 +233,7 @@ class RowPainter:
         console = window.app.console
         spark = Text.assemble(
             *(
-                (segment.text, segment.style)
+                (segment.text, segment.style or "")  # Text.append: no style and "" alike
                 for segment in console.render(renderable, console.options)
                 if segment.text and segment.text != "\n"
             )
@@ -365,7 +365,7 @@ class FleetScreen(ModalScreen[None]):
     def on_screen_suspend(self) -> None:
         # Whatever is uncovered now (the panes, a dialog) shows the time at once, not up to
         # a second late: the app skipped the panes' countdowns while this screen covered them.
-        self.app.call_later(self.app.tick)  # type: ignore[attr-defined]
+        self.app.call_later(self.desk.app.tick)
 
     def on_resize(self) -> None:
         narrow = self.app.size.width < NARROW_BELOW
@@ -390,7 +390,7 @@ class FleetScreen(ModalScreen[None]):
 
     def show_fleet(self, now: int) -> None:
         """Sort and filter the desk's summaries and repaint (called after every scan)."""
-        summaries = self.desk.summaries.values()
+        summaries: Iterable[InboxSummary] = self.desk.summaries.values()
         if self.search:
             needle = self.search.lower()
             summaries = [s for s in summaries if needle in s.name.lower()]
@@ -472,7 +472,7 @@ class FleetScreen(ModalScreen[None]):
 
     async def open_inbox(self, key: str, pane: str | None = None) -> None:
         """Drill into inbox `key`: the app's panes show it, this screen steps aside."""
-        app: Any = self.app
+        app = self.desk.app
         summary = self.desk.summaries.get(key)
         if summary is None:
             return
@@ -531,7 +531,7 @@ class FleetScreen(ModalScreen[None]):
     def action_help(self) -> None:
         from .queue import ApprovalQueueScreen
 
-        def listed(bindings: list) -> list:
+        def listed(bindings: list[BindingType]) -> list[tuple[Binding, bool]]:
             return [(b, True) for b in bindings if isinstance(b, Binding)]
 
         queue = [

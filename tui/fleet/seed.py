@@ -13,7 +13,7 @@ import sqlite3
 
 from core import ApprovalRequest, FakeClock, Inbox
 
-from ..screenshots import T0, seed
+from ..screenshots import T0, lease, seed
 
 HOSTILE_NAME = "[@click=app.quit]quit[b]x"  # a file name cannot hold a slash
 ESCAPE_NAME = "\x1b]0;pwned\x07"
@@ -34,7 +34,7 @@ async def _busy(
         at = base - 3300 + i * step
         clock.set(at)
         await inbox.ingest("chat", f"{holder}-{i}", {"text": f"message {i}"}, now=at)
-        gen = await inbox.acquire(holder, now=at)
+        gen = await lease(inbox, holder, now=at)
         batch = await inbox.claim_batch(holder, gen, now=at)
         every = max(runs // max(failures, 1), 1)
         error = "TimeoutError: the model did not answer" if i % every == 0 and failures else None
@@ -67,7 +67,7 @@ async def seed_fleet(folder: str, base: int = T0) -> FakeClock:
     carol = await _inbox(folder, "carol", clock)  # a poison event went dead
     await carol.configure(max_attempts=1, backoff_base=1)
     await carol.ingest("webhook", "gh-poison-9", {"size": "huge"}, now=base - 900)
-    gen = await carol.acquire("worker-carol", now=base - 900)
+    gen = await lease(carol, "worker-carol", now=base - 900)
     claimed = await carol.claim_batch("worker-carol", gen, now=base - 900)
     await carol.finish(
         "worker-carol",
@@ -91,13 +91,13 @@ async def seed_fleet(folder: str, base: int = T0) -> FakeClock:
     await erin.close()
 
     frank = await _inbox(folder, "frank", clock)  # quiet: released its lease on shutdown
-    gen = await frank.acquire("worker-frank", now=base - 5000)
+    gen = await lease(frank, "worker-frank", now=base - 5000)
     await frank.release("worker-frank", gen, now=base - 4950)
     await frank.close()
 
     hostile = await _inbox(folder, HOSTILE_NAME, clock)
     await hostile.ingest("chat", "h-1", {"text": "hi"}, now=base - 300)
-    gen = await hostile.acquire("[red]w[/red]", now=base - 300)
+    gen = await lease(hostile, "[red]w[/red]", now=base - 300)
     batch = await hostile.claim_batch("[red]w[/red]", gen, now=base - 300)
     await hostile.finish(
         "[red]w[/red]",
@@ -148,7 +148,7 @@ async def shoot_fleet(out: str, scratch: str) -> list[str]:
         clock = await seed_fleet(folder)
         app = OnwatchApp(None, clock=clock, fleet=FolderFleet(folder, label="agents"))
         async with app.run_test(size=size, notifications=True) as pilot:
-            while not (getattr(app, "fleet_desk", None) and app.fleet_desk.loaded):
+            while not (app.fleet_desk is not None and app.fleet_desk.loaded):
                 await pilot.pause(0.05)
             for key in keys:
                 await pilot.press(key)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from rich.text import Text
 
-from core import Approval
+from core import Approval, Inbox, Overview
 
 from ..safe import safe_text
 from .base import Column, Pane, PaneData, Window
@@ -52,7 +51,7 @@ class ApprovalsPane(Pane):
     )
 
     @classmethod
-    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+    async def fetch(cls, inbox: Inbox, window: Window, overview: Overview) -> PaneData:
         rows = await inbox.approvals(limit=window.limit)
         shown = tuple(a for a in rows if matches(a, window.search))
         return PaneData(shown, overview.waiting_approvals, len(rows) >= window.limit)

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, ClassVar, Hashable, Iterable
+from typing import Any, ClassVar, Hashable, Iterable, cast
 
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.widgets import DataTable, Label
+from textual.widgets.data_table import ColumnKey
 
 from core import ACTIONS as CORE_ACTIONS
+from core import Inbox, Overview
 
 from .. import actions as desk
 from ..safe import join, safe_content, safe_text
@@ -61,7 +64,7 @@ class PaneData:
     extra: Any = None
 
 
-def remeasure(table: DataTable) -> None:
+def remeasure(table: DataTable[Any]) -> None:
     """Have `table` re-measure its columns on its next idle, as its add_column does.
 
     The one private name of Textual we use: 8.2 has no public call for a column width set by
@@ -71,13 +74,13 @@ def remeasure(table: DataTable) -> None:
     table._require_update_dimensions = True
 
 
-class PaneTable(DataTable):
+class PaneTable(DataTable[Text]):
     """The pane's table: row cursor, no markup anywhere (cells are safe Text), and one column
     that fills the width the others leave, so long texts end where the table ends."""
 
     fill_column: str | None = None
     fill_minimum: int = 10
-    widths: dict[str, tuple[int, int]] = {}  # column key → (normal, narrow) width
+    widths: dict[ColumnKey, tuple[int, int]] = {}  # column key → (normal, narrow) width
 
     # k9s / vim habits next to the arrows; `home`/`end` move the row cursor (DataTable's
     # own move a column cursor, which a row table does not have).
@@ -163,7 +166,7 @@ class PaneTable(DataTable):
         others = sum(
             c.get_render_width(self) for key, c in self.columns.items() if key != self.fill_column
         )
-        column = self.columns[self.fill_column]
+        column = self.columns[ColumnKey(self.fill_column)]
         width = max(
             min(self.fill_minimum, 12) if narrow else self.fill_minimum,
             available - others - padding,
@@ -337,7 +340,7 @@ class Pane(Vertical):
     # --- what subclasses provide --------------------------------------------------------
 
     @classmethod
-    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+    async def fetch(cls, inbox: Inbox, window: Window, overview: Overview) -> PaneData:
         """Read this pane's window from the inbox (runs in the app's refresh)."""
         raise NotImplementedError
 
@@ -346,7 +349,7 @@ class Pane(Vertical):
 
     def signature(self, record: Any) -> Hashable:
         """What must change for the row to be redrawn (never the payload itself)."""
-        return record
+        return cast(Hashable, record)  # every pane's records are frozen dataclasses
 
     def cells(self, record: Any, now: int) -> dict[str, Text]:
         """Every cell of the row, by column key (safe Text only)."""
@@ -369,11 +372,13 @@ class Pane(Vertical):
 
     # --- layout -------------------------------------------------------------------------
 
-    def compose(self):
+    def compose(self) -> ComposeResult:
         table = PaneTable(id=f"{self.PANE_ID}-table", cursor_type="row", zebra_stripes=True)
         if self.MARKABLE:
             table.add_column(" ", key="mark", width=1)
-        table.widths = {c.key: (c.width, c.narrow) for c in self.COLUMNS if c.narrow is not None}
+        table.widths = {
+            ColumnKey(c.key): (c.width, c.narrow) for c in self.COLUMNS if c.narrow is not None
+        }
         for column in self.COLUMNS:
             table.add_column(column.label, key=column.key, width=column.width)
             if column.fill:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from rich.text import Text
 
-from core import Event
+from core import Event, Inbox, Overview
 
 from ..safe import safe_text
 from .base import Column, PaneData, Window
@@ -40,7 +39,7 @@ class DeadPane(EventPane):
     )
 
     @classmethod
-    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+    async def fetch(cls, inbox: Inbox, window: Window, overview: Overview) -> PaneData:
         total = overview.counts.get("dead", 0) + overview.counts.get("interrupted", 0)
         return await fetch_events(inbox, ("dead", "interrupted"), window, total)
 

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Hashable
 
 from rich.text import Text
 
-from core import Event
+from core import Event, Inbox
 
 from ..safe import safe_text
 from .base import Pane, PaneData, Window
 
 
 async def fetch_events(
-    inbox: Any, statuses: tuple[str, ...], window: Window, total: int
+    inbox: Inbox, statuses: tuple[str, ...], window: Window, total: int
 ) -> PaneData:
     """One window of events in `statuses`, by id, after the window's anchor.
 

@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
+from textual.app import ComposeResult
 from textual.widgets import DataTable, Label
 
-from core import Delivery, Message
+from core import Delivery, Inbox, Message, Overview
 
 from ..safe import join, safe_text
 from .base import Column, Pane, PaneData, Window
@@ -53,14 +54,14 @@ class OutboxPane(Pane):
     STATES = ("uncertain",)
 
     @classmethod
-    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+    async def fetch(cls, inbox: Inbox, window: Window, overview: Overview) -> PaneData:
         held = await inbox.held_messages(limit=window.limit)
         needle = (window.search or "").lower()
         shown = tuple(m for m in held if needle in m.body.lower())
         sends = tuple(await inbox.deliveries(limit=cls.SENDS))
         uncertain = (
             tuple(await inbox.uncertain_deliveries(limit=cls.SENDS))
-            if getattr(overview, "uncertain_deliveries", 0)
+            if overview.uncertain_deliveries
             else ()
         )
         listed = {d.id for d in sends}
@@ -70,10 +71,10 @@ class OutboxPane(Pane):
         )
         return PaneData(shown, overview.held_messages, len(held) >= window.limit, state)
 
-    def compose(self):
+    def compose(self) -> ComposeResult:
         yield Label("", classes="summary")
         yield from super().compose()
-        sends = DataTable(id="sends", cursor_type="none", show_cursor=False)
+        sends: DataTable[Text] = DataTable(id="sends", cursor_type="none", show_cursor=False)
         sends.can_focus = False
         for key, label, width in (
             ("id", "send", 6),

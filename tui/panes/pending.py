@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from rich.text import Text
 
-from core import Event
+from core import Event, Inbox, Overview
 
 from ..safe import safe_text
 from .base import Column, PaneData, Window
@@ -36,7 +35,7 @@ class PendingPane(EventPane):
     )
 
     @classmethod
-    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+    async def fetch(cls, inbox: Inbox, window: Window, overview: Overview) -> PaneData:
         return await fetch_events(inbox, ("pending",), window, overview.counts.get("pending", 0))
 
     def cells(self, event: Event, now: int) -> dict[str, Text]:

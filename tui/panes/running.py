@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 from rich.text import Text
 
-from core import Event
+from core import Event, Inbox, Overview
 
 from .base import Column, PaneData, Window
 from .events import EventPane, fetch_events
@@ -34,7 +33,7 @@ class RunningPane(EventPane):
     )
 
     @classmethod
-    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+    async def fetch(cls, inbox: Inbox, window: Window, overview: Overview) -> PaneData:
         return await fetch_events(inbox, ("running",), window, overview.counts.get("running", 0))
 
     def cells(self, event: Event, now: int) -> dict[str, Text]:

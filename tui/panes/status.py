@@ -135,7 +135,7 @@ class StatusStrip(Vertical):
         now: int,
         updated_at: int | None,
         problem: str | None = None,
-        activity: tuple | None = None,
+        activity: tuple[tuple[int, int, int], ...] | None = None,
     ) -> None:
         """Show a fresh overview (attributes down from the app), and the runs of the last
         hour per minute (`core.fleet.run_activity`) when they were read."""

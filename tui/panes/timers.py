@@ -3,11 +3,11 @@ and the timers the scheduler set aside (they no longer fire) with the reason."""
 
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import Hashable
 
 from rich.text import Text
 
-from core import Timer
+from core import Inbox, Overview, Timer
 
 from ..safe import safe_text
 from .base import Column, Pane, PaneData, Window
@@ -35,7 +35,7 @@ class TimersPane(Pane):
     )
 
     @classmethod
-    async def fetch(cls, inbox: Any, window: Window, overview: Any) -> PaneData:
+    async def fetch(cls, inbox: Inbox, window: Window, overview: Overview) -> PaneData:
         rows = await inbox.timers(limit=window.limit)
         needle = (window.search or "").lower()
         shown = tuple(t for t in rows if needle in t.id.lower())

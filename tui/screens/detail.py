@@ -12,7 +12,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from core import Approval, AuditEntry, Event, Message, Timer
+from core import Approval, AuditEntry, Event, Inbox, Message, Timer
 
 from ..panes.timefmt import ago, clock, countdown, period, stamp
 from ..safe import join, safe_json, safe_text
@@ -48,7 +48,7 @@ def _audit(text: Text, entries: list[AuditEntry]) -> None:
         text.append("\n")
 
 
-async def event_detail(inbox: Any, event_id: int, now: int) -> tuple[str, Text]:
+async def event_detail(inbox: Inbox, event_id: int, now: int) -> tuple[str, Text]:
     """Read everything about one event; return a title and the body (safe Text)."""
     event: Event | None = await inbox.get_event(event_id)
     if event is None:
@@ -137,7 +137,7 @@ async def event_detail(inbox: Any, event_id: int, now: int) -> tuple[str, Text]:
     return f"Event #{event.id} · {event.status}", text
 
 
-async def approval_detail(inbox: Any, request_id: str, now: int) -> tuple[str, Text]:
+async def approval_detail(inbox: Inbox, request_id: str, now: int) -> tuple[str, Text]:
     approval: Approval | None = await inbox.get_approval(request_id)
     if approval is None:
         return "Approval", join("No such request: ", safe_text(request_id, limit=200))
@@ -213,7 +213,7 @@ def message_detail(message: Message, now: int) -> tuple[str, Text]:
     return f"Outbox message #{message.id}", text
 
 
-async def load_detail(inbox: Any, record: Any, now: int) -> tuple[str, Text]:
+async def load_detail(inbox: Inbox, record: Any, now: int) -> tuple[str, Text]:
     """The title and body for any pane's row."""
     if isinstance(record, Event):
         return await event_detail(inbox, record.id, now)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
+
+from rich.console import RenderableType
 
 from rich.console import Group as RenderGroup
 from rich.table import Table
@@ -15,15 +17,19 @@ from textual.widgets import Label, Static
 
 # One group per heading: (heading, [(binding, available?)]).
 Group = tuple[str, list[tuple[Binding, bool]]]
+# How the app shows a binding's key when it names no `key_display` (App.get_key_display).
+KeyDisplay = Callable[[Binding], str]
 
 
-def key_name(binding: Binding, app_key_display) -> str:
+def key_name(binding: Binding, app_key_display: KeyDisplay) -> str:
     return binding.key_display or app_key_display(binding)
 
 
-def render_groups(groups: Iterable[Group], key_display, notes: list[str]) -> RenderGroup:
+def render_groups(
+    groups: Iterable[Group], key_display: KeyDisplay, notes: list[str]
+) -> RenderGroup:
     """Per group a heading and a grid of key, name and what it does; notes below."""
-    parts: list = []
+    parts: list[RenderableType] = []
     for heading, bindings in groups:
         if not bindings:
             continue

@@ -31,7 +31,7 @@ import hmac
 import logging
 import math
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, TypeVar
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -60,6 +60,7 @@ SECURITY_HEADERS = {
 }
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_Response = TypeVar("_Response", bound=web.StreamResponse)
 
 
 class FailureLimit:
@@ -198,7 +199,7 @@ def _plain(status: int, text: str) -> web.Response:
     return _secured(web.Response(status=status, text=text + "\n"))
 
 
-def _secured(response: web.StreamResponse) -> web.StreamResponse:
+def _secured(response: _Response) -> _Response:
     if not response.prepared:  # a websocket's headers went out with the upgrade
         for name, value in SECURITY_HEADERS.items():
             response.headers.setdefault(name, value)

@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp_jinja2
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from textual_serve.server import Server
 
 
@@ -33,7 +34,7 @@ class _DeskServer(Server):
     async def on_startup(self, app: web.Application) -> None:
         """textual-serve prints a banner here; onwatch says where it listens itself."""
 
-    async def handle_index(self, request: web.Request) -> web.StreamResponse:  # type: ignore[override]
+    async def handle_index(self, request: web.Request) -> web.StreamResponse:
         # textual-serve writes absolute URLs from one fixed public_url; without --public-url
         # they follow the address the browser used (localhost or 127.0.0.1 or a LAN name),
         # so the websocket goes to the origin that holds the session cookie.
@@ -58,7 +59,11 @@ def _int(text: str | None, default: int) -> int:
 
 
 async def desk_app(
-    command: str, *, title: str, public_url: str | None = None, middlewares: tuple = ()
+    command: str,
+    *,
+    title: str,
+    public_url: str | None = None,
+    middlewares: tuple[Middleware, ...] = (),
 ) -> web.Application:
     """An aiohttp app serving `command` (a shell command line, already quoted) to browsers:
     `/` the page, `/ws` the websocket that runs one `command` process per connection,

@@ -93,7 +93,7 @@ scenario = find  # the name the player and the tests know it by
 
 async def play(
     scenario: Scenario | str | int,
-    path: str | os.PathLike | None = None,
+    path: str | os.PathLike[str] | None = None,
     *,
     echo: Callable[[str], Any] | None = None,
 ) -> ScenarioRun:

@@ -37,7 +37,7 @@ def build() -> Scenario:
         claimed = await s.inbox.claim_batch("worker", gen) if gen else []
         ok = (
             await s.inbox.finish("worker", gen, [e.id for e in claimed], ["Deployed main."])
-            if claimed
+            if gen and claimed
             else False
         )
         s.results["runs"] = len(claimed)

@@ -42,7 +42,7 @@ def build() -> Scenario:
 
     async def w3(s: Stage) -> str:
         lease = await s.inbox.lease_info()
-        s.at(lease.until + 1)
+        s.at((lease.until if lease else s.now) + 1)
         gen = await s.inbox.acquire("W3")
         claimed = await s.inbox.claim_batch("W3", gen) if gen else []
         s.results["W3_claimed"] = [e.source_id for e in claimed]
@@ -77,7 +77,7 @@ def build() -> Scenario:
 
     async def w4(s: Stage) -> str:
         lease = await s.inbox.lease_info()
-        s.at(lease.until + 1)
+        s.at((lease.until if lease else s.now) + 1)
         gen = await s.inbox.acquire("W4")
         claimed = await s.inbox.claim_batch("W4", gen) if gen else []
         s.results["W4_claimed"] = [e.source_id for e in claimed]

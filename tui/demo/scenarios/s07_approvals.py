@@ -25,7 +25,7 @@ def build() -> Scenario:
     async def expire_1(s: Stage) -> str:
         s.at(s.results["refund-1_at"] + 5 * HOUR)
         due = await s.inbox.run_scheduler()
-        approval = await s.inbox.get_approval("refund-1")
+        approval = await s.approval("refund-1")
         if approval.answered_by != "scheduler":  # the viewer answered it from the pane
             return (
                 f"At T+5h the scheduler runs ({due} due): refund-1 already has its answer "
@@ -95,7 +95,7 @@ def build() -> Scenario:
     async def expiry_3(s: Stage) -> str:
         s.at(s.results["refund-3_at"] + 5 * HOUR)
         due = await s.inbox.run_scheduler()
-        approval = await s.inbox.get_approval("refund-3")
+        approval = await s.approval("refund-3")
         s.results["refund-3_after_expiry"] = approval.answer
         return (
             f"T+5h, past refund-3's deadline, the scheduler runs ({due} due): the stored "

@@ -22,8 +22,13 @@ async def _run_with_reply(s: Stage, source_id: str, body: str, worker: str = "wo
     await s.inbox.ingest("build", source_id, {"step": source_id})
     gen = await s.inbox.acquire(worker)
     claimed = await s.inbox.claim_batch(worker, gen) if gen else []
-    ok = await s.inbox.finish(worker, gen, [e.id for e in claimed], [body]) if claimed else False
-    await s.inbox.release(worker, gen)  # the worker goes idle between events
+    ok = (
+        await s.inbox.finish(worker, gen, [e.id for e in claimed], [body])
+        if gen and claimed
+        else False
+    )
+    if gen:
+        await s.inbox.release(worker, gen)  # the worker goes idle between events
     return ok
 
 

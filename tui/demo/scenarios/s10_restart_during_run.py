@@ -38,7 +38,7 @@ def build() -> Scenario:
 
     async def restart(s: Stage) -> str:
         lease = await s.inbox.lease_info()
-        s.at(lease.until + 1)
+        s.at((lease.until if lease else s.now) + 1)
         worker = await s.worker_connection("worker-2")
         gen = await worker.acquire("worker-2")
         claimed = await worker.claim_batch("worker-2", gen) if gen else []

@@ -12,12 +12,16 @@ def build() -> Scenario:
         gen = await s.inbox.acquire("worker")
         claimed = await s.inbox.claim_batch("worker", gen) if gen else []
         s.later(40)
-        ok = await s.inbox.finish(
-            "worker",
-            gen,
-            [e.id for e in claimed],
-            ["You have 3 new mails; none urgent."],
-            result={"summary": "3 new mails, none urgent"},
+        ok = (
+            await s.inbox.finish(
+                "worker",
+                gen,
+                [e.id for e in claimed],
+                ["You have 3 new mails; none urgent."],
+                result={"summary": "3 new mails, none urgent"},
+            )
+            if gen and claimed
+            else False
         )
         s.results["event_id"] = claimed[0].id if claimed else None
         runs = await s.inbox.runs(s.results["event_id"])

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
-from core import Event, FakeClock, Inbox
+from core import Approval, Event, FakeClock, Inbox
 
 START = 1_000_000  # t of the reference scenarios (docs/rules.md#the-reference-scenarios)
 DAY = 86_400
@@ -92,6 +92,11 @@ class Stage:
         assert event is not None, f"event {event_id} vanished"
         return event
 
+    async def approval(self, request_id: str) -> Approval:
+        approval = await self.inbox.get_approval(request_id)
+        assert approval is not None, f"request {request_id} vanished"
+        return approval
+
     async def held(self) -> int:
         return len(await self.inbox.held_messages())
 
@@ -154,7 +159,7 @@ class ScenarioRun:
 
     @classmethod
     async def open(
-        cls, scenario: Scenario, path: str | os.PathLike, clock: FakeClock | None = None
+        cls, scenario: Scenario, path: str | os.PathLike[str], clock: FakeClock | None = None
     ) -> "ScenarioRun":
         """Open a fresh inbox at `path` on `clock` (reset to t) with the scenario's settings."""
         clock = clock or FakeClock(START)

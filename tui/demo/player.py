@@ -169,7 +169,7 @@ class ScenarioPicker(ModalScreen[int | None]):
             yield OptionList(*options, id="picker-list")
             yield Label(
                 Text(
-                    "↑↓ or its number choose · ↵ play · esc close — then space steps, g "
+                    "↑↓ or a number choose · ↵ play · esc close — then space steps, g "
                     "autoplays. onwatch demo --live runs real worker processes."
                 ),
                 classes="keys",

@@ -467,15 +467,41 @@ def release(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
 # --- claiming -------------------------------------------------------------------------------
 
 
+# What a claim must know before it picks anything, in one statement (one read): the lease,
+# the settings, the pause flag, and whether any lost claim or attempted pending row exists
+# (two indexed existence checks: when neither does, recovery and burial have nothing to do
+# and are skipped).
+_CLAIM_STATE = (
+    "SELECT holder, gen, until, (SELECT json FROM settings WHERE id = 1), "
+    "(SELECT value FROM meta WHERE key = 'paused'), "
+    "EXISTS (SELECT 1 FROM events INDEXED BY events_by_status "
+    "WHERE status = 'running' AND claim_gen < ?), "
+    "EXISTS (SELECT 1 FROM events INDEXED BY events_retried "
+    "WHERE status = 'pending' AND attempts > 0) "
+    "FROM lease WHERE id = 1"
+)
+
+
 def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list[Event]:
     """Claim the next run's events for the holder of exactly this generation."""
-    if not holds(db, holder, gen, now):
+    state = db.execute(_CLAIM_STATE, (gen,)).fetchone()
+    if not (
+        state is not None
+        and state[0] == holder
+        and state[1] == gen
+        and type(state[2]) is int
+        and state[2] >= now
+    ):  # the rule of holds(), on the row read above
         refuse(db, "claim", holder, gen, now)
         return []
-    settings = load_settings(db)
-    recover_lost_claims(db, gen, now, settings)
-    bury_exhausted(db, now, settings)
-    if get_meta(db, "paused"):
+    settings = Settings() if state[3] is None else _settings_from(state[3])
+    lost, attempted = state[5], state[6]
+    if lost or settings.max_run_seconds is not None:
+        lost = recover_lost_claims(db, gen, now, settings)
+    attempted = attempted or lost  # a recovered claim is pending again with its attempts
+    if attempted:
+        bury_exhausted(db, now, settings)
+    if state[4]:  # paused: recovery above still ran, nothing is claimed
         return []
     if (
         settings.max_runs_per_day is not None
@@ -483,39 +509,37 @@ def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list
     ):
         return []  # budget: excess runs are delayed until the day's window frees a slot
     for _ in range(100):  # each round sets aside what it cannot run; a pass never stops
-        retried = db.execute(
-            "SELECT id FROM events WHERE status = 'pending' AND attempts > 0 "
-            "AND available_at <= ? ORDER BY id LIMIT 1",
-            (now,),
-        ).fetchone()
-        if retried is not None:
-            ids = [retried[0]]  # an attempted event runs alone: a poison event harms no other
-        else:
-            ids = [
-                r[0]
-                for r in db.execute(
-                    "SELECT id FROM events INDEXED BY events_by_status "
-                    "WHERE status = 'pending' AND available_at <= ? ORDER BY id LIMIT ?",
-                    (now, settings.max_batch),
-                )
-            ]
-        if not ids:
+        rows = []
+        if attempted:
+            rows = db.execute(
+                f"SELECT {EVENT_COLUMNS} FROM events INDEXED BY events_retried "
+                "WHERE status = 'pending' AND attempts > 0 AND available_at <= ? "
+                "ORDER BY id LIMIT 1",
+                (now,),
+            ).fetchall()  # an attempted event runs alone: a poison event harms no other
+        if not rows:
+            rows = db.execute(
+                f"SELECT {EVENT_COLUMNS} FROM events INDEXED BY events_by_status "
+                "WHERE status = 'pending' AND available_at <= ? ORDER BY id LIMIT ?",
+                (now, settings.max_batch),
+            ).fetchall()
+        if not rows:
             return []
-        events = _runnable(db, ids, now)
-        if events:
+        runnable = _runnable_rows(db, rows, now)
+        if runnable:
             break
     else:
         return []
-    ids = [e.id for e in events]
+    ids = [row[0] for row, _ in runnable]
     run_id = db.execute(
         "INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (?,?,?,?)",
-        (holder, gen, json.dumps(ids), now),
+        (holder, gen, "[" + ", ".join(map(str, ids)) + "]", now),  # json.dumps(ids)
     ).lastrowid
-    db.executemany(
-        "INSERT INTO run_events(event_id, run_id) VALUES (?, ?)",
-        [(event_id, run_id) for event_id in ids],
-    )
     marks = _placeholders(ids)
+    db.execute(
+        "INSERT INTO run_events(event_id, run_id) VALUES " + ",".join(["(?, ?)"] * len(ids)),
+        [value for event_id in ids for value in (event_id, run_id)],
+    )
     # Attempts are counted here, at claim time: a worker that crashes never reports failure.
     db.execute(
         f"UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = ?, "
@@ -523,35 +547,40 @@ def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list
         (gen, now, run_id, now, *ids),
     )
     return [
-        dataclasses.replace(
-            e,
-            status="running",
-            attempts=e.attempts + 1,
-            claim_gen=gen,
-            claimed_at=now,
-            run_id=run_id,
-            updated=now,
+        Event(
+            row[0],
+            row[1],
+            row[2],
+            payload,
+            "running",
+            row[5] + 1,
+            gen,
+            row[7],
+            row[8],
+            now,
+            row[10],
+            now,
+            run_id,
         )
-        for e in events
+        for row, payload in runnable
     ]
 
 
-def _runnable(db: sqlite3.Connection, ids: Sequence[int], now: int) -> list[Event]:
-    """The events among `ids` an agent can run; the others are set aside (dead, with the
-    reason) so that one bad row never stops every claim: a pruned payload (nothing to run
-    on), a payload that is not JSON, an attempt count that is not a small integer."""
+def _runnable_rows(
+    db: sqlite3.Connection, rows: Sequence[Sequence[Any]], now: int
+) -> list[tuple[Sequence[Any], Any]]:
+    """(row, decoded payload) for the rows an agent can run; the others are set aside (dead,
+    with the reason) so that one bad row never stops every claim: a pruned payload (nothing
+    to run on), a payload that is not JSON, an attempt count that is not a small integer."""
     runnable = []
-    for row in db.execute(
-        f"SELECT {EVENT_COLUMNS} FROM events WHERE id IN ({_placeholders(ids)}) ORDER BY id",
-        list(ids),
-    ).fetchall():
+    for row in rows:
         if row[3] is None:
             why = "its payload was pruned; there is nothing to run it on"
         elif not _is_int(row[5], 0, MAX_COUNT):
             why = f"attempts is {str(row[5])[:40]!r}, not a count"
         else:
             try:
-                runnable.append(event_from_row(row, strict=True))
+                runnable.append((row, json.loads(row[3])))
                 continue
             except ROW_ERRORS as exc:
                 why = f"its payload cannot be read ({_reason(exc)})"
@@ -566,13 +595,13 @@ def _runnable(db: sqlite3.Connection, ids: Sequence[int], now: int) -> list[Even
 def recover_lost_claims(db: sqlite3.Connection, gen: int, now: int, settings: Settings) -> int:
     """Rows running under an older generation (or past the run budget) were lost."""
     lost = db.execute(
-        "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_running "
+        "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_by_status "
         "WHERE status = 'running' AND claim_gen < ?",
         (gen,),
     ).fetchall()
     if settings.max_run_seconds is not None:
         lost += db.execute(
-            "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_running "
+            "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_by_status "
             "WHERE status = 'running' AND claim_gen = ? AND claimed_at < ?",
             (gen, now - settings.max_run_seconds),
         ).fetchall()
@@ -606,7 +635,8 @@ def recover_lost_claims(db: sqlite3.Connection, gen: int, now: int, settings: Se
 def bury_exhausted(db: sqlite3.Connection, now: int, settings: Settings) -> int:
     """Pending rows out of attempts become dead, keeping why."""
     cursor = db.execute(
-        "UPDATE events SET status = 'dead', updated = ?, error = 'too many attempts (' || "
+        "UPDATE events INDEXED BY events_retried "  # only attempted rows: not every pending one
+        "SET status = 'dead', updated = ?, error = 'too many attempts (' || "
         "attempts || '/' || ? || ')' || coalesce(': ' || error, '') "
         "WHERE status = 'pending' AND typeof(attempts) = 'integer' AND attempts > 0 "
         "AND attempts >= ?",
@@ -639,16 +669,23 @@ def finish(
 ) -> bool:
     """Commit a run's outcome and everything it produced, fenced (by generation, and by run
     when `run` is given), all or nothing."""
-    if not holds(db, holder, gen, now):
+    # The lease, the settings and (fenced by run) whether the run is open: one read.
+    state = db.execute(
+        "SELECT holder, gen, until, (SELECT json FROM settings WHERE id = 1), "
+        "(SELECT 1 FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL) "
+        "FROM lease WHERE id = 1",
+        (run, gen),
+    ).fetchone()
+    if not (
+        state is not None
+        and state[0] == holder
+        and state[1] == gen
+        and type(state[2]) is int
+        and state[2] >= now
+    ):  # the rule of holds(), on the row read above
         refuse(db, "finish", holder, gen, now)
         return False
-    if (
-        run is not None
-        and db.execute(
-            "SELECT 1 FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL", (run, gen)
-        ).fetchone()
-        is None
-    ):
+    if run is not None and state[4] is None:
         refuse(
             db,
             "finish",
@@ -658,7 +695,7 @@ def finish(
             f"run {run} is not an open run of this generation (recovered or finished)",
         )
         return False
-    settings = load_settings(db)
+    settings = Settings() if state[3] is None else _settings_from(state[3])
     if (
         settings.max_followups_per_run is not None
         and len(followups) > settings.max_followups_per_run
@@ -668,11 +705,21 @@ def finish(
             f"max_followups_per_run allows {settings.max_followups_per_run}"
         )
     marks = _placeholders(ids)
-    rows = db.execute(
-        f"SELECT id, attempts, run_id FROM events WHERE id IN ({marks}) AND status = 'running' "
-        f"AND claim_gen = ?" + ("" if run is None else " AND run_id = ?"),
-        (*ids, gen) if run is None else (*ids, gen, run),
-    ).fetchall()
+    still_claimed = f"WHERE id IN ({marks}) AND status = 'running' AND claim_gen = ?" + (
+        "" if run is None else " AND run_id = ?"
+    )
+    fence = (*ids, gen) if run is None else (*ids, gen, run)
+    if error is None:
+        # Marked done and read back in one statement: the rows this run still held.
+        rows = db.execute(
+            f"UPDATE events SET status = 'done', error = NULL, updated = ? {still_claimed} "
+            f"RETURNING id, attempts, run_id",
+            (now, *fence),
+        ).fetchall()
+    else:
+        rows = db.execute(
+            f"SELECT id, attempts, run_id FROM events {still_claimed}", fence
+        ).fetchall()
     if not rows:
         refuse(
             db,
@@ -683,15 +730,8 @@ def finish(
             "none of these events is still claimed by this generation",
         )
         return False
-    live = [r[0] for r in rows]
     run_ids = sorted({r[2] for r in rows if r[2] is not None})
-    live_marks = _placeholders(live)
     if error is None:
-        db.execute(
-            f"UPDATE events SET status = 'done', error = NULL, updated = ? "
-            f"WHERE id IN ({live_marks})",
-            (now, *live),
-        )
         run_id = run_ids[0] if run_ids else None
         for reply in replies:
             db.execute(
@@ -736,15 +776,12 @@ def finish(
     for run_id in run_ids:
         # A run closes when its last event is finished (a run may be finished in parts);
         # until then a lost-claim recovery can still close it as lost.
-        still_running = db.execute(
-            "SELECT 1 FROM events WHERE run_id = ? AND status = 'running' LIMIT 1", (run_id,)
-        ).fetchone()
-        if still_running is None:
-            db.execute(
-                "UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ?, "
-                "traceback = ? WHERE id = ? AND outcome IS NULL",
-                (outcome, now, result, error, traceback, run_id),
-            )
+        db.execute(
+            "UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ?, "
+            "traceback = ? WHERE id = ? AND outcome IS NULL AND NOT EXISTS "
+            "(SELECT 1 FROM events WHERE run_id = ? AND status = 'running')",
+            (outcome, now, result, error, traceback, run_id, run_id),
+        )
     return True
 
 

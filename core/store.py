@@ -238,6 +238,45 @@ def ingest_group(
     return results
 
 
+def ingest_alone(
+    db: sqlite3.Connection,
+    items: Sequence[tuple[str, str, str, int]],
+    seen: dict[str, str | None],
+) -> list[bool | Exception] | None:
+    """One new event in one autocommit statement (no BEGIN, no COMMIT statement of its own),
+    or None when that statement cannot decide: the caller then runs ingest_many in a write
+    transaction. Called outside any transaction; `seen` is the caller's memory of the
+    settings text (one per Inbox).
+
+    The statement stores the event only if the stored settings are still the ones in `seen`
+    and those allow it (no max_pending budget to count, the payload within
+    max_payload_bytes): the same rule as ingest_many, checked at the statement's own instant
+    (an autocommit INSERT takes the write lock, with the busy timeout, before it reads). A
+    duplicate or settings changed elsewhere store nothing: `seen` is forgotten (read again
+    next time) and the full rule answers.
+    """
+    if len(items) != 1:
+        return None
+    if "settings" not in seen:
+        row = db.execute("SELECT json FROM settings WHERE id = 1").fetchone()
+        seen["settings"] = None if row is None else row[0]
+    text = seen["settings"]
+    settings = Settings() if text is None else _settings_from(text)
+    [(source, source_id, payload, now)] = items
+    if settings.max_pending is not None or len(payload) > settings.max_payload_bytes:
+        return None
+    cursor = db.execute(
+        "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
+        "SELECT ?, ?, ?, ?, ?, ? WHERE (SELECT json FROM settings WHERE id = 1) IS ? "
+        "ON CONFLICT(source, source_id) DO NOTHING",
+        (source, source_id, payload, now, now, now, text),
+    )
+    if cursor.rowcount == 1:
+        return [True]
+    seen.clear()
+    return None
+
+
 def _ingest_items(
     db: sqlite3.Connection, items: Sequence[tuple[str, str, str, int]]
 ) -> list[bool | Exception]:

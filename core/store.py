@@ -314,9 +314,9 @@ _GROUP_ROWS = 150  # keys per statement: well inside SQLite's limit on bound par
 def _ingest_group(
     db: sqlite3.Connection, items: Sequence[tuple[str, str, str, int]], settings: Settings
 ) -> list[bool | Exception]:
-    """The same rule as the per-item path, for a group: one read finds which keys exist, one
-    multi-row insert stores the new ones. Safe without ON CONFLICT because the caller holds
-    the write lock; a repeat of a key within the group is a duplicate of its first copy."""
+    """The same rule as the per-item path, for a group: one multi-row insert stores the new
+    keys and names them (RETURNING); a key already stored conflicts and is skipped, and so is
+    a repeat within the group (the VALUES rows go in order: its first copy is stored)."""
     results: list[bool | Exception] = [False] * len(items)
     wanted = []
     for index, (source, source_id, payload, now) in enumerate(items):
@@ -328,28 +328,22 @@ def _ingest_group(
             wanted.append((index, source, source_id, payload, now))
     for start in range(0, len(wanted), _GROUP_ROWS):
         chunk = wanted[start : start + _GROUP_ROWS]
-        keys = [value for _, source, source_id, _, _ in chunk for value in (source, source_id)]
-        # A join from a VALUES list walks the unique index once per key; `(source,
-        # source_id) IN (VALUES …)` would scan the whole index instead.
-        seen = set(
-            db.execute(
-                f"SELECT e.source, e.source_id FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) "
-                f"AS k CROSS JOIN events AS e ON e.source = k.column1 AND e.source_id = k.column2",
-                keys,
-            )
-        )
         rows: list[str | int] = []
-        for index, source, source_id, payload, now in chunk:
-            if (source, source_id) not in seen:
-                seen.add((source, source_id))
-                results[index] = True
-                rows += (source, source_id, payload, now, now, now)
-        if rows:
+        for _, source, source_id, payload, now in chunk:
+            rows += (source, source_id, payload, now, now, now)
+        stored = set(
             db.execute(
                 "INSERT INTO events(source, source_id, payload, available_at, created, "
-                "updated) VALUES " + ",".join(["(?, ?, ?, ?, ?, ?)"] * (len(rows) // 6)),
+                "updated) VALUES "
+                + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk))
+                + " ON CONFLICT(source, source_id) DO NOTHING RETURNING source, source_id",
                 rows,
             )
+        )
+        for index, source, source_id, _, _ in chunk:
+            if (source, source_id) in stored:
+                stored.discard((source, source_id))  # a later copy is a duplicate of this one
+                results[index] = True
     return results
 
 

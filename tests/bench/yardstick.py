@@ -7,7 +7,9 @@ transactions — the SQL of core/store.py, on a file created by core's own schem
 migrations, so tables, triggers and indexes are identical — with the same durability:
 
 * WAL journal, `synchronous = FULL` (every commit is fsynced before it returns);
-* one transaction per call (per event for ingest), `BEGIN IMMEDIATE … COMMIT`;
+* one transaction per call (per event for ingest), `BEGIN IMMEDIATE … COMMIT`, or, where
+  the engine does the same (a lone new event, `store.ingest_alone`), one autocommit
+  statement;
 * the same busy timeout.
 
 What it leaves out is everything the async engine adds on top: no thread hop, no group

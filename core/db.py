@@ -158,6 +158,32 @@ class Database:
         `done` runs even if whoever queued the work was cancelled meanwhile. It goes on the
         same queue as `call` (aiosqlite's `_tx`, pinned version), so order is kept.
         """
+        self._queue_write(lambda db: write_transaction(db, fn, args), done)
+
+    def write_soon_alone(
+        self,
+        alone: Callable[..., T | None],
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        done: Callable[[T | None, BaseException | None], None],
+    ) -> None:
+        """`write_soon`, trying `alone(connection, *args)` first: one autocommit statement,
+        outside any transaction (a commit that needs no BEGIN or COMMIT statement of its
+        own). Only if it returns None does `fn` run in its own write transaction."""
+
+        def alone_or_transaction(db: sqlite3.Connection) -> T:
+            result = alone(db, *args)
+            return write_transaction(db, fn, args) if result is None else result
+
+        self._queue_write(alone_or_transaction, done)
+
+    def _queue_write(
+        self,
+        run: Callable[[sqlite3.Connection], T],
+        done: Callable[[T | None, BaseException | None], None],
+    ) -> None:
+        """Queue `run(connection)`, which commits by itself, for write_soon and
+        write_soon_alone."""
         conn = self._conn
         if not conn._running or conn._connection is None:
             raise InboxError(f"inbox {self.path} is closed")
@@ -166,7 +192,7 @@ class Database:
 
         def job() -> None:  # on the connection's thread
             try:
-                result = write_transaction(sqlite_conn, fn, args)
+                result = run(sqlite_conn)
             except sqlite3.Error as exc:
                 loop.call_soon_threadsafe(done, None, _map_error(exc, path, busy_timeout))
             except BaseException as exc:  # noqa: B036 - handed to the callers, not lost

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import json
 import os
@@ -258,6 +259,15 @@ class _GroupCommit:
         self._storm = False  # the last transaction carried more than one ingest
         self._idle: asyncio.Future[None] | None = None
         self._known: dict[tuple[str, str], None] = {}
+        # SQLite: a lone ingest tries one autocommit statement first (store.ingest_alone),
+        # which remembers the settings it checks against here.
+        alone = getattr(sql, "ingest_alone", None)
+        self._write_alone: Callable[..., None] | None = None
+        if alone is not None and hasattr(db, "write_soon_alone"):
+            seen: dict[str, str | None] = {}
+            self._write_alone = functools.partial(
+                db.write_soon_alone, functools.partial(alone, seen=seen)
+            )
 
     async def submit(self, item: Item) -> bool:
         if (item[0], item[1]) in self._known and self._stored(item[0], item[1]):
@@ -298,8 +308,9 @@ class _GroupCommit:
         batch, self._queue = self._queue, []
         self._in_flight = True
         self._storm = len(batch) > 1
+        write = self._db.write_soon if len(batch) > 1 else self._write_alone or self._db.write_soon
         try:
-            self._db.write_soon(
+            write(
                 self._sql.ingest_many,
                 ([item for item, _ in batch],),
                 lambda results, error: self._done(batch, results, error),

@@ -202,6 +202,45 @@ def ingest_group(
     return results
 
 
+def ingest_alone(
+    db: sqlite3.Connection,
+    items: Sequence[tuple[str, str, str, int]],
+    seen: dict[str, str | None],
+) -> list[bool | Exception] | None:
+    """One new event in one autocommit statement (no BEGIN, no COMMIT statement of its own),
+    or None when that statement cannot decide: the caller then runs ingest_many in a write
+    transaction. Called outside any transaction; `seen` is the caller's memory of the
+    settings text (one per Inbox).
+
+    The statement stores the event only if the stored settings are still the ones in `seen`
+    and those allow it (no max_pending budget to count, the payload within
+    max_payload_bytes): the same rule as ingest_many, checked at the statement's own instant
+    (an autocommit INSERT takes the write lock, with the busy timeout, before it reads). A
+    duplicate or settings changed elsewhere store nothing: `seen` is forgotten (read again
+    next time) and the full rule answers.
+    """
+    if len(items) != 1:
+        return None
+    if "settings" not in seen:
+        row = db.execute("SELECT json FROM settings WHERE id = 1").fetchone()
+        seen["settings"] = None if row is None else row[0]
+    text = seen["settings"]
+    settings = Settings() if text is None else _settings_from(text)
+    [(source, source_id, payload, now)] = items
+    if settings.max_pending is not None or len(payload) > settings.max_payload_bytes:
+        return None
+    cursor = db.execute(
+        "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
+        "SELECT ?, ?, ?, ?, ?, ? WHERE (SELECT json FROM settings WHERE id = 1) IS ? "
+        "ON CONFLICT(source, source_id) DO NOTHING",
+        (source, source_id, payload, now, now, now, text),
+    )
+    if cursor.rowcount == 1:
+        return [True]
+    seen.clear()
+    return None
+
+
 def _ingest_items(
     db: sqlite3.Connection, items: Sequence[tuple[str, str, str, int]]
 ) -> list[bool | Exception]:
@@ -239,9 +278,9 @@ _GROUP_ROWS = 150  # keys per statement: well inside SQLite's limit on bound par
 def _ingest_group(
     db: sqlite3.Connection, items: Sequence[tuple[str, str, str, int]], settings: Settings
 ) -> list[bool | Exception]:
-    """The same rule as the per-item path, for a group: one read finds which keys exist, one
-    multi-row insert stores the new ones. Safe without ON CONFLICT because the caller holds
-    the write lock; a repeat of a key within the group is a duplicate of its first copy."""
+    """The same rule as the per-item path, for a group: one multi-row insert stores the new
+    keys and names them (RETURNING); a key already stored conflicts and is skipped, and so is
+    a repeat within the group (the VALUES rows go in order: its first copy is stored)."""
     results: list[bool | Exception] = [False] * len(items)
     wanted = []
     for index, (source, source_id, payload, now) in enumerate(items):
@@ -253,28 +292,22 @@ def _ingest_group(
             wanted.append((index, source, source_id, payload, now))
     for start in range(0, len(wanted), _GROUP_ROWS):
         chunk = wanted[start : start + _GROUP_ROWS]
-        keys = [value for _, source, source_id, _, _ in chunk for value in (source, source_id)]
-        # A join from a VALUES list walks the unique index once per key; `(source,
-        # source_id) IN (VALUES …)` would scan the whole index instead.
-        seen = set(
-            db.execute(
-                f"SELECT e.source, e.source_id FROM (VALUES {','.join(['(?, ?)'] * len(chunk))}) "
-                f"AS k CROSS JOIN events AS e ON e.source = k.column1 AND e.source_id = k.column2",
-                keys,
-            )
-        )
         rows: list[str | int] = []
-        for index, source, source_id, payload, now in chunk:
-            if (source, source_id) not in seen:
-                seen.add((source, source_id))
-                results[index] = True
-                rows += (source, source_id, payload, now, now, now)
-        if rows:
+        for _, source, source_id, payload, now in chunk:
+            rows += (source, source_id, payload, now, now, now)
+        stored = set(
             db.execute(
                 "INSERT INTO events(source, source_id, payload, available_at, created, "
-                "updated) VALUES " + ",".join(["(?, ?, ?, ?, ?, ?)"] * (len(rows) // 6)),
+                "updated) VALUES "
+                + ",".join(["(?, ?, ?, ?, ?, ?)"] * len(chunk))
+                + " ON CONFLICT(source, source_id) DO NOTHING RETURNING source, source_id",
                 rows,
             )
+        )
+        for index, source, source_id, _, _ in chunk:
+            if (source, source_id) in stored:
+                stored.discard((source, source_id))  # a later copy is a duplicate of this one
+                results[index] = True
     return results
 
 
@@ -431,15 +464,41 @@ def release(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
 # --- claiming -------------------------------------------------------------------------------
 
 
+# What a claim must know before it picks anything, in one statement (one read): the lease,
+# the settings, the pause flag, and whether any lost claim or attempted pending row exists
+# (two indexed existence checks: when neither does, recovery and burial have nothing to do
+# and are skipped).
+_CLAIM_STATE = (
+    "SELECT holder, gen, until, (SELECT json FROM settings WHERE id = 1), "
+    "(SELECT value FROM meta WHERE key = 'paused'), "
+    "EXISTS (SELECT 1 FROM events INDEXED BY events_by_status "
+    "WHERE status = 'running' AND claim_gen < ?), "
+    "EXISTS (SELECT 1 FROM events INDEXED BY events_retried "
+    "WHERE status = 'pending' AND attempts > 0) "
+    "FROM lease WHERE id = 1"
+)
+
+
 def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list[Event]:
     """Claim the next run's events for the holder of exactly this generation."""
-    if not holds(db, holder, gen, now):
+    state = db.execute(_CLAIM_STATE, (gen,)).fetchone()
+    if not (
+        state is not None
+        and state[0] == holder
+        and state[1] == gen
+        and type(state[2]) is int
+        and state[2] >= now
+    ):  # the rule of holds(), on the row read above
         refuse(db, "claim", holder, gen, now)
         return []
-    settings = load_settings(db)
-    recover_lost_claims(db, gen, now, settings)
-    bury_exhausted(db, now, settings)
-    if get_meta(db, "paused"):
+    settings = Settings() if state[3] is None else _settings_from(state[3])
+    lost, attempted = state[5], state[6]
+    if lost or settings.max_run_seconds is not None:
+        lost = recover_lost_claims(db, gen, now, settings)
+    attempted = attempted or lost  # a recovered claim is pending again with its attempts
+    if attempted:
+        bury_exhausted(db, now, settings)
+    if state[4]:  # paused: recovery above still ran, nothing is claimed
         return []
     if (
         settings.max_runs_per_day is not None
@@ -447,39 +506,37 @@ def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list
     ):
         return []  # budget: excess runs are delayed until the day's window frees a slot
     for _ in range(100):  # each round sets aside what it cannot run; a pass never stops
-        retried = db.execute(
-            "SELECT id FROM events WHERE status = 'pending' AND attempts > 0 "
-            "AND available_at <= ? ORDER BY id LIMIT 1",
-            (now,),
-        ).fetchone()
-        if retried is not None:
-            ids = [retried[0]]  # an attempted event runs alone: a poison event harms no other
-        else:
-            ids = [
-                r[0]
-                for r in db.execute(
-                    "SELECT id FROM events INDEXED BY events_by_status "
-                    "WHERE status = 'pending' AND available_at <= ? ORDER BY id LIMIT ?",
-                    (now, settings.max_batch),
-                )
-            ]
-        if not ids:
+        rows = []
+        if attempted:
+            rows = db.execute(
+                f"SELECT {EVENT_COLUMNS} FROM events INDEXED BY events_retried "
+                "WHERE status = 'pending' AND attempts > 0 AND available_at <= ? "
+                "ORDER BY id LIMIT 1",
+                (now,),
+            ).fetchall()  # an attempted event runs alone: a poison event harms no other
+        if not rows:
+            rows = db.execute(
+                f"SELECT {EVENT_COLUMNS} FROM events INDEXED BY events_by_status "
+                "WHERE status = 'pending' AND available_at <= ? ORDER BY id LIMIT ?",
+                (now, settings.max_batch),
+            ).fetchall()
+        if not rows:
             return []
-        events = _runnable(db, ids, now)
-        if events:
+        runnable = _runnable_rows(db, rows, now)
+        if runnable:
             break
     else:
         return []
-    ids = [e.id for e in events]
+    ids = [row[0] for row, _ in runnable]
     run_id = db.execute(
         "INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (?,?,?,?)",
-        (holder, gen, json.dumps(ids), now),
+        (holder, gen, "[" + ", ".join(map(str, ids)) + "]", now),  # json.dumps(ids)
     ).lastrowid
-    db.executemany(
-        "INSERT INTO run_events(event_id, run_id) VALUES (?, ?)",
-        [(event_id, run_id) for event_id in ids],
-    )
     marks = _placeholders(ids)
+    db.execute(
+        "INSERT INTO run_events(event_id, run_id) VALUES " + ",".join(["(?, ?)"] * len(ids)),
+        [value for event_id in ids for value in (event_id, run_id)],
+    )
     # Attempts are counted here, at claim time: a worker that crashes never reports failure.
     db.execute(
         f"UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = ?, "
@@ -487,35 +544,40 @@ def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list
         (gen, now, run_id, now, *ids),
     )
     return [
-        dataclasses.replace(
-            e,
-            status="running",
-            attempts=e.attempts + 1,
-            claim_gen=gen,
-            claimed_at=now,
-            run_id=run_id,
-            updated=now,
+        Event(
+            row[0],
+            row[1],
+            row[2],
+            payload,
+            "running",
+            row[5] + 1,
+            gen,
+            row[7],
+            row[8],
+            now,
+            row[10],
+            now,
+            run_id,
         )
-        for e in events
+        for row, payload in runnable
     ]
 
 
-def _runnable(db: sqlite3.Connection, ids: Sequence[int], now: int) -> list[Event]:
-    """The events among `ids` an agent can run; the others are set aside (dead, with the
-    reason) so that one bad row never stops every claim: a pruned payload (nothing to run
-    on), a payload that is not JSON, an attempt count that is not a small integer."""
+def _runnable_rows(
+    db: sqlite3.Connection, rows: Sequence[Sequence[Any]], now: int
+) -> list[tuple[Sequence[Any], Any]]:
+    """(row, decoded payload) for the rows an agent can run; the others are set aside (dead,
+    with the reason) so that one bad row never stops every claim: a pruned payload (nothing
+    to run on), a payload that is not JSON, an attempt count that is not a small integer."""
     runnable = []
-    for row in db.execute(
-        f"SELECT {EVENT_COLUMNS} FROM events WHERE id IN ({_placeholders(ids)}) ORDER BY id",
-        list(ids),
-    ).fetchall():
+    for row in rows:
         if row[3] is None:
             why = "its payload was pruned; there is nothing to run it on"
         elif not _is_int(row[5], 0, MAX_COUNT):
             why = f"attempts is {str(row[5])[:40]!r}, not a count"
         else:
             try:
-                runnable.append(event_from_row(row, strict=True))
+                runnable.append((row, json.loads(row[3])))
                 continue
             except ROW_ERRORS as exc:
                 why = f"its payload cannot be read ({_reason(exc)})"
@@ -530,13 +592,13 @@ def _runnable(db: sqlite3.Connection, ids: Sequence[int], now: int) -> list[Even
 def recover_lost_claims(db: sqlite3.Connection, gen: int, now: int, settings: Settings) -> int:
     """Rows running under an older generation (or past the run budget) were lost."""
     lost = db.execute(
-        "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_running "
+        "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_by_status "
         "WHERE status = 'running' AND claim_gen < ?",
         (gen,),
     ).fetchall()
     if settings.max_run_seconds is not None:
         lost += db.execute(
-            "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_running "
+            "SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_by_status "
             "WHERE status = 'running' AND claim_gen = ? AND claimed_at < ?",
             (gen, now - settings.max_run_seconds),
         ).fetchall()
@@ -570,7 +632,8 @@ def recover_lost_claims(db: sqlite3.Connection, gen: int, now: int, settings: Se
 def bury_exhausted(db: sqlite3.Connection, now: int, settings: Settings) -> int:
     """Pending rows out of attempts become dead, keeping why."""
     cursor = db.execute(
-        "UPDATE events SET status = 'dead', updated = ?, error = 'too many attempts (' || "
+        "UPDATE events INDEXED BY events_retried "  # only attempted rows: not every pending one
+        "SET status = 'dead', updated = ?, error = 'too many attempts (' || "
         "attempts || '/' || ? || ')' || coalesce(': ' || error, '') "
         "WHERE status = 'pending' AND typeof(attempts) = 'integer' AND attempts > 0 "
         "AND attempts >= ?",
@@ -603,16 +666,23 @@ def finish(
 ) -> bool:
     """Commit a run's outcome and everything it produced, fenced (by generation, and by run
     when `run` is given), all or nothing."""
-    if not holds(db, holder, gen, now):
+    # The lease, the settings and (fenced by run) whether the run is open: one read.
+    state = db.execute(
+        "SELECT holder, gen, until, (SELECT json FROM settings WHERE id = 1), "
+        "(SELECT 1 FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL) "
+        "FROM lease WHERE id = 1",
+        (run, gen),
+    ).fetchone()
+    if not (
+        state is not None
+        and state[0] == holder
+        and state[1] == gen
+        and type(state[2]) is int
+        and state[2] >= now
+    ):  # the rule of holds(), on the row read above
         refuse(db, "finish", holder, gen, now)
         return False
-    if (
-        run is not None
-        and db.execute(
-            "SELECT 1 FROM runs WHERE id = ? AND gen = ? AND outcome IS NULL", (run, gen)
-        ).fetchone()
-        is None
-    ):
+    if run is not None and state[4] is None:
         refuse(
             db,
             "finish",
@@ -622,7 +692,7 @@ def finish(
             f"run {run} is not an open run of this generation (recovered or finished)",
         )
         return False
-    settings = load_settings(db)
+    settings = Settings() if state[3] is None else _settings_from(state[3])
     if (
         settings.max_followups_per_run is not None
         and len(followups) > settings.max_followups_per_run
@@ -632,11 +702,21 @@ def finish(
             f"max_followups_per_run allows {settings.max_followups_per_run}"
         )
     marks = _placeholders(ids)
-    rows = db.execute(
-        f"SELECT id, attempts, run_id FROM events WHERE id IN ({marks}) AND status = 'running' "
-        f"AND claim_gen = ?" + ("" if run is None else " AND run_id = ?"),
-        (*ids, gen) if run is None else (*ids, gen, run),
-    ).fetchall()
+    still_claimed = f"WHERE id IN ({marks}) AND status = 'running' AND claim_gen = ?" + (
+        "" if run is None else " AND run_id = ?"
+    )
+    fence = (*ids, gen) if run is None else (*ids, gen, run)
+    if error is None:
+        # Marked done and read back in one statement: the rows this run still held.
+        rows = db.execute(
+            f"UPDATE events SET status = 'done', error = NULL, updated = ? {still_claimed} "
+            f"RETURNING id, attempts, run_id",
+            (now, *fence),
+        ).fetchall()
+    else:
+        rows = db.execute(
+            f"SELECT id, attempts, run_id FROM events {still_claimed}", fence
+        ).fetchall()
     if not rows:
         refuse(
             db,
@@ -647,15 +727,8 @@ def finish(
             "none of these events is still claimed by this generation",
         )
         return False
-    live = [r[0] for r in rows]
     run_ids = sorted({r[2] for r in rows if r[2] is not None})
-    live_marks = _placeholders(live)
     if error is None:
-        db.execute(
-            f"UPDATE events SET status = 'done', error = NULL, updated = ? "
-            f"WHERE id IN ({live_marks})",
-            (now, *live),
-        )
         run_id = run_ids[0] if run_ids else None
         for reply in replies:
             db.execute(
@@ -700,15 +773,12 @@ def finish(
     for run_id in run_ids:
         # A run closes when its last event is finished (a run may be finished in parts);
         # until then a lost-claim recovery can still close it as lost.
-        still_running = db.execute(
-            "SELECT 1 FROM events WHERE run_id = ? AND status = 'running' LIMIT 1", (run_id,)
-        ).fetchone()
-        if still_running is None:
-            db.execute(
-                "UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ?, "
-                "traceback = ? WHERE id = ? AND outcome IS NULL",
-                (outcome, now, result, error, traceback, run_id),
-            )
+        db.execute(
+            "UPDATE runs SET outcome = ?, finished_at = ?, result = ?, error = ?, "
+            "traceback = ? WHERE id = ? AND outcome IS NULL AND NOT EXISTS "
+            "(SELECT 1 FROM events WHERE run_id = ? AND status = 'running')",
+            (outcome, now, result, error, traceback, run_id, run_id),
+        )
     return True
 
 

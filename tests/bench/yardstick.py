@@ -7,7 +7,9 @@ transactions — the SQL of core/store.py, on a file created by core's own schem
 migrations, so tables, triggers and indexes are identical — with the same durability:
 
 * WAL journal, `synchronous = FULL` (every commit is fsynced before it returns);
-* one transaction per call (per event for ingest), `BEGIN IMMEDIATE … COMMIT`;
+* one transaction per call (per event for ingest), `BEGIN IMMEDIATE … COMMIT`, or, where
+  the engine does the same (a lone new event, `store.ingest_alone`), one autocommit
+  statement;
 * the same busy timeout.
 
 What it leaves out is everything the async engine adds on top: no thread hop, no group
@@ -40,6 +42,7 @@ class Yardstick:
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = FULL")
         schema.migrate(self.db, path)  # core's migrations: the same schema, byte for byte
+        self._seen: dict[str, str | None] = {}  # store.ingest_alone's memory of the settings
 
     def close(self) -> None:
         self.db.close()
@@ -66,7 +69,10 @@ class Yardstick:
     ) -> bool:
         """One event, one transaction, committed (fsynced) before returning."""
         now = int(time.time()) if now is None else now
-        result = self.write(store.ingest_many, [(source, source_id, json.dumps(payload), now)])[0]
+        items = [(source, source_id, json.dumps(payload), now)]
+        # The engine's own order: one autocommit statement if it decides, else the transaction.
+        stored = store.ingest_alone(self.db, items, self._seen)
+        result = (stored or self.write(store.ingest_many, items))[0]
         if isinstance(result, Exception):
             raise result
         return result

@@ -14,7 +14,7 @@ import sqlite3
 
 import pytest
 
-from core import BadInput, FakeClock, Inbox
+from core import BadInput, BudgetExceeded, FakeClock, Inbox
 
 from .conftest import T
 
@@ -104,3 +104,67 @@ async def test_values_the_encoder_must_not_take_are_refused_and_nothing_is_store
     assert sql(path, "SELECT count(*) FROM events") == [(0,)]
     assert await inbox.ingest("hook", "subclass", {"v": flat_subclass})
     assert sql(path, "SELECT payload FROM events") == [('{"v": "fine"}',)]
+
+
+class Recording(sqlite3.Connection):
+    """A connection that keeps the statements it was asked to run."""
+
+    statements: list[str] = []
+
+    def execute(self, sql, *args):  # type: ignore[override]
+        Recording.statements.append(sql.split()[0].upper())
+        return super().execute(sql, *args)
+
+
+async def test_a_lone_ingest_is_one_statement_and_a_duplicate_still_says_false(tmp_path):
+    path = str(tmp_path / "one.db")
+    box = await Inbox.open(path, clock=FakeClock(T), connection_factory=Recording)
+    try:
+        assert await box.ingest("chat", "m1", {"n": 1})  # the first reads the settings
+        Recording.statements.clear()
+        assert await box.ingest("chat", "m2", {"n": 2})
+        assert Recording.statements == ["INSERT"]  # no BEGIN, no COMMIT statement
+        # A key another process stored: the statement stores nothing, the whole rule answers.
+        sql(
+            path,
+            "INSERT INTO events(source, source_id, payload, available_at, created, updated) "
+            "VALUES ('chat', 'm0', '\"theirs\"', 1, 1, 1)",
+        )
+        Recording.statements.clear()
+        assert await box.ingest("chat", "m0", "ours") is False
+        assert Recording.statements == ["INSERT", "BEGIN", "SELECT", "INSERT", "COMMIT"]
+    finally:
+        await box.close()
+    assert sql(path, "SELECT source_id, payload FROM events ORDER BY id") == [
+        ("m1", '{"n": 1}'),
+        ("m2", '{"n": 2}'),
+        ("m0", '"theirs"'),
+    ]
+
+
+async def test_the_one_statement_ingest_keeps_limits_another_process_set(tmp_path):
+    path = str(tmp_path / "limits.db")
+    box = await Inbox.open(path, clock=FakeClock(T))
+    try:
+        assert await box.ingest("chat", "m1", "first")
+        # Another process sets a pending budget the first event already fills.
+        other = await Inbox.open(path, clock=FakeClock(T))
+        try:
+            await other.configure(max_pending=1)
+        finally:
+            await other.close()
+        with pytest.raises(BudgetExceeded):
+            await box.ingest("chat", "m2", "over the budget")
+        # ... then lifts it and lowers the payload limit below what this Inbox last read.
+        sql(path, "UPDATE settings SET json = json_set(json, '$.max_pending', NULL)")
+        other = await Inbox.open(path, clock=FakeClock(T))
+        try:
+            await other.configure(max_payload_bytes=16)
+        finally:
+            await other.close()
+        with pytest.raises(BadInput):
+            await box.ingest("chat", "m3", "x" * 100)
+        assert await box.ingest("chat", "m4", "small")
+    finally:
+        await box.close()
+    assert sql(path, "SELECT source_id FROM events ORDER BY id") == [("m1",), ("m4",)]

@@ -33,6 +33,14 @@ def _count_transactions(box: Inbox) -> list[int]:
         return real(fn, args, done)
 
     box._db.write_soon = spy
+    write_alone = box._intake._write_alone  # SQLite: a lone ingest's one-statement path
+    if write_alone is not None:
+
+        def spy_alone(fn, args, done):
+            sizes.append(len(args[0]))
+            return write_alone(fn, args, done)
+
+        box._intake._write_alone = spy_alone
     return sizes
 
 
@@ -152,3 +160,14 @@ async def test_duplicates_in_one_storm_get_one_true_each_key(box):
     assert sum(results) == 7
     for key in set(keys):
         assert sum(r for k, r in zip(keys, results, strict=True) if k == key) == 1
+
+
+async def test_a_key_repeated_in_one_storm_keeps_its_first_copy(box):
+    await box.ingest("hook", "before", "stored before", now=T)
+    keys = ["before", "a", "b", "a", "c", "b", "a"]
+    results = await asyncio.gather(
+        *(box.ingest("hook", k, f"copy {i}", now=T) for i, k in enumerate(keys))
+    )
+    assert results == [False, True, True, False, True, False, False]
+    stored = {e.source_id: e.payload for e in await box.events("pending")}
+    assert stored == {"before": "stored before", "a": "copy 1", "b": "copy 2", "c": "copy 4"}

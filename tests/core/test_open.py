@@ -243,3 +243,44 @@ async def test_forward_migration_from_a_version_2_file_adds_the_set_aside_column
         ]  # old keys stay as they were issued
     finally:
         db.close()
+
+
+async def test_migration_6_drops_the_running_index_and_the_lost_claim_is_still_recovered(path):
+    # A file as version 4 left it: a worker of generation 1 died holding a claim, and one
+    # reply waits in a delivery that was picked but never settled.
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    schema.migrate(db, path, target=4)
+    db.execute("INSERT INTO lease(id, holder, gen, until) VALUES (1, 'old', 1, 100)")
+    db.execute("INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES ('old', 1, '[1]', 5)")
+    db.execute("INSERT INTO run_events(event_id, run_id) VALUES (1, 1)")
+    db.execute(
+        "INSERT INTO events(source, source_id, payload, status, attempts, claim_gen, "
+        "claimed_at, run_id, available_at, created, updated) "
+        "VALUES ('chat', 'lost-1', '{}', 'running', 1, 1, 5, 1, 5, 5, 5)"
+    )
+    db.execute("UPDATE event_counts SET n = 1 WHERE status = 'running'")
+    db.execute("INSERT INTO outbox(body, created) VALUES ('held before the upgrade', 5)")
+    db.close()
+    async with await Inbox.open(path, clock=FakeClock(1_000)) as box:
+        gen = await box.acquire("new")
+        assert gen == 2
+        [event] = await box.claim_batch("new", gen)  # the lost claim, found and run again
+        assert (event.source_id, event.attempts, event.claim_gen) == ("lost-1", 2, 2)
+        assert await box.finish("new", gen, [event.id], ["answer"], run=event.run_id)
+        sent: list[str] = []
+        assert await box.dispatch(sent.append) == 2
+        assert sent == ["held before the upgrade\n\nanswer"]
+        assert (await box.counts())["done"] == 1
+        assert [r.outcome for r in await box.runs(event.id)] == ["lost", "done"]
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 6
+        indexes = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'"))
+        assert "events_running" not in indexes
+        assert "WHERE delivery_id IS NOT NULL" in indexes["outbox_by_delivery"]
+        assert db.execute("SELECT count(*) FROM outbox WHERE delivery_id IS NULL").fetchone() == (
+            0,
+        )
+    finally:
+        db.close()

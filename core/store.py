@@ -9,7 +9,6 @@ PostgreSQL store (core/pg/store.py): here are the statements and the glue.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import sqlite3
 from typing import Any, Callable, Iterable, Sequence

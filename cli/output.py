@@ -39,6 +39,8 @@ def _json_default(value: Any) -> Any:
         return dataclasses.asdict(value)
     if isinstance(value, (set, tuple)):
         return list(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):  # a blob written by hand
+        return f"x'{bytes(value).hex()}'"  # as SQLite would write it; JSON has no bytes
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
 
 
@@ -62,7 +64,10 @@ def when(instant: int | None, now: int) -> str:
 def local_time(instant: int, now: int) -> str:
     """'2026-11-29 19:40:00 CET (3m20s ago)': local time for a person (--json keeps the
     raw seconds)."""
-    stamp = dt.datetime.fromtimestamp(instant).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    try:
+        stamp = dt.datetime.fromtimestamp(instant).astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+    except (OverflowError, OSError, ValueError, TypeError):  # a row written by hand
+        return f"at {instant!r} (not a date)"
     delta = now - instant
     ago = (
         "now"

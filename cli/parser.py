@@ -9,6 +9,7 @@ from typing import Callable
 from cli.commands.desks import cmd_demo, cmd_tui, cmd_web
 from cli.commands.inbox import (
     cmd_approvals,
+    cmd_audit,
     cmd_config,
     cmd_events,
     cmd_ingest,
@@ -237,6 +238,17 @@ def build_parser() -> Parser:
         (common, as_json),
     )
     p.add_argument("--limit", type=whole(1), default=100)
+
+    p = sub(
+        "audit",
+        "the audit log: every operator action and refused stale write, newest page",
+        run_async(cmd_audit),
+        (common, as_json),
+    )
+    p.add_argument("--limit", type=whole(1), default=50, help="how many entries (newest)")
+    p.add_argument(
+        "--target", metavar="TARGET", help="only this target: 'event 7', 'approval r1', 'paused'…"
+    )
 
     p = sub(
         "tui",

@@ -204,6 +204,30 @@ async def cmd_approvals(args: argparse.Namespace) -> int:
     return OK
 
 
+async def cmd_audit(args: argparse.Namespace) -> int:
+    """The audit log, oldest of the page first (as a log reads): who did what to which
+    target, the state before → after, and why a refused one was refused."""
+    async with await open_inbox(args) as inbox:
+        rows = await inbox.audit(limit=args.limit, target=args.target)
+        now = inbox.now()
+    if args.json:
+        emit_json(rows)
+        return OK
+    for entry in reversed(rows):
+        at = local_time(entry.at, now)
+        if entry.applied:
+            change = f"{entry.before} → {entry.after}"
+            outcome = f"applied: {one_line(entry.reason)}" if entry.reason else "applied"
+        else:
+            change = f"{entry.before} (unchanged)"
+            outcome = f"refused: {one_line(entry.reason or 'no reason recorded')}"
+        print(
+            f"{at}\t{one_line(entry.actor)}\t{entry.action}\t{one_line(entry.target)}"
+            f"\t{change}\t{outcome}"
+        )
+    return OK
+
+
 async def cmd_config(args: argparse.Namespace) -> int:
     changes = assignments(args.settings)
     async with await open_inbox(args) as inbox:

@@ -221,6 +221,34 @@ def test_event_actions_say_whether_they_applied(capsys, path):
     assert code == 1 and "no such event" in err
 
 
+def test_audit_lists_who_did_what_oldest_first_and_filters_by_target(capsys, path):
+    run(capsys, "ingest", path, "chat", "m1", "{}")
+    run(capsys, "ingest", path, "chat", "m2", "{}")
+    assert run(capsys, "cancel", path, "1", "--actor", "ana", "--reason", "spam")[0] == 0
+    assert run(capsys, "cancel", path, "1", "--actor", "bo")[0] == 1  # refused: audited too
+    assert run(capsys, "bury", path, "2", "--actor", "ana", "--reason", "poison")[0] == 0
+    assert run(capsys, "pause", path, "--actor", "cy")[0] == 0
+    code, out, err = run(capsys, "audit", path)
+    assert (code, err) == (0, "")
+    rows = [line.split("\t")[1:] for line in out.splitlines()]
+    assert rows == [
+        ["ana", "cancel", "event 1", "pending → cancelled", "applied: spam"],
+        [
+            "bo",
+            "cancel",
+            "event 1",
+            "cancelled (unchanged)",
+            "refused: cannot cancel a cancelled event (only pending)",
+        ],
+        ["ana", "bury", "event 2", "pending → dead", "applied: poison"],
+        ["cy", "pause", "paused", "false → true", "applied"],
+    ]
+    code, out, _ = run(capsys, "audit", path, "--target", "event 1", "--limit", "1", "--json")
+    [entry] = json.loads(out)
+    assert (entry["actor"], entry["action"], entry["applied"]) == ("bo", "cancel", False)
+    assert run(capsys, "audit", path, "--target", "event 99")[:2] == (0, "")
+
+
 def test_answers_print_the_standing_outcome(capsys, path):
     import asyncio
 

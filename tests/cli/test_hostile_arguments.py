@@ -360,6 +360,10 @@ def test_listings_survive_rows_written_by_hand(tmp_path, capsys):
             "INSERT INTO approvals (request_id, action, requested, due) VALUES ('r', 'act', 0, ?)",
             (-(2**63),),
         )
+        db.execute(
+            "INSERT INTO audit (at, actor, action, target, applied) VALUES (?, x'ff1b', 7, 'x', 1)",
+            (2**63 - 1,),
+        )
     db.close()
     capsys.readouterr()
     for argv in (
@@ -369,6 +373,10 @@ def test_listings_survive_rows_written_by_hand(tmp_path, capsys):
         ["approvals", path, "--json"],
         ["events", path],
         ["show", path, "1"],
+        ["events", path, "--json"],
+        ["show", path, "1", "--json"],
+        ["audit", path],
+        ["audit", path, "--json"],
     ):
         code = cli.main(argv)
         out, err = capsys.readouterr()
@@ -376,6 +384,9 @@ def test_listings_survive_rows_written_by_hand(tmp_path, capsys):
         assert out
     cli.main(["status", path])
     assert "not a date" in capsys.readouterr().out
+    cli.main(["audit", path, "--json"])
+    [entry] = json.loads(capsys.readouterr().out)
+    assert (entry["actor"], entry["action"], entry["at"]) == ("x'ff1b'", "7", 2**63 - 1)
 
 
 def test_undecodable_bytes_in_a_real_argv_are_exit_2(tmp_path):

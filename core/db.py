@@ -57,8 +57,10 @@ class Database:
 
     aiosqlite hops to its thread for every statement, which halves throughput against plain
     sqlite3. Here each transaction is one synchronous function from core/store.py, run whole
-    on the connection's thread with a single hop (aiosqlite's `_execute`; the version is
-    pinned in pyproject.toml and tests/core/test_open.py checks the hook exists).
+    on the connection's thread with a single hop (aiosqlite's private `_execute` and `_tx`
+    queue, used only in this class; the version is pinned in pyproject.toml, and
+    tests/core/test_open.py checks what we rely on: one thread, not the loop's, the order
+    kept between `call` and `write_soon`, results and errors handed back).
     """
 
     def __init__(

@@ -9,7 +9,7 @@ import sqlite3
 
 import pytest
 
-from core import FakeClock, Inbox, InboxBusy, NotAnInbox
+from core import FakeClock, Inbox, InboxBusy, InboxError, NotAnInbox
 from core import schema
 
 
@@ -179,20 +179,49 @@ async def test_four_connections_creating_the_same_inbox_at_once(path):
     db.close()
 
 
-def test_the_one_hop_hook_of_aiosqlite_exists():
-    """core/db.py runs whole transactions through aiosqlite's Connection._execute."""
-    import aiosqlite
+async def test_one_hop_runs_each_function_whole_on_the_connections_thread_in_order(path):
+    """What core/db.py relies on in aiosqlite's private `_execute` and `_tx` queue (the
+    version is pinned): a function given to `call` and a job queued by `write_soon` both run
+    on the connection's one thread, never the loop's, in the order they were handed over;
+    `call` returns the function's value and raises its error; `done` gets a job's result or
+    its error. If an aiosqlite upgrade changed any of that, this fails, not only a lookup."""
+    import asyncio
+    import threading
 
-    assert callable(getattr(aiosqlite.Connection, "_execute", None))
-    assert isinstance(getattr(aiosqlite.Connection, "_conn", None), property)
-
-
-async def test_the_group_commit_hooks_of_aiosqlite_exist(path):
-    """Database.write_soon queues work on aiosqlite's own queue (the version is pinned)."""
     async with await Inbox.open(path) as box:
-        conn = box._db._conn
-        assert callable(conn._tx.put_nowait)
-        assert conn._running is True and conn._connection is not None
+        db, loop = box._db, asyncio.get_running_loop()
+        seen: list[tuple[str, int]] = []
+
+        def note(conn, name):
+            seen.append((name, threading.get_ident()))
+            return conn.execute("SELECT ?", (name,)).fetchone()[0]
+
+        finished: list[tuple[object, object]] = []
+        all_done = asyncio.Event()
+
+        def done(result, error):
+            finished.append((result, error))
+            if len(finished) == 2:
+                all_done.set()
+
+        def boom(conn):
+            raise KeyError("boom")
+
+        assert await db.call(note, "call-1") == "call-1"
+        db.write_soon(note, ("job-2",), done)
+        db.write_soon(boom, (), done)
+        assert await db.call(note, "call-4") == "call-4"  # queued after both jobs
+        await asyncio.wait_for(all_done.wait(), 5)
+        assert [name for name, _ in seen] == ["call-1", "job-2", "call-4"]
+        threads = {ident for _, ident in seen}
+        assert len(threads) == 1 and threading.get_ident() not in threads
+        assert finished[0] == ("job-2", None)
+        assert finished[1][0] is None and isinstance(finished[1][1], KeyError)
+        with pytest.raises(KeyError):
+            await db.call(boom)
+        assert loop.is_running()
+    with pytest.raises(InboxError, match="closed"):
+        db.write_soon(note, ("late",), done)  # after close: refused, never a hang
 
 
 async def test_opening_an_inbox_another_process_holds_exclusively_says_busy(path):

@@ -1036,16 +1036,7 @@ class Inbox:
 
         `expect` is the state the operator saw; if the row is in another state now, nothing
         changes and False is returned (the audit log says why)."""
-        return await self._change(
-            event_id,
-            "requeue",
-            ("dead", "interrupted", "cancelled"),
-            expect,
-            "pending",
-            now,
-            actor,
-            reason,
-        )
+        return await self._change(event_id, "requeue", expect, now, actor, reason)
 
     async def cancel(
         self,
@@ -1057,9 +1048,7 @@ class Inbox:
         reason: str | None = None,
     ) -> bool:
         """pending → cancelled; a running event cannot be cancelled (returns False)."""
-        return await self._change(
-            event_id, "cancel", ("pending",), expect, "cancelled", now, actor, reason
-        )
+        return await self._change(event_id, "cancel", expect, now, actor, reason)
 
     async def resolve(
         self,
@@ -1071,9 +1060,7 @@ class Inbox:
         reason: str | None = None,
     ) -> bool:
         """interrupted → done: the operator confirms the uncertain effect happened."""
-        return await self._change(
-            event_id, "resolve", ("interrupted",), expect, "done", now, actor, reason
-        )
+        return await self._change(event_id, "resolve", expect, now, actor, reason)
 
     async def bury(
         self,
@@ -1085,21 +1072,20 @@ class Inbox:
         reason: str | None = None,
     ) -> bool:
         """interrupted or pending → dead, by hand."""
-        return await self._change(
-            event_id, "bury", ("interrupted", "pending"), expect, "dead", now, actor, reason
-        )
+        return await self._change(event_id, "bury", expect, now, actor, reason)
 
     async def _change(
         self,
         event_id: int,
         action: str,
-        allowed: tuple[str, ...],
         expect: str | None,
-        after: str,
         now: int | None,
         actor: str,
         reason: str | None,
     ) -> bool:
+        """An event action of the one table (core/actions.py): its states and its result."""
+        allowed, after = ACTIONS[action].allowed, ACTIONS[action].after
+        assert after is not None  # an event action leaves a state (only switches have none)
         if expect is not None and expect not in EVENT_STATES:
             raise BadInput(f"expect must be an event state, got {show(expect)}")
         if not isinstance(expect, (str, type(None))):

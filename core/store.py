@@ -405,6 +405,12 @@ def renewed_without_write(db: sqlite3.Connection, holder: str, now: int) -> int 
 
 def holds(db: sqlite3.Connection, holder: str, gen: int, now: int) -> bool:
     row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
+    return _holding(row, holder, gen, now)
+
+
+def _holding(row: Sequence[Any] | None, holder: str, gen: int, now: int) -> bool:
+    """The fencing rule on a lease row read as (holder, gen, until, …): exactly this holder
+    and generation, and not expired (an expiry edited by hand into a non-integer is)."""
     return (
         row is not None
         and row[0] == holder
@@ -481,13 +487,7 @@ _CLAIM_STATE = (
 def claim_batch(db: sqlite3.Connection, holder: str, gen: int, now: int) -> list[Event]:
     """Claim the next run's events for the holder of exactly this generation."""
     state = db.execute(_CLAIM_STATE, (gen,)).fetchone()
-    if not (
-        state is not None
-        and state[0] == holder
-        and state[1] == gen
-        and type(state[2]) is int
-        and state[2] >= now
-    ):  # the rule of holds(), on the row read above
+    if not _holding(state, holder, gen, now):
         refuse(db, "claim", holder, gen, now)
         return []
     settings = Settings() if state[3] is None else _settings_from(state[3])
@@ -672,13 +672,7 @@ def finish(
         "FROM lease WHERE id = 1",
         (run, gen),
     ).fetchone()
-    if not (
-        state is not None
-        and state[0] == holder
-        and state[1] == gen
-        and type(state[2]) is int
-        and state[2] >= now
-    ):  # the rule of holds(), on the row read above
+    if not _holding(state, holder, gen, now):
         refuse(db, "finish", holder, gen, now)
         return False
     if run is not None and state[4] is None:

@@ -147,6 +147,56 @@ def build_parser() -> Parser:
         "$ONWATCH_DELIVERY_KEY); non-zero exit = failed delivery",
     )
 
+    # What a worker takes, alone (`worker`) or inside `run`.
+    agent = Parser(add_help=False)
+    agent.add_argument(
+        "--agent",
+        required=True,
+        metavar="MODULE:FUNCTION",
+        help="the agent function, e.g. examples.refund_agent:handle or ./a.py:handle",
+    )
+    agent.add_argument(
+        "--setup",
+        metavar="MODULE:FUNCTION",
+        help="called once with the inbox before the first run (e.g. to register timers)",
+    )
+    agent.add_argument("--holder", help="lease holder name, unique per process (default host:pid)")
+    agent.add_argument(
+        "--no-dispatch",
+        action="store_true",
+        help="leave the outbox to another process (`onwatch dispatch`)",
+    )
+    agent.add_argument(
+        "--poll",
+        type=seconds(),
+        default=0.5,
+        metavar="SECONDS",
+        help="how often an idle worker looks for other processes' commits where file "
+        "notification is unavailable (default 0.5; with it, every 5 s as insurance)",
+    )
+    agent.add_argument(
+        "--grace",
+        type=seconds(allow_zero=True),
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long the current run may take to finish (default 10)",
+    )
+    agent.add_argument("--max-runs", type=whole(1), metavar="N", help="stop after N runs")
+    # What the webhook receiver takes, alone (`serve`) or inside `run`.
+    receiver = Parser(add_help=False)
+    receiver.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)"
+    )
+    receiver.add_argument("--port", type=port, default=8787, help="port (default 8787)")
+    receiver.add_argument("--config", metavar="FILE", help="sources and their secrets")
+    receiver.add_argument(
+        "--max-body", type=whole(1), metavar="BYTES", help="largest accepted body"
+    )
+    log_level = Parser(add_help=False)
+    log_level.add_argument(
+        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+    )
+
     parser = Parser(
         prog=PROG,
         description="A durable inbox and a supervision desk for an always-on AI agent.",
@@ -310,41 +360,9 @@ def build_parser() -> Parser:
         "worker",
         "run an agent on the inbox: lease, scheduler, claims, finishes, sends",
         cmd_worker,
-        (common, channel),
+        (common, channel, agent, log_level),
         epilog=WORKER_EPILOG,
     )
-    p.add_argument(
-        "--agent",
-        required=True,
-        metavar="MODULE:FUNCTION",
-        help="the agent function, e.g. examples.refund_agent:handle or ./a.py:handle",
-    )
-    p.add_argument(
-        "--setup",
-        metavar="MODULE:FUNCTION",
-        help="called once with the inbox before the first run (e.g. to register timers)",
-    )
-    p.add_argument("--holder", help="lease holder name, unique per process (default host:pid)")
-    p.add_argument(
-        "--no-dispatch",
-        action="store_true",
-        help="leave the outbox to another process (`onwatch dispatch`)",
-    )
-    p.add_argument(
-        "--poll",
-        type=seconds(),
-        default=0.5,
-        metavar="SECONDS",
-        help="how often an idle worker checks for new commits (default 0.5)",
-    )
-    p.add_argument(
-        "--grace",
-        type=seconds(allow_zero=True),
-        default=10.0,
-        metavar="SECONDS",
-        help="on SIGTERM, how long the current run may take to finish (default 10)",
-    )
-    p.add_argument("--max-runs", type=whole(1), metavar="N", help="stop after N runs")
     p.add_argument(
         "--all-inboxes",
         action="store_true",
@@ -364,7 +382,6 @@ def build_parser() -> Parser:
         help="serve Prometheus metrics at http://127.0.0.1:N/metrics (default off; "
         "0 picks a free port, logged)",
     )
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
 
     p = sub(
         "dispatch",
@@ -409,59 +426,20 @@ def build_parser() -> Parser:
     )
     p.add_argument("settings", nargs="*", metavar="KEY=VALUE")
 
-    p = sub(
+    sub(
         "serve",
         "receive signed webhooks into the inbox (ack only once stored)",
         cmd_serve,
-        (common,),
+        (common, receiver),
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=port, default=8787, help="port (default 8787)")
-    p.add_argument("--config", metavar="FILE", help="sources and their secrets")
-    p.add_argument("--max-body", type=int, metavar="BYTES", help="largest accepted body")
 
-    p = sub(
+    sub(
         "run",
         "receiver, scheduler and worker in one process (serve + worker options)",
         cmd_run,
-        (common, channel),
+        (common, channel, agent, receiver, log_level),
         epilog=RUN_EPILOG,
     )
-    p.add_argument(
-        "--agent",
-        required=True,
-        metavar="MODULE:FUNCTION",
-        help="the agent function, e.g. examples.refund_agent:handle or ./a.py:handle",
-    )
-    p.add_argument(
-        "--setup", metavar="MODULE:FUNCTION", help="called once with the inbox before the first run"
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8787, help="port (default 8787)")
-    p.add_argument("--config", metavar="FILE", help="sources and their secrets")
-    p.add_argument("--max-body", type=whole(1), metavar="BYTES", help="largest accepted body")
-    p.add_argument("--holder", help="lease holder name, unique per process (default host:pid)")
-    p.add_argument(
-        "--no-dispatch",
-        action="store_true",
-        help="leave the outbox to another process (`onwatch dispatch`)",
-    )
-    p.add_argument(
-        "--poll",
-        type=seconds(),
-        default=0.5,
-        metavar="SECONDS",
-        help="the fallback poll for other processes' commits (default 0.5)",
-    )
-    p.add_argument(
-        "--grace",
-        type=seconds(allow_zero=True),
-        default=10.0,
-        metavar="SECONDS",
-        help="on SIGTERM, how long the current run may take to finish (default 10)",
-    )
-    p.add_argument("--max-runs", type=whole(1), metavar="N", help="stop after N runs")
-    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
     return parser
 
 

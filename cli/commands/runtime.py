@@ -18,8 +18,32 @@ from core import Inbox
 from core.pg import is_url as _is_postgres_url
 
 if TYPE_CHECKING:  # annotations only: prometheus_client loads when --metrics-port asks
+    from core.worker import Worker
     from core.inbox import SendFn
     from core.metrics import WorkerMetrics
+
+
+def _worker(
+    cls: type[Worker],
+    inbox: Inbox,
+    agent: Callable[..., Any],
+    setup: Callable[[Inbox], Any] | None,
+    args: argparse.Namespace,
+    metrics: WorkerMetrics | None = None,
+) -> Worker:
+    """A worker of `cls` configured by the options every worker takes (cli/parser.py's
+    `agent` parent): the same for `worker` and `run`."""
+    return cls(
+        inbox,
+        agent,
+        holder=args.holder,
+        send=_channel(args),
+        poll_interval=args.poll,
+        grace=args.grace,
+        setup=setup,
+        max_runs=args.max_runs,
+        metrics=metrics,
+    )
 
 
 def _channel(args: argparse.Namespace) -> SendFn | None:
@@ -103,17 +127,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with await open_inbox(args) as inbox, _metrics_server(inbox, args) as metrics:
-            worker = Worker(
-                inbox,
-                agent,
-                holder=args.holder,
-                send=_channel(args),
-                poll_interval=args.poll,
-                grace=args.grace,
-                setup=setup,
-                max_runs=args.max_runs,
-                metrics=metrics,
-            )
+            worker = _worker(Worker, inbox, agent, setup, args, metrics)
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, worker.request_stop)
@@ -232,16 +246,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         async with await open_inbox(args) as inbox:
-            worker = Worker(
-                inbox,
-                agent,
-                holder=args.holder,
-                send=_channel(args),
-                poll_interval=args.poll,
-                grace=args.grace,
-                setup=setup,
-                max_runs=args.max_runs,
-            )
+            worker = _worker(Worker, inbox, agent, setup, args)
             try:
                 server = await start_server(
                     inbox, secrets=secrets, host=args.host, port=args.port, max_body=args.max_body

@@ -11,7 +11,7 @@ import psycopg
 from ..clock import SystemClock
 from ..errors import InboxError
 from . import schema
-from .db import redact
+from . import redact
 from .listen import Listener
 from .store import InboxSummary, list_inboxes as _list_inboxes
 from .worker import ListeningWorker

@@ -97,7 +97,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
 
     if _is_postgres_url(args.path):  # woken by NOTIFY, polling only as the fallback
-        from core.pg.worker import ListeningWorker as Worker
+        from core.listening_worker import ListeningWorker as Worker
     if args.all_inboxes:
         return _fleet_worker(args, agent, early)
 

@@ -14,7 +14,7 @@ from . import schema
 from . import redact
 from .listen import Listener
 from .store import InboxSummary, list_inboxes as _list_inboxes
-from .worker import ListeningWorker
+from ..listening_worker import ListeningWorker
 
 __all__ = ["FleetWorker", "InboxSummary", "list_inboxes"]
 log = logging.getLogger("onwatch.pg.fleet")
@@ -86,7 +86,7 @@ class FleetWorker:
     """Serve every inbox of a database that has work, at most `concurrency` at once.
 
     For each inbox with work and no other holder it opens the inbox and runs a worker on it
-    (core/pg/worker.py: lease, scheduler, claim, agent, one fenced finish, dispatch) until it
+    (core/listening_worker.py: lease, scheduler, claim, agent, one fenced finish, dispatch) until it
     has nothing left to do, then releases the lease and frees the slot. One run per inbox at
     a time is the lease's rule, so several fleet workers on several machines can share a
     database: an inbox another holds is skipped. A NOTIFY from any inbox, or a slot freeing,

@@ -166,7 +166,7 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: li
         raise CliError(
             "--setup, --max-runs and --metrics-port are for one inbox, not --all-inboxes"
         )
-    from core.pg.fleet import FleetWorker
+    from core.fleet_worker import FleetWorker
     from core.worker import default_holder
 
     async def main() -> int:

@@ -34,7 +34,7 @@ from .panes import PANES, Pane
 from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
 from .panes.status import StatusStrip
-from .panes.timefmt import compact_count
+from .timefmt import compact_count
 from .safe import join, safe_text
 from .screens.confirm import ConfirmScreen, Subject
 from .screens.detail import DetailScreen, load_detail

@@ -22,7 +22,7 @@ from core.fleet import InboxSummary
 
 from .. import actions as desk_actions
 from .. import operator
-from ..panes.timefmt import duration
+from ..timefmt import duration
 from ..safe import join, safe_text
 from .desk import WARN_SECONDS
 from .rows import Row, RowWindow

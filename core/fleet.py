@@ -367,7 +367,7 @@ class DatabaseFleet:
 
     def __init__(self, url: str, *, label: str | None = None) -> None:
         from .pg import is_url
-        from .pg.db import redact
+        from .pg import redact
 
         if not is_url(url):
             raise BadInput(f"{url!r} is not a postgresql:// URL")

@@ -24,8 +24,20 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Label
 
-from core import ACTIONS, Approval, BadInput, Clock, Delivery, Event, Inbox, InboxError, Overview
-from core.fleet import FleetSource, run_activity
+from core import (
+    ACTIONS,
+    Approval,
+    BadInput,
+    Clock,
+    Delivery,
+    Event,
+    Inbox,
+    InboxError,
+    Overview,
+    SystemClock,
+)
+from core.fleet import DatabaseFleet, FleetSource, FolderFleet, run_activity
+from core.pg import is_url
 from core.wake import SLOW_POLL
 
 from . import actions as desk
@@ -34,7 +46,7 @@ from .panes import PANES, Pane
 from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
 from .panes.status import StatusStrip
-from .panes.timefmt import compact_count
+from .timefmt import compact_count
 from .safe import join, safe_text
 from .screens.confirm import ConfirmScreen, Subject
 from .screens.detail import DetailScreen, load_detail
@@ -790,5 +802,38 @@ def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
             return code if isinstance(code, int) else (app.return_code or 0)
         finally:
             await inbox.close()
+
+    return asyncio.run(main())
+
+
+def run_fleet(target: str, *, read_only: bool = False) -> int:
+    """Open the fleet desk on a folder of inbox files, or on every inbox of a PostgreSQL
+    database (a `postgresql://` URL), until the operator quits.
+
+    Returns the exit code: 0 after a normal quit, 2 (one line on stderr) when `target` is
+    neither a folder nor a reachable onwatch database.
+    """
+    try:
+        if is_url(target):
+            database = DatabaseFleet(target)
+            database.check()
+            source: FleetSource = database
+        else:
+            source = FolderFleet(target)
+    except InboxError as exc:  # BadInput, NotAnInbox, an unreachable server
+        print(f"onwatch: {exc}", file=sys.stderr)
+        return 2
+
+    async def main() -> int:
+        app = OnwatchApp(None, clock=SystemClock(), read_only=read_only, fleet=source)
+        try:
+            code = await app.run_async()
+            return code if isinstance(code, int) else (app.return_code or 0)
+        finally:
+            if app.inbox is not None:
+                await app.inbox.close()
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
 
     return asyncio.run(main())

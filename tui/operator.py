@@ -20,7 +20,7 @@ from typing import Sequence
 from core import Approval, Event, Inbox, InboxError
 
 from .actions import KEYS
-from .panes.timefmt import clock
+from .timefmt import clock
 
 # What a change of state means, seen from the operator's chair.
 _CHANGED = {

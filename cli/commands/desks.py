@@ -13,8 +13,8 @@ from cli.output import OK, CliError
 def cmd_tui(args: argparse.Namespace) -> int:
     url = args.path.startswith(("postgresql://", "postgres://"))
     if os.path.isdir(args.path) or (url and args.inbox is None):  # the fleet desk
-        fleet = running.lazy("tui.fleet", "the fleet desk")
-        return fleet.run(args.path, read_only=args.read_only) or OK
+        app = running.lazy("tui.app", "the fleet desk")
+        return app.run_fleet(args.path, read_only=args.read_only) or OK
     if url or args.inbox is not None:  # one inbox of a database (a file refuses --inbox)
         app = running.lazy("tui.app", "the TUI")
         return app.run(args.path, read_only=args.read_only, name=args.inbox) or OK

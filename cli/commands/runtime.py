@@ -121,7 +121,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
 
     if _is_postgres_url(args.path):  # woken by NOTIFY, polling only as the fallback
-        from core.pg.worker import ListeningWorker as Worker
+        from core.listening_worker import ListeningWorker as Worker
     if args.all_inboxes:
         return _fleet_worker(args, agent, early)
 
@@ -180,7 +180,7 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: li
         raise CliError(
             "--setup, --max-runs and --metrics-port are for one inbox, not --all-inboxes"
         )
-    from core.pg.fleet import FleetWorker
+    from core.fleet_worker import FleetWorker
     from core.worker import default_holder
 
     async def main() -> int:

@@ -16,10 +16,10 @@ import sqlite3
 import threading
 import time
 from typing import Any, Callable, TypeVar, cast
-from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import InboxBusy, InboxError, NotAnInbox
-from . import schema
+from . import redact, schema
+from .listen import ListenWake
 from .rows import Row, one
 
 T = TypeVar("T")
@@ -69,16 +69,6 @@ try:
     from psycopg import errors as pg_errors
 except ImportError:  # pragma: no cover - psycopg is a dependency; say so if it is missing
     psycopg = None  # type: ignore[assignment]
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for messages and `Inbox.path`."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}" if user else netloc))
 
 
 class Tx:
@@ -228,8 +218,6 @@ class Database:
         self._closed = False
         self._backoff = 0.0  # after a failed reconnection: how long until the next try
         self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
-        from .listen import ListenWake  # (listen imports this module)
-
         self.wake = ListenWake(name)  # our commits notify it; others' through a Listener
         self._thread = threading.Thread(target=self._serve, name=f"onwatch-pg-{name}", daemon=True)
         self._thread.start()

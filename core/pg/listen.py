@@ -28,7 +28,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import psycopg
 
-from .db import redact
+from . import redact
 
 T = TypeVar("T")
 log = logging.getLogger("onwatch.pg.listen")

@@ -170,7 +170,7 @@ PROBE = textwrap.dedent(
     from tui.app import OnwatchApp
     from tui.screens.confirm import ConfirmScreen
     from tui.screens.help import HelpScreen
-    from tui.screenshots import open_seeded, use_utc
+    from tui.seed import open_seeded, use_utc
 
     async def main(path):
         use_utc()

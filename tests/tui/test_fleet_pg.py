@@ -191,11 +191,13 @@ async def test_a_lost_connection_is_said_once_and_the_fleet_is_read_again(databa
 
 def test_tui_on_a_url_opens_the_fleet_or_one_inbox(database, monkeypatch):
     import cli
-    from tui import app as app_module, fleet as fleet_module
+    from tui import app as app_module
 
     calls = []
     monkeypatch.setattr(
-        fleet_module, "run", lambda target, read_only=False: calls.append(("fleet", target)) or 0
+        app_module,
+        "run_fleet",
+        lambda target, read_only=False: calls.append(("fleet", target)) or 0,
     )
     monkeypatch.setattr(
         app_module,
@@ -216,9 +218,9 @@ def test_a_database_that_is_not_onwatch_is_refused_in_one_line(capsys):
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE ledger (x int)")
-    from tui import fleet as fleet_module
+    from tui import app as app_module
 
-    assert fleet_module.run(url) == 2
+    assert app_module.run_fleet(url) == 2
     err = capsys.readouterr().err
     assert err.startswith("onwatch: ") and "not an onwatch database" in err
     assert err.count("\n") == 1

@@ -15,7 +15,8 @@ from tui.app import OnwatchApp
 from tui.screens.confirm import ConfirmScreen
 from tui.screens.detail import DetailScreen
 from tui.screens.help import HelpScreen
-from tui.screenshots import open_seeded, settle
+from tui.screenshots import settle
+from tui.seed import open_seeded
 
 
 WIDE, NARROW = (120, 40), (80, 24)

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 
-from core import Approval
+from core import Approval, Clock, Inbox
 from core.fleet import FleetScan, FleetSource, InboxSummary
 
 from ..safe import safe_plain
 
 if TYPE_CHECKING:
-    from textual.app import App
-
-    from ..app import OnwatchApp
+    from ..screens.confirm import ConfirmScreen
 
 WARN_SECONDS = 600  # an approval this close to its deadline raises the alarm
 TITLE = "onwatch"
@@ -78,12 +76,46 @@ class FleetView(Protocol):
     def tick(self, now: int) -> None: ...
 
 
+class Supervisor(Protocol):
+    """The app that mounts the desk (tui/app.py's `OnwatchApp`), as the desk and its screens
+    use it: its clock and the inbox its panes show, the switch to another, the pane to show,
+    the confirmation of an action; and the parts of Textual's `App` they call. A protocol,
+    not an import: the app imports the fleet package, never the other way round.
+    """
+
+    ACTOR: str
+    clock: Clock
+    inbox: Inbox | None
+    title: str
+
+    @property
+    def screen(self) -> Any: ...
+    @property
+    def screen_stack(self) -> list[Any]: ...
+    @property
+    def is_headless(self) -> bool: ...
+    def tick(self) -> None: ...
+    async def switch_inbox(self, inbox: Inbox) -> None: ...
+    def action_show_pane(self, pane_id: str) -> None: ...
+    def _confirmation(
+        self, action: str, targets: tuple[Any, ...], hidden: int = 0
+    ) -> ConfirmScreen: ...
+    def push_screen_wait(self, *args: Any, **kwargs: Any) -> Any: ...
+    def pop_screen(self, *args: Any, **kwargs: Any) -> Any: ...
+    def bell(self) -> None: ...
+    def notify(self, *args: Any, **kwargs: Any) -> Any: ...
+    def call_later(self, *args: Any, **kwargs: Any) -> Any: ...
+    def call_from_thread(self, *args: Any, **kwargs: Any) -> Any: ...
+    def run_worker(self, *args: Any, **kwargs: Any) -> Any: ...
+    def set_interval(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
 class FleetDesk:
     """The summaries of every inbox of `source`, kept fresh, and the approval alarm."""
 
     POLL_SECONDS = 1.0
 
-    def __init__(self, app: OnwatchApp, source: FleetSource, *, read_only: bool = False) -> None:
+    def __init__(self, app: Supervisor, source: FleetSource, *, read_only: bool = False) -> None:
         self.app = app
         self.source = source
         self.read_only = read_only
@@ -299,7 +331,7 @@ class FleetDesk:
             view.tick(now)
 
 
-def set_terminal_title(app: "App[Any]", title: str) -> None:
+def set_terminal_title(app: Supervisor, title: str) -> None:
     """Put `title` (fixed words from `title_for`) in the terminal's title bar.
 
     Textual has no public call for the terminal title; this writes the standard OSC 2

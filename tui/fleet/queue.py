@@ -8,7 +8,7 @@ Approvals pane.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -22,7 +22,7 @@ from core.fleet import InboxSummary
 
 from .. import actions as desk_actions
 from .. import operator
-from ..panes.timefmt import duration
+from ..timefmt import duration
 from ..safe import join, safe_text
 from .desk import WARN_SECONDS
 from .rows import Row, RowWindow
@@ -31,6 +31,14 @@ if TYPE_CHECKING:
     from .desk import FleetDesk
 
 Item = tuple[InboxSummary, Approval]
+
+
+@runtime_checkable
+class InboxOpener(Protocol):
+    """The Fleet view as the queue sees it (tui/fleet/screen.py): it drills into an inbox.
+    A protocol, not an import: the Fleet view opens this queue, not the other way round."""
+
+    async def open_inbox(self, key: str, pane: str | None = None) -> None: ...
 
 
 def _cell(text: Text | str, width: int) -> Text:
@@ -223,9 +231,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
         item = self.rows.selected
         if item is None:
             return
-        from .screen import FleetScreen
-
-        fleet = next((s for s in self.app.screen_stack if isinstance(s, FleetScreen)), None)
+        fleet = next((s for s in self.app.screen_stack if isinstance(s, InboxOpener)), None)
         if fleet is None:
             return
         self.dismiss(None)

@@ -22,7 +22,7 @@ from core import InboxError
 from core.fleet import InboxSummary, run_buckets
 
 from .. import actions as desk_actions
-from ..panes.timefmt import duration
+from ..timefmt import duration
 from ..safe import join, safe_text
 from ..screens.filter import FilterScreen
 from ..screens.help import HelpScreen, render_groups

@@ -13,7 +13,7 @@ import sqlite3
 
 from core import ApprovalRequest, FakeClock, Inbox
 
-from ..screenshots import T0, lease, seed
+from ..seed import T0, lease, seed
 
 HOSTILE_NAME = "[@click=app.quit]quit[b]x"  # a file name cannot hold a slash
 ESCAPE_NAME = "\x1b]0;pwned\x07"
@@ -125,39 +125,3 @@ async def seed_fleet(folder: str, base: int = T0) -> FakeClock:
 
 
 __all__ = ["ESCAPE_NAME", "HOSTILE_ACTION", "HOSTILE_NAME", "seed_fleet"]
-
-
-FLEET_SHOTS: tuple[tuple[str, tuple[int, int], tuple[str, ...]], ...] = (
-    ("fleet", (120, 40), ()),
-    ("fleet-approvals", (120, 40), ("A",)),
-    ("fleet-80x24", (80, 24), ()),
-)
-
-
-async def shoot_fleet(out: str, scratch: str) -> list[str]:
-    """Save the fleet screenshots (FLEET_SHOTS) of the seeded fleet into `out`."""
-    from core.fleet import FolderFleet
-
-    from ..app import OnwatchApp
-    from ..screenshots import settle
-
-    made = []
-    for index, (name, size, keys) in enumerate(FLEET_SHOTS):
-        folder = os.path.join(scratch, f"fleet-{index}", "agents")
-        os.makedirs(folder)
-        clock = await seed_fleet(folder)
-        app = OnwatchApp(None, clock=clock, fleet=FolderFleet(folder, label="agents"))
-        async with app.run_test(size=size, notifications=True) as pilot:
-            while not (app.fleet_desk is not None and app.fleet_desk.loaded):
-                await pilot.pause(0.05)
-            for key in keys:
-                await pilot.press(key)
-                await settle(app, pilot)
-            await settle(app, pilot)
-            app.tick()
-            await pilot.pause()
-            app.save_screenshot(filename=f"{name}.svg", path=out)
-            made.append(os.path.join(out, f"{name}.svg"))
-            if app.inbox is not None:
-                await app.inbox.close()
-    return made

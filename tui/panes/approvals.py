@@ -9,7 +9,7 @@ from core import Approval, Inbox, Overview
 
 from ..safe import safe_text
 from .base import Column, Pane, PaneData, Window
-from .timefmt import duration
+from ..timefmt import duration
 
 
 def matches(approval: Approval, search: str | None) -> bool:

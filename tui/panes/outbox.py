@@ -13,7 +13,7 @@ from core import Delivery, Inbox, Message, Overview
 
 from ..safe import join, safe_text
 from .base import Column, Pane, PaneData, Window
-from .timefmt import duration, period
+from ..timefmt import duration, period
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from core import Event, Inbox, Overview
 from ..safe import safe_text
 from .base import Column, PaneData, Window
 from .events import EventPane, fetch_events
-from .timefmt import duration
+from ..timefmt import duration
 
 
 class PendingPane(EventPane):

@@ -9,7 +9,7 @@ from core import Event, Inbox, Overview
 
 from .base import Column, PaneData, Window
 from .events import EventPane, fetch_events
-from .timefmt import duration
+from ..timefmt import duration
 
 
 class RunningPane(EventPane):

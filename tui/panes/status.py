@@ -15,7 +15,7 @@ from core import Overview
 from core.fleet import run_buckets
 
 from ..safe import join, safe_text
-from .timefmt import duration
+from ..timefmt import duration
 
 RUN_BUCKETS = 12  # five-minute bars: the last hour
 

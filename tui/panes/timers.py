@@ -11,7 +11,7 @@ from core import Inbox, Overview, Timer
 
 from ..safe import safe_text
 from .base import Column, Pane, PaneData, Window
-from .timefmt import clock, countdown, duration, period
+from ..timefmt import clock, countdown, duration, period
 
 
 class TimersPane(Pane):

@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from ..panes.timefmt import clock, duration
+from ..timefmt import clock, duration
 from ..safe import join, safe_content
 
 

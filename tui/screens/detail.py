@@ -14,7 +14,7 @@ from textual.widgets import Label, Static
 
 from core import Approval, AuditEntry, Event, Inbox, Message, Timer
 
-from ..panes.timefmt import ago, clock, countdown, period, stamp
+from ..timefmt import ago, clock, countdown, period, stamp
 from ..safe import join, safe_json, safe_text
 
 

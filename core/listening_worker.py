@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import BadInput
-from ..worker import Worker, WorkerStats
-from .db import Database
-from .listen import Listener
+from .errors import BadInput
+from .pg.db import Database
+from .pg.listen import Listener
+from .worker import Worker, WorkerStats
 
 
 class ListeningWorker(Worker):

@@ -1161,7 +1161,8 @@ class Inbox:
         else:
             if target is not None:
                 raise BadInput(f"{name} acts on the whole inbox: no target, got {show(target)}")
-            flag = "paused" if name in ("pause", "resume") else "outbox_held"
+            flag = action.switch
+            assert flag is not None  # an inbox action is a switch (core/actions.py)
             call = (self._sql.set_flag, flag, action.after == "true", name, when, who, why)
             audited = flag
         result, entry = await self._write(_acted, self._sql.audit_entries, audited, *call)

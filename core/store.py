@@ -36,6 +36,7 @@ from .decoding import (
 from .errors import BadInput, BudgetExceeded, InboxError
 from . import plans
 from .plans import (
+    Answering,
     DAY,
     DELIVERY_STATES as DELIVERY_STATES,  # the Inbox checks an operator's words against these
     SETTLE_OUTCOMES as SETTLE_OUTCOMES,
@@ -989,36 +990,38 @@ def answer_approval(
     db: sqlite3.Connection, request_id: str, answer: str, now: int, actor: str, reason: str | None
 ) -> str:
     """Store the first answer unless the deadline has passed; return the answer that stands."""
-    approval = get_approval(db, request_id)
-    verdict = answering(approval, answer, now)
-    if approval is not None and verdict.write is not None:
-        _store_answer(db, approval, verdict.write, now, actor)
-    audit(
-        db,
-        now,
-        actor,
-        "approve" if answer == "yes" else "deny",  # the action's one name
-        f"approval {request_id}",
-        verdict.before,
-        verdict.after,
-        verdict.refused is None,
-        verdict.reason(reason),
+    action = "approve" if answer == "yes" else "deny"  # the action's one name
+    return _decide_approval(
+        db, request_id, action, lambda a: answering(a, answer, now), now, actor, reason
     )
-    return verdict.stands
 
 
 def expire_approval(
     db: sqlite3.Connection, request_id: str, now: int, actor: str, reason: str | None
 ) -> str:
+    return _decide_approval(db, request_id, "expire", expiring, now, actor, reason)
+
+
+def _decide_approval(
+    db: sqlite3.Connection,
+    request_id: str,
+    action: str,
+    decide: Callable[[Approval | None], Answering],
+    now: int,
+    actor: str,
+    reason: str | None,
+) -> str:
+    """Apply an answer's verdict (core/plans.py decides it) and audit it; return the
+    answer that stands."""
     approval = get_approval(db, request_id)
-    verdict = expiring(approval)
+    verdict = decide(approval)
     if approval is not None and verdict.write is not None:
         _store_answer(db, approval, verdict.write, now, actor)
     audit(
         db,
         now,
         actor,
-        "expire",
+        action,
         f"approval {request_id}",
         verdict.before,
         verdict.after,

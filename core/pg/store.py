@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import psycopg
 
@@ -53,6 +53,7 @@ from ..decoding import (
 from ..errors import BadInput, BudgetExceeded
 from .. import plans
 from ..plans import (
+    Answering,
     DAY,
     answering,
     buried_by,
@@ -952,34 +953,36 @@ def answer_approval(
     db: Tx, request_id: str, answer: str, now: int, actor: str, reason: str | None
 ) -> str:
     """Store the first answer unless the deadline has passed; return the answer that stands."""
-    approval = get_approval(db, request_id)
-    verdict = answering(approval, answer, now)
-    if approval is not None and verdict.write is not None:
-        _store_answer(db, approval, verdict.write, now, actor)
-    audit(
-        db,
-        now,
-        actor,
-        "approve" if answer == "yes" else "deny",  # the action's one name
-        f"approval {request_id}",
-        verdict.before,
-        verdict.after,
-        verdict.refused is None,
-        verdict.reason(reason),
+    action = "approve" if answer == "yes" else "deny"  # the action's one name
+    return _decide_approval(
+        db, request_id, action, lambda a: answering(a, answer, now), now, actor, reason
     )
-    return verdict.stands
 
 
 def expire_approval(db: Tx, request_id: str, now: int, actor: str, reason: str | None) -> str:
+    return _decide_approval(db, request_id, "expire", expiring, now, actor, reason)
+
+
+def _decide_approval(
+    db: Tx,
+    request_id: str,
+    action: str,
+    decide: Callable[[Approval | None], Answering],
+    now: int,
+    actor: str,
+    reason: str | None,
+) -> str:
+    """Apply an answer's verdict (core/plans.py decides it) and audit it; return the
+    answer that stands."""
     approval = get_approval(db, request_id)
-    verdict = expiring(approval)
+    verdict = decide(approval)
     if approval is not None and verdict.write is not None:
         _store_answer(db, approval, verdict.write, now, actor)
     audit(
         db,
         now,
         actor,
-        "expire",
+        action,
         f"approval {request_id}",
         verdict.before,
         verdict.after,

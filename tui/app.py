@@ -468,8 +468,14 @@ class OnwatchApp(App[int]):
         )
 
     def _confirmation(
-        self, action: str, targets: tuple[Any, ...], hidden: int = 0
+        self,
+        action: str,
+        targets: tuple[Any, ...],
+        hidden: int = 0,
+        inbox: Inbox | None = None,
     ) -> ConfirmScreen:
+        """The question before `action` on `targets`, naming the inbox it writes to (the one
+        shown unless `inbox` is given: the fleet's approvals queue answers in other files)."""
         one, many, note = QUESTIONS[action]
         question = one if len(targets) == 1 else many.format(n=len(targets))
         now = self.clock.now()
@@ -526,7 +532,7 @@ class OnwatchApp(App[int]):
                         )
                     )
                 )
-        return ConfirmScreen(question, subjects, now, note)
+        return ConfirmScreen(question, subjects, now, note, where=_where(inbox or self.inbox))
 
     def _refuse_lost_file(self, pane: Pane) -> bool:
         """Say so and refuse when the path no longer names the opened file."""
@@ -606,7 +612,8 @@ class OnwatchApp(App[int]):
                     f"They go out at once, ignoring the gap and any hold. The TUI has no "
                     f"channel of its own: they are appended to {log}."
                 )
-                if not await self.push_screen_wait(ConfirmScreen(question, [], self.now, note)):
+                confirm = ConfirmScreen(question, [], self.now, note, where=_where(inbox))
+                if not await self.push_screen_wait(confirm):
                     pane.show_outcome("not confirmed: nothing sent", None)
                     return
                 if self._refuse_lost_file(pane):
@@ -837,3 +844,9 @@ def run_fleet(target: str, *, read_only: bool = False) -> int:
                 close()
 
     return asyncio.run(main())
+
+
+def _where(inbox: Inbox | None) -> str:
+    """How a confirmation names the inbox it writes to: its file's name, as in the status
+    strip (for PostgreSQL, the database and the inbox's name)."""
+    return "" if inbox is None else os.path.basename(inbox.path)

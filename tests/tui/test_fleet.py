@@ -254,6 +254,37 @@ async def test_all_approvals_answered_one_after_another_in_their_own_files(fleet
         await close(app)
 
 
+async def test_one_request_id_in_two_inboxes_is_confirmed_with_its_own_file(fleet):
+    """A fleet holds many inboxes whose request ids repeat (each agent numbers its own):
+    the dialog names the file it writes to, and only that file changes."""
+    folder, clock = fleet
+    for name, expires in (("erin", 1800), ("frank", 2400)):
+        async with await Inbox.open(os.path.join(folder, f"{name}.db"), clock=clock) as box:
+            await box.request_approval("refund-1", expires, f"refund 5 for {name}'s customer")
+    app = make_app(folder, clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await loaded(app, pilot)
+        await pilot.press("A")
+        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen), what="the queue")
+        queue = app.screen
+        for name, key, answer in (("erin", "a", "yes"), ("frank", "d", "no")):
+            for _ in range(len(queue.items)):
+                if queue.rows.selected[0].name == name:
+                    break
+                await pilot.press("down")
+            assert queue.rows.selected[0].name == name
+            await pilot.press(key)
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+            shown = screen_text(app)
+            other = "frank" if name == "erin" else "erin"
+            assert f"in {name}.db" in shown and f"{other}.db" not in shown, shown
+            await pilot.press("y")
+            await wait_for_text(pilot, f"{name}: {'approved' if answer == 'yes' else 'denied'}")
+            assert await answer_of(os.path.join(folder, f"{name}.db"), "refund-1") == answer
+        assert await answer_of(os.path.join(folder, "erin.db"), "refund-1") == "yes"
+        await close(app)
+
+
 async def test_read_only_queue_offers_no_answers(fleet):
     folder, clock = fleet
     app = make_app(folder, clock, read_only=True)

@@ -212,7 +212,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
         try:
             # The summary keeps the first characters of the action: confirm on the full text.
             current = await inbox.get_approval(approval.request_id) or approval
-            if not await app.push_screen_wait(app._confirmation(action, (current,))):
+            if not await app.push_screen_wait(app._confirmation(action, (current,), inbox=inbox)):
                 self._line(join(name, ": not confirmed: nothing changed"), None)
                 return
             outcome = await operator.approval_action(

@@ -12,7 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
 from ..timefmt import clock, duration
-from ..safe import join, safe_content
+from ..safe import join, safe_content, safe_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +41,23 @@ class ConfirmScreen(ModalScreen[bool]):
     ]
     SHOWN = 6  # subjects listed before "and N more"
 
-    def __init__(self, question: str, subjects: list[Subject], now: int, note: str = "") -> None:
+    def __init__(
+        self, question: str, subjects: list[Subject], now: int, note: str = "", where: str = ""
+    ) -> None:
         super().__init__(classes="dialog-screen")
         self.question = question
+        self.where = where  # the inbox it writes to: a fleet holds many with the same ids
         self.subjects = subjects
         self.note = note
         self.now = now
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog confirm"):
-            yield Label(Text(self.question), classes="question")
+            if self.where:
+                yield Label(Text(self.question), classes="question -with-where")
+                yield Label(join("in ", safe_text(self.where, limit=80)), classes="where")
+            else:
+                yield Label(Text(self.question), classes="question")
             for index, subject in enumerate(self.subjects[: self.SHOWN]):
                 yield Static(subject.text, classes="subject")
                 if subject.due is not None:

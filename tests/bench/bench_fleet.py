@@ -64,37 +64,42 @@ def open_inbox_files(folder: str) -> int:
     return count
 
 
+async def fill(inbox: Inbox, kind: str, now: int) -> None:
+    """One of the four kinds of inbox ("idle", "busy", "approval", "dead"): an hour of runs."""
+    await inbox.configure(backoff_base=1, max_attempts=1 if kind == "dead" else 3)
+    runs = 20 if kind == "busy" else 2
+    for i in range(runs):
+        at = now - 3500 + i * 170
+        await inbox.ingest("chat", f"m{i}", {"text": f"message {i}"}, now=at)
+        gen = await inbox.acquire("worker", now=at)
+        batch = await inbox.claim_batch("worker", gen, now=at)
+        approvals = (
+            [ApprovalRequest("refund-1", 86_400, "Refund $40")]
+            if kind == "approval" and i == runs - 1
+            else []
+        )
+        error = "boom" if kind == "dead" or i % 7 == 3 else None
+        await inbox.finish(
+            "worker",
+            gen,
+            [e.id for e in batch],
+            now=at + 1,
+            messages=[] if error else [f"reply {i}"],
+            error=error,
+            approvals=[] if error else approvals,
+        )
+    if kind == "dead":
+        gen = await inbox.acquire("worker", now=now)
+        await inbox.claim_batch("worker", gen, now=now)
+
+
 async def make_templates(folder: str) -> list[str]:
     now = int(time.time())
     paths = []
     for kind in ("idle", "busy", "approval", "dead"):
         path = os.path.join(folder, f"template-{kind}.db")
         async with await Inbox.open(path) as inbox:
-            await inbox.configure(backoff_base=1, max_attempts=1 if kind == "dead" else 3)
-            runs = 20 if kind == "busy" else 2
-            for i in range(runs):
-                at = now - 3500 + i * 170
-                await inbox.ingest("chat", f"m{i}", {"text": f"message {i}"}, now=at)
-                gen = await inbox.acquire("worker", now=at)
-                batch = await inbox.claim_batch("worker", gen, now=at)
-                approvals = (
-                    [ApprovalRequest("refund-1", 86_400, "Refund $40")]
-                    if kind == "approval" and i == runs - 1
-                    else []
-                )
-                error = "boom" if kind == "dead" or i % 7 == 3 else None
-                await inbox.finish(
-                    "worker",
-                    gen,
-                    [e.id for e in batch],
-                    now=at + 1,
-                    messages=[] if error else [f"reply {i}"],
-                    error=error,
-                    approvals=[] if error else approvals,
-                )
-            if kind == "dead":
-                gen = await inbox.acquire("worker", now=now)
-                await inbox.claim_batch("worker", gen, now=now)
+            await fill(inbox, kind, now)
         paths.append(path)
     return paths
 
@@ -121,31 +126,7 @@ async def fill_database(url: str, count: int) -> list[str]:
 
     async def make(name: str, kind: str) -> None:
         async with await Inbox.open(url, name=name) as inbox:
-            await inbox.configure(backoff_base=1, max_attempts=1 if kind == "dead" else 3)
-            runs = 20 if kind == "busy" else 2
-            for i in range(runs):
-                at = now - 3500 + i * 170
-                await inbox.ingest("chat", f"m{i}", {"text": f"message {i}"}, now=at)
-                gen = await inbox.acquire("worker", now=at)
-                batch = await inbox.claim_batch("worker", gen, now=at)
-                approvals = (
-                    [ApprovalRequest("refund-1", 86_400, "Refund $40")]
-                    if kind == "approval" and i == runs - 1
-                    else []
-                )
-                error = "boom" if kind == "dead" or i % 7 == 3 else None
-                await inbox.finish(
-                    "worker",
-                    gen,
-                    [e.id for e in batch],
-                    now=at + 1,
-                    messages=[] if error else [f"reply {i}"],
-                    error=error,
-                    approvals=[] if error else approvals,
-                )
-            if kind == "dead":
-                gen = await inbox.acquire("worker", now=now)
-                await inbox.claim_batch("worker", gen, now=now)
+            await fill(inbox, kind, now)
 
     names = [f"agent-{i:04}" for i in range(count)]
     for start in range(0, count, 20):

@@ -116,14 +116,24 @@ class Screen:
         while len(self.frames) == seen and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
-    async def wait_for(self, *needles: str, timeout: float = 20.0) -> None:
+    def mark(self) -> int:
+        """Where the frames stand now: `wait_for(..., since=mark)` looks only at later ones."""
+        return len(self.frames)
+
+    def text_since(self, since: int) -> str:
+        return CSI.sub(b"", b"".join(self.frames[since:])).decode("utf-8", "replace")
+
+    async def wait_for(self, *needles: str, timeout: float = 20.0, since: int = 0) -> None:
+        """Until every needle was drawn (in the frames after `since`: text drawn before a key
+        was pressed cannot then pass for its answer)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if all(n in self.text for n in needles):
+            if all(n in self.text_since(since) for n in needles):
                 return
             await asyncio.sleep(0.1)
-        missing = [n for n in needles if n not in self.text]
-        raise AssertionError(f"never shown: {missing}\n--- screen text ---\n{self.text[-3000:]}")
+        text = self.text_since(since)
+        missing = [n for n in needles if n not in text]
+        raise AssertionError(f"never shown: {missing}\n--- screen text ---\n{text[-3000:]}")
 
 
 async def launch(playwright):

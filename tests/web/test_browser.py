@@ -95,12 +95,17 @@ async def test_hostile_text_stays_inert_in_the_page(desk, browser):
     )
     assert b"\x1b]0;PWNED" not in screen.raw and b"PWNED\x07" not in screen.raw
     assert b"\x1b[2J<img" not in screen.raw
-    # the hostile event's payload, in its detail view (pane 1, its first row, Enter)
-    await screen.press(page, "1")
+    # the hostile event's payload, in its detail view (pane 1, its first row, Enter). Each
+    # key waits for what only its answer draws: the approvals pane redraws every second (its
+    # countdowns), so "some frame came" would not say the key was taken.
+    shown = screen.mark()
+    await page.keyboard.press("1")
+    await screen.wait_for("available", since=shown)  # the Pending pane's header, drawn anew
     for attempt in range(3):  # Enter opens the detail; a key lost in transit is pressed again
+        shown = screen.mark()
         await page.keyboard.press("Enter")
         try:
-            await screen.wait_for("esc close", timeout=5)
+            await screen.wait_for("esc close", timeout=5, since=shown)
             break
         except AssertionError:
             if attempt == 2:
@@ -109,6 +114,7 @@ async def test_hostile_text_stays_inert_in_the_page(desk, browser):
         "[@click=app.quit]pay[/]",
         "<script>window.__pwned=3</script>",
         "[link=https://evil.example]here[/link]",
+        since=shown,
     )
     assert b"\x1b]0;PAYLOAD" not in screen.raw and b"PAYLOAD\x07" not in screen.raw
     assert b"\x1b]8;" not in screen.raw  # no hyperlink was made of the [link] markup

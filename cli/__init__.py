@@ -15,6 +15,6 @@ Layout: parser.py builds the argument parser; commands/ holds the commands group
 they act on; output.py, values.py and running.py are what the commands share.
 """
 
-from cli.entry import main
+from onwatch.cli.entry import main
 
 __all__ = ["main"]

@@ -7,11 +7,20 @@ import argparse
 import os
 import sys
 
-from cli.commands.desks import cmd_demo, cmd_tui
-from cli.output import BAD, BUSY, NOT_APPLIED, OK, CliError, clip, fail, terminal_safe_output
-from cli.parser import build_parser
-from cli.running import leave_no_thread_behind
-from core import BadInput, BudgetExceeded, InboxBusy, InboxError, NotAnInbox
+from onwatch.cli.commands.desks import cmd_demo, cmd_tui
+from onwatch.cli.output import (
+    BAD,
+    BUSY,
+    NOT_APPLIED,
+    OK,
+    CliError,
+    clip,
+    fail,
+    terminal_safe_output,
+)
+from onwatch.cli.parser import build_parser
+from onwatch.cli.running import leave_no_thread_behind
+from onwatch.core import BadInput, BudgetExceeded, InboxBusy, InboxError, NotAnInbox
 
 
 def main(argv: list[str] | None = None) -> int:

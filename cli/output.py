@@ -10,8 +10,8 @@ import json
 import sys
 from typing import Any, Iterator
 
-from core.humanize import duration
-from core.text import printable
+from onwatch.core.humanize import duration
+from onwatch.core.text import printable
 
 PROG = "onwatch"
 OK, NOT_APPLIED, BAD, BUSY = 0, 1, 2, 3

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from cli.commands.desks import cmd_demo, cmd_tui, cmd_web
-from cli.commands.inbox import (
+from onwatch.cli.commands.desks import cmd_demo, cmd_tui, cmd_web
+from onwatch.cli.commands.inbox import (
     cmd_approvals,
     cmd_audit,
     cmd_config,
@@ -17,12 +17,12 @@ from cli.commands.inbox import (
     cmd_show,
     cmd_status,
 )
-from cli.commands.operator import act_command
-from cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
-from cli.output import BAD, PROG, CliError
-from cli.running import run_async
-from cli.values import default_actor, inbox_path, port, seconds, whole
-from core import ACTIONS
+from onwatch.cli.commands.operator import act_command
+from onwatch.cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
+from onwatch.cli.output import BAD, PROG, CliError
+from onwatch.cli.running import run_async
+from onwatch.cli.values import default_actor, inbox_path, port, seconds, whole
+from onwatch.core import ACTIONS
 
 
 class Parser(argparse.ArgumentParser):

@@ -20,8 +20,8 @@ import time
 import types
 from typing import Any, Callable, Coroutine, TypeVar
 
-from cli.output import CliError, fail, one_line
-from core import Inbox, InboxError
+from onwatch.cli.output import CliError, fail, one_line
+from onwatch.core import Inbox, InboxError
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ import math
 import os
 from typing import Any, Callable
 
-from cli.output import CliError, clip
+from onwatch.cli.output import CliError, clip
 
 
 def parse_value(text: str, key: str = "value") -> Any:

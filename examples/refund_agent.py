@@ -16,21 +16,19 @@ ONWATCH_EXAMPLE_LEDGER to a file path to see the refunds the fake payment tool p
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 import json
 import os
 import re
 from typing import Any
 
-from core import Event, Inbox
-from core.worker import RunContext
+from onwatch import Event, Inbox
+from onwatch.core.worker import RunContext
 
 DAY = 86_400
 APPROVAL_WINDOW = 4 * 3600
 REFUND = re.compile(r"^\s*refund\s+(\d{1,9})\s*$", re.IGNORECASE)
 LEDGER_ENV = "ONWATCH_EXAMPLE_LEDGER"
-THINK_SECONDS_ENV = "ONWATCH_EXAMPLE_THINK_SECONDS"
 
 
 def message_text(payload: Any) -> str:
@@ -81,13 +79,6 @@ async def handle(batch: list[Event], ctx: RunContext) -> None:
             continue  # not ours: end silently
         handled.append(event.id)
     ctx.result = {"handled": handled}
-
-
-async def slow_handle(batch: list[Event], ctx: RunContext) -> None:
-    """`handle`, first taking $ONWATCH_EXAMPLE_THINK_SECONDS (default 0) like a model call
-    does: the live demo's workers run it, so that a kill lands mid-run."""
-    await asyncio.sleep(float(os.environ.get(THINK_SECONDS_ENV, "0")))
-    await handle(batch, ctx)
 
 
 async def _chat(event: Event, ctx: RunContext) -> None:

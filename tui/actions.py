@@ -18,7 +18,7 @@ from typing import Iterable
 
 from textual.binding import Binding
 
-from core import ACTIONS
+from onwatch.core import ACTIONS
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import ContentSwitcher, Footer, Label
 
-from core import (
+from onwatch.core import (
     ACTIONS,
     Approval,
     BadInput,
@@ -36,9 +36,9 @@ from core import (
     Overview,
     SystemClock,
 )
-from core.fleet import DatabaseFleet, FleetSource, FolderFleet, run_activity
-from core.pg import is_url
-from core.wake import SLOW_POLL
+from onwatch.core.fleet import DatabaseFleet, FleetSource, FolderFleet, run_activity
+from onwatch.core.pg import is_url
+from onwatch.core.wake import SLOW_POLL
 
 from . import actions as desk
 from . import operator

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from core import Approval, Event, Inbox, InboxError
+from onwatch.core import Approval, Event, Inbox, InboxError
 
 from .actions import KEYS
 from .timefmt import clock

@@ -26,7 +26,7 @@ from textual.content import Content
 
 # The unsafe characters and their escapes are defined once, for the TUI and every plain-text
 # output alike.
-from core.text import UNSAFE, escape_char
+from onwatch.core.text import UNSAFE, escape_char
 
 ESCAPE_STYLE = "reverse"
 ELLIPSIS = "…"

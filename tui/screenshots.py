@@ -45,7 +45,7 @@ async def settle(app: App[Any], pilot: Pilot[Any], timeout: float = 5.0) -> None
 async def _shoot(
     path: str, out: Path, name: str, size: tuple[int, int], keys: tuple[str, ...]
 ) -> Path:
-    from tui.app import OnwatchApp
+    from onwatch.tui.app import OnwatchApp
 
     inbox, clock = await open_seeded(path)
     try:
@@ -90,7 +90,7 @@ FLEET_SHOTS: tuple[tuple[str, tuple[int, int], tuple[str, ...]], ...] = (
 
 async def shoot_fleet(out: str, scratch: str) -> list[str]:
     """Save the fleet screenshots (FLEET_SHOTS) of the seeded fleet into `out`."""
-    from core.fleet import FolderFleet
+    from onwatch.core.fleet import FolderFleet
 
     from .app import OnwatchApp
     from .fleet.seed import seed_fleet

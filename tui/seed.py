@@ -11,7 +11,7 @@ import os
 import time
 from typing import Any
 
-from core import (
+from onwatch.core import (
     RESERVED_SOURCES,
     ApprovalRequest,
     Event,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from core.humanize import duration
+from onwatch.core.humanize import duration
 
 __all__ = ["ago", "clock", "compact_count", "countdown", "duration", "period", "stamp"]
 

@@ -10,10 +10,10 @@ import os
 import sys
 from typing import Any
 
-from cli.output import NOT_APPLIED, OK, CliError, emit_json, local_time, one_line, when
-from cli.running import open_inbox
-from cli.values import assignments
-from core import Settings
+from onwatch.cli.output import NOT_APPLIED, OK, CliError, emit_json, local_time, one_line, when
+from onwatch.cli.running import open_inbox
+from onwatch.cli.values import assignments
+from onwatch.core import Settings
 
 _SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
 

@@ -8,9 +8,9 @@ import argparse
 import sys
 from typing import Callable
 
-from cli.output import NOT_APPLIED, OK, clip, emit_json, one_line
-from cli.running import open_inbox, run_async
-from core import ACTIONS
+from onwatch.cli.output import NOT_APPLIED, OK, clip, emit_json, one_line
+from onwatch.cli.running import open_inbox, run_async
+from onwatch.core import ACTIONS
 
 _SWITCHED = {
     "pause": "execution paused: claims return nothing, intake goes on",

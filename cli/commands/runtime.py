@@ -11,16 +11,16 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
-from cli import running
-from cli.output import NOT_APPLIED, OK, CliError, clip, emit_json, one_line, when
-from cli.running import load_callable, open_inbox, restoring_signals, run_loop, setup_step
-from core import Inbox
-from core.pg import is_url as _is_postgres_url
+from onwatch.cli import running
+from onwatch.cli.output import NOT_APPLIED, OK, CliError, clip, emit_json, one_line, when
+from onwatch.cli.running import load_callable, open_inbox, restoring_signals, run_loop, setup_step
+from onwatch.core import Inbox
+from onwatch.core.pg import is_url as _is_postgres_url
 
 if TYPE_CHECKING:  # annotations only: prometheus_client loads when --metrics-port asks
-    from core.worker import Worker
-    from core.inbox import SendFn
-    from core.metrics import WorkerMetrics
+    from onwatch.core.worker import Worker
+    from onwatch.core.inbox import SendFn
+    from onwatch.core.metrics import WorkerMetrics
 
 
 def _worker(
@@ -55,7 +55,7 @@ def _channel(args: argparse.Namespace) -> SendFn | None:
 
 def _send_channel(args: argparse.Namespace) -> SendFn:
     """The send function chosen by --stdout / --file / --command."""
-    from core.channels import command_channel, file_channel, stdout_channel
+    from onwatch.core.channels import command_channel, file_channel, stdout_channel
 
     if args.file:
         return file_channel(args.file)
@@ -110,7 +110,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     early: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, frame: early.append(number))
-    from core.worker import Worker
+    from onwatch.core.worker import Worker
 
     agent = load_callable(args.agent, "--agent")
     setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup else None
@@ -121,7 +121,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
 
     if _is_postgres_url(args.path):  # woken by NOTIFY, polling only as the fallback
-        from core.listening_worker import ListeningWorker as Worker
+        from onwatch.core.listening_worker import ListeningWorker as Worker
     if args.all_inboxes:
         return _fleet_worker(args, agent, early)
 
@@ -154,7 +154,7 @@ async def _metrics_server(
     if args.metrics_port is None:
         yield None
         return
-    from core.metrics import InboxMetrics, start_metrics_server
+    from onwatch.core.metrics import InboxMetrics, start_metrics_server
 
     metrics = InboxMetrics(inbox)
     try:
@@ -180,8 +180,8 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: li
         raise CliError(
             "--setup, --max-runs and --metrics-port are for one inbox, not --all-inboxes"
         )
-    from core.fleet_worker import FleetWorker
-    from core.worker import default_holder
+    from onwatch.core.fleet_worker import FleetWorker
+    from onwatch.core.worker import default_holder
 
     async def main() -> int:
         fleet = FleetWorker(
@@ -210,7 +210,7 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: li
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    webhooks = running.lazy("core.webhooks", "the webhook receiver")
+    webhooks = running.lazy("onwatch.core.webhooks", "the webhook receiver")
     main = getattr(webhooks, "main", None)
     if main is None:
         raise CliError("the webhook receiver is not available in this build")
@@ -224,10 +224,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     early: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, frame: early.append(number))
-    from core.webhooks import ConfigError, load_secrets, start_server
-    from core.webhooks.config import config_file_warning
-    from core.webhooks.arguments import check_serve_args
-    from core.worker import Worker
+    from onwatch.core.webhooks import ConfigError, load_secrets, start_server
+    from onwatch.core.webhooks.config import config_file_warning
+    from onwatch.core.webhooks.arguments import check_serve_args
+    from onwatch.core.worker import Worker
 
     try:
         check_serve_args(args)  # the receiver's own checks: host, port, body limit

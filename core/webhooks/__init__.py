@@ -10,14 +10,14 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from core.text import printable
+from onwatch.core.text import printable
 
 from .arguments import check_serve_args
 from .config import ConfigError, Secret, Secrets, config_file_warning, load_secrets
 from .signatures import SignatureError
 
 if TYPE_CHECKING:
-    from core import Inbox
+    from onwatch.core import Inbox
 
     from .server import RunningServer
 

@@ -36,8 +36,8 @@ from urllib.parse import parse_qs
 from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 
-from core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
-from core.text import printable
+from onwatch.core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
+from onwatch.core.text import printable
 
 from .config import SOURCE_PATTERN, Secrets
 from .signatures import SignatureError, verify_sha256_header, verify_standard, verify_stripe
@@ -227,7 +227,7 @@ class Receiver:
             f"/hooks/{{source:{SOURCE_PATTERN}}}", self.handle, expect_handler=self.expect
         )
         # GET /metrics: the inbox's state and this receiver's counts, for Prometheus
-        from core.metrics import InboxMetrics
+        from onwatch.core.metrics import InboxMetrics
 
         self.metrics = InboxMetrics(inbox)
         self.app.router.add_get("/metrics", self.metrics.handle)

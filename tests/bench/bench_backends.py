@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from core import FakeClock, Inbox  # noqa: E402
+from onwatch.core import FakeClock, Inbox  # noqa: E402
 
 NOW = 1_700_000_000
 
@@ -66,7 +66,7 @@ async def scheduler_pass(box: Inbox, n: int) -> float:
 
 INGESTER = """
 import asyncio, sys, time
-from core import Inbox
+from onwatch.core import Inbox
 async def main(url, name, n, gap):
     box = await Inbox.open(url, name=name)
     for i in range(n):
@@ -81,7 +81,7 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
 async def wake_latency(url: str, name: str, n: int) -> tuple[float, float]:
     """Another process ingests n times; here a Listener notes when each wake arrives. The
     other process prints the instant before each ingest (both clocks are this machine's)."""
-    from core.pg.listen import Listener
+    from onwatch.core.pg.listen import Listener
 
     listener = await Listener.open(url)
     proc = await asyncio.create_subprocess_exec(

@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from core import FakeClock, Inbox  # noqa: E402
-from core import store  # noqa: E402
+from onwatch.core import FakeClock, Inbox  # noqa: E402
+from onwatch.core import store  # noqa: E402
 from tests.bench.reference_inbox import ReferenceInbox  # noqa: E402
 from tests.bench.yardstick import Yardstick  # noqa: E402
 

@@ -40,8 +40,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from core import ApprovalRequest, Inbox  # noqa: E402
-from core.fleet import DatabaseFleet, FolderFleet  # noqa: E402
+from onwatch.core import ApprovalRequest, Inbox  # noqa: E402
+from onwatch.core.fleet import DatabaseFleet, FolderFleet  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -142,9 +142,9 @@ async def fill_database(url: str, count: int) -> list[str]:
 async def measure(
     folder: str, names: list[str], changes: int, url: str | None = None
 ) -> dict[str, float]:
-    from tui.app import OnwatchApp
-    from tui.fleet import FleetScreen
-    from core import SystemClock
+    from onwatch.tui.app import OnwatchApp
+    from onwatch.tui.fleet import FleetScreen
+    from onwatch.core import SystemClock
 
     figures: dict[str, float] = {}
     start = time.perf_counter()

@@ -28,7 +28,7 @@ if str(ROOT) not in sys.path:
 
 import psycopg  # noqa: E402
 
-from core import Inbox  # noqa: E402
+from onwatch.core import Inbox  # noqa: E402
 
 CONCURRENCY, AGENT_SECONDS = 25, 0.05
 
@@ -96,7 +96,7 @@ def measure(
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "onwatch",
                 "worker",
                 url,
                 "--all-inboxes",

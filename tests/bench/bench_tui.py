@@ -56,7 +56,7 @@ TARGETS = {
 
 def seed(path: str, sizes: dict[str, int]) -> float:
     """Create the inbox with core's schema, then bulk-insert the rows; return seconds."""
-    from core import Inbox
+    from onwatch.core import Inbox
 
     async def create() -> None:
         inbox = await Inbox.open(path)
@@ -170,9 +170,9 @@ async def measure(path: str, repeats: int, process_start: float | None = None) -
     """Run the app headless over `path` and take every figure (in this fresh process)."""
     from textual import events
 
-    from core import FakeClock, Inbox
-    from tui.app import OnwatchApp
-    from tui.screens.confirm import ConfirmScreen
+    from onwatch.core import FakeClock, Inbox
+    from onwatch.tui.app import OnwatchApp
+    from onwatch.tui.screens.confirm import ConfirmScreen
 
     figures: dict[str, float] = {}
     clock = FakeClock(T0)

@@ -64,7 +64,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def _onwatch(*args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args],
+        [sys.executable, "-m", "onwatch", *args],
         cwd=ROOT,
         env=_env(**env),
         capture_output=True,
@@ -81,7 +81,7 @@ def _start_worker(path: str, calls: str, notify: bool, log: str) -> subprocess.P
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "onwatch",
                 "worker",
                 path,
                 "--agent",
@@ -114,7 +114,7 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 
 INGESTER = """
 import asyncio, random, sys, time
-from core import Inbox
+from onwatch.core import Inbox
 
 async def main(path, n, out, seed):
     rng = random.Random(seed)
@@ -166,9 +166,9 @@ async def tui_latencies(path: str, events: int, seed: int) -> list[float]:
     """In this (child) process: the app headless; another connection commits events."""
     import sqlite3
 
-    from core import Inbox, store
-    from core.db import write_transaction
-    from tui.app import OnwatchApp
+    from onwatch.core import Inbox, store
+    from onwatch.core.db import write_transaction
+    from onwatch.tui.app import OnwatchApp
 
     rng = random.Random(seed)
     inbox = await Inbox.open(path, create=False)
@@ -224,8 +224,8 @@ def tui_wake(folder: str, events: int, notify: bool, seed: int) -> list[float]:
 
 TUI_IDLE = """
 import asyncio, json, os, sys, time
-from core import Inbox
-from tui.app import OnwatchApp
+from onwatch.core import Inbox
+from onwatch.tui.app import OnwatchApp
 
 async def main(path, seconds):
     async with await Inbox.open(path, create=False) as inbox:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import pytest
 
-from core import store
+from onwatch.core import store
 from tests.bench.bench_core import NOW, build_big_inbox
 
 # Tables with a fixed handful of rows: a scan of them is as cheap as a lookup.

@@ -25,9 +25,9 @@ import sqlite3
 import time
 from typing import Any, Callable, Sequence, TypeVar
 
-from core import schema, store
-from core.db import read_transaction, write_transaction
-from core.records import Reply
+from onwatch.core import schema, store
+from onwatch.core.db import read_transaction, write_transaction
+from onwatch.core.records import Reply
 
 T = TypeVar("T")
 

@@ -10,7 +10,7 @@ import types
 import pytest
 
 from tests.worker.helpers import ROOT
-import cli
+from onwatch import cli
 
 
 def run(capsys, *args, stdin: str | None = None, monkeypatch=None):
@@ -252,7 +252,7 @@ def test_audit_lists_who_did_what_oldest_first_and_filters_by_target(capsys, pat
 def test_answers_print_the_standing_outcome(capsys, path):
     import asyncio
 
-    from core import Inbox
+    from onwatch.core import Inbox
 
     async def ask():
         async with await Inbox.open(path) as inbox:
@@ -294,7 +294,7 @@ def test_switches_are_idempotent(capsys, path):
 def _queue(path, *bodies):
     import asyncio
 
-    from core import Inbox
+    from onwatch.core import Inbox
 
     async def queue():
         async with await Inbox.open(path) as inbox:
@@ -352,7 +352,7 @@ def test_missing_ui_modules_are_reported_not_crashed(capsys, path, monkeypatch):
     real = cli.running.importlib.import_module
 
     def missing(name, *args):
-        if name in ("tui.app", "tui.demo", "core.webhooks"):
+        if name in ("onwatch.tui.app", "onwatch.tui.demo", "onwatch.core.webhooks"):
             raise ModuleNotFoundError(f"No module named {name!r}")
         return real(name, *args)
 
@@ -402,7 +402,7 @@ def test_status_never_imports_textual(path):
 
 def test_the_console_script_runs(path):
     result = subprocess.run(
-        [sys.executable, "-m", "cli", "status", path, "--json"],
+        [sys.executable, "-m", "onwatch", "status", path, "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -428,7 +428,7 @@ def test_worker_runs_an_agent_from_a_file_and_stops_after_max_runs(path, tmp_pat
         "    ctx.reply('seen ' + ', '.join(e.source_id for e in batch))\n"
     )
     subprocess.run(
-        [sys.executable, "-m", "cli", "ingest", path, "chat", "a1"],
+        [sys.executable, "-m", "onwatch", "ingest", path, "chat", "a1"],
         cwd=ROOT,
         check=True,
         capture_output=True,
@@ -437,7 +437,7 @@ def test_worker_runs_an_agent_from_a_file_and_stops_after_max_runs(path, tmp_pat
         [
             sys.executable,
             "-m",
-            "cli",
+            "onwatch",
             "worker",
             path,
             "--agent",
@@ -490,7 +490,7 @@ def test_a_failing_setup_is_reported_as_the_setups_failure(path, tmp_path):
         [
             sys.executable,
             "-m",
-            "cli",
+            "onwatch",
             "worker",
             path,
             "--agent",

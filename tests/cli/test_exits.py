@@ -14,7 +14,7 @@ import sys
 import textwrap
 import time
 
-from core import Inbox
+from onwatch.core import Inbox
 from tests.worker.helpers import ROOT, env, wait_for
 
 AGENTS = textwrap.dedent("""\
@@ -40,7 +40,7 @@ def onwatch(tmp_path, *args: str) -> subprocess.Popen:
     err = open(tmp_path / "stderr.txt", "ab")
     try:
         return subprocess.Popen(
-            [sys.executable, "-m", "cli", *args],
+            [sys.executable, "-m", "onwatch", *args],
             cwd=ROOT,
             env=env(tmp_path),
             stdout=subprocess.DEVNULL,

@@ -30,7 +30,7 @@ def start(args: list[str], test_dir, name: str) -> subprocess.Popen:
     err = open(os.path.join(test_dir, f"{name}.err"), "wb")
     try:
         return subprocess.Popen(
-            [sys.executable, "-X", "importtime", "-m", "cli", *args],
+            [sys.executable, "-X", "importtime", "-m", "onwatch", *args],
             cwd=ROOT,
             env=env(test_dir, ONWATCH_HOOK_SECRET_CHAT=SECRET),
             stdout=subprocess.DEVNULL,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from core import Inbox, Settings
-import cli
+from onwatch.core import Inbox, Settings
+from onwatch import cli
 
 # Values an adversarial caller (or a script with a bug) passes. The surrogates are what Python
 # makes of undecodable bytes in argv (os.fsdecode / surrogateescape); "\ud800" cannot come from
@@ -182,8 +182,8 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 def quick_long_runners(monkeypatch):
     """The long-running commands stop where they would start serving: argument handling,
     configuration and (for the worker) start-up and lease are what is checked here."""
-    from core import worker as worker_module
-    from core.webhooks import server as server_module
+    from onwatch.core import worker as worker_module
+    from onwatch.core.webhooks import server as server_module
 
     real_run = worker_module.Worker.run
 
@@ -193,10 +193,10 @@ def quick_long_runners(monkeypatch):
 
     monkeypatch.setattr(worker_module.Worker, "run", stop_at_once)
     monkeypatch.setattr(server_module, "run", lambda *args, **kwargs: 0)
-    for module_name in ("tui.app", "tui.demo"):
+    for module_name in ("onwatch.tui.app", "onwatch.tui.demo"):
         module = pytest.importorskip(module_name)
         monkeypatch.setattr(module, "run", lambda *args, **kwargs: 0)
-    web = pytest.importorskip("tui.web")
+    web = pytest.importorskip("onwatch.tui.web")
 
     async def served(chosen):  # `onwatch web` checked up to the point it would listen
         return 0
@@ -284,7 +284,7 @@ def test_a_refused_init_leaves_no_file_behind(tmp_path, capsys, settings):
 def test_init_removes_what_it_created_when_the_engine_refuses_late(tmp_path, capsys, monkeypatch):
     """A refusal that only the open inbox can make (after the file exists) still leaves
     nothing: the engine may check more than the settings' own validation."""
-    from core import BadInput
+    from onwatch.core import BadInput
 
     async def refuse(self, **changes):
         raise BadInput("refused by the engine")
@@ -407,7 +407,7 @@ def test_undecodable_bytes_in_a_real_argv_are_exit_2(tmp_path):
         [b"approve", path.encode(), b"r\xff"],
     ):
         result = subprocess.run(
-            [sys.executable, "-m", "cli", *argv],
+            [sys.executable, "-m", "onwatch", *argv],
             cwd=ROOT,
             env=env(tmp_path),
             capture_output=True,
@@ -438,7 +438,7 @@ def test_a_payload_on_stdin_that_is_not_utf8_is_exit_2(tmp_path):
     before = snapshot(tmp_path)
     for variables in ({}, {"LC_ALL": "C", "PYTHONUTF8": "0"}):
         result = subprocess.run(
-            [sys.executable, "-m", "cli", "ingest", path, "chat", "s1", "-"],
+            [sys.executable, "-m", "onwatch", "ingest", path, "chat", "s1", "-"],
             input=b'{"a": "\xff"}',
             cwd=ROOT,
             capture_output=True,
@@ -449,7 +449,7 @@ def test_a_payload_on_stdin_that_is_not_utf8_is_exit_2(tmp_path):
         assert result.returncode == 2 and err.count("\n") == 1 and "not UTF-8" in err, err
         assert snapshot(tmp_path) == before
     result = subprocess.run(
-        [sys.executable, "-m", "cli", "ingest", path, "chat", "s2", "-"],
+        [sys.executable, "-m", "onwatch", "ingest", path, "chat", "s2", "-"],
         input='{"a": "é"}'.encode(),
         cwd=ROOT,
         capture_output=True,

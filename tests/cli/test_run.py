@@ -39,7 +39,7 @@ def start_run(path: str, tmp_path, *extra: str) -> subprocess.Popen:
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "onwatch",
                 "run",
                 path,
                 "--agent",
@@ -126,7 +126,7 @@ def test_run_refuses_a_missing_inbox_or_no_secrets_in_one_line(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "onwatch",
                 "run",
                 missing,
                 "--agent",

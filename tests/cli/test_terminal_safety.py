@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from core.text import printable
+from onwatch.core.text import printable
 
 HOSTILE = "x\x1b]0;pwned\x07 \x1b[2J\rback\b \u202eevil \x9b31m"
 
 
 def onwatch(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "cli", *args], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "onwatch", *args], capture_output=True, text=True, timeout=60
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from core import FakeClock, Inbox
+from onwatch.core import FakeClock, Inbox
 
 T = 1_000_000
 DAY = 86_400
@@ -68,7 +68,7 @@ async def inbox(path, clock):
 
 
 def is_postgresql(target: str) -> bool:
-    from core.pg import is_url
+    from onwatch.core.pg import is_url
 
     return is_url(target)
 

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from core import ACTIONS, BadInput, FakeClock, Inbox, Outcome
+from onwatch.core import ACTIONS, BadInput, FakeClock, Inbox, Outcome
 
 
 @pytest.fixture
@@ -90,13 +90,13 @@ async def test_act_refuses_bad_input_and_changes_nothing(inbox, name, target, ex
 
 
 def test_the_cli_has_a_subcommand_for_every_action_in_the_table(monkeypatch):
-    from core import actions
+    from onwatch.core import actions
 
     row = actions.Action(
         "poke", "event", ("pending",), "pending", "a new row", "Poke {target}?", "Poke {count}?"
     )
     monkeypatch.setitem(actions.ACTIONS, "poke", row)
-    from cli.parser import build_parser
+    from onwatch.cli.parser import build_parser
 
     parser = build_parser()
     listed = parser.format_help()
@@ -127,7 +127,7 @@ async def test_settling_and_answering_are_audited_by_the_action_name(inbox):
 async def test_migration_5_renames_the_old_audit_words_of_a_version_4_file(tmp_path):
     import sqlite3
 
-    from core import schema
+    from onwatch.core import schema
 
     path = str(tmp_path / "v4.db")
     db = sqlite3.connect(path, isolation_level=None)

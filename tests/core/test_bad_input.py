@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from core import ApprovalRequest, BadInput, FollowUp, Inbox, InboxError, Reply
+from onwatch.core import ApprovalRequest, BadInput, FollowUp, Inbox, InboxError, Reply
 
 from .conftest import T, dump
 

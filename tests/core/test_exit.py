@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent("""
     import asyncio
-    from core import Inbox
+    from onwatch.core import Inbox
 
     async def main(path):
         box = await Inbox.open(path)
@@ -44,7 +44,7 @@ def test_a_script_that_raises_without_close_exits(tmp_path):
 def test_the_connection_thread_is_a_daemon(tmp_path):
     import asyncio
 
-    from core import Inbox
+    from onwatch.core import Inbox
 
     async def main():
         box = await Inbox.open(str(tmp_path / "inbox.db"))

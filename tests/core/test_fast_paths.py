@@ -14,7 +14,7 @@ import sqlite3
 
 import pytest
 
-from core import BadInput, BudgetExceeded, FakeClock, Inbox
+from onwatch.core import BadInput, BudgetExceeded, FakeClock, Inbox
 
 from .conftest import T
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from core import BadInput, Inbox, InboxBusy, InboxError
+from onwatch.core import BadInput, Inbox, InboxBusy, InboxError
 
 from .conftest import is_postgresql, raw_sql
 

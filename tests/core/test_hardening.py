@@ -13,7 +13,7 @@ import sqlite3
 
 import pytest
 
-from core import (
+from onwatch.core import (
     RESERVED_SOURCES,
     ApprovalRequest,
     BadInput,
@@ -22,7 +22,7 @@ from core import (
     Inbox,
     store,
 )
-from core.db import write_transaction
+from onwatch.core.db import write_transaction
 
 from .conftest import DAY, T, dump, is_postgresql, raw_sql
 
@@ -104,7 +104,7 @@ async def test_class1_an_integer_out_of_bounds_is_refused_and_nothing_wedges(
 
 
 async def test_class1_the_largest_accepted_values_still_add_up(inbox):
-    from core import MAX_DURATION, MAX_TIME
+    from onwatch.core import MAX_DURATION, MAX_TIME
 
     await inbox.configure(
         lease_ttl=MAX_DURATION,
@@ -202,7 +202,7 @@ async def test_class2_broken_outbox_rows_are_set_aside_and_the_others_sent(inbox
 
 
 async def test_class2_a_worker_survives_broken_rows(path):
-    from core.worker import run_worker
+    from onwatch.core.worker import run_worker
 
     clock = FakeClock(T)
     box = await Inbox.open(path, clock=clock)
@@ -310,7 +310,7 @@ async def test_class4_a_recovered_run_cannot_be_finished_by_its_old_caller(inbox
 
 
 async def test_class4_the_worker_finishes_with_its_run(inbox, clock, monkeypatch):
-    from core.worker import run_worker
+    from onwatch.core.worker import run_worker
 
     calls = []
     original = Inbox.finish
@@ -422,7 +422,7 @@ async def test_class7_a_row_the_database_refuses_fails_alone(path):
 
 async def _a_row_postgresql_refuses_fails_alone(url: str) -> None:
     import psycopg
-    from core.pg import db as pg_db, store as pg_store
+    from onwatch.core.pg import db as pg_db, store as pg_store
 
     async with await Inbox.open(url):
         pass
@@ -472,7 +472,7 @@ async def test_class9_deep_json_is_refused(inbox, path, name, call):
 
 
 async def test_class9_a_deep_result_fails_the_run_and_never_leaves_it_running(inbox):
-    from core.worker import run_worker
+    from onwatch.core.worker import run_worker
 
     await inbox.ingest("chat", "m", None)
 
@@ -525,7 +525,7 @@ async def test_class10_paused_and_the_daily_budget_are_not_past_wakeups(inbox, c
 
 
 async def test_class10_a_worker_fires_a_timer_on_time_while_the_outbox_is_held(path):
-    from core.worker import Worker
+    from onwatch.core.worker import Worker
 
     clock = FakeClock(T)
     box = await Inbox.open(path, clock=clock)

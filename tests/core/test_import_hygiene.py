@@ -1,4 +1,4 @@
-"""What a fresh interpreter holds after `import core`: the one rule import-linter cannot see.
+"""What a fresh interpreter holds after `import onwatch`: the one rule import-linter cannot see.
 
 The layers themselves (core imports no UI, the desk reaches the database only through core)
 are import-linter contracts in pyproject.toml, checked by tests/core/test_layers.py. Those
@@ -11,12 +11,12 @@ import sys
 
 
 def test_import_core_loads_no_ui_and_no_receiver():
-    """The engine embeds in an agent: `import core` must not load a terminal UI, and the
+    """The engine embeds in an agent: `import onwatch` must not load a terminal UI, and the
     webhook receiver (with aiohttp) loads only when a server starts."""
     code = (
-        "import sys, core, core.inbox, core.store, core.webhooks.signatures, "
-        "core.webhooks.config; "
-        "bad = [m for m in ('textual', 'rich', 'aiohttp', 'core.webhooks.server') "
+        "import sys, onwatch, onwatch.core.inbox, onwatch.core.store, "
+        "onwatch.core.webhooks.signatures, onwatch.core.webhooks.config; "
+        "bad = [m for m in ('textual', 'rich', 'aiohttp', 'onwatch.core.webhooks.server') "
         "if m in sys.modules]; "
         "print(','.join(bad)); sys.exit(1 if bad else 0)"
     )
@@ -25,5 +25,5 @@ def test_import_core_loads_no_ui_and_no_receiver():
 
 
 def test_import_core_alone_does_not_load_the_receiver_package():
-    code = "import sys, core; sys.exit(1 if 'core.webhooks' in sys.modules else 0)"
+    code = "import sys, onwatch; sys.exit(1 if 'onwatch.core.webhooks' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

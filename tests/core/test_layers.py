@@ -37,15 +37,18 @@ def test_the_contracts_catch_an_engine_that_imports_ui_and_a_desk_that_opens_sql
     """The same contracts, run on a small tree that breaks each of them."""
     (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
     files = {
-        "core/__init__.py": "from core import engine\n",
+        "onwatch/__init__.py": "",
+        "onwatch/core/__init__.py": "from onwatch.core import engine\n",
         # imports inside a function count: a lazy UI import is still a UI import
-        "core/engine.py": "def show():\n    import textual\n    from cli import main\n",
-        "tui/__init__.py": "import core\n",
-        "tui/desk.py": "import aiosqlite\n",
-        "tui/fleet/__init__.py": "",
-        "tui/fleet/seed.py": "import sqlite3\n",  # the documented exception
-        "cli/__init__.py": "",
-        "cli/commands.py": "from psycopg import connect\n",
+        "onwatch/core/engine.py": (
+            "def show():\n    import textual\n    from onwatch.cli import main\n"
+        ),
+        "onwatch/tui/__init__.py": "import onwatch.core\n",
+        "onwatch/tui/desk.py": "import aiosqlite\n",
+        "onwatch/tui/fleet/__init__.py": "",
+        "onwatch/tui/fleet/seed.py": "import sqlite3\n",  # the documented exception
+        "onwatch/cli/__init__.py": "",
+        "onwatch/cli/commands.py": "from psycopg import connect\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -55,11 +58,11 @@ def test_the_contracts_catch_an_engine_that_imports_ui_and_a_desk_that_opens_sql
 
     assert result.returncode == 1, result.stdout + result.stderr
     out = result.stdout
-    assert "core is not allowed to import textual" in out
-    assert "core.engine -> textual" in out
-    assert "core is not allowed to import cli" in out
-    assert "tui is not allowed to import aiosqlite" in out
-    assert "tui.desk -> aiosqlite" in out
-    assert "cli.commands -> psycopg" in out
+    assert "onwatch.core is not allowed to import textual" in out
+    assert "onwatch.core.engine -> textual" in out
+    assert "onwatch.core is not allowed to import onwatch.cli" in out
+    assert "onwatch.tui is not allowed to import aiosqlite" in out
+    assert "onwatch.tui.desk -> aiosqlite" in out
+    assert "onwatch.cli.commands -> psycopg" in out
     assert "not allowed to import sqlite3" not in out
     assert "2 broken" in out

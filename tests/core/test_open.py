@@ -9,8 +9,8 @@ import sqlite3
 
 import pytest
 
-from core import FakeClock, Inbox, InboxBusy, InboxError, NotAnInbox
-from core import schema
+from onwatch.core import FakeClock, Inbox, InboxBusy, InboxError, NotAnInbox
+from onwatch.core import schema
 
 
 def digest(path: str) -> str:

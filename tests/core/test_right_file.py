@@ -15,8 +15,8 @@ import sys
 import aiohttp
 import pytest
 
-from core import FakeClock, Inbox, NotAnInbox, schema
-from core.worker import Worker
+from onwatch.core import FakeClock, Inbox, NotAnInbox, schema
+from onwatch.core.worker import Worker
 from tests.webhook.helpers import ServerProcess, standard_headers
 from tests.worker.helpers import ROOT, env, log_of, onwatch, start_worker, stop, wait_for
 
@@ -236,7 +236,7 @@ def test_a_held_reply_says_in_the_log_why_it_waits(tmp_path):
         [
             sys.executable,
             "-m",
-            "cli",
+            "onwatch",
             "worker",
             str(path),
             "--agent",

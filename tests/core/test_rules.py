@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from core import BadInput, BudgetExceeded, FollowUp, Inbox, Reply
+from onwatch.core import BadInput, BudgetExceeded, FollowUp, Inbox, Reply
 
 from .conftest import DAY, T
 

@@ -3,7 +3,7 @@ exact expected outcome."""
 
 from __future__ import annotations
 
-from core import FakeClock, Inbox
+from onwatch.core import FakeClock, Inbox
 
 from .conftest import DAY, T
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from core import store
+from onwatch.core import store
 
 from .conftest import T
 

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from core import FakeClock, Inbox
+from onwatch.core import FakeClock, Inbox
 
 TTL, MAX_ATTEMPTS, MAX_BATCH, BASE, CAP = 120, 3, 3, 10, 40
 SEND_TIMEOUT, MAX_SENDS = 30, 3

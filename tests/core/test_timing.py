@@ -12,10 +12,10 @@ import json
 
 from hypothesis import given, settings, strategies as st
 
-from core.clock import MAX_TIME
-from core.decoding import TIMER_COLUMNS, checked_timer
-from core.records import Timer
-from core.timing import first_unfired, firing, occurrence, plain_occurrence
+from onwatch.core.clock import MAX_TIME
+from onwatch.core.decoding import TIMER_COLUMNS, checked_timer
+from onwatch.core.records import Timer
+from onwatch.core.timing import first_unfired, firing, occurrence, plain_occurrence
 
 T = 1_000_000
 COLUMNS = [c.strip() for c in TIMER_COLUMNS.split(",")]

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core import (
+from onwatch.core import (
     ApprovalRequest,
     BadInput,
     FakeClock,
@@ -31,7 +31,7 @@ from core import (
     Reply,
     Settings,
 )
-from core.worker import RunContext, Worker
+from onwatch.core.worker import RunContext, Worker
 
 from .conftest import BACKENDS, dump as dump_inbox
 
@@ -397,7 +397,7 @@ def test_open_is_total(path, busy, create):
     folder = tempfile.mkdtemp(prefix="onwatch-open-")
     loop = asyncio.new_event_loop()
     try:
-        from core import NotAnInbox
+        from onwatch.core import NotAnInbox
 
         target = (
             path

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tui.demo.live import LiveDemoApp, open_scratch_inbox
+from onwatch.tui.demo.live import LiveDemoApp, open_scratch_inbox
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +112,7 @@ async def _true(value: bool) -> bool:
 async def test_the_live_narrator_does_not_read_under_a_dialog(tmp_path):
     """Like the desk's own poll, the narrator's look at the inbox waits while a dialog is
     open (no reads, no pane switched under the viewer's dialog)."""
-    from tui.screens.help import HelpScreen
+    from onwatch.tui.screens.help import HelpScreen
 
     inbox = await open_scratch_inbox(str(tmp_path))
     app = LiveDemoApp(inbox, str(tmp_path), workers=0)  # no processes: only the narrator

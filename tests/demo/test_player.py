@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from tui.demo.player import SPEEDS, DemoApp, ScenarioPicker
-from tui.demo.scenarios import SCENARIOS, START, scenario
-from tui.screens.confirm import ConfirmScreen
+from onwatch.tui.demo.player import SPEEDS, DemoApp, ScenarioPicker
+from onwatch.tui.demo.scenarios import SCENARIOS, START, scenario
+from onwatch.tui.screens.confirm import ConfirmScreen
 
 SIZE = (120, 40)
 
@@ -234,7 +234,7 @@ async def test_viewer_can_act_on_the_demo_inbox(tmp_path):
 
 async def test_narration_is_shown_literally(tmp_path):
     """Narrations quote inbox text: markup and control characters must not come alive."""
-    from tui.demo.scenarios import Scenario, Step
+    from onwatch.tui.demo.scenarios import Scenario, Step
 
     hostile = "[@click=app.quit]quit[/] [bold]x[/bold] \x1b]0;pwned\x07"
 
@@ -258,7 +258,7 @@ async def test_narration_is_shown_literally(tmp_path):
 
 
 async def test_screenshot_script_captures_the_key_moment(tmp_path):
-    from tui.demo.screenshots import capture
+    from onwatch.tui.demo.screenshots import capture
 
     path = await capture(scenario("poison"), tmp_path)
     svg = path.read_text()

@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from tui.demo.scenarios import DAY, SCENARIOS, START, ScenarioRun, play, scenario, since_start
+from onwatch.tui.demo.scenarios import (
+    DAY,
+    SCENARIOS,
+    START,
+    ScenarioRun,
+    play,
+    scenario,
+    since_start,
+)
 
 
 @pytest.fixture
@@ -274,7 +282,7 @@ def test_scenarios_load_without_textual():
 
 def test_demo_without_a_terminal_narrates_every_scenario(capsys):
     """`onwatch demo` piped or under CI cannot draw the TUI: it plays and prints instead."""
-    from tui.demo import run
+    from onwatch.tui.demo import run
 
     assert run() == 0  # pytest's stdin is not a terminal
     out = capsys.readouterr().out

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from core import Inbox
+from onwatch.core import Inbox
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 CHILD = r"""
 import asyncio, sys
-from core import Inbox
+from onwatch.core import Inbox
 
 async def main(path, prefix, writers):
     box = await Inbox.open(path)

@@ -11,7 +11,7 @@ import random
 import sys
 import time
 
-from core import Inbox, InboxBusy, InboxError
+from onwatch.core import Inbox, InboxBusy, InboxError
 
 
 async def acquire_rounds(

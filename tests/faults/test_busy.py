@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from core import Inbox, InboxBusy
+from onwatch.core import Inbox, InboxBusy
 from tests.worker.helpers import event_status, log_of, onwatch, scalar, start_worker, stop, wait_for
 
 pytestmark = pytest.mark.slow

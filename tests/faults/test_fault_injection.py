@@ -23,7 +23,7 @@ from typing import Awaitable, Callable
 
 import pytest
 
-from core import ApprovalRequest, FakeClock, FollowUp, Inbox, InboxError, Reply
+from onwatch.core import ApprovalRequest, FakeClock, FollowUp, Inbox, InboxError, Reply
 
 T = 1_000_000
 DAY = 86_400
@@ -220,7 +220,7 @@ async def call_settle(inbox: Inbox, sent: list) -> object:
 
 
 async def call_group_with_a_bad_item(inbox: Inbox, sent: list) -> object:
-    from core import store
+    from onwatch.core import store
 
     items = [("chat", "g1", "null", T), ("", "bad", "null", T), ("chat", "g2", "null", T)]
     results = await inbox._db.write(store.ingest_many, items)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from core import Inbox
-from core.clock import FakeClock
-from core.metrics import MAX_SOURCES, InboxMetrics, SourceLabels, inbox_label
+from onwatch.core import Inbox
+from onwatch.core.clock import FakeClock
+from onwatch.core.metrics import MAX_SOURCES, InboxMetrics, SourceLabels, inbox_label
 
 from .helpers import samples, value
 

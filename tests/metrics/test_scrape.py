@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from core import Inbox
+from onwatch.core import Inbox
 from tests.webhook.helpers import ServerProcess, post, standard_headers
 
 from .helpers import samples, scrape, value
@@ -111,7 +111,7 @@ async def test_worker_metrics_while_runs_happen(tmp_path):
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "onwatch",
                 "worker",
                 str(db),
                 "--agent",

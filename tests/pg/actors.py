@@ -9,7 +9,7 @@ import os
 import sys
 import time
 
-from core import Inbox
+from onwatch.core import Inbox
 
 T = 1_000_000
 
@@ -69,7 +69,7 @@ def _append(name: str, line: str) -> None:
 
 async def _until_acknowledged(call, what: str) -> object:
     """Retry a call through a lost connection or a busy inbox, as a webhook sender would."""
-    from core import InboxBusy, InboxError
+    from onwatch.core import InboxBusy, InboxError
 
     backoff = 0.05
     while True:

@@ -62,7 +62,7 @@ class Cluster:
         no inbox yet (a copy of a template migrated once, much cheaper than the DDL per
         test), or empty with schema=False."""
         import psycopg
-        from core.pg import schema as pg_schema
+        from onwatch.core.pg import schema as pg_schema
 
         with self._lock:
             name = f"onwatch_t{os.getpid()}_{next(self._names)}"
@@ -83,7 +83,7 @@ class Cluster:
         the conformance suite opens per test (a schema's DDL costs a fraction of a
         CREATE DATABASE). The URL sets the connection's search_path to it."""
         import psycopg
-        from core.pg import schema as pg_schema
+        from onwatch.core.pg import schema as pg_schema
 
         with self._lock:
             name = f"t{os.getpid()}_{next(self._names)}"

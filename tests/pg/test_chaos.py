@@ -15,7 +15,7 @@ import time
 import psycopg
 import pytest
 
-from core import Inbox
+from onwatch.core import Inbox
 from tests.pg.test_fleet import done, start_fleet
 from tests.worker.helpers import ROOT, env, wait_for
 

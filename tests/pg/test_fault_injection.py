@@ -24,8 +24,8 @@ import dataclasses
 import psycopg
 import pytest
 
-from core import FakeClock, Inbox, InboxError
-from core.pg import db as pg_db
+from onwatch.core import FakeClock, Inbox, InboxError
+from onwatch.core.pg import db as pg_db
 from tests.faults import test_fault_injection as faults
 
 T = faults.T
@@ -96,7 +96,7 @@ async def setup_broken_timer(inbox: Inbox) -> None:
 
 
 async def call_group_with_a_bad_item(inbox: Inbox, sent: list) -> object:
-    from core.pg import store
+    from onwatch.core.pg import store
 
     items = [("chat", "g1", "null", T), ("", "bad", "null", T), ("chat", "g2", "null", T)]
     results = await inbox._db.write(store.ingest_many, items)

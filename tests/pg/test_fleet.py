@@ -13,7 +13,7 @@ import sys
 import psycopg
 import pytest
 
-from core import Inbox
+from onwatch.core import Inbox
 from tests.worker.helpers import ROOT, env, onwatch, wait_for
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def start_fleet(
             [
                 sys.executable,
                 "-m",
-                "cli",
+                "onwatch",
                 "worker",
                 url,
                 "--all-inboxes",

@@ -10,8 +10,8 @@ import time
 import psycopg
 import pytest
 
-from core import BudgetExceeded, FakeClock, Inbox
-from core.pg.listen import Listener
+from onwatch.core import BudgetExceeded, FakeClock, Inbox
+from onwatch.core.pg.listen import Listener
 
 T = 1_000_000
 
@@ -132,7 +132,7 @@ async def test_an_inbox_whose_connection_was_cut_reconnects_and_says_so(url, cap
     """The server ends the inbox's backend (as a restart or a network cut would): the call
     in flight fails with ConnectionLost (retry), the next one reconnects, and the log
     records both; nothing committed before is lost."""
-    from core.pg.db import ConnectionLost
+    from onwatch.core.pg.db import ConnectionLost
 
     box = await Inbox.open(url, name="a")
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from core import Inbox
+from onwatch.core import Inbox
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]

@@ -18,7 +18,7 @@ import aiohttp
 import psycopg
 import pytest
 
-from core import Inbox
+from onwatch.core import Inbox
 from tests.webhook.helpers import github_headers, secrets_env
 from tests.worker.helpers import ROOT
 
@@ -29,7 +29,7 @@ async def start_receiver(url: str, name: str, log_path) -> tuple[subprocess.Pope
     log_file = open(log_path, "ab")
     env = dict(secrets_env(), PYTHONPATH=str(ROOT))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", url, "--inbox", name, "--port", "0"],
+        [sys.executable, "-m", "onwatch", "serve", url, "--inbox", name, "--port", "0"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,

@@ -9,7 +9,7 @@ from typing import Callable
 import pytest
 from rich.console import Console
 
-from tui.seed import T0, open_seeded, use_utc
+from onwatch.tui.seed import T0, open_seeded, use_utc
 
 use_utc()  # clock times in UTC: the same screen on every machine
 

@@ -14,16 +14,16 @@ import textwrap
 import pytest
 from textual.binding import Binding
 
-from cli.parser import build_parser
-from core import ACTIONS, Inbox
-from tui import actions as desk
-from tui.app import OnwatchApp
-from tui.demo.live import LiveDemoApp
-from tui.demo.player import DemoApp
-from tui.fleet.queue import ApprovalQueueScreen
-from tui.panes import PANES, Pane
-from tui.panes.base import PaneTable
-from tui.screens.confirm import ConfirmScreen
+from onwatch.cli.parser import build_parser
+from onwatch.core import ACTIONS, Inbox
+from onwatch.tui import actions as desk
+from onwatch.tui.app import OnwatchApp
+from onwatch.tui.demo.live import LiveDemoApp
+from onwatch.tui.demo.player import DemoApp
+from onwatch.tui.fleet.queue import ApprovalQueueScreen
+from onwatch.tui.panes import PANES, Pane
+from onwatch.tui.panes.base import PaneTable
+from onwatch.tui.screens.confirm import ConfirmScreen
 
 from .conftest import screen_text, started, wait_for_text
 from .test_actions import SIZE, confirm_open, highlight, press
@@ -154,8 +154,8 @@ PROBE = textwrap.dedent(
 
     from rich.console import Console
 
-    from core import actions
-    from tui import actions as desk
+    from onwatch.core import actions
+    from onwatch.tui import actions as desk
 
     actions.ACTIONS["shelve"] = actions.Action(
         "shelve", "event", ("pending",), "cancelled", "pending → cancelled, to look at later",
@@ -165,12 +165,12 @@ PROBE = textwrap.dedent(
         "z", "Shelve", "set the event aside for later", "shelved {label}", "shelved"
     )
 
-    from cli.parser import build_parser
+    from onwatch.cli.parser import build_parser
     from tests.tui.conftest import screen_text, wait_for, wait_for_text
-    from tui.app import OnwatchApp
-    from tui.screens.confirm import ConfirmScreen
-    from tui.screens.help import HelpScreen
-    from tui.seed import open_seeded, use_utc
+    from onwatch.tui.app import OnwatchApp
+    from onwatch.tui.screens.confirm import ConfirmScreen
+    from onwatch.tui.screens.help import HelpScreen
+    from onwatch.tui.seed import open_seeded, use_utc
 
     async def main(path):
         use_utc()

@@ -8,11 +8,11 @@ import os
 import pytest
 from rich.console import Console
 
-from core import Inbox
-from tui.app import OnwatchApp
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.detail import DetailScreen
-from tui.screens.help import HelpScreen
+from onwatch.core import Inbox
+from onwatch.tui.app import OnwatchApp
+from onwatch.tui.screens.confirm import ConfirmScreen
+from onwatch.tui.screens.detail import DetailScreen
+from onwatch.tui.screens.help import HelpScreen
 
 from .conftest import screen_text, started, wait_for, wait_for_text
 

@@ -6,8 +6,8 @@ import pytest
 from textual.binding import Binding
 from textual.widgets import Label
 
-from core import BadInput
-from tui.app import OnwatchApp
+from onwatch.core import BadInput
+from onwatch.tui.app import OnwatchApp
 
 from .conftest import screen_text, started, wait_for
 

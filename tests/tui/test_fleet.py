@@ -13,15 +13,15 @@ import sys
 import pytest
 from textual.widgets import Sparkline
 
-from core import FakeClock, Inbox, SystemClock
-from core.fleet import FolderFleet
-from tui.app import OnwatchApp
-from tui.fleet import FleetScreen, title_for
-from tui.fleet.queue import ApprovalQueueScreen
-from tui.fleet.screen import activity
-from tui.fleet.seed import ESCAPE_NAME, HOSTILE_ACTION, HOSTILE_NAME, seed_fleet
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.filter import FilterScreen
+from onwatch.core import FakeClock, Inbox, SystemClock
+from onwatch.core.fleet import FolderFleet
+from onwatch.tui.app import OnwatchApp
+from onwatch.tui.fleet import FleetScreen, title_for
+from onwatch.tui.fleet.queue import ApprovalQueueScreen
+from onwatch.tui.fleet.screen import activity
+from onwatch.tui.fleet.seed import ESCAPE_NAME, HOSTILE_ACTION, HOSTILE_NAME, seed_fleet
+from onwatch.tui.screens.confirm import ConfirmScreen
+from onwatch.tui.screens.filter import FilterScreen
 
 from .conftest import T0, screen_text, wait_for, wait_for_text
 
@@ -404,7 +404,7 @@ async def test_an_approval_close_to_its_deadline_raises_the_alarm_once(tmp_path)
 AGENT = """
 import asyncio, sys
 sys.path.insert(0, {root!r})
-from core import Inbox
+from onwatch.core import Inbox
 async def main():
     async with await Inbox.open({path!r}, create=False) as inbox:
         await inbox.request_approval("from-afar", 3600, "ship the release")

@@ -11,13 +11,13 @@ import sys
 
 import pytest
 
-from core import Inbox, SystemClock
-from core.fleet import DatabaseFleet
+from onwatch.core import Inbox, SystemClock
+from onwatch.core.fleet import DatabaseFleet
 from tests.pg.server import Unavailable, cluster
-from tui.app import OnwatchApp
-from tui.fleet import FleetScreen
-from tui.fleet.queue import ApprovalQueueScreen
-from tui.screens.confirm import ConfirmScreen
+from onwatch.tui.app import OnwatchApp
+from onwatch.tui.fleet import FleetScreen
+from onwatch.tui.fleet.queue import ApprovalQueueScreen
+from onwatch.tui.screens.confirm import ConfirmScreen
 
 from .conftest import screen_text, wait_for, wait_for_text
 
@@ -27,7 +27,7 @@ INBOXES = 50
 AGENT = """
 import asyncio, sys
 sys.path.insert(0, {root!r})
-from core import Inbox
+from onwatch.core import Inbox
 async def main():
     async with await Inbox.open({url!r}, name={name!r}, create=False) as inbox:
         await inbox.request_approval("from-afar", 3600, "ship the release")
@@ -190,8 +190,8 @@ async def test_a_lost_connection_is_said_once_and_the_fleet_is_read_again(databa
 
 
 def test_tui_on_a_url_opens_the_fleet_or_one_inbox(database, monkeypatch):
-    import cli
-    from tui import app as app_module
+    from onwatch import cli
+    from onwatch.tui import app as app_module
 
     calls = []
     monkeypatch.setattr(
@@ -218,7 +218,7 @@ def test_a_database_that_is_not_onwatch_is_refused_in_one_line(capsys):
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE ledger (x int)")
-    from tui import app as app_module
+    from onwatch.tui import app as app_module
 
     assert app_module.run_fleet(url) == 2
     err = capsys.readouterr().err

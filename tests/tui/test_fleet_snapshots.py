@@ -11,12 +11,12 @@ import os
 
 import pytest
 
-from core.fleet import FolderFleet
-from tui.app import OnwatchApp
-from tui.fleet import FleetScreen
-from tui.fleet.queue import ApprovalQueueScreen
-from tui.fleet.seed import seed_fleet
-from tui.screenshots import settle
+from onwatch.core.fleet import FolderFleet
+from onwatch.tui.app import OnwatchApp
+from onwatch.tui.fleet import FleetScreen
+from onwatch.tui.fleet.queue import ApprovalQueueScreen
+from onwatch.tui.fleet.seed import seed_fleet
+from onwatch.tui.screenshots import settle
 
 WIDE, NARROW = (120, 40), (80, 24)
 

@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from core import FakeClock, Inbox
-from core.fleet import FolderFleet, read_summary
+from onwatch.core import FakeClock, Inbox
+from onwatch.core.fleet import FolderFleet, read_summary
 
 T0 = 1_700_000_000
 

@@ -8,11 +8,11 @@ import sqlite3
 import pytest
 from rich.text import Text
 
-from core import ApprovalRequest, FakeClock, Inbox
-from tui.app import OnwatchApp
-from tui.safe import safe_content, safe_json, safe_plain, safe_text
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.detail import DetailScreen
+from onwatch.core import ApprovalRequest, FakeClock, Inbox
+from onwatch.tui.app import OnwatchApp
+from onwatch.tui.safe import safe_content, safe_json, safe_plain, safe_text
+from onwatch.tui.screens.confirm import ConfirmScreen
+from onwatch.tui.screens.detail import DetailScreen
 
 from .conftest import T0, screen_text, started, wait_for, wait_for_text
 

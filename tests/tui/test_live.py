@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 
-from core import Inbox, InboxBusy
-from tui import app as app_module
-from tui.app import OnwatchApp
+from onwatch.core import Inbox, InboxBusy
+from onwatch.tui import app as app_module
+from onwatch.tui.app import OnwatchApp
 
 from .conftest import T0, screen_text, started, wait_for, wait_for_text
 
@@ -150,7 +150,7 @@ def test_run_reports_a_file_locked_by_another_process(tmp_path, capsys, monkeypa
 
 
 async def test_a_failed_read_is_shown_and_retried(seeded):
-    from core import InboxBusy
+    from onwatch.core import InboxBusy
 
     inbox, _, _ = seeded
     app = OnwatchApp(inbox)
@@ -179,7 +179,7 @@ async def test_a_failed_read_is_shown_and_retried(seeded):
 async def test_a_failed_poll_is_shown_and_cleared_once_the_file_answers(seeded):
     """A poll that cannot ask whether anything changed shows why, and the next poll that can
     reads again, though nobody committed in between."""
-    from core import InboxBusy
+    from onwatch.core import InboxBusy
 
     inbox, _, _ = seeded
     app = OnwatchApp(inbox)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from core import FakeClock, Inbox
-from tui import operator
+from onwatch.core import FakeClock, Inbox
+from onwatch.tui import operator
 
 
 @pytest.fixture

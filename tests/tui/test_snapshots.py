@@ -11,12 +11,12 @@ import asyncio
 
 import pytest
 
-from tui.app import OnwatchApp
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.detail import DetailScreen
-from tui.screens.help import HelpScreen
-from tui.screenshots import settle
-from tui.seed import open_seeded
+from onwatch.tui.app import OnwatchApp
+from onwatch.tui.screens.confirm import ConfirmScreen
+from onwatch.tui.screens.detail import DetailScreen
+from onwatch.tui.screens.help import HelpScreen
+from onwatch.tui.screenshots import settle
+from onwatch.tui.seed import open_seeded
 
 
 WIDE, NARROW = (120, 40), (80, 24)

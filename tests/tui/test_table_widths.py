@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from textual.app import App, ComposeResult
 
-from tui.panes.base import PaneTable
+from onwatch.tui.panes.base import PaneTable
 
 
 class Table(PaneTable):

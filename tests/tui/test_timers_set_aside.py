@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 
-from core import FakeClock, Inbox
-from tui.app import OnwatchApp
+from onwatch.core import FakeClock, Inbox
+from onwatch.tui.app import OnwatchApp
 
 from .conftest import T0, screen_text, wait_for_text
 

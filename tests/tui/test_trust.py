@@ -12,13 +12,13 @@ import sqlite3
 
 from textual import events
 
-from core import FakeClock, Inbox
-from core.worker import Worker
-from tui.app import OnwatchApp
-from tui.screens.confirm import ConfirmScreen
-from tui.screens.detail import DetailScreen
-from tui.screens.filter import FilterScreen
-from tui.screens.help import HelpScreen
+from onwatch.core import FakeClock, Inbox
+from onwatch.core.worker import Worker
+from onwatch.tui.app import OnwatchApp
+from onwatch.tui.screens.confirm import ConfirmScreen
+from onwatch.tui.screens.detail import DetailScreen
+from onwatch.tui.screens.filter import FilterScreen
+from onwatch.tui.screens.help import HelpScreen
 
 from .conftest import T0, screen_text, started, wait_for, wait_for_text
 from .test_actions import confirm_open, highlight, press

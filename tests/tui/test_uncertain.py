@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from tui import operator
-from tui.app import OnwatchApp
+from onwatch.tui import operator
+from onwatch.tui.app import OnwatchApp
 
 from .conftest import screen_text, started, wait_for_text
 

@@ -56,7 +56,7 @@ class WebProcess:
     def start(self, timeout: float = 20.0) -> "WebProcess":
         self._out, self._err = open(self.out, "wb"), open(self.err, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "web", str(self.target), "--port", "0", *self.extra],
+            [sys.executable, "-m", "onwatch", "web", str(self.target), "--port", "0", *self.extra],
             stdout=self._out,
             stderr=self._err,
             env=self.env,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from core import Inbox
+from onwatch.core import Inbox
 
 from .helpers import HOSTILE_ACTION, HOSTILE_PAYLOAD
 

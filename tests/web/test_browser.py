@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from core import Inbox
+from onwatch.core import Inbox
 
 from .helpers import CHROMIUM, NO_CHROMIUM, Screen, WebProcess, launch
 from .seed import APPROVAL, seed

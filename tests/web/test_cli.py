@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from cli import main
+from onwatch.cli import main
 
 from .helpers import WebProcess
 
@@ -50,7 +50,7 @@ def test_missing_target_and_postgres_are_refused(tmp_path, capsys):
 
 
 def test_a_folder_is_served_as_the_fleet_desk(tmp_path):
-    from tui.web import plan
+    from onwatch.tui.web import plan
 
     class Args:
         target, inbox, host, port, read_only, public_url = (
@@ -68,7 +68,7 @@ def test_a_folder_is_served_as_the_fleet_desk(tmp_path):
 
 
 def test_a_configured_token_may_listen_beyond_loopback(db):
-    from tui.web import plan
+    from onwatch.tui.web import plan
 
     class Args:
         target, inbox, host, port, read_only, public_url = str(db), None, "0.0.0.0", 0, False, None

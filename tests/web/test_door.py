@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from tui.web.door import COOKIE, AccessLog, Door, FailureLimit
+from onwatch.tui.web.door import COOKIE, AccessLog, Door, FailureLimit
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 
@@ -120,7 +120,7 @@ async def test_websocket_needs_the_session_and_the_desks_own_origin(client):
 
 
 def test_failure_memory_is_bounded(monkeypatch):
-    import tui.web.door as door
+    import onwatch.tui.web.door as door
 
     monkeypatch.setattr(door, "MAX_ADDRESSES", 100)
     limit = FailureLimit(clock=Clock())

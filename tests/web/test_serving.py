@@ -13,8 +13,8 @@ import time
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from core import Inbox
-from tui.web.serving import desk_app
+from onwatch.core import Inbox
+from onwatch.tui.web.serving import desk_app
 
 from .helpers import CSI
 
@@ -44,7 +44,7 @@ async def test_each_websocket_runs_the_command_under_textuals_web_driver(tmp_pat
     db = tmp_path / "alice.db"
     async with await Inbox.open(db) as inbox:
         await inbox.ingest("chat", "msg-42", {"text": "hello"})
-    command = shlex.join([sys.executable, "-m", "cli", "tui", str(db), "--read-only"])
+    command = shlex.join([sys.executable, "-m", "onwatch", "tui", str(db), "--read-only"])
     app = await desk_app(command, title="t")
     async with TestClient(TestServer(app)) as client:
         ws = await client.ws_connect("/ws?width=100&height=30")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from core import Inbox
-from core.webhooks import Secrets, start_server
+from onwatch.core import Inbox
+from onwatch.core.webhooks import Secrets, start_server
 
 from .helpers import GITHUB_SECRET, HOOK_SECRET, STRIPE_SECRET
 

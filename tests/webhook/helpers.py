@@ -112,7 +112,7 @@ class ServerProcess:
         self.url = ""
 
     async def start(self, timeout: float = 20.0) -> "ServerProcess":
-        from core import Inbox
+        from onwatch.core import Inbox
 
         await (await Inbox.open(self.db)).close()
         self._log_file = open(self.log, "ab")

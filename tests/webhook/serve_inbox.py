@@ -8,7 +8,7 @@ Builds the same arguments the CLI does and calls core.webhooks.main.
 import argparse
 import sys
 
-from core.webhooks import main
+from onwatch.core.webhooks import main
 
 parser = argparse.ArgumentParser()
 parser.add_argument("path")

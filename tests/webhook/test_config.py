@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from core.webhooks import ConfigError, Secret, Secrets, load_secrets, main
-from core.webhooks.config import config_file_warning, reserved_sources
+from onwatch.core.webhooks import ConfigError, Secret, Secrets, load_secrets, main
+from onwatch.core.webhooks.config import config_file_warning, reserved_sources
 
 # Standard Webhooks secrets (the generic hooks' scheme) and the keys they decode to.
 H = "whsec_" + base64.b64encode(b"home-assistant-key-01").decode()
@@ -322,7 +322,7 @@ def test_secrets_of_takes_anything_or_one_config_error(name, value):
 @settings(max_examples=150, deadline=None)
 @given(host=_ANY, port=_ANY, max_body=_ANY)
 def test_serve_arguments_of_any_type_are_accepted_or_one_config_error(host, port, max_body):
-    from core.webhooks.arguments import check_serve_args
+    from onwatch.core.webhooks.arguments import check_serve_args
 
     try:
         check_serve_args(SimpleNamespace(host=host, port=port, max_body=max_body))

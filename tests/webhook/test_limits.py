@@ -7,8 +7,8 @@ import sqlite3
 
 import pytest
 
-from core import Inbox
-from core.webhooks import server as server_module
+from onwatch.core import Inbox
+from onwatch.core.webhooks import server as server_module
 
 from .helpers import post, standard_headers
 

@@ -13,7 +13,7 @@ import time
 import aiohttp
 import pytest
 
-from core import Inbox
+from onwatch.core import Inbox
 
 from .helpers import (
     GITHUB_SECRET,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 from standardwebhooks import Webhook
 
-from core.webhooks.signatures import (
+from onwatch.core.webhooks.signatures import (
     SignatureError,
     parse_stripe_header,
     verify_sha256_header,

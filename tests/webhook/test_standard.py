@@ -14,8 +14,8 @@ import json
 import pytest
 from standardwebhooks import Webhook
 
-from core import FakeClock, Inbox
-from core.webhooks import Secrets
+from onwatch.core import FakeClock, Inbox
+from onwatch.core.webhooks import Secrets
 
 from .helpers import (
     GITHUB_SECRET,

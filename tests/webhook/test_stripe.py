@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from core import FakeClock, Inbox
-from core.webhooks import Secrets
+from onwatch.core import FakeClock, Inbox
+from onwatch.core.webhooks import Secrets
 
 from .helpers import STRIPE_OLD_SECRET, STRIPE_SECRET, post, stored, stripe_event, stripe_signature
 

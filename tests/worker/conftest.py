@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from core import FakeClock, Inbox
-from core.worker import Worker
+from onwatch.core import FakeClock, Inbox
+from onwatch.core.worker import Worker
 
 T = 1_000_000
 DAY = 86_400

@@ -29,7 +29,7 @@ def onwatch(
 ) -> subprocess.CompletedProcess:
     """Run the `onwatch` command line in a fresh process."""
     return subprocess.run(
-        [sys.executable, "-m", "cli", *map(str, args)],
+        [sys.executable, "-m", "onwatch", *map(str, args)],
         cwd=ROOT,
         env=env(test_dir),
         capture_output=True,
@@ -46,7 +46,7 @@ def start_worker(
     args = [
         sys.executable,
         "-m",
-        "cli",
+        "onwatch",
         "worker",
         str(path),
         "--agent",

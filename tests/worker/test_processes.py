@@ -176,7 +176,7 @@ def test_sigstop_stalled_worker_is_fenced_after_a_takeover(tmp_path):
 
 STALE_FINISH = textwrap.dedent("""
     import asyncio, os, sys, time
-    from core import Inbox
+    from onwatch.core import Inbox
     async def main(path, gate):
         inbox = await Inbox.open(path)
         gen = await inbox.acquire("A")

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from core import BudgetExceeded, Inbox
-from core.worker import LeaseLost, RunAbandoned, Worker, command_channel, run_worker
+from onwatch.core import BudgetExceeded, Inbox
+from onwatch.core.worker import LeaseLost, RunAbandoned, Worker, command_channel, run_worker
 
 from .conftest import DAY, T, asleep, status, until
 

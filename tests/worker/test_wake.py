@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from core import Inbox
-from core import wake as wake_module
+from onwatch.core import Inbox
+from onwatch.core import wake as wake_module
 from tests.worker.helpers import (
     ROOT,
     SHOW_NAPS,
@@ -88,7 +88,7 @@ def test_without_the_notifier_the_fallback_poll_still_wakes_the_worker(tmp_path)
         [
             sys.executable,
             "-m",
-            "cli",
+            "onwatch",
             "worker",
             path,
             "--agent",
@@ -159,7 +159,7 @@ BURST = 10_000
 
 BURSTER = """
 import asyncio, sys
-from core import Inbox
+from onwatch.core import Inbox
 
 async def main(path, n, prefix):
     async with await Inbox.open(path, create=False) as box:

@@ -19,7 +19,6 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -30,8 +29,8 @@ from textual.content import Content
 from textual.widget import Widget
 from textual.widgets import Label, Static
 
-from core import Inbox, Overview, SystemClock
-from examples.refund_agent import THINK_SECONDS_ENV
+from onwatch.core import Inbox, Overview, SystemClock
+from .agent import THINK_SECONDS_ENV
 
 from ..safe import safe_content
 from .desk import DemoDesk
@@ -45,7 +44,6 @@ SETTINGS: dict[str, Any] = {
     "outbox_gap": 20,
     "on_lost_claim": "retry",
 }
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -87,7 +85,8 @@ class WorkerProcess:
 def start_worker(
     path: str, name: str, scratch: str, *, agent_seconds: float = AGENT_SECONDS
 ) -> WorkerProcess:
-    """Start `onwatch worker PATH --agent examples.refund_agent:slow_handle` as its own process.
+    """Start `onwatch worker PATH --agent onwatch.tui.demo.agent:think_then_echo` as its own
+    process.
 
     Its log and its sends go to files in `scratch`, never to the demo's terminal.
     """
@@ -95,11 +94,11 @@ def start_worker(
     command = [
         sys.executable,
         "-m",
-        "cli",
+        "onwatch",
         "worker",
         path,
         "--agent",
-        "examples.refund_agent:slow_handle",
+        "onwatch.tui.demo.agent:think_then_echo",
         "--holder",
         name,
         "--poll",
@@ -118,7 +117,7 @@ def start_worker(
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=out,
-            cwd=str(ROOT),
+            cwd=scratch,
             env=env,
             start_new_session=True,
         )

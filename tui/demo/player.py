@@ -30,7 +30,7 @@ from textual.widget import Widget
 from textual.widgets import Label, OptionList, Static
 from textual.widgets.option_list import Option
 
-from core import FakeClock
+from onwatch.core import FakeClock
 
 from ..panes import Window
 from ..safe import safe_content

@@ -8,7 +8,7 @@ tui/fleet/desk.py, the all-approvals queue in tui/fleet/queue.py.
 
 from __future__ import annotations
 
-from core.fleet import DatabaseFleet, FolderFleet
+from onwatch.core.fleet import DatabaseFleet, FolderFleet
 
 from .desk import FleetDesk, title_for
 from .screen import FleetScreen

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
 
-from core import Approval, Clock, Inbox
-from core.fleet import FleetScan, FleetSource, InboxSummary
+from onwatch.core import Approval, Clock, Inbox
+from onwatch.core.fleet import FleetScan, FleetSource, InboxSummary
 
 from ..safe import safe_plain
 

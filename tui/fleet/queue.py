@@ -17,8 +17,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, Static
 
-from core import Approval, InboxError
-from core.fleet import InboxSummary
+from onwatch.core import Approval, InboxError
+from onwatch.core.fleet import InboxSummary
 
 from .. import actions as desk_actions
 from .. import operator

@@ -18,8 +18,8 @@ from textual.screen import ModalScreen
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Footer, Label, Static
 
-from core import InboxError
-from core.fleet import InboxSummary, run_buckets
+from onwatch.core import InboxError
+from onwatch.core.fleet import InboxSummary, run_buckets
 
 from .. import actions as desk_actions
 from ..timefmt import duration

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sqlite3
 
-from core import ApprovalRequest, FakeClock, Inbox
+from onwatch.core import ApprovalRequest, FakeClock, Inbox
 
 from ..seed import T0, lease, seed
 

@@ -21,8 +21,8 @@ from textual.message import Message
 from textual.widgets import DataTable, Label
 from textual.widgets.data_table import ColumnKey
 
-from core import ACTIONS as CORE_ACTIONS
-from core import Inbox, Overview
+from onwatch.core import ACTIONS as CORE_ACTIONS
+from onwatch.core import Inbox, Overview
 
 from .. import actions as desk
 from ..safe import join, safe_content, safe_text

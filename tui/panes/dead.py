@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-from core import Event, Inbox, Overview
+from onwatch.core import Event, Inbox, Overview
 
 from ..safe import safe_text
 from .base import Column, PaneData, Window

@@ -6,7 +6,7 @@ from typing import Hashable
 
 from rich.text import Text
 
-from core import Event, Inbox
+from onwatch.core import Event, Inbox
 
 from ..safe import safe_text
 from .base import Pane, PaneData, Window

@@ -9,7 +9,7 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.widgets import DataTable, Label
 
-from core import Delivery, Inbox, Message, Overview
+from onwatch.core import Delivery, Inbox, Message, Overview
 
 from ..safe import join, safe_text
 from .base import Column, Pane, PaneData, Window

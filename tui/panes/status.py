@@ -11,8 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Sparkline
 
-from core import Overview
-from core.fleet import run_buckets
+from onwatch.core import Overview
+from onwatch.core.fleet import run_buckets
 
 from ..safe import join, safe_text
 from ..timefmt import duration

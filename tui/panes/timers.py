@@ -7,7 +7,7 @@ from typing import Hashable
 
 from rich.text import Text
 
-from core import Inbox, Overview, Timer
+from onwatch.core import Inbox, Overview, Timer
 
 from ..safe import safe_text
 from .base import Column, Pane, PaneData, Window

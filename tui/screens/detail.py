@@ -12,7 +12,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from core import Approval, AuditEntry, Event, Inbox, Message, Timer
+from onwatch.core import Approval, AuditEntry, Event, Inbox, Message, Timer
 
 from ..timefmt import ago, clock, countdown, period, stamp
 from ..safe import join, safe_json, safe_text

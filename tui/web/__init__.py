@@ -100,7 +100,7 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
                 f"--public-url must be like https://desk.example.org, got {public_url!r}"
             )
         public_url = f"{parts.scheme}://{parts.netloc}"
-    argv = [sys.executable, "-m", "cli", "tui", os.path.abspath(target)]
+    argv = [sys.executable, "-m", "onwatch", "tui", os.path.abspath(target)]
     if args.read_only:
         argv.append("--read-only")
     return Plan(

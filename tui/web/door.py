@@ -37,7 +37,7 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from core.text import printable
+from onwatch.core.text import printable
 
 log = logging.getLogger("onwatch.web")
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from core import Event
-from core.humanize import duration
+from onwatch.core import Event
+from onwatch.core.humanize import duration
 
 from .stage import DAY, MINUTE, START, Scenario, Stage, Step, plural
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core import Event
+from onwatch.core import Event
 
 from .stage import HOUR, START, Scenario, Stage, Step, plural
 

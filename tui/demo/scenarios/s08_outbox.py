@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.humanize import duration
+from onwatch.core.humanize import duration
 
 from .stage import (
     HOUR,

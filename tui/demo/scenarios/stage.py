@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
 
-from core import Approval, Event, FakeClock, Inbox
+from onwatch.core import Approval, Event, FakeClock, Inbox
 
 START = 1_000_000  # t of the reference scenarios (docs/rules.md#the-reference-scenarios)
 DAY = 86_400

@@ -3,7 +3,8 @@
 from .actions import ACTIONS, Action, Outcome
 from .clock import MAX_DURATION, MAX_TIME, Clock, FakeClock, SystemClock
 from .errors import BadInput, BudgetExceeded, InboxBusy, InboxError, NotAnInbox
-from .inbox import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES, Inbox, Outgoing
+from .checks import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES
+from .inbox import Inbox, Outgoing
 from .records import (
     ANSWERS,
     EVENT_STATES,

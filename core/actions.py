@@ -188,3 +188,16 @@ class Outcome:
 
     def __bool__(self) -> bool:
         return self.applied
+
+
+# The audit words older versions wrote for an operator action → the action's one name.
+OLD_AUDIT_WORDS = {
+    "answer yes": "approve",
+    "answer no": "deny",
+    "delivery sent": "mark_sent",
+    "delivery send again": "send_again",
+    "mark done": "resolve",
+    "send to dead": "bury",
+    "hold outbox": "hold",
+    "release outbox": "release",
+}

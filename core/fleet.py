@@ -23,17 +23,17 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from urllib.parse import quote
 
-from . import schema, store
+from .engine import outbox, reads
 from .clock import Clock
 from .errors import BadInput, InboxError, NotAnInbox
 from .inbox import Inbox
 from .records import Approval, Lease
 from .settings import Settings
+from .sqlite import schema
+from .sqlite.tx import SqliteTx
 
 if TYPE_CHECKING:
     import psycopg
-
-    from .pg.db import Tx
 
 HOUR = 3600
 SHOWN_APPROVALS = 100  # waiting approvals kept per summary, soonest first
@@ -180,8 +180,9 @@ def read_summary(
 def _summarise(
     db: sqlite3.Connection, path: str, key: str, name: str, now: int, signature: tuple[int, ...]
 ) -> InboxSummary:
-    counts = store.counts(db)
-    lease = store.lease_info(db)
+    tx = SqliteTx(db)
+    counts = reads.counts(tx)
+    lease = reads.lease_info(tx)
     released = (
         lease is not None
         and db.execute(
@@ -203,7 +204,7 @@ def _summarise(
     row = db.execute(
         "SELECT claimed_at, finished_at, outcome FROM runs ORDER BY id DESC LIMIT 1"
     ).fetchone()
-    activity = _activity_sqlite(db, now - HOUR)
+    activity = reads.run_activity(tx, now - HOUR)
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
     meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('paused', 'outbox_held')"))
     return InboxSummary(
@@ -221,7 +222,7 @@ def _summarise(
         approvals=approvals,
         last_run=LastRun(*row) if row else None,
         held=held,
-        next_send_at=store.next_send_at(db) if held else None,
+        next_send_at=outbox.next_send_at(tx) if held else None,
         outbox_held=bool(meta.get("outbox_held")),
         paused=bool(meta.get("paused")),
         activity=activity,
@@ -229,35 +230,10 @@ def _summarise(
     )
 
 
-def _activity_sqlite(db: sqlite3.Connection, since: int) -> tuple[tuple[int, int, int], ...]:
-    return tuple(
-        (r[0], r[1], r[2] or 0)
-        for r in db.execute(
-            "SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs "
-            "WHERE claimed_at > ? GROUP BY 1 ORDER BY 1",
-            (since,),
-        )
-    )
-
-
-def _activity_pg(db: Tx, since: int) -> tuple[tuple[int, int, int], ...]:
-    return tuple(
-        (int(r[0]), int(r[1]), int(r[2]))
-        for r in db.execute(
-            "SELECT claimed_at / 60, count(*), count(*) FILTER (WHERE outcome IN ('error', "
-            "'lost')) FROM runs WHERE inbox_id = %s AND claimed_at > %s GROUP BY 1 ORDER BY 1",
-            (db.inbox, since),
-        ).fetchall()
-    )
-
-
 async def run_activity(inbox: Inbox, now: int) -> tuple[tuple[int, int, int], ...]:
     """The runs of `inbox` in the hour before `now`, per minute: (minute, runs, failed runs),
     the figures of `InboxSummary.activity`, for an inbox open in full (one indexed read)."""
-    from .pg import is_url
-
-    read = _activity_pg if is_url(inbox.path) else _activity_sqlite
-    return await inbox._db.read(read, now - HOUR)  # the engine's own read path
+    return await inbox._db.read(reads.run_activity, now - HOUR)  # the engine's own read path
 
 
 def run_buckets(

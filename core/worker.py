@@ -41,7 +41,7 @@ from .humanize import duration
 from .inbox import Inbox, SendFn
 from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
 from .text import printable
-from .wake import SLOW_POLL
+from .connection import SLOW_POLL
 
 log = logging.getLogger("onwatch.worker")
 

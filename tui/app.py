@@ -38,7 +38,7 @@ from onwatch.core import (
 )
 from onwatch.core.fleet import DatabaseFleet, FleetSource, FolderFleet, run_activity
 from onwatch.core.pg import is_url
-from onwatch.core.wake import SLOW_POLL
+from onwatch.core.connection import SLOW_POLL
 
 from . import actions as desk
 from . import operator

@@ -11,6 +11,7 @@ import os
 import time
 from typing import Any
 
+from onwatch.core.engine import intake as engine_intake
 from onwatch.core import (
     RESERVED_SOURCES,
     ApprovalRequest,
@@ -19,7 +20,6 @@ from onwatch.core import (
     FollowUp,
     Inbox,
     Reply,
-    store,
 )
 
 T0 = 1_700_000_000  # 2023-11-14 22:13:20 UTC; screenshots and snapshots render in UTC
@@ -144,7 +144,8 @@ async def seed(inbox: Inbox, clock: FakeClock, base: int = T0) -> None:
         if source in RESERVED_SOURCES:  # an occurrence as the scheduler writes it: the
             # engine's own source, refused to outsiders, so written the way the engine does
             await inbox._db.write(
-                store.ingest_many, [(source, source_id, json.dumps(payload), at(T0 - 15 + i * 3))]
+                engine_intake.ingest_many,
+                [(source, source_id, json.dumps(payload), at(T0 - 15 + i * 3))],
             )
             continue
         await inbox.ingest(source, source_id, payload, now=at(T0 - 15 + i * 3))

@@ -1,10 +1,24 @@
-"""One inbox's PostgreSQL connection: the same interface as core/db.py's `Database`, with each
-whole transaction run on a dedicated thread through a synchronous psycopg connection.
+"""One inbox's PostgreSQL connection: the same interface as core/sqlite/db.py's `Database`,
+with each whole transaction run on a dedicated thread through a synchronous psycopg
+connection.
 
-As on SQLite, a transaction is one synchronous function of the backend's SQL module
-(core/pg/store.py), handed to the connection's thread in one hop; the event loop never waits
-on the network or on a commit. Write transactions take the inbox's row lock first (see the
-top of core/pg/store.py for why that, and not SERIALIZABLE).
+As on SQLite, a transaction is one synchronous function of the engine (core/engine/), given
+this inbox's Tx (core/pg/tx.py), handed to the connection's thread in one hop; the event loop
+never waits on the network or on a commit.
+
+Isolation: READ COMMITTED plus one explicit row lock, not SERIALIZABLE plus retry.
+Every write transaction starts with `SELECT … FROM inboxes WHERE id = … FOR UPDATE`
+(`write_transaction`): the inbox's row is its mutex, as the file's write lock (BEGIN
+IMMEDIATE) is on SQLite. Writers of one inbox therefore run one after another, and each
+statement after the lock sees everything committed before it was granted, so every rule is
+checked and applied against the state it changes: fencing, claim selection, the write-once
+approval answer, dedupe (also a UNIQUE key), the next event id. Why not SERIALIZABLE: its
+conflicts are detected at commit and need the whole transaction re-run; under the
+contention a lease invites (every standby asking at once) that is a retry storm, and its
+predicate locks on shared index pages make *different* inboxes of one database abort each
+other. With the row lock, inboxes never wait for one another, a transaction never has to be
+retried, and there is no deadlock: each transaction locks one inbox row first and then only
+rows of that inbox. Reads run as one REPEATABLE READ snapshot and never block writers.
 """
 
 from __future__ import annotations
@@ -12,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from typing import Any, Callable, TypeVar, cast
@@ -21,6 +34,7 @@ from ..errors import InboxBusy, InboxError, NotAnInbox
 from . import redact, schema
 from .listen import ListenWake
 from .rows import Row, one
+from .tx import Tx
 
 T = TypeVar("T")
 Args = tuple[Any, ...]  # a store function's arguments after the Tx: whatever it declares
@@ -71,45 +85,11 @@ except ImportError:  # pragma: no cover - psycopg is a dependency; say so if it 
     psycopg = None  # type: ignore[assignment]
 
 
-class Tx:
-    """What a store function gets: the connection, and the id of the inbox it works on.
-
-    `execute` is psycopg's; `changed` records whether any statement changed a row, so a
-    commit that changed nothing leaves the change token alone (an idle poller stays idle).
-    `row` is the inbox's row as a write transaction locked it (INBOX_ROW's columns), so the
-    store reads its settings, lease and switches without asking again; None outside a write
-    transaction and from the first statement that updates the inbox's row on.
-    """
-
-    __slots__ = ("conn", "inbox", "name", "changed", "row")
-
-    def __init__(self, conn: "psycopg.Connection[Row]", inbox: int, name: str) -> None:
-        self.conn = conn
-        self.inbox = inbox
-        self.name = name
-        self.changed = False
-        self.row: Row | None = None
-
-    def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor[Row]":
-        if sql.startswith("UPDATE inboxes"):
-            self.row = None
-        cursor = self.conn.execute(sql, params)
-        # A read's rowcount counts the rows it returned. (A statement that changes rows
-        # inside a WITH says so itself: its rowcount is its SELECT's.)
-        if cursor.rowcount > 0 and not sql.startswith(("SELECT", "WITH", "(")):
-            self.changed = True
-        return cursor
-
-    def one(self, sql: str, params: Any = None) -> Row:
-        """`execute` for a statement that always returns a row (core/pg/rows.py): that row."""
-        return one(self.execute(sql, params))
-
-
 # How a job runs its store function: write_transaction, read_transaction or _plain.
 Runner = Callable[[Tx, Callable[..., T], Args], T]
 
 # The inbox row's columns a write transaction reads as it locks the row (see Tx.row).
-INBOX_ROW = "settings, lease_holder, lease_gen, lease_until, paused"
+INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused"  # as queries.sql inbox_state
 
 
 class ConnectionLost(InboxBusy):
@@ -140,15 +120,8 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
 
     Round trips are what a transaction costs here, so BEGIN travels with the lock and the
     change count with COMMIT (one simple-protocol message each; the inbox id is an integer
-    of ours, never outside text). A function with a `precheck` (a one-statement read that
-    returns its answer when there is nothing to write, None otherwise: the scheduler pass
-    with nothing due) is answered without a transaction when it can be."""
+    of ours, never outside text)."""
     conn = tx.conn
-    precheck: Callable[..., T | None] | None = getattr(fn, "precheck", None)
-    if precheck is not None:
-        answer = precheck(tx, *args)
-        if answer is not None:
-            return answer
     tx.changed = False
     inbox = int(tx.inbox)
     cursor = conn.execute(f"BEGIN; SELECT {INBOX_ROW} FROM inboxes WHERE id = {inbox} FOR UPDATE")
@@ -169,12 +142,21 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     return result
 
 
+def write_unless(precheck: Callable[..., T | None]) -> Runner[T]:
+    """A runner: `precheck(tx, *args)` outside any transaction (one statement is its own
+    snapshot), its answer when it has one (nothing to write), else `fn` in a write
+    transaction."""
+
+    def run(tx: Tx, fn: Callable[..., T], args: Args) -> T:
+        answer = precheck(tx, *args)
+        return write_transaction(tx, fn, args) if answer is None else answer
+
+    return run
+
+
 def read_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
-    """`fn(tx, *args)` inside one read-only snapshot. A function marked `one_statement` is
-    its own snapshot: it runs alone, without BEGIN and ROLLBACK around it."""
+    """`fn(tx, *args)` inside one read-only snapshot."""
     conn = tx.conn
-    if getattr(fn, "one_statement", False):
-        return fn(tx, *args)
     conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
     try:
         return fn(tx, *args)
@@ -373,6 +355,15 @@ class Database:
         self.wake.notify()
         return result
 
+    async def write_unless(
+        self, precheck: Callable[..., T | None], fn: Callable[..., T], *args: Any
+    ) -> T:
+        """`precheck(tx, *args)` outside a transaction; its answer when it has one (nothing
+        to write), else `fn` in one transaction holding the inbox's lock."""
+        result = await self._await(write_unless(precheck), fn, args)
+        self.wake.notify()
+        return result
+
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside one read snapshot."""
         return await self._await(read_transaction, fn, args)
@@ -385,7 +376,14 @@ class Database:
     ) -> None:
         """Queue `fn` in its own write transaction; call `done(result, error)` on this loop
         once it committed or rolled back (the callback form of `write`, for group commit)."""
+        self._queue_write(fn, args, done)
 
+    def _queue_write(
+        self,
+        fn: Callable[..., T],
+        args: Args,
+        done: Callable[[T | None, BaseException | None], None],
+    ) -> None:
         def committed(result: T | None, error: BaseException | None) -> None:  # on the loop
             if error is None:
                 self.wake.notify()
@@ -393,15 +391,25 @@ class Database:
 
         self._submit(write_transaction, fn, args, committed, asyncio.get_running_loop())
 
+    def write_soon_alone(
+        self,
+        alone: Callable[..., T | None],
+        fn: Callable[..., T],
+        args: Args,
+        done: Callable[[T | None, BaseException | None], None],
+    ) -> None:
+        """`write_soon`: no lone statement here (`alone` is not tried), an event's id is
+        numbered under the inbox's row lock, in a transaction."""
+        self._queue_write(fn, args, done)
+
     def file_replaced(self) -> str | None:
         """Always None: an inbox in a database server has no file to be deleted or swapped."""
         return None
 
-    def peek(self, fn: Callable[..., T], *args: Any) -> T:
-        """SQLite answers tiny reads on the loop's thread from a local file; here that would be
-        a network round trip on the event loop. Always refuse, with the error type the
-        callers of `peek` treat as "take the normal path"."""
-        raise sqlite3.OperationalError("no reads on the event loop's thread on PostgreSQL")
+    def peek(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """None: "cannot answer at once". SQLite answers tiny reads on the loop's thread from
+        a local file; here that would be a network round trip on the event loop."""
+        return None
 
     async def close(self) -> None:
         if self._closed:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import NotAnInbox
-from ..schema import AUDIT_RENAMES
+from ..actions import OLD_AUDIT_WORDS
 from .rows import Row, one
 
 if TYPE_CHECKING:
@@ -21,6 +21,12 @@ APPLICATION = "onwatch"
 EVENT_STATES_SQL = "('pending','running','done','dead','interrupted','cancelled')"
 # Any fixed number: every process migrating the same database takes this advisory lock.
 MIGRATION_LOCK = 0x6F6E7774
+
+# An older version's audit words for an operator action, renamed to the action's one name.
+AUDIT_RENAMES = "".join(
+    f"UPDATE audit SET action = '{new}' WHERE action = '{old}';\n"
+    for old, new in OLD_AUDIT_WORDS.items()
+)
 
 # Each entry migrates from version i to i + 1; a database at version N has run the first N.
 MIGRATIONS: tuple[str, ...] = (

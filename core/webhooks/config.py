@@ -34,7 +34,7 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from ..inbox import RESERVED_SOURCES
+from ..checks import RESERVED_SOURCES
 
 PROVIDERS = ("github", "stripe")
 SOURCE_PATTERN = r"[a-z0-9][a-z0-9_-]{0,63}"

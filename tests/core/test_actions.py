@@ -127,7 +127,7 @@ async def test_settling_and_answering_are_audited_by_the_action_name(inbox):
 async def test_migration_5_renames_the_old_audit_words_of_a_version_4_file(tmp_path):
     import sqlite3
 
-    from onwatch.core import schema
+    from onwatch.core.sqlite import schema
 
     path = str(tmp_path / "v4.db")
     db = sqlite3.connect(path, isolation_level=None)

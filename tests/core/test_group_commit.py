@@ -33,14 +33,13 @@ def _count_transactions(box: Inbox) -> list[int]:
         return real(fn, args, done)
 
     box._db.write_soon = spy
-    write_alone = box._intake._write_alone  # SQLite: a lone ingest's one-statement path
-    if write_alone is not None:
+    real_alone = box._db.write_soon_alone  # a lone ingest (one statement where it can)
 
-        def spy_alone(fn, args, done):
-            sizes.append(len(args[0]))
-            return write_alone(fn, args, done)
+    def spy_alone(alone, fn, args, done):
+        sizes.append(len(args[0]))
+        return real_alone(alone, fn, args, done)
 
-        box._intake._write_alone = spy_alone
+    box._db.write_soon_alone = spy_alone
     return sizes
 
 

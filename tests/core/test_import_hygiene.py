@@ -14,7 +14,7 @@ def test_import_core_loads_no_ui_and_no_receiver():
     """The engine embeds in an agent: `import onwatch` must not load a terminal UI, and the
     webhook receiver (with aiohttp) loads only when a server starts."""
     code = (
-        "import sys, onwatch, onwatch.core.inbox, onwatch.core.store, "
+        "import sys, onwatch, onwatch.core.inbox, onwatch.core.engine.runs, "
         "onwatch.core.webhooks.signatures, onwatch.core.webhooks.config; "
         "bad = [m for m in ('textual', 'rich', 'aiohttp', 'onwatch.core.webhooks.server') "
         "if m in sys.modules]; "

@@ -10,7 +10,7 @@ import sqlite3
 import pytest
 
 from onwatch.core import FakeClock, Inbox, InboxBusy, InboxError, NotAnInbox
-from onwatch.core import schema
+from onwatch.core.sqlite import schema
 
 
 def digest(path: str) -> str:
@@ -36,9 +36,9 @@ async def test_every_connection_commits_with_full_durability_and_a_busy_timeout(
     async with await Inbox.open(path, busy_timeout=2.5) as box:
         pragmas = await box._db.call(
             lambda db: (
-                db.execute("PRAGMA synchronous").fetchone()[0],
-                db.execute("PRAGMA busy_timeout").fetchone()[0],
-                db.execute("PRAGMA journal_mode").fetchone()[0],
+                db.conn.execute("PRAGMA synchronous").fetchone()[0],
+                db.conn.execute("PRAGMA busy_timeout").fetchone()[0],
+                db.conn.execute("PRAGMA journal_mode").fetchone()[0],
             )
         )
     assert pragmas == (2, 2500, "wal")  # 2 = FULL
@@ -180,7 +180,7 @@ async def test_four_connections_creating_the_same_inbox_at_once(path):
 
 
 async def test_one_hop_runs_each_function_whole_on_the_connections_thread_in_order(path):
-    """What core/db.py relies on in aiosqlite's private `_execute` and `_tx` queue (the
+    """What core/sqlite/db.py relies on in aiosqlite's private `_execute` and `_tx` queue (the
     version is pinned): a function given to `call` and a job queued by `write_soon` both run
     on the connection's one thread, never the loop's, in the order they were handed over;
     `call` returns the function's value and raises its error; `done` gets a job's result or
@@ -192,9 +192,9 @@ async def test_one_hop_runs_each_function_whole_on_the_connections_thread_in_ord
         db, loop = box._db, asyncio.get_running_loop()
         seen: list[tuple[str, int]] = []
 
-        def note(conn, name):
+        def note(tx, name):
             seen.append((name, threading.get_ident()))
-            return conn.execute("SELECT ?", (name,)).fetchone()[0]
+            return tx.conn.execute("SELECT ?", (name,)).fetchone()[0]
 
         finished: list[tuple[object, object]] = []
         all_done = asyncio.Event()
@@ -204,7 +204,7 @@ async def test_one_hop_runs_each_function_whole_on_the_connections_thread_in_ord
             if len(finished) == 2:
                 all_done.set()
 
-        def boom(conn):
+        def boom(tx):
             raise KeyError("boom")
 
         assert await db.call(note, "call-1") == "call-1"

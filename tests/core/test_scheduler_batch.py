@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from onwatch.core import store
+from onwatch.core.sqlite.tx import INSERT_ROWS
 
 from .conftest import T
 
@@ -34,7 +34,7 @@ def occurrence(timer_id: str, due: int, now: int, data: object) -> dict:
 
 
 async def test_batched_timers_fire_in_due_order_with_the_payloads_they_stored(inbox, path):
-    count = 2 * store._GROUP_ROWS + 7  # several insert statements
+    count = 2 * INSERT_ROWS + 7  # several insert statements
     payloads = [
         None,
         {"n": 1},
@@ -66,12 +66,12 @@ async def test_batched_timers_fire_in_due_order_with_the_payloads_they_stored(in
 
 
 async def test_a_row_the_events_table_refuses_mid_batch_is_set_aside_and_the_rest_fire(inbox, path):
-    count = 2 * store._GROUP_ROWS + 7
+    count = 2 * INSERT_ROWS + 7
     for i in range(count):
         await inbox.add_timer(f"t-{i:04d}", T + i, {"i": i})
     # Keys the events table's CHECK refuses (an empty source), one in each insert statement,
     # and payloads that are not one JSON value: each must be set aside, never spliced.
-    refused = {3, store._GROUP_ROWS + 1, count - 1}
+    refused = {3, INSERT_ROWS + 1, count - 1}
     # (1,500 levels of nesting is valid JSON to SQLite's json_valid, not to Python's decoder.)
     malformed = {10: '{"i": 10', 11: '{"i": 11} trailing', 12: "", 13: "[" * 1500 + "]" * 1500}
     why = {

@@ -256,12 +256,7 @@ class InboxMachine(RuleBasedStateMachine):
             )
         )
         self.model = Model()
-        uid_sql = (
-            "SELECT uid FROM inboxes"
-            if self.backend == "postgresql"
-            else "SELECT value FROM meta WHERE key = 'uid'"
-        )
-        self.uid = self.run(self.box._db.read(lambda db: db.execute(uid_sql).fetchone()[0]))
+        self.uid = self.run(self.box._db.read(lambda tx: tx.meta("uid")))
         # dispatcher -> (task, gate, what the model says it took: (delivery, attempt, count))
         self.sending: dict[str, tuple] = {}
         self.claims: dict[str, tuple[int, list[int], int]] = {}

@@ -193,7 +193,7 @@ VALID = {
     "send": [_send_ok, _send_fails, _send_async],
 }
 # Parameters whose value decides nothing about the database (a flag read with bool()).
-FLAGS = {("events", "payload")}
+FLAGS = {("events", "payload"), ("acquire", "fresh")}
 
 SETTING_NAMES = sorted(f for f in Settings.__dataclass_fields__)
 

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from onwatch.core import Inbox
-from onwatch.core import wake as wake_module
+from onwatch.core.sqlite import wake as wake_module
 from tests.worker.helpers import (
     ROOT,
     SHOW_NAPS,

@@ -1,10 +1,9 @@
 """What a store decides, the same on every backend: the answer an approval request gets,
 what a send's outcome does to its delivery, the idempotency keys, the words of a refusal.
 
-Plain Python over rows a store has already read; each store (core/store.py for a file,
-core/pg/store.py for PostgreSQL) reads, asks here, and writes the decision in its own SQL,
-and keeps its audit() calls (their action names) itself. Nothing here imports a driver.
-Timers have their own module, core/timing.py.
+Plain Python over rows a transaction script has already read: the script reads, asks here,
+and writes the decision. Nothing here imports a driver. Timers have their own module,
+timing.py.
 """
 
 from __future__ import annotations
@@ -12,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from .clock import MAX_COUNT, MAX_DURATION, MAX_TIME
+from ..clock import MAX_COUNT, MAX_DURATION, MAX_TIME
 from .decoding import is_int
-from .errors import BadInput
-from .records import Approval
-from .settings import Settings
+from ..errors import BadInput
+from ..records import Approval
+from ..settings import Settings
 
 DAY = 86_400  # the window of the runs-per-day budget
 # The states a delivery is shown in, and what an operator may settle an uncertain one as.

@@ -2,8 +2,8 @@
 fired yet, the events a scheduler pass turns it into (one-shot, coalesced catch-up or one
 event each), and how its row moves on.
 
-Plain Python over a timer already read and checked (core/decoding.py `checked_timer`); each
-store writes the plan in its own SQL. Nothing here imports a driver.
+Plain Python over a timer already read and checked (decoding.py `checked_timer`); the
+scheduler (timers.py) writes the plan. Nothing here imports a driver.
 """
 
 from __future__ import annotations
@@ -12,15 +12,13 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .clock import MAX_TIME
+from ..clock import MAX_TIME
 from .decoding import DECODE_ERRORS, is_int
-from .records import Timer
+from ..records import Timer
+from .tx import NewEvent
 
 _JSON_STRING = json.encoder.encode_basestring_ascii  # what json.dumps does with a str
 _JSON_DECODE = json.JSONDecoder().decode  # json.loads of a str, without its type checks
-# An events row as the SQLite store inserts it: (source, source_id, payload, available_at,
-# created, updated).
-EventRow = tuple[str, str, str, int, int, int]
 
 
 def first_unfired(timer: Timer) -> int:
@@ -94,8 +92,8 @@ def firing(timer: Timer, now: int, catch_up_limit: int) -> Firing:
     return Firing(events, latest + every, latest, overflow, overflow)
 
 
-def plain_occurrence(row: Sequence[Any], now: int, json_proven: bool) -> EventRow | None:
-    """The event row (source, source_id, payload, now, now, now) a valid one-shot plain
+def plain_occurrence(row: Sequence[Any], now: int, json_proven: bool) -> NewEvent | None:
+    """The event row (source, source_id, payload, now) a valid one-shot plain
     timer fires, its payload `json.dumps` of `occurrence`'s dict (with the stored payload
     text as the data, which decodes to the same value); None for any other row: recurring,
     an approval's expiry, or anything `checked_timer` would refuse.
@@ -139,7 +137,7 @@ def plain_occurrence(row: Sequence[Any], now: int, json_proven: bool) -> EventRo
         f'{{"timer": {_JSON_STRING(timer_id)}, "scheduled_for": {due}, '
         f'"late_by": {now - due}, "skipped": 0, "data": {data}}}'
     )
-    return source, source_id, text, now, now, now
+    return source, source_id, text, now
 
 
 def approval_timer(request_id: str) -> str:

@@ -1,4 +1,4 @@
-"""The inbox's SQLite connection: pragmas, open checks, and one thread hop per transaction."""
+"""An inbox file's connection: pragmas, open checks, and one thread hop per transaction."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any, Callable, TypeVar
 
 import aiosqlite
 
+from ..errors import InboxBusy, InboxError, NotAnInbox
 from . import schema
-from .errors import InboxBusy, InboxError, NotAnInbox
+from .tx import SqliteTx
 from .wake import Wake
 
 T = TypeVar("T")
@@ -29,11 +30,12 @@ def _map_error(exc: sqlite3.Error, path: str, busy_timeout: float) -> InboxError
     return InboxError(f"inbox {path}: {text}")
 
 
-def write_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-    """`fn(db, *args)` inside BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
+def write_transaction(tx: SqliteTx, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """`fn(tx, *args)` inside BEGIN IMMEDIATE … COMMIT, rolled back on any exception."""
+    db = tx.conn
     db.execute("BEGIN IMMEDIATE")
     try:
-        result = fn(db, *args)
+        result = fn(tx, *args)
         db.execute("COMMIT")
     except BaseException:
         if db.in_transaction:
@@ -42,11 +44,21 @@ def write_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple[
     return result
 
 
-def read_transaction(db: sqlite3.Connection, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
-    """`fn(db, *args)` inside one read snapshot."""
+def write_unless(
+    tx: SqliteTx, precheck: Callable[..., T | None], fn: Callable[..., T], args: tuple[Any, ...]
+) -> T:
+    """`precheck(tx, *args)` outside any transaction (one statement is its own snapshot):
+    its answer when it has one, else `fn` in a write transaction."""
+    answer = precheck(tx, *args)
+    return write_transaction(tx, fn, args) if answer is None else answer
+
+
+def read_transaction(tx: SqliteTx, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    """`fn(tx, *args)` inside one read snapshot."""
+    db = tx.conn
     db.execute("BEGIN")  # deferred: one consistent snapshot, no write lock
     try:
-        return fn(db, *args)
+        return fn(tx, *args)
     finally:
         if db.in_transaction:
             db.execute("COMMIT")
@@ -56,8 +68,9 @@ class Database:
     """One aiosqlite connection to one inbox file.
 
     aiosqlite hops to its thread for every statement, which halves throughput against plain
-    sqlite3. Here each transaction is one synchronous function from core/store.py, run whole
-    on the connection's thread with a single hop (aiosqlite's private `_execute` and `_tx`
+    sqlite3. Here each transaction is one synchronous function of the engine
+    (core/engine/), given this file's Tx, run whole on the connection's thread with a single
+    hop (aiosqlite's private `_execute` and `_tx`
     queue, used only in this class; the version is pinned in pyproject.toml, and
     tests/core/test_open.py checks what we rely on: one thread, not the loop's, the order
     kept between `call` and `write_soon`, results and errors handed back).
@@ -74,7 +87,8 @@ class Database:
         self.path = path
         self.busy_timeout = busy_timeout
         self._factory = factory
-        self._reader: sqlite3.Connection | None = None  # see peek()
+        self._tx: SqliteTx | None = None  # over the connection, once it is open
+        self._reader: SqliteTx | None = None  # see peek()
         self.wake = Wake(path)  # our own commits notify it; other processes' through the OS
         self._fd: int | None = None  # the opened file, held: see file_replaced()
 
@@ -136,13 +150,23 @@ class Database:
             return f"{self.path} was deleted after it was opened"
         return None
 
+    def _handle(self) -> SqliteTx:
+        tx = self._tx
+        if tx is None:
+            if self._conn._connection is None:
+                raise InboxError(f"inbox {self.path} is closed")
+            tx = self._tx = SqliteTx(self._conn._connection)
+        return tx
+
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(sqlite3_connection, *args)` on the connection's thread, mapping errors."""
+        """Run `fn(tx, *args)` on the connection's thread, outside any transaction (each
+        statement on its own), mapping errors."""
+        return await self._hop(fn, self._handle(), *args)
+
+    async def _hop(self, fn: Callable[..., T], *args: Any) -> T:
         try:
             # aiosqlite's private hop is untyped; it returns what fn returns
-            result: T = await self._conn._execute(  # type: ignore[no-untyped-call]
-                fn, self._conn._conn, *args
-            )
+            result: T = await self._conn._execute(fn, *args)  # type: ignore[no-untyped-call]
             return result
         except sqlite3.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout) from None
@@ -160,7 +184,7 @@ class Database:
         `done` runs even if whoever queued the work was cancelled meanwhile. It goes on the
         same queue as `call` (aiosqlite's `_tx`, pinned version), so order is kept.
         """
-        self._queue_write(lambda db: write_transaction(db, fn, args), done)
+        self._queue_write(lambda tx: write_transaction(tx, fn, args), done)
 
     def write_soon_alone(
         self,
@@ -173,15 +197,15 @@ class Database:
         outside any transaction (a commit that needs no BEGIN or COMMIT statement of its
         own). Only if it returns None does `fn` run in its own write transaction."""
 
-        def alone_or_transaction(db: sqlite3.Connection) -> T:
-            result = alone(db, *args)
-            return write_transaction(db, fn, args) if result is None else result
+        def alone_or_transaction(tx: SqliteTx) -> T:
+            result = alone(tx, *args)
+            return write_transaction(tx, fn, args) if result is None else result
 
         self._queue_write(alone_or_transaction, done)
 
     def _queue_write(
         self,
-        run: Callable[[sqlite3.Connection], T],
+        run: Callable[[SqliteTx], T],
         done: Callable[[T | None, BaseException | None], None],
     ) -> None:
         """Queue `run(connection)`, which commits by itself, for write_soon and
@@ -189,12 +213,12 @@ class Database:
         conn = self._conn
         if not conn._running or conn._connection is None:
             raise InboxError(f"inbox {self.path} is closed")
-        sqlite_conn, loop = conn._connection, asyncio.get_running_loop()
+        tx, loop = self._handle(), asyncio.get_running_loop()
         path, busy_timeout = self.path, self.busy_timeout
 
         def job() -> None:  # on the connection's thread
             try:
-                result = run(sqlite_conn)
+                result = run(tx)
             except sqlite3.Error as exc:
                 loop.call_soon_threadsafe(done, None, _map_error(exc, path, busy_timeout))
             except BaseException as exc:  # noqa: B036 - handed to the callers, not lost
@@ -208,41 +232,53 @@ class Database:
 
         conn._tx.put_nowait((None, job))
 
-    def peek(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a tiny read-only `fn(connection, *args)` right here, on the event loop's thread,
-        through a second, query-only connection; raise sqlite3.Error if it cannot answer at
-        once (the caller then takes the normal path).
+    def peek(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """Run a tiny read-only `fn(tx, *args)` right here, on the event loop's thread,
+        through a second, query-only connection; None if it cannot answer at once (the
+        caller then takes the normal path).
 
         Only for point lookups by key. A WAL reader never waits for a writer, and the
         connection has no busy timeout, so this cannot stall the loop on a lock; what it sees
         is committed, and with synchronous = FULL a commit is fsynced before readers see it.
         """
-        reader = self._reader
-        if reader is None:
-            if self._conn._connection is None:
-                raise sqlite3.OperationalError("inbox is closed")
-            kwargs: dict[str, Any] = {"isolation_level": None, "check_same_thread": False}
-            if self._factory is not None:
-                kwargs["factory"] = self._factory
-            reader = sqlite3.connect(self.path, **kwargs)
-            try:
-                reader.execute("PRAGMA query_only = ON")
-                reader.execute("PRAGMA busy_timeout = 0")
-            except BaseException:
-                reader.close()
-                raise
-            self._reader = reader
-        return fn(reader, *args)
+        try:
+            reader = self._reader
+            if reader is None:
+                if self._conn._connection is None:
+                    return None
+                kwargs: dict[str, Any] = {"isolation_level": None, "check_same_thread": False}
+                if self._factory is not None:
+                    kwargs["factory"] = self._factory
+                connection = sqlite3.connect(self.path, **kwargs)
+                try:
+                    connection.execute("PRAGMA query_only = ON")
+                    connection.execute("PRAGMA busy_timeout = 0")
+                except BaseException:
+                    connection.close()
+                    raise
+                reader = self._reader = SqliteTx(connection)
+            return fn(reader, *args)
+        except sqlite3.Error:
+            return None
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside BEGIN IMMEDIATE … COMMIT; roll back on any exception."""
-        result: T = await self.call(write_transaction, fn, args)
+        result: T = await self._hop(write_transaction, self._handle(), fn, args)
+        self.wake.notify()
+        return result
+
+    async def write_unless(
+        self, precheck: Callable[..., T | None], fn: Callable[..., T], *args: Any
+    ) -> T:
+        """`precheck(tx, *args)` outside a transaction; its answer when it has one (nothing
+        to write), else `fn` inside BEGIN IMMEDIATE … COMMIT. One hop either way."""
+        result: T = await self._hop(write_unless, self._handle(), precheck, fn, args)
         self.wake.notify()
         return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside one read snapshot."""
-        return await self.call(read_transaction, fn, args)
+        return await self._hop(read_transaction, self._handle(), fn, args)
 
     async def close(self) -> None:
         self.wake.close()
@@ -250,8 +286,9 @@ class Database:
             os.close(self._fd)
             self._fd = None
         if self._reader is not None:
-            self._reader.close()
+            self._reader.conn.close()
             self._reader = None
+        self._tx = None
         await self._conn.close()
 
 
@@ -280,7 +317,8 @@ def _retry_while_busy(step: Callable[[], Any], busy_timeout: float) -> None:
             time.sleep(0.005)
 
 
-def _prepare(db: sqlite3.Connection, path: str, busy_timeout: float, create: bool = True) -> None:
+def _prepare(tx: SqliteTx, path: str, busy_timeout: float, create: bool = True) -> None:
+    db = tx.conn
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     version = schema.inspect(db, path)  # refuse foreign files before any write
     if version == 0 and not create:

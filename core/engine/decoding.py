@@ -2,9 +2,9 @@
 checks that judge a row no valid call could have written (edited by hand, or by another
 version) and say why it is set aside.
 
-Plain Python over rows a store has already read, in its SELECT's column order
-(`EVENT_COLUMNS`, `TIMER_COLUMNS`, …): no driver is imported here. Each store adds its own
-driver's errors to `DECODE_ERRORS` to make its ROW_ERRORS.
+Plain Python over rows already read, in the column order of the named statements that read
+them (events as `EVENT_COLUMNS`, timers as `TIMER_COLUMNS`, …): no driver is imported here.
+Each dialect adds its driver's errors to `DECODE_ERRORS` to make its `row_errors`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from .clock import MAX_DURATION, MAX_TIME
-from .records import AuditEntry, Delivery, Effect, Event, Message, Run, Timer
-from .settings import Settings
+from ..clock import MAX_DURATION, MAX_TIME
+from ..records import AuditEntry, Delivery, Effect, Event, Message, Run, Timer
+from ..settings import Settings
 
 EVENT_COLUMNS = (
     "id, source, source_id, payload, status, attempts, claim_gen, error, created, "

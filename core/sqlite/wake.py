@@ -37,7 +37,6 @@ except ImportError:  # pragma: no cover - other platforms
 
 log = logging.getLogger("onwatch.wake")
 
-SLOW_POLL = 5.0  # seconds: a waiter's change poll while the notifier runs (its insurance)
 CONFIRM_DELAYS = (0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)  # see confirm
 CONFIRM_READS = 64  # at most this many token reads per confirm, whatever the folder does
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
-from .errors import NotAnInbox
+from ..actions import OLD_AUDIT_WORDS
+from ..errors import NotAnInbox
 
 # PRAGMA application_id marks a file as an onwatch inbox ("onwt").
 APPLICATION_ID = 0x6F6E7774
@@ -12,17 +13,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 EVENT_STATES_SQL = "('pending','running','done','dead','interrupted','cancelled')"
 
-# The audit words older versions wrote for an operator action → the action's one name.
-OLD_AUDIT_WORDS = {
-    "answer yes": "approve",
-    "answer no": "deny",
-    "delivery sent": "mark_sent",
-    "delivery send again": "send_again",
-    "mark done": "resolve",
-    "send to dead": "bury",
-    "hold outbox": "hold",
-    "release outbox": "release",
-}
+# An older version's audit words for an operator action, renamed to the action's one name.
 AUDIT_RENAMES = "".join(
     f"UPDATE audit SET action = '{new}' WHERE action = '{old}';\n"
     for old, new in OLD_AUDIT_WORDS.items()

@@ -1,0 +1,62 @@
+"""Opening what `Inbox.open` is given: a file (SQLite, one inbox) or a `postgresql://` URL
+(one database, many inboxes), checked before anything is opened or created."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from . import checks, pg
+from .clock import show
+from .connection import Connection
+from .errors import BadInput
+
+
+def _check_options(create: object, busy_timeout: object) -> float:
+    if not isinstance(create, bool):
+        raise BadInput(f"create must be True or False, got {show(create)}")
+    if (
+        isinstance(busy_timeout, bool)
+        or not isinstance(busy_timeout, (int, float))
+        or not 0 < busy_timeout <= 86_400
+    ):  # NaN too
+        raise BadInput(
+            f"busy_timeout must be a positive number of seconds, got {show(busy_timeout)}"
+        )
+    return float(busy_timeout)
+
+
+async def connect(
+    target: str | os.PathLike[str],
+    *,
+    name: str,
+    create: bool,
+    busy_timeout: float,
+    connection_factory: type[sqlite3.Connection] | None,
+) -> Connection:
+    """The connection to the inbox `target` names (see `Inbox.open`)."""
+    if pg.is_url(target):
+        timeout = _check_options(create, busy_timeout)
+        from .pg.db import Database as Postgres  # psycopg only when asked for
+
+        return await Postgres.open(
+            target, name=checks.text("inbox name", name), create=create, busy_timeout=timeout
+        )
+    if name != "default":
+        raise BadInput(
+            f"name picks an inbox of a PostgreSQL database; a file is one "
+            f"inbox (got name={show(name)} for a file)"
+        )
+    if not isinstance(target, (str, os.PathLike)):
+        raise BadInput(f"path must be a file path, got {type(target).__name__}")
+    try:
+        text = os.fsdecode(os.fspath(target))
+        os.fsencode(text)  # a lone surrogate cannot name a file
+    except (TypeError, ValueError) as exc:
+        raise BadInput(f"path is not a usable file path: {exc}") from None
+    if not text or "\x00" in text:
+        raise BadInput("path must be a non-empty file path without NUL characters")
+    timeout = _check_options(create, busy_timeout)
+    from .sqlite.db import Database as File
+
+    return await File.open(target, create=create, busy_timeout=timeout, factory=connection_factory)

@@ -1,0 +1,188 @@
+"""The Inbox's argument checks: every value an API call takes is checked here, before
+anything is written, and refused with BadInput saying what was wrong."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Iterable, Sequence
+
+from .clock import MAX_ID, check_duration, check_int, check_time, show
+from .errors import BadInput
+from .settings import MAX_BATCH
+
+CATCH_UP_POLICIES = ("coalesce", "each")
+MAX_TEXT = 1024  # sources, ids, holders: keys, not documents
+MAX_DEPTH = 100  # nesting of any JSON value the API takes; deeper is refused, never recursed
+# The engine's own sources: approval answers and timer occurrences. Nobody else may ingest
+# under them (a forged ("approval", id) would stand as the answer), and no timer may take an
+# id under the engine's own prefixes (it would replace an approval's expiry).
+RESERVED_SOURCES = ("approval", "timer")
+RESERVED_TIMER_PREFIXES = ("approval:",)
+MAX_TRACEBACK = 16_384  # a failed run's traceback: its end (the raising line) is kept
+
+
+def text(name: str, value: object, *, limit: int = MAX_TEXT) -> str:
+    """Non-empty text of at most `limit` characters, without NUL, encodable as UTF-8."""
+    if not isinstance(value, str):
+        raise BadInput(f"{name} must be a string, got {type(value).__name__}")
+    if not value:
+        raise BadInput(f"{name} must not be empty")
+    if len(value) > limit:
+        raise BadInput(f"{name} is {len(value)} characters; the limit is {limit}")
+    if "\x00" in value:
+        raise BadInput(f"{name} must not contain NUL characters")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadInput(f"{name} is not valid Unicode text (it has a lone surrogate)") from None
+    return value
+
+
+def positive(name: str, value: object, high: int = MAX_ID) -> int:
+    return check_int(value, name, 1, high)
+
+
+def event_id(value: object) -> int:
+    return check_int(value, "event id", 1, MAX_ID)
+
+
+def source(name: str, value: object) -> str:
+    """An event source an outsider may use: not one of the engine's own."""
+    checked = text(name, value)
+    if checked in RESERVED_SOURCES:
+        raise BadInput(
+            f"{name} {checked!r} is reserved for the engine's own events "
+            f"(reserved: {', '.join(RESERVED_SOURCES)})"
+        )
+    return checked
+
+
+def timer_id(value: object) -> str:
+    checked = text("timer_id", value)
+    if checked.startswith(RESERVED_TIMER_PREFIXES):
+        raise BadInput(
+            f"timer ids starting with {checked.split(':')[0]}: are reserved for the "
+            f"engine's own timers"
+        )
+    return checked
+
+
+def check_shape(value: object, what: str, limit: int) -> None:
+    """Refuse JSON nested deeper than MAX_DEPTH or with more values than `limit` bytes could
+    hold, walking iteratively: a deep value must be refused, never recursed into."""
+    if (
+        type(value) is dict
+        and len(value) < limit
+        and _SCALARS.issuperset(map(type, value.values()))
+    ):
+        return  # the common webhook body: one flat object (the walk below would say the same)
+    stack = [(value, 1)]
+    seen = 0
+    while stack:
+        item, depth = stack.pop()
+        seen += 1
+        if seen > limit:
+            raise BadInput(
+                f"{what} has more values than {limit} bytes can hold (max_payload_bytes)"
+            )
+        if isinstance(item, (dict, list, tuple)):
+            if depth > MAX_DEPTH:
+                raise BadInput(f"{what} is nested deeper than {MAX_DEPTH} levels")
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
+_SCALARS = frozenset((str, int, float, bool, type(None)))  # exact types: no subclass is here
+_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
+_JSON_ASCII = json.JSONEncoder(ensure_ascii=True, allow_nan=False)
+# What _JSON.encode builds on every call, built once (no check for cycles: _check_shape has
+# already refused any value with more values than the limit, so a cyclic one never gets
+# here). The standard library's C encoder; without it, _JSON.encode.
+_C_ENCODER: Callable[..., Callable[[object, int], Sequence[str]]] | None = getattr(
+    json.encoder, "c_make_encoder", None
+)  # (not in the standard library's type stubs)
+_ENCODE_ONCE = (
+    None
+    if _C_ENCODER is None
+    else _C_ENCODER(
+        None, _JSON.default, json.encoder.encode_basestring, None, ": ", ", ", False, False, False
+    )
+)
+
+
+def json_text(value: object) -> str:
+    if _ENCODE_ONCE is None or type(value) is str:
+        return _JSON.encode(value)
+    return "".join(_ENCODE_ONCE(value, 0))
+
+
+def encode(payload: object, limit: int, what: str = "payload") -> str:
+    check_shape(payload, what, limit)
+    try:
+        text = json_text(payload)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise BadInput(f"{what} must be JSON-serialisable: {exc}") from None
+    if text.isascii():
+        size = len(text)
+    else:
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:
+            # A lone surrogate (valid in JSON as an escape, not in UTF-8): keep it escaped,
+            # so the payload round-trips exactly and the database gets valid text.
+            text = _JSON_ASCII.encode(payload)
+            size = len(text)
+    if size > limit:
+        raise BadInput(f"{what} is {size} bytes; the limit is {limit} (max_payload_bytes)")
+    return text
+
+
+def listed(name: str, values: object, limit: int) -> list[Any]:
+    """`values` as a list, refused (BadInput) unless it is a finite iterable of at most
+    `limit` items; a str is not a list of anything here."""
+    if isinstance(values, (str, bytes, dict)) or not isinstance(values, Iterable):
+        raise BadInput(f"{name} must be a list")
+    items = []
+    for item in values:
+        items.append(item)
+        if len(items) > limit:
+            raise BadInput(f"{name} has more than {limit} items")
+    return items
+
+
+def actor(actor: object) -> str:
+    return text("actor", actor, limit=200)
+
+
+def reason(reason: object) -> str | None:
+    return None if reason is None else text("reason", reason, limit=2000)
+
+
+def timer(
+    timer_id_: object,
+    due: object,
+    payload: object,
+    every: object,
+    key: object,
+    catch_up: object,
+    limit: int,
+) -> str:
+    """A timer definition's checks; returns its payload as JSON text."""
+    timer_id(timer_id_)
+    check_time(due, "due")
+    if every is not None:
+        check_duration(every, "every")
+    if catch_up not in CATCH_UP_POLICIES:
+        raise BadInput(f"catch_up must be one of {CATCH_UP_POLICIES}, got {show(catch_up)}")
+    if key is not None:
+        if every is not None:
+            raise BadInput("a fixed event key is only allowed on a one-off timer")
+        if not (isinstance(key, tuple) and len(key) == 2):
+            raise BadInput("key must be a (source, source_id) tuple")
+        source("key source", key[0])
+        text("key source_id", key[1])
+    return encode(payload, limit)
+
+
+MAX_BATCH_IDS = MAX_BATCH  # ids one finish may name: what one claim can hand out

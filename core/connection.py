@@ -1,0 +1,71 @@
+"""What the Inbox needs of a backend's connection (core/sqlite/db.py, core/pg/db.py) and of
+the wake-up source on it (core/sqlite/wake.py, core/pg/listen.py). The backends do not name
+these protocols; mypy checks each one against them where the Inbox is given it, so the two
+cannot drift apart. What a transaction is given is core/engine/tx.py's Tx.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable, Protocol, TypeVar
+
+T = TypeVar("T")
+# How often a waiter looks for changes itself although a notifier runs (its insurance), and
+# how often everyone polls where nothing notifies (Waker.watching is False).
+SLOW_POLL = 5.0
+
+
+class Waker(Protocol):
+    """Wakes this process's waiters when the inbox may have changed (`Inbox.wake`)."""
+
+    @property
+    def seq(self) -> int: ...  # moves whenever a change may have happened
+    @property
+    def watching(self) -> bool: ...  # False: nothing tells of other processes' commits; poll
+    @property
+    def waiting(self) -> int: ...
+    def notify(self) -> None: ...
+    async def wait(self, since: int, timeout: float) -> bool: ...
+    async def confirm(self, read_token: Callable[[], Awaitable[T]], old: T) -> bool: ...
+    def close(self) -> None: ...
+
+
+class Connection(Protocol):
+    """One inbox's connection: each call runs one function of the engine (core/engine/)
+    whole on the connection's thread, given the backend's Tx, in the order called.
+
+    `call` runs it outside a transaction (a one-statement read is its own snapshot), `read`
+    in one read snapshot, `write` in one write transaction (the inbox's write lock held);
+    `write_unless` first runs a precheck outside a transaction and writes only when the
+    precheck has no answer (nothing to write: no transaction at all). `write_soon` is the
+    callback form of `write` for group commit; `write_soon_alone` first tries `alone`, one
+    autocommit statement, where the backend can (SQLite; on PostgreSQL an event's id is
+    numbered under the inbox's row lock, so it always writes in a transaction). `peek` is a
+    tiny read on the event loop's own thread, or None when it cannot answer at once (then
+    the caller takes the normal path)."""
+
+    @property
+    def path(self) -> str: ...
+    @property
+    def wake(self) -> Waker: ...
+    async def call(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def read(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def write(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def write_unless(
+        self, precheck: Callable[..., T | None], fn: Callable[..., T], *args: Any
+    ) -> T: ...
+    def write_soon(
+        self,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        done: Callable[[T | None, BaseException | None], None],
+    ) -> None: ...
+    def write_soon_alone(
+        self,
+        alone: Callable[..., T | None],
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        done: Callable[[T | None, BaseException | None], None],
+    ) -> None: ...
+    def peek(self, fn: Callable[..., T], *args: Any) -> T | None: ...
+    def file_replaced(self) -> str | None: ...
+    async def close(self) -> None: ...

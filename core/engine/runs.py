@@ -1,0 +1,232 @@
+"""Runs: claiming the next run's events (recovering lost claims, burying exhausted ones) and
+finishing a run with everything it produced, fenced by lease generation and by run."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..clock import MAX_COUNT
+from ..errors import BadInput
+from ..records import ApprovalRequest, Event, FollowUp, Reply
+from ..settings import Settings
+from .approvals import request_approval
+from .decoding import event_from_row, is_int, reason
+from .journal import refuse, set_aside
+from .plans import DAY
+from .timers import add_timer
+from .tx import Tx
+
+ROUNDS = 100  # claim rounds in one transaction, each setting aside what it cannot run
+
+
+def claim_batch(tx: Tx, holder: str, gen: int, now: int | None) -> list[Event]:
+    """Claim the next run's events for the holder of exactly this generation: lost claims
+    are recovered and exhausted events buried first; a previously attempted event runs
+    alone (a poison event harms no other), otherwise up to max_batch available events run
+    together. Attempts are counted here, at claim time: a worker that crashes never
+    reports a failure."""
+    now = tx.now(now)
+    state = tx.state()
+    if not state.holds(holder, gen, now):
+        refuse(tx, "claim", holder, gen, now)
+        return []
+    settings = state.settings
+    recover_lost_claims(tx, gen, now, settings)
+    bury_exhausted(tx, now, settings)
+    if state.paused:  # paused: recovery above still ran, nothing is claimed
+        return []
+    if (
+        settings.max_runs_per_day is not None
+        and runs_since(tx, now - DAY) >= settings.max_runs_per_day
+    ):
+        return []  # budget: excess runs are delayed until the day's window frees a slot
+    for _ in range(ROUNDS):
+        rows = tx.run("claimable_retried", now=now).fetchall()
+        if not rows:
+            rows = tx.run("claimable", now=now, limit=settings.max_batch).fetchall()
+        if not rows:
+            return []
+        runnable = _runnable(tx, rows, now)
+        if runnable:
+            break
+    else:
+        return []
+    run_id = tx.claim(holder, gen, [event.id for event in runnable], now)
+    return [
+        Event(
+            e.id,
+            e.source,
+            e.source_id,
+            e.payload,
+            "running",
+            e.attempts + 1,
+            gen,
+            e.error,
+            e.created,
+            now,
+            e.available_at,
+            now,
+            run_id,
+        )
+        for e in runnable
+    ]
+
+
+def _runnable(tx: Tx, rows: Sequence[Any], now: int) -> list[Event]:
+    """The events of `rows` an agent can run; the others are set aside (dead, with the
+    reason) so that one bad row never stops every claim: a pruned payload (nothing to run
+    on), a payload that is not JSON, an attempt count that is not a small integer."""
+    runnable = []
+    for row in rows:
+        if row[3] is None:
+            why = "its payload was pruned; there is nothing to run it on"
+        elif not is_int(row[5], 0, MAX_COUNT - 1):
+            why = f"attempts is {str(row[5])[:40]!r}, not a count"
+        else:
+            try:
+                runnable.append(event_from_row(row, strict=True))
+                continue
+            except tx.row_errors as exc:
+                why = f"its payload cannot be read ({reason(exc)})"
+        tx.run("event_set_aside", id=row[0], error="set aside, not run: " + why, now=now)
+        set_aside(tx)
+    return runnable
+
+
+def recover_lost_claims(tx: Tx, gen: int, now: int, settings: Settings) -> int:
+    """Rows running under an older generation (or past the run budget) were lost: they go
+    back to pending (not backed off: the lease expiry already delayed them) or, under the
+    interrupt policy, to interrupted; their runs close as lost."""
+    lost = tx.run("lost_claims", gen=gen).fetchall()
+    if settings.max_run_seconds is not None:
+        lost += tx.run("overdue_claims", gen=gen, before=now - settings.max_run_seconds).fetchall()
+    for event_id, source, claim_gen, run_id in lost:
+        why = (
+            f"generation {claim_gen} lost its lease"
+            if claim_gen != gen
+            else f"ran past max_run_seconds ({settings.max_run_seconds} s)"
+        )
+        # What matters most comes first: lists cut long reasons at their width.
+        if settings.lost_claim_policy(source) == "interrupt":
+            tx.run(
+                "event_interrupt",
+                id=event_id,
+                error="completion uncertain: run lost, " + why,
+                now=now,
+            )
+        else:
+            tx.run("event_requeue_lost", id=event_id, error="run lost: " + why, now=now)
+        tx.run("run_lost", id=run_id, error="run lost: " + why, now=now)
+    return len(lost)
+
+
+def bury_exhausted(tx: Tx, now: int, settings: Settings) -> int:
+    """Pending rows out of attempts become dead, keeping why."""
+    return tx.run("bury_exhausted", now=now, max_attempts=settings.max_attempts).rowcount
+
+
+def runs_since(tx: Tx, since: int) -> int:
+    runs: int = tx.one("runs_since", since=since)[0]
+    return runs
+
+
+def finish(
+    tx: Tx,
+    holder: str,
+    gen: int,
+    ids: Sequence[int],
+    replies: Sequence[Reply],
+    error: str | None,
+    result: str | None,
+    approvals: Sequence[ApprovalRequest],
+    followups: Sequence[FollowUp],
+    now: int | None,
+    run: int | None = None,
+    traceback: str | None = None,
+) -> bool:
+    """Commit a run's outcome and everything it produced, fenced (by generation, and by run
+    when `run` is given), all or nothing: success marks the events done and queues the
+    run's messages, approval requests and follow-up timers in this one transaction; failure
+    puts the events back to pending after a backoff, or to dead once out of attempts."""
+    now = tx.now(now)
+    state = tx.state()
+    if not state.holds(holder, gen, now):
+        refuse(tx, "finish", holder, gen, now)
+        return False
+    if run is not None and tx.run("run_open", id=run, gen=gen).fetchone() is None:
+        refuse(
+            tx,
+            "finish",
+            holder,
+            gen,
+            now,
+            f"run {run} is not an open run of this generation (recovered or finished)",
+        )
+        return False
+    settings = state.settings
+    if (
+        settings.max_followups_per_run is not None
+        and len(followups) > settings.max_followups_per_run
+    ):
+        raise BadInput(
+            f"run asks for {len(followups)} follow-up timers; the budget "
+            f"max_followups_per_run allows {settings.max_followups_per_run}"
+        )
+    fence = {"ids": list(ids), "gen": gen, "run": run}
+    if error is None:  # marked done and read back in one statement: the rows still held
+        rows = tx.run("events_finish_done", now=now, **fence).fetchall()
+    else:
+        rows = tx.run("events_still_claimed", **fence).fetchall()
+    if not rows:
+        refuse(
+            tx,
+            "finish",
+            holder,
+            gen,
+            now,
+            "none of these events is still claimed by this generation",
+        )
+        return False
+    run_ids = sorted({r[2] for r in rows if r[2] is not None})
+    if error is None:
+        run_id = run_ids[0] if run_ids else None
+        for reply in replies:
+            tx.run("outbox_insert", body=reply.body, urgent=reply.urgent, now=now, run=run_id)
+        for request in approvals:
+            request_approval(
+                tx, request.request_id, request.expires_in, request.action, now, run_id
+            )
+        for timer in followups:
+            add_timer(
+                tx,
+                timer.timer_id,
+                timer.due,
+                timer.payload,  # JSON text: checked and encoded by the Inbox
+                timer.every,
+                timer.key,
+                timer.catch_up,
+                "timer",
+            )
+        outcome = "done"
+    else:
+        for event_id, attempts, _ in rows:
+            if not is_int(attempts, 0, MAX_COUNT) or attempts >= settings.max_attempts:
+                why = f"too many attempts ({attempts}/{settings.max_attempts}): {error}"
+                tx.run("event_bury", id=event_id, error=why, now=now)
+            else:
+                later = now + settings.backoff(attempts)
+                tx.run("event_retry_later", id=event_id, error=error, available_at=later, now=now)
+        outcome = "error"
+    if run_ids:
+        # A run closes when its last event is finished (a run may be finished in parts);
+        # until then a lost-claim recovery can still close it as lost.
+        tx.run(
+            "runs_close",
+            runs=run_ids,
+            outcome=outcome,
+            now=now,
+            result=result,
+            error=error,
+            traceback=traceback,
+        )
+    return True

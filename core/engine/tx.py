@@ -1,0 +1,144 @@
+"""What the engine's transaction scripts are given: one transaction of one inbox (`Tx`), as a
+backend's dialect provides it.
+
+A script (core/engine/*.py) is written once: it reads through named statements, decides in
+Python (with core/engine/plans.py, timing.py, decoding.py), and writes through named
+statements. A dialect (core/sqlite/tx.py, core/pg/tx.py) supplies
+
+- its SQL as named statements (core/sqlite/queries.sql, core/pg/queries.sql), run by name
+  with named parameters; a list parameter is a list of ids or texts, which SQLite reads with
+  json_each and PostgreSQL as an array;
+- the few operations whose shape differs between the databases, as the methods declared
+  below (the inbox's switches are a key-value table on SQLite and columns of the inbox's
+  row on PostgreSQL; a multi-row insert; the claim, one statement on PostgreSQL);
+- its errors: `row_errors` are what a stored row the engine cannot process raises (set
+  aside with the reason, the pass goes on); anything else stops the transaction.
+
+Scripts never import a driver (an import-linter contract says so) and never catch a
+driver's error by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ContextManager, Iterator, Protocol, Sequence
+
+from ..settings import Settings
+from .decoding import settings_from
+
+Row = Sequence[Any]
+# An events row as inserted: (source, source_id, payload JSON, available_at/created/updated).
+NewEvent = tuple[str, str, str, int]
+# A recurring timer moved on by a scheduler pass: (id, due, last_fired, last_skipped, overflow).
+TimerAdvance = tuple[str, int, int | None, int | None, int]
+
+# The inbox's switches and counters (SQLite's `meta` keys; PostgreSQL's inbox columns).
+META_KEYS = (
+    "paused",
+    "outbox_held",
+    "refused_writes",
+    "takeovers",
+    "set_aside",
+    "last_paced_send",
+    "released_gen",
+    "uid",
+)
+COUNTERS = ("refused_writes", "takeovers", "set_aside")
+
+
+class Rows(Protocol):
+    """A statement's result, as both drivers' cursors give it."""
+
+    @property
+    def rowcount(self) -> int: ...  # rows a DML statement changed (not for a SELECT)
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class InboxState:
+    """What a deciding transaction reads first: the lease, the settings and the pause
+    switch. `holder` is None before any worker took the lease; `gen` and `until` are as
+    stored (a row edited by hand may hold anything: `holds` checks their types)."""
+
+    holder: str | None
+    gen: Any
+    until: Any
+    settings_text: str | None
+    paused: bool
+
+    @property
+    def settings(self) -> Settings:
+        text = self.settings_text
+        return Settings() if text is None else settings_from(text)
+
+    def holds(self, holder: str, gen: int, now: int) -> bool:
+        """The fencing rule: exactly this holder and generation, not expired (an expiry
+        edited by hand into a non-integer has expired)."""
+        return (
+            self.holder == holder
+            and self.gen == gen
+            and type(self.until) is int
+            and self.until >= now
+        )
+
+
+class Tx(Protocol):
+    """One transaction of one inbox. Methods run on the connection's own thread."""
+
+    # What a stored row the engine cannot process raises (decoding and the database's own
+    # refusals of a value), beyond core/engine/decoding.py's DECODE_ERRORS.
+    row_errors: tuple[type[BaseException], ...]
+
+    def run(self, name: str, /, **params: Any) -> Rows:
+        """Run the named statement of this dialect with these parameters."""
+        ...
+
+    def one(self, name: str, /, **params: Any) -> Row:
+        """The row of a named statement that always returns exactly one (an aggregate)."""
+        ...
+
+    def savepoint(self, name: str) -> ContextManager[None]:
+        """A savepoint: released when the block ends, rolled back to (and the error
+        raised on) when it raises."""
+        ...
+
+    def now(self, now: int | None) -> int:
+        """`now` when given; otherwise this backend's time for the deciding transaction
+        (the process's wall clock on SQLite, the database server's on PostgreSQL)."""
+        ...
+
+    def state(self) -> InboxState:
+        """The lease, settings and pause switch, as of this transaction (one read)."""
+        ...
+
+    def meta(self, key: str) -> Any:
+        """One of META_KEYS."""
+        ...
+
+    def set_meta(self, key: str, value: Any) -> None: ...
+
+    def bump(self, key: str) -> None:
+        """Add one to one of COUNTERS."""
+        ...
+
+    def insert_events(self, rows: Sequence[NewEvent]) -> set[tuple[str, str]]:
+        """Store each row whose (source, source_id) is not stored yet, in order (a key
+        repeated in `rows` is a duplicate of its first copy); return the keys stored."""
+        ...
+
+    def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
+        """Record a run of these events for this generation and mark them running (attempts
+        counted); return the run's id."""
+        ...
+
+    def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
+        """Move recurring timers on after firing (a None last_fired/last_skipped keeps the
+        stored value; overflow is added)."""
+        ...
+
+    def change_token(self) -> tuple[int, int]:
+        """A value that moves whenever anything of this inbox committed (cheap, no table
+        scan): what an idle poller compares."""
+        ...

@@ -1,0 +1,454 @@
+-- The named statements of a PostgreSQL inbox (core/engine/queries.py reads them).
+--
+-- One database holds many inboxes: every statement is scoped to %(inbox)s, which
+-- core/pg/tx.py adds to every call. Parameters are psycopg's named ones; a list parameter
+-- is an array. The names and what each statement means are core/sqlite/queries.sql's.
+-- What an inbox file keeps in `meta`, `settings` and `lease` is columns of the inbox's row
+-- here. An event's id counts within its inbox (max + 1: an inbox's writers take turns,
+-- each holding the inbox's row lock, see core/pg/db.py).
+
+-- --- settings and switches ---------------------------------------------------------------
+
+-- name: settings_load
+SELECT settings FROM inboxes WHERE id = %(inbox)s;
+
+-- name: settings_store
+UPDATE inboxes SET settings = %(json)s WHERE id = %(inbox)s;
+
+-- name: inbox_state
+SELECT lease_holder, lease_gen, lease_until, settings, paused FROM inboxes
+WHERE id = %(inbox)s;
+
+-- name: audit_insert
+INSERT INTO audit(inbox_id, at, actor, action, target, before, after, applied, reason)
+VALUES (%(inbox)s, %(at)s, %(actor)s, %(action)s, %(target)s, %(before)s, %(after)s,
+        %(applied)s, %(reason)s);
+
+-- --- intake ------------------------------------------------------------------------------
+
+-- Many new events in one statement, numbered on from the inbox's last id in the order
+-- given; a key already stored, or repeated in the arrays, is a duplicate of its first copy.
+-- name: events_insert
+INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, updated)
+SELECT %(inbox)s, last.id + row_number() OVER (ORDER BY k.o), k.s, k.i, k.p, k.n, k.n, k.n
+FROM (SELECT DISTINCT ON (s, i) s, i, p, n, o
+      FROM unnest(%(sources)s::text[], %(source_ids)s::text[], %(payloads)s::text[],
+                  %(nows)s::bigint[]) WITH ORDINALITY AS u(s, i, p, n, o)
+      ORDER BY s, i, o) AS k
+CROSS JOIN (SELECT coalesce(max(id), 0) AS id FROM events WHERE inbox_id = %(inbox)s) AS last
+WHERE NOT EXISTS (SELECT 1 FROM events e
+                  WHERE e.inbox_id = %(inbox)s AND e.source = k.s AND e.source_id = k.i)
+ORDER BY k.o
+RETURNING source, source_id;
+
+-- name: pending_count
+SELECT n FROM event_counts WHERE inbox_id = %(inbox)s AND status = 'pending';
+
+-- name: event_key
+SELECT 1 FROM events
+WHERE inbox_id = %(inbox)s AND source = %(source)s AND source_id = %(source_id)s;
+
+-- name: events_prune
+UPDATE events SET payload = NULL, updated = %(now)s
+WHERE inbox_id = %(inbox)s AND status IN ('done', 'cancelled')
+  AND updated < %(older_than)s AND payload IS NOT NULL;
+
+-- --- lease -------------------------------------------------------------------------------
+
+-- name: lease_first
+UPDATE inboxes SET lease_holder = %(holder)s, lease_gen = 1, lease_until = %(until)s
+WHERE id = %(inbox)s;
+
+-- name: lease_extend
+UPDATE inboxes SET lease_until = %(until)s WHERE id = %(inbox)s;
+
+-- name: lease_take
+UPDATE inboxes SET lease_holder = %(holder)s, lease_gen = %(gen)s, lease_until = %(until)s
+WHERE id = %(inbox)s;
+
+-- name: lease_history_insert
+INSERT INTO lease_history(inbox_id, gen, holder, previous_holder, at, how)
+VALUES (%(inbox)s, %(gen)s, %(holder)s, %(previous)s, %(at)s, %(how)s);
+
+-- name: lease_history_last_gen
+SELECT coalesce(max(gen), 0) FROM lease_history WHERE inbox_id = %(inbox)s;
+
+-- --- claiming ----------------------------------------------------------------------------
+
+-- name: lost_claims
+SELECT id, source, claim_gen, run_id FROM events
+WHERE inbox_id = %(inbox)s AND status = 'running' AND claim_gen < %(gen)s;
+
+-- name: overdue_claims
+SELECT id, source, claim_gen, run_id FROM events
+WHERE inbox_id = %(inbox)s AND status = 'running' AND claim_gen = %(gen)s
+  AND claimed_at < %(before)s;
+
+-- name: event_interrupt
+UPDATE events SET status = 'interrupted', error = %(error)s, updated = %(now)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- Not backed off: the lease expiry already delayed it.
+-- name: event_requeue_lost
+UPDATE events SET status = 'pending', available_at = %(now)s, error = %(error)s,
+       updated = %(now)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: run_lost
+UPDATE runs SET outcome = 'lost', finished_at = %(now)s, error = %(error)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s AND outcome IS NULL;
+
+-- name: bury_exhausted
+UPDATE events SET status = 'dead', updated = %(now)s,
+    error = 'too many attempts (' || attempts || '/' || %(max_attempts)s::bigint || ')'
+            || coalesce(': ' || error, '')
+WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
+  AND attempts >= %(max_attempts)s;
+
+-- name: runs_since
+SELECT count(*) FROM runs WHERE inbox_id = %(inbox)s AND claimed_at > %(since)s;
+
+-- name: claimable_retried
+SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events
+WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
+  AND available_at <= %(now)s
+ORDER BY id LIMIT 1;
+
+-- name: claimable
+SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events
+WHERE inbox_id = %(inbox)s AND status = 'pending' AND available_at <= %(now)s
+ORDER BY id LIMIT %(limit)s;
+
+-- name: event_set_aside
+UPDATE events SET status = 'dead', error = %(error)s, updated = %(now)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- The run, its events' links and the claim itself in one statement (one round trip).
+-- Attempts are counted here, at claim time: a worker that crashes never reports failure.
+-- name: claim
+WITH run AS (
+    INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at)
+    VALUES (%(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s) RETURNING id),
+linked AS (
+    INSERT INTO run_events(inbox_id, event_id, run_id)
+    SELECT %(inbox)s, unnest(%(ids)s::bigint[]), run.id FROM run),
+claimed AS (
+    UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = %(gen)s,
+           claimed_at = %(now)s, run_id = (SELECT id FROM run), updated = %(now)s
+    WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]))
+SELECT id FROM run;
+
+-- --- finishing ---------------------------------------------------------------------------
+
+-- name: run_open
+SELECT event_ids FROM runs
+WHERE inbox_id = %(inbox)s AND id = %(id)s AND gen = %(gen)s AND outcome IS NULL;
+
+-- name: events_finish_done
+UPDATE events SET status = 'done', error = NULL, updated = %(now)s
+WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]) AND status = 'running'
+  AND claim_gen = %(gen)s AND (%(run)s::bigint IS NULL OR run_id = %(run)s)
+RETURNING id, attempts, run_id;
+
+-- name: events_still_claimed
+SELECT id, attempts, run_id FROM events
+WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]) AND status = 'running'
+  AND claim_gen = %(gen)s AND (%(run)s::bigint IS NULL OR run_id = %(run)s)
+ORDER BY id;
+
+-- name: outbox_insert
+INSERT INTO outbox(inbox_id, body, urgent, created, run_id)
+VALUES (%(inbox)s, %(body)s, %(urgent)s, %(now)s, %(run)s);
+
+-- name: event_bury
+UPDATE events SET status = 'dead', error = %(error)s, updated = %(now)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: event_retry_later
+UPDATE events SET status = 'pending', error = %(error)s, available_at = %(available_at)s,
+       updated = %(now)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- A run closes when its last event is finished (a run may be finished in parts).
+-- name: runs_close
+UPDATE runs r SET outcome = %(outcome)s, finished_at = %(now)s, result = %(result)s,
+       error = %(error)s, traceback = %(traceback)s
+WHERE r.inbox_id = %(inbox)s AND r.id = ANY(%(runs)s::bigint[]) AND r.outcome IS NULL
+  AND NOT EXISTS (SELECT 1 FROM events e WHERE e.inbox_id = r.inbox_id
+                  AND e.run_id = r.id AND e.status = 'running');
+
+-- --- timers ------------------------------------------------------------------------------
+
+-- name: timer_upsert
+INSERT INTO timers(inbox_id, id, kind, due, every, catch_up, payload, key_source, key_id)
+VALUES (%(inbox)s, %(id)s, %(kind)s, %(due)s, %(every)s, %(catch_up)s, %(payload)s,
+        %(key_source)s, %(key_id)s)
+ON CONFLICT (inbox_id, id) DO UPDATE SET kind = excluded.kind, due = excluded.due,
+    every = excluded.every, catch_up = excluded.catch_up, payload = excluded.payload,
+    key_source = excluded.key_source, key_id = excluded.key_id, broken = NULL;
+
+-- name: timers_delete
+DELETE FROM timers WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::text[]);
+
+-- name: timer_due_any
+SELECT 1 FROM timers
+WHERE inbox_id = %(inbox)s AND due <= %(now)s AND broken IS NULL LIMIT 1;
+
+-- The last column would say the payload is proven JSON; the engine decodes it here.
+-- name: timers_due
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, NULL
+FROM timers WHERE inbox_id = %(inbox)s AND due <= %(now)s AND broken IS NULL
+ORDER BY due, id LIMIT %(limit)s;
+
+-- name: timers_advance
+UPDATE timers t SET due = u.due, last_fired = coalesce(u.fired, t.last_fired),
+       last_skipped = coalesce(u.skipped, t.last_skipped), overflow = t.overflow + u.overflow
+FROM unnest(%(ids)s::text[], %(dues)s::bigint[], %(fired)s::bigint[],
+            %(skipped)s::bigint[], %(overflows)s::bigint[])
+     AS u(id, due, fired, skipped, overflow)
+WHERE t.inbox_id = %(inbox)s AND t.id = u.id;
+
+-- name: timer_set_aside
+UPDATE timers SET broken = %(why)s WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- (The column is bigint: no due can be text here.)
+-- name: timer_next_due
+SELECT min(due) FROM timers WHERE inbox_id = %(inbox)s AND broken IS NULL;
+
+-- --- approvals ---------------------------------------------------------------------------
+
+-- name: approval_insert
+INSERT INTO approvals(inbox_id, request_id, action, requested, due, run_id)
+VALUES (%(inbox)s, %(id)s, %(action)s, %(now)s, %(due)s, %(run)s)
+ON CONFLICT (inbox_id, request_id) DO NOTHING;
+
+-- name: approval_get
+SELECT request_id, action, due, answer, requested, answered_at, answered_by
+FROM approvals WHERE inbox_id = %(inbox)s AND request_id = %(id)s;
+
+-- name: approval_answer
+UPDATE approvals SET answer = %(answer)s, answered_at = %(now)s, answered_by = %(actor)s
+WHERE inbox_id = %(inbox)s AND request_id = %(id)s AND answer IS NULL;
+
+-- --- outbox ------------------------------------------------------------------------------
+
+-- name: delivery_to_retry
+SELECT id, attempts FROM deliveries
+WHERE inbox_id = %(inbox)s AND status IN ('sending', 'failed') AND NOT at_most_once
+  AND (status = 'failed' OR retry_after < %(now)s)
+ORDER BY id LIMIT 1;
+
+-- name: delivery_retry
+UPDATE deliveries SET status = 'sending', attempts = attempts + 1,
+       retry_after = %(retry_after)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s RETURNING attempts;
+
+-- The body column is text and NOT NULL: no message here can be unsendable.
+-- name: outbox_unsendable
+SELECT id FROM outbox WHERE false;
+
+-- name: outbox_set_dead
+UPDATE outbox SET status = 'dead' WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: outbox_waiting
+SELECT 1 FROM outbox
+WHERE inbox_id = %(inbox)s AND status = 'held' AND delivery_id IS NULL
+  AND (NOT %(urgent_only)s OR urgent)
+LIMIT 1;
+
+-- name: delivery_insert
+INSERT INTO deliveries(inbox_id, status, attempts, paced, at_most_once, created, retry_after)
+VALUES (%(inbox)s, 'sending', 1, %(paced)s, %(at_most_once)s, %(now)s, %(retry_after)s)
+RETURNING id;
+
+-- name: outbox_assign
+UPDATE outbox SET delivery_id = %(delivery)s
+WHERE inbox_id = %(inbox)s AND status = 'held' AND delivery_id IS NULL
+  AND (NOT %(urgent_only)s OR urgent);
+
+-- name: outbox_bodies
+SELECT body FROM outbox WHERE inbox_id = %(inbox)s AND delivery_id = %(delivery)s
+ORDER BY id;
+
+-- name: delivery_set_aside
+UPDATE deliveries SET status = 'dead', broken = %(why)s, last_error = %(why)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: outbox_mark
+UPDATE outbox SET status = %(status)s
+WHERE inbox_id = %(inbox)s AND delivery_id = %(delivery)s;
+
+-- name: outbox_release
+UPDATE outbox SET delivery_id = NULL
+WHERE inbox_id = %(inbox)s AND delivery_id = %(delivery)s AND status = 'held';
+
+-- name: delivery_row
+SELECT status, attempts, at_most_once FROM deliveries
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: delivery_sent
+UPDATE deliveries SET status = 'sent', sent_at = %(now)s, last_error = %(error)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: delivery_failed
+UPDATE deliveries SET status = %(status)s, last_error = %(error)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: delivery_shown
+SELECT status, at_most_once, retry_after FROM deliveries
+WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: deliveries_newest
+SELECT d.id, d.status, d.attempts, d.created,
+       (SELECT count(*) FROM outbox o WHERE o.inbox_id = d.inbox_id AND o.delivery_id = d.id),
+       d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken
+FROM deliveries d WHERE d.inbox_id = %(inbox)s ORDER BY d.id DESC LIMIT %(limit)s;
+
+-- name: deliveries_by_ids
+SELECT d.id, d.status, d.attempts, d.created,
+       (SELECT count(*) FROM outbox o WHERE o.inbox_id = d.inbox_id AND o.delivery_id = d.id),
+       d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken
+FROM deliveries d WHERE d.inbox_id = %(inbox)s AND d.id = ANY(%(ids)s::bigint[])
+ORDER BY d.id LIMIT %(limit)s;
+
+-- name: deliveries_uncertain
+SELECT id FROM deliveries
+WHERE inbox_id = %(inbox)s AND status IN ('sending', 'failed') AND status = 'sending'
+  AND at_most_once AND retry_after < %(now)s
+ORDER BY id LIMIT %(limit)s;
+
+-- name: delivery_next_retry
+SELECT min(retry_after) + 1 FROM deliveries
+WHERE inbox_id = %(inbox)s AND status = 'sending' AND NOT at_most_once;
+
+-- --- operator actions --------------------------------------------------------------------
+
+-- name: event_status
+SELECT status, payload IS NULL FROM events WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: event_move
+UPDATE events SET status = %(after)s, available_at = %(now)s, updated = %(now)s,
+    attempts = CASE WHEN %(after)s = 'pending' THEN 0 ELSE attempts END,
+    claim_gen = CASE WHEN %(after)s = 'pending' THEN NULL ELSE claim_gen END,
+    error = CASE WHEN %(after)s = 'pending' THEN NULL WHEN %(after)s = 'dead' THEN %(error)s
+                 ELSE error END
+WHERE inbox_id = %(inbox)s AND id = %(id)s AND status = %(seen)s;
+
+-- --- effect journal ----------------------------------------------------------------------
+
+-- name: effect_insert
+INSERT INTO effects(inbox_id, run_id, name, key, state, detail, intended_at, event_id)
+VALUES (%(inbox)s, %(run)s, %(name)s, %(key)s, 'intended', %(detail)s, %(now)s, %(event)s)
+ON CONFLICT (inbox_id, run_id, key) DO NOTHING;
+
+-- name: effects_intended
+SELECT count(*) FROM effects
+WHERE inbox_id = %(inbox)s AND run_id = %(run)s AND name = %(name)s AND event_id = %(event)s;
+
+-- name: effect_settle
+UPDATE effects SET state = %(state)s, settled_at = %(now)s
+WHERE id = (SELECT max(id) FROM effects WHERE inbox_id = %(inbox)s AND key = %(key)s)
+  AND state = 'intended';
+
+-- name: effects_for_runs
+SELECT id, run_id, name, key, state, detail, intended_at, settled_at FROM effects
+WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)s::bigint[]) ORDER BY id;
+
+-- --- reads -------------------------------------------------------------------------------
+
+-- name: event_get
+SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: events_page_up
+SELECT id, source, source_id, CASE WHEN %(payload)s THEN payload END, status, attempts,
+       claim_gen, error, created, updated, available_at, claimed_at, run_id
+FROM events
+WHERE inbox_id = %(inbox)s AND status = %(status)s
+  AND id > coalesce(%(after)s::bigint, -1)
+  AND id < coalesce(%(before)s::bigint, 9223372036854775807)
+  AND (%(search)s::text IS NULL OR strpos(lower(source), %(search)s) > 0
+       OR strpos(lower(source_id), %(search)s) > 0
+       OR strpos(lower(coalesce(error, '')), %(search)s) > 0)
+ORDER BY id LIMIT %(limit)s;
+
+-- name: events_page_down
+SELECT id, source, source_id, CASE WHEN %(payload)s THEN payload END, status, attempts,
+       claim_gen, error, created, updated, available_at, claimed_at, run_id
+FROM events
+WHERE inbox_id = %(inbox)s AND status = %(status)s
+  AND id > coalesce(%(after)s::bigint, -1)
+  AND id < coalesce(%(before)s::bigint, 9223372036854775807)
+  AND (%(search)s::text IS NULL OR strpos(lower(source), %(search)s) > 0
+       OR strpos(lower(source_id), %(search)s) > 0
+       OR strpos(lower(coalesce(error, '')), %(search)s) > 0)
+ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: event_counts
+SELECT status, n FROM event_counts WHERE inbox_id = %(inbox)s;
+
+-- name: lease_history
+SELECT gen, holder, previous_holder, at, how FROM lease_history WHERE inbox_id = %(inbox)s
+ORDER BY gen DESC LIMIT %(limit)s;
+
+-- name: timers_list
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken
+FROM timers WHERE inbox_id = %(inbox)s ORDER BY due, id LIMIT %(limit)s;
+
+-- name: approvals_waiting
+SELECT request_id, action, due, answer, requested, answered_at, answered_by
+FROM approvals WHERE inbox_id = %(inbox)s AND answer IS NULL ORDER BY due LIMIT %(limit)s;
+
+-- name: approvals_answered
+SELECT request_id, action, due, answer, requested, answered_at, answered_by
+FROM approvals WHERE inbox_id = %(inbox)s AND answer IS NOT NULL
+ORDER BY answered_at DESC LIMIT %(limit)s;
+
+-- name: outbox_held_list
+SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox
+WHERE inbox_id = %(inbox)s AND status = 'held' ORDER BY id LIMIT %(limit)s;
+
+-- name: audit_newest
+SELECT id, at, actor, action, target, before, after, applied, reason FROM audit
+WHERE inbox_id = %(inbox)s ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: audit_of_target
+SELECT id, at, actor, action, target, before, after, applied, reason FROM audit
+WHERE inbox_id = %(inbox)s AND target = %(target)s ORDER BY id DESC LIMIT %(limit)s;
+
+-- name: runs_by_ids
+SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, traceback
+FROM runs WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]) ORDER BY id;
+
+-- name: runs_of_event
+SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, traceback
+FROM runs WHERE inbox_id = %(inbox)s AND id IN (SELECT run_id FROM run_events
+                                                WHERE inbox_id = %(inbox)s
+                                                AND event_id = %(id)s)
+ORDER BY id;
+
+-- name: overview_counts
+SELECT (SELECT count(*) FROM outbox WHERE inbox_id = %(inbox)s AND status = 'held'),
+       (SELECT count(*) FROM approvals WHERE inbox_id = %(inbox)s AND answer IS NULL),
+       (SELECT count(*) FROM deliveries WHERE inbox_id = %(inbox)s
+        AND status IN ('sending', 'failed') AND status = 'sending' AND at_most_once
+        AND retry_after < %(now)s),
+       (SELECT count(*) FROM timers WHERE inbox_id = %(inbox)s);
+
+-- name: pending_next_available
+SELECT min(available_at) FROM events WHERE inbox_id = %(inbox)s AND status = 'pending';
+
+-- name: runs_counted_oldest
+SELECT claimed_at FROM runs WHERE inbox_id = %(inbox)s AND claimed_at > %(since)s
+ORDER BY claimed_at DESC LIMIT 1 OFFSET %(offset)s;
+
+-- name: runs_per_minute
+SELECT claimed_at / 60, count(*), count(*) FILTER (WHERE outcome IN ('error', 'lost'))
+FROM runs WHERE inbox_id = %(inbox)s AND claimed_at > %(since)s GROUP BY 1 ORDER BY 1;

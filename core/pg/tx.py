@@ -1,0 +1,135 @@
+"""The PostgreSQL dialect: the engine's `Tx` over one psycopg connection and the id of the
+inbox it works on (one database holds many inboxes)."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import psycopg
+
+from ..engine.decoding import DECODE_ERRORS
+from ..engine.queries import load
+from ..engine.tx import COUNTERS, META_KEYS, InboxState, NewEvent, TimerAdvance
+from .rows import Row, one
+
+STATEMENTS = load(Path(__file__).with_name("queries.sql"))
+# The statements that change the inbox's own row (its lease, switches or settings): after
+# one, the row a write transaction locked and read (`Tx.row`) is no longer current.
+_CHANGE_INBOX_ROW = frozenset(
+    name for name, sql in STATEMENTS.items() if sql.startswith("UPDATE inboxes")
+)
+
+
+class Tx:
+    """The engine's Tx on one inbox of a database (core/engine/tx.py).
+
+    `changed` records whether any statement changed a row, so a commit that changed nothing
+    leaves the change token alone (an idle poller stays idle). `row` is the inbox's row as
+    a write transaction locked it (core/pg/db.py INBOX_ROW's columns), so the settings,
+    lease and pause switch are read without asking again; None outside a write transaction
+    and once a statement has changed the inbox's row.
+    """
+
+    # What a stored row the engine cannot process raises: decoding, and the database's own
+    # refusal of a value.
+    row_errors: tuple[type[BaseException], ...] = DECODE_ERRORS + (
+        psycopg.DataError,
+        psycopg.IntegrityError,
+    )
+
+    __slots__ = ("conn", "inbox", "name", "changed", "row")
+
+    def __init__(self, conn: "psycopg.Connection[Row]", inbox: int, name: str) -> None:
+        self.conn = conn
+        self.inbox = inbox
+        self.name = name
+        self.changed = False
+        self.row: Row | None = None
+
+    def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor[Row]":
+        """One statement of this dialect's own (the switches, the counters)."""
+        cursor = self.conn.execute(sql, params)
+        # A read's rowcount counts the rows it returned. (A statement that changes rows
+        # inside a WITH says so itself: see `claim`.)
+        if cursor.rowcount > 0 and not sql.startswith(("SELECT", "WITH", "(")):
+            self.changed = True
+        return cursor
+
+    def run(self, name: str, /, **params: Any) -> "psycopg.Cursor[Row]":
+        if name in _CHANGE_INBOX_ROW:
+            self.row = None
+        params["inbox"] = self.inbox
+        return self.execute(STATEMENTS[name], params)
+
+    def one(self, name: str, /, **params: Any) -> Row:
+        return one(self.run(name, **params))
+
+    @contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        self.conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            if not self.conn.broken:
+                self.conn.execute(f"ROLLBACK TO {name}")
+                self.conn.execute(f"RELEASE {name}")
+            raise
+        self.conn.execute(f"RELEASE {name}")
+
+    def now(self, now: int | None) -> int:
+        return int(time.time()) if now is None else now
+
+    def state(self) -> InboxState:
+        row = self.row if self.row is not None else self.one("inbox_state")
+        holder, gen, until, settings, paused = row
+        return InboxState(holder, gen, until, settings, bool(paused))
+
+    def meta(self, key: str) -> Any:
+        if key not in META_KEYS:
+            raise KeyError(key)
+        if key == "paused" and self.row is not None:
+            return self.row[4]
+        return one(self.execute(f"SELECT {key} FROM inboxes WHERE id = %s", (self.inbox,)))[0]
+
+    def set_meta(self, key: str, value: Any) -> None:
+        if key not in META_KEYS or key in COUNTERS:
+            raise KeyError(key)
+        self.row = None
+        self.execute(f"UPDATE inboxes SET {key} = %s WHERE id = %s", (value, self.inbox))
+
+    def bump(self, key: str) -> None:
+        if key not in COUNTERS:
+            raise KeyError(key)
+        self.execute(f"UPDATE inboxes SET {key} = {key} + 1 WHERE id = %s", (self.inbox,))
+
+    def insert_events(self, rows: Sequence[NewEvent]) -> set[tuple[str, str]]:
+        if not rows:
+            return set()
+        sources, source_ids, payloads, nows = (list(column) for column in zip(*rows, strict=True))
+        stored = self.run(
+            "events_insert", sources=sources, source_ids=source_ids, payloads=payloads, nows=nows
+        )
+        return {(s, i) for s, i in stored}
+
+    def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
+        listed = list(ids)
+        json = "[" + ", ".join(map(str, listed)) + "]"
+        run: int = self.one("claim", holder=holder, gen=gen, json=json, now=now, ids=listed)[0]
+        self.changed = True  # the claim's writes are inside its WITH
+        return run
+
+    def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
+        ids, dues, fired, skipped, overflows = (list(column) for column in zip(*rows, strict=True))
+        self.run(
+            "timers_advance", ids=ids, dues=dues, fired=fired, skipped=skipped, overflows=overflows
+        )
+
+    def change_token(self) -> tuple[int, int]:
+        """The inbox's change counter: one more for every commit that changed a row of it."""
+        changes: int = one(
+            self.execute("SELECT changes FROM inboxes WHERE id = %s", (self.inbox,))
+        )[0]
+        return changes, 0

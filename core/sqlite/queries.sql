@@ -1,0 +1,447 @@
+-- The named statements of an inbox file (core/engine/queries.py reads them).
+--
+-- One file is one inbox: no statement names an inbox. Parameters are named (:name); a list
+-- parameter arrives as JSON text and is read with json_each. The engine's scripts
+-- (core/engine/*.py) run these by name; core/pg/queries.sql has the same names.
+-- INDEXED BY pins the partial indexes the planner would otherwise not pick for a bound
+-- parameter (a million events must cost what ten do).
+
+-- --- settings and switches ---------------------------------------------------------------
+
+-- name: settings_load
+SELECT json FROM settings WHERE id = 1;
+
+-- name: settings_store
+INSERT INTO settings(id, json) VALUES (1, :json)
+ON CONFLICT(id) DO UPDATE SET json = excluded.json;
+
+-- The lease, the settings and the pause switch in one read (one row, lease or not).
+-- name: inbox_state
+SELECT l.holder, l.gen, l.until, (SELECT json FROM settings WHERE id = 1),
+       (SELECT value FROM meta WHERE key = 'paused')
+FROM (SELECT 1) LEFT JOIN lease l ON l.id = 1;
+
+-- name: meta_get
+SELECT value FROM meta WHERE key = :key;
+
+-- name: meta_set
+INSERT INTO meta(key, value) VALUES (:key, :value)
+ON CONFLICT(key) DO UPDATE SET value = excluded.value;
+
+-- name: meta_bump
+INSERT INTO meta(key, value) VALUES (:key, 1)
+ON CONFLICT(key) DO UPDATE SET value = coalesce(value, 0) + 1;
+
+-- name: audit_insert
+INSERT INTO audit(at, actor, action, target, before, after, applied, reason)
+VALUES (:at, :actor, :action, :target, :before, :after, :applied, :reason);
+
+-- --- intake ------------------------------------------------------------------------------
+
+-- A lone new event in one autocommit statement, stored only while the settings are still
+-- the ones the caller checked against (core/engine/intake.py `ingest_alone`).
+-- name: event_insert_alone
+INSERT INTO events(source, source_id, payload, available_at, created, updated)
+SELECT :source, :source_id, :payload, :now, :now, :now
+WHERE (SELECT json FROM settings WHERE id = 1) IS :settings
+ON CONFLICT(source, source_id) DO NOTHING;
+
+-- Many new events in one statement, inserted in order (a key repeated among them is a
+-- duplicate of its first copy). {rows} stands for one "(?, ?, ?, ?, ?, ?)" per event,
+-- bound positionally (source, source_id, payload, now, now, now): a value the file cannot
+-- hold (an integer past 64 bits) is refused by the driver, never stored as something else.
+-- name: events_insert
+INSERT INTO events(source, source_id, payload, available_at, created, updated) VALUES {rows}
+ON CONFLICT(source, source_id) DO NOTHING
+RETURNING source, source_id;
+
+-- name: pending_count
+SELECT n FROM event_counts WHERE status = 'pending';
+
+-- name: event_key
+SELECT 1 FROM events WHERE source = :source AND source_id = :source_id;
+
+-- name: events_prune
+UPDATE events SET payload = NULL, updated = :now
+WHERE status IN ('done', 'cancelled') AND updated < :older_than AND payload IS NOT NULL;
+
+-- --- lease -------------------------------------------------------------------------------
+
+-- name: lease_first
+INSERT INTO lease(id, holder, gen, until) VALUES (1, :holder, 1, :until);
+
+-- name: lease_extend
+UPDATE lease SET until = :until WHERE id = 1;
+
+-- name: lease_take
+UPDATE lease SET holder = :holder, gen = :gen, until = :until WHERE id = 1;
+
+-- name: lease_history_insert
+INSERT INTO lease_history(gen, holder, previous_holder, at, how)
+VALUES (:gen, :holder, :previous, :at, :how);
+
+-- name: lease_history_last_gen
+SELECT coalesce(max(gen), 0) FROM lease_history;
+
+-- --- claiming ----------------------------------------------------------------------------
+
+-- name: lost_claims
+SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_by_status
+WHERE status = 'running' AND claim_gen < :gen;
+
+-- name: overdue_claims
+SELECT id, source, claim_gen, run_id FROM events INDEXED BY events_by_status
+WHERE status = 'running' AND claim_gen = :gen AND claimed_at < :before;
+
+-- name: event_interrupt
+UPDATE events SET status = 'interrupted', error = :error, updated = :now WHERE id = :id;
+
+-- Not backed off: the lease expiry already delayed it.
+-- name: event_requeue_lost
+UPDATE events SET status = 'pending', available_at = :now, error = :error, updated = :now
+WHERE id = :id;
+
+-- name: run_lost
+UPDATE runs SET outcome = 'lost', finished_at = :now, error = :error
+WHERE id = :id AND outcome IS NULL;
+
+-- Only attempted rows are looked at (their partial index), never every pending one.
+-- name: bury_exhausted
+UPDATE events INDEXED BY events_retried
+SET status = 'dead', updated = :now,
+    error = 'too many attempts (' || attempts || '/' || :max_attempts || ')'
+            || coalesce(': ' || error, '')
+WHERE status = 'pending' AND typeof(attempts) = 'integer' AND attempts > 0
+  AND attempts >= :max_attempts;
+
+-- name: runs_since
+SELECT count(*) FROM runs WHERE claimed_at > :since;
+
+-- name: claimable_retried
+SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events INDEXED BY events_retried
+WHERE status = 'pending' AND attempts > 0 AND available_at <= :now
+ORDER BY id LIMIT 1;
+
+-- name: claimable
+SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events INDEXED BY events_by_status
+WHERE status = 'pending' AND available_at <= :now
+ORDER BY id LIMIT :limit;
+
+-- name: event_set_aside
+UPDATE events SET status = 'dead', error = :error, updated = :now WHERE id = :id;
+
+-- name: run_insert
+INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (:holder, :gen, :ids, :now)
+RETURNING id;
+
+-- name: run_events_link
+INSERT INTO run_events(event_id, run_id) SELECT value, :run FROM json_each(:ids);
+
+-- Attempts are counted here, at claim time: a worker that crashes never reports failure.
+-- name: events_claim
+UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = :gen,
+       claimed_at = :now, run_id = :run, updated = :now
+WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- --- finishing ---------------------------------------------------------------------------
+
+-- name: run_open
+SELECT event_ids FROM runs WHERE id = :id AND gen = :gen AND outcome IS NULL;
+
+-- name: events_finish_done
+UPDATE events SET status = 'done', error = NULL, updated = :now
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'running' AND claim_gen = :gen
+  AND (:run IS NULL OR run_id = :run)
+RETURNING id, attempts, run_id;
+
+-- name: events_still_claimed
+SELECT id, attempts, run_id FROM events
+WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'running' AND claim_gen = :gen
+  AND (:run IS NULL OR run_id = :run)
+ORDER BY id;
+
+-- name: outbox_insert
+INSERT INTO outbox(body, urgent, created, run_id) VALUES (:body, :urgent, :now, :run);
+
+-- name: event_bury
+UPDATE events SET status = 'dead', error = :error, updated = :now WHERE id = :id;
+
+-- name: event_retry_later
+UPDATE events SET status = 'pending', error = :error, available_at = :available_at,
+       updated = :now
+WHERE id = :id;
+
+-- A run closes when its last event is finished (a run may be finished in parts).
+-- name: runs_close
+UPDATE runs SET outcome = :outcome, finished_at = :now, result = :result, error = :error,
+       traceback = :traceback
+WHERE id IN (SELECT value FROM json_each(:runs)) AND outcome IS NULL
+  AND NOT EXISTS (SELECT 1 FROM events WHERE run_id = runs.id AND status = 'running');
+
+-- --- timers ------------------------------------------------------------------------------
+
+-- name: timer_upsert
+INSERT INTO timers(id, kind, due, every, catch_up, payload, key_source, key_id)
+VALUES (:id, :kind, :due, :every, :catch_up, :payload, :key_source, :key_id)
+ON CONFLICT(id) DO UPDATE SET kind = excluded.kind, due = excluded.due,
+    every = excluded.every, catch_up = excluded.catch_up, payload = excluded.payload,
+    key_source = excluded.key_source, key_id = excluded.key_id, broken = NULL;
+
+-- name: timers_delete
+DELETE FROM timers WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: timer_due_any
+SELECT 1 FROM timers WHERE due <= :now AND broken IS NULL LIMIT 1;
+
+-- The last column says the payload is JSON (strict RFC 8259), so that a one-shot timer
+-- fires without decoding it (core/engine/timing.py `plain_occurrence`).
+-- name: timers_due
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, json_valid(payload)
+FROM timers WHERE due <= :now AND broken IS NULL
+ORDER BY due, id LIMIT :limit;
+
+-- Recurring timers moved on: :rows is a JSON list of [id, due, last_fired, last_skipped,
+-- overflow]; a null keeps the stored value, overflow is added.
+-- name: timers_advance
+UPDATE timers SET due = json_extract(u.value, '$[1]'),
+       last_fired = coalesce(json_extract(u.value, '$[2]'), last_fired),
+       last_skipped = coalesce(json_extract(u.value, '$[3]'), last_skipped),
+       overflow = overflow + json_extract(u.value, '$[4]')
+FROM json_each(:rows) AS u WHERE timers.id = json_extract(u.value, '$[0]');
+
+-- name: timer_set_aside
+UPDATE timers SET broken = :why WHERE id = :id;
+
+-- A due written by hand as text never fires (text sorts after every number): not counted.
+-- name: timer_next_due
+SELECT min(due) FROM timers WHERE broken IS NULL AND typeof(due) = 'integer';
+
+-- --- approvals ---------------------------------------------------------------------------
+
+-- name: approval_insert
+INSERT INTO approvals(request_id, action, requested, due, run_id)
+VALUES (:id, :action, :now, :due, :run)
+ON CONFLICT(request_id) DO NOTHING;
+
+-- name: approval_get
+SELECT request_id, action, due, answer, requested, answered_at, answered_by
+FROM approvals WHERE request_id = :id;
+
+-- name: approval_answer
+UPDATE approvals SET answer = :answer, answered_at = :now, answered_by = :actor
+WHERE request_id = :id AND answer IS NULL;
+
+-- --- outbox ------------------------------------------------------------------------------
+
+-- The next delivery to send again: a failed one, or one a crashed dispatcher left
+-- 'sending' past its timeout (at least once only).
+-- name: delivery_to_retry
+SELECT id, attempts FROM deliveries
+WHERE status IN ('sending', 'failed') AND at_most_once = 0
+  AND (status = 'failed' OR retry_after < :now)
+ORDER BY id LIMIT 1;
+
+-- name: delivery_retry
+UPDATE deliveries SET status = 'sending', attempts = attempts + 1, retry_after = :retry_after
+WHERE id = :id RETURNING attempts;
+
+-- A message row no valid call could have written: its body is not text.
+-- name: outbox_unsendable
+SELECT id FROM outbox
+WHERE status = 'held' AND delivery_id IS NULL AND typeof(body) <> 'text';
+
+-- name: outbox_set_dead
+UPDATE outbox SET status = 'dead' WHERE id = :id;
+
+-- name: outbox_waiting
+SELECT 1 FROM outbox
+WHERE status = 'held' AND delivery_id IS NULL AND (NOT :urgent_only OR urgent = 1)
+LIMIT 1;
+
+-- name: delivery_insert
+INSERT INTO deliveries(status, attempts, paced, at_most_once, created, retry_after)
+VALUES ('sending', 1, :paced, :at_most_once, :now, :retry_after)
+RETURNING id;
+
+-- name: outbox_assign
+UPDATE outbox SET delivery_id = :delivery
+WHERE status = 'held' AND delivery_id IS NULL AND (NOT :urgent_only OR urgent = 1);
+
+-- name: outbox_bodies
+SELECT body FROM outbox WHERE delivery_id = :delivery ORDER BY id;
+
+-- name: delivery_set_aside
+UPDATE deliveries SET status = 'dead', broken = :why, last_error = :why WHERE id = :id;
+
+-- name: outbox_mark
+UPDATE outbox SET status = :status WHERE delivery_id = :delivery;
+
+-- name: outbox_release
+UPDATE outbox SET delivery_id = NULL WHERE delivery_id = :delivery AND status = 'held';
+
+-- name: delivery_row
+SELECT status, attempts, at_most_once FROM deliveries WHERE id = :id;
+
+-- name: delivery_sent
+UPDATE deliveries SET status = 'sent', sent_at = :now, last_error = :error WHERE id = :id;
+
+-- name: delivery_failed
+UPDATE deliveries SET status = :status, last_error = :error WHERE id = :id;
+
+-- name: delivery_shown
+SELECT status, at_most_once, retry_after FROM deliveries WHERE id = :id;
+
+-- name: deliveries_newest
+SELECT d.id, d.status, d.attempts, d.created,
+       (SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id), d.sent_at, d.last_error,
+       NOT d.paced, d.at_most_once, d.retry_after, d.broken
+FROM deliveries d ORDER BY d.id DESC LIMIT :limit;
+
+-- name: deliveries_by_ids
+SELECT d.id, d.status, d.attempts, d.created,
+       (SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id), d.sent_at, d.last_error,
+       NOT d.paced, d.at_most_once, d.retry_after, d.broken
+FROM deliveries d WHERE d.id IN (SELECT value FROM json_each(:ids))
+ORDER BY d.id LIMIT :limit;
+
+-- An at-most-once delivery still 'sending' after its send_timeout was cut off mid-send.
+-- (The IN term lets SQLite use the partial index of open deliveries, never a scan.)
+-- name: deliveries_uncertain
+SELECT id FROM deliveries
+WHERE status IN ('sending', 'failed') AND status = 'sending' AND at_most_once = 1
+  AND retry_after < :now
+ORDER BY id LIMIT :limit;
+
+-- name: delivery_next_retry
+SELECT min(retry_after) + 1 FROM deliveries WHERE status = 'sending' AND at_most_once = 0;
+
+-- --- operator actions --------------------------------------------------------------------
+
+-- name: event_status
+SELECT status, payload IS NULL FROM events WHERE id = :id;
+
+-- Back to pending: a fresh attempt budget; to dead: who sent it there and why.
+-- name: event_move
+UPDATE events SET status = :after, available_at = :now, updated = :now,
+    attempts = CASE WHEN :after = 'pending' THEN 0 ELSE attempts END,
+    claim_gen = CASE WHEN :after = 'pending' THEN NULL ELSE claim_gen END,
+    error = CASE WHEN :after = 'pending' THEN NULL WHEN :after = 'dead' THEN :error
+                 ELSE error END
+WHERE id = :id AND status = :seen;
+
+-- --- effect journal ----------------------------------------------------------------------
+
+-- name: effect_insert
+INSERT INTO effects(run_id, name, key, state, detail, intended_at, event_id)
+VALUES (:run, :name, :key, 'intended', :detail, :now, :event)
+ON CONFLICT(run_id, key) DO NOTHING;
+
+-- name: effects_intended
+SELECT count(*) FROM effects WHERE run_id = :run AND name = :name AND event_id = :event;
+
+-- The newest intent under this key is the one being settled.
+-- name: effect_settle
+UPDATE effects SET state = :state, settled_at = :now
+WHERE id = (SELECT max(id) FROM effects WHERE key = :key) AND state = 'intended';
+
+-- name: effects_for_runs
+SELECT id, run_id, name, key, state, detail, intended_at, settled_at FROM effects
+WHERE run_id IN (SELECT value FROM json_each(:runs)) ORDER BY id;
+
+-- --- reads -------------------------------------------------------------------------------
+
+-- name: event_get
+SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events WHERE id = :id;
+
+-- A keyset page by id (ascending after :after, or descending before :before), payloads
+-- only when asked for; the id bounds are ranges on the index whether given or not.
+-- name: events_page_up
+SELECT id, source, source_id, CASE WHEN :payload THEN payload END, status, attempts,
+       claim_gen, error, created, updated, available_at, claimed_at, run_id
+FROM events INDEXED BY events_by_status
+WHERE status = :status AND id > coalesce(:after, -1)
+  AND id < coalesce(:before, 9223372036854775807)
+  AND (:search IS NULL OR instr(lower(source), :search) > 0
+       OR instr(lower(source_id), :search) > 0
+       OR instr(lower(coalesce(error, '')), :search) > 0)
+ORDER BY id LIMIT :limit;
+
+-- name: events_page_down
+SELECT id, source, source_id, CASE WHEN :payload THEN payload END, status, attempts,
+       claim_gen, error, created, updated, available_at, claimed_at, run_id
+FROM events INDEXED BY events_by_status
+WHERE status = :status AND id > coalesce(:after, -1)
+  AND id < coalesce(:before, 9223372036854775807)
+  AND (:search IS NULL OR instr(lower(source), :search) > 0
+       OR instr(lower(source_id), :search) > 0
+       OR instr(lower(coalesce(error, '')), :search) > 0)
+ORDER BY id DESC LIMIT :limit;
+
+-- name: event_counts
+SELECT status, n FROM event_counts;
+
+-- name: lease_history
+SELECT gen, holder, previous_holder, at, how FROM lease_history ORDER BY gen DESC
+LIMIT :limit;
+
+-- name: timers_list
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken
+FROM timers ORDER BY due, id LIMIT :limit;
+
+-- name: approvals_waiting
+SELECT request_id, action, due, answer, requested, answered_at, answered_by
+FROM approvals WHERE answer IS NULL ORDER BY due LIMIT :limit;
+
+-- name: approvals_answered
+SELECT request_id, action, due, answer, requested, answered_at, answered_by
+FROM approvals WHERE answer IS NOT NULL ORDER BY answered_at DESC LIMIT :limit;
+
+-- name: outbox_held_list
+SELECT id, body, urgent, created, status, run_id, delivery_id FROM outbox
+WHERE status = 'held' ORDER BY id LIMIT :limit;
+
+-- name: audit_newest
+SELECT id, at, actor, action, target, before, after, applied, reason FROM audit
+ORDER BY id DESC LIMIT :limit;
+
+-- name: audit_of_target
+SELECT id, at, actor, action, target, before, after, applied, reason FROM audit
+WHERE target = :target ORDER BY id DESC LIMIT :limit;
+
+-- name: runs_by_ids
+SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, traceback
+FROM runs WHERE id IN (SELECT value FROM json_each(:ids)) ORDER BY id;
+
+-- name: runs_of_event
+SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, traceback
+FROM runs WHERE id IN (SELECT run_id FROM run_events WHERE event_id = :id) ORDER BY id;
+
+-- (The IN term lets SQLite use the partial index of open deliveries, never a scan.)
+-- name: overview_counts
+SELECT (SELECT count(*) FROM outbox WHERE status = 'held'),
+       (SELECT count(*) FROM approvals WHERE answer IS NULL),
+       (SELECT count(*) FROM deliveries WHERE status IN ('sending', 'failed')
+        AND status = 'sending' AND at_most_once = 1 AND retry_after < :now),
+       (SELECT count(*) FROM timers);
+
+-- name: pending_next_available
+SELECT min(available_at) FROM events INDEXED BY events_pending_available
+WHERE status = 'pending';
+
+-- The claim instant of the oldest run still counted in the day's window, once the
+-- runs-per-day budget is used up (none while a slot is free).
+-- name: runs_counted_oldest
+SELECT claimed_at FROM runs WHERE claimed_at > :since ORDER BY claimed_at DESC
+LIMIT 1 OFFSET :offset;
+
+-- name: runs_per_minute
+SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs
+WHERE claimed_at > :since GROUP BY 1 ORDER BY 1;

@@ -1,0 +1,102 @@
+"""The SQLite dialect: the engine's `Tx` over one sqlite3 connection to one inbox file."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from ..engine.decoding import DECODE_ERRORS
+from ..engine.queries import load
+from ..engine.tx import COUNTERS, META_KEYS, InboxState, NewEvent, Row, TimerAdvance
+
+STATEMENTS = load(Path(__file__).with_name("queries.sql"))
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+# Rows per multi-row insert: well inside SQLite's limit on bound parameters. (One statement
+# for many rows: each statement that fires a trigger keeps its own statement journal.)
+INSERT_ROWS = 150
+
+
+class SqliteTx:
+    """The engine's Tx on a file (core/engine/tx.py). One per connection: a connection runs
+    one transaction at a time, on its own thread."""
+
+    # What a stored row the engine cannot process raises: decoding, and the file's own
+    # refusal of a value (a CHECK, a key).
+    row_errors: tuple[type[BaseException], ...] = DECODE_ERRORS + (sqlite3.IntegrityError,)
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def run(self, name: str, /, **params: Any) -> sqlite3.Cursor:
+        for key, value in params.items():
+            if type(value) is list:  # read with json_each
+                params[key] = _dumps(value)
+        return self.conn.execute(STATEMENTS[name], params)
+
+    def one(self, name: str, /, **params: Any) -> Row:
+        row: Row = self.run(name, **params).fetchone()
+        return row
+
+    @contextmanager
+    def savepoint(self, name: str) -> Iterator[None]:
+        self.conn.execute(f"SAVEPOINT {name}")
+        try:
+            yield
+        except BaseException:
+            self.conn.execute(f"ROLLBACK TO {name}")
+            self.conn.execute(f"RELEASE {name}")
+            raise
+        self.conn.execute(f"RELEASE {name}")
+
+    def now(self, now: int | None) -> int:
+        return int(time.time()) if now is None else now
+
+    def state(self) -> InboxState:
+        holder, gen, until, settings, paused = self.one("inbox_state")
+        return InboxState(holder, gen, until, settings, bool(paused))
+
+    def meta(self, key: str) -> Any:
+        if key not in META_KEYS:
+            raise KeyError(key)
+        row = self.run("meta_get", key=key).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: Any) -> None:
+        if key not in META_KEYS:
+            raise KeyError(key)
+        self.run("meta_set", key=key, value=int(value) if type(value) is bool else value)
+
+    def bump(self, key: str) -> None:
+        if key not in COUNTERS:
+            raise KeyError(key)
+        self.run("meta_bump", key=key)
+
+    def insert_events(self, rows: Sequence[NewEvent]) -> set[tuple[str, str]]:
+        stored: set[tuple[str, str]] = set()
+        for start in range(0, len(rows), INSERT_ROWS):
+            chunk = rows[start : start + INSERT_ROWS]
+            sql = STATEMENTS["events_insert"].format(rows=",".join(["(?,?,?,?,?,?)"] * len(chunk)))
+            values = [v for s, i, p, n in chunk for v in (s, i, p, n, n, n)]
+            stored.update((s, i) for s, i in self.conn.execute(sql, values))
+        return stored
+
+    def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
+        listed = list(ids)
+        run: int = self.one("run_insert", holder=holder, gen=gen, ids=_dumps(listed), now=now)[0]
+        self.run("run_events_link", ids=listed, run=run)
+        self.run("events_claim", ids=listed, gen=gen, now=now, run=run)
+        return run
+
+    def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
+        self.run("timers_advance", rows=list(rows))
+
+    def change_token(self) -> tuple[int, int]:
+        # Another connection's commit moves data_version; this connection's own, its count.
+        version: int = self.conn.execute("PRAGMA data_version").fetchone()[0]
+        return version, self.conn.total_changes

@@ -17,9 +17,9 @@ ON CONFLICT(id) DO UPDATE SET json = excluded.json;
 
 -- The lease, the settings and the pause switch in one read (one row, lease or not).
 -- name: inbox_state
-SELECT l.holder, l.gen, l.until, (SELECT json FROM settings WHERE id = 1),
-       (SELECT value FROM meta WHERE key = 'paused')
-FROM (SELECT 1) LEFT JOIN lease l ON l.id = 1;
+SELECT (SELECT holder FROM lease WHERE id = 1), (SELECT gen FROM lease WHERE id = 1),
+       (SELECT until FROM lease WHERE id = 1), (SELECT json FROM settings WHERE id = 1),
+       (SELECT value FROM meta WHERE key = 'paused');
 
 -- name: meta_get
 SELECT value FROM meta WHERE key = :key;

@@ -9,7 +9,7 @@ repository), in one process, for several rounds:
 
 * the reference inbox (tests/bench/reference_inbox.py): the plain synchronous sqlite3 inbox
   of a design article, its own small schema; the speed targets are ratios against it;
-* the yardstick (tests/bench/yardstick.py): the engine's own core/store.py functions called
+* the yardstick (tests/bench/yardstick.py): the engine's own scripts (core/engine/) called
   synchronously on the engine's schema; engine / yardstick is what the loop <-> thread
   hand-off alone costs (a faster store function speeds up both, so this ratio cannot show it);
 * the async engine (core.Inbox).
@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import gc
 import itertools
+import json
 import os
 import platform
 import random
@@ -50,7 +51,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from onwatch.core import FakeClock, Inbox  # noqa: E402
-from onwatch.core import store  # noqa: E402
+from onwatch.core.engine import approvals, lease, timers  # noqa: E402
+from onwatch.core.sqlite.tx import SqliteTx  # noqa: E402
 from tests.bench.reference_inbox import ReferenceInbox  # noqa: E402
 from tests.bench.yardstick import Yardstick  # noqa: E402
 
@@ -112,14 +114,21 @@ QUICK = Sizes(
 
 def _setup(path: str, fn: Callable[[sqlite3.Connection], None]) -> None:
     with Yardstick(path) as y:
-        y.write(fn)
+        y.write(lambda tx: fn(tx.conn))
 
 
 def add_due_timers(count: int) -> Callable[[sqlite3.Connection], None]:
     def fn(db: sqlite3.Connection) -> None:
         for i in range(count):
-            store.add_timer(
-                db, f"follow-up-{i}", NOW - 60 - i % 600, {"i": i}, None, None, "coalesce", "timer"
+            timers.add_timer(
+                SqliteTx(db),
+                f"follow-up-{i}",
+                NOW - 60 - i % 600,
+                json.dumps({"i": i}),
+                None,
+                None,
+                "coalesce",
+                "timer",
             )
 
     return fn
@@ -459,11 +468,11 @@ def build_big_inbox(path: str, events: int) -> dict[str, list[int]]:
             rows(),
         )
         for i in range(1000):
-            store.add_timer(
-                db,
+            timers.add_timer(
+                SqliteTx(db),
                 f"timer-{i}",
                 NOW + 60 * i,
-                {"i": i},
+                json.dumps({"i": i}),
                 3600 if i % 2 else None,
                 None,
                 "coalesce",
@@ -477,10 +486,14 @@ def build_big_inbox(path: str, events: int) -> dict[str, list[int]]:
             ),
         )
         for i in range(200):
-            store.request_approval(db, f"approval-{i}", 3600 + i, f"deploy build {i}", NOW - 100)
+            approvals.request_approval(
+                SqliteTx(db), f"approval-{i}", 3600 + i, f"deploy build {i}", NOW - 100
+            )
         for i in range(100):
-            store.answer_approval(db, f"approval-{i}", "yes", NOW - 50, "operator", None)
-        store.acquire(db, "worker", NOW)
+            approvals.answer_approval(
+                SqliteTx(db), f"approval-{i}", "yes", NOW - 50, "operator", None
+            )
+        lease.acquire(SqliteTx(db), "worker", NOW)
         db.execute("COMMIT")
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         db.execute("ANALYZE")

@@ -166,8 +166,10 @@ async def tui_latencies(path: str, events: int, seed: int) -> list[float]:
     """In this (child) process: the app headless; another connection commits events."""
     import sqlite3
 
-    from onwatch.core import Inbox, store
-    from onwatch.core.db import write_transaction
+    from onwatch.core import Inbox
+    from onwatch.core.engine import intake
+    from onwatch.core.sqlite.db import write_transaction
+    from onwatch.core.sqlite.tx import SqliteTx
     from onwatch.tui.app import OnwatchApp
 
     rng = random.Random(seed)
@@ -184,7 +186,9 @@ async def tui_latencies(path: str, events: int, seed: int) -> list[float]:
             for i in range(events):
                 await asyncio.sleep(rng.uniform(0.1, 0.3))
                 write_transaction(
-                    other, store.ingest_many, ([("tui", f"t{i}", "{}", int(time.time()))],)
+                    SqliteTx(other),
+                    intake.ingest_many,
+                    ([("tui", f"t{i}", "{}", int(time.time()))],),
                 )
                 changed = time.perf_counter()
                 event_id = other.execute(

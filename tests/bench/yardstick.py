@@ -3,12 +3,13 @@
 The core benchmark measures the async engine (core/inbox.py + core/db.py) against it to
 show what the loop <-> thread hand-off alone costs; the speed targets themselves are set
 against the plain inbox of tests/bench/reference_inbox.py. This one runs the very same
-transactions — the SQL of core/store.py, on a file created by core's own schema
+transactions — the engine's own scripts (core/engine/) over the file's Tx, on a file
+created by core's own schema
 migrations, so tables, triggers and indexes are identical — with the same durability:
 
 * WAL journal, `synchronous = FULL` (every commit is fsynced before it returns);
 * one transaction per call (per event for ingest), `BEGIN IMMEDIATE … COMMIT`, or, where
-  the engine does the same (a lone new event, `store.ingest_alone`), one autocommit
+  the engine does the same (a lone new event, `intake.ingest_alone`), one autocommit
   statement;
 * the same busy timeout.
 
@@ -25,8 +26,10 @@ import sqlite3
 import time
 from typing import Any, Callable, Sequence, TypeVar
 
-from onwatch.core import schema, store
-from onwatch.core.db import read_transaction, write_transaction
+from onwatch.core.engine import intake, lease, outbox, reads, runs, scheduler, timers
+from onwatch.core.sqlite import schema
+from onwatch.core.sqlite.db import read_transaction, write_transaction
+from onwatch.core.sqlite.tx import SqliteTx
 from onwatch.core.records import Reply
 
 T = TypeVar("T")
@@ -42,7 +45,8 @@ class Yardstick:
         self.db.execute("PRAGMA journal_mode = WAL")
         self.db.execute("PRAGMA synchronous = FULL")
         schema.migrate(self.db, path)  # core's migrations: the same schema, byte for byte
-        self._seen: dict[str, str | None] = {}  # store.ingest_alone's memory of the settings
+        self.tx = SqliteTx(self.db)
+        self._seen: dict[str, str | None] = {}  # intake.ingest_alone's memory of the settings
 
     def close(self) -> None:
         self.db.close()
@@ -57,10 +61,10 @@ class Yardstick:
 
     def write(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn` in BEGIN IMMEDIATE … COMMIT: the engine's own wrapper, called directly."""
-        return write_transaction(self.db, fn, args)
+        return write_transaction(self.tx, fn, args)
 
     def read(self, fn: Callable[..., T], *args: Any) -> T:
-        return read_transaction(self.db, fn, args)
+        return read_transaction(self.tx, fn, args)
 
     # --- the API the benchmark drives ---------------------------------------------------------
 
@@ -71,23 +75,23 @@ class Yardstick:
         now = int(time.time()) if now is None else now
         items = [(source, source_id, json.dumps(payload), now)]
         # The engine's own order: one autocommit statement if it decides, else the transaction.
-        stored = store.ingest_alone(self.db, items, self._seen)
-        result = (stored or self.write(store.ingest_many, items))[0]
+        stored = intake.ingest_alone(self.tx, items, self._seen)
+        result = (stored or self.write(intake.ingest_many, items))[0]
         if isinstance(result, Exception):
             raise result
         return result
 
     def acquire(self, holder: str, *, now: int) -> int | None:
-        return self.write(store.acquire, holder, now)
+        return self.write(lease.acquire, holder, now)
 
     def claim_batch(self, holder: str, gen: int, *, now: int) -> list:
-        return self.write(store.claim_batch, holder, gen, now)
+        return self.write(runs.claim_batch, holder, gen, now)
 
     def finish(
         self, holder: str, gen: int, ids: Sequence[int], messages: Sequence[str] = (), *, now: int
     ) -> bool:
         return self.write(
-            store.finish,
+            runs.finish,
             holder,
             gen,
             list(ids),
@@ -100,11 +104,11 @@ class Yardstick:
         )
 
     def run_scheduler(self, *, now: int) -> int:
-        return self.write(store.run_scheduler, now)
+        return self.write(scheduler.run_scheduler, now)[0]
 
     def dispatch(self, send: Callable[[str], Any], *, now: int) -> int:
         """At most one send of what the outbox allows now (the same two transactions)."""
-        picked = self.write(store.begin_delivery, now, False)
+        picked = self.write(outbox.begin_delivery, now, False)
         if picked is None:
             return 0
         delivery_id, _key, text, count, attempt = picked
@@ -113,29 +117,29 @@ class Yardstick:
             send(text)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-        return count if self.write(store.end_delivery, delivery_id, attempt, error, now) else 0
+        return count if self.write(outbox.end_delivery, delivery_id, attempt, error, now) else 0
 
     # --- the TUI's reads ------------------------------------------------------------------
 
     def counts(self) -> dict[str, int]:
-        return store.counts(self.db)
+        return reads.counts(self.tx)
 
     def events(
         self, status: str, *, limit: int = 100, after: int | None = None, before: int | None = None
     ) -> list:
-        return store.events(self.db, status, limit, after, before, None)
+        return reads.events(self.tx, status, limit, after, before, None)
 
     def lease_info(self):
-        return store.lease_info(self.db)
+        return reads.lease_info(self.tx)
 
     def timers(self, *, limit: int = 1000) -> list:
-        return store.timers(self.db, limit)
+        return reads.timers(self.tx, limit)
 
     def next_timer_due(self) -> int | None:
-        return store.next_timer_due(self.db)
+        return timers.next_timer_due(self.tx)
 
     def held_messages(self, *, limit: int = 1000) -> list:
-        return store.held_messages(self.db, limit)
+        return reads.held_messages(self.tx, limit)
 
     def approvals(self, *, limit: int = 1000) -> list:
-        return self.read(store.approvals, limit)
+        return self.read(reads.approvals, limit)

@@ -195,7 +195,9 @@ async def setup_broken_timer(inbox: Inbox) -> None:
     await inbox.add_timer("hand-edited", T - 10, None, every=60)
     # A row no valid call could write: its next occurrence would overflow SQLite's int64.
     await inbox._db.write(
-        lambda db: db.execute("UPDATE timers SET every = ? WHERE id = 'hand-edited'", (2**63 - 1,))
+        lambda tx: tx.conn.execute(
+            "UPDATE timers SET every = ? WHERE id = 'hand-edited'", (2**63 - 1,)
+        )
     )
 
 
@@ -220,10 +222,10 @@ async def call_settle(inbox: Inbox, sent: list) -> object:
 
 
 async def call_group_with_a_bad_item(inbox: Inbox, sent: list) -> object:
-    from onwatch.core import store
+    from onwatch.core.engine import intake
 
     items = [("chat", "g1", "null", T), ("", "bad", "null", T), ("chat", "g2", "null", T)]
-    results = await inbox._db.write(store.ingest_many, items)
+    results = await inbox._db.write(intake.ingest_many, items)
     return [r if isinstance(r, bool) else type(r).__name__ for r in results]
 
 

@@ -12,7 +12,7 @@ from onwatch.core import BadInput, FakeClock, Inbox, NotAnInbox
 from onwatch.core.pg import schema
 from onwatch.core.pg.db import _find_inbox
 from onwatch.core.pg.fleet import list_inboxes
-from onwatch.core.pg.store import LIST_INBOXES
+from onwatch.core.pg.fleet import LIST_INBOXES
 
 T = 1_000_000
 

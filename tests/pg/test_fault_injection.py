@@ -95,19 +95,8 @@ async def setup_broken_timer(inbox: Inbox) -> None:
     )
 
 
-async def call_group_with_a_bad_item(inbox: Inbox, sent: list) -> object:
-    from onwatch.core.pg import store
-
-    items = [("chat", "g1", "null", T), ("", "bad", "null", T), ("chat", "g2", "null", T)]
-    results = await inbox._db.write(store.ingest_many, items)
-    return [r if isinstance(r, bool) else type(r).__name__ for r in results]
-
-
-PATHS = [
-    p for p in faults.PATHS if p.name not in ("scheduler-sets-a-row-aside", "group-with-a-bad-item")
-] + [
+PATHS = [p for p in faults.PATHS if p.name not in ("scheduler-sets-a-row-aside",)] + [
     faults.Path("scheduler-sets-a-row-aside", setup_broken_timer, faults.call_scheduler),
-    faults.Path("group-with-a-bad-item", faults.setup_ingest, call_group_with_a_bad_item),
 ]
 
 

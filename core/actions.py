@@ -201,3 +201,9 @@ OLD_AUDIT_WORDS = {
     "hold outbox": "hold",
     "release outbox": "release",
 }
+# The statements that rename them in an audit table (the same SQL on both backends; each
+# schema runs them in the migration that introduced the one names).
+AUDIT_RENAMES = "".join(
+    f"UPDATE audit SET action = '{new}' WHERE action = '{old}';\n"
+    for old, new in OLD_AUDIT_WORDS.items()
+)

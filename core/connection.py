@@ -6,6 +6,7 @@ cannot drift apart. What a transaction is given is core/engine/tx.py's Tx.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -69,3 +70,49 @@ class Connection(Protocol):
     def peek(self, fn: Callable[..., T], *args: Any) -> T | None: ...
     def file_replaced(self) -> str | None: ...
     async def close(self) -> None: ...
+
+
+class Waiters:
+    """The waits in progress on one Waker: each is a future set when something may have
+    changed. Both backends' wakers keep theirs here."""
+
+    def __init__(self) -> None:
+        self._futures: list[asyncio.Future[bool]] = []
+        self.wakeups = 0  # times waiters were woken (a spin would show here)
+
+    def __len__(self) -> int:
+        return len(self._futures)
+
+    def add(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[bool]:
+        future: asyncio.Future[bool] = loop.create_future()
+        self._futures.append(future)
+        return future
+
+    def discard(self, future: asyncio.Future[bool]) -> None:
+        if future in self._futures:
+            self._futures.remove(future)
+
+    def wake_all(self) -> None:
+        futures, self._futures = self._futures, []
+        if futures:
+            self.wakeups += 1
+        for future in futures:
+            if not future.done():
+                future.set_result(True)
+
+
+class WaiterCounts:
+    """What both backends' wakers report of their waits (a base class)."""
+
+    def __init__(self) -> None:
+        self._waiters = Waiters()
+
+    @property
+    def waiting(self) -> int:
+        """How many waits are in progress (an idle worker is one)."""
+        return len(self._waiters)
+
+    @property
+    def wakeups(self) -> int:
+        """Times waiters were woken (a spin would show here)."""
+        return self._waiters.wakeups

@@ -20,8 +20,9 @@ driver's error by name.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ContextManager, Iterator, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
 
 from ..settings import Settings
 from .decoding import settings_from
@@ -142,3 +143,21 @@ class Tx(Protocol):
         """A value that moves whenever anything of this inbox committed (cheap, no table
         scan): what an idle poller compares."""
         ...
+
+
+@contextmanager
+def savepoint(
+    execute: Callable[[str], object], name: str, usable: Callable[[], bool] = lambda: True
+) -> Iterator[None]:
+    """`Tx.savepoint` for a dialect whose connection runs SQL text with `execute`: released
+    when the block ends, rolled back to (if the connection is still `usable`) and the error
+    raised when it raises."""
+    execute(f"SAVEPOINT {name}")
+    try:
+        yield
+    except BaseException:
+        if usable():
+            execute(f"ROLLBACK TO {name}")
+            execute(f"RELEASE {name}")
+        raise
+    execute(f"RELEASE {name}")

@@ -1,87 +1,13 @@
-"""The whole database at once: every inbox with its counts, lease and waiting approvals, and
-the inboxes with work for the fleet worker (core/fleet_worker.py)."""
+"""The whole database at once: the inboxes with work for the fleet worker
+(core/fleet_worker.py). (The fleet desk's listing is core/pg/summaries.py.)"""
 
 from __future__ import annotations
 
-import asyncio
-from dataclasses import dataclass
 
 import psycopg
 
-from ..errors import InboxError
-from ..records import Lease
-from . import redact, schema
-from .rows import Row
 
-__all__ = ["InboxSummary", "Looker", "list_inboxes"]
-
-
-@dataclass(frozen=True, slots=True)
-class InboxSummary:
-    """One row of the fleet listing."""
-
-    name: str
-    counts: dict[str, int]
-    lease: Lease | None
-    paused: bool
-    waiting_approvals: int
-    soonest_deadline: int | None  # of the waiting approvals
-
-
-LIST_INBOXES = """
-SELECT i.name, i.lease_holder, i.lease_gen, i.lease_until, i.paused,
-       c.pending, c.running, c.done, c.dead, c.interrupted, c.cancelled,
-       w.waiting, w.soonest
-FROM inboxes i
-CROSS JOIN LATERAL (
-    SELECT coalesce(sum(n) FILTER (WHERE status = 'pending'), 0) AS pending,
-           coalesce(sum(n) FILTER (WHERE status = 'running'), 0) AS running,
-           coalesce(sum(n) FILTER (WHERE status = 'done'), 0) AS done,
-           coalesce(sum(n) FILTER (WHERE status = 'dead'), 0) AS dead,
-           coalesce(sum(n) FILTER (WHERE status = 'interrupted'), 0) AS interrupted,
-           coalesce(sum(n) FILTER (WHERE status = 'cancelled'), 0) AS cancelled
-    FROM event_counts WHERE inbox_id = i.id) c
-CROSS JOIN LATERAL (
-    SELECT count(*) AS waiting, min(due) AS soonest
-    FROM approvals WHERE inbox_id = i.id AND answer IS NULL) w
-WHERE i.name > %s
-ORDER BY i.name
-LIMIT %s
-"""
-
-
-def _list_inboxes(conn: "psycopg.Connection[Row]", after: str, limit: int) -> list[InboxSummary]:
-    """Every inbox of the database by name (a keyset page after `after`), with its counts,
-    lease and waiting approvals: one query walking the name index, two index probes a row."""
-    rows = conn.execute(LIST_INBOXES, (after, limit)).fetchall()
-    states = ("pending", "running", "done", "dead", "interrupted", "cancelled")
-    return [
-        InboxSummary(
-            r[0],
-            dict(zip(states, (int(n) for n in r[5:11]), strict=True)),
-            None if r[1] is None else Lease(r[1], r[2], r[3]),
-            bool(r[4]),
-            r[11],
-            r[12],
-        )
-        for r in rows
-    ]
-
-
-async def list_inboxes(url: str, *, after: str = "", limit: int = 1000) -> list[InboxSummary]:
-    """A page of the database's inboxes by name, after `after`: one indexed query (the fleet
-    desk's listing). Raises NotAnInbox for a database that is not an onwatch database."""
-
-    def read() -> list[InboxSummary]:
-        try:
-            with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
-                if schema.inspect(conn, redact(url)) == 0:
-                    return []
-                return _list_inboxes(conn, after, limit)
-        except psycopg.Error as exc:
-            raise InboxError(f"{redact(url)}: {str(exc).strip()}") from None
-
-    return await asyncio.to_thread(read)
+__all__ = ["Looker"]
 
 
 # Inboxes with work that nobody else holds: a pending event that is due, a due timer, or a

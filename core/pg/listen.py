@@ -28,6 +28,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import psycopg
 
+from ..connection import WaiterCounts
 from . import redact
 
 T = TypeVar("T")
@@ -186,7 +187,7 @@ class Listener:
             self._conn.close()
 
 
-class ListenWake:
+class ListenWake(WaiterCounts):
     """What `Inbox.wake` is on PostgreSQL: core/wake.py's interface (`seq`, `watching`,
     `notify`, `wait`, `confirm`, `close`), fed by NOTIFY instead of the file notifier.
 
@@ -204,9 +205,8 @@ class ListenWake:
     def __init__(self, name: str) -> None:
         self.name = name
         self.listener: Listener | None = None
-        self.wakeups = 0
         self._own = 0
-        self._waiters: list[asyncio.Future[bool]] = []
+        super().__init__()
 
     def attach(self, listener: Listener | None) -> None:
         self.listener = listener
@@ -224,26 +224,16 @@ class ListenWake:
     def watching(self) -> bool:
         return self.listener is not None and self.listener.connected
 
-    @property
-    def waiting(self) -> int:
-        return len(self._waiters)
-
     def notify(self) -> None:
         self._own += 1
-        waiters, self._waiters = self._waiters, []
-        if waiters:
-            self.wakeups += 1
-        for future in waiters:
-            if not future.done():
-                future.set_result(True)
+        self._waiters.wake_all()
 
     async def wait(self, since: int, timeout: float) -> bool:
         """Wait until `seq` moves past `since` (True) or `timeout` seconds pass (False)."""
         if self.seq != since:
             return True
         loop = asyncio.get_running_loop()
-        own: asyncio.Future[bool] = loop.create_future()
-        self._waiters.append(own)
+        own = self._waiters.add(loop)
         waits: set[asyncio.Future[bool]] = {own}
         listener = self.listener
         if listener is not None:
@@ -258,8 +248,7 @@ class ListenWake:
             for future in waits:
                 if not future.done():
                     future.cancel()
-            if own in self._waiters:
-                self._waiters.remove(own)
+            self._waiters.discard(own)
         return self.seq != since
 
     async def confirm(self, read_token: Callable[[], Awaitable[T]], old: T) -> bool:

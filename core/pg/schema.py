@@ -3,7 +3,7 @@ checks that refuse a database that is not ours (or is newer) before anything is 
 
 Every table carries `inbox_id`; an inbox is one row of `inboxes`, which also holds what the
 SQLite file keeps in `meta`, `settings` and `lease`, so creating an inbox is one insert and
-the fleet listing (`store.list_inboxes`) is one walk of the `inboxes_by_name` index.
+the fleet listing (core/pg/summaries.py) is one walk of the small `inboxes` table.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..errors import NotAnInbox
-from ..actions import OLD_AUDIT_WORDS
+from ..actions import AUDIT_RENAMES
 from .rows import Row, one
 
 if TYPE_CHECKING:
@@ -21,12 +21,6 @@ APPLICATION = "onwatch"
 EVENT_STATES_SQL = "('pending','running','done','dead','interrupted','cancelled')"
 # Any fixed number: every process migrating the same database takes this advisory lock.
 MIGRATION_LOCK = 0x6F6E7774
-
-# An older version's audit words for an operator action, renamed to the action's one name.
-AUDIT_RENAMES = "".join(
-    f"UPDATE audit SET action = '{new}' WHERE action = '{old}';\n"
-    for old, new in OLD_AUDIT_WORDS.items()
-)
 
 # Each entry migrates from version i to i + 1; a database at version N has run the first N.
 MIGRATIONS: tuple[str, ...] = (

@@ -4,15 +4,14 @@ inbox it works on (one database holds many inboxes)."""
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, ContextManager, Sequence
 
 import psycopg
 
 from ..engine.decoding import DECODE_ERRORS
 from ..engine.queries import load
-from ..engine.tx import COUNTERS, META_KEYS, InboxState, NewEvent, TimerAdvance
+from ..engine.tx import COUNTERS, META_KEYS, InboxState, NewEvent, TimerAdvance, savepoint
 from .rows import Row, one
 
 STATEMENTS = load(Path(__file__).with_name("queries.sql"))
@@ -67,17 +66,8 @@ class Tx:
     def one(self, name: str, /, **params: Any) -> Row:
         return one(self.run(name, **params))
 
-    @contextmanager
-    def savepoint(self, name: str) -> Iterator[None]:
-        self.conn.execute(f"SAVEPOINT {name}")
-        try:
-            yield
-        except BaseException:
-            if not self.conn.broken:
-                self.conn.execute(f"ROLLBACK TO {name}")
-                self.conn.execute(f"RELEASE {name}")
-            raise
-        self.conn.execute(f"RELEASE {name}")
+    def savepoint(self, name: str) -> ContextManager[None]:
+        return savepoint(self.conn.execute, name, lambda: not self.conn.broken)
 
     def now(self, now: int | None) -> int:
         return int(time.time()) if now is None else now

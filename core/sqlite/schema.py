@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from ..actions import OLD_AUDIT_WORDS
+from ..actions import AUDIT_RENAMES
 from ..errors import NotAnInbox
 
 # PRAGMA application_id marks a file as an onwatch inbox ("onwt").
@@ -12,12 +12,6 @@ APPLICATION_ID = 0x6F6E7774
 SQLITE_HEADER = b"SQLite format 3\x00"
 
 EVENT_STATES_SQL = "('pending','running','done','dead','interrupted','cancelled')"
-
-# An older version's audit words for an operator action, renamed to the action's one name.
-AUDIT_RENAMES = "".join(
-    f"UPDATE audit SET action = '{new}' WHERE action = '{old}';\n"
-    for old, new in OLD_AUDIT_WORDS.items()
-)
 
 # Each entry migrates from version i to i + 1; a file at version N has run the first N.
 MIGRATIONS: tuple[str, ...] = (

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, ContextManager, Sequence
 
 from ..engine.decoding import DECODE_ERRORS
 from ..engine.queries import load
-from ..engine.tx import COUNTERS, META_KEYS, InboxState, NewEvent, Row, TimerAdvance
+from ..engine.tx import COUNTERS, META_KEYS, InboxState, NewEvent, Row, TimerAdvance, savepoint
 
 STATEMENTS = load(Path(__file__).with_name("queries.sql"))
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -43,16 +42,8 @@ class SqliteTx:
         row: Row = self.run(name, **params).fetchone()
         return row
 
-    @contextmanager
-    def savepoint(self, name: str) -> Iterator[None]:
-        self.conn.execute(f"SAVEPOINT {name}")
-        try:
-            yield
-        except BaseException:
-            self.conn.execute(f"ROLLBACK TO {name}")
-            self.conn.execute(f"RELEASE {name}")
-            raise
-        self.conn.execute(f"RELEASE {name}")
+    def savepoint(self, name: str) -> ContextManager[None]:
+        return savepoint(self.conn.execute, name)
 
     def now(self, now: int | None) -> int:
         return int(time.time()) if now is None else now

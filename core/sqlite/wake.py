@@ -29,6 +29,8 @@ import logging
 import os
 from typing import Any, Awaitable, Callable, TypeVar
 
+from ..connection import WaiterCounts
+
 try:  # Linux only; elsewhere the waiters poll
     from inotify_simple import INotify, flags
 except ImportError:  # pragma: no cover - other platforms
@@ -47,7 +49,7 @@ def _disabled() -> bool:
     return os.environ.get("ONWATCH_NO_NOTIFY", "") not in ("", "0")
 
 
-class Wake:
+class Wake(WaiterCounts):
     """Tells this process's waiters that one inbox file may have changed."""
 
     def __init__(self, path: str | None) -> None:
@@ -56,9 +58,8 @@ class Wake:
         base = "" if self.path is None else os.path.basename(self.path)
         self._names = frozenset({base, base + "-wal"})
         self.seq = 0  # moves whenever a change may have happened
-        self.wakeups = 0  # times waiters were woken (a spin would show here)
         self.reads = 0  # times the notifier's queue was drained
-        self._waiters: list[asyncio.Future[bool]] = []
+        super().__init__()
         self._notifier: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._armed = False
@@ -71,21 +72,10 @@ class Wake:
             return INotify is not None and not _disabled() and self.path is not None
         return self._notifier is not None
 
-    @property
-    def waiting(self) -> int:
-        """How many waits are in progress (an idle worker is one)."""
-        return len(self._waiters)
-
     def notify(self) -> None:
         """Something may have changed (a commit through this process's own connection)."""
         self.seq += 1
-        waiters = self._waiters
-        if waiters:
-            self.wakeups += 1
-            self._waiters = []
-            for future in waiters:
-                if not future.done():
-                    future.set_result(True)
+        self._waiters.wake_all()
 
     async def wait(self, since: int, timeout: float) -> bool:
         """Wait until `seq` moves past `since` (True) or `timeout` seconds pass (False)."""
@@ -94,16 +84,14 @@ class Wake:
         loop = asyncio.get_running_loop()
         if not self._started:
             self._start(loop)
-        future: asyncio.Future[bool] = loop.create_future()
-        self._waiters.append(future)
+        future = self._waiters.add(loop)
         self._arm()
         timer = loop.call_later(timeout, _expire, future)
         try:
             return await future
         finally:
             timer.cancel()
-            if future in self._waiters:
-                self._waiters.remove(future)
+            self._waiters.discard(future)
             if not self._waiters:
                 self._disarm()
 

@@ -1,12 +1,8 @@
 """Fixtures for the engine tests: a scratch inbox on a fake clock with the scenarios' settings
 (docs/rules.md#the-reference-scenarios).
 
-The rule tests are one conformance suite: in the modules named in CONFORMANCE every test that
-uses an inbox runs once per backend (`[sqlite]`, `[postgresql]`) through the one parametrized
-fixture `inbox_target`, which `path` and `inbox` build on. On PostgreSQL each test gets a
-fresh schema (a URL whose search_path names it) in a database of the session's server
-(tests/pg/server.py) and opens its "default" inbox, so `Inbox.open(path)` means the same
-inbox on both. Elsewhere `path` is a file.
+`path` and `inbox` build on `inbox_target` (tests/conftest.py): in a module marked
+`pytest.mark.backends` they are an inbox of each backend in turn, elsewhere a file.
 """
 
 from __future__ import annotations
@@ -14,39 +10,10 @@ from __future__ import annotations
 import pytest
 
 from onwatch.core import FakeClock, Inbox
+from tests.conftest import BACKENDS  # noqa: F401 - named by modules of this folder
 
 T = 1_000_000
 DAY = 86_400
-
-BACKENDS = ("sqlite", "postgresql")
-CONFORMANCE = {
-    "test_scenarios",
-    "test_rules",
-    "test_state_machine",
-    "test_bad_input",
-    "test_hardening",
-    "test_group_commit",
-}
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    module = metafunc.module.__name__.rsplit(".", 1)[-1]
-    if module in CONFORMANCE and "inbox_target" in metafunc.fixturenames:
-        metafunc.parametrize("inbox_target", BACKENDS, indirect=True)
-
-
-@pytest.fixture
-def inbox_target(request, tmp_path) -> str:
-    """What `Inbox.open` takes: a file path, or the URL of a fresh PostgreSQL database."""
-    backend = getattr(request, "param", "sqlite")
-    if backend == "sqlite":
-        return str(tmp_path / "inbox.db")
-    from tests.pg.server import Unavailable, cluster
-
-    try:
-        return cluster().new_schema()
-    except Unavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ from onwatch.core import ApprovalRequest, BadInput, FollowUp, Inbox, InboxError,
 
 from .conftest import T, dump
 
+pytestmark = pytest.mark.backends  # the conformance suite: once per backend
+
 
 @pytest.fixture
 async def busy_inbox(inbox):

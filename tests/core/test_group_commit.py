@@ -13,6 +13,8 @@ from onwatch.core import BadInput, Inbox, InboxBusy, InboxError
 
 from .conftest import is_postgresql, raw_sql
 
+pytestmark = pytest.mark.backends  # the conformance suite: once per backend
+
 T = 1_000_000
 
 

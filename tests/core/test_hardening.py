@@ -24,6 +24,8 @@ from onwatch.core.engine import intake
 
 from .conftest import DAY, T, dump, is_postgresql, raw_sql
 
+pytestmark = pytest.mark.backends  # the conformance suite: once per backend
+
 BIG = 2**63 - 1
 
 

@@ -10,6 +10,8 @@ from onwatch.core import BadInput, BudgetExceeded, FollowUp, Inbox, Reply
 
 from .conftest import DAY, T
 
+pytestmark = pytest.mark.backends  # the conformance suite: once per backend
+
 
 async def run_once(box, holder="W", now=None, **finish):
     gen = await box.acquire(holder, now=now)

@@ -3,9 +3,13 @@ exact expected outcome."""
 
 from __future__ import annotations
 
+import pytest
+
 from onwatch.core import FakeClock, Inbox
 
 from .conftest import DAY, T
+
+pytestmark = pytest.mark.backends  # the conformance suite: once per backend
 
 
 async def test_1_webhook_delivered_twice(inbox):

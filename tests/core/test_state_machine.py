@@ -25,6 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from onwatch.core import FakeClock, Inbox
 
+pytestmark = pytest.mark.backends  # the conformance suite: once per backend
+
 TTL, MAX_ATTEMPTS, MAX_BATCH, BASE, CAP = 120, 3, 3, 10, 40
 SEND_TIMEOUT, MAX_SENDS = 30, 3
 DISPATCHERS = ("D1", "D2")
@@ -584,12 +586,9 @@ def _read_sqlite(path: str) -> tuple:
 
 
 def _pg_cluster():
-    from tests.pg.server import Unavailable, cluster
+    from tests.pg.server import cluster_or_skip
 
-    try:
-        return cluster()
-    except Unavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    return cluster_or_skip()
 
 
 def _read_postgresql(url: str) -> tuple:

@@ -340,12 +340,9 @@ HARNESSES: dict[str, Harness] = {}
 def _harness(backend: str) -> Harness:
     if backend not in HARNESSES:
         if backend == "postgresql":
-            from tests.pg.server import Unavailable, cluster
+            from tests.pg.server import cluster_or_skip
 
-            try:
-                cluster()
-            except Unavailable as exc:
-                pytest.skip(f"PostgreSQL tests skipped: {exc}")
+            cluster_or_skip()
         HARNESSES[backend] = Harness(backend)
     return HARNESSES[backend]
 

@@ -1,6 +1,7 @@
-"""Processes the race tests start: `python -m tests.faults.actors ROLE PATH ...`.
+"""Processes the race tests start: `python -m tests.faults.actors ROLE TARGET ...`, where
+TARGET is an inbox file or a PostgreSQL URL (its "default" inbox).
 
-Each prints one JSON document on stdout when done, for the test to check against the file.
+Each prints one JSON document on stdout when done, for the test to check against the inbox.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from onwatch.core import Inbox, InboxBusy, InboxError
 
 
 async def acquire_rounds(
-    path: str, holder: str, t0: float, rounds: int, gap: float, ttl: int
+    target: str, holder: str, t0: float, rounds: int, gap: float, ttl: int
 ) -> list:
-    """At t0 + k*gap every process asks for the lease at the same simulated instant."""
-    inbox = await Inbox.open(path, create=False, busy_timeout=10)
+    """At t0 + k*gap every process asks for the lease at the same simulated instant (past
+    the previous lease), or on the wall clock when `ttl` is 0."""
+    inbox = await Inbox.open(target, create=False, busy_timeout=10)
     won = []
     try:
         for k in range(rounds):
@@ -32,6 +34,34 @@ async def acquire_rounds(
     finally:
         await inbox.close()
     return won
+
+
+async def serve(target: str, holder: str, t0: float) -> dict:
+    """Take the lease whenever it is free, claim, finish, release; until nothing is pending.
+    Returns every generation won and every event this holder claimed under it."""
+    box = await Inbox.open(target, create=False, busy_timeout=10)
+    runs, refused = [], 0
+    await asyncio.sleep(max(0.0, t0 - time.time()))
+    try:
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < 2.0:
+            try:
+                gen = await box.acquire(holder)
+                if gen is None:
+                    await asyncio.sleep(0)
+                    continue
+                batch = await box.claim_batch(holder, gen)
+                if batch:
+                    idle_since = time.monotonic()
+                    if not await box.finish(holder, gen, [e.id for e in batch], [f"{holder} ran"]):
+                        refused += 1
+                    runs.append([gen, [e.id for e in batch]])
+                await box.release(holder, gen)
+            except InboxBusy:  # another process held the file's write lock too long: again
+                continue
+    finally:
+        await box.close()
+    return {"runs": runs, "refused": refused}
 
 
 async def ingest(path: str, count: int, seed: int, seconds: float) -> dict:
@@ -136,6 +166,9 @@ def main(argv: list[str]) -> int:
         out = asyncio.run(
             acquire_rounds(path, holder, float(t0), int(rounds), float(gap), int(ttl))
         )
+    elif role == "serve":
+        holder, t0 = rest
+        out = asyncio.run(serve(path, holder, float(t0)))
     elif role == "ingest":
         out = asyncio.run(ingest(path, int(rest[0]), int(rest[1]), float(rest[2])))
     elif role == "operate":

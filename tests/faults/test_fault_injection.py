@@ -1,36 +1,52 @@
-"""Crash at every statement of every write path (SQLite's own crash-test method).
+"""Crash at every statement of every write path (SQLite's own crash-test method), on both
+backends: one harness, run once per backend.
 
-For each path: count its statements in a clean run; then, for every N, start from the same
-file, let statement N fail and every later one too (the process is as good as dead: not even
-its ROLLBACK runs), drop the connection, reopen the file normally and check that
+For each path: count its statements (on PostgreSQL BEGIN with the inbox's row lock and
+COMMIT included) in a clean run; then, for every N, start from the same inbox, let statement
+N fail and every later one too (the process is as good as dead: not even its ROLLBACK runs;
+on PostgreSQL the connection is closed under it and the server rolls back), reopen it
+normally and check that
 
-- the file is exactly as before the call (all or nothing: no half-finished run, no timer
+- the inbox is exactly as before the call (all or nothing: no half-finished run, no timer
   occurrence half fired, no event lost), and the invariants hold;
-- running the same call again converges on exactly the clean run's file.
+- running the same call again converges on exactly the clean run's rows.
 
 Dispatch has two transactions around the send: a crash after the send is redelivered under
 the same idempotency key (at-least-once), never lost.
+
+What differs between the backends, and why the comparison allows it: on PostgreSQL, ids
+drawn from a sequence (runs, deliveries, messages, audit, effects) are not given back by a
+rolled-back transaction, so a recovered inbox may have gaps where the clean one has none.
+Rows are compared with those ids replaced by their rank (references included), which is
+what the rules promise; event ids count within their inbox and are compared as they are.
+The inbox's `changes` column is its change token (a file keeps none in a table): a recovery
+made of more commits moves it further, so it is left out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import sqlite3
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
+import psycopg
 import pytest
 
 from onwatch.core import ApprovalRequest, FakeClock, FollowUp, Inbox, InboxError, Reply
+from onwatch.core.pg import db as pg_db, is_url
+
+pytestmark = pytest.mark.slow
 
 T = 1_000_000
 DAY = 86_400
 
 
-class Faulty(sqlite3.Connection):
-    """A connection whose N-th statement (once armed) fails, and every one after it."""
+class Injector:
+    """Counts the statements of an armed call and fails the N-th (and every one after)."""
 
     armed = False
     fail_at: int | None = None
@@ -46,23 +62,40 @@ class Faulty(sqlite3.Connection):
         cls.armed = False
 
     @classmethod
-    def _tick(cls, sql: str) -> None:
+    def tick(cls, sql: object, error: type[Exception], die: Callable[[], None]) -> None:
         if not cls.armed:
             return
         if cls.dead:
-            raise sqlite3.OperationalError("injected crash: the process is gone")
+            raise error("injected crash: the process is gone")
         cls.count += 1
         if cls.fail_at is not None and cls.count == cls.fail_at:
             cls.dead = True
-            raise sqlite3.OperationalError(f"injected crash at statement {cls.count}: {sql[:40]}")
+            die()
+            raise error(f"injected crash at statement {cls.count}: {str(sql)[:40]}")
 
+
+class FaultyFile(sqlite3.Connection):
     def execute(self, sql, *args):  # type: ignore[override]
-        self._tick(sql)
+        Injector.tick(sql, sqlite3.OperationalError, lambda: None)
         return super().execute(sql, *args)
 
     def executemany(self, sql, *args):  # type: ignore[override]
-        self._tick(sql)
+        Injector.tick(sql, sqlite3.OperationalError, lambda: None)
         return super().executemany(sql, *args)
+
+
+class FaultyServer(psycopg.Connection):
+    def execute(self, query, params=None, **kwargs):  # type: ignore[override]
+        Injector.tick(query, psycopg.OperationalError, self.close)
+        return super().execute(query, params, **kwargs)
+
+
+async def hand_edit(inbox: Inbox, statement: str, params: tuple = ()) -> None:
+    """One statement written by hand through the inbox's own connection (`?` placeholders;
+    on PostgreSQL each test's schema holds the one inbox it means)."""
+    if is_url(inbox.path):
+        statement = statement.replace("?", "%s")
+    await inbox._db.write(lambda tx: tx.conn.execute(statement, params))
 
 
 @dataclass
@@ -193,12 +226,8 @@ async def call_effect(inbox: Inbox, sent: list) -> object:
 async def setup_broken_timer(inbox: Inbox) -> None:
     await setup_scheduler(inbox)
     await inbox.add_timer("hand-edited", T - 10, None, every=60)
-    # A row no valid call could write: its next occurrence would overflow SQLite's int64.
-    await inbox._db.write(
-        lambda tx: tx.conn.execute(
-            "UPDATE timers SET every = ? WHERE id = 'hand-edited'", (2**63 - 1,)
-        )
-    )
+    # A row no valid call could write: its next occurrence would overflow a 64-bit integer.
+    await hand_edit(inbox, "UPDATE timers SET every = ? WHERE id = 'hand-edited'", (2**63 - 1,))
 
 
 async def setup_uncertain(inbox: Inbox) -> None:
@@ -247,108 +276,248 @@ PATHS = [
 ]
 
 
-def snapshot(path: str) -> dict[str, list]:
-    """Every row of every table (the file's whole observable state)."""
-    db = sqlite3.connect(path)
-    try:
-        tables = [
+SEQUENCED = ("runs", "deliveries", "outbox", "audit", "effects")
+REFERENCES = {  # table → {column: the sequenced table it points into}
+    "events": {"run_id": "runs"},
+    "run_events": {"run_id": "runs"},
+    "approvals": {"run_id": "runs"},
+    "effects": {"run_id": "runs"},
+    "outbox": {"run_id": "runs", "delivery_id": "deliveries"},
+    "runs": {},
+    "audit": {},
+    "deliveries": {},
+}
+INVARIANTS = {
+    "kept counts disagree with the rows": """
+        SELECT status FROM (SELECT status, count(*) AS n FROM events GROUP BY status) a
+        FULL OUTER JOIN (SELECT status, n FROM event_counts WHERE n > 0) k USING (status)
+        WHERE a.n IS NULL OR k.n IS NULL OR a.n <> k.n""",
+    "a running event without an open run": """
+        SELECT e.id FROM events e LEFT JOIN runs r ON r.id = e.run_id
+        WHERE e.status = 'running' AND (r.id IS NULL OR r.outcome IS NOT NULL)""",
+    "a done run whose event is not done": """
+        SELECT e.id FROM events e JOIN run_events re ON re.event_id = e.id
+        JOIN runs r ON r.id = re.run_id WHERE r.outcome = 'done' AND e.status <> 'done'""",
+    "a message of an unfinished run": """
+        SELECT o.id FROM outbox o JOIN runs r ON r.id = o.run_id
+        WHERE coalesce(r.outcome, '') <> 'done'""",
+    "an answer without its resuming event": """
+        SELECT a.request_id FROM approvals a WHERE a.answer IS NOT NULL AND NOT EXISTS
+        (SELECT 1 FROM events e WHERE e.source = 'approval' AND e.source_id = a.request_id)""",
+    "a waiting approval without its expiry timer": """
+        SELECT a.request_id FROM approvals a WHERE a.answer IS NULL AND NOT EXISTS
+        (SELECT 1 FROM timers t WHERE t.id = 'approval:' || a.request_id)""",
+    "a message marked sent by a delivery that was not": """
+        SELECT o.id FROM outbox o LEFT JOIN deliveries d ON d.id = o.delivery_id
+        WHERE o.status = 'sent' AND coalesce(d.status, '') <> 'sent'""",
+}
+
+
+class Backend:
+    """Where the harness makes its inboxes, and how it looks at them."""
+
+    name: str
+
+    async def base(self, p: Path) -> str:
+        """The inbox to crash from, set up by the path (kept: every crash starts from it)."""
+        raise NotImplementedError
+
+    async def copy(self, base: str, p: Path) -> str:
+        """A fresh inbox holding exactly what `base` holds."""
+        raise NotImplementedError
+
+    def query(self, target: str, statement: str) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def tables(self, target: str) -> list[str]:
+        raise NotImplementedError
+
+    async def run(self, target: str, p: Path, fail_at: int | None, sent: list) -> object:
+        """The path's call on a faulty connection, crashed at statement `fail_at`."""
+        inbox = await self.open(target)
+        Injector.arm(fail_at)
+        try:
+            return await p.call(inbox, sent)
+        finally:
+            Injector.disarm()
+            await inbox.close()
+
+    async def open(self, target: str) -> Inbox:
+        raise NotImplementedError
+
+    def snapshot(self, target: str) -> dict[str, list]:
+        """Every row of every table, sequence ids replaced by their rank (see the module)."""
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for table in self.tables(target):
+            names, values = self.columns(target, table)
+            rows[table] = [dict(zip(names, row, strict=True)) for row in values]
+        for row in rows.get("inboxes", []):
+            del row["changes"]  # the change token, not state
+        ranks = {
+            t: {r["id"]: n for n, r in enumerate(sorted(rows[t], key=lambda r: r["id"]), 1)}
+            for t in SEQUENCED
+        }
+        for table, columns in REFERENCES.items():
+            for row in rows[table]:
+                if table in ranks:
+                    row["id"] = ranks[table][row["id"]]
+                for column, target_table in columns.items():
+                    if row.get(column) is not None:
+                        row[column] = ranks[target_table].get(
+                            row[column], f"dangling {row[column]}"
+                        )
+        return {
+            t: sorted((tuple(sorted(r.items())) for r in rs), key=repr) for t, rs in rows.items()
+        }
+
+    def columns(self, target: str, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        raise NotImplementedError
+
+    def check_invariants(self, target: str) -> None:
+        for broken, statement in INVARIANTS.items():
+            assert self.query(target, statement) == [], broken
+
+
+class File(Backend):
+    name = "sqlite"
+
+    def __init__(self, folder) -> None:
+        self.folder = folder
+        self.copies = 0
+
+    async def base(self, p: Path) -> str:
+        base = str(self.folder / f"{p.name}-base.db")
+        inbox = await Inbox.open(base, clock=FakeClock(T))
+        await p.setup(inbox)
+        await inbox.close()  # the last connection's close checkpoints the WAL into the file
+        return base
+
+    async def copy(self, base: str, p: Path) -> str:
+        self.copies += 1
+        target = str(self.folder / f"copy-{self.copies}.db")
+        shutil.copyfile(base, target)
+        return target
+
+    async def open(self, target: str) -> Inbox:
+        return await Inbox.open(target, clock=FakeClock(T), connection_factory=FaultyFile)
+
+    def query(self, target: str, statement: str) -> list[tuple[Any, ...]]:
+        db = sqlite3.connect(target)
+        try:
+            return db.execute(statement).fetchall()
+        finally:
+            db.close()
+
+    def tables(self, target: str) -> list[str]:
+        return [
             r[0]
-            for r in db.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' "
-                "ORDER BY name"
+            for r in self.query(
+                target,
+                "SELECT name FROM sqlite_master WHERE type = 'table' "
+                "AND name NOT LIKE 'sqlite_%' ORDER BY name",
             )
         ]
-        return {t: sorted(db.execute(f"SELECT * FROM {t}").fetchall(), key=repr) for t in tables}
-    finally:
-        db.close()
+
+    def columns(self, target: str, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        db = sqlite3.connect(target)
+        try:
+            cursor = db.execute(f"SELECT * FROM {table}")
+            return [c[0] for c in cursor.description], cursor.fetchall()
+        finally:
+            db.close()
 
 
-def check_invariants(path: str) -> None:
-    db = sqlite3.connect(path)
-    try:
-        q = lambda sql: db.execute(sql).fetchall()  # noqa: E731
-        actual = dict(q("SELECT status, count(*) FROM events GROUP BY status"))
-        kept = {s: n for s, n in q("SELECT status, n FROM event_counts") if n}
-        assert actual == kept, "kept counts disagree with the rows"
-        assert (
-            q("""SELECT e.id FROM events e LEFT JOIN runs r ON r.id = e.run_id
-                    WHERE e.status = 'running' AND (r.id IS NULL OR r.outcome IS NOT NULL)""")
-            == []
-        ), "a running event without an open run"
-        assert (
-            q("""SELECT e.id FROM events e JOIN run_events re ON re.event_id = e.id
-                    JOIN runs r ON r.id = re.run_id
-                    WHERE r.outcome = 'done' AND e.status <> 'done'""")
-            == []
-        ), "a done run whose event is not done"
-        assert (
-            q("""SELECT o.id FROM outbox o JOIN runs r ON r.id = o.run_id
-                    WHERE r.outcome IS NOT 'done'""")
-            == []
-        ), "a message of an unfinished run"
-        assert (
-            q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NOT NULL AND NOT
-                    EXISTS (SELECT 1 FROM events e WHERE e.source = 'approval'
-                            AND e.source_id = a.request_id)""")
-            == []
-        ), "an answer without its resuming event"
-        assert (
-            q("""SELECT a.request_id FROM approvals a WHERE a.answer IS NULL AND NOT EXISTS
-                    (SELECT 1 FROM timers t WHERE t.id = 'approval:' || a.request_id)""")
-            == []
-        ), "a waiting approval without its expiry timer"
-        assert (
-            q("""SELECT o.id FROM outbox o LEFT JOIN deliveries d ON d.id = o.delivery_id
-                    WHERE o.status = 'sent' AND (d.status IS NOT 'sent')""")
-            == []
-        ), "a message marked sent by a delivery that was not"
-    finally:
-        db.close()
+class Server(Backend):
+    name = "postgresql"
 
+    def __init__(self, cluster, monkeypatch) -> None:
+        self.cluster = cluster
 
-async def run_call(path: str, p: Path, fail_at: int | None, sent: list) -> object:
-    inbox = await Inbox.open(path, clock=FakeClock(T), connection_factory=Faulty)
-    Faulty.arm(fail_at)
-    try:
-        return await p.call(inbox, sent)
-    finally:
-        Faulty.disarm()
+        def connect(url: str, busy_timeout: float) -> psycopg.Connection:
+            conn = FaultyServer.connect(url, autocommit=True, connect_timeout=10)
+            psycopg.Connection.execute(conn, f"SET lock_timeout = {int(busy_timeout * 1000)}")
+            return conn
+
+        monkeypatch.setattr(pg_db.Database, "_connect", staticmethod(connect))
+
+    async def base(self, p: Path) -> str:
+        """A fresh schema holding the path's inbox, set up; its uid and creation time fixed,
+        so two schemas set up alike hold alike rows."""
+        url = self.cluster.new_schema()
+        inbox = await Inbox.open(url, clock=FakeClock(T))
+        await p.setup(inbox)
         await inbox.close()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE inboxes SET uid = 'fixed', created = %s", (T,))
+        return url
+
+    async def copy(self, base: str, p: Path) -> str:
+        return await self.base(p)  # the same setup in a new schema: the same rows
+
+    async def open(self, target: str) -> Inbox:
+        return await Inbox.open(target, clock=FakeClock(T))  # on FaultyServer (see __init__)
+
+    def query(self, target: str, statement: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(target, autocommit=True) as conn:
+            return conn.execute(statement).fetchall()
+
+    def tables(self, target: str) -> list[str]:
+        return [
+            r[0]
+            for r in self.query(
+                target,
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = "
+                "current_schema() AND table_type = 'BASE TABLE' ORDER BY 1",
+            )
+        ]
+
+    def columns(self, target: str, table: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        with psycopg.connect(target, autocommit=True) as conn:
+            cursor = conn.execute(f"SELECT * FROM {table}")
+            return [c.name for c in cursor.description or ()], cursor.fetchall()
 
 
-async def make_base(tmp_path, p: Path) -> str:
-    base = str(tmp_path / f"{p.name}-base.db")
-    inbox = await Inbox.open(base, clock=FakeClock(T))
-    await p.setup(inbox)
-    await inbox.close()  # the last connection's close checkpoints the WAL into the file
-    return base
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request, tmp_path, monkeypatch) -> Backend:
+    if request.param == "sqlite":
+        return File(tmp_path)
+    from tests.pg.server import cluster_or_skip
+
+    return Server(cluster_or_skip(), monkeypatch)
 
 
-def copy(base: str, target: str) -> str:
-    shutil.copyfile(base, target)
-    return target
+def outcome(value: object) -> object:
+    """A call's result without the sequence-drawn run id (see the module docstring)."""
+    if isinstance(value, list):
+        return [
+            dataclasses.replace(v, run_id=None)
+            if dataclasses.is_dataclass(v) and hasattr(v, "run_id")
+            else v
+            for v in value
+        ]
+    return value
 
 
 @pytest.mark.parametrize("p", PATHS, ids=[p.name for p in PATHS])
-async def test_crash_at_every_statement_of_a_write_path(tmp_path, p):
-    base = await make_base(tmp_path, p)
-    before = snapshot(base)
-    clean = copy(base, str(tmp_path / "clean.db"))
-    clean_outcome = await run_call(clean, p, None, [])
-    statements = Faulty.count
-    after = snapshot(clean)
+async def test_crash_at_every_statement_of_a_write_path(backend, p):
+    base = await backend.base(p)
+    before = backend.snapshot(base)
+    clean = await backend.copy(base, p)
+    clean_outcome = outcome(await backend.run(clean, p, None, []))
+    statements = Injector.count
+    after = backend.snapshot(clean)
     assert statements >= 2
-    check_invariants(clean)
+    backend.check_invariants(clean)
     print(f"{p.name}: crashed at each of its {statements} statements")
     for n in range(1, statements + 1):
-        target = copy(base, str(tmp_path / f"crash-{n}.db"))
+        target = await backend.copy(base, p)
         with pytest.raises(InboxError, match="injected crash"):
-            await run_call(target, p, n, [])
-        assert snapshot(target) == before, f"statement {n} of {statements} left a trace"
-        check_invariants(target)
+            await backend.run(target, p, n, [])
+        assert backend.snapshot(target) == before, f"statement {n} of {statements} left a trace"
+        backend.check_invariants(target)
         # The same call after the restart converges on the clean run, outcome included.
-        assert await run_call(target, p, None, []) == clean_outcome
-        assert snapshot(target) == after, f"recovery after statement {n} diverged"
+        assert outcome(await backend.run(target, p, None, [])) == clean_outcome
+        assert backend.snapshot(target) == after, f"recovery after statement {n} diverged"
 
 
 async def setup_dispatch(inbox: Inbox) -> None:
@@ -356,37 +525,33 @@ async def setup_dispatch(inbox: Inbox) -> None:
     await inbox.finish("A", 1, [1, 2, 3], messages=["update 0", "update 1"], now=T + 10)
 
 
-async def test_crash_at_every_statement_of_a_dispatch(tmp_path):
+async def test_crash_at_every_statement_of_a_dispatch(backend):
     """Before the send: nothing changed, nothing sent. After the send: the delivery stays
     'sending' and is sent again, under the same key, once the send timeout passed."""
     p = Path(
         "dispatch", setup_dispatch, lambda inbox, sent: inbox.dispatch(sent.append, now=T + 20)
     )
-    base = await make_base(tmp_path, p)
-    before = snapshot(base)
+    base = await backend.base(p)
+    before = backend.snapshot(base)
     clean_sent: list = []
-    clean = copy(base, str(tmp_path / "clean.db"))
-    assert await run_call(clean, p, None, clean_sent) == 2
-    statements = Faulty.count
-    after = snapshot(clean)
+    clean = await backend.copy(base, p)
+    assert await backend.run(clean, p, None, clean_sent) == 2
+    statements = Injector.count
+    after = backend.snapshot(clean)
     assert [str(s) for s in clean_sent] == ["update 0\n\nupdate 1"]
     resends = 0
     for n in range(1, statements + 1):
-        target = copy(base, str(tmp_path / f"crash-{n}.db"))
+        target = await backend.copy(base, p)
         sent: list = []
         with pytest.raises(InboxError, match="injected crash"):
-            await run_call(target, p, n, sent)
-        check_invariants(target)
-        held = (
-            sqlite3.connect(target)
-            .execute("SELECT count(*) FROM outbox WHERE status = 'held'")
-            .fetchone()[0]
-        )
-        assert held == 2, "a crash lost or half-sent a message"
+            await backend.run(target, p, n, sent)
+        backend.check_invariants(target)
+        held = backend.query(target, "SELECT count(*) FROM outbox WHERE status = 'held'")
+        assert held == [(2,)], "a crash lost or half-sent a message"
         if not sent:
-            assert snapshot(target) == before, f"statement {n} left a trace before the send"
-            assert await run_call(target, p, None, []) == 2
-            assert snapshot(target) == after
+            assert backend.snapshot(target) == before, f"statement {n} left a trace"
+            assert await backend.run(target, p, None, []) == 2
+            assert backend.snapshot(target) == after
             continue
         # Crashed after the send, before recording it: sent again later, same key.
         resends += 1
@@ -398,54 +563,46 @@ async def test_crash_at_every_statement_of_a_dispatch(tmp_path):
         await inbox.close()
         assert [str(s) for s in again] == [str(sent[0])]
         assert again[0].key == sent[0].key, "a redelivery must keep its idempotency key"
-        check_invariants(target)
+        backend.check_invariants(target)
     assert resends >= 1  # the end-of-delivery transaction was crashed at least once
 
 
-async def test_crash_at_every_statement_of_a_group_ingest(tmp_path):
+async def test_crash_at_every_statement_of_a_group_ingest(backend):
     """Each caller either got True and its event is stored, or got the error and nothing of
-    its event is stored; retrying the failed ones converges on the clean file."""
+    its event is stored; retrying the failed ones converges on the clean run's rows."""
     p = Path("group", setup_ingest, call_ingest_group)
-    base = await make_base(tmp_path, p)
-    clean = copy(base, str(tmp_path / "clean.db"))
-    assert await run_call(clean, p, None, []) == [True] * 6 + [False]
-    statements = Faulty.count
-    after = snapshot(clean)
+    base = await backend.base(p)
+    clean = await backend.copy(base, p)
+    assert await backend.run(clean, p, None, []) == [True] * 6 + [False]
+    statements = Injector.count
+    after = backend.snapshot(clean)
     for n in range(1, statements + 1):
-        target = copy(base, str(tmp_path / f"crash-{n}.db"))
-        outcomes = await run_call(target, p, n, [])
+        target = await backend.copy(base, p)
+        outcomes = await backend.run(target, p, n, [])
         assert any(isinstance(o, InboxError) for o in outcomes), n
-        stored = {
-            r[0]
-            for r in sqlite3.connect(target).execute(
-                "SELECT source_id FROM events WHERE source = 'hook'"
-            )
-        }
-        for i, outcome in enumerate(outcomes[:6]):
-            assert (outcome is True) == (f"g{i}" in stored), (n, i, outcome)
-        check_invariants(target)
+        rows = backend.query(target, "SELECT source_id FROM events WHERE source = 'hook'")
+        stored = {r[0] for r in rows}
+        for i, result in enumerate(outcomes[:6]):
+            assert (result is True) == (f"g{i}" in stored), (n, i, result)
+        backend.check_invariants(target)
         inbox = await Inbox.open(target, clock=FakeClock(T))
-        for i, outcome in enumerate(outcomes[:6]):
-            if outcome is not True:  # the caller saw an error: it retries, as a webhook would
+        for i, result in enumerate(outcomes[:6]):
+            if result is not True:  # the caller saw an error: it retries, as a webhook would
                 assert await inbox.ingest("hook", f"g{i}", [i], now=T + 1) is True
         assert await inbox.ingest("chat", "m0", None, now=T + 1) is False
         await inbox.close()
-        assert snapshot(target) == after
+        assert backend.snapshot(target) == after, f"recovery after statement {n} diverged"
 
 
-async def test_scheduler_pass_counts_every_occurrence_once(tmp_path):
-    """What the scheduler path's converged file holds: each missed occurrence has its own
+async def test_scheduler_pass_counts_every_occurrence_once(backend):
+    """What the scheduler path's converged inbox holds: each missed occurrence has its own
     event or is counted in `skipped`; none twice."""
     p = next(p for p in PATHS if p.name == "scheduler")
-    path = copy(await make_base(tmp_path, p), str(tmp_path / "s.db"))
+    path = await backend.copy(await backend.base(p), p)
     with pytest.raises(InboxError):
-        await run_call(path, p, 9, [])  # crash in the middle of the pass
-    assert await run_call(path, p, None, []) == 4  # digest, billing, once, the expiry
-    rows = (
-        sqlite3.connect(path)
-        .execute("SELECT source, source_id, payload FROM events ORDER BY id")
-        .fetchall()
-    )
+        await backend.run(path, p, 9, [])  # crash in the middle of the pass
+    assert await backend.run(path, p, None, []) == 4  # digest, billing, once, the expiry
+    rows = backend.query(path, "SELECT source, source_id, payload FROM events ORDER BY id")
     keys = [f"{s}/{i}" for s, i, _ in rows]
     assert len(keys) == len(set(keys))
     digest = [json.loads(pl) for s, i, pl in rows if i.startswith("digest@")]
@@ -455,4 +612,4 @@ async def test_scheduler_pass_counts_every_occurrence_once(tmp_path):
     assert ("timer", "once@" + str(T - 5)) in [(s, i) for s, i, _ in rows]
     assert ("approval", "r-1") in [(s, i) for s, i, _ in rows]
     # A second pass at the same instant finds nothing due.
-    assert await run_call(path, p, None, []) == 0
+    assert await backend.run(path, p, None, []) == 0

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from tests.pg.server import Cluster, Unavailable, cluster
+from tests.pg.server import Cluster, cluster_or_skip
 
 
 @pytest.fixture
 def pg() -> Cluster:
-    try:
-        return cluster()
-    except Unavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    return cluster_or_skip()
 
 
 @pytest.fixture

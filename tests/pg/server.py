@@ -25,6 +25,9 @@ import warnings
 from pathlib import Path
 
 ENV_URL = "ONWATCH_TEST_DATABASE_URL"
+# Set (by CI) to make a server that cannot be started fail the tests that need it, instead
+# of skipping them: a run that claims to test PostgreSQL must have.
+ENV_REQUIRED = "ONWATCH_REQUIRE_POSTGRESQL"
 TEMPLATE = "onwatch_test_template"
 SHARED = "onwatch_test_schemas"
 
@@ -227,3 +230,16 @@ def cluster() -> Cluster:
         _cluster = None
         raise Unavailable(_failure) from None
     return _cluster
+
+
+def cluster_or_skip() -> Cluster:
+    """The session's server for a test that needs one: skipped, saying why, where none can
+    be had; failed instead when $ONWATCH_REQUIRE_POSTGRESQL is set (CI)."""
+    import pytest
+
+    try:
+        return cluster()
+    except Unavailable as exc:
+        if os.environ.get(ENV_REQUIRED):
+            pytest.fail(f"PostgreSQL is required here (${ENV_REQUIRED}) but: {exc}")
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")

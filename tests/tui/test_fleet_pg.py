@@ -13,7 +13,7 @@ import pytest
 
 from onwatch.core import Inbox, SystemClock
 from onwatch.core.fleet import DatabaseFleet
-from tests.pg.server import Unavailable, cluster
+from tests.pg.server import cluster_or_skip
 from onwatch.tui.app import OnwatchApp
 from onwatch.tui.fleet import FleetScreen
 from onwatch.tui.fleet.queue import ApprovalQueueScreen
@@ -38,10 +38,7 @@ asyncio.run(main())
 @pytest.fixture
 def database() -> str:
     """A fresh onwatch database with 50 inboxes, agent-00 … agent-49 (one event each)."""
-    try:
-        url = cluster().new_database()
-    except Unavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    url = cluster_or_skip().new_database()
 
     async def fill() -> None:
         for i in range(INBOXES):
@@ -210,10 +207,7 @@ def test_tui_on_a_url_opens_the_fleet_or_one_inbox(database, monkeypatch):
 
 
 def test_a_database_that_is_not_onwatch_is_refused_in_one_line(capsys):
-    try:
-        url = cluster().new_database(schema=False)
-    except Unavailable as exc:
-        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+    url = cluster_or_skip().new_database(schema=False)
     import psycopg
 
     with psycopg.connect(url, autocommit=True) as conn:

@@ -4,7 +4,7 @@
 
 One process runs one `Worker`. It takes the inbox's lease and renews it (fenced) well inside
 the TTL; between runs it sleeps until the inbox's next wake-up or until another process
-commits (a new event, an answer), noticed by a file notification (core/wake.py) and
+commits (a new event, an answer), noticed by a file notification (core/sqlite/wake.py) and
 confirmed with `Inbox.change_token()`, one cheap call that reads no table; the token is also
 polled as the fallback. Each run is: scheduler pass, claim, agent call, ONE fenced finish, then a
 dispatch of the outbox. The agent never sees SQL: it gets the batch and a `RunContext`.

@@ -343,7 +343,7 @@ class Database:
         self._submit(runner, fn, args, done, loop)
         return await future
 
-    # --- the interface of core/db.py ------------------------------------------------------
+    # --- the interface of core/sqlite/db.py-----------------------------------------------------
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(tx, *args)` on the connection's thread, each statement on its own."""

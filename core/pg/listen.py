@@ -188,7 +188,7 @@ class Listener:
 
 
 class ListenWake(WaiterCounts):
-    """What `Inbox.wake` is on PostgreSQL: core/wake.py's interface (`seq`, `watching`,
+    """What `Inbox.wake` is on PostgreSQL: core/sqlite/wake.py's interface (`seq`, `watching`,
     `notify`, `wait`, `confirm`, `close`), fed by NOTIFY instead of the file notifier.
 
     Commits through this process's own connection call `notify`; other connections' commits

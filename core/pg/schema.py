@@ -56,7 +56,7 @@ MIGRATIONS: tuple[str, ...] = (
     );
 
     -- An event's id counts within its inbox (1, 2, 3 … as in an inbox file): the next id
-    -- is max + 1, safe because an inbox's writers take turns (core/pg/store.py).
+    -- is max + 1, safe because an inbox's writers take turns (core/pg/db.py).
     CREATE TABLE events (
         inbox_id bigint NOT NULL REFERENCES inboxes(id),
         id bigint NOT NULL CHECK (id > 0),

@@ -260,7 +260,7 @@ def inspect(db: sqlite3.Connection, path: str) -> int:
                 db.execute("COMMIT")
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
-            raise  # another process holds it: busy, not foreign (core/db.py says so)
+            raise  # another process holds it: busy, not foreign (core/sqlite/db.py says so)
         raise NotAnInbox(f"{path} is not a usable inbox: {exc}") from None
     except sqlite3.DatabaseError as exc:
         raise NotAnInbox(f"{path} is not a usable inbox: {exc}") from None

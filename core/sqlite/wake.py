@@ -10,7 +10,7 @@
 Another process's commit appends to the inbox's WAL file; on Linux the kernel tells us at once
 (inotify on the file's folder, filtered to the database and its `-wal`), so a waiter wakes
 within a millisecond and costs nothing while it sleeps. A commit through this process's own
-connection wakes waiters directly (`notify`, called by core/db.py), no file round trip.
+connection wakes waiters directly (`notify`, called by core/sqlite/db.py), no file round trip.
 
 A wake-up says only "may have changed": the waiter confirms with `Inbox.change_token()`
 (PRAGMA data_version), so our own writes, a checkpoint or a neighbour file in the folder cost a

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Protocol
+from typing import Callable, Protocol
 
 from .errors import BadInput
 
@@ -30,6 +30,19 @@ class SystemClock:
 
     def now(self) -> int:
         return int(time.time())
+
+
+class BackendClock:
+    """The wall clock, moved by what the backend says its own time is: an inbox's deciding
+    transactions use the backend's time (on PostgreSQL, the server's), so a process that
+    counts down to a lease's expiry, a deadline or a timer must count in that time too.
+    `offset()` is the backend's time minus this process's, in seconds (0 for a file)."""
+
+    def __init__(self, offset: Callable[[], float]) -> None:
+        self.offset = offset
+
+    def now(self) -> int:
+        return int(time.time() + self.offset())
 
 
 class FakeClock:

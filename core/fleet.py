@@ -353,12 +353,12 @@ class DatabaseFleet:
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
 
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
-        import psycopg
 
         from .pg import schema as pg_schema
+        from .pg.connect import connect as pg_connect
 
         if self._conn is None or self._conn.closed:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+            conn = pg_connect(self.url)
             try:
                 pg_schema.inspect(conn, self.shown_url)
             except BaseException:

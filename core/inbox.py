@@ -3,6 +3,7 @@ runs one transaction script of the engine (core/engine/) on the backend's connec
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import inspect
 import os
@@ -13,10 +14,10 @@ from . import backends, checks
 from .actions import ACTIONS, Outcome
 from .checks import MAX_BATCH_IDS, MAX_TRACEBACK
 from .clock import (
+    BackendClock,
     MAX_COUNT,
     MAX_ID,
     Clock,
-    SystemClock,
     check_duration,
     check_int,
     check_time,
@@ -60,6 +61,7 @@ from .records import (
 )
 from .settings import Settings
 
+CLOSE_WAIT = 5.0  # seconds close() waits for ingests in flight before closing anyway
 SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 T = TypeVar("T")
 
@@ -81,12 +83,13 @@ class Inbox:
     """One durable inbox (a SQLite file, or one inbox of a PostgreSQL database). Open with
     `await Inbox.open(path)`."""
 
-    def __init__(self, db: Connection, clock: Clock, settings: Settings) -> None:
+    def __init__(self, db: Connection, clock: Clock | None, settings: Settings) -> None:
         self._db = db
-        self.clock = clock
         # Without a clock of its own, "now" is the backend's, read in each deciding
-        # transaction (the process's wall clock for a file, the server's for PostgreSQL).
-        self._backend_time = type(clock) is SystemClock
+        # transaction (this machine's wall clock for a file, the server's for PostgreSQL);
+        # `clock` then follows it, so that countdowns and sleeps agree with the decisions.
+        self._backend_time = clock is None
+        self.clock: Clock = BackendClock(lambda: db.clock_offset) if clock is None else clock
         self._settings = settings
         self._intake = GroupCommit(db)
 
@@ -123,10 +126,16 @@ class Inbox:
         except BaseException:
             await db.close()
             raise
-        return cls(db, clock or SystemClock(), settings)
+        return cls(db, clock, settings)
 
     async def close(self) -> None:
-        await self._intake.wait_idle()
+        """Close, after the ingests in flight are committed (or have failed). Bounded: a
+        connection whose server stopped answering is closed anyway, failing what waits on
+        it, rather than waiting with it for ever."""
+        try:
+            await asyncio.wait_for(self._intake.wait_idle(), CLOSE_WAIT)
+        except TimeoutError:
+            pass  # still in flight: the connection's close decides (see its close())
         await self._db.close()
 
     async def __aenter__(self) -> "Inbox":
@@ -157,8 +166,15 @@ class Inbox:
         return self._db.file_replaced()
 
     def now(self) -> int:
-        """The inbox's clock (wall clock unless one was injected at open)."""
+        """The inbox's clock: the backend's (the wall clock for a file, the server's for
+        PostgreSQL) unless one was injected at open."""
         return self.clock.now()
+
+    @property
+    def clock_offset(self) -> float:
+        """The backend's clock minus this process's, in seconds, as last read (0 for a
+        file; on PostgreSQL, how far this machine's clock is from the server's)."""
+        return self._db.clock_offset
 
     def _now(self, now: object) -> int | None:
         """An explicit `now` (checked), the injected clock's, or None: the backend's own."""

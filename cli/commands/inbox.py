@@ -31,6 +31,7 @@ async def cmd_init(args: argparse.Namespace) -> int:
             if changes:
                 await inbox.configure(**changes)
             settings = json.loads(inbox.settings.to_json())
+            shown = inbox.path  # a URL's passwords left out
     except BaseException:
         for name in files:
             if name not in before:
@@ -38,9 +39,9 @@ async def cmd_init(args: argparse.Namespace) -> int:
                     os.remove(name)
         raise
     if args.json:
-        emit_json({"created": not existed, "path": args.path, "settings": settings})
+        emit_json({"created": not existed, "path": shown, "settings": settings})
     else:
-        print(f"{'already an inbox' if existed else 'created'}: {args.path}")
+        print(f"{'already an inbox' if existed else 'created'}: {shown}")
     return OK
 
 
@@ -80,12 +81,18 @@ async def cmd_ingest(args: argparse.Namespace) -> int:
     return OK
 
 
+CLOCK_SKEW_SHOWN = 2.0  # seconds between this machine's clock and the server's worth saying
+
+
 async def cmd_status(args: argparse.Namespace) -> int:
     async with await open_inbox(args) as inbox:
         view = await inbox.overview()
         settings = inbox.settings
+        offset = inbox.clock_offset
+        shown = inbox.path  # a URL's passwords left out
     data = dataclasses.asdict(view)
-    data["path"] = args.path
+    data["path"] = shown
+    data["clock_offset_seconds"] = round(offset, 3)
     data["lease_ttl"] = settings.lease_ttl
     data["on_lost_claim"] = settings.on_lost_claim
     if args.json:
@@ -96,7 +103,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
         f"{state} {view.counts.get(state, 0)}"
         for state in ("pending", "running", "done", "dead", "interrupted", "cancelled")
     )
-    print(f"inbox       {args.path}")
+    print(f"inbox       {shown}")
     print(f"events      {counts}")
     if view.lease is None:
         lease = "never taken"
@@ -127,6 +134,12 @@ async def cmd_status(args: argparse.Namespace) -> int:
         f"{view.uncertain_deliveries} uncertain (settle: mark-sent / send-again)"
     )
     print(f"approvals   {view.waiting_approvals} waiting")
+    if abs(offset) > CLOCK_SKEW_SHOWN:
+        side = "behind" if offset > 0 else "ahead of"
+        print(
+            f"clock       this machine is {abs(offset):.1f} s {side} the server's clock "
+            f"(decisions follow the server's; check this machine's time synchronisation)"
+        )
     print(f"set aside   {view.set_aside} stored row(s) the engine could not process")
     print("budgets")
     for name, budget in sorted(view.budgets.items()):
@@ -140,7 +153,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
     async with await open_inbox(args) as inbox:
         event = await inbox.get_event(args.event_id)
         if event is None:
-            raise CliError(f"no event {args.event_id} in {args.path}", NOT_APPLIED)
+            raise CliError(f"no event {args.event_id} in {inbox.path}", NOT_APPLIED)
         runs = await inbox.runs(args.event_id)
         effects = await inbox.effects(args.event_id)
         now = inbox.now()

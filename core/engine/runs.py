@@ -149,6 +149,17 @@ def finish(
     run's messages, approval requests and follow-up timers in this one transaction; failure
     puts the events back to pending after a backoff, or to dead once out of attempts."""
     now = tx.now(now)
+    if run is not None:
+        # The same finish again, after an answer lost on the way back (a connection cut
+        # after its COMMIT): the run is closed already, by this generation, as asked. That
+        # is the truth to report, not a stale write to audit against the worker.
+        closed = tx.run("run_outcome", id=run).fetchone()
+        if (
+            closed is not None
+            and closed[0] == gen
+            and closed[1] == ("done" if error is None else "error")
+        ):
+            return True
     state = tx.state()
     if not state.holds(holder, gen, now):
         refuse(tx, "finish", holder, gen, now)

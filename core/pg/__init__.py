@@ -1,7 +1,7 @@
 """The PostgreSQL backend: one database holds many inboxes (needs psycopg 3)."""
 
 from typing import TypeGuard
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 URL_PREFIXES = ("postgresql://", "postgres://")
 
@@ -11,11 +11,24 @@ def is_url(target: object) -> TypeGuard[str]:
     return isinstance(target, str) and target.startswith(URL_PREFIXES)
 
 
+SECRET_PARAMETERS = ("password", "sslpassword")  # what the driver takes in a URL's query
+
+
 def redact(url: str) -> str:
-    """The URL without its password, for messages and `Inbox.path`."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}" if user else netloc))
+    """The URL without its passwords (in the user part or in the query), for messages and
+    `Inbox.path`. (A password from $PGPASSWORD or a service file is never in the URL.)"""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # not a URL urlsplit can take apart: show only its scheme
+        return url.split(":", 1)[0] + "://***"
+    if password is not None:
+        netloc = parts.netloc.rsplit("@", 1)[1]
+        user = parts.username or ""
+        parts = parts._replace(netloc=f"{user}:***@{netloc}" if user else netloc)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
+        if any(key.lower() in SECRET_PARAMETERS for key, _ in pairs):
+            shown = [(k, "***" if k.lower() in SECRET_PARAMETERS else v) for k, v in pairs]
+            parts = parts._replace(query=urlencode(shown, safe="*"))
+    return urlunsplit(parts)

@@ -25,21 +25,36 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
+import socket
 import threading
 import time
 from typing import Any, Callable, TypeVar, cast
 
 from ..errors import InboxBusy, InboxError, NotAnInbox
+from ..text import printable
 from . import redact, schema
+from .connect import STATEMENT_TIMEOUT, connect
 from .listen import ListenWake
 from .rows import Row, one
-from .tx import Tx
+from .tx import SERVER_TIME, Tx
 
 T = TypeVar("T")
 Args = tuple[Any, ...]  # a store function's arguments after the Tx: whatever it declares
 log = logging.getLogger("onwatch.pg")
 MAX_BACKOFF = 5.0  # seconds between two reconnection attempts, at most
+# A process whose clock differs from the server's by more than this says so in its log
+# (once per SKEW_LOG_EVERY) and in `onwatch status`: decisions use the server's clock anyway,
+# but a countdown shown from this machine's would be off by as much.
+SKEW_WARNING = 2.0
+# A job (one transaction) still waiting for the server this long after it started has met a
+# server that stopped answering: its socket is cut, so it fails as a lost connection (retried
+# like one) instead of holding the connection's thread, and whoever waits on it, for ever.
+# A live server ends any statement at STATEMENT_TIMEOUT and any lock wait at the busy timeout.
+JOB_GRACE = STATEMENT_TIMEOUT + 15.0
+CLOSE_WAIT = 3.0  # seconds close() waits for a job in flight before cutting its socket
+SKEW_LOG_EVERY = 600.0
 
 # Connections of closed inboxes, kept for the next open in this process: a fleet worker
 # opens and closes an inbox each time it takes one up, and a new connection costs a
@@ -124,10 +139,16 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     conn = tx.conn
     tx.changed = False
     inbox = int(tx.inbox)
-    cursor = conn.execute(f"BEGIN; SELECT {INBOX_ROW} FROM inboxes WHERE id = {inbox} FOR UPDATE")
+    # The server's time is read after the lock is granted (in the same message): "now" for
+    # every decision of the transaction, however long the lock took.
+    cursor = conn.execute(
+        f"BEGIN; SELECT {INBOX_ROW} FROM inboxes WHERE id = {inbox} FOR UPDATE; {SERVER_TIME}"
+    )
     try:
         cursor.nextset()
         tx.row = cursor.fetchone()
+        cursor.nextset()
+        tx.saw_server_time(one(cursor)[0])
         result = fn(tx, *args)
         conn.execute(
             f"UPDATE inboxes SET changes = changes + 1 WHERE id = {inbox}; COMMIT"
@@ -157,8 +178,10 @@ def write_unless(precheck: Callable[..., T | None]) -> Runner[T]:
 def read_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     """`fn(tx, *args)` inside one read-only snapshot."""
     conn = tx.conn
-    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    cursor = conn.execute(f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {SERVER_TIME}")
     try:
+        cursor.nextset()
+        tx.saw_server_time(one(cursor)[0])
         return fn(tx, *args)
     finally:
         _rollback(conn)
@@ -193,13 +216,21 @@ class Database:
         self.url = url
         self.name = name
         self.inbox = inbox
-        self.path = f"{redact(url)} inbox {name}"
+        # What messages and logs call it: no password, and a name with control characters
+        # shown escaped (it must not forge a log line or drive a terminal).
+        self.path = f"{printable(redact(url))} inbox {printable(name)}"
         self.busy_timeout = busy_timeout
         self._tx = Tx(conn, inbox, name)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._closed = False
         self._backoff = 0.0  # after a failed reconnection: how long until the next try
         self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
+        self._skew_logged = 0.0  # (monotonic) when a clock skew was last logged
+        self._running_since: float | None = None  # (monotonic) since the job in hand began
+        # Jobs handed to the thread (counted on the loop) and done (counted on the thread):
+        # each counter has one writer.
+        self._submitted = self._finished = 0
+        self._watch: asyncio.TimerHandle | None = None  # see _check_overdue
         self.wake = ListenWake(name)  # our commits notify it; others' through a Listener
         self._thread = threading.Thread(target=self._serve, name=f"onwatch-pg-{name}", daemon=True)
         self._thread.start()
@@ -207,10 +238,7 @@ class Database:
     @staticmethod
     def _connect(url: str, busy_timeout: float) -> "psycopg.Connection[Row]":
         # lock_timeout plays SQLite's busy timeout: how long a write waits for the inbox.
-        # (SET, not the options parameter: that would replace any the URL carries.)
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
-        conn.execute(f"SET lock_timeout = {max(int(busy_timeout * 1000), 1)}")
-        return conn
+        return connect(url, lock_timeout=f"{max(int(busy_timeout * 1000), 1)}ms")
 
     @classmethod
     async def open(
@@ -236,14 +264,19 @@ class Database:
             except psycopg.Error as exc:
                 raise InboxError(f"cannot connect to {where}: {str(exc).strip()}") from None
             try:
-                version = schema.inspect(conn, where)
+                try:
+                    version = schema.inspect(conn, where)
+                except NotAnInbox:
+                    # Tables but no onwatch_schema may be another process creating the
+                    # schema this very moment (its commit fell between our two looks):
+                    # decided again below, under the migration lock, in one snapshot.
+                    version = -1
                 if version < schema.SCHEMA_VERSION:
-                    if not create and version == 0:
+                    if schema.migrate(conn, where, create=create) == 0 and not create:
                         raise NotAnInbox(
                             f"no onwatch database at {where} (run `onwatch init "
                             f"{where} --inbox {name}` to create one)"
                         )
-                    schema.migrate(conn, where)
                 inbox = _find_inbox(conn, name, create, where)
             except psycopg.Error as exc:
                 conn.close()
@@ -263,7 +296,12 @@ class Database:
             job = self._jobs.get()
             if job is None:
                 break
-            job()
+            self._running_since = time.monotonic()
+            try:
+                job()
+            finally:
+                self._running_since = None
+                self._finished += 1
         _give_back(self.url, self.busy_timeout, self._tx.conn)
 
     def _run(self, runner: Runner[T], fn: Callable[..., T], args: Args) -> T:
@@ -297,10 +335,36 @@ class Database:
                 raise _map_error(exc, self.path, self.busy_timeout) from None
             log.warning("inbox %s: reconnected to PostgreSQL", self.path)
             self._backoff = self._retry_at = 0.0
+        tx.server_time = None  # read again by each job that needs it
         try:
             return runner(tx, fn, args)
         except psycopg.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout) from None
+        finally:
+            if tx.server_time is not None:
+                self._check_skew(tx.offset)
+
+    def _check_skew(self, offset: float) -> None:
+        if abs(offset) <= SKEW_WARNING:
+            self._skew_logged = 0.0
+            return
+        now = time.monotonic()
+        if self._skew_logged and now - self._skew_logged < SKEW_LOG_EVERY:
+            return
+        self._skew_logged = now
+        log.warning(
+            "inbox %s: this machine's clock is %s the PostgreSQL server's by %.1f s; leases, "
+            "deadlines and timers follow the server's clock, but check this machine's time "
+            "synchronisation",
+            self.path,
+            "behind" if offset > 0 else "ahead of",
+            abs(offset),
+        )
+
+    @property
+    def clock_offset(self) -> float:
+        """The server's clock minus this process's, in seconds, as last read."""
+        return self._tx.offset
 
     def _submit(
         self,
@@ -326,7 +390,47 @@ class Database:
             except RuntimeError:  # the loop is gone: nobody is waiting any more
                 pass
 
+        self._submitted += 1
         self._jobs.put(job)
+        if self._watch is None:
+            self._watch = loop.call_later(self.busy_timeout + JOB_GRACE, self._check_overdue)
+
+    def _check_overdue(self) -> None:
+        """On the loop, while jobs are queued: a job running for longer than its deadline
+        met a server that stopped answering; cut its socket (the job then fails as a lost
+        connection). One timer per connection, re-armed while there is work."""
+        self._watch = None
+        deadline = self.busy_timeout + JOB_GRACE
+        started = self._running_since
+        wait = deadline
+        if started is not None:
+            running_for = time.monotonic() - started
+            if running_for > deadline:
+                log.warning(
+                    "inbox %s: PostgreSQL did not answer for %.0f s; dropping the connection",
+                    self.path,
+                    running_for,
+                )
+                self._cut()
+            else:
+                wait = deadline - running_for
+        if self._submitted != self._finished and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._watch = loop.call_later(max(wait, 1.0), self._check_overdue)
+
+    def _cut(self) -> None:
+        """Shut the connection's socket down under whatever blocks on it (from any thread):
+        a read waiting for a silent server returns at once, as on a lost connection."""
+        conn = self._tx.conn
+        try:
+            fd = conn.pgconn.socket
+        except psycopg.Error:
+            return  # closed already
+        try:
+            with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: ours to close
+                sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
     async def _await(self, runner: Runner[T], fn: Callable[..., T], args: Args) -> T:
         loop = asyncio.get_running_loop()
@@ -417,7 +521,13 @@ class Database:
         self._closed = True
         self.wake.close()
         self._jobs.put(None)
-        await asyncio.to_thread(self._thread.join)
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        await asyncio.to_thread(self._thread.join, CLOSE_WAIT)
+        if self._thread.is_alive():  # a job waits on a server that does not answer
+            self._cut()
+            await asyncio.to_thread(self._thread.join, CLOSE_WAIT)
 
 
 def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where: str) -> int:

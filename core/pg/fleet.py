@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import psycopg
 
+from .connect import connect
+
 
 __all__ = ["Looker"]
 
@@ -39,7 +41,7 @@ class Looker:
     def with_work(self, holder: str, now: int, limit: int) -> list[str]:
         conn = self.conn
         if conn is None or conn.closed or conn.broken:
-            conn = self.conn = psycopg.connect(self.url, autocommit=True, connect_timeout=10)
+            conn = self.conn = connect(self.url)
         try:
             return [
                 r[0]

@@ -30,6 +30,7 @@ import psycopg
 
 from ..connection import WaiterCounts
 from . import redact
+from .connect import connect
 
 T = TypeVar("T")
 log = logging.getLogger("onwatch.pg.listen")
@@ -78,7 +79,7 @@ class Listener:
 
     @staticmethod
     def _connect(url: str) -> psycopg.Connection:
-        conn = psycopg.connect(url, autocommit=True, connect_timeout=10)
+        conn = connect(url)
         conn.execute(f"LISTEN {CHANNEL}")
         return conn
 

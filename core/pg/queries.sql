@@ -148,6 +148,9 @@ SELECT id FROM run;
 SELECT event_ids FROM runs
 WHERE inbox_id = %(inbox)s AND id = %(id)s AND gen = %(gen)s AND outcome IS NULL;
 
+-- name: run_outcome
+SELECT gen, outcome FROM runs WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
 -- name: events_finish_done
 UPDATE events SET status = 'done', error = NULL, updated = %(now)s
 WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]) AND status = 'running'

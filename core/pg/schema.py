@@ -292,17 +292,32 @@ def inspect(conn: psycopg.Connection[Row], where: str) -> int:
     return int(version)
 
 
-def migrate(conn: psycopg.Connection[Row], where: str, target: int = SCHEMA_VERSION) -> int:
-    """Bring the database forward to `target` in one transaction; return the old version.
+def migrate(
+    conn: psycopg.Connection[Row], where: str, target: int = SCHEMA_VERSION, create: bool = True
+) -> int:
+    """Bring the database forward to `target` in one transaction; return the old version
+    (0 with create=False: an empty database stays empty).
 
     The version is re-read under an advisory lock, so two processes opening a new database
-    at once cannot both create it; DDL is transactional, so a failed step leaves nothing.
+    at once cannot both create it, and a foreign database is told apart from one being
+    created meanwhile; DDL is transactional, so a failed step leaves nothing.
     """
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
-        version = inspect(conn, where)
-        for step in range(version, target):
-            conn.execute(MIGRATIONS[step])
-        if version < target:
-            conn.execute("UPDATE onwatch_schema SET version = %s WHERE id = 1", (target,))
+    # The lock is the session's, taken before the transaction begins: a transaction that
+    # begins after another's commit reads the catalogue as that commit left it, where one
+    # that waited for a lock inside itself may still see the catalogue from before (its
+    # catalogue snapshot is not renewed by an advisory lock), and call a database being
+    # created meanwhile foreign.
+    conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
+    try:
+        with conn.transaction():
+            version = inspect(conn, where)
+            if version == 0 and not create:
+                return 0
+            for step in range(version, target):
+                conn.execute(MIGRATIONS[step])
+            if version < target:
+                conn.execute("UPDATE onwatch_schema SET version = %s WHERE id = 1", (target,))
+    finally:
+        if not conn.broken:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
     return version

@@ -15,6 +15,7 @@ from ..engine.tx import COUNTERS, META_KEYS, InboxState, NewEvent, TimerAdvance,
 from .rows import Row, one
 
 STATEMENTS = load(Path(__file__).with_name("queries.sql"))
+SERVER_TIME = "SELECT extract(epoch FROM clock_timestamp())"
 # The statements that change the inbox's own row (its lease, switches or settings): after
 # one, the row a write transaction locked and read (`Tx.row`) is no longer current.
 _CHANGE_INBOX_ROW = frozenset(
@@ -39,7 +40,7 @@ class Tx:
         psycopg.IntegrityError,
     )
 
-    __slots__ = ("conn", "inbox", "name", "changed", "row")
+    __slots__ = ("conn", "inbox", "name", "changed", "row", "server_time", "offset")
 
     def __init__(self, conn: "psycopg.Connection[Row]", inbox: int, name: str) -> None:
         self.conn = conn
@@ -47,6 +48,10 @@ class Tx:
         self.name = name
         self.changed = False
         self.row: Row | None = None
+        # The server's clock, as read in the current transaction (None until read), and the
+        # server's time minus this process's, as last seen (what Inbox.clock follows).
+        self.server_time: float | None = None
+        self.offset = 0.0
 
     def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor[Row]":
         """One statement of this dialect's own (the switches, the counters)."""
@@ -70,7 +75,19 @@ class Tx:
         return savepoint(self.conn.execute, name, lambda: not self.conn.broken)
 
     def now(self, now: int | None) -> int:
-        return int(time.time()) if now is None else now
+        """`now` when given, else the server's time: every process of a fleet decides by
+        one clock, whatever its own says (docs/rules.md#time)."""
+        if now is not None:
+            return now
+        if self.server_time is None:
+            self.saw_server_time(one(self.execute(SERVER_TIME))[0])
+        assert self.server_time is not None
+        return int(self.server_time)
+
+    def saw_server_time(self, seconds: Any) -> None:
+        """The server's clock, read in this transaction (Unix seconds, with a fraction)."""
+        self.server_time = float(seconds)
+        self.offset = self.server_time - time.time()
 
     def state(self) -> InboxState:
         row = self.row if self.row is not None else self.one("inbox_state")

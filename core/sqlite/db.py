@@ -133,6 +133,11 @@ class Database:
             raise
         return db
 
+    @property
+    def clock_offset(self) -> float:
+        """0: a file's deciding transactions use this machine's own clock."""
+        return 0.0
+
     def file_replaced(self) -> str | None:
         """Why `path` no longer names the opened file (deleted, replaced), else None."""
         if self._fd is None:

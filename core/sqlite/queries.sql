@@ -152,6 +152,9 @@ WHERE id IN (SELECT value FROM json_each(:ids));
 -- name: run_open
 SELECT event_ids FROM runs WHERE id = :id AND gen = :gen AND outcome IS NULL;
 
+-- name: run_outcome
+SELECT gen, outcome FROM runs WHERE id = :id;
+
 -- name: events_finish_done
 UPDATE events SET status = 'done', error = NULL, updated = :now
 WHERE id IN (SELECT value FROM json_each(:ids)) AND status = 'running' AND claim_gen = :gen

@@ -1,0 +1,63 @@
+"""Every connection onwatch opens to PostgreSQL, opened one way: bounded so that neither a
+stalled client nor a silent server can hold an inbox for longer than a lease lasts.
+
+- A client that stalls inside a transaction (a process stopped, a VM paused, a network cut)
+  would keep its inbox's row lock for as long as the server keeps its session: for hours,
+  with default TCP settings. The server ends such a session after IDLE_IN_TRANSACTION
+  seconds without a statement (onwatch's transactions never wait on anything but the
+  database between two statements), and notices a peer gone silent within seconds through
+  TCP keepalives and a user timeout on its side.
+- A server that stops answering (it accepts the connection, then nothing) is noticed on this
+  side too: keepalives and a user timeout on every socket, a connect timeout, and a
+  deadline on every job (core/pg/db.py cuts the socket of a job past it).
+
+A value the URL sets itself (e.g. `?keepalives_idle=60`) is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg import conninfo
+
+from .rows import Row
+
+CONNECT_TIMEOUT = 10  # seconds to open a connection
+IDLE_IN_TRANSACTION = 3  # seconds a transaction may sit without a statement, server side
+STATEMENT_TIMEOUT = 60  # seconds one statement may run, server side
+# Client-side TCP: probe an idle connection after 10 s, every 5 s, 3 times; give up on data
+# unacknowledged for 30 s.
+CLIENT_TCP = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+# The same on the server's side of the socket (settable by any role, per session).
+SERVER_SETTINGS = {
+    "idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION}s",
+    "statement_timeout": f"{STATEMENT_TIMEOUT}s",
+    "tcp_keepalives_idle": "10",
+    "tcp_keepalives_interval": "5",
+    "tcp_keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+
+
+def connect(url: str, **settings: str) -> "psycopg.Connection[Row]":
+    """An autocommit connection with the bounds above, plus these session `settings`."""
+    given = conninfo.conninfo_to_dict(url)
+    options: dict[str, Any] = {k: v for k, v in CLIENT_TCP.items() if k not in given}
+    if "connect_timeout" not in given:
+        options["connect_timeout"] = CONNECT_TIMEOUT
+    conn = psycopg.connect(url, autocommit=True, **options)
+    try:
+        for name, value in {**SERVER_SETTINGS, **settings}.items():
+            # set_config, not SET: the value is a parameter, never SQL text.
+            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -1,0 +1,226 @@
+"""PostgreSQL under the faults a real deployment has: a process stopped inside a transaction,
+a server that stops answering, an answer lost after a COMMIT, many processes opening a new
+database at once, passwords in every form the driver takes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from onwatch.core import FakeClock, Inbox, InboxError
+from onwatch.core.pg.connect import IDLE_IN_TRANSACTION
+from tests.pg.proxy import Proxy
+from tests.worker.helpers import ROOT
+
+pytestmark = pytest.mark.slow
+T = 1_000_000
+
+
+# --- a process stopped inside a write transaction ----------------------------------------
+
+STALLER = """
+import asyncio, os, signal, sys
+from onwatch.core import FakeClock, Inbox
+from onwatch.core.pg import tx as pg_tx
+
+KIND, URL = sys.argv[1], sys.argv[2]
+real_run = pg_tx.Tx.run
+
+
+def stall(self, name, /, **params):
+    # The first statement of the transaction under test, after the inbox's row lock: the
+    # process stops here, holding the lock, as a paused VM or a cut network would leave it.
+    if getattr(pg_tx, "armed", False):
+        print("stalled", flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return real_run(self, name, **params)
+
+
+pg_tx.Tx.run = stall
+
+
+async def main():
+    box = await Inbox.open(URL, clock=FakeClock(1_000_000))
+    gen = await box.acquire("stalled")
+    batch = await box.claim_batch("stalled", gen) if KIND == "finish" else []
+    pg_tx.armed = True
+    if KIND == "claim":
+        await box.claim_batch("stalled", gen)
+    elif KIND == "finish":
+        await box.finish("stalled", gen, [e.id for e in batch], ["hi"])
+    elif KIND == "ingest":
+        await box.ingest("chat", "stalled-ingest", {})
+    elif KIND == "scheduler":
+        await box.run_scheduler()
+    elif KIND == "operator":
+        await box.pause(actor="ops")
+
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("kind", ["claim", "finish", "ingest", "scheduler", "operator"])
+async def test_a_process_stopped_inside_any_write_cannot_wedge_its_inbox(pg, kind):
+    url = pg.new_schema()
+    async with await Inbox.open(url, clock=FakeClock(T)) as box:
+        await box.configure(lease_ttl=60)
+        await box.ingest("chat", "m1", {})
+        await box.add_timer("due", T - 1, None)
+    stalled = subprocess.Popen(
+        [sys.executable, "-c", STALLER, kind, url], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert stalled.stdout.readline().strip() == "stalled"
+        # The stopped process holds the inbox's row lock. The server ends its transaction
+        # after IDLE_IN_TRANSACTION seconds, well inside this busy timeout: intake goes on.
+        async with await Inbox.open(url, busy_timeout=IDLE_IN_TRANSACTION + 10) as box:
+            assert await box.ingest("chat", "after-the-stall", {}) is True
+            # Once its lease lapses, another worker takes over and runs what is pending.
+            later = T + 61
+            gen = await box.acquire("B", now=later)
+            assert gen == 2
+            batch = await box.claim_batch("B", gen, now=later)
+            assert "after-the-stall" in [e.source_id for e in batch] or batch
+            assert stalled.poll() is None  # all of it while the staller is still stopped
+    finally:
+        stalled.send_signal(signal.SIGKILL)
+        stalled.wait(10)
+
+
+# --- a server that stops answering -------------------------------------------------------
+
+
+@pytest.fixture
+def proxy(pg):
+    if pg.owned is None:
+        pytest.skip("needs the server the tests started (its port is proxied)")
+    proxied = Proxy(pg.owned.port)
+    yield proxied
+    proxied.close()
+
+
+async def test_closing_an_inbox_whose_server_stopped_answering_returns(pg, proxy):
+    url = proxy.url(pg.new_schema())
+    box = await Inbox.open(url)
+    await box.counts()
+    proxy.blackhole()
+    call = asyncio.ensure_future(box.ingest("chat", "into-the-void", {}))
+    await asyncio.sleep(0.2)  # the ingest is on its way to the silent server
+    call.cancel()  # what a worker's SIGTERM, or q in the desk, does to the call in flight
+    # close() cuts the socket of the job still waiting, instead of waiting with it for ever
+    await asyncio.wait_for(box.close(), 30)
+    proxy.relay()
+
+
+# --- an answer lost after COMMIT -----------------------------------------------------------
+
+
+async def test_a_finish_whose_answer_was_lost_is_not_audited_as_a_stale_write(pg, proxy):
+    url = proxy.url(pg.new_schema())
+    async with await Inbox.open(url, clock=FakeClock(T)) as box:
+        await box.ingest("chat", "m1", {})
+        gen = await box.acquire("W")
+        [event] = await box.claim_batch("W", gen)
+        proxy.cut_after_commit()
+        with pytest.raises(InboxError, match="lost the connection"):
+            await box.finish("W", gen, [event.id], ["hi"], run=event.run_id)
+        assert proxy.commits_cut == 1
+        # The worker does not know it committed; it finishes again, and is told the truth.
+        assert await box.finish("W", gen, [event.id], ["hi"], run=event.run_id) is True
+        assert (await box.get_event(event.id)).status == "done"
+        assert [m.body for m in await box.held_messages()] == ["hi"]  # once
+        assert [a.action for a in await box.audit()] == []
+        assert (await box.overview()).refused_writes == 0
+
+
+# --- many processes opening a brand-new database ------------------------------------------
+
+OPENER = """
+import asyncio, sys
+from onwatch.core import Inbox
+
+async def main():
+    async with await Inbox.open(sys.argv[1], name=sys.argv[2]) as box:
+        await box.counts()
+
+asyncio.run(main())
+print("opened", flush=True)
+"""
+
+
+def test_many_processes_opening_a_new_database_at_once_all_succeed(pg):
+    for trial in range(5):
+        url = pg.new_database(schema=False)
+        openers = [
+            subprocess.Popen(
+                [sys.executable, "-c", OPENER, url, f"inbox-{i % 3}"],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(8)
+        ]
+        for opener in openers:
+            out, err = opener.communicate(timeout=60)
+            assert opener.returncode == 0 and out.strip() == "opened", (trial, err)
+        with psycopg.connect(url) as conn:
+            names = [r[0] for r in conn.execute("SELECT name FROM inboxes ORDER BY name")]
+        assert names == ["inbox-0", "inbox-1", "inbox-2"]
+
+
+# --- passwords and names in what is shown ---------------------------------------------------
+
+SECRET = "s3cret-Pa55word"
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onwatch", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, **(env or {})),
+    )
+
+
+def with_query_password(url: str) -> str:
+    separator = "&" if "?" in url else "?"
+    return f"{url}{separator}password={SECRET}"
+
+
+def test_a_password_in_any_form_the_driver_takes_never_reaches_output(pg, tmp_path):
+    url = pg.new_database()
+    service = tmp_path / "pg_service.conf"
+    service.write_text(f"[onwatch]\npassword={SECRET}\n")
+    cases = [
+        (with_query_password(url), {}),
+        (url, {"PGPASSWORD": SECRET}),
+        (url, {"PGSERVICEFILE": str(service), "PGSERVICE": "onwatch"}),
+    ]
+    for target, env in cases:
+        for args in (
+            ("init", target, "--inbox", "a"),
+            ("status", target, "--inbox", "a"),
+            ("status", target, "--inbox", "missing"),
+            ("ingest", target + "x-not-a-db", "chat", "m1", "{}"),
+        ):
+            result = run_cli(*args, env=env)
+            shown = result.stdout + result.stderr
+            assert SECRET not in shown, (args, env, shown)
+
+
+def test_an_inbox_name_with_control_characters_cannot_forge_log_lines(pg):
+    url = pg.new_database()
+    name = "evil\nINFO forged line\x1b[2J"
+    result = run_cli("init", url, "--inbox", name)
+    shown = result.stdout + result.stderr
+    assert "\nINFO forged line" not in shown and "\x1b" not in shown, shown

@@ -22,6 +22,7 @@ from .records import (
     Run,
     Timer,
 )
+from .runtime.context import RunContext
 from .settings import Settings
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "Overview",
     "Reply",
     "Run",
+    "RunContext",
     "Settings",
     "SystemClock",
     "Timer",

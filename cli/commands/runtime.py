@@ -18,7 +18,7 @@ from onwatch.core import Inbox
 from onwatch.core.pg import is_url as _is_postgres_url
 
 if TYPE_CHECKING:  # annotations only: prometheus_client loads when --metrics-port asks
-    from onwatch.core.worker import Worker
+    from onwatch.core.runtime.worker import Worker
     from onwatch.core.inbox import SendFn
     from onwatch.core.metrics import WorkerMetrics
 
@@ -55,7 +55,7 @@ def _channel(args: argparse.Namespace) -> SendFn | None:
 
 def _send_channel(args: argparse.Namespace) -> SendFn:
     """The send function chosen by --stdout / --file / --command."""
-    from onwatch.core.channels import command_channel, file_channel, stdout_channel
+    from onwatch.core.runtime.channels import command_channel, file_channel, stdout_channel
 
     if args.file:
         return file_channel(args.file)
@@ -110,7 +110,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     early: list[int] = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda number, frame: early.append(number))
-    from onwatch.core.worker import Worker
+    from onwatch.core.runtime.worker import Worker
 
     agent = load_callable(args.agent, "--agent")
     setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup else None
@@ -121,7 +121,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
 
     if _is_postgres_url(args.path):  # woken by NOTIFY, polling only as the fallback
-        from onwatch.core.listening_worker import ListeningWorker as Worker
+        from onwatch.core.runtime.listening_worker import ListeningWorker as Worker
     if args.all_inboxes:
         return _fleet_worker(args, agent, early)
 
@@ -180,8 +180,8 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: li
         raise CliError(
             "--setup, --max-runs and --metrics-port are for one inbox, not --all-inboxes"
         )
-    from onwatch.core.fleet_worker import FleetWorker
-    from onwatch.core.worker import default_holder
+    from onwatch.core.runtime.fleet_worker import FleetWorker
+    from onwatch.core.runtime.worker import default_holder
 
     async def main() -> int:
         fleet = FleetWorker(
@@ -227,7 +227,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from onwatch.core.webhooks import ConfigError, load_secrets, start_server
     from onwatch.core.webhooks.config import config_file_warning
     from onwatch.core.webhooks.arguments import check_serve_args
-    from onwatch.core.worker import Worker
+    from onwatch.core.runtime.worker import Worker
 
     try:
         check_serve_args(args)  # the receiver's own checks: host, port, body limit

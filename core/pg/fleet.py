@@ -1,5 +1,5 @@
 """The whole database at once: every inbox with its counts, lease and waiting approvals, and
-the inboxes with work for the fleet worker (core/fleet_worker.py)."""
+the inboxes with work for the fleet worker (core/runtime/fleet_worker.py)."""
 
 from __future__ import annotations
 

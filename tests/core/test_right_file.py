@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from onwatch.core import FakeClock, Inbox, NotAnInbox, schema
-from onwatch.core.worker import Worker
+from onwatch.core.runtime.worker import Worker
 from tests.webhook.helpers import ServerProcess, standard_headers
 from tests.worker.helpers import ROOT, env, log_of, onwatch, start_worker, stop, wait_for
 

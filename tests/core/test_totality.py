@@ -29,9 +29,10 @@ from onwatch.core import (
     FollowUp,
     Inbox,
     Reply,
+    RunContext,
     Settings,
 )
-from onwatch.core.worker import RunContext, Worker
+from onwatch.core.runtime.worker import Worker
 
 from .conftest import BACKENDS, dump as dump_inbox
 

@@ -11,7 +11,9 @@ import time
 import pytest
 
 from onwatch.core import BudgetExceeded, Inbox
-from onwatch.core.worker import LeaseLost, RunAbandoned, Worker, command_channel, run_worker
+from onwatch.core.runtime.channels import command_channel
+from onwatch.core.runtime.context import LeaseLost, RunAbandoned
+from onwatch.core.runtime.worker import Worker, run_worker
 
 from .conftest import DAY, T, asleep, status, until
 

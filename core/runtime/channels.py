@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Awaitable, Callable
 
-from .text import printable
+from ..text import printable
 
 
 def stdout_channel(stream: Any = None) -> Callable[[str], None]:

@@ -8,12 +8,12 @@ from typing import Any
 
 import psycopg
 
-from .clock import SystemClock
-from .errors import InboxError
+from ..clock import SystemClock
+from ..errors import InboxError
+from ..pg import redact
+from ..pg.fleet import Looker
+from ..pg.listen import Listener
 from .listening_worker import ListeningWorker
-from .pg import redact
-from .pg.fleet import Looker
-from .pg.listen import Listener
 
 __all__ = ["FleetWorker"]
 log = logging.getLogger("onwatch.pg.fleet")
@@ -23,11 +23,11 @@ class FleetWorker:
     """Serve every inbox of a database that has work, at most `concurrency` at once.
 
     For each inbox with work and no other holder it opens the inbox and runs a worker on it
-    (core/listening_worker.py: lease, scheduler, claim, agent, one fenced finish, dispatch) until it
-    has nothing left to do, then releases the lease and frees the slot. One run per inbox at
-    a time is the lease's rule, so several fleet workers on several machines can share a
-    database: an inbox another holds is skipped. A NOTIFY from any inbox, or a slot freeing,
-    starts the next look; `poll_interval` is the fallback.
+    (core/runtime/listening_worker.py: lease, scheduler, claim, agent, one fenced finish,
+    dispatch) until it has nothing left to do, then releases the lease and frees the slot.
+    One run per inbox at a time is the lease's rule, so several fleet workers on several
+    machines can share a database: an inbox another holds is skipped. A NOTIFY from any
+    inbox, or a slot freeing, starts the next look; `poll_interval` is the fallback.
     """
 
     def __init__(
@@ -128,7 +128,7 @@ class FleetWorker:
                 task.cancel()
 
     async def _serve(self, name: str, listener: Listener) -> None:
-        from .inbox import Inbox
+        from ..inbox import Inbox
 
         try:
             inbox = await Inbox.open(self.url, name=name, create=False, clock=self.clock)

@@ -585,13 +585,22 @@ class Inbox:
 
     # --- lease ----------------------------------------------------------------------------
 
-    async def acquire(self, holder: str, *, now: int | None = None) -> int | None:
-        """Take or renew the lease; return its generation, or None if another holds it."""
+    async def acquire(
+        self, holder: str, *, now: int | None = None, fresh: bool = False
+    ) -> int | None:
+        """Take or renew the lease; return its generation, or None if another holds it.
+
+        `fresh=True` is a starting worker: it never continues a live lease, not even one
+        under its own holder name (another process may have started under that name at the
+        same moment); it takes only a lease that is free or expired, as a new generation.
+        The decision is one transaction, so two starters under one name cannot both win."""
         holder, now = _text("holder", holder), self._now(now)
+        if not isinstance(fresh, bool):
+            raise BadInput(f"fresh must be True or False, got {show(fresh)}")
         renewed: Callable[..., int | None] | None = getattr(
             self._sql, "renewed_without_write", None
         )  # SQLite's store only
-        if renewed is not None:
+        if renewed is not None and not fresh:
             # The holder renewing to the expiry it already has changes nothing: one read of
             # committed state answers it on this thread, without a write transaction.
             try:
@@ -600,7 +609,7 @@ class Inbox:
                 gen = None
             if gen is not None:
                 return gen
-        return await self._write(self._sql.acquire, holder, now)
+        return await self._write(self._sql.acquire, holder, now, fresh)
 
     async def renew(self, holder: str, gen: int, *, now: int | None = None) -> bool:
         """Extend the lease for exactly this unexpired generation (fenced)."""

@@ -347,8 +347,10 @@ def prune_payloads(db: sqlite3.Connection, older_than: int, now: int) -> int:
 # --- lease and fencing ----------------------------------------------------------------------
 
 
-def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
-    """Renew an unexpired lease (same generation) or take over an expired one (next one)."""
+def acquire(db: sqlite3.Connection, holder: str, now: int, fresh: bool = False) -> int | None:
+    """Renew an unexpired lease (same generation) or take over an expired one (next one).
+    `fresh` (a starting worker): never continue a live lease, not even one under this
+    holder's name; only a free or expired lease is taken, as a new generation."""
     ttl = load_settings(db).lease_ttl
     row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
     if row is None:
@@ -369,7 +371,7 @@ def acquire(db: sqlite3.Connection, holder: str, now: int) -> int | None:
     elif not _is_int(until, -1, MAX_TIME + MAX_DURATION):
         until = now - 1  # an expiry that is not a time has expired: a takeover follows
     if until >= now:
-        if current != holder:
+        if current != holder or fresh:
             return None
         if until != now + ttl:  # renewing to the same expiry writes nothing (no fsync)
             db.execute("UPDATE lease SET until = ? WHERE id = 1", (now + ttl,))

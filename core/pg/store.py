@@ -311,8 +311,10 @@ def _lease(db: Tx) -> Lease | None:
     return None if row[0] is None else Lease(*row)
 
 
-def acquire(db: Tx, holder: str, now: int) -> int | None:
-    """Renew an unexpired lease (same generation) or take over an expired one (next one)."""
+def acquire(db: Tx, holder: str, now: int, fresh: bool = False) -> int | None:
+    """Renew an unexpired lease (same generation) or take over an expired one (next one).
+    `fresh` (a starting worker): never continue a live lease, not even one under this
+    holder's name; only a free or expired lease is taken, as a new generation."""
     ttl = load_settings(db).lease_ttl
     lease = _lease(db)
     if lease is None:
@@ -328,7 +330,7 @@ def acquire(db: Tx, holder: str, now: int) -> int | None:
         return 1
     current, gen, until = lease.holder, lease.gen, lease.until
     if until >= now:
-        if current != holder:
+        if current != holder or fresh:
             return None
         db.execute("UPDATE inboxes SET lease_until = %s WHERE id = %s", (now + ttl, db.inbox))
         return gen

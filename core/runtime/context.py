@@ -11,14 +11,18 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+import threading
+from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Sequence, TypeVar
 
 from ..clock import check_time
 from ..errors import BadInput, InboxBusy, InboxError
 from ..inbox import Inbox
 from ..records import ApprovalRequest, Event, FollowUp, Reply
+from ..text import printable
+from .threads import start_thread
 
 log = logging.getLogger("onwatch.worker")
+T = TypeVar("T")
 
 Agent = Callable[[list[Event], "RunContext"], Awaitable[None] | None]
 
@@ -38,6 +42,12 @@ class RunContext:
     the runtime in one fenced finish when the agent returns; an agent that does none of these
     ends silently. External effects go through `effect()` / `perform()`, which journal the
     intent durably before the effect and its outcome after.
+
+    Nothing here blocks the worker's event loop: from a plain-def agent (in its own thread)
+    every journal write is handed to the loop and awaited there, and the effect itself runs
+    in the agent's thread; from an async agent a plain function given to `perform` runs in a
+    thread of its own. The loop stays free to renew the lease, answer webhooks and notice a
+    run that outlives its budget.
     """
 
     def __init__(
@@ -59,6 +69,9 @@ class RunContext:
         self.result: Any = None
         self._loop = loop
         self._closed: str | None = None
+        # Threads running this run's code (the plain-def agent, a perform's plain function):
+        # an abandoned run has ended only once they have returned too.
+        self.threads: list[threading.Thread] = []
 
     @property
     def now(self) -> int:
@@ -125,6 +138,19 @@ class RunContext:
         of that event (alone or batched differently) gets the same key. In a run of several
         events, say which one: `event=` (an Event or its id); BadInput otherwise.
         """
+        intended = await self._intend(name, detail, key, event)
+        try:
+            yield intended
+        except Exception:
+            await _settle(self._inbox, intended, "failed")
+            raise
+        await _settle(self._inbox, intended, "confirmed")
+
+    async def _intend(
+        self, name: str, detail: Any, key: str | None, event: int | Event | None
+    ) -> str:
+        """Commit the intent (fenced) and return its key; LeaseLost if this run may no
+        longer act, RunAbandoned once the worker gave it up."""
         self._check_open()
         if self.run_id is None:
             raise BadInput("this batch has no run id; effects need a claimed run")
@@ -135,12 +161,7 @@ class RunContext:
             raise LeaseLost(
                 f"lease generation {self.gen} is no longer held; effect {name!r} was not performed"
             )
-        try:
-            yield intended
-        except Exception:
-            await _settle(self._inbox, intended, "failed")
-            raise
-        await _settle(self._inbox, intended, "confirmed")
+        return intended
 
     def perform(
         self,
@@ -155,21 +176,63 @@ class RunContext:
 
         From an async agent: `await ctx.perform(...)`. From a plain-def agent (which runs in a
         thread) call it without await: it blocks until the effect is settled.
+
+        Wherever it is called from, the effect never runs on the worker's event loop: an
+        async `fn` is awaited (it must not block), a plain `fn` runs in the plain-def agent's
+        own thread, or, called from an async agent, in a thread of its own. A plain `fn` that
+        returns an awaitable has it awaited on the loop.
         """
-
-        async def run() -> Any:
-            async with self.effect(name, detail, key=key, event=event) as idem:
-                outcome = fn(idem)
-                if inspect.isawaitable(outcome):
-                    outcome = await outcome
-                return outcome
-
         if _in_loop(self._loop):
-            return run()
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
+            return self._perform(name, detail, fn, key, event)
+        # A plain-def agent, in its own thread: the journal's writes are the loop's (handed
+        # over and waited for); the effect runs here, so a slow payment holds this thread
+        # only, and the loop keeps renewing the lease meanwhile.
+        intended = self._on_loop(self._intend(name, detail, key, event))
+        try:
+            outcome = fn(intended)
+            if inspect.isawaitable(outcome):
+                outcome = self._on_loop(_awaited(outcome))
+        except Exception:
+            self._on_loop(_settle(self._inbox, intended, "failed"))
+            raise
+        self._on_loop(_settle(self._inbox, intended, "confirmed"))
+        return outcome
+
+    async def _perform(
+        self,
+        name: str,
+        detail: Any,
+        fn: Callable[[str], Any],
+        key: str | None,
+        event: int | Event | None,
+    ) -> Any:
+        async with self.effect(name, detail, key=key, event=event) as idem:
+            if _is_async(fn):
+                outcome = fn(idem)
+            else:
+                thread, done = start_thread(fn, idem, name=f"onwatch-effect-{name[:40]}")
+                self.threads.append(thread)
+                outcome = await done
+            if inspect.isawaitable(outcome):
+                outcome = await outcome
+            return outcome
+
+    def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run `coro` on the worker's loop from the agent's thread and wait for it."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def close(self, why: str) -> None:
         self._closed = why
+
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    """A coroutine function, or an object whose __call__ is one."""
+    call = getattr(fn, "__call__", None)  # noqa: B004 - for iscoroutinefunction
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+async def _awaited(outcome: Awaitable[T]) -> T:
+    return await outcome
 
 
 def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
@@ -179,12 +242,38 @@ def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
+SETTLE_TRIES = 10  # a locked database: ~11 s of retries in all
+SETTLE_TRIES_ON_ERROR = 3  # any other failure to write (disk full, I/O error): ~1 s
+
+
 async def _settle(inbox: Inbox, key: str, state: str) -> None:
-    for attempt in range(10):
+    """Record an effect's outcome, retrying a while; never raise.
+
+    The effect has happened (or failed) when this runs: an error here is about the journal,
+    not the effect. Raised into the agent it would say that a payment which went through
+    had failed, and the agent would act on a falsehood (pay again, tell the customer it
+    failed). So the outcome is logged, and the journal keeps the effect 'intended' (outcome
+    unknown), which is what the operator reading it must then settle.
+    """
+    tries = SETTLE_TRIES
+    attempt = 0
+    while True:
         try:
             await inbox.settle_effect(key, state)
             return
-        except InboxBusy as exc:
+        except InboxError as exc:
+            attempt += 1
+            if not isinstance(exc, InboxBusy):
+                tries = min(tries, SETTLE_TRIES_ON_ERROR)
+            if attempt >= tries:
+                log.error(
+                    "effect %s: its outcome (%s) could not be recorded: %s; the journal "
+                    "keeps it 'intended' (outcome unknown) for the operator to settle, and "
+                    "the run goes on with the outcome it had",
+                    key,
+                    state,
+                    printable(str(exc)),
+                )
+                return
             log.warning("effect %s: could not record %s yet (%s); retrying", key, state, exc)
-            await asyncio.sleep(0.2 * (attempt + 1))
-    log.error("effect %s: outcome %s not recorded; the journal keeps it 'intended'", key, state)
+            await asyncio.sleep(0.2 * attempt)

@@ -192,6 +192,7 @@ VALID = {
     "outcome": ["sent", "send again"],
     "target": [None, "event 1"],
     "send": [_send_ok, _send_fails, _send_async],
+    "fresh": [False, True],
 }
 # Parameters whose value decides nothing about the database (a flag read with bool()).
 FLAGS = {("events", "payload")}
@@ -424,6 +425,7 @@ def _worker_arguments(data) -> dict:
         "grace": data.draw(st.one_of(st.sampled_from([1.0]), HOSTILE)),
         "setup": data.draw(st.one_of(st.sampled_from([None]), HOSTILE)),
         "max_runs": data.draw(st.one_of(st.sampled_from([None, 1]), HOSTILE)),
+        "on_stuck": data.draw(st.one_of(st.sampled_from([None]), HOSTILE)),
     }
 
 

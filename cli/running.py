@@ -8,9 +8,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import hashlib
 import importlib
-import importlib.util
 import inspect
 import logging
 import os
@@ -18,11 +16,11 @@ import signal
 import sys
 import threading
 import time
-import types
 from typing import Any, Callable, Coroutine, TypeVar
 
 from onwatch.cli.output import CliError, fail, one_line
 from onwatch.core import Inbox, InboxError
+from onwatch.core.runtime.loading import LoadError, load
 
 T = TypeVar("T")
 
@@ -165,49 +163,12 @@ def stop_on_signals(request_stop: Callable[[], None], early: list[int]) -> None:
 
 
 def load_callable(spec: str, what: str) -> Callable[..., Any]:
-    """'package.module:function' or 'path/to/file.py:function' → the function."""
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise CliError(f"{what} must look like module:function, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    """'package.module:function' or 'path/to/file.py:function' → the function (exit 2 with
+    the reason when it is not one)."""
     try:
-        if module_name.endswith(".py") or os.sep in module_name:
-            module = _load_file(module_name, what)
-        else:
-            module = importlib.import_module(module_name)
-    except CliError:
-        raise
-    except FileNotFoundError:
-        raise CliError(f"{what}: no file {module_name}") from None
-    except (Exception, SystemExit) as exc:  # sys.exit() at import is a failed import too
-        raise CliError(
-            f"{what}: cannot import {module_name}: {type(exc).__name__}: {one_line(exc)}"
-        ) from None
-    fn: object = getattr(module, attr, None)
-    if not callable(fn):
-        raise CliError(f"{what}: {module_name} has no function {attr!r}")
-    return fn
-
-
-def _load_file(path: str, what: str) -> types.ModuleType:
-    """Run a .py file as a module once, registered in sys.modules like any import: an
-    agent and its setup from one file share its globals, and @dataclass (which looks its
-    module up there) works in it."""
-    name = "onwatch_file_" + hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:16]
-    if name in sys.modules:
-        return sys.modules[name]
-    location = importlib.util.spec_from_file_location(name, path)
-    if location is None or location.loader is None:
-        raise CliError(f"{what}: cannot load {path}")
-    module = importlib.util.module_from_spec(location)
-    sys.modules[name] = module
-    try:
-        location.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+        return load(spec, what)
+    except LoadError as exc:
+        raise CliError(str(exc)) from None
 
 
 def setup_step(setup: Callable[..., Any], spec: str) -> Callable[[Inbox], Any]:

@@ -75,6 +75,36 @@ def _wedged(worker: Worker) -> int:
     return AGENT_STUCK
 
 
+def _load_agent(args: argparse.Namespace) -> Callable[..., Any]:
+    """--agent as a function of this process, or with --isolate as one that runs in a
+    process of its own (core/runtime/isolation.py), started by _agent_processes."""
+    if getattr(args, "isolate", False):
+        from onwatch.core.runtime.isolation import IsolatedAgent
+
+        return IsolatedAgent(args.agent)
+    return load_callable(args.agent, "--agent")
+
+
+@contextlib.asynccontextmanager
+async def _agent_processes(agent: Callable[..., Any]) -> AsyncIterator[None]:
+    """An isolated agent's first process is started before the worker takes the lease (an
+    agent it cannot load is exit 2 at once); all of them are ended when the worker is."""
+    from onwatch.core.runtime.isolation import IsolatedAgent
+    from onwatch.core.runtime.loading import LoadError
+
+    if not isinstance(agent, IsolatedAgent):
+        yield
+        return
+    try:
+        try:
+            await agent.start()
+        except LoadError as exc:
+            raise CliError(str(exc)) from None
+        yield
+    finally:
+        await agent.close()
+
+
 def _summary(kind: str, worker: Worker, stats: WorkerStats, *, refused: bool = True) -> None:
     print(
         f"onwatch: {kind} {clip(worker.holder, 200)} stopped: {stats.runs} run(s), "
@@ -174,7 +204,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from onwatch.core.runtime.worker import AgentWedged, Worker
 
     _resolve_paths(args)
-    agent = load_callable(args.agent, "--agent")
+    agent = _load_agent(args)
     setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup else None
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -188,7 +218,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return _fleet_worker(args, agent, early)
 
     async def main() -> int:
-        async with await open_inbox(args) as inbox, _metrics_server(inbox, args) as metrics:
+        async with (
+            await open_inbox(args) as inbox,
+            _metrics_server(inbox, args) as metrics,
+            _agent_processes(agent),
+        ):
             worker = _worker(Worker, inbox, agent, setup, args, metrics)
             stop_on_signals(worker.request_stop, early)
             try:
@@ -256,7 +290,8 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: li
         )
         stop_on_signals(fleet.request_stop, early)
         try:
-            runs = await fleet.run()
+            async with _agent_processes(agent):
+                runs = await fleet.run()
         except AgentWedged:
             running.expect_strays()
             stopping = fleet.stop_requested
@@ -310,7 +345,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     if args.config is not None and (warning := config_file_warning(args.config)):
         print(f"onwatch: warning: {warning}", file=sys.stderr)
-    agent = load_callable(args.agent, "--agent")
+    agent = _load_agent(args)
     setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup else None
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
@@ -319,7 +354,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
     async def main() -> int:
-        async with await open_inbox(args) as inbox:
+        async with await open_inbox(args) as inbox, _agent_processes(agent):
             worker = _worker(Worker, inbox, agent, setup, args)
             try:
                 server = await start_server(

@@ -428,7 +428,9 @@ class Worker:
             # Escaped: the agent's message may hold a NUL or a lone surrogate, which the
             # inbox refuses to store, and it will be shown on terminals.
             text = printable(f"{type(error).__name__}: {error}", keep="\n\t")
-            trace = printable("".join(tb.format_exception(error)), keep="\n\t")
+            # An isolated agent's error carries its traceback from its own process.
+            remote = getattr(error, "remote_trace", None)
+            trace = printable(remote or "".join(tb.format_exception(error)), keep="\n\t")
             log.warning("run %s: agent raised %s\n%s", ctx.run_id, text, trace.rstrip())
             await self._finish(ctx, ids, error=text, trace=trace)
         if self.metrics is not None:

@@ -163,3 +163,26 @@ def meet_at_the_lease(inbox) -> None:
         return lease
 
     inbox.lease_info = lease_info
+
+
+async def ends_its_process(batch, ctx) -> None:
+    """os._exit for the events named hard-exit-*: no exception, no cleanup, no finally."""
+    for event in batch:
+        _ledger(called=event.source_id, pid_of_agent=os.getpid())
+        if event.source_id.startswith("hard-exit"):
+            os._exit(0)
+        ctx.reply(f"ok {event.source_id}")
+
+
+def checks_its_context(batch, ctx) -> None:
+    """Uses the whole context from a plain def, a refused value included: under --isolate
+    each call crosses to the worker's real context and back."""
+    for event in batch:
+        try:
+            ctx.reply("")
+        except ValueError as exc:  # BadInput is a ValueError
+            _ledger(refused=type(exc).__name__)
+        key = ctx.perform("notify", {"event": event.source_id}, lambda key: key)
+        ctx.follow_up(f"check-{event.source_id}", ctx.now + 3600, {"n": 1})
+        ctx.reply(f"ok {event.source_id} {key}")
+        ctx.result = {"event": event.source_id, "pid": os.getpid()}

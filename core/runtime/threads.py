@@ -4,8 +4,9 @@ A plain-def agent, and a plain function an agent hands to `ctx.perform`, run in 
 started for that call alone. A shared pool (asyncio.to_thread) would lend its few threads to
 runs the worker has already given up on: a call stuck past `max_run_seconds` keeps its
 thread, and once every thread is held, healthy runs wait in the pool's queue until they too
-are "past max_run_seconds" without the agent ever being called. A thread per call costs
-about 0.1 ms to start, which a run (a database transaction or two) does not notice.
+are "past max_run_seconds" without the agent ever being called. A thread per call costs a
+fraction of a millisecond to start (tests/bench/bench_isolation.py), which a run (a fsynced
+database commit or two) does not notice.
 """
 
 from __future__ import annotations

@@ -77,6 +77,16 @@ class _AgentExited(Exception):
         self.raised = raised
 
 
+def _being_closed() -> bool:
+    """True when a coroutine runs outside any event loop: it is being closed (garbage
+    collected), so a GeneratorExit there is Python's, not something the agent raised."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
+
+
 def default_holder() -> str:
     """A holder name unique to this process: host:pid."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -501,7 +511,11 @@ class Worker:
                 outcome = await done
             if inspect.isawaitable(outcome):
                 await outcome
-        except (KeyboardInterrupt, SystemExit, GeneratorExit) as exc:
+        except GeneratorExit as exc:
+            if _being_closed():
+                raise  # this coroutine itself is closed (a task destroyed), not the agent's doing
+            raise _AgentExited(exc) from exc
+        except (KeyboardInterrupt, SystemExit) as exc:
             raise _AgentExited(exc) from exc
 
     async def _finish(

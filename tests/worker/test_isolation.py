@@ -6,11 +6,14 @@ Real worker processes, real agent files (tests/worker/unruly.py); core/runtime/i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 
 import pytest
+
+from onwatch.core import Inbox
 
 from .helpers import event_status, query, scalar, wait_for
 from .test_misbehaving import (
@@ -20,6 +23,7 @@ from .test_misbehaving import (
     ledger,
     lease_released,
     log,
+    start,
     stop,
     worker,
 )
@@ -154,3 +158,74 @@ def test_sigterm_mid_run_ends_the_isolated_agent_with_the_worker(tmp_path):
     assert exit_code(process) == 0, log(tmp_path)
     assert "abandoned (stopping)" in log(tmp_path)
     assert lease_released(path)
+
+
+# --- the fleet worker (PostgreSQL) ------------------------------------------------------------
+
+
+@pytest.fixture
+def database_url() -> str:
+    from tests.pg.server import Unavailable, cluster
+
+    try:
+        return cluster().new_database(schema=False)
+    except Unavailable as exc:
+        pytest.skip(f"PostgreSQL tests skipped: {exc}")
+
+
+async def _fleet_inbox(url: str, *, source_id: str) -> None:
+    async with await Inbox.open(url, name="a") as box:
+        await box.configure(max_run_seconds=2, max_attempts=1, lease_ttl=30)
+        await box.ingest("chat", source_id, None)
+
+
+async def _fleet_state(url: str):
+    async with await Inbox.open(url, name="a", create=False) as box:
+        [event] = await box.events("dead") or await box.events("running") or [None]
+        return event, await box.lease_info(), box.now()
+
+
+def _fleet(tmp_path, url: str, *extra: str):
+    return start(
+        tmp_path,
+        "worker",
+        url,
+        "--all-inboxes",
+        "--concurrency",
+        "2",
+        "--agent",
+        "tests.worker.unruly:swallows_cancellation",
+        "--grace",
+        "0.3",
+        "--poll",
+        "0.2",
+        "--no-dispatch",
+        *extra,
+        name="fleet",
+    )
+
+
+def test_a_fleet_worker_ends_for_an_agent_it_cannot_stop_unless_isolated(tmp_path, database_url):
+    asyncio.run(_fleet_inbox(database_url, source_id="m1"))
+    fleet = _fleet(tmp_path, database_url)
+    assert exit_code(fleet, timeout=30) == 4, log(tmp_path, "fleet")
+    assert "did not end when cancelled" in log(tmp_path, "fleet")
+    event, lease, now = asyncio.run(_fleet_state(database_url))
+    assert event.status == "running" and lease.until < now  # released on the way out
+
+    asyncio.run(_fleet_inbox(database_url, source_id="m2"))
+    fleet = _fleet(tmp_path, database_url, "--isolate")
+    try:
+        wait_for(
+            lambda: asyncio.run(_dead_count(database_url)) == 2,
+            timeout=30,
+            what="both runs given up by the isolated fleet",
+        )
+        assert fleet.poll() is None, log(tmp_path, "fleet")
+    finally:
+        assert stop(fleet) == 0, log(tmp_path, "fleet")
+
+
+async def _dead_count(url: str) -> int:
+    async with await Inbox.open(url, name="a", create=False) as box:
+        return (await box.counts())["dead"]

@@ -291,7 +291,7 @@ class Worker:
         lease = await self._step(self.inbox.lease_info)
         if lease is not None and lease.until >= now:
             if lease.holder == self.holder and lease.gen in self.stats.generations:
-                # Still ours (we let go of it after a locked database): renew, fenced.
+                # A generation this worker took, still live: take it up again, fenced.
                 if await self._step(lambda: self.inbox.renew(self.holder, lease.gen)):
                     self.gen = lease.gen
                     self._renew_at = now + self._renew_period()

@@ -83,9 +83,12 @@ of core.Event; ctx.reply(text, urgent=False), ctx.ask_approval(request_id, expir
 action), ctx.follow_up(timer_id, due, payload=None, every=None), ctx.result = …, and
 `async with ctx.effect(name, detail) as key:` around an external effect.
 
-SIGTERM or Ctrl-C: the current run may finish within --grace seconds (else it is abandoned
-and recovered by the next worker under the lost-claim policy), the lease is released, exit 0.
-A second signal abandons the run at once.
+SIGTERM, SIGHUP or Ctrl-C: the current run may finish within --grace seconds (else it is
+abandoned and recovered by the next worker under the lost-claim policy), the lease is
+released, exit 0. A second signal abandons the run at once. Exit 4: the worker ended itself
+because an agent's code could not be stopped in its process (it swallowed its cancellation,
+or stayed in a call or held the event loop past the grace): start it again (a service
+manager's restart on failure does), or use --isolate.
 
 examples:
   onwatch worker alice.db --agent examples.refund_agent:handle \\
@@ -179,9 +182,16 @@ def build_parser() -> Parser:
         type=seconds(allow_zero=True),
         default=10.0,
         metavar="SECONDS",
-        help="on SIGTERM, how long the current run may take to finish (default 10)",
+        help="on SIGTERM, how long the current run may take to finish, and how long a run "
+        "given up may take to end (default 10)",
     )
     agent.add_argument("--max-runs", type=whole(1), metavar="N", help="stop after N runs")
+    agent.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run the agent in a process of its own, ended with SIGKILL when the worker "
+        "gives a run up: nothing the agent does can hold or end the worker",
+    )
     # What the webhook receiver takes, alone (`serve`) or inside `run`.
     receiver = Parser(add_help=False)
     receiver.add_argument(
@@ -447,7 +457,8 @@ RUN_EPILOG = """\
 One process, one inbox: webhook deliveries are answered 2xx once committed, and the commit
 wakes the worker in the same process at once. SIGTERM/SIGINT: the current run may finish
 within --grace, the lease is released, then the server stops (requests in flight finish);
-exit 0. Secrets come from the environment or --config, as for `onwatch serve`.
+exit 0 (SIGHUP too; exit 4 as for `onwatch worker`). Secrets come from the environment or
+--config, as for `onwatch serve`.
 
 examples:
   ONWATCH_HOOK_SECRET_CHAT=s3cret onwatch run alice.db --agent examples.refund_agent:handle

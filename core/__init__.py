@@ -23,6 +23,7 @@ from .records import (
     Run,
     Timer,
 )
+from .runtime.context import RunContext
 from .settings import Settings
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "Overview",
     "Reply",
     "Run",
+    "RunContext",
     "Settings",
     "SystemClock",
     "Timer",

@@ -59,4 +59,7 @@ async def connect(
     timeout = _check_options(create, busy_timeout)
     from .sqlite.db import Database as File
 
-    return await File.open(target, create=create, busy_timeout=timeout, factory=connection_factory)
+    # Made absolute once, here: an agent that changes directory later must not make this
+    # inbox look deleted, nor a reader opened later open another file.
+    path = os.path.abspath(text)
+    return await File.open(path, create=create, busy_timeout=timeout, factory=connection_factory)

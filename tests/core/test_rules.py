@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from onwatch.core import BadInput, BudgetExceeded, FollowUp, Inbox, Reply
+from onwatch.core import BadInput, BudgetExceeded, FakeClock, FollowUp, Inbox, Reply
 
 from .conftest import DAY, T
 
@@ -66,6 +66,34 @@ async def test_renewal_keeps_the_generation_and_takeover_by_the_same_holder_does
         (2, "takeover", "A"),
         (1, "first", None),
     ]
+
+
+async def test_a_fresh_acquire_never_continues_a_live_lease_even_under_its_own_name(inbox, path):
+    # A starting worker (fresh=True) takes only a free or expired lease: two processes
+    # started under one holder name must not both get generation 1.
+    assert await inbox.acquire("A", now=T, fresh=True) == 1
+    assert await inbox.acquire("A", now=T + 10, fresh=True) is None
+    assert (await inbox.lease_info()).until == T + 120  # the live lease is left as it was
+    assert await inbox.acquire("A", now=T + 10) == 1  # a renewal by the holder still renews
+    assert await inbox.acquire("A", now=T + 131, fresh=True) == 2  # expired: a new one
+    assert await inbox.release("A", 2, now=T + 140)
+    assert await inbox.acquire("A", now=T + 140, fresh=True) == 3  # released: free
+    assert [(h.gen, h.how) for h in await inbox.lease_history()] == [
+        (3, "released"),
+        (2, "takeover"),
+        (1, "first"),
+    ]
+    with pytest.raises(BadInput, match="fresh"):
+        await inbox.acquire("A", now=T + 141, fresh="yes")
+    # Two starters at the same instant, each its own connection (its own process in the
+    # worker): whatever the order, exactly one wins.
+    others = [await Inbox.open(path, clock=FakeClock(T + 500)) for _ in range(2)]
+    try:
+        won = await asyncio.gather(*(o.acquire("B", fresh=True) for o in others))
+    finally:
+        for other in others:
+            await other.close()
+    assert sorted(won, key=str) == [4, None]
 
 
 async def test_release_lets_a_successor_in_at_once_with_a_new_generation(inbox):

@@ -13,7 +13,7 @@ import sqlite3
 from textual import events
 
 from onwatch.core import FakeClock, Inbox
-from onwatch.core.worker import Worker
+from onwatch.core.runtime.worker import Worker
 from onwatch.tui.app import OnwatchApp
 from onwatch.tui.screens.confirm import ConfirmScreen
 from onwatch.tui.screens.detail import DetailScreen

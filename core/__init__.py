@@ -23,6 +23,8 @@ from .records import (
     Run,
     Timer,
 )
+from .engine.spend import Spend, Spending
+from .engine.transcripts import LogLine, Transcript
 from .runtime.context import RunContext
 from .settings import Settings
 
@@ -53,6 +55,7 @@ __all__ = [
     "InboxError",
     "Lease",
     "LeaseChange",
+    "LogLine",
     "Message",
     "NotAnInbox",
     "Outgoing",
@@ -61,6 +64,9 @@ __all__ = [
     "Run",
     "RunContext",
     "Settings",
+    "Spend",
+    "Spending",
     "SystemClock",
     "Timer",
+    "Transcript",
 ]

@@ -455,3 +455,114 @@ ORDER BY claimed_at DESC LIMIT 1 OFFSET %(offset)s;
 -- name: runs_per_minute
 SELECT claimed_at / 60, count(*), count(*) FILTER (WHERE outcome IN ('error', 'lost'))
 FROM runs WHERE inbox_id = %(inbox)s AND claimed_at > %(since)s GROUP BY 1 ORDER BY 1;
+
+-- --- the run's transcript and its spend (core/engine/transcripts.py, spend.py) -------------
+
+-- name: run_exists
+SELECT 1 FROM runs WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: transcript_state
+SELECT lines, head_end, head_chars, head_closed, tail_chars, dropped, dropped_chars,
+       head_budget, tail_budget, pruned, updated
+FROM transcripts WHERE inbox_id = %(inbox)s AND run_id = %(run)s;
+
+-- name: transcript_state_store
+INSERT INTO transcripts(inbox_id, run_id, lines, head_end, head_chars, head_closed,
+                        tail_chars, dropped, dropped_chars, head_budget, tail_budget, updated)
+VALUES (%(inbox)s, %(run)s, %(lines)s, %(head_end)s, %(head_chars)s, %(head_closed)s,
+        %(tail_chars)s, %(dropped)s, %(dropped_chars)s, %(head_budget)s, %(tail_budget)s,
+        %(now)s)
+ON CONFLICT (inbox_id, run_id) DO UPDATE SET lines = excluded.lines,
+    head_end = excluded.head_end, head_chars = excluded.head_chars,
+    head_closed = excluded.head_closed, tail_chars = excluded.tail_chars,
+    dropped = excluded.dropped, dropped_chars = excluded.dropped_chars,
+    updated = excluded.updated;
+
+-- %(rows)s is a JSON list of [seq, at, level, logger, text, fields, size] (SQLite's text).
+-- name: transcript_lines_insert
+INSERT INTO transcript_lines(inbox_id, run_id, seq, at, level, logger, text, fields, size)
+SELECT %(inbox)s, %(run)s, (r.v ->> 0)::bigint, (r.v ->> 1)::bigint, r.v ->> 2, r.v ->> 3,
+       r.v ->> 4, r.v ->> 5, (r.v ->> 6)::bigint
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r(v)
+ON CONFLICT (inbox_id, run_id, seq) DO NOTHING;
+
+-- name: transcript_oldest_tail
+SELECT seq, size FROM transcript_lines
+WHERE inbox_id = %(inbox)s AND run_id = %(run)s AND seq >= %(head_end)s
+ORDER BY seq LIMIT %(limit)s;
+
+-- name: transcript_cut
+DELETE FROM transcript_lines
+WHERE inbox_id = %(inbox)s AND run_id = %(run)s AND seq >= %(head_end)s AND seq <= %(upto)s;
+
+-- name: transcript_lines_after
+SELECT seq, at, level, logger, text, fields FROM transcript_lines
+WHERE inbox_id = %(inbox)s AND run_id = %(run)s AND seq > %(after)s ORDER BY seq
+LIMIT %(limit)s;
+
+-- name: transcript_lines_newest
+SELECT seq, at, level, logger, text, fields FROM transcript_lines
+WHERE inbox_id = %(inbox)s AND run_id = %(run)s ORDER BY seq DESC LIMIT %(limit)s;
+
+-- name: transcript_last_seq
+SELECT max(seq) FROM transcript_lines WHERE inbox_id = %(inbox)s AND run_id = %(run)s;
+
+-- name: transcripts_prune_mark
+UPDATE transcripts t SET pruned = true
+WHERE t.inbox_id = %(inbox)s AND NOT t.pruned AND NOT EXISTS (
+    SELECT 1 FROM runs r
+    CROSS JOIN LATERAL jsonb_array_elements_text(r.event_ids::jsonb) AS j(id)
+    JOIN events e ON e.inbox_id = r.inbox_id AND e.id = j.id::bigint
+    WHERE r.inbox_id = t.inbox_id AND r.id = t.run_id AND e.payload IS NOT NULL)
+RETURNING run_id;
+
+-- name: transcript_lines_delete
+DELETE FROM transcript_lines WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)s::bigint[]);
+
+-- name: spend_insert
+INSERT INTO spend(inbox_id, run_id, seq, at, unit, micros, note)
+VALUES (%(inbox)s, %(run)s, %(seq)s, %(at)s, %(unit)s, %(micros)s, %(note)s)
+ON CONFLICT (inbox_id, run_id, seq) DO NOTHING;
+
+-- numeric: a running total nothing overflows (SQLite's saturates instead).
+-- name: spend_total_add
+INSERT INTO spend_totals(inbox_id, unit, micros) VALUES (%(inbox)s, %(unit)s, %(micros)s)
+ON CONFLICT (inbox_id, unit) DO UPDATE SET micros = spend_totals.micros + excluded.micros;
+
+-- name: spend_since
+SELECT sum(micros) FROM spend
+WHERE inbox_id = %(inbox)s AND unit = %(unit)s AND at > %(since)s;
+
+-- name: spend_reaching
+SELECT max(at) FROM (
+    SELECT at, sum(micros) OVER (ORDER BY at DESC, id DESC ROWS UNBOUNDED PRECEDING) AS s
+    FROM spend WHERE inbox_id = %(inbox)s AND unit = %(unit)s AND at > %(since)s) AS w
+WHERE s >= %(limit)s;
+
+-- name: spend_of_runs
+SELECT run_id, unit, sum(micros) FROM spend
+WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)s::bigint[])
+GROUP BY run_id, unit ORDER BY run_id, unit;
+
+-- name: spend_per_day
+SELECT unit, at / 86400, sum(micros) FROM spend
+WHERE inbox_id = %(inbox)s AND at >= %(since)s GROUP BY 1, 2;
+
+-- name: spend_units_since
+SELECT unit, sum(micros) FROM spend WHERE inbox_id = %(inbox)s AND at > %(since)s
+GROUP BY unit ORDER BY unit;
+
+-- name: spend_totals
+SELECT unit, micros FROM spend_totals WHERE inbox_id = %(inbox)s ORDER BY unit;
+
+-- --- what needs a person (onwatch notify) -------------------------------------------------
+
+-- name: events_died_since
+SELECT id, source, source_id, NULL, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events WHERE inbox_id = %(inbox)s AND status = 'dead' AND updated >= %(since)s
+ORDER BY updated, id LIMIT %(limit)s;
+
+-- name: pending_oldest
+SELECT created FROM events WHERE inbox_id = %(inbox)s AND status = 'pending'
+ORDER BY id LIMIT 1;

@@ -255,6 +255,57 @@ MIGRATIONS: tuple[str, ...] = (
     # 2: the audit log names each operator action by its one name (core/actions.py); older
     # databases wrote other words for some (the same rewrite as SQLite schema 5).
     AUDIT_RENAMES,
+    # The run's transcript, what runs spent with a running total per unit, and the dead
+    # events by when they died (the same as SQLite's migration of them).
+    """
+    CREATE TABLE transcripts (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        run_id bigint NOT NULL,
+        lines bigint NOT NULL,             -- lines the run logged: the seq of the next
+        head_end bigint NOT NULL,          -- the seq after the beginning's last line
+        head_chars bigint NOT NULL,
+        head_closed boolean NOT NULL,
+        tail_chars bigint NOT NULL,
+        dropped bigint NOT NULL,           -- lines left out between the beginning and the end
+        dropped_chars bigint NOT NULL,
+        head_budget bigint NOT NULL,       -- max_transcript_chars as the first line found it
+        tail_budget bigint NOT NULL,
+        pruned boolean NOT NULL DEFAULT false,
+        updated bigint NOT NULL,
+        PRIMARY KEY (inbox_id, run_id)
+    );
+    CREATE TABLE transcript_lines (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        run_id bigint NOT NULL,
+        seq bigint NOT NULL,
+        at bigint NOT NULL,
+        level text NOT NULL,
+        logger text,
+        text text NOT NULL,
+        fields text,                       -- JSON object of ctx.log's keyword fields
+        size bigint NOT NULL,
+        PRIMARY KEY (inbox_id, run_id, seq)
+    );
+    CREATE TABLE spend (
+        id bigserial PRIMARY KEY,
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        run_id bigint NOT NULL,
+        seq bigint NOT NULL,               -- its line in the run's transcript
+        at bigint NOT NULL,
+        unit text NOT NULL CHECK (length(unit) > 0),
+        micros bigint NOT NULL CHECK (micros >= 0),
+        note text,
+        UNIQUE (inbox_id, run_id, seq)
+    );
+    CREATE INDEX spend_by_time ON spend(inbox_id, at, unit);
+    CREATE TABLE spend_totals (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        unit text NOT NULL,
+        micros numeric NOT NULL,
+        PRIMARY KEY (inbox_id, unit)
+    );
+    CREATE INDEX events_died ON events(inbox_id, updated) WHERE status = 'dead';
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

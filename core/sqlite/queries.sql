@@ -448,3 +448,113 @@ LIMIT 1 OFFSET :offset;
 -- name: runs_per_minute
 SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs
 WHERE claimed_at > :since GROUP BY 1 ORDER BY 1;
+
+-- --- the run's transcript and its spend (core/engine/transcripts.py, spend.py) -------------
+
+-- name: run_exists
+SELECT 1 FROM runs WHERE id = :id;
+
+-- name: transcript_state
+SELECT lines, head_end, head_chars, head_closed, tail_chars, dropped, dropped_chars,
+       head_budget, tail_budget, pruned, updated
+FROM transcripts WHERE run_id = :run;
+
+-- name: transcript_state_store
+INSERT INTO transcripts(run_id, lines, head_end, head_chars, head_closed, tail_chars, dropped,
+                        dropped_chars, head_budget, tail_budget, updated)
+VALUES (:run, :lines, :head_end, :head_chars, :head_closed, :tail_chars, :dropped,
+        :dropped_chars, :head_budget, :tail_budget, :now)
+ON CONFLICT(run_id) DO UPDATE SET lines = excluded.lines, head_end = excluded.head_end,
+    head_chars = excluded.head_chars, head_closed = excluded.head_closed,
+    tail_chars = excluded.tail_chars, dropped = excluded.dropped,
+    dropped_chars = excluded.dropped_chars, updated = excluded.updated;
+
+-- :rows is a JSON list of [seq, at, level, logger, text, fields, size]: one statement for
+-- a whole batch (the same text parameter as PostgreSQL's, which reads it as jsonb).
+-- name: transcript_lines_insert
+INSERT INTO transcript_lines(run_id, seq, at, level, logger, text, fields, size)
+SELECT :run, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+       json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'),
+       json_extract(value, '$[5]'), json_extract(value, '$[6]')
+FROM json_each(:rows)
+WHERE true
+ON CONFLICT(run_id, seq) DO NOTHING;
+
+-- The oldest lines of the transcript's end (after its beginning), to be dropped first.
+-- name: transcript_oldest_tail
+SELECT seq, size FROM transcript_lines
+WHERE run_id = :run AND seq >= :head_end ORDER BY seq LIMIT :limit;
+
+-- name: transcript_cut
+DELETE FROM transcript_lines WHERE run_id = :run AND seq >= :head_end AND seq <= :upto;
+
+-- name: transcript_lines_after
+SELECT seq, at, level, logger, text, fields FROM transcript_lines
+WHERE run_id = :run AND seq > :after ORDER BY seq LIMIT :limit;
+
+-- name: transcript_lines_newest
+SELECT seq, at, level, logger, text, fields FROM transcript_lines
+WHERE run_id = :run ORDER BY seq DESC LIMIT :limit;
+
+-- name: transcript_last_seq
+SELECT max(seq) FROM transcript_lines WHERE run_id = :run;
+
+-- A run's lines go with the payloads of its events: once none of them keeps one.
+-- name: transcripts_prune_mark
+UPDATE transcripts SET pruned = 1
+WHERE pruned = 0 AND NOT EXISTS (
+    SELECT 1 FROM runs r, json_each(r.event_ids) j JOIN events e ON e.id = j.value
+    WHERE r.id = transcripts.run_id AND e.payload IS NOT NULL)
+RETURNING run_id;
+
+-- name: transcript_lines_delete
+DELETE FROM transcript_lines WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: spend_insert
+INSERT INTO spend(run_id, seq, at, unit, micros, note)
+VALUES (:run, :seq, :at, :unit, :micros, :note)
+ON CONFLICT(run_id, seq) DO NOTHING;
+
+-- Saturating: a running total a hand-made flood of spends cannot overflow.
+-- name: spend_total_add
+INSERT INTO spend_totals(unit, micros) VALUES (:unit, :micros)
+ON CONFLICT(unit) DO UPDATE SET micros = min(micros + excluded.micros, 9000000000000000000);
+
+-- total() is a float, exact below 2^53 millionths, and never overflows as sum() can.
+-- name: spend_since
+SELECT total(micros) FROM spend WHERE unit = :unit AND at > :since;
+
+-- The newest spend that, with every newer one, reaches :limit (the budget frees once it
+-- leaves the window).
+-- name: spend_reaching
+SELECT max(at) FROM (
+    SELECT at, total(micros) OVER (ORDER BY at DESC, id DESC ROWS UNBOUNDED PRECEDING) AS s
+    FROM spend WHERE unit = :unit AND at > :since)
+WHERE s >= :limit;
+
+-- name: spend_of_runs
+SELECT run_id, unit, total(micros) FROM spend
+WHERE run_id IN (SELECT value FROM json_each(:runs)) GROUP BY run_id, unit ORDER BY run_id, unit;
+
+-- name: spend_per_day
+SELECT unit, at / 86400, total(micros) FROM spend WHERE at >= :since GROUP BY 1, 2;
+
+-- name: spend_units_since
+SELECT unit, total(micros) FROM spend WHERE at > :since GROUP BY unit ORDER BY unit;
+
+-- name: spend_totals
+SELECT unit, micros FROM spend_totals ORDER BY unit;
+
+-- --- what needs a person (onwatch notify) -------------------------------------------------
+
+-- Events that died at or after :since, oldest first (a partial index: only dead rows).
+-- name: events_died_since
+SELECT id, source, source_id, NULL, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events INDEXED BY events_died
+WHERE status = 'dead' AND updated >= :since ORDER BY updated, id LIMIT :limit;
+
+-- When the oldest pending event was stored (by id: the index's first pending row).
+-- name: pending_oldest
+SELECT created FROM events INDEXED BY events_by_status WHERE status = 'pending'
+ORDER BY id LIMIT 1;

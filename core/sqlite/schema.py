@@ -215,6 +215,55 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX outbox_by_delivery;
     CREATE INDEX outbox_by_delivery ON outbox(delivery_id) WHERE delivery_id IS NOT NULL;
     """,
+    # The run's transcript (ctx.log and logging during a run, bounded per run: its beginning
+    # and its end, core/engine/transcripts.py), what runs spent (ctx.spend, in millionths of
+    # the unit) with a running total per unit, and the dead events by when they died (a
+    # partial index: written only when a row dies, so `onwatch notify` finds new deaths
+    # without a scan).
+    """
+    CREATE TABLE transcripts (
+        run_id INTEGER PRIMARY KEY,
+        lines INTEGER NOT NULL,          -- lines the run logged: the seq of the next
+        head_end INTEGER NOT NULL,       -- the seq after the beginning's last line
+        head_chars INTEGER NOT NULL,
+        head_closed INTEGER NOT NULL CHECK (head_closed IN (0, 1)),
+        tail_chars INTEGER NOT NULL,
+        dropped INTEGER NOT NULL,        -- lines left out between the beginning and the end
+        dropped_chars INTEGER NOT NULL,
+        head_budget INTEGER NOT NULL,    -- max_transcript_chars as the run's first line found it
+        tail_budget INTEGER NOT NULL,
+        pruned INTEGER NOT NULL DEFAULT 0 CHECK (pruned IN (0, 1)),
+        updated INTEGER NOT NULL
+    );
+    CREATE TABLE transcript_lines (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        at INTEGER NOT NULL,
+        level TEXT NOT NULL,
+        logger TEXT,
+        text TEXT NOT NULL,
+        fields TEXT,                     -- JSON object of ctx.log's keyword fields
+        size INTEGER NOT NULL,
+        UNIQUE (run_id, seq)
+    );
+    CREATE TABLE spend (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,            -- its line in the run's transcript: a retry is a no-op
+        at INTEGER NOT NULL,
+        unit TEXT NOT NULL CHECK (length(unit) > 0),
+        micros INTEGER NOT NULL CHECK (micros >= 0),
+        note TEXT,
+        UNIQUE (run_id, seq)
+    );
+    CREATE INDEX spend_by_time ON spend(at, unit);
+    CREATE TABLE spend_totals (
+        unit TEXT PRIMARY KEY,
+        micros INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX events_died ON events(updated) WHERE status = 'dead';
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1014,7 +1014,6 @@ class Inbox:
         lines: Iterable[NewLine],
         *,
         upto: int | None = None,
-        dropped: int = 0,
         dropped_chars: int = 0,
         spends: Iterable[NewSpend] = (),
         now: int | None = None,
@@ -1022,24 +1021,26 @@ class Inbox:
         """Store a batch of a run's transcript (docs/rules.md#the-runs-transcript): `lines`
         as (seq, at, level, logger, text, fields JSON), numbered from 0 by their one writer,
         and what the run spent, as (seq of its line, at, unit, millionths, note). `upto` is
-        the seq after the last line the batch covers (default: after its last line);
-        `dropped` lines (`dropped_chars` characters) before it were left out by the writer.
-        Bounded per run by max_transcript_chars; a batch stored already changes nothing (a
-        retry is safe). Returns the lines stored, or -1 for a run that does not exist.
-        The worker's writer (core/runtime/transcript.py) is what calls this."""
+        the seq after the last line the batch covers (default: after its last line): a seq
+        the batch skips is a line its writer left out, `dropped_chars` the characters it
+        left out of the run so far (a running total). Bounded per run by
+        max_transcript_chars; a batch stored already changes nothing (a retry is safe).
+        Returns the lines stored, or -1 for a run that does not exist. The worker's writer
+        (core/runtime/transcript.py) is what calls this."""
         run_id = checks.positive("run_id", run_id)
         batch = [checks.log_line(line) for line in checks.listed("lines", lines, MAX_COUNT)]
         costs = [checks.spend_record(item) for item in checks.listed("spends", spends, MAX_COUNT)]
-        last = max([line[0] for line in batch] + [item[0] for item in costs], default=-1)
+        seqs = [line[0] for line in batch]
+        if any(a >= b for a, b in zip(seqs, seqs[1:], strict=False)):
+            raise BadInput("lines must be in the order of their seq, each seq once")
+        last = max(seqs + [item[0] for item in costs], default=-1)
         upto = last + 1 if upto is None else check_int(upto, "upto", last + 1, MAX_COUNT)
-        dropped = check_int(dropped, "dropped", 0, MAX_COUNT)
         dropped_chars = check_int(dropped_chars, "dropped_chars", 0, MAX_ID)
         return await self._write(
             transcripts.append,
             run_id,
             batch,
             upto,
-            dropped,
             dropped_chars,
             costs,
             self._settings.max_transcript_chars,

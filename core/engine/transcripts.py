@@ -111,7 +111,8 @@ class _State:
     head_closed: bool = False
     tail_chars: int = 0
     dropped: int = 0
-    dropped_chars: int = 0
+    dropped_chars: int = 0  # of the lines this script dropped
+    sent_dropped_chars: int = 0  # of the lines the writer dropped before sending
     head_budget: int = 0
     tail_budget: int = 0
 
@@ -121,24 +122,27 @@ def append(
     run_id: int,
     lines: Sequence[NewLine],
     upto: int,
-    dropped: int,
-    dropped_chars: int,
+    sent_dropped_chars: int,
     spends: Sequence[NewSpend],
     limit: int,
     now: int | None,
 ) -> int:
-    """Store a batch of one run's transcript: `lines` (by seq), the lines the writer dropped
-    before sending (`dropped`, `dropped_chars`), `upto` the seq after the last line the batch
-    covers, and the run's `spends`. Returns how many lines were stored, or -1 if the run does
-    not exist. `limit` (max_transcript_chars) is fixed by the run's first batch."""
+    """Store a batch of one run's transcript: `lines` (by seq), `upto` the seq after the last
+    line the batch covers (a seq it skips is a line the writer dropped before sending), the
+    characters the writer dropped so far for this run (`sent_dropped_chars`, a running total:
+    a batch sent twice counts them once), and the run's `spends`. Returns how many lines were
+    stored, or -1 if the run does not exist. `limit` (max_transcript_chars) is fixed by the
+    run's first batch."""
     if tx.run("run_exists", id=run_id).fetchone() is None:
         return -1
     now = tx.now(now)
     row = tx.run("transcript_state", run=run_id).fetchone()
     if row is None:
-        state = _State(*(0, 0, 0, False, 0, 0, 0), *budgets(limit))
+        state = _State(*(0, 0, 0, False, 0, 0, 0, 0), *budgets(limit))
     else:
-        state = _State(row[0], row[1], row[2], bool(row[3]), row[4], row[5], row[6], row[7], row[8])
+        state = _State(
+            row[0], row[1], row[2], bool(row[3]), row[4], row[5], row[6], row[11], row[7], row[8]
+        )
     if upto <= state.lines:
         return 0  # this batch is stored already: its first commit's answer was lost
     for seq, at, unit, micros, note in spends:
@@ -158,8 +162,9 @@ def append(
         else:
             tail.append((line, size))
     state.head_chars, state.head_closed = keep.head_chars, keep.head_closed
-    state.dropped += dropped
-    state.dropped_chars += dropped_chars
+    fresh = sum(1 for line in lines if line[0] >= state.lines)
+    state.dropped += upto - state.lines - fresh  # the seqs the batch skips
+    state.sent_dropped_chars = max(state.sent_dropped_chars, sent_dropped_chars)
     excess = state.tail_chars + sum(size for _, size in tail) - state.tail_budget
     while excess > 0 and state.tail_chars > 0:  # the end's oldest stored lines go first
         rows = tx.run(
@@ -201,6 +206,7 @@ def append(
         tail_chars=state.tail_chars,
         dropped=state.dropped,
         dropped_chars=state.dropped_chars,
+        sent_dropped_chars=state.sent_dropped_chars,
         head_budget=state.head_budget,
         tail_budget=state.tail_budget,
         now=now,
@@ -221,7 +227,8 @@ def read(tx: Tx, run_id: int, after: int | None, limit: int, newest: bool) -> Tr
     lines = tuple(_line(run_id, r) for r in rows)
     if row is None:
         return Transcript(run_id, lines)
-    return Transcript(run_id, lines, row[0], row[5], row[6], row[1], bool(row[9]), row[10])
+    dropped_chars = row[6] + row[11]  # by this script, and by the writer before sending
+    return Transcript(run_id, lines, row[0], row[5], dropped_chars, row[1], bool(row[9]), row[10])
 
 
 def _line(run_id: int, r: Sequence[Any]) -> LogLine:

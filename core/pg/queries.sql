@@ -463,20 +463,21 @@ SELECT 1 FROM runs WHERE inbox_id = %(inbox)s AND id = %(id)s;
 
 -- name: transcript_state
 SELECT lines, head_end, head_chars, head_closed, tail_chars, dropped, dropped_chars,
-       head_budget, tail_budget, pruned, updated
+       head_budget, tail_budget, pruned, updated, sent_dropped_chars
 FROM transcripts WHERE inbox_id = %(inbox)s AND run_id = %(run)s;
 
 -- name: transcript_state_store
 INSERT INTO transcripts(inbox_id, run_id, lines, head_end, head_chars, head_closed,
-                        tail_chars, dropped, dropped_chars, head_budget, tail_budget, updated)
+                        tail_chars, dropped, dropped_chars, sent_dropped_chars, head_budget,
+                        tail_budget, updated)
 VALUES (%(inbox)s, %(run)s, %(lines)s, %(head_end)s, %(head_chars)s, %(head_closed)s,
-        %(tail_chars)s, %(dropped)s, %(dropped_chars)s, %(head_budget)s, %(tail_budget)s,
-        %(now)s)
+        %(tail_chars)s, %(dropped)s, %(dropped_chars)s, %(sent_dropped_chars)s,
+        %(head_budget)s, %(tail_budget)s, %(now)s)
 ON CONFLICT (inbox_id, run_id) DO UPDATE SET lines = excluded.lines,
     head_end = excluded.head_end, head_chars = excluded.head_chars,
     head_closed = excluded.head_closed, tail_chars = excluded.tail_chars,
     dropped = excluded.dropped, dropped_chars = excluded.dropped_chars,
-    updated = excluded.updated;
+    sent_dropped_chars = excluded.sent_dropped_chars, updated = excluded.updated;
 
 -- %(rows)s is a JSON list of [seq, at, level, logger, text, fields, size] (SQLite's text).
 -- name: transcript_lines_insert

@@ -268,6 +268,7 @@ MIGRATIONS: tuple[str, ...] = (
         tail_chars bigint NOT NULL,
         dropped bigint NOT NULL,           -- lines left out between the beginning and the end
         dropped_chars bigint NOT NULL,
+        sent_dropped_chars bigint NOT NULL, -- of lines the writer dropped before sending
         head_budget bigint NOT NULL,       -- max_transcript_chars as the first line found it
         tail_budget bigint NOT NULL,
         pruned boolean NOT NULL DEFAULT false,

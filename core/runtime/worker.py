@@ -55,9 +55,16 @@ from ..text import printable
 from ..connection import SLOW_POLL
 from .context import Agent, LeaseLost, RunAbandoned, RunContext, _is_async
 from .threads import start_thread
+from .transcript import TranscriptWriter, capture_logging
+from .transcript import current as run_log
 from .watchdog import LoopWatch
 
 log = logging.getLogger("onwatch.worker")
+TRANSCRIPT_FLUSH = 5.0  # seconds a finish waits for its run's transcript to be stored
+
+
+def ctx_run_id(batch: list[Event]) -> int | None:
+    return next((e.run_id for e in batch if e.run_id), None)
 
 
 class AgentWedged(RuntimeError):
@@ -175,6 +182,8 @@ class Worker:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._watch: LoopWatch | None = None  # the loop's, while run() runs
+        # Writes the runs' transcripts and spends, off the loop (core/runtime/transcript.py).
+        self.transcripts = TranscriptWriter(inbox)
 
     @property
     def clock(self) -> Clock:
@@ -205,6 +214,8 @@ class Worker:
                 await outcome
         watch = self._watch = LoopWatch.of(asyncio.get_running_loop())
         self._watch_loop(watch)
+        capture_logging()
+        self.transcripts.start()
         log.info(
             "worker %s started on %s (%s)",
             self.holder,
@@ -238,6 +249,7 @@ class Worker:
                     await self._sleep(self.poll_interval)
         finally:
             watch.leave(self)
+            await self.transcripts.close(TRANSCRIPT_FLUSH)
             await self._release()
         log.debug("worker %s stopped: %s", self.holder, self.stats)
         return self.stats
@@ -369,7 +381,12 @@ class Worker:
         assert gen is not None  # the batch was claimed under it
         claimed_at = batch[0].claimed_at or self.clock.now()
         budget = self.inbox.settings.max_run_seconds
-        ctx = RunContext(self.inbox, self.holder, gen, batch, asyncio.get_running_loop())
+        run_id = ctx_run_id(batch)
+        limit = self.inbox.settings.max_transcript_chars
+        transcript = None if run_id is None else self.transcripts.open(run_id, limit)
+        ctx = RunContext(
+            self.inbox, self.holder, gen, batch, asyncio.get_running_loop(), transcript
+        )
         log.info("run %s: events %s (gen %s)", ctx.run_id, ids, gen)
         task = asyncio.create_task(self._call_agent(batch, ctx))
         if self._watch is not None:
@@ -431,6 +448,7 @@ class Worker:
             self._abandoned(ctx, ids, "lease lost", started)
             return
         ctx.close("finished")
+        await self._flush_transcript(ctx)
         if error is None:
             await self._finish(ctx, ids, error=None)
         else:
@@ -445,6 +463,19 @@ class Worker:
             await self._finish(ctx, ids, error=text, trace=trace)
         if self.metrics is not None:
             self.metrics.ended("done" if error is None else "failed", time.monotonic() - started)
+
+    async def _flush_transcript(self, ctx: RunContext) -> None:
+        """Have the run's transcript stored before its outcome, so that whoever sees the
+        outcome (`onwatch logs --follow`, the desk) has every line the run logged before
+        it; bounded, so a locked database delays the finish by at most TRANSCRIPT_FLUSH."""
+        if ctx.transcript is not None and not await self.transcripts.flush(
+            ctx.transcript, TRANSCRIPT_FLUSH
+        ):
+            log.warning(
+                "run %s: its transcript is not all written yet; finishing anyway (the "
+                "rest follows when the inbox takes it)",
+                ctx.run_id,
+            )
 
     def _abandoned(self, ctx: RunContext, ids: list[int], why: str, started: float) -> None:
         self.stats.abandoned += 1
@@ -497,6 +528,9 @@ class Worker:
         raise AgentWedged(message)
 
     async def _call_agent(self, batch: list[Event], ctx: RunContext) -> None:
+        # This task's context is the run's: logging records emitted by the agent's code (in
+        # this task, the tasks it starts, its thread) belong to its transcript.
+        run_log.set(ctx.transcript)
         try:
             if _is_async(self.agent):
                 outcome = self.agent(batch, ctx)

@@ -456,18 +456,19 @@ SELECT 1 FROM runs WHERE id = :id;
 
 -- name: transcript_state
 SELECT lines, head_end, head_chars, head_closed, tail_chars, dropped, dropped_chars,
-       head_budget, tail_budget, pruned, updated
+       head_budget, tail_budget, pruned, updated, sent_dropped_chars
 FROM transcripts WHERE run_id = :run;
 
 -- name: transcript_state_store
 INSERT INTO transcripts(run_id, lines, head_end, head_chars, head_closed, tail_chars, dropped,
-                        dropped_chars, head_budget, tail_budget, updated)
+                        dropped_chars, sent_dropped_chars, head_budget, tail_budget, updated)
 VALUES (:run, :lines, :head_end, :head_chars, :head_closed, :tail_chars, :dropped,
-        :dropped_chars, :head_budget, :tail_budget, :now)
+        :dropped_chars, :sent_dropped_chars, :head_budget, :tail_budget, :now)
 ON CONFLICT(run_id) DO UPDATE SET lines = excluded.lines, head_end = excluded.head_end,
     head_chars = excluded.head_chars, head_closed = excluded.head_closed,
     tail_chars = excluded.tail_chars, dropped = excluded.dropped,
-    dropped_chars = excluded.dropped_chars, updated = excluded.updated;
+    dropped_chars = excluded.dropped_chars, sent_dropped_chars = excluded.sent_dropped_chars,
+    updated = excluded.updated;
 
 -- :rows is a JSON list of [seq, at, level, logger, text, fields, size]: one statement for
 -- a whole batch (the same text parameter as PostgreSQL's, which reads it as jsonb).

@@ -230,6 +230,7 @@ MIGRATIONS: tuple[str, ...] = (
         tail_chars INTEGER NOT NULL,
         dropped INTEGER NOT NULL,        -- lines left out between the beginning and the end
         dropped_chars INTEGER NOT NULL,
+        sent_dropped_chars INTEGER NOT NULL, -- of lines the writer dropped before sending
         head_budget INTEGER NOT NULL,    -- max_transcript_chars as the run's first line found it
         tail_budget INTEGER NOT NULL,
         pruned INTEGER NOT NULL DEFAULT 0 CHECK (pruned IN (0, 1)),

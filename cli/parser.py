@@ -17,6 +17,7 @@ from onwatch.cli.commands.inbox import (
     cmd_show,
     cmd_status,
 )
+from onwatch.cli.commands.logs import cmd_logs
 from onwatch.cli.commands.operator import act_command
 from onwatch.cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
 from onwatch.cli.output import BAD, PROG, CliError
@@ -75,6 +76,23 @@ examples:
   onwatch config alice.db
   onwatch config alice.db max_pending=1000 max_runs_per_day=200 on_lost_claim=interrupt
   onwatch config alice.db 'lost_claim_by_source={"stripe": "interrupt"}' max_pending=none
+"""
+
+LOGS_EPILOG = """\
+The transcript of a run is what its agent said (ctx.log), what it logged through `logging`
+while the run ran, and what it spent (ctx.spend); kept with the run, its beginning and end
+past max_transcript_chars (the lines between are dropped and counted), pruned with the
+payloads. Text is escaped: control characters print as \\x1b, \\u202e, ….
+
+--json prints one object per line: {"type": "run", run, attempt, gen, holder, claimed_at,
+finished_at, outcome, error, logged, dropped, dropped_chars, pruned}, then its
+{"type": "line", run, seq, at, level, logger, text, fields}; {"type": "gap", run, after_seq,
+dropped} where lines were dropped; {"type": "end", run, outcome, error} once a run ended.
+
+examples:
+  onwatch logs alice.db 42
+  onwatch logs alice.db 42 --follow
+  onwatch logs postgresql://db/agents --inbox alice 42 --run 7 --json | jq -r .text
 """
 
 WORKER_EPILOG = """\
@@ -274,6 +292,25 @@ def build_parser() -> Parser:
         "show", "one event with its runs and effect journal", run_async(cmd_show), (common, as_json)
     )
     p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
+
+    p = sub(
+        "logs",
+        "an event's transcript: each attempt's lines under its run (--follow: live)",
+        run_async(cmd_logs),
+        (common, as_json),
+        epilog=LOGS_EPILOG,
+    )
+    p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
+    p.add_argument(
+        "--run", type=whole(1), metavar="RUN_ID", help="only this run of the event (its id)"
+    )
+    p.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing lines and new attempts as they come, until the event is done, "
+        "dead, interrupted or cancelled (or Ctrl-C)",
+    )
 
     p = sub(
         "events",

@@ -428,11 +428,11 @@ class OnwatchApp(App[int]):
         if self.inbox is None:  # the fleet desk before an inbox was chosen: no rows
             return
         try:
-            title, body = await load_detail(self.inbox, record, self.clock.now())
+            detail = await load_detail(self.inbox, record, self.clock.now())
         except InboxError as exc:
             self.active_pane.show_outcome(f"cannot read the detail: {exc}", False)
             return
-        await self.push_screen(DetailScreen(title, body))
+        await self.push_screen(DetailScreen(detail.title, detail.body, detail.follow))
 
     # --- actions --------------------------------------------------------------------------
 

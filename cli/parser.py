@@ -22,7 +22,7 @@ from onwatch.cli.commands.operator import act_command
 from onwatch.cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
 from onwatch.cli.output import BAD, PROG, CliError
 from onwatch.cli.running import run_async
-from onwatch.cli.values import default_actor, inbox_path, port, seconds, whole
+from onwatch.cli.values import amount, default_actor, inbox_path, port, seconds, whole
 from onwatch.core import ACTIONS
 
 
@@ -61,8 +61,12 @@ STATUS_EPILOG = """\
   waiting_approvals         approval requests without an answer
   runs_last_day             runs claimed in the last 24 h
   budgets                   {name: {limit, used (where counted), excess}}: excess is
-                            "delayed" (max_runs_per_day), "refused" (max_pending,
-                            max_followups_per_run) or "lost claim" (max_run_seconds)
+                            "delayed" (max_runs_per_day, max_spend_per_day), "refused"
+                            (max_pending, max_followups_per_run) or "lost claim"
+                            (max_run_seconds); max_spend_per_day's limit and used are
+                            {unit: amount} (used: the last 24 h)
+  spending                  {unit: {last_day, per_day (7 UTC days, oldest first), total,
+                            limit}}: what runs spent (ctx.spend)
 """
 
 CONFIG_EPILOG = """\
@@ -72,10 +76,22 @@ limit, else plain text (interrupt). Budgets (docs/rules.md#budgets):
   max_pending=N              excess refused: ingest exits 1 (BudgetExceeded)
   max_followups_per_run=N    excess refused: the run's finish fails, the event backs off
   max_run_seconds=N          excess treated as a lost claim (retry or interrupt)
+  max_spend_per_day='{"usd": 5}'  per unit, the last 24 h: excess delayed like runs
+  max_transcript_chars=N     a run's transcript kept (its beginning and end), 0 keeps none
 examples:
   onwatch config alice.db
   onwatch config alice.db max_pending=1000 max_runs_per_day=200 on_lost_claim=interrupt
   onwatch config alice.db 'lost_claim_by_source={"stripe": "interrupt"}' max_pending=none
+"""
+
+RAISE_EPILOG = """\
+Runs a delaying budget holds back may start at once. Lowering a budget, or setting one, is
+`onwatch config` (max_spend_per_day='{"usd": 5}', max_runs_per_day=200). Exit 1 (and why on
+stderr) when it is not set, changed meanwhile (--expect), or the value would not raise it.
+
+examples:
+  onwatch raise-budget alice.db max_spend_per_day --unit usd --to 10 --reason "launch day"
+  onwatch raise-budget alice.db max_runs_per_day --to 500 --expect 200
 """
 
 LOGS_EPILOG = """\
@@ -450,7 +466,7 @@ def build_parser() -> Parser:
             (common, as_json, operator),
             epilog="exit 0 if this answer stands, 1 if another one (or 'unknown') does"
             if action.target == "approval"
-            else None,
+            else (RAISE_EPILOG if action.target == "budget" else None),
         )
         if action.target == "event":
             p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
@@ -463,6 +479,27 @@ def build_parser() -> Parser:
             p.add_argument("request_id", metavar="REQUEST_ID")
         elif action.target == "delivery":
             p.add_argument("delivery_id", type=whole(1), metavar="DELIVERY_ID")
+        elif action.target == "budget":
+            p.add_argument(
+                "budget",
+                metavar="BUDGET",
+                choices=("max_spend_per_day", "max_runs_per_day"),
+                help="max_spend_per_day (with --unit) or max_runs_per_day",
+            )
+            p.add_argument(
+                "--to",
+                required=True,
+                type=amount,
+                metavar="LIMIT",
+                help="the new limit (an amount of the unit, or a number of runs)",
+            )
+            p.add_argument("--unit", metavar="UNIT", help="the spend unit (e.g. usd)")
+            p.add_argument(
+                "--expect",
+                type=amount,
+                metavar="LIMIT",
+                help="only raise it if its limit is this now (what you saw)",
+            )
 
     p = sub(
         "config",

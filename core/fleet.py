@@ -20,10 +20,11 @@ import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 from urllib.parse import quote
 
-from .engine import outbox, reads
+from .engine import outbox, reads, switches
+from .engine.plans import DAY
 from .clock import Clock
 from .errors import BadInput, InboxError, NotAnInbox
 from .inbox import Inbox
@@ -81,7 +82,15 @@ class InboxSummary:
     paused: bool = False
     # runs in the hour before `read_at`: (minute, runs, failed runs) per minute with runs
     activity: tuple[tuple[int, int, int], ...] = ()
+    # per unit spent in the 24 hours before `read_at` or budgeted: (unit, millionths spent,
+    # the max_spend_per_day limit in millionths or None), the budgeted units first
+    spend: tuple[tuple[str, int, int | None], ...] = ()
     signature: tuple[int, ...] = field(default=(), compare=False)  # file times and sizes
+
+    @property
+    def over_budget(self) -> bool:
+        """A unit's spend of the last 24 hours reached its max_spend_per_day: runs wait."""
+        return any(limit is not None and spent >= limit for _, spent, limit in self.spend)
 
     @property
     def soonest_due(self) -> int | None:
@@ -206,6 +215,14 @@ def _summarise(
     ).fetchone()
     activity = reads.run_activity(tx, now - HOUR)
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
+    spend = spend_of(
+        switches.load_settings(tx),
+        db.execute(
+            "SELECT unit, total(micros) FROM spend WHERE at > ? GROUP BY unit", (now - DAY,)
+        ).fetchall()
+        if _has_table(db, "spend")  # a file of an older schema has none (reads never migrate)
+        else [],
+    )
     meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('paused', 'outbox_held')"))
     return InboxSummary(
         key,
@@ -226,8 +243,26 @@ def _summarise(
         outbox_held=bool(meta.get("outbox_held")),
         paused=bool(meta.get("paused")),
         activity=activity,
+        spend=spend,
         signature=signature,
     )
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return row.fetchone() is not None
+
+
+def spend_of(
+    settings: Settings, spent: Iterable[Sequence[Any]]
+) -> tuple[tuple[str, int, int | None], ...]:
+    """A summary's `spend`: each unit spent or budgeted, the budgeted ones first."""
+    used = {str(unit): int(micros or 0) for unit, micros in spent}
+    units = sorted(
+        set(used) | set(settings.max_spend_per_day),
+        key=lambda u: (u not in settings.max_spend_per_day, u),
+    )
+    return tuple((unit, used.get(unit, 0), settings.spend_limit(unit)) for unit in units)
 
 
 async def run_activity(inbox: Inbox, now: int) -> tuple[tuple[int, int, int], ...]:
@@ -405,13 +440,14 @@ class DatabaseFleet:
                 if stale
                 else []
             )
+            spent = sql.spend(conn, stale, now - DAY) if stale else {}
         except (psycopg.Error, InboxError, OSError) as exc:
             self.close()
             raise InboxError(
                 f"lost the connection to {self.shown_url} ({str(exc).strip()}); "
                 f"trying again every second, showing what was last read"
             ) from None
-        fresh = {row[1]: self._summary(row, now) for row in rows}
+        fresh = {row[1]: self._summary(row, now, spent.get(row[0], [])) for row in rows}
         summaries = {
             name: fresh.get(name) or known[name]
             for _, name, _ in listing
@@ -420,7 +456,9 @@ class DatabaseFleet:
         removed = frozenset(set(known) - set(summaries))
         return FleetScan(summaries, frozenset(fresh), removed)
 
-    def _summary(self, row: tuple[Any, ...], now: int) -> InboxSummary:
+    def _summary(
+        self, row: tuple[Any, ...], now: int, spent: Sequence[tuple[str, Any]] = ()
+    ) -> InboxSummary:
         (
             _,
             name,
@@ -447,9 +485,9 @@ class DatabaseFleet:
             undelivered,
         ) = row
         next_send_at = None
+        stored = Settings.from_json(settings) if settings else Settings()
         if undelivered:
-            gap = (Settings.from_json(settings) if settings else Settings()).outbox_gap
-            next_send_at = 0 if last_paced_send is None else last_paced_send + gap
+            next_send_at = 0 if last_paced_send is None else last_paced_send + stored.outbox_gap
         return InboxSummary(
             name,
             name,
@@ -469,6 +507,7 @@ class DatabaseFleet:
             outbox_held=bool(outbox_held),
             paused=bool(paused),
             activity=tuple((a[0], a[1], a[2]) for a in activity),
+            spend=spend_of(stored, spent),
             signature=(changes,),
         )
 

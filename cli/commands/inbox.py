@@ -14,6 +14,7 @@ from onwatch.cli.output import NOT_APPLIED, OK, CliError, emit_json, local_time,
 from onwatch.cli.running import open_inbox
 from onwatch.cli.values import assignments
 from onwatch.core import Settings
+from onwatch.core.settings import from_micros
 
 _SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
 
@@ -87,11 +88,21 @@ CLOCK_SKEW_SHOWN = 2.0  # seconds between this machine's clock and the server's 
 async def cmd_status(args: argparse.Namespace) -> int:
     async with await open_inbox(args) as inbox:
         view = await inbox.overview()
+        spending = await inbox.spending(days=SPEND_DAYS, now=view.now)
         settings = inbox.settings
         offset = inbox.clock_offset
         shown = inbox.path  # a URL's passwords left out
     data = dataclasses.asdict(view)
     data["path"] = shown
+    data["spending"] = {
+        unit: {
+            "last_day": from_micros(spending.last_day.get(unit, 0)),
+            "per_day": [from_micros(m) for m in spending.per_day.get(unit, (0,) * SPEND_DAYS)],
+            "total": from_micros(spending.total.get(unit, 0)),
+            "limit": None if unit not in spending.limits else from_micros(spending.limits[unit]),
+        }
+        for unit in spending.units
+    }
     data["clock_offset_seconds"] = round(offset, 3)
     data["lease_ttl"] = settings.lease_ttl
     data["on_lost_claim"] = settings.on_lost_claim
@@ -141,12 +152,46 @@ async def cmd_status(args: argparse.Namespace) -> int:
             f"(decisions follow the server's; check this machine's time synchronisation)"
         )
     print(f"set aside   {view.set_aside} stored row(s) the engine could not process")
+    for unit in spending.units:
+        days = " ".join(
+            _amount(from_micros(m)) for m in spending.per_day.get(unit, (0,) * SPEND_DAYS)
+        )
+        print(
+            f"spend       {_amount(from_micros(spending.last_day.get(unit, 0)))} {unit} in "
+            f"the last 24 h, {_amount(from_micros(spending.total.get(unit, 0)))} in all; "
+            f"per day (UTC, oldest first): {days}"
+        )
     print("budgets")
     for name, budget in sorted(view.budgets.items()):
+        if name == "max_spend_per_day":
+            for line in _spend_budget(budget):
+                print(line)
+            continue
         limit = "unlimited" if budget.get("limit") is None else budget["limit"]
         used = f"{budget['used']} / {limit}" if "used" in budget else f"limit {limit}"
         print(f"  {name:<22} {used:<18} excess {budget.get('excess')}")
     return OK
+
+
+SPEND_DAYS = 7  # days of spend `status` shows
+
+
+def _amount(value: float) -> str:
+    return f"{value:,.6f}".rstrip("0").rstrip(".") if value != int(value) else f"{int(value):,}"
+
+
+def _spend_budget(budget: dict[str, Any]) -> list[str]:
+    """max_spend_per_day's lines: one per budgeted unit (its use in the last 24 h)."""
+    limits = budget.get("limit") or {}
+    if not limits:
+        return [f"  {'max_spend_per_day':<22} {'unlimited':<18} excess {budget.get('excess')}"]
+    lines = []
+    for unit, limit in sorted(limits.items()):
+        used = (budget.get("used") or {}).get(unit, 0)
+        figure = f"{_amount(used)} / {_amount(limit)} {unit}"
+        state = "  REACHED: runs wait (raise-budget)" if used >= limit else ""
+        lines.append(f"  {'max_spend_per_day':<22} {figure:<18} excess delayed{state}")
+    return lines
 
 
 async def cmd_show(args: argparse.Namespace) -> int:

@@ -26,13 +26,23 @@ async def _act(args: argparse.Namespace, name: str) -> int:
         action.target
     )
     async with await open_inbox(args) as inbox:
-        outcome = await inbox.act(
-            name,
-            None if target is None else getattr(args, target),
-            expect=getattr(args, "expect", None),
-            actor=args.actor,
-            reason=args.reason,
-        )
+        if action.target == "budget":
+            outcome = await inbox.raise_budget(
+                args.budget,
+                args.to,
+                unit=args.unit,
+                expect=args.expect,
+                actor=args.actor,
+                reason=args.reason,
+            )
+        else:
+            outcome = await inbox.act(
+                name,
+                None if target is None else getattr(args, target),
+                expect=getattr(args, "expect", None),
+                actor=args.actor,
+                reason=args.reason,
+            )
     if action.target == "approval":
         if args.json:
             emit_json(
@@ -51,6 +61,20 @@ async def _act(args: argparse.Namespace, name: str) -> int:
         else:
             print(message if outcome.applied else f"already so: {message}")
         return OK  # a switch already in place is not a failure
+    elif action.target == "budget":
+        if args.json:
+            emit_json(
+                {
+                    "action": name,
+                    "applied": outcome.applied,
+                    "budget": outcome.target,
+                    "before": outcome.before,
+                    "after": outcome.after,
+                    "reason": None if outcome.applied else outcome.reason,
+                }
+            )
+        elif outcome.applied:
+            print(f"raised {outcome.target}: {outcome.before} → {outcome.after}")
     elif args.json:
         assert target is not None  # only the inbox switches have none, handled above
         emit_json(

@@ -18,6 +18,7 @@ from onwatch.cli.commands.inbox import (
     cmd_status,
 )
 from onwatch.cli.commands.logs import cmd_logs
+from onwatch.cli.commands.notify import cmd_notify
 from onwatch.cli.commands.operator import act_command
 from onwatch.cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
 from onwatch.cli.output import BAD, PROG, CliError
@@ -82,6 +83,27 @@ examples:
   onwatch config alice.db
   onwatch config alice.db max_pending=1000 max_runs_per_day=200 on_lost_claim=interrupt
   onwatch config alice.db 'lost_claim_by_source={"stripe": "interrupt"}' max_pending=none
+"""
+
+NOTIFY_EPILOG = """\
+What it says, each once (a restart of the notifier does not repeat it; what it had still to
+say, it says):
+  approval_waiting    an approval request waits for an answer
+  approval_deadline   a waiting approval is within 10 minutes of its deadline
+  event_dead          an event died (from when the notifier first watched its inbox)
+  unattended          an inbox has work and no live worker for --unattended-after seconds
+  digest              several of these at once, when --max-per-minute allows no more runs
+The command gets one JSON object on stdin: {kind, key, inbox, target, at, ids, deadline,
+text} (a digest's ids: {count, items}), and the same in $ONWATCH_KIND, $ONWATCH_INBOX,
+$ONWATCH_TEXT (escaped, one line) and $ONWATCH_KEY. Exit 0 means said; anything else (or
+running past --timeout) is logged and retried with backoff. The notifier only reads the
+inboxes. SIGTERM or Ctrl-C: exit 0.
+
+examples:
+  onwatch notify alice.db --command 'notify-send "onwatch" "$ONWATCH_TEXT"'
+  onwatch notify inboxes/ --command 'curl -fsS -d "$ONWATCH_TEXT" https://ntfy.sh/my-agent'
+  onwatch notify postgresql://db/agents --command \\
+      'jq -c "{text: .text}" | curl -fsS -H "Content-Type: application/json" -d @- "$HOOK_URL"'
 """
 
 RAISE_EPILOG = """\
@@ -444,6 +466,82 @@ def build_parser() -> Parser:
         metavar="N",
         help="serve Prometheus metrics at http://127.0.0.1:N/metrics (default off; "
         "0 picks a free port, logged)",
+    )
+
+    p = sub(
+        "notify",
+        "run a command when the agent needs a person (approvals, deaths, no worker), once "
+        "per thing",
+        cmd_notify,
+        (log_level,),
+        path=False,
+        epilog=NOTIFY_EPILOG,
+    )
+    p.add_argument(
+        "target",
+        type=inbox_path,
+        metavar="TARGET",
+        help="an inbox file, a folder of inbox files, or a postgresql:// database",
+    )
+    p.add_argument(
+        "--inbox",
+        metavar="NAME",
+        help="only this inbox of a postgresql:// database (default: every inbox of it)",
+    )
+    p.add_argument(
+        "--command",
+        required=True,
+        metavar="CMD",
+        help="a shell command; it reads the JSON document on stdin (or $ONWATCH_TEXT, …)",
+    )
+    p.add_argument(
+        "--state",
+        metavar="FILE",
+        help="where the notifier remembers what it said (default: one file per TARGET and "
+        "CMD under $XDG_STATE_HOME/onwatch, ~/.local/state/onwatch)",
+    )
+    p.add_argument(
+        "--max-per-minute",
+        type=whole(1),
+        default=10,
+        metavar="N",
+        help="commands run at most (default 10); more things at once go as one digest",
+    )
+    p.add_argument(
+        "--timeout",
+        type=seconds(),
+        default=30.0,
+        metavar="SECONDS",
+        help="a command running longer is killed and counts as failed (default 30)",
+    )
+    p.add_argument(
+        "--unattended-after",
+        type=whole(0),
+        default=60,
+        metavar="SECONDS",
+        help="say an inbox has work and no live worker once it has been so this long (default 60)",
+    )
+    p.add_argument(
+        "--poll",
+        type=seconds(),
+        default=2.0,
+        metavar="SECONDS",
+        help="how often to look (default 2; an inbox file's writes wake it at once)",
+    )
+    p.add_argument(
+        "--retry-base",
+        type=seconds(),
+        default=5.0,
+        metavar="SECONDS",
+        help="a failed command is run again after this, doubling each time up to 15 "
+        "minutes (default 5)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=whole(1),
+        default=8,
+        metavar="N",
+        help="failed runs before a notice is given up, logged (default 8)",
     )
 
     p = sub(

@@ -94,6 +94,9 @@ def transcript_text(head: Transcript, tail: Transcript | None, indent: str = "  
         rows += with_gaps(later[1:], later[0].seq)
     else:
         rows += with_gaps(later, last)
+    shown_last = (later or lines)[-1].seq
+    if head.logged > shown_last + 1:  # dropped after the last line kept
+        rows.append(gap_text(head.logged - shown_last - 1))
     for row in rows:
         text.append(indent)
         text.append_text(row)

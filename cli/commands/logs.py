@@ -169,6 +169,10 @@ async def _pass(
         # is printed before its end is said.
         shown.last[run.id] = await _lines(inbox, printer, run.id, shown.last[run.id])
         if run.outcome is not None:
+            # Lines dropped after the last one kept (the end's oldest, or the writer's).
+            logged = (await inbox.transcript(run.id, limit=1)).logged
+            if logged > shown.last[run.id] + 1:
+                printer.gap(run.id, shown.last[run.id], logged - shown.last[run.id] - 1)
             shown.ended.add(run.id)
             if ends:
                 printer.end(run)
@@ -213,6 +217,7 @@ async def _follow(
         wake = inbox.wake
         while not stop.is_set():
             seen = wake.seq
+            printer.now = inbox.now()
             status = (await inbox.get_event(event_id) or _GONE).status
             ended = await _pass(inbox, printer, event_id, only, shown, True)
             if ended and (status in DONE or (only is not None and only in shown.ended)):

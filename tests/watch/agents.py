@@ -21,8 +21,8 @@ def _dir() -> str:
     return os.environ["ONWATCH_TEST_DIR"]
 
 
-def _step(ctx, n: int, what: str) -> bool:
-    """Do one step; False at the end."""
+def _step(ctx, n: int, what: str, attempt: int = 1) -> bool:
+    """Do one step; False at the end. `fail` fails the first attempt only."""
     kind, _, text = what.partition(" ")
     said = time.time()
     if kind == "end":
@@ -35,7 +35,7 @@ def _step(ctx, n: int, what: str) -> bool:
         ctx.thread(log.warning, text).join()
     elif kind == "spend":
         ctx.spend(float(text), "usd", f"step {n}")
-    elif kind == "fail":
+    elif kind == "fail" and attempt == 1:
         raise RuntimeError(text)
     with open(os.path.join(_dir(), f"said-{n}.tmp"), "w") as handle:
         handle.write(repr(said))
@@ -52,7 +52,7 @@ async def talker(batch, ctx) -> None:
             await asyncio.sleep(0.002)
         with open(path) as handle:
             what = handle.read()
-        if not _step(ctx, n, what):
+        if not _step(ctx, n, what, batch[0].attempts):
             return
         n += 1
 
@@ -66,7 +66,7 @@ def plain_talker(batch, ctx) -> None:
             time.sleep(0.002)
         with open(path) as handle:
             what = handle.read()
-        if not _step(ctx, n, what):
+        if not _step(ctx, n, what, batch[0].attempts):
             return
         n += 1
 

@@ -227,14 +227,19 @@ class Memory:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._open()
+        except (sqlite3.Error, OSError, ValueError) as exc:
+            raise BadInput(f"cannot keep the notifier's memory in {path}: {exc}") from None
         self._lock = asyncio.Lock()
+
+    def _open(self) -> None:
         db = self._db
         db.execute("PRAGMA busy_timeout = 5000")
         if db.execute("PRAGMA journal_mode = WAL").fetchone()[0] != "wal":
-            raise InboxError(f"{path}: cannot keep the notifier's memory there (no WAL)")
+            raise sqlite3.OperationalError("the file system takes no write-ahead log")
         db.execute("PRAGMA synchronous = FULL")
         with self._tx():
             db.execute(
@@ -411,6 +416,8 @@ class Watched:
         """TARGET as the command line gives it: a file, a folder of inbox files, or a
         postgresql:// URL (with `name`: that inbox; without: every inbox of it). BadInput
         or NotAnInbox when it is none of these."""
+        if name is not None and not is_url(target):
+            raise BadInput("--inbox names an inbox of a postgresql:// database, not of a file")
         if is_url(target):
             if name is not None:
                 inbox = await Inbox.open(target, name=name, create=False, clock=clock)

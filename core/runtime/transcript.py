@@ -111,7 +111,10 @@ class RunLog:
         self.next_seq = 0  # the seq of the next line
         self.sent = 0  # lines up to this seq have been taken by the writer
         self.stored = 0  # … and stored (a flush waits for this)
-        self.lines: collections.deque[tuple[NewLine, int, bool]] = collections.deque()
+        # The waiting lines, (line, its weight): those of the beginning, then those of the
+        # end (every line of the beginning comes before every line of the end).
+        self.head_lines: collections.deque[tuple[NewLine, int]] = collections.deque()
+        self.tail_lines: collections.deque[tuple[NewLine, int]] = collections.deque()
         self.tail_chars = 0  # of the waiting lines that belong to the end
         self.dropped = 0  # lines left out here (never sent)
         self.dropped_chars = 0  # a running total, sent with every batch
@@ -151,47 +154,48 @@ class RunLog:
 
     # --- the writer's side (the lock held) --------------------------------------------------
 
+    @property
+    def waiting(self) -> int:
+        """Lines not yet taken by the writer."""
+        return len(self.head_lines) + len(self.tail_lines)
+
     def _queue(self, line: NewLine) -> None:
         self.writer.waiting[self.run_id] = self
         size = weight(line[4], line[5])
-        head = self.keep.to_head(size)
-        self.lines.append((line, size, head))
-        if not head:
-            self.tail_chars += size
-            self._bound()
+        if self.keep.to_head(size):
+            self.head_lines.append((line, size))
+            return
+        self.tail_lines.append((line, size))
+        self.tail_chars += size
+        self._bound()
 
     def _bound(self) -> None:
         """Drop the oldest waiting lines of the end while the end is over its budget: the
         inbox would drop them anyway, once newer ones arrived."""
-        if self.tail_chars <= self.keep.tail:
-            return
-        kept: collections.deque[tuple[NewLine, int, bool]] = collections.deque()
-        for item in self.lines:
-            line, size, head = item
-            if not head and self.tail_chars > self.keep.tail:
-                self.tail_chars -= size
-                self.dropped += 1
-                self.dropped_chars += size
-            else:
-                kept.append(item)
-        self.lines = kept
+        while self.tail_chars > self.keep.tail and self.tail_lines:
+            _, size = self.tail_lines.popleft()
+            self.tail_chars -= size
+            self.dropped += 1
+            self.dropped_chars += size
 
     def take(self) -> Batch | None:
         """The next batch (None when nothing waits), taken out of the queue."""
-        if not self.lines and not self.spends and self.sent == self.next_seq:
+        if not self.waiting and not self.spends and self.sent == self.next_seq:
             return None
-        items: list[tuple[NewLine, int, bool]] = []
+        head: list[tuple[NewLine, int]] = []
+        tail: list[tuple[NewLine, int]] = []
         chars = 0
-        while self.lines and len(items) < BATCH_LINES and chars < BATCH_CHARS:
-            item = self.lines.popleft()
-            if not item[2]:
-                self.tail_chars -= item[1]
-            items.append(item)
-            chars += item[1]
-        upto = self.lines[0][0][0] if self.lines else self.next_seq
+        for source, taken in ((self.head_lines, head), (self.tail_lines, tail)):
+            while source and len(head) + len(tail) < BATCH_LINES and chars < BATCH_CHARS:
+                item = source.popleft()
+                taken.append(item)
+                chars += item[1]
+        self.tail_chars -= sum(size for _, size in tail)
+        following = self.head_lines or self.tail_lines
+        upto = following[0][0][0] if following else self.next_seq
         spends = [s for s in self.spends if s[0] < upto]
         self.spends = [s for s in self.spends if s[0] >= upto]
-        batch = Batch(self, self.sent, items, upto, self.dropped_chars, spends)
+        batch = Batch(self, self.sent, head, tail, upto, self.dropped_chars, spends)
         self.sent = upto
         return batch
 
@@ -199,31 +203,37 @@ class RunLog:
         """A batch that could not be written goes back in front, to be sent again with the
         same seqs (a batch that did commit before its answer was lost then changes nothing
         the second time), and the budget holds again."""
-        for item in batch.items:
-            if not item[2]:
-                self.tail_chars += item[1]
-        self.lines.extendleft(reversed(batch.items))
+        self.head_lines.extendleft(reversed(batch.head))
+        self.tail_lines.extendleft(reversed(batch.tail))
+        self.tail_chars += sum(size for _, size in batch.tail)
         self.spends = batch.spends + self.spends
         self.sent = batch.start
         self._bound()
 
 
 class Batch:
-    """Lines of one run taken together for one transaction."""
+    """Lines of one run taken together for one transaction: those of the beginning and
+    those of the end (each as (line, weight)), the seq after them, the characters the writer
+    dropped so far, and the spends among them."""
 
-    __slots__ = ("run", "start", "items", "upto", "dropped_chars", "spends")
+    __slots__ = ("run", "start", "head", "tail", "upto", "dropped_chars", "spends")
 
     def __init__(
         self,
         run: RunLog,
         start: int,
-        items: list[tuple[NewLine, int, bool]],
+        head: list[tuple[NewLine, int]],
+        tail: list[tuple[NewLine, int]],
         upto: int,
         dropped_chars: int,
         spends: list[NewSpend],
     ) -> None:
-        self.run, self.start, self.items, self.upto = run, start, items, upto
+        self.run, self.start, self.head, self.tail, self.upto = run, start, head, tail, upto
         self.dropped_chars, self.spends = dropped_chars, spends
+
+    @property
+    def lines(self) -> list[NewLine]:
+        return [line for line, _ in self.head] + [line for line, _ in self.tail]
 
 
 def _added_up(spends: list[NewSpend]) -> list[NewSpend]:
@@ -326,7 +336,7 @@ class TranscriptWriter:
             pass
         self._task = None
         with self.lock:
-            left = sum(len(run.lines) for run in self.waiting.values())
+            left = sum(run.waiting for run in self.waiting.values())
         if left:
             log.warning(
                 "%s transcript line(s) could not be written before the worker stopped", left
@@ -344,7 +354,7 @@ class TranscriptWriter:
                 with self.lock:
                     batches = [b for run in self._runs_waiting() if (b := run.take()) is not None]
                     for batch in batches:
-                        if not batch.run.lines and not batch.run.spends:
+                        if not batch.run.waiting and not batch.run.spends:
                             self.waiting.pop(batch.run.run_id, None)
                 if not batches:
                     break
@@ -362,7 +372,7 @@ class TranscriptWriter:
         try:
             stored = await self.inbox.append_transcript(
                 run.run_id,
-                [item[0] for item in batch.items],
+                batch.lines,
                 upto=batch.upto,
                 dropped_chars=batch.dropped_chars,
                 spends=batch.spends,

@@ -50,7 +50,7 @@ COLUMNS = (
 # With a spend column (some inbox of the fleet spent or has a spend budget), the wide
 # widths that make room for it at the design size; narrow terminals show no spend column.
 WITH_SPEND = {"approvals": 11, "lease": 21, "last run": 14, "outbox": 11, "spend": 8}
-NUMERIC = {"pending", "run", "dead"}
+NUMERIC = {"pending", "run", "dead", "spend"}
 SHORT = {"pending": "pend", "approvals": "approval", "last run": "last"}
 NARROW_BELOW = 100  # terminal columns
 
@@ -87,7 +87,7 @@ def header_text(narrow: bool, spend: bool = False) -> Text:
     parts = []
     for name, width in widths(narrow, spend).items():
         if width:
-            words = SHORT.get(name, name) if narrow else ("spent 24h" if name == "spend" else name)
+            words = SHORT.get(name, name) if narrow else ("spend/d" if name == "spend" else name)
             parts.append(_cell(words, width, name in NUMERIC))
     return Text(" ").join(parts)
 

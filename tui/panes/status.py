@@ -131,6 +131,9 @@ class StatusStrip(Vertical):
         yield Label("", id="alarm")
         with Horizontal(classes="status-line"):
             yield Label("", id="lease")
+            # What the inbox spent per day (the last SPEND_DAYS), once it spent anything.
+            yield Label("", id="spend-label")
+            yield Sparkline([0] * SPEND_DAYS, id="spend")
             yield Label("", id="fencing")
         with Horizontal(classes="status-line"):
             # The key that undoes the state is on the badge: p and o left the footer.
@@ -140,9 +143,6 @@ class StatusStrip(Vertical):
             # A delaying budget used up: runs wait until the window frees or it is raised.
             yield Label("", id="over-budget", classes="badge")
             yield Label("", id="budgets")
-            # What the inbox spent per day (the last SPEND_DAYS), once it spent anything.
-            yield Label("", id="spend-label")
-            yield Sparkline([0] * SPEND_DAYS, id="spend")
             # Runs of the last hour, as on the inbox's fleet row: a stall or failures show.
             yield Label("runs/h", id="runs-label")
             yield Sparkline([0] * RUN_BUCKETS, id="runs")
@@ -204,7 +204,8 @@ class StatusStrip(Vertical):
         badge = self.query_one("#over-budget", Label)
         badge.display = bool(over)
         if over:
-            badge.update(f"BUDGET REACHED ({', '.join(over)}) · B raises")
+            badge.update("BUDGET REACHED · B raises")
+            badge.tooltip = f"used up: {', '.join(over)}; runs wait until the window frees"
         self.query_one("#fencing", Label).update(fencing_line(overview))
         self.tick(now)
 

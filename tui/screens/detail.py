@@ -339,8 +339,11 @@ class DetailScreen(ModalScreen[None]):
 
     def _write(self, rows: list[Text]) -> None:
         live = self.query_one("#live", RichLog)
+        # Wrapped at the log's own width once it is known (RichLog would otherwise wrap at
+        # each line's measured width, or its minimum, before its layout settles).
+        width = live.scrollable_content_region.width or None
         for row in rows:
-            live.write(row)
+            live.write(row, width=width)
         self.followed += len(rows)
 
     async def _follow(self, follow: Follow) -> None:
@@ -395,7 +398,11 @@ class DetailScreen(ModalScreen[None]):
             except InboxError as exc:
                 self._write([safe_text(f"cannot read the transcript: {exc}", style="bold")])
                 await asyncio.sleep(1.0)
-            await wake.wait(seen, FOLLOW_POLL)
+            if await wake.wait(seen, FOLLOW_POLL):
+                # Another process's commit is reported at its first write to the file,
+                # before it is visible: look again a few times over a few milliseconds
+                # (cut short as soon as a line shows) rather than wait for the next poll.
+                await wake.confirm(lambda: inbox.transcript_last(follow.run_id), last)
             seen = wake.seq
 
     async def _ended(self, inbox: Inbox, follow: Follow) -> str | None:

@@ -219,7 +219,7 @@ def log_line(line: object) -> tuple[int, int, str, str | None, str, str | None]:
         _log_text("fields", fields, MAX_LOG_LINE)
         try:
             decoded = json.loads(fields)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser
             decoded = None
         if not isinstance(decoded, dict):
             raise BadInput("fields must be the JSON text of an object")

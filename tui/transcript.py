@@ -74,7 +74,12 @@ def transcript_text(head: Transcript, tail: Transcript | None, indent: str = "  
         text.append(f"{indent}transcript pruned with the payloads\n", style="dim")
         return text
     if not head.lines:
-        text.append(f"{indent}no transcript\n", style="dim")
+        words = (
+            f"transcript: {head.logged:,} line(s) logged, none kept (max_transcript_chars)"
+            if head.logged
+            else "no transcript"
+        )
+        text.append(f"{indent}{words}\n", style="dim")
         return text
     dropped = f", {head.dropped:,} dropped" if head.dropped else ""
     text.append(f"{indent}transcript ({head.logged:,} lines{dropped})\n", style="dim")

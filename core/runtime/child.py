@@ -146,6 +146,8 @@ class ChildContext:
     def thread(
         self, target: Callable[..., Any], *args: Any, name: str | None = None, **kwargs: Any
     ) -> threading.Thread:
+        if not callable(target):
+            raise BadInput(f"ctx.thread runs a callable, got {type(target).__name__}")
         thread = threading.Thread(
             target=in_run(target), args=args, kwargs=kwargs, name=name, daemon=True
         )
@@ -153,6 +155,8 @@ class ChildContext:
         return thread
 
     def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(fn):
+            raise BadInput(f"ctx.wrap takes a callable, got {type(fn).__name__}")
         return in_run(fn)
 
     def reply(self, text: str, urgent: bool = False) -> None:

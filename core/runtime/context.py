@@ -117,6 +117,10 @@ class RunContext:
         """Start `target(*args, **kwargs)` in a new thread that belongs to this run: its
         `logging` records and `ctx.log` lines go to this run's transcript. Returns the
         thread, started (a daemon: it does not keep the worker's process alive)."""
+        if not callable(target):
+            raise BadInput(f"ctx.thread runs a callable, got {type(target).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise BadInput(f"a thread's name is a string, got {type(name).__name__}")
         thread = threading.Thread(
             target=in_run(target), args=args, kwargs=kwargs, name=name, daemon=True
         )
@@ -127,6 +131,8 @@ class RunContext:
         """`fn`, made to run as part of this run wherever it is called: hand it to a thread
         pool (`pool.submit(ctx.wrap(fetch), url)`) and its logging records go to this run's
         transcript. (`asyncio.to_thread` carries the run along by itself.)"""
+        if not callable(fn):
+            raise BadInput(f"ctx.wrap takes a callable, got {type(fn).__name__}")
         return in_run(fn)
 
     @property

@@ -372,12 +372,47 @@ class Memory:
         value: int = await self._call(read)
         return value
 
+    async def watermarks(self, targets: Sequence[str], now: int) -> dict[str, int]:
+        """The watermarks of these inboxes, each set to `now` if it had none (one
+        transaction)."""
+
+        def read() -> dict[str, int]:
+            found = {}
+            with self._tx():
+                for target in targets:
+                    self._db.execute(
+                        "INSERT INTO watermarks(target, died_since) VALUES (?, ?) "
+                        "ON CONFLICT(target) DO NOTHING",
+                        (target, now),
+                    )
+                    row = self._db.execute(
+                        "SELECT died_since FROM watermarks WHERE target = ?", (target,)
+                    ).fetchone()
+                    found[target] = int(row[0])
+            return found
+
+        marks: dict[str, int] = await self._call(read)
+        return marks
+
     async def move_watermark(self, target: str, since: int) -> None:
         def write() -> None:
             with self._tx():
                 self._db.execute(
                     "UPDATE watermarks SET died_since = max(died_since, ?) WHERE target = ?",
                     (since, target),
+                )
+
+        await self._call(write)
+
+    async def retry_now(self, now: int) -> None:
+        """Bring every waiting retry forward to `now` (a restart: often after the command
+        was fixed); the attempts already made still count."""
+
+        def write() -> None:
+            with self._tx():
+                self._db.execute(
+                    "UPDATE notices SET next_try = ? WHERE state = 'due' AND next_try > ?",
+                    (now, now),
                 )
 
         await self._call(write)
@@ -448,6 +483,11 @@ class Watched:
         fleet = self.fleet
         scan = await asyncio.to_thread(fleet.scan, now, dict(self._known))
         self._known = scan.summaries
+        # Every inbox's watermark from its first sight (one transaction for all the new
+        # ones): what dies after the notifier first saw an inbox is news, whenever it looks.
+        new = [s.target for s in scan.summaries.values() if s.target not in self._marks]
+        if new:
+            self._marks.update(await memory.watermarks(new, now))
         looks = []
         for key, summary in scan.summaries.items():
             if summary.problem:
@@ -722,6 +762,7 @@ class Notifier:
         )
         wake = self.watched.wake
         try:
+            await self.memory.retry_now(self.clock.now())
             while not stop.is_set():
                 seen = wake.seq if wake is not None else 0
                 try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -52,6 +53,17 @@ def said(test_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def recorded(test_dir: Path, n: int) -> bool:
+    """The notifier's memory holds `n` things as said: a kill from now on repeats none of
+    them. (Killed between running the command and recording it, it would say that one
+    again: at least once, as documented.)"""
+    db = sqlite3.connect(test_dir / "notify-state.db")
+    try:
+        return db.execute("SELECT count(*) FROM notices WHERE state = 'said'").fetchone()[0] >= n
+    finally:
+        db.close()
+
+
 def notify_log(test_dir: Path) -> str:
     path = test_dir / "notify.err"
     return path.read_text(errors="replace") if path.exists() else ""
@@ -90,7 +102,8 @@ async def test_each_thing_is_said_once_across_the_notifiers_restart(tmp_path):
         async with await Inbox.open(path, create=False) as inbox:
             await inbox.request_approval("refund-2", 7200, "refund 9 EUR")
         wait_for(lambda: len(said(tmp_path)) == 3, what="the second approval")
-        # SIGKILL this time: the memory is committed before anything is said.
+        wait_for(lambda: recorded(tmp_path, 3), what="the memory to record it")
+        # SIGKILL this time: what the memory holds is never said again.
         notifier.send_signal(signal.SIGKILL)
         notifier.wait(10)
         notifier = start(path, tmp_path)
@@ -236,3 +249,55 @@ async def test_an_approval_is_said_again_once_it_nears_its_deadline(tmp_path):
     finally:
         notifier.memory.close()
         await watched.close()
+
+
+async def test_every_inbox_of_a_postgresql_database(tmp_path):
+    from tests.pg.server import cluster_or_skip
+
+    url = cluster_or_skip().new_database()
+    for name in ("alice", "bob"):
+        async with await Inbox.open(url, name=name) as inbox:
+            await inbox.configure(max_attempts=1)
+            await inbox.request_approval(f"{name}-r", 7200, f"{name}'s request")
+    notifier = start(url, tmp_path)
+    try:
+        wait_for(lambda: len(said(tmp_path)) == 2, timeout=30, what="one approval per inbox")
+        wait_for(lambda: recorded(tmp_path, 2), what="the memory to record them")
+        notifier.send_signal(signal.SIGKILL)
+        notifier.wait(10)
+        notifier = start(url, tmp_path)
+        async with await Inbox.open(url, name="bob", create=False) as inbox:
+            await _die(inbox, "b-1")
+        wait_for(lambda: len(said(tmp_path)) == 3, timeout=30, what="bob's dead event")
+    finally:
+        assert stop(notifier) == 0, notify_log(tmp_path)
+    docs = said(tmp_path)
+    assert sorted((d["inbox"], d["kind"]) for d in docs) == [
+        ("alice", "approval_waiting"),
+        ("bob", "approval_waiting"),
+        ("bob", "event_dead"),
+    ]
+    assert (
+        "postgresql://" in docs[0]["target"]
+        and "inbox alice" in docs[0]["target"] + docs[1]["target"]
+    )
+
+
+async def test_what_was_not_said_before_a_restart_is_said_after_it(tmp_path):
+    path = str(tmp_path / "alice.db")
+    async with await Inbox.open(path) as inbox:
+        await inbox.request_approval("r-1", 7200, "pay")
+    notifier = start(path, tmp_path, "--retry-base", "60", command="exit 1")
+    try:
+        wait_for(lambda: "the command failed (exit 1)" in notify_log(tmp_path), what="a failure")
+    finally:
+        notifier.send_signal(signal.SIGKILL)
+        notifier.wait(10)
+    assert said(tmp_path) == []
+    notifier = start(path, tmp_path)  # the same memory, a command that works
+    try:
+        wait_for(lambda: len(said(tmp_path)) == 1, what="the approval, said after the restart")
+    finally:
+        assert stop(notifier) == 0, notify_log(tmp_path)
+    [doc] = said(tmp_path)
+    assert doc["ids"] == {"request_id": "r-1"}

@@ -14,7 +14,7 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Hashable, Iterable
 
 from rich.console import Group as RenderGroup
 from textual import events
@@ -119,9 +119,17 @@ class OnwatchApp(App[int]):
             "fleet",
             "Fleet",
             id="fleet",
-            tooltip="every inbox of the fleet (esc too), the cursor on this one",
+            tooltip="every inbox of the fleet, the cursor on this one",
         ),
-        Binding("escape", "fleet", "Fleet", show=False, id="fleet-escape"),
+        Binding(
+            "escape",
+            "leave",
+            "Back",
+            show=False,
+            id="fleet-escape",
+            key_display="esc",
+            tooltip="back where this inbox was opened from: the fleet, or all approvals",
+        ),
     ]
 
     def __init__(
@@ -158,6 +166,8 @@ class OnwatchApp(App[int]):
         # inbox they show is the one chosen there (None until then).
         self.fleet = fleet
         self.fleet_desk: FleetDesk | None = None  # made at mount when fleet is set
+        # The all-approvals row this inbox was opened from: Escape goes back to that list.
+        self.back_to_queue: Hashable | None = None
 
     # --- layout ---------------------------------------------------------------------------
 
@@ -439,7 +449,7 @@ class OnwatchApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "reopen":
             return self.file_problem is not None
-        if action == "fleet":
+        if action in ("fleet", "leave"):
             return self.fleet is not None
         if action not in self.MUTATING and action != "act":
             return True
@@ -657,7 +667,20 @@ class OnwatchApp(App[int]):
     def action_fleet(self) -> None:
         """Back to the Fleet view, its cursor on the inbox it was on."""
         if self.fleet is not None and not self._dialog_open():
+            self.back_to_queue = None
             self.push_screen("fleet")
+
+    def action_leave(self) -> None:
+        """Back where the inbox shown was opened from: the all-approvals list (its cursor on
+        the request it opened, if still waiting), or the Fleet view."""
+        if self.fleet is None or self._dialog_open():
+            return
+        back, self.back_to_queue = self.back_to_queue, None
+        self.push_screen("fleet")
+        if back is not None and self.fleet_desk is not None:
+            from .fleet.queue import ApprovalQueueScreen
+
+            self.push_screen(ApprovalQueueScreen(self.fleet_desk, select=back))
 
     async def switch_inbox(self, inbox: Inbox) -> None:
         """Show `inbox` in the panes instead of the one shown now, which is closed."""
@@ -692,7 +715,7 @@ class OnwatchApp(App[int]):
         app_bindings = [
             b
             for b in OnwatchApp.BINDINGS
-            if isinstance(b, Binding) and (b.action != "fleet" or (self.fleet and b.id == "fleet"))
+            if isinstance(b, Binding) and (b.action not in ("fleet", "leave") or self.fleet)
         ]
         # A subclass (the demo player) adds its own keys: they come first, under its title.
         added = [

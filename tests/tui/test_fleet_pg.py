@@ -81,12 +81,12 @@ async def test_50_inboxes_listed_and_another_process_raises_the_alarm(database):
         async with app.run_test(size=(120, 40), notifications=True) as pilot:
             screen = await loaded(app, pilot)
             assert len(screen.order) == INBOXES and app.title == "onwatch"
-            assert "50 inboxes · 0 approvals waiting" in screen_text(app)
+            assert "50 inboxes · 0 approvals waiting · 50 need a worker" in screen_text(app)
             script = AGENT.format(root=ROOT, url=database, name="agent-37")
             process = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
             assert await asyncio.wait_for(process.wait(), 30) == 0
             await wait_for_text(pilot, "New approval in agent-37: ship the release", timeout=10)
-            assert bells == [1] and app.title == "onwatch · 1 approval needs you"
+            assert bells == [1] and app.title == "onwatch · 1 approval waiting"
             assert screen.order[0].name == "agent-37"
             assert [a.request_id for a in await waiting(database, "agent-37")] == ["from-afar"]
             # Drilling in opens that inbox of the database, by name (the cursor stays on the
@@ -226,3 +226,24 @@ def test_a_database_that_is_not_onwatch_is_refused_in_one_line(capsys):
     assert err.count("\n") == 1
     with psycopg.connect(url) as conn:  # untouched: no onwatch table was made
         assert conn.execute("SELECT to_regclass('onwatch_schema')").fetchone()[0] is None
+
+
+async def test_summaries_say_how_long_work_waits_for_a_worker(database):
+    """The database's summary carries what the file's does: the oldest pending event's
+    arrival and the soonest timer, so the desk can say that nobody serves the work."""
+    async with await Inbox.open(database, name="agent-03", create=False) as inbox:
+        first = (await inbox.events("pending"))[0]
+        await inbox.ingest("chat", "m-2", {"text": "later"}, now=first.created + 500)
+        await inbox.add_timer("digest", 2_000_000_000, {"to": "ana"})
+    source = DatabaseFleet(database)
+    try:
+        scan = await asyncio.to_thread(source.scan, first.created + 600, {})
+    finally:
+        source.close()
+    summary = scan.summaries["agent-03"]
+    assert summary.pending == 2 and summary.oldest_pending == first.created
+    assert summary.next_timer_due == 2_000_000_000
+    assert summary.waiting_since(first.created + 600) == first.created
+    assert not summary.served(first.created + 600)
+    idle = scan.summaries["agent-04"]
+    assert idle.next_timer_due is None and idle.oldest_pending is not None

@@ -3,12 +3,12 @@
 `a` approves, `d` denies, `e` expires the highlighted request, with the same confirmation
 dialog and the same standing outcomes as pane 4 (`tui.operator`); the list stays open, so a
 queue of requests is answered one after another. `Enter` opens the request's inbox at its
-Approvals pane.
+Approvals pane, and `Escape` there comes back to this list.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Hashable, Protocol, runtime_checkable
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -38,7 +38,9 @@ class InboxOpener(Protocol):
     """The Fleet view as the queue sees it (tui/fleet/screen.py): it drills into an inbox.
     A protocol, not an import: the Fleet view opens this queue, not the other way round."""
 
-    async def open_inbox(self, key: str, pane: str | None = None) -> None: ...
+    async def open_inbox(
+        self, key: str, pane: str | None = None, *, back_to: Hashable | None = None
+    ) -> None: ...
 
 
 def _cell(text: Text | str, width: int) -> Text:
@@ -96,7 +98,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
             "Open inbox",
             id="queue-open",
             priority=True,
-            tooltip="the request's inbox, at its Approvals pane",
+            tooltip="the request's inbox, at its Approvals pane (esc comes back here)",
         ),
         Binding(
             "escape",
@@ -109,10 +111,13 @@ class ApprovalQueueScreen(ModalScreen[None]):
         Binding("q", "app.quit", "Quit", id="queue-quit"),
     ]
 
-    def __init__(self, desk: "FleetDesk") -> None:
+    def __init__(self, desk: "FleetDesk", *, select: Hashable | None = None) -> None:
+        """`select`: the row (inbox key, request id) to put the cursor on, if still listed
+        (coming back from the inbox it opened); else the first."""
         super().__init__(id="approval-queue")
         self.desk = desk
         self.items: list[Item] = []
+        self.select = select
 
     def compose(self) -> ComposeResult:
         with Vertical(id="queue"):
@@ -126,7 +131,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self.query_one(RowWindow).focus()
-        self.desk.acknowledge()
+        self.rows.cursor_key = self.select
         self.show_fleet(self.desk.now())
 
     def on_screen_suspend(self) -> None:
@@ -236,7 +241,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
             return
         self.dismiss(None)
         fleet.run_worker(
-            fleet.open_inbox(item[0].key, pane="approvals"),
+            fleet.open_inbox(item[0].key, pane="approvals", back_to=self.rows.cursor_key),
             group="fleet-open",
             exclusive=True,
             exit_on_error=False,

@@ -21,7 +21,7 @@ from onwatch.cli.commands.operator import act_command
 from onwatch.cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
 from onwatch.cli.output import BAD, PROG, CliError
 from onwatch.cli.running import run_async
-from onwatch.cli.values import default_actor, inbox_path, port, seconds, whole
+from onwatch.cli.values import inbox_path, port, seconds, whole
 from onwatch.core import ACTIONS
 
 
@@ -126,8 +126,8 @@ def build_parser() -> Parser:
     operator = Parser(add_help=False)
     operator.add_argument(
         "--actor",
-        default=default_actor(),
-        help="who acts, for the audit log (default $ONWATCH_ACTOR or cli:USER)",
+        metavar="NAME",
+        help="who acts, for the audit log (default: $ONWATCH_ACTOR, else your user name)",
     )
     operator.add_argument("--reason", help="why, for the audit log")
     channel = Parser(add_help=False)
@@ -307,6 +307,12 @@ def build_parser() -> Parser:
         (),
     )
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
+    p.add_argument(
+        "--actor",
+        metavar="NAME",
+        help="who the desk's actions are audited as (default: $ONWATCH_ACTOR, else your "
+        "user name); the browser desk passes the session's user",
+    )
     p.set_defaults(inbox=None)  # no --inbox on a database URL: the fleet desk over every inbox
 
     p = sub(

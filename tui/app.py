@@ -36,6 +36,7 @@ from onwatch.core import (
     Overview,
     SystemClock,
 )
+from onwatch.core.actions import check_actor, operator_name
 from onwatch.core.fleet import DatabaseFleet, FleetSource, FolderFleet, run_activity
 from onwatch.core.pg import is_url
 from onwatch.core.wake import SLOW_POLL
@@ -74,7 +75,7 @@ class OnwatchApp(App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "onwatch"
-    ACTOR = "operator"  # who the audit log says acted
+    ACTOR: str | None = None  # a fixed actor (the demos' "viewer"); else see __init__
     POLL_SECONDS = 0.5
     FALLBACK_POLL_SECONDS = 1.0  # while the notifier runs: it also retries a failed read
     TICK_SECONDS = 1.0
@@ -139,8 +140,12 @@ class OnwatchApp(App[int]):
         clock: Clock | None = None,
         read_only: bool = False,
         fleet: FleetSource | None = None,
+        actor: str | None = None,
     ) -> None:
-        """Raises BadInput without an inbox and without a clock (the clock is the inbox's)."""
+        """`actor` is who the audit log says acted: by default `$ONWATCH_ACTOR`, else the
+        operating system's user (core.actions.operator_name). Raises BadInput without an
+        inbox and without a clock (the clock is the inbox's), or for an actor the audit log
+        refuses."""
         if clock is None:
             if inbox is None:
                 raise BadInput("a clock is needed when no inbox is given (the fleet desk)")
@@ -152,6 +157,7 @@ class OnwatchApp(App[int]):
         self.inbox = inbox
         self.clock = clock
         self.read_only = read_only
+        self.actor = check_actor(actor) if actor is not None else (self.ACTOR or operator_name())
         self.now = self.clock.now()
         self.overview: Overview | None = None
         self.loaded = asyncio.Event()  # set after the first full read (tests wait on it)
@@ -585,19 +591,19 @@ class OnwatchApp(App[int]):
                 if on == "approval":
                     outcomes.append(
                         await operator.approval_action(
-                            inbox, action, target, now=now, actor=self.ACTOR
+                            inbox, action, target, now=now, actor=self.actor
                         )
                     )
                 elif on == "delivery":
                     outcomes.append(
                         await operator.delivery_action(
-                            inbox, action, target.id, now=now, actor=self.ACTOR
+                            inbox, action, target.id, now=now, actor=self.actor
                         )
                     )
                 else:
                     outcomes.append(
                         await operator.event_action(
-                            inbox, action, target, now=now, actor=self.ACTOR
+                            inbox, action, target, now=now, actor=self.actor
                         )
                     )
             outcome = operator.summarize(action, outcomes)
@@ -629,11 +635,11 @@ class OnwatchApp(App[int]):
                 if self._refuse_lost_file(pane):
                     return
                 pane.show_outcome("waiting for the lock…", None)
-                outcome = await operator.send_now(inbox, now=self.clock.now(), actor=self.ACTOR)
+                outcome = await operator.send_now(inbox, now=self.clock.now(), actor=self.actor)
             else:
                 pane.show_outcome("waiting for the lock…", None)
                 outcome = await operator.flag_action(
-                    inbox, action, now=self.clock.now(), actor=self.ACTOR
+                    inbox, action, now=self.clock.now(), actor=self.actor
                 )
             pane.acted_on(pane.records())  # rows sent now leave: the outcome says so
             pane.show_outcome(outcome.text, outcome.applied)
@@ -810,8 +816,11 @@ class OnwatchApp(App[int]):
             )
 
 
-def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
-    """Open the inbox at `path` and run the supervisor until the operator quits.
+def run(
+    path: str, *, read_only: bool = False, name: str = "default", actor: str | None = None
+) -> int:
+    """Open the inbox at `path` and run the supervisor until the operator quits; its actions
+    are audited as `actor` (see OnwatchApp).
 
     Returns the exit code: 0 after a normal quit; 2, with one line on stderr and no
     traceback, when the file is missing, not an onwatch inbox (foreign or damaged), or locked.
@@ -827,7 +836,7 @@ def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
             print(f"onwatch: cannot open {path}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         try:
-            app = OnwatchApp(inbox, read_only=read_only)
+            app = OnwatchApp(inbox, read_only=read_only, actor=actor)
             code = await app.run_async()
             return code if isinstance(code, int) else (app.return_code or 0)
         finally:
@@ -836,9 +845,10 @@ def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
     return asyncio.run(main())
 
 
-def run_fleet(target: str, *, read_only: bool = False) -> int:
+def run_fleet(target: str, *, read_only: bool = False, actor: str | None = None) -> int:
     """Open the fleet desk on a folder of inbox files, or on every inbox of a PostgreSQL
-    database (a `postgresql://` URL), until the operator quits.
+    database (a `postgresql://` URL), until the operator quits; its actions are audited as
+    `actor` (see OnwatchApp).
 
     Returns the exit code: 0 after a normal quit, 2 (one line on stderr) when `target` is
     neither a folder nor a reachable onwatch database.
@@ -855,7 +865,7 @@ def run_fleet(target: str, *, read_only: bool = False) -> int:
         return 2
 
     async def main() -> int:
-        app = OnwatchApp(None, clock=SystemClock(), read_only=read_only, fleet=source)
+        app = OnwatchApp(None, clock=SystemClock(), read_only=read_only, fleet=source, actor=actor)
         try:
             code = await app.run_async()
             return code if isinstance(code, int) else (app.return_code or 0)

@@ -10,6 +10,7 @@ from typing import Callable
 
 from onwatch.cli.output import NOT_APPLIED, OK, clip, emit_json, one_line
 from onwatch.cli.running import open_inbox, run_async
+from onwatch.cli.values import actor_of
 from onwatch.core import ACTIONS
 
 _SWITCHED = {
@@ -25,12 +26,13 @@ async def _act(args: argparse.Namespace, name: str) -> int:
     target = {"event": "event_id", "approval": "request_id", "delivery": "delivery_id"}.get(
         action.target
     )
+    who = actor_of(args)  # a name the audit log refuses stops here, before the file opens
     async with await open_inbox(args) as inbox:
         outcome = await inbox.act(
             name,
             None if target is None else getattr(args, target),
             expect=getattr(args, "expect", None),
-            actor=args.actor,
+            actor=who,
             reason=args.reason,
         )
     if action.target == "approval":

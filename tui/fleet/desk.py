@@ -124,7 +124,7 @@ class Supervisor(Protocol):
     not an import: the app imports the fleet package, never the other way round.
     """
 
-    ACTOR: str
+    actor: str  # who the audit log says acted
     clock: Clock
     inbox: Inbox | None
     title: str

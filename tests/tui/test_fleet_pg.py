@@ -115,7 +115,7 @@ async def test_an_answer_from_the_queue_lands_in_its_inbox(database):
     async with await Inbox.open(database, name="agent-12", create=False) as inbox:
         await inbox.request_approval("refund-7", 3600, "Refund $40 [b]now[/b]")
     source = DatabaseFleet(database)
-    app = OnwatchApp(None, clock=SystemClock(), fleet=source)
+    app = OnwatchApp(None, clock=SystemClock(), fleet=source, actor="ana")
     try:
         async with app.run_test(size=(120, 40), notifications=True) as pilot:
             await loaded(app, pilot)
@@ -131,7 +131,7 @@ async def test_an_answer_from_the_queue_lands_in_its_inbox(database):
             await pilot.press("y")
             await wait_for_text(pilot, "agent-12: approved refund-7")
             [approval] = await waiting(database, "agent-12")
-            assert approval.answer == "yes" and approval.answered_by == "operator"
+            assert approval.answer == "yes" and approval.answered_by == "ana"
             await wait_for(pilot, lambda: not queue.items, what="the request leaving the queue")
             row = app.fleet_desk.summaries["agent-12"]
             assert row.waiting == 0 and row.pending == 2  # the answer is an event of its own

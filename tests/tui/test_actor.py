@@ -35,9 +35,7 @@ async def approve_first(app, pilot) -> None:
         ("ana", "bo@laptop", "bo@laptop"),
     ],
 )
-async def test_the_desk_audits_as_the_person_at_the_keys(
-    seeded, monkeypatch, env, given, expected
-):
+async def test_the_desk_audits_as_the_person_at_the_keys(seeded, monkeypatch, env, given, expected):
     inbox, _, _ = seeded
     monkeypatch.delenv("ONWATCH_ACTOR", raising=False)
     if env is not None:
@@ -73,9 +71,11 @@ async def test_the_fleets_approval_queue_answers_as_the_same_person(tmp_path, mo
     async with app.run_test(size=(120, 40)) as pilot:
         await wait_for(
             pilot,
-            lambda: app.fleet_desk is not None
-            and app.fleet_desk.loaded
-            and isinstance(app.screen, FleetScreen),
+            lambda: (
+                app.fleet_desk is not None
+                and app.fleet_desk.loaded
+                and isinstance(app.screen, FleetScreen)
+            ),
             what="the fleet",
         )
         await pilot.press("A")

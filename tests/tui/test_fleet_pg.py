@@ -197,16 +197,19 @@ def test_tui_on_a_url_opens_the_fleet_or_one_inbox(database, monkeypatch):
     monkeypatch.setattr(
         app_module,
         "run_fleet",
-        lambda target, read_only=False: calls.append(("fleet", target)) or 0,
+        lambda target, read_only=False, actor=None: calls.append(("fleet", target, actor)) or 0,
     )
     monkeypatch.setattr(
         app_module,
         "run",
-        lambda path, read_only=False, name="default": calls.append(("inbox", path, name)) or 0,
+        lambda path, read_only=False, name="default", actor=None: (
+            calls.append(("inbox", path, name, actor)) or 0
+        ),
     )
+    monkeypatch.setenv("ONWATCH_ACTOR", "ana")
     assert cli.main(["tui", database]) == 0
-    assert cli.main(["tui", database, "--inbox", "agent-03"]) == 0
-    assert calls == [("fleet", database), ("inbox", database, "agent-03")]
+    assert cli.main(["tui", database, "--inbox", "agent-03", "--actor", "bo"]) == 0
+    assert calls == [("fleet", database, "ana"), ("inbox", database, "agent-03", "bo")]
 
 
 def test_a_database_that_is_not_onwatch_is_refused_in_one_line(capsys):

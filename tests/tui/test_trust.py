@@ -76,6 +76,39 @@ async def test_the_highlight_stays_on_its_event_while_rows_above_it_go(tmp_path)
         await inbox.close()
 
 
+async def test_a_left_notice_goes_once_it_is_no_longer_true(tmp_path):
+    """'#1 left Pending; no row is left' must not stand under three new pending rows, nor
+    'the highlight is now on #3' once the operator moved it."""
+    path = str(tmp_path / "live.db")
+    inbox, clock = await pending_inbox(path, n=1)
+    other = await Inbox.open(path, clock=clock)
+    try:
+        app = OnwatchApp(inbox)
+        async with app.run_test(size=SIZE) as pilot:
+            await started(app, pilot)
+            pane = app.pane("pending")
+            assert await other.cancel(1, now=T0)
+            await wait_for_text(pilot, "#1 left Pending; no row is left")
+            for i in range(2, 5):
+                await other.ingest("chat", f"m{i}", {"text": "again"}, now=T0)
+            await wait_for(pilot, lambda: len(pane._records) == 3, what="three new rows")
+            await pilot.pause()
+            assert "left Pending" not in screen_text(app)
+            # A notice about where the highlight landed stands while it is there...
+            assert await other.cancel(2, now=T0)
+            await wait_for_text(pilot, "#2 left Pending; the highlight is now on #3")
+            await other.ingest("chat", "m5", {"text": "more"}, now=T0)
+            await wait_for(pilot, lambda: "5" in pane._records, what="a row below")
+            assert "the highlight is now on #3" in screen_text(app)
+            # ...and goes when the operator moves it.
+            await press(pilot, "down")
+            assert pane.cursor_key() == "4"
+            assert "left Pending" not in screen_text(app)
+    finally:
+        await other.close()
+        await inbox.close()
+
+
 async def test_dead_pane_keeps_its_row_when_another_is_requeued_from_the_cli(tmp_path):
     path = str(tmp_path / "dead.db")
     clock = FakeClock(T0)

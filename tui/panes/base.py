@@ -336,6 +336,10 @@ class Pane(Vertical):
         self._sigs: dict[str, Hashable] = {}
         self._cells: dict[str, dict[str, Text]] = {}
         self._marks: dict[str, Any] = {}  # row key → record as last seen
+        # A "left the pane" notice is true while the highlight stays where it said (a row
+        # key, or None for "no row is left"); it goes once that is no longer so.
+        self._notice_on: str | None = None
+        self._notice_standing = False
 
     # --- what subclasses provide --------------------------------------------------------
 
@@ -433,6 +437,7 @@ class Pane(Vertical):
                 if key in self._records:
                     self._marks[key] = self._records[key]
             self._follow_cursor(cursor, cursor_row)
+            self._retire_notice()
         self.set_class(not fresh, "-empty")
         self._show_titles()
         self.refresh_bindings()
@@ -459,6 +464,7 @@ class Pane(Vertical):
 
     def show_outcome(self, text: str, applied: bool | None) -> None:
         """Show the outcome that stands after an action (inbox text inside: made safe)."""
+        self._notice_standing = False
         label = self.query_one(".outcome", Label)
         label.update(safe_content(text, limit=500))
         label.set_class(applied is True, "-applied")
@@ -485,7 +491,9 @@ class Pane(Vertical):
         table = self.table
         if cursor is None or table.row_count == 0:
             if cursor is not None and not self._window_moved and cursor not in self._acted_on:
-                self.show_notice(f"{self.label(cursor)} left {self.TITLE}; no row is left")
+                self.show_notice(
+                    f"{self.label(cursor)} left {self.TITLE}; no row is left", cursor_on=None
+                )
             self._window_moved = False
             return
         if cursor in self._records:
@@ -503,7 +511,8 @@ class Pane(Vertical):
         landed = self.cursor_key()
         self.show_notice(
             f"{self.label(cursor)} left {self.TITLE}; the highlight is now on "
-            f"{self.label(landed) if landed else 'no row'}"
+            f"{self.label(landed) if landed else 'no row'}",
+            cursor_on=landed,
         )
 
     def acted_on(self, records: Iterable[Any]) -> None:
@@ -511,9 +520,19 @@ class Pane(Vertical):
         so, no 'left the pane' note replaces it."""
         self._acted_on = {self.row_key(r) for r in records}
 
-    def show_notice(self, text: str) -> None:
-        """A note that is not an action's outcome (a row left, a filter cleared)."""
+    def show_notice(self, text: str, *, cursor_on: str | None | bool = False) -> None:
+        """A note that is not an action's outcome (a row left, a filter cleared). With
+        `cursor_on` (a row key, or None for no row), the note says where the highlight is:
+        it is taken down as soon as the highlight is elsewhere (rows arrived, the operator
+        moved), so it never stands under rows it no longer describes."""
         self.show_outcome(text, None)
+        self._notice_standing = cursor_on is not False
+        self._notice_on = cursor_on if isinstance(cursor_on, str) else None
+
+    def _retire_notice(self) -> None:
+        if self._notice_standing and self.cursor_key() != self._notice_on:
+            self._notice_standing = False
+            self.show_outcome("", None)
 
     def _row_cells(self, key: str, record: Any, now: int) -> dict[str, Text]:
         cells = self.cells(record, now)
@@ -632,6 +651,7 @@ class Pane(Vertical):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
+        self._retire_notice()
         self.refresh_bindings()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

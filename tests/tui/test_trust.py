@@ -367,11 +367,31 @@ async def test_late_and_answered_approvals_say_what_will_happen(seeded):
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
         await press(pilot, "4")
-        # deploy-prod-v2 is answered: `a` says so rather than do nothing.
+        pane = app.pane("approvals")
+        # deploy-prod-v2 is answered: a/d/e are not offered on it, even when a new request
+        # arrives above it and the highlight stays where it was.
         await highlight(pilot, "approvals", "deploy-prod-v2")
-        await press(pilot, "a")
-        await wait_for_text(pilot, "deploy-prod-v2: already answered: yes")
-        assert not isinstance(app.screen, ConfirmScreen)
+        other = await Inbox.open(inbox.path, clock=clock)
+        try:
+            await other.request_approval("new-one", 3600, "Ship the hotfix", now=T0)
+        finally:
+            await other.close()
+        await wait_for(pilot, lambda: "new-one" in pane._records, what="the new request")
+        assert pane.cursor_key() == "deploy-prod-v2"
+        footer = screen_text(app).splitlines()[-1]
+        assert "Approve" not in footer and "Deny" not in footer and "Expire" not in footer
+        for action in ("approve", "deny", "expire"):
+            assert pane.check_action("act", (action,)) is False
+        for key in ("a", "d", "e"):
+            await press(pilot, key)
+            assert not isinstance(app.screen, ConfirmScreen)
+        assert "already answered" not in screen_text(app)
+        assert (await inbox.get_approval("new-one")).answer is None
+        # On a waiting row they are there again.
+        await press(pilot, "g")
+        await highlight(pilot, "approvals", "new-one")
+        footer = screen_text(app).splitlines()[-1]
+        assert "Approve" in footer and "Deny" in footer
         # Past its deadline: the dialog does not promise a yes.
         await press(pilot, "g")
         await highlight(pilot, "approvals", "refund-ord-991")
@@ -382,6 +402,8 @@ async def test_late_and_answered_approvals_say_what_will_happen(seeded):
         assert "past its deadline" in text and "will be refused" in text
         assert "resumes with the answer yes" not in text
         await press(pilot, "n")
-        # A filtered pane counts what it shows.
+        # A filtered pane counts what it shows, answered rows included.
         app.pane("approvals").set_filter("zzz-none")
-        await wait_for_text(pilot, "0 of 1 waiting match")
+        await wait_for_text(pilot, "0 matches: 0 waiting, 0 answered")
+        app.pane("approvals").set_filter("deploy")
+        await wait_for_text(pilot, "Approvals · 1 match: 0 waiting, 1 answered")

@@ -20,11 +20,16 @@ def matches(approval: Approval, search: str | None) -> bool:
 
 
 def time_left(approval: Approval, now: int) -> str:
-    """'3h59m12s left', or for a deadline passed before the scheduler ran, 'expired 12s ago'."""
+    """A waiting request's status: '3h59m12s left', or, for a deadline passed before the
+    scheduler wrote the expiry, 'deadline passed 12s ago' (an answer now is refused)."""
     if approval.answer is not None:
         return approval.answer
     left = approval.due - now
-    return f"{duration(left, precise=True)} left" if left > 0 else f"expired {duration(-left)} ago"
+    return (
+        f"{duration(left, precise=True)} left"
+        if left > 0
+        else f"deadline passed {duration(-left)} ago"
+    )
 
 
 class ApprovalsPane(Pane):
@@ -45,7 +50,8 @@ class ApprovalsPane(Pane):
     HELP = "requests for a human's yes or no, with a live countdown; answered ones greyed"
     COLUMNS = (
         Column("request", "request", 18, narrow=14),
-        Column("left", "time left", 15, narrow=14, ticking=True),
+        # Waiting: the time left; answered: the answer and who gave it.
+        Column("left", "status", 15, narrow=14, ticking=True),
         Column("asked", "asked", 7, ticking=True),
         Column("action", "action", 24, fill=True),
     )
@@ -60,9 +66,13 @@ class ApprovalsPane(Pane):
         return record.request_id
 
     def count_label(self, data: PaneData) -> str:
-        if self.window.search:  # the count must be of what the filter shows
-            shown = sum(1 for a in data.rows if a.answer is None)
-            return f"{shown:,} of {data.total:,} waiting match"
+        if self.window.search:  # the count must be of what the filter shows, all of it
+            matches = len(data.rows)
+            waiting = sum(1 for a in data.rows if a.answer is None)
+            return (
+                f"{matches:,} match{'es' if matches != 1 else ''}: {waiting:,} waiting, "
+                f"{matches - waiting:,} answered"
+            )
         return f"{data.total:,} waiting"
 
     def cells(self, approval: Approval, now: int) -> dict[str, Text]:
@@ -75,7 +85,7 @@ class ApprovalsPane(Pane):
 
     def ticking_cells(self, approval: Approval, now: int) -> dict[str, Text]:
         if approval.answer is not None:
-            by = f" · {approval.answered_by}" if approval.answered_by else ""
+            by = f" by {approval.answered_by}" if approval.answered_by else ""
             if len(approval.answer) + len(by) > 14:  # never cut mid-word: the answer alone
                 by = ""
             left = Text(approval.answer, style="dim")
@@ -88,5 +98,6 @@ class ApprovalsPane(Pane):
         }
 
     def allowed(self, action: str, targets: list[Approval]) -> bool | None:
-        # Answered rows too: the app then says what stands instead of doing nothing.
-        return True if targets else None
+        # Only a waiting request is offered an answer: on an answered row (the highlight
+        # stays on it when new requests arrive above) a/d/e are not there to press.
+        return any(a.answer is None for a in targets)

@@ -48,7 +48,7 @@ from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
 from .panes.status import StatusStrip
 from .timefmt import compact_count
-from .safe import join, safe_text
+from .safe import join, safe_plain, safe_text
 from .screens.confirm import ConfirmScreen, Subject
 from .screens.detail import DetailScreen, load_detail
 from .screens.filter import FilterScreen
@@ -99,10 +99,10 @@ class OnwatchApp(App[int]):
         Binding(
             "s",
             "send_now",
-            "Send → file",
+            "Write out",
             id="send-now",
-            tooltip="every held message is appended now to a log file beside the inbox "
-            "(the desk has no channel), ignoring the gap (confirmed)",
+            tooltip="append every held message to a log file beside the inbox and mark "
+            "them sent: nobody receives them, the desk has no channel (confirmed)",
         ),
         Binding(
             "R",
@@ -471,6 +471,8 @@ class OnwatchApp(App[int]):
                 return False
             on = overview is not None and bool(getattr(overview, row.switch))
             return ("true" if on else "false") in row.allowed
+        if self.inbox is not None and operator.outbox_log_path(self.inbox) is None:
+            return False  # a database's inbox has no file beside it to write to
         return True if overview is None or overview.held_messages else None
 
     def on_pane_action_requested(self, message: Pane.ActionRequested) -> None:
@@ -623,14 +625,23 @@ class OnwatchApp(App[int]):
             if action == "send_now":
                 held = self.overview.held_messages if self.overview else 0
                 log = operator.outbox_log_path(inbox)
-                question = f"Send {held:,} held message{'s' if held != 1 else ''} now?"
+                if log is None:  # no file beside a database's inbox (check_action hides s)
+                    return
+                them = "it" if held == 1 else "them"
+                question = (
+                    f"Write {held:,} held message{'s' if held != 1 else ''} to a file and "
+                    f"mark {them} sent?"
+                )
                 note = (
-                    f"They go out at once, ignoring the gap and any hold. The TUI has no "
-                    f"channel of its own: they are appended to {log}."
+                    f"Nobody receives {them}: the desk has no channel to your users. "
+                    f"{'It is' if held == 1 else 'They are'} appended to "
+                    f"{safe_plain(log, limit=300)} and leave{'s' if held == 1 else ''} the "
+                    f"outbox as sent, so the worker will not send {them} either. To deliver "
+                    f"{them}, run `onwatch dispatch --now` with the agent's channel instead."
                 )
                 confirm = ConfirmScreen(question, [], self.now, note, where=_where(inbox))
                 if not await self.push_screen_wait(confirm):
-                    pane.show_outcome("not confirmed: nothing sent", None)
+                    pane.show_outcome("not confirmed: nothing written, nothing marked", None)
                     return
                 if self._refuse_lost_file(pane):
                     return
@@ -775,10 +786,11 @@ class OnwatchApp(App[int]):
             "Every action is conditional on the state you saw: a row the worker changed "
             "meanwhile is reported, not overwritten.",
         ]
-        if self.inbox is not None:
+        log = operator.outbox_log_path(self.inbox) if self.inbox is not None else None
+        if log is not None:
             notes.append(
-                f"s has no channel of its own: held messages are appended to "
-                f"{operator.outbox_log_path(self.inbox)}."
+                f"s sends nothing to anyone: the desk has no channel. It appends the held "
+                f"messages to {log} and marks them sent."
             )
         if self.read_only:
             notes.insert(0, "Read-only: every action is removed; you can watch and read.")

@@ -105,6 +105,9 @@ async def test_50_inboxes_listed_and_another_process_raises_the_alarm(database):
             )
             await pilot.press("4")
             await wait_for_text(pilot, "from-afar", timeout=10)
+            # No file beside a database's inbox: s (write held messages to one) is not there.
+            assert app.check_action("send_now", ()) is False
+            assert "Write out" not in screen_text(app)
             await app.inbox.close()
             app.inbox = None
     finally:

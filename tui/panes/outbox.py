@@ -31,7 +31,8 @@ class OutboxState:
 class OutboxPane(Pane):
     """Messages waiting for the next paced send (urgent ones skip the gap), and recent sends.
 
-    `s` (everywhere) sends what is held now; `o` holds or releases the outbox.
+    `s` (everywhere) writes what is held to a file and marks it sent (the desk has no
+    channel: nobody receives it); `o` holds or releases the outbox.
     """
 
     PANE_ID = "outbox"
@@ -78,7 +79,8 @@ class OutboxPane(Pane):
         sends.can_focus = False
         for key, label, width in (
             ("id", "send", 6),
-            ("status", "status", 8),
+            ("status", "status", 9),
+            ("kind", "kind", 6),  # urgent (skipped the gap) or paced
             ("count", "msgs", 4),
             ("when", "when", 10),
             ("attempts", "tries", 5),
@@ -129,9 +131,7 @@ class OutboxPane(Pane):
                 )
             )
         if state.held:
-            parts.append(
-                " · HELD by the operator: nothing goes out until released (o) or sent now (s)"
-            )
+            parts.append(" · HELD by the operator: nothing goes out until released (o)")
         elif state.next_send_at is not None:
             wait = state.next_send_at - now
             parts.append(
@@ -150,10 +150,8 @@ class OutboxPane(Pane):
             note = safe_text(d.last_error, limit=200)
             table.add_row(
                 Text(f"#{d.id}"),
-                Text(
-                    d.status + (" !" if d.urgent else ""),
-                    style="bold" if d.status == "uncertain" else "",
-                ),
+                Text(d.status, style="bold" if d.status == "uncertain" else ""),
+                Text("urgent", style="bold") if d.urgent else Text("paced"),
                 Text(str(d.message_count)),
                 self._sent_when(d, now),
                 Text(str(d.attempts)),

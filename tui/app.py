@@ -47,7 +47,7 @@ from .panes import PANES, Pane
 from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
 from .panes.status import StatusStrip
-from .timefmt import compact_count
+from .timefmt import WALL, Times, compact_count
 from .safe import join, safe_plain, safe_text
 from .screens.confirm import ConfirmScreen, Subject
 from .screens.detail import DetailScreen, load_detail
@@ -76,6 +76,7 @@ class OnwatchApp(App[int]):
     CSS_PATH = "app.tcss"
     TITLE = "onwatch"
     ACTOR: str | None = None  # a fixed actor (the demos' "viewer"); else see __init__
+    TIMES: Times = WALL  # how instants are worded (the scenario player's clock is simulated)
     POLL_SECONDS = 0.5
     FALLBACK_POLL_SECONDS = 1.0  # while the notifier runs: it also retries a failed read
     TICK_SECONDS = 1.0
@@ -157,6 +158,7 @@ class OnwatchApp(App[int]):
         self.inbox = inbox
         self.clock = clock
         self.read_only = read_only
+        self.times = self.TIMES
         self.actor = check_actor(actor) if actor is not None else (self.ACTOR or operator_name())
         self.now = self.clock.now()
         self.overview: Overview | None = None
@@ -186,6 +188,7 @@ class OnwatchApp(App[int]):
             for pane_class in PANES:
                 pane = pane_class()
                 pane.read_only = self.read_only
+                pane.times = self.times
                 yield pane
         yield Footer()
 
@@ -444,7 +447,7 @@ class OnwatchApp(App[int]):
         if self.inbox is None:  # the fleet desk before an inbox was chosen: no rows
             return
         try:
-            title, body = await load_detail(self.inbox, record, self.clock.now())
+            title, body = await load_detail(self.inbox, record, self.clock.now(), self.times)
         except InboxError as exc:
             self.active_pane.show_outcome(f"cannot read the detail: {exc}", False)
             return
@@ -550,7 +553,9 @@ class OnwatchApp(App[int]):
                         )
                     )
                 )
-        return ConfirmScreen(question, subjects, now, note, where=_where(inbox or self.inbox))
+        return ConfirmScreen(
+            question, subjects, now, note, where=_where(inbox or self.inbox), times=self.times
+        )
 
     def _refuse_lost_file(self, pane: Pane) -> bool:
         """Say so and refuse when the path no longer names the opened file."""
@@ -593,7 +598,7 @@ class OnwatchApp(App[int]):
                 if on == "approval":
                     outcomes.append(
                         await operator.approval_action(
-                            inbox, action, target, now=now, actor=self.actor
+                            inbox, action, target, now=now, actor=self.actor, times=self.times
                         )
                     )
                 elif on == "delivery":

@@ -21,7 +21,7 @@ from onwatch.core import Approval, Event, Inbox, InboxError
 from onwatch.core.pg import is_url
 
 from .actions import KEYS
-from .timefmt import clock
+from .timefmt import WALL, Times
 
 # What a change of state means, seen from the operator's chair.
 _CHANGED = {
@@ -67,9 +67,10 @@ async def event_action(inbox: Inbox, action: str, event: Event, *, now: int, act
 
 
 async def approval_action(
-    inbox: Inbox, action: str, approval: Approval, *, now: int, actor: str
+    inbox: Inbox, action: str, approval: Approval, *, now: int, actor: str, times: Times = WALL
 ) -> Outcome:
-    """Approve, deny or expire one request; the outcome is the answer that stands."""
+    """Approve, deny or expire one request; the outcome is the answer that stands (its
+    instants worded by `times`)."""
     rid = approval.request_id
     try:
         outcome = await inbox.act(action, rid, now=now, actor=actor)
@@ -87,10 +88,10 @@ async def approval_action(
         and action != "expire"
         and (current is None or current.answered_at is None or current.answered_at >= due)
     ):
-        return Outcome(False, f"{rid}: too late: expired at {clock(due)}")
+        return Outcome(False, f"{rid}: too late: expired at {times.clock(due)}")
     by = ""
     if current is not None and current.answered_by:
-        by = f" (by {current.answered_by} at {clock(current.answered_at)})"
+        by = f" (by {current.answered_by} at {times.clock(current.answered_at)})"
     return Outcome(False, f"{rid}: already answered: {standing}{by}")
 
 

@@ -16,6 +16,7 @@ from onwatch.core import Approval, Clock, Inbox
 from onwatch.core.fleet import FleetScan, FleetSource, InboxSummary
 
 from ..safe import safe_plain
+from ..timefmt import Times
 
 if TYPE_CHECKING:
     from ..screens.confirm import ConfirmScreen
@@ -125,6 +126,7 @@ class Supervisor(Protocol):
     """
 
     actor: str  # who the audit log says acted
+    times: Times  # how instants are worded
     clock: Clock
     inbox: Inbox | None
     title: str

@@ -221,7 +221,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
                 self._line(join(name, ": not confirmed: nothing changed"), None)
                 return
             outcome = await operator.approval_action(
-                inbox, action, current, now=app.clock.now(), actor=app.actor
+                inbox, action, current, now=app.clock.now(), actor=app.actor, times=app.times
             )
         except InboxError as exc:
             self._line(join(name, ": not done: ", safe_text(str(exc), limit=200)), False)

@@ -26,6 +26,7 @@ from onwatch.core import Inbox, Overview
 
 from .. import actions as desk
 from ..safe import join, safe_content, safe_text
+from ..timefmt import WALL, Times
 from ..screens.filter import FilterScreen
 
 WINDOW_ROWS = 300  # rows per pane window: a few screens, never the whole table
@@ -327,6 +328,7 @@ class Pane(Vertical):
         self.window = Window()
         self.data = PaneData()
         self.read_only = False  # set by the app: a read-only desk offers no actions
+        self.times: Times = WALL  # set by the app: how instants are worded
         self.refusing: str | None = None  # set by the app: why every action is refused now
         self._window_moved = False  # the operator moved the window: rows leave, no news
         self._acted_on: set[str] = set()  # rows the operator's own action moves out

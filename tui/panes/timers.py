@@ -11,7 +11,7 @@ from onwatch.core import Inbox, Overview, Timer
 
 from ..safe import safe_text
 from .base import Column, Pane, PaneData, Window
-from ..timefmt import clock, countdown, duration, period
+from ..timefmt import countdown, duration, period
 
 
 class TimersPane(Pane):
@@ -68,7 +68,7 @@ class TimersPane(Pane):
         return {
             "timer": safe_text(timer.id, limit=40, style="italic" if expiry else ""),
             **self.ticking_cells(timer, now),
-            "at": Text(clock(timer.due)),
+            "at": Text(self.times.clock(timer.due)),
             "period": Text("expiry" if expiry else period(timer.every)),
             "catch_up": Text("" if timer.every is None else timer.catch_up),
             "skipped": Text(skipped),

@@ -123,6 +123,27 @@ async def test_an_answer_given_elsewhere_meanwhile_stands(seeded):
         assert (await inbox.get_approval("refund-ord-991")).answer == "no"
 
 
+async def test_the_same_answer_given_elsewhere_meanwhile_is_not_claimed_as_ours(seeded):
+    """bob approves while the dialog is open; our 'yes' stored nothing (the audit log says
+    refused), so the desk must not say 'approved': it says whose answer stands."""
+    inbox, _, path = seeded
+    app = OnwatchApp(inbox, actor="ana")
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "4", "a")
+        await confirm_open(pilot)
+        other = await Inbox.open(path, create=False, clock=inbox.clock)
+        try:
+            assert await other.answer_approval("refund-ord-991", "yes", actor="bob") == "yes"
+        finally:
+            await other.close()
+        await press(pilot, "y")
+        await wait_for_text(pilot, "refund-ord-991: already answered: yes (by bob at 22:13)")
+        assert "approved refund-ord-991" not in screen_text(app)
+        [entry] = await inbox.audit(target="approval refund-ord-991", limit=1)
+        assert (entry.actor, entry.applied) == ("ana", False)
+
+
 # --- events ---------------------------------------------------------------------------------
 
 

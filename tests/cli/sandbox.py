@@ -4,7 +4,9 @@ that make each of them do its job (tests/cli/test_help_examples.py)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
+import sys
 import shutil
 import stat
 
@@ -100,6 +102,13 @@ def make_sandbox(folder: str) -> dict[str, str]:
     shutil.copy(alice, os.path.join(inboxes, "alice.db"))
     asyncio.run(make_alice(os.path.join(inboxes, "bob.db")))
     os.symlink(os.path.join(ROOT, "examples"), os.path.join(folder, "examples"))
+    hooks = os.path.join(folder, "hooks.toml")
+    with open(hooks, "w", encoding="utf-8") as handle:
+        handle.write(
+            '[github]\nsecret = "the secret typed into GitHub"\n'
+            f'[hooks.chat]\nsecrets = ["whsec_{base64.b64encode(os.urandom(32)).decode()}"]\n'
+        )
+    os.chmod(hooks, stat.S_IRUSR | stat.S_IWUSR)
     token = os.path.join(folder, ".onwatch-web-token")
     with open(token, "w", encoding="utf-8") as handle:
         handle.write(WEB_TOKEN + "\n")
@@ -108,7 +117,7 @@ def make_sandbox(folder: str) -> dict[str, str]:
     os.mkdir(bin_dir)
     shim = os.path.join(bin_dir, "onwatch")
     with open(shim, "w", encoding="utf-8") as handle:
-        handle.write(f'#!/bin/sh\nexec "{os.sys.executable}" -m onwatch "$@"\n')
+        handle.write(f'#!/bin/sh\nexec "{sys.executable}" -m onwatch "$@"\n')
     os.chmod(shim, 0o755)
     env = {
         key: value

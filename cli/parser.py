@@ -127,9 +127,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 }
 
 
-def with_examples(command: str, epilog: str | None = None) -> str:
-    """`epilog` followed by the command's examples (EXAMPLES), as its --help ends."""
-    lines = "\n".join(f"  {example}" for example in EXAMPLES[command])
+def with_examples(command: str, epilog: str | None = None) -> str | None:
+    """`epilog` followed by the command's examples (EXAMPLES), as its --help ends. A new
+    action row without examples yet gets none (tests/cli/test_help_examples.py fails)."""
+    examples = EXAMPLES.get(command, ())
+    if not examples:
+        return epilog
+    lines = "\n".join(f"  {example}" for example in examples)
     return (epilog.rstrip("\n") + "\n\n" if epilog else "") + f"examples:\n{lines}\n"
 
 

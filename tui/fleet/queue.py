@@ -22,6 +22,7 @@ from onwatch.core.fleet import InboxSummary
 
 from .. import actions as desk_actions
 from .. import operator
+from ..panes.layout import ID_CHARS, middle
 from ..timefmt import duration
 from ..safe import join, safe_text
 from .desk import WARN_SECONDS
@@ -54,15 +55,18 @@ def _cell(text: Text | str, width: int) -> Text:
 def queue_text(item: Item, now: int, width: int) -> Text:
     summary, approval = item
     left = approval.due - now
-    countdown = f"{duration(left, precise=True)} left" if left > 0 else "deadline passed"
     narrow = width < 100
+    # To the second within the hour (or wide): a narrow column keeps its "left".
+    precise = not narrow or left < 3600
+    countdown = f"{duration(left, precise=precise)} left" if left > 0 else "deadline passed"
     inbox_w, left_w, request_w = (12, 11, 16) if narrow else (16, 14, 24)
     action_w = max(width - inbox_w - left_w - request_w - 4, 10)
+    # Names and ids too long for their column keep their distinguishing end.
     return Text(" ").join(
         [
-            _cell(safe_text(summary.name, limit=60), inbox_w),
+            _cell(middle(safe_text(summary.name, limit=ID_CHARS), inbox_w), inbox_w),
             _cell(countdown, left_w),
-            _cell(safe_text(approval.request_id, limit=80), request_w),
+            _cell(middle(safe_text(approval.request_id, limit=ID_CHARS), request_w), request_w),
             _cell(safe_text(approval.action, limit=300), action_w),
         ]
     )

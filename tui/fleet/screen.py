@@ -23,6 +23,7 @@ from onwatch.core import InboxError
 from onwatch.core.fleet import DatabaseFleet, FolderFleet, InboxSummary, run_buckets
 
 from .. import actions as desk_actions
+from ..panes.layout import middle
 from ..timefmt import duration
 from ..safe import join, safe_text
 from ..screens.filter import FilterScreen
@@ -280,7 +281,8 @@ class RowPainter:
         widths = {name: small if narrow else wide for name, wide, small in COLUMNS}
         fixed = self._fixed.get(summary.key)
         if fixed is None or fixed[0] is not summary or fixed[1] != narrow:
-            cells = [_cell(inbox_cell(summary), widths["inbox"])]
+            # A name too long keeps its end: agents are often named alike up to a number.
+            cells = [_cell(middle(inbox_cell(summary), widths["inbox"]), widths["inbox"])]
             if not summary.problem:
                 cells += [
                     _cell(value, widths[name], True) for name, value in count_cells(summary).items()

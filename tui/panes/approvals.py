@@ -8,7 +8,8 @@ from rich.text import Text
 from onwatch.core import Approval, Inbox, Overview
 
 from ..safe import safe_text
-from .base import Column, Pane, PaneData, Window
+from .layout import ID_CHARS, Column
+from .base import Pane, PaneData, Window
 from ..timefmt import duration
 
 
@@ -21,15 +22,11 @@ def matches(approval: Approval, search: str | None) -> bool:
 
 def time_left(approval: Approval, now: int) -> str:
     """A waiting request's status: '3h59m12s left', or, for a deadline passed before the
-    scheduler wrote the expiry, 'deadline passed 12s ago' (an answer now is refused)."""
+    scheduler wrote the expiry, '12s overdue' (an answer now is refused)."""
     if approval.answer is not None:
         return approval.answer
     left = approval.due - now
-    return (
-        f"{duration(left, precise=True)} left"
-        if left > 0
-        else f"deadline passed {duration(-left)} ago"
-    )
+    return f"{duration(left, precise=True)} left" if left > 0 else f"{duration(-left)} overdue"
 
 
 class ApprovalsPane(Pane):
@@ -49,11 +46,11 @@ class ApprovalsPane(Pane):
     STATES = ("waiting",)
     HELP = "requests for a human's yes or no, with a live countdown; answered ones greyed"
     COLUMNS = (
-        Column("request", "request", 18, narrow=14),
+        Column("request", "request", 18, narrow=14, middle=True),
         # Waiting: the time left; answered: the answer and who gave it.
         Column("left", "status", 15, narrow=14, ticking=True),
-        Column("asked", "asked", 7, ticking=True),
-        Column("action", "action", 24, fill=True),
+        Column("asked", "asked", 7, ticking=True, rank=2),
+        Column("action", "action", 40, narrow=24, fill=True, rank=1),
     )
 
     @classmethod
@@ -78,7 +75,7 @@ class ApprovalsPane(Pane):
     def cells(self, approval: Approval, now: int) -> dict[str, Text]:
         dim = "dim" if approval.answer is not None else ""
         return {
-            "request": safe_text(approval.request_id, limit=40, style=dim),
+            "request": safe_text(approval.request_id, limit=ID_CHARS, style=dim),
             **self.ticking_cells(approval, now),
             "action": safe_text(approval.action, limit=300, style=dim),
         }

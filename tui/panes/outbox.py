@@ -12,7 +12,8 @@ from textual.widgets import DataTable, Label
 from onwatch.core import Delivery, Inbox, Message, Overview
 
 from ..safe import join, safe_text
-from .base import Column, Pane, PaneData, Window
+from .layout import Column
+from .base import Pane, PaneData, Window
 from ..timefmt import duration, period
 
 
@@ -43,10 +44,10 @@ class OutboxPane(Pane):
     HELP = "held messages, countdown to the next allowed send, recent sends"
     COLUMNS = (
         Column("id", "id", 6),
-        Column("queued", "queued", 8, ticking=True),
-        Column("urgent", "urgent", 6),
-        Column("run", "run", 6),
-        Column("body", "message", 24, fill=True),
+        Column("queued", "queued", 8, ticking=True, rank=2),
+        Column("urgent", "urgent", 6, rank=3),
+        Column("run", "run", 6, rank=4),
+        Column("body", "message", 40, narrow=24, fill=True, rank=1),
     )
     SENDS = 8  # recent sends listed under the held messages
     # An uncertain send (at-most-once, cut off mid-send) is settled by the operator: its

@@ -149,3 +149,21 @@ async def test_a_single_inbox_offers_no_fleet_key_in_its_footer(seeded):
     async with app.run_test(size=(80, 24)) as pilot:
         await started(app, pilot)
         assert "Fleet" not in screen_text(app).splitlines()[-1]
+
+
+async def test_the_status_strip_says_when_no_worker_runs_the_pending_work(tmp_path):
+    """As the fleet's row does: work waiting and nobody holding the lease is said, not left
+    to be read from 'released 59m ago'."""
+    clock = FakeClock(T0)
+    async with await Inbox.open(str(tmp_path / "i.db"), clock=clock) as inbox:
+        await inbox.ingest("chat", "m-1", {"text": "hi"}, now=T0)
+        app = OnwatchApp(inbox, clock=clock)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(app, pilot)
+            assert "no worker runs the 1 pending" in screen_text(app)
+            gen = await inbox.acquire("w-1", now=T0)
+            await app.reload()
+            assert "no worker runs" not in screen_text(app)
+            await inbox.release("w-1", gen, now=T0)
+            await app.reload()
+            assert "released 0s ago · no worker runs the 1 pending" in screen_text(app)

@@ -109,6 +109,29 @@ async def test_a_left_notice_goes_once_it_is_no_longer_true(tmp_path):
         await inbox.close()
 
 
+async def test_a_row_that_left_a_hidden_pane_is_not_announced_when_it_is_shown(seeded):
+    """The Timers pane was read at start, its highlight on its first row, never looked at;
+    that timer goes meanwhile. Shown later, the pane must not report a row nobody saw."""
+    inbox, clock, path = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        first = app.pane("timers").cursor_key()
+        assert first == "sync-calendar"
+        other = await Inbox.open(path, create=False, clock=clock)
+        try:
+            assert await other.cancel_timer("sync-calendar")
+            await other.ingest("chat", "nudge", {"text": "a commit the desk follows"})
+        finally:
+            await other.close()
+        await wait_for(pilot, lambda: app.pane("timers").stale, what="the hidden pane stale")
+        await press(pilot, "5")
+        pane = app.pane("timers")
+        await wait_for(pilot, lambda: "sync-calendar" not in pane._records, what="the reread")
+        await pilot.pause()
+        assert "left Timers" not in screen_text(app)
+
+
 async def test_dead_pane_keeps_its_row_when_another_is_requeued_from_the_cli(tmp_path):
     path = str(tmp_path / "dead.db")
     clock = FakeClock(T0)

@@ -433,6 +433,8 @@ class Pane(Vertical):
         """Show a freshly fetched window, touching only the rows and cells that changed."""
         self.data = data
         self.now = now
+        if self.stale:  # hidden while its rows changed: nobody saw the row that left
+            self._window_moved = True
         self.stale = False
         table = self.table
         cursor, cursor_row = self.cursor_key(), table.cursor_row

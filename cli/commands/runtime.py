@@ -21,6 +21,7 @@ from onwatch.cli.running import (
     setup_step,
     stop_on_signals,
 )
+from onwatch.cli.values import actor_of
 from onwatch.core import Inbox
 from onwatch.core.pg import is_url as _is_postgres_url
 
@@ -176,9 +177,10 @@ class _Recording:
 
 async def cmd_dispatch(args: argparse.Namespace) -> int:
     send = _Recording(_send_channel(args))  # dispatch has no --no-dispatch
+    who = actor_of(args) if args.now else None
     async with await open_inbox(args) as inbox:
-        if args.now:
-            sent = await inbox.flush_outbox(send, actor=args.actor, reason=args.reason)
+        if who is not None:
+            sent = await inbox.flush_outbox(send, actor=who, reason=args.reason)
         else:
             sent = await inbox.dispatch(send)
         next_send = await inbox.next_send_at()

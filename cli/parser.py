@@ -192,6 +192,13 @@ def build_parser() -> Parser:
     receiver.add_argument(
         "--max-body", type=whole(1), metavar="BYTES", help="largest accepted body"
     )
+    receiver.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="a name /metrics may be reached under besides addresses, localhost and this "
+        "machine's name (repeatable; other names are refused, against DNS rebinding)",
+    )
     log_level = Parser(add_help=False)
     log_level.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")

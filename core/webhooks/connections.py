@@ -1,0 +1,395 @@
+"""The connections of onwatch's HTTP servers (`serve`, `run`, `web`): how many, for how long,
+and what the log says about them.
+
+aiohttp keeps a connection that never sends a request open for an hour (its keep-alive
+default), accepts connections until the process runs out of descriptors, and then logs every
+failed accept with a traceback. A `ConnectionGuard` in front of the aiohttp server (a
+`GuardedSite` instead of `web.TCPSite`) bounds all of that:
+
+- **Timeouts.** A connection gets `head_timeout` seconds, from its opening or from the end of
+  its previous answer, until the head of its next request has arrived (an idle keep-alive
+  connection and a head sent a byte at a time run out alike); a request then gets
+  `request_timeout` seconds, its answer included. The handlers bound their bodies themselves
+  (the receiver's 408). A websocket, once upgraded, is `hold`: its own heartbeat watches it.
+- **A cap.** At most `limit` connections are open (sized to the descriptor limit, see
+  `connection_limit`). A new connection over the cap closes the connection that has been
+  idle the longest, so idle connections can never shut a sender out; when none is idle (every
+  connection is in the middle of a request), the newcomer gets a 503 with `Retry-After` and
+  is closed.
+- **The log says it once.** Reaching a limit is one warning, then at most one line a minute
+  counting what happened since; refused accepts (out of descriptors) likewise, never a
+  traceback. `ServerLog` replaces aiohttp's server logger: a malformed request is the access
+  log's one 400 line, never the exception text (which quotes the request's own bytes:
+  cookies, tokens).
+
+Only aiohttp's public surface is used, plus `BaseSite`'s documented subclassing point
+(`_runner`, `_server`): `tests/webhook/test_connections.py` pins the behaviour with raw
+sockets against real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import sys
+from typing import Any, Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
+HEAD_TIMEOUT = 10.0  # seconds until a request's head has arrived (idle keep-alive included)
+REQUEST_TIMEOUT = 60.0  # seconds a request may take, its answer included (not a websocket)
+MAX_CONNECTIONS = 512  # open at once, when the descriptor limit allows
+FD_RESERVE = 64  # descriptors kept for everything else: the database, logs, desk processes
+RETRY_AFTER = 5  # seconds, in the 503 of a refused connection
+SUMMARY_EVERY = 60.0  # seconds between two lines about the same limit
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def refusal(body: str, content_type: str = "text/plain; charset=utf-8") -> bytes:
+    """The fixed answer written to a connection over the cap (no request is read)."""
+    data = body.encode("utf-8")
+    return (
+        "HTTP/1.1 503 Service Unavailable\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(data)}\r\n"
+        f"Retry-After: {RETRY_AFTER}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode("ascii") + data
+
+
+def connection_limit(wanted: int = MAX_CONNECTIONS, reserve: int = FD_RESERVE) -> int:
+    """How many connections this process can hold: `wanted`, or fewer if the descriptor
+    limit cannot fit them with `reserve` to spare. Raises the soft limit toward the hard one
+    first, as far as `wanted + reserve` needs (unprivileged, and inherited by children)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX: no descriptor limit to read
+        return wanted
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = wanted + reserve
+    if soft != resource.RLIM_INFINITY and soft < need:
+        raised = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+            soft = raised
+        except (ValueError, OSError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    return max(1, min(wanted, soft - reserve))
+
+
+class LimitLog:
+    """Says that a limit was reached once, then at most one line per `every` seconds
+    counting how often it was reached since (nothing while it is not)."""
+
+    def __init__(self, log: logging.Logger, message: str, *, every: float = SUMMARY_EVERY) -> None:
+        self.log, self.message, self.every = log, message, every
+        self.total = 0
+        self._since = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def hit(self, count: int = 1) -> None:
+        self.total += count
+        if self._timer is None:
+            self.log.warning("%s", self.message)
+            self._arm()
+        else:
+            self._since += count
+
+    def _arm(self) -> None:
+        try:
+            self._timer = asyncio.get_running_loop().call_later(self.every, self._summarise)
+        except RuntimeError:  # no loop (a synchronous caller): say it every time instead
+            self._timer = None
+
+    def _summarise(self) -> None:
+        if not self._since:
+            self._timer = None  # quiet for a whole period: the next hit is news again
+            return
+        self.log.warning("%s (%d more in the last %g s)", self.message, self._since, self.every)
+        self._since = 0
+        self._arm()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class _Connection:
+    """What the guard knows of one open connection."""
+
+    __slots__ = ("transport", "busy", "held", "timer", "closing")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.busy = False
+        self.held = False
+        self.closing = False
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class ConnectionGuard:
+    """Timeouts and a cap for one server's connections (see the module docstring).
+
+    `protocol_factory(make)` wraps aiohttp's protocol factory; `middleware` must be the
+    application's first middleware (it tells the guard when a request starts and ends);
+    `hold(request)` exempts an upgraded websocket from the request timeout."""
+
+    def __init__(
+        self,
+        log: logging.Logger,
+        *,
+        limit: int | None = None,
+        head_timeout: float | None = None,
+        request_timeout: float | None = None,
+        refused: bytes = refusal("too many connections; retry later\n"),
+    ) -> None:
+        self.limit = connection_limit() if limit is None else limit
+        # None: the module's values, read now (tests shorten them)
+        self.head_timeout = HEAD_TIMEOUT if head_timeout is None else head_timeout
+        self.request_timeout = REQUEST_TIMEOUT if request_timeout is None else request_timeout
+        self._refused = refused
+        self._open: dict[asyncio.BaseTransport, _Connection] = {}
+        # idle connections, the longest idle first: the first to close when the cap is reached
+        self._idle: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
+        self.full = LimitLog(
+            log,
+            f"connection limit ({self.limit}) reached: closing the longest-idle connections, "
+            f"refusing new ones (503) while none is idle",
+        )
+        self.slow = LimitLog(
+            log,
+            f"closed a connection whose request took over {self.request_timeout:g} s",
+        )
+
+    @property
+    def open(self) -> int:
+        """Connections open now (those being closed excepted)."""
+        return len(self._open)
+
+    # --- the protocol side ------------------------------------------------------------------
+
+    def protocol_factory(
+        self, make: Callable[[], asyncio.Protocol]
+    ) -> Callable[[], asyncio.Protocol]:
+        """A factory for `loop.create_server` that puts every connection `make` serves under
+        this guard."""
+        return lambda: _GuardedProtocol(self, make)
+
+    def _admit(self, transport: asyncio.Transport) -> _Connection | None:
+        if len(self._open) >= self.limit:
+            if self._idle:
+                oldest, _ = self._idle.popitem(last=False)
+                self._close(oldest)
+                self.full.hit()
+            else:
+                self.full.hit()
+                try:
+                    transport.write(self._refused)
+                finally:
+                    transport.close()
+                return None
+        connection = _Connection(transport)
+        self._open[transport] = connection
+        self._set_idle(connection)
+        return connection
+
+    def _lost(self, connection: _Connection) -> None:
+        self._cancel(connection)
+        self._idle.pop(connection, None)
+        if self._open.get(connection.transport) is connection:
+            del self._open[connection.transport]
+
+    def _close(self, connection: _Connection, *, abort: bool = False) -> None:
+        """Close `connection` now; its slot is free at once, whatever the socket still does."""
+        self._cancel(connection)
+        self._idle.pop(connection, None)
+        self._open.pop(connection.transport, None)
+        connection.closing = True
+        if abort:
+            connection.transport.abort()
+        else:
+            connection.transport.close()
+
+    def _cancel(self, connection: _Connection) -> None:
+        if connection.timer is not None:
+            connection.timer.cancel()
+            connection.timer = None
+
+    def _set_idle(self, connection: _Connection) -> None:
+        self._cancel(connection)
+        connection.busy = False
+        self._idle[connection] = None
+        self._idle.move_to_end(connection)
+        loop = asyncio.get_running_loop()
+        connection.timer = loop.call_later(self.head_timeout, self._expired, connection)
+
+    def _set_busy(self, connection: _Connection) -> None:
+        self._cancel(connection)
+        connection.busy = True
+        self._idle.pop(connection, None)
+        loop = asyncio.get_running_loop()
+        connection.timer = loop.call_later(self.request_timeout, self._expired, connection)
+
+    def _expired(self, connection: _Connection) -> None:
+        connection.timer = None
+        if connection.closing:
+            return
+        if connection.busy:
+            self.slow.hit()
+            self._close(connection, abort=True)
+        else:
+            self._close(connection)  # idle or a head too slow: the ordinary end, not news
+
+    # --- the request side -------------------------------------------------------------------
+
+    @web.middleware
+    async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Marks the connection busy for the request and sends the answer within its time;
+        an answer not sent here (a raised HTTPException) is sent by aiohttp after."""
+        connection = self._open.get(request.transport) if request.transport else None
+        if connection is None or connection.closing:
+            return await handler(request)
+        self._set_busy(connection)
+        try:
+            response = await handler(request)
+            if not connection.held and not response.prepared:
+                try:
+                    await response.prepare(request)
+                    await response.write_eof()
+                except ConnectionError:
+                    pass  # the client left; aiohttp logs the one access line
+            return response
+        finally:
+            if not connection.closing and self._open.get(connection.transport) is connection:
+                connection.held = False
+                self._set_idle(connection)
+
+    def hold(self, request: web.Request) -> None:
+        """The request became a websocket: no request timeout while it stays open."""
+        connection = self._open.get(request.transport) if request.transport else None
+        if connection is not None:
+            self._cancel(connection)
+            connection.held = True
+
+    def close(self) -> None:
+        self.full.close()
+        self.slow.close()
+
+
+class _GuardedProtocol(asyncio.Protocol):
+    """aiohttp's protocol for one connection, created only once the guard admitted it."""
+
+    def __init__(self, guard: ConnectionGuard, make: Callable[[], asyncio.Protocol]) -> None:
+        self._guard, self._make = guard, make
+        self._inner: asyncio.Protocol | None = None
+        self._connection: _Connection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._connection = self._guard._admit(transport)
+        if self._connection is not None:
+            self._inner = self._make()
+            self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._connection is not None:
+            self._guard._lost(self._connection)
+        if self._inner is not None:
+            self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is not None:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
+
+
+class GuardedSite(web.BaseSite):
+    """`web.TCPSite` with every connection under a ConnectionGuard."""
+
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, guard: ConnectionGuard
+    ) -> None:
+        super().__init__(runner)
+        self.host, self.port, self.guard = host, port, guard
+
+    @property
+    def name(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self.guard.protocol_factory(server),
+            self.host,
+            self.port,
+            reuse_address=sys.platform != "win32",
+        )
+
+    async def stop(self) -> None:
+        await super().stop()
+        self.guard.close()
+
+
+class ServerLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """aiohttp's server logger, kept to one line and to what is safe to write.
+
+    aiohttp logs a malformed request with its exception, whose text quotes the request's bytes
+    (a header line with a cookie, a request line with a token), and an error in a handler
+    with a traceback. Here a malformed request leaves only the access log's 400 line; any
+    other error is one line naming the exception's type (the traceback at debug level)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        super().__init__(logger, {})
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True, **kwargs: Any) -> None:
+        error = exc_info if isinstance(exc_info, BaseException) else sys.exc_info()[1]
+        if isinstance(error, (HttpProcessingError, web.RequestPayloadError)):
+            return  # the access log has its 400 line; the text would quote the request
+        if isinstance(error, ConnectionError):
+            return  # the client left mid-answer: nothing anyone can act on
+        self.logger.error("internal error: %s (details at debug level)", type(error).__name__)
+        self.logger.debug("internal error", exc_info=error)
+
+    def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
+        kwargs.pop("exc_info", None)  # aiohttp attaches the request's bytes to some
+        self.logger.debug(msg, *args, **kwargs)
+
+
+def quiet_accept_errors(log: logging.Logger) -> LimitLog:
+    """Route the event loop's "socket.accept() out of system resource" reports (out of
+    descriptors: one traceback per try, several a second) to one line a minute; every other
+    report goes where it went. Returns the LimitLog (its `total` counts them)."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    limit = LimitLog(log, "cannot accept connections: out of file descriptors (EMFILE)")
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if str(context.get("message", "")).startswith("socket.accept() out of system resource"):
+            limit.hit()
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
+    return limit

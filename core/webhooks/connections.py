@@ -123,11 +123,12 @@ class LimitLog:
 class _Connection:
     """What the guard knows of one open connection."""
 
-    __slots__ = ("transport", "busy", "held", "timer", "closing")
+    __slots__ = ("transport", "busy", "answering", "held", "timer", "closing")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.busy = False
+        self.answering = False  # aiohttp is sending a file after the handler returned
         self.held = False
         self.closing = False
         self.timer: asyncio.TimerHandle | None = None
@@ -223,7 +224,7 @@ class ConnectionGuard:
 
     def _set_idle(self, connection: _Connection) -> None:
         self._cancel(connection)
-        connection.busy = False
+        connection.busy = connection.answering = False
         self._idle[connection] = None
         self._idle.move_to_end(connection)
         loop = asyncio.get_running_loop()
@@ -231,7 +232,7 @@ class ConnectionGuard:
 
     def _set_busy(self, connection: _Connection) -> None:
         self._cancel(connection)
-        connection.busy = True
+        connection.busy, connection.answering = True, False
         self._idle.pop(connection, None)
         loop = asyncio.get_running_loop()
         connection.timer = loop.call_later(self.request_timeout, self._expired, connection)
@@ -243,6 +244,8 @@ class ConnectionGuard:
         if connection.busy:
             self.slow.hit()
             self._close(connection, abort=True)
+        elif connection.answering:
+            self._close(connection, abort=True)  # a reader too slow for a file: no news
         else:
             self._close(connection)  # idle or a head too slow: the ordinary end, not news
 
@@ -256,9 +259,15 @@ class ConnectionGuard:
         if connection is None or connection.closing:
             return await handler(request)
         self._set_busy(connection)
+        answering = False
         try:
             response = await handler(request)
-            if not connection.held and not response.prepared:
+            if isinstance(response, web.FileResponse):
+                # aiohttp prepares a file again after the middlewares (and sends it again):
+                # leave it to aiohttp, within what is left of the request's time, but not
+                # as a slow request: a file on a slow link is not an attack on the cap.
+                answering = True
+            elif not connection.held and not response.prepared:
                 try:
                     await response.prepare(request)
                     await response.write_eof()
@@ -268,7 +277,10 @@ class ConnectionGuard:
         finally:
             if not connection.closing and self._open.get(connection.transport) is connection:
                 connection.held = False
-                self._set_idle(connection)
+                if answering:
+                    connection.busy, connection.answering = False, True  # its timer runs on
+                else:
+                    self._set_idle(connection)
 
     def hold(self, request: web.Request) -> None:
         """The request became a websocket: no request timeout while it stays open."""

@@ -13,9 +13,9 @@ failed accept with a traceback. A `ConnectionGuard` in front of the aiohttp serv
   (the receiver's 408). A websocket, once upgraded, is `hold`: its own heartbeat watches it.
 - **A cap.** At most `limit` connections are open (sized to the descriptor limit, see
   `connection_limit`). A new connection over the cap closes the connection that has been
-  idle the longest, so idle connections can never shut a sender out; when none is idle (every
-  connection is in the middle of a request), the newcomer gets a 503 with `Retry-After` and
-  is closed.
+  idle the longest, among those that sent nothing since their last answer first, so idle
+  connections can never shut a sender out; when none is idle (every connection is in the
+  middle of a request), the newcomer gets a 503 with `Retry-After` and is closed.
 - **The log says it once.** Reaching a limit is one warning, then at most one line a minute
   counting what happened since; refused accepts (out of descriptors) likewise, never a
   traceback. `ServerLog` replaces aiohttp's server logger: a malformed request is the access
@@ -40,10 +40,16 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 HEAD_TIMEOUT = 10.0  # seconds until a request's head has arrived (idle keep-alive included)
 REQUEST_TIMEOUT = 60.0  # seconds a request may take, its answer included (not a websocket)
-MAX_CONNECTIONS = 512  # open at once, when the descriptor limit allows
+MAX_CONNECTIONS = 1024  # open at once, when the descriptor limit allows
+# Bytes of a request's head (request line and headers): aiohttp would hold up to 128 header
+# lines of 8 KiB each, a megabyte, for every connection sending one slowly.
+MAX_HEAD = 64 * 1024
 FD_RESERVE = 64  # descriptors kept for everything else: the database, logs, desk processes
 RETRY_AFTER = 5  # seconds, in the 503 of a refused connection
 SUMMARY_EVERY = 60.0  # seconds between two lines about the same limit
+# Connections the kernel queues before they are accepted. A crowd of connections fills a
+# short queue, and the kernel then drops a sender's SYN: its retry comes a whole second later.
+BACKLOG = 1024
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -123,15 +129,30 @@ class LimitLog:
 class _Connection:
     """What the guard knows of one open connection."""
 
-    __slots__ = ("transport", "busy", "answering", "held", "timer", "closing")
+    __slots__ = (
+        "transport",
+        "protocol",
+        "busy",
+        "answering",
+        "held",
+        "timer",
+        "closing",
+        "head",
+        "tail",
+    )
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, protocol: "_GuardedProtocol") -> None:
         self.transport = transport
+        self.protocol = protocol
         self.busy = False
         self.answering = False  # aiohttp is sending a file after the handler returned
         self.held = False
         self.closing = False
         self.timer: asyncio.TimerHandle | None = None
+        # bytes of the next request's head seen so far (None: its end was seen), and the
+        # last three bytes, where the blank line ending the head may begin
+        self.head: int | None = 0
+        self.tail = b""
 
 
 class ConnectionGuard:
@@ -156,8 +177,11 @@ class ConnectionGuard:
         self.request_timeout = REQUEST_TIMEOUT if request_timeout is None else request_timeout
         self._refused = refused
         self._open: dict[asyncio.BaseTransport, _Connection] = {}
-        # idle connections, the longest idle first: the first to close when the cap is reached
+        # Idle connections (between requests), the longest idle first, in two lots: those that
+        # sent nothing since (the first to close when the cap is reached), and those that
+        # have begun their next request's head (a sender's, a moment before it is read).
         self._idle: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
+        self._talking: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
         self.full = LimitLog(
             log,
             f"connection limit ({self.limit}) reached: closing the longest-idle connections, "
@@ -166,6 +190,11 @@ class ConnectionGuard:
         self.slow = LimitLog(
             log,
             f"closed a connection whose request took over {self.request_timeout:g} s",
+        )
+        self.large = LimitLog(log, f"refused a request head over {MAX_HEAD} bytes (431)")
+        self._too_large = (
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Length: 0\r\n"
+            b"Connection: close\r\n\r\n"
         )
 
     @property
@@ -182,10 +211,13 @@ class ConnectionGuard:
         this guard."""
         return lambda: _GuardedProtocol(self, make)
 
-    def _admit(self, transport: asyncio.Transport) -> _Connection | None:
+    def _admit(
+        self, transport: asyncio.Transport, protocol: "_GuardedProtocol"
+    ) -> _Connection | None:
         if len(self._open) >= self.limit:
-            if self._idle:
-                oldest, _ = self._idle.popitem(last=False)
+            waiting = self._idle or self._talking
+            if waiting:
+                oldest, _ = waiting.popitem(last=False)
                 self._close(oldest)
                 self.full.hit()
             else:
@@ -195,14 +227,39 @@ class ConnectionGuard:
                 finally:
                     transport.close()
                 return None
-        connection = _Connection(transport)
+        connection = _Connection(transport, protocol)
         self._open[transport] = connection
         self._set_idle(connection)
         return connection
 
+    def _spoke(self, connection: _Connection, data: bytes) -> bool:
+        """`connection` sent `data`: if it was idle, it is starting a request now. False if
+        the head of that request is over MAX_HEAD (the connection is closed)."""
+        if connection in self._idle:
+            del self._idle[connection]
+            self._talking[connection] = None
+        if connection.head is None:
+            return True
+        seen = connection.tail + data
+        end = seen.find(b"\r\n\r\n")
+        if end >= 0:
+            connection.head = None  # whole: aiohttp parses it; the request's time starts
+            return True
+        connection.head += len(data)
+        connection.tail = seen[-3:]
+        if connection.head > MAX_HEAD:
+            self.large.hit()
+            try:
+                connection.transport.write(self._too_large)
+            finally:
+                self._close(connection)
+            return False
+        return True
+
     def _lost(self, connection: _Connection) -> None:
         self._cancel(connection)
         self._idle.pop(connection, None)
+        self._talking.pop(connection, None)
         if self._open.get(connection.transport) is connection:
             del self._open[connection.transport]
 
@@ -210,6 +267,7 @@ class ConnectionGuard:
         """Close `connection` now; its slot is free at once, whatever the socket still does."""
         self._cancel(connection)
         self._idle.pop(connection, None)
+        self._talking.pop(connection, None)
         self._open.pop(connection.transport, None)
         connection.closing = True
         if abort:
@@ -222,9 +280,13 @@ class ConnectionGuard:
             connection.timer.cancel()
             connection.timer = None
 
-    def _set_idle(self, connection: _Connection) -> None:
+    def _set_idle(self, connection: _Connection, *, fresh: bool = True) -> None:
+        """Between requests. `fresh`: the request's body was read to its end, so the next
+        bytes begin a new head (otherwise aiohttp reads away what is left, then closes)."""
         self._cancel(connection)
         connection.busy = connection.answering = False
+        connection.head, connection.tail = (0, b"") if fresh else (None, b"")
+        self._talking.pop(connection, None)
         self._idle[connection] = None
         self._idle.move_to_end(connection)
         loop = asyncio.get_running_loop()
@@ -234,6 +296,7 @@ class ConnectionGuard:
         self._cancel(connection)
         connection.busy, connection.answering = True, False
         self._idle.pop(connection, None)
+        self._talking.pop(connection, None)
         loop = asyncio.get_running_loop()
         connection.timer = loop.call_later(self.request_timeout, self._expired, connection)
 
@@ -280,7 +343,7 @@ class ConnectionGuard:
                 if answering:
                     connection.busy, connection.answering = False, True  # its timer runs on
                 else:
-                    self._set_idle(connection)
+                    self._set_idle(connection, fresh=request.content.is_eof())
 
     def hold(self, request: web.Request) -> None:
         """The request became a websocket: no request timeout while it stays open."""
@@ -290,24 +353,35 @@ class ConnectionGuard:
             connection.held = True
 
     def close(self) -> None:
+        """The server stops: close the connections aiohttp never saw (they sent nothing)."""
         self.full.close()
         self.slow.close()
+        self.large.close()
+        for connection in list(self._open.values()):
+            if not connection.protocol.served:
+                self._close(connection)
 
 
 class _GuardedProtocol(asyncio.Protocol):
-    """aiohttp's protocol for one connection, created only once the guard admitted it."""
+    """aiohttp's protocol for one connection, created once the guard admitted the connection
+    and it sent its first bytes: a crowd of connections that never say anything costs a
+    socket and this object each, not an HTTP handler and its task."""
 
     def __init__(self, guard: ConnectionGuard, make: Callable[[], asyncio.Protocol]) -> None:
         self._guard, self._make = guard, make
         self._inner: asyncio.Protocol | None = None
         self._connection: _Connection | None = None
+        self._transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        self._connection = self._guard._admit(transport)
-        if self._connection is not None:
-            self._inner = self._make()
-            self._inner.connection_made(transport)
+        self._transport = transport
+        self._connection = self._guard._admit(transport, self)
+
+    @property
+    def served(self) -> bool:
+        """Whether aiohttp has this connection (it closes it on shutdown, then)."""
+        return self._inner is not None
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._connection is not None:
@@ -316,8 +390,14 @@ class _GuardedProtocol(asyncio.Protocol):
             self._inner.connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._inner is not None:
-            self._inner.data_received(data)
+        if self._connection is None or self._connection.closing:
+            return
+        if not self._guard._spoke(self._connection, data):
+            return
+        if self._inner is None:
+            self._inner = self._make()
+            self._inner.connection_made(self._transport)  # type: ignore[arg-type]
+        self._inner.data_received(data)
 
     def eof_received(self) -> bool | None:
         return self._inner.eof_received() if self._inner is not None else None
@@ -354,6 +434,7 @@ class GuardedSite(web.BaseSite):
             self.guard.protocol_factory(server),
             self.host,
             self.port,
+            backlog=BACKLOG,
             reuse_address=sys.platform != "win32",
         )
 

@@ -57,6 +57,29 @@ async def test_over_the_cap_the_longest_idle_connections_are_closed_first(
         writer.close()
 
 
+async def test_connections_that_sent_nothing_are_closed_before_one_sending_its_head(serve, inbox):
+    """A sender's connection has its head on the way a moment before it is read: a crowd of
+    silent connections arriving meanwhile must not push it out."""
+    server = await serve(inbox, max_connections=3)
+    sender_reader, sender = await connect(server)
+    sender.write(b"POST /hooks/ci HTTP/1.1\r\nHost: x\r\n")  # the head, not yet whole
+    await sender.drain()
+    deadline = asyncio.get_running_loop().time() + 10
+    while not server.guard._talking:
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.01)
+    crowd = [await connect(server) for _ in range(6)]
+    assert not sender_reader.at_eof()
+    body = b'{"n": 3}'
+    head = "".join(f"{k}: {v}\r\n" for k, v in standard_headers(body, "in-crowd").items())
+    sender.write(f"Content-Length: {len(body)}\r\n{head}\r\n".encode() + body)
+    status, _ = await status_of(sender_reader)
+    assert status == 202
+    assert sum([await closed_by_server(r, 5) for r, _ in crowd[:4]]) == 4
+    for _, writer in [*crowd, (None, sender)]:
+        writer.close()
+
+
 async def test_when_every_connection_is_busy_a_newcomer_gets_503_and_retry_after(
     serve, inbox, caplog
 ):
@@ -202,3 +225,37 @@ def test_the_cap_fits_the_descriptor_limit(monkeypatch, limit, wanted):
     monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit))
     monkeypatch.setattr(resource, "setrlimit", lambda which, value: None)
     assert connections.connection_limit(512) == wanted
+
+
+async def test_a_head_over_the_limit_is_refused_with_431(serve, inbox, caplog):
+    """aiohttp would hold up to a megabyte of head per connection (128 lines of 8 KiB)."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    server = await serve(inbox)
+    reader, writer = await connect(server)
+    writer.write(b"POST /hooks/ci HTTP/1.1\r\nHost: x\r\n")
+    try:
+        for n in range(20):  # 20 header lines of 8000 bytes: 160 KB, never the blank line
+            writer.write(b"X-Pad-%d: %s\r\n" % (n, b"p" * 8000))
+            await writer.drain()
+    except ConnectionError:
+        pass
+    status, _ = await status_of(reader)
+    assert status == 431
+    assert await closed_by_server(reader)
+    writer.close()
+    assert len(lines(caplog, "request head over 65536 bytes")) == 1
+
+
+async def test_an_unread_body_after_an_early_answer_is_not_taken_for_a_head(serve, inbox, caplog):
+    """A 401 sent before the body is read: what the client still sends is its body, which
+    aiohttp reads away, not the head of a next request."""
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    server = await serve(inbox)
+    reader, writer = await connect(server)
+    writer.write(
+        b"POST /hooks/ci HTTP/1.1\r\nHost: x\r\nContent-Length: 200000\r\n\r\n" + b" " * 200000
+    )
+    status, _ = await status_of(reader)
+    assert status == 401  # no signature header
+    writer.close()
+    assert not lines(caplog, "request head over")

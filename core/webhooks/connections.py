@@ -47,9 +47,13 @@ MAX_HEAD = 64 * 1024
 FD_RESERVE = 64  # descriptors kept for everything else: the database, logs, desk processes
 RETRY_AFTER = 5  # seconds, in the 503 of a refused connection
 SUMMARY_EVERY = 60.0  # seconds between two lines about the same limit
-# Connections the kernel queues before they are accepted. A crowd of connections fills a
-# short queue, and the kernel then drops a sender's SYN: its retry comes a whole second later.
-BACKLOG = 1024
+# Connections the kernel queues before they are accepted; asyncio also accepts up to this
+# many at once, before the guard sees any of them, and the connections they push out close a
+# moment later: the cap keeps twice this many descriptors spare, as an accept() that fails
+# with EMFILE stops all accepting for a second. Not longer: behind a long queue of a crowd's
+# connections, a sender's waits its turn (accepts are first come, first served), while a
+# short one drops what does not fit and lets it retry.
+BACKLOG = 128
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -66,10 +70,14 @@ def refusal(body: str, content_type: str = "text/plain; charset=utf-8") -> bytes
     ).encode("ascii") + data
 
 
-def connection_limit(wanted: int = MAX_CONNECTIONS, reserve: int = FD_RESERVE) -> int:
+def connection_limit(wanted: int = MAX_CONNECTIONS, reserve: int | None = None) -> int:
     """How many connections this process can hold: `wanted`, or fewer if the descriptor
-    limit cannot fit them with `reserve` to spare. Raises the soft limit toward the hard one
-    first, as far as `wanted + reserve` needs (unprivileged, and inherited by children)."""
+    limit cannot fit them with `reserve` to spare (default: FD_RESERVE, and twice BACKLOG for
+    a burst of accepts and the connections it pushes out). Raises the soft limit toward the
+    hard one first, as far as `wanted + reserve` needs (unprivileged, and inherited by
+    children)."""
+    if reserve is None:
+        reserve = FD_RESERVE + 2 * BACKLOG
     try:
         import resource
     except ImportError:  # not POSIX: no descriptor limit to read

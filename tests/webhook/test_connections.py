@@ -218,13 +218,13 @@ async def test_out_of_descriptors_accept_errors_are_one_line(serve, inbox, caplo
     assert not [r for r in caplog.records if r.exc_info]
 
 
-@pytest.mark.parametrize("limit, wanted", [(1024, 512), (300, 236), (40, 1)])
+@pytest.mark.parametrize("limit, wanted", [(4096, 1024), (1024, 704), (400, 80), (40, 1)])
 def test_the_cap_fits_the_descriptor_limit(monkeypatch, limit, wanted):
     import resource
 
     monkeypatch.setattr(resource, "getrlimit", lambda which: (limit, limit))
     monkeypatch.setattr(resource, "setrlimit", lambda which, value: None)
-    assert connections.connection_limit(512) == wanted
+    assert connections.connection_limit(1024) == wanted
 
 
 async def test_a_head_over_the_limit_is_refused_with_431(serve, inbox, caplog):

@@ -198,11 +198,12 @@ manager's restart on failure does), or use --isolate.
 
 
 WEB_EPILOG = """\
-The browser gets the same app as `onwatch tui TARGET`, one process per browser tab. The door
-is locked with a token: $ONWATCH_WEB_TOKEN (16 characters or more), or a new random one
-printed at start as part of the URL to open. The first visit with ?token= sets a session
-cookie and drops the token from the address bar. Listening beyond 127.0.0.1 needs
-$ONWATCH_WEB_TOKEN; put a TLS reverse proxy in front (see the README).
+The browser gets the same app as `onwatch tui TARGET`, one process per browser tab. It is
+served under a name of its own (http://desk-<random>.localhost:PORT; browsers resolve it to
+this machine) and opened with the link printed at start, whose login code works once. The
+login form takes the token: $ONWATCH_WEB_TOKEN (16 characters or more, not guessable), or the
+random one printed at start. Listening beyond 127.0.0.1 needs $ONWATCH_WEB_TOKEN and
+--public-url; put a TLS reverse proxy in front (see the README).
 """
 
 
@@ -290,6 +291,13 @@ def build_parser() -> Parser:
     receiver.add_argument("--config", metavar="FILE", help="sources and their secrets")
     receiver.add_argument(
         "--max-body", type=whole(1), metavar="BYTES", help="largest accepted body"
+    )
+    receiver.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="a name /metrics may be reached under besides addresses, localhost and this "
+        "machine's name (repeatable; other names are refused, against DNS rebinding)",
     )
     log_level = Parser(add_help=False)
     log_level.add_argument(
@@ -457,7 +465,8 @@ def build_parser() -> Parser:
     p.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1; any other needs $ONWATCH_WEB_TOKEN)",
+        help="address to listen on (default 127.0.0.1; any other needs $ONWATCH_WEB_TOKEN "
+        "and --public-url)",
     )
     p.add_argument("--port", type=port, default=8000, help="port (default 8000)")
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
@@ -465,7 +474,7 @@ def build_parser() -> Parser:
         "--public-url",
         metavar="URL",
         help="the address browsers use, when behind a reverse proxy "
-        "(e.g. https://desk.example.org)",
+        "(e.g. https://desk.example.org); the desk answers under that name only",
     )
 
     p = sub(

@@ -640,7 +640,8 @@ class OnwatchApp(App[int]):
                 note = (
                     f"Nobody receives {them}: the desk has no channel to your users. "
                     f"{'It is' if held == 1 else 'They are'} appended to "
-                    f"{safe_plain(log, limit=300)} and leave{'s' if held == 1 else ''} the "
+                    f"{safe_plain(_shown_path(log), limit=300)} and leave"
+                    f"{'s' if held == 1 else ''} the "
                     f"outbox as sent, so the worker will not send {them} either. To deliver "
                     f"{them}, run `onwatch dispatch --now` with the agent's channel instead."
                 )
@@ -795,7 +796,7 @@ class OnwatchApp(App[int]):
         if log is not None:
             notes.append(
                 f"s sends nothing to anyone: the desk has no channel. It appends the held "
-                f"messages to {log} and marks them sent."
+                f"messages to {_shown_path(log)} and marks them sent."
             )
         if self.read_only:
             notes.insert(0, "Read-only: every action is removed; you can watch and read.")
@@ -900,3 +901,10 @@ def _where(inbox: Inbox | None) -> str:
     """How a confirmation names the inbox it writes to: its file's name, as in the status
     strip (for PostgreSQL, the database and the inbox's name)."""
     return "" if inbox is None else os.path.basename(inbox.path)
+
+
+def _shown_path(path: str) -> str:
+    """A file's path as an operator reads it best: relative to the folder the desk was
+    started in when it lies inside it, else whole."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative

@@ -777,7 +777,8 @@ class Worker:
         """Sleep until the next wake-up, a lease renewal, or a commit since `version` (the
         change token read before the claim that found nothing)."""
         self.stats.idle += 1
-        wake = await self._step(self.inbox.next_wake)
+        sends = self.send is not None  # a held reply is nothing to wake for without a channel
+        wake = await self._step(lambda: self.inbox.next_wake(sends=sends))
         if wake is not None and wake <= claimed_at:
             # Already due when the claim found nothing to run (paused, the runs-per-day
             # budget, a held outbox): wait for a change rather than spin on it.

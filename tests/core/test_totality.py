@@ -207,7 +207,12 @@ VALID = {
     "since": [T, 0],
 }
 # Parameters whose value decides nothing about the database (a flag read with bool()).
-FLAGS = {("events", "payload"), ("acquire", "fresh"), ("transcript", "newest")}
+FLAGS = {
+    ("events", "payload"),
+    ("acquire", "fresh"),
+    ("transcript", "newest"),
+    ("next_wake", "sends"),
+}
 
 SETTING_NAMES = sorted(f for f in Settings.__dataclass_fields__)
 

@@ -35,7 +35,8 @@ async def test_the_browser_desk_follows_a_running_events_transcript(tmp_path):
             try:
                 page = await browser.new_page(viewport={"width": 1280, "height": 800})
                 screen = Screen(page)
-                await page.goto(f"{web.url}/?token={web.token}")
+                await page.goto(web.link)  # the one-time link `onwatch web` printed
+                await page.wait_for_url(f"{web.origin}/")
                 await screen.wait_for("Pending", "Running")
                 await page.focus(".xterm-helper-textarea")
                 await screen.press(page, "2")

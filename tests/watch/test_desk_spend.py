@@ -53,7 +53,7 @@ async def test_the_strip_shows_the_spend_and_b_raises_the_budget(tmp_path):
     clock = FakeClock(T)
     inbox = await spent_inbox(str(tmp_path / "inbox.db"), clock)
     try:
-        app = OnwatchApp(inbox)
+        app = OnwatchApp(inbox, actor="ana")  # the person at the keys, as audited
         async with app.run_test(size=SIZE) as pilot:
             await started(app, pilot)
             text = screen_text(app)
@@ -87,7 +87,7 @@ async def test_the_strip_shows_the_spend_and_b_raises_the_budget(tmp_path):
         [entry] = await inbox.audit(target="max_spend_per_day usd")
         assert (entry.action, entry.actor, entry.before, entry.after, entry.applied) == (
             "raise_budget",
-            "operator",
+            "ana",
             "1 usd",
             "3 usd",
             True,

@@ -235,9 +235,7 @@ def _summarise(
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
     spend = spend_of(
         switches.load_settings(tx),
-        db.execute(
-            "SELECT unit, total(micros) FROM spend WHERE at > ? GROUP BY unit", (now - DAY,)
-        ).fetchall()
+        tx.run("spend_units_since", since=now - DAY).fetchall()
         if _has_table(db, "spend")  # a file of an older schema has none (reads never migrate)
         else [],
     )

@@ -105,7 +105,7 @@ def spending(tx: Tx, now: int | None, days: int) -> Spending:
     settings = load_settings(tx)
     today = now // DAY
     per_day: dict[str, list[int]] = {}
-    for unit, day, micros in tx.run("spend_per_day", since=(today - days + 1) * DAY):
+    for unit, day, micros in tx.run("spend_per_day", since=(today - days + 1) * DAY, until=now):
         index = int(day) - (today - days + 1)
         if 0 <= index < days:
             per_day.setdefault(str(unit), [0] * days)[index] += _int(micros)

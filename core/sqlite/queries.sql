@@ -537,11 +537,26 @@ WHERE s >= :limit;
 SELECT run_id, unit, total(micros) FROM spend
 WHERE run_id IN (SELECT value FROM json_each(:runs)) GROUP BY run_id, unit ORDER BY run_id, unit;
 
+-- Per unit (spend_totals: one row per unit ever spent) and per UTC day from :since to :until,
+-- each a range of the (unit, at, micros) index: no sort of the window's rows, however many.
 -- name: spend_per_day
-SELECT unit, at / 86400, total(micros) FROM spend WHERE at >= :since GROUP BY 1, 2;
+WITH RECURSIVE days(day) AS (
+    SELECT :since / 86400 UNION ALL SELECT day + 1 FROM days WHERE day < :until / 86400)
+SELECT unit, day, used FROM (
+    SELECT spend_totals.unit AS unit, days.day AS day,
+           (SELECT total(micros) FROM spend
+            WHERE spend.unit = spend_totals.unit
+              AND spend.at >= days.day * 86400 AND spend.at < (days.day + 1) * 86400) AS used
+    FROM spend_totals, days)
+WHERE used > 0;
 
 -- name: spend_units_since
-SELECT unit, total(micros) FROM spend WHERE at > :since GROUP BY unit ORDER BY unit;
+SELECT unit, used FROM (
+    SELECT unit,
+           (SELECT total(micros) FROM spend
+            WHERE spend.unit = spend_totals.unit AND spend.at > :since) AS used
+    FROM spend_totals)
+WHERE used > 0 ORDER BY unit;
 
 -- name: spend_totals
 SELECT unit, micros FROM spend_totals ORDER BY unit;

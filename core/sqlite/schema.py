@@ -258,7 +258,7 @@ MIGRATIONS: tuple[str, ...] = (
         note TEXT,
         UNIQUE (run_id, seq)
     );
-    CREATE INDEX spend_by_time ON spend(at, unit);
+    CREATE INDEX spend_by_unit ON spend(unit, at, micros);  -- a unit's window, summed in it
     CREATE TABLE spend_totals (
         unit TEXT PRIMARY KEY,
         micros INTEGER NOT NULL

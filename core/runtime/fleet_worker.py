@@ -17,8 +17,8 @@ docs/rules.md#the-fleet-worker:
   waits for at most the inboxes ahead of it, each for one share and the run in progress.
 - **Nothing spins.** A visit that ends with nothing left to run puts its inbox to rest:
   it is not visited again until its change counter moves (anyone's commit), a NOTIFY
-  names it, or what the engine says is next due (`next_wake`) comes; a visit that did
-  nothing at all doubles that rest (5 s, 10 s, … at most an hour), so that no
+  names it, or what the engine says is next due (`next_wake`) comes, at most 5 s; each
+  visit in a row that did nothing at all doubles that (10 s, 20 s, … an hour), so that no
   disagreement between the look and the engine, and no channel that keeps failing, can
   make it visit again and again.
 - **A lease outlives a visit where that is cheaper and safe.** A visit that gave its slot
@@ -240,7 +240,6 @@ class FleetWorker:
             # Taken here, before any await: two tasks of one holder on one inbox would
             # share its lease, and the lease could not tell them apart.
             self._workers[name] = None
-            self._rests.pop(name, None)
             task = asyncio.create_task(self._serve(name, self._kept.pop(name, None)))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -283,15 +282,16 @@ class FleetWorker:
                 rest.heard = (-1, -1)
 
     def _rest(self, name: str, visit: _Visit, changes: int | None) -> None:
+        """Rest an inbox whose visit ended with nothing to run: until what the engine says
+        is next due, and at most REST_FIRST seconds, doubled for each visit in a row that
+        did nothing (the look may still see work the visit could not do: a send that
+        failed just now, a value only the engine reads)."""
         previous = self._rests.get(name)
         idle = 0 if visit.productive else (previous.idle + 1 if previous else 1)
         now = self._looker.now()
-        until = visit.next_due
-        if idle:
-            backoff = min(REST_FIRST * 2 ** (idle - 1), REST_MAX)
-            until = now + backoff if until is None else min(until, now + backoff)
-        elif until is not None and until <= now:
-            until = now + REST_FIRST  # due already, yet it ended: not again at once
+        longest = now + min(REST_FIRST * 2**idle, REST_MAX)
+        due = visit.next_due
+        until = longest if due is None or due <= now else min(due, longest)
         self._rests[name] = _Rest(changes, visit.heard, until, idle)
 
     def _let_go_of_kept(self) -> None:
@@ -410,7 +410,7 @@ class FleetWorker:
         log.warning("fleet: cannot open inbox %s: %s", printable(name), printable(str(exc)))
         previous = self._rests.get(name)
         idle = previous.idle + 1 if previous else 1
-        until = self._looker.now() + min(REST_FIRST * 2 ** (idle - 1), REST_MAX)
+        until = self._looker.now() + min(REST_FIRST * 2**idle, REST_MAX)
         self._rests[name] = _Rest(None, (-2, -2), until, idle)
 
     def _keep(self, name: str, inbox: Any, worker: _Visit) -> bool:

@@ -53,6 +53,7 @@ log = logging.getLogger("onwatch.pg.fleet")
 
 SHARE = 1.0  # seconds of runs a visit may go on while other inboxes wait for a slot
 LOOK_WHEN_FULL = 0.25  # seconds between looks while every slot is taken (is anyone waiting?)
+SCHEDULER_EVERY = 1.0  # seconds between scheduler passes within one visit
 REST_FIRST, REST_MAX = 5.0, 3600.0  # the rest after a visit that did nothing, doubling
 
 
@@ -463,7 +464,7 @@ class _Visit(ListeningWorker):
         self.heard: tuple[int, int] = (-1, -1)
         self.kept_gen: int | None = None  # the generation handed back to the fleet, kept
         self.renew_at = 0
-        self._productive = False
+        self._scheduled_at = 0.0  # (monotonic) when the scheduler runs again
         if kept is not None:
             # This process's own live generation: taken up again without a write. If it
             # was lost meanwhile, the claim is fenced and the visit ends.
@@ -471,10 +472,19 @@ class _Visit(ListeningWorker):
             self._renew_at = kept.renew_at
             self.stats.generations.append(kept.gen)
 
+    async def _prepare(self) -> None:
+        # A visit is short and its inbox was found with work: the scheduler's pass (a
+        # clock read and a look for due timers, two round trips) runs when the visit
+        # begins and then at most once a second, as the settings are read again.
+        if time.monotonic() >= self._scheduled_at:
+            self._scheduled_at = time.monotonic() + SCHEDULER_EVERY
+            await self._step(self.inbox.run_scheduler)
+        await self._reload_settings()
+
     @property
     def productive(self) -> bool:
-        """Whether the visit ran or sent anything (or recovered, buried, fired)."""
-        return self._productive or self.stats.runs > 0 or self.stats.sent > 0
+        """Whether the visit ran or sent anything."""
+        return self.stats.runs > 0 or self.stats.sent > 0
 
     async def _change_mark(self) -> tuple[int, int] | None:
         # What the fleet's rest compares: NOTIFYs for this inbox heard from now on. (The

@@ -17,13 +17,15 @@ docs/rules.md#the-fleet-worker:
   waits for at most the inboxes ahead of it, each for one share and the run in progress.
 - **Nothing spins.** A visit that ends with nothing left to run puts its inbox to rest:
   it is not visited again until its change counter moves (anyone's commit), a NOTIFY
-  names it, or what the engine says is next due (`next_wake`) comes, at most 5 s; each
-  visit in a row that did nothing at all doubles that (10 s, 20 s, … an hour), so that no
+  names it, or 1 s has passed; after a visit that ran and sent nothing, until what the
+  engine says is next due (`next_wake`), at most 5 s, doubled for each such visit in a
+  row (10 s, 20 s, … an hour), so that no
   disagreement between the look and the engine, and no channel that keeps failing, can
   make it visit again and again.
 - **A lease outlives a visit where that is cheaper and safe.** A visit that gave its slot
-  back keeps its lease for its next turn (no acquire, no release, no new generation); a
-  kept lease not taken up again before it is due for renewal is released. A release whose
+  back keeps its lease for its next turn (no acquire, no release, no new generation), up
+  to `concurrency` kept leases (each keeps its inbox's connection); a kept lease not taken
+  up again before it is due for renewal is released. A release whose
   answer was lost leaves a generation this process may still hold: it is remembered, and
   the next visit takes it up again (fenced) instead of waiting for it to lapse.
 """
@@ -54,6 +56,7 @@ log = logging.getLogger("onwatch.pg.fleet")
 SHARE = 1.0  # seconds of runs a visit may go on while other inboxes wait for a slot
 LOOK_WHEN_FULL = 0.25  # seconds between looks while every slot is taken (is anyone waiting?)
 SCHEDULER_EVERY = 1.0  # seconds between scheduler passes within one visit
+REST_AFTER_WORK = 1.0  # seconds an inbox rests after a visit that ran or sent something
 REST_FIRST, REST_MAX = 5.0, 3600.0  # the rest after a visit that did nothing, doubling
 
 
@@ -283,14 +286,17 @@ class FleetWorker:
                 rest.heard = (-1, -1)
 
     def _rest(self, name: str, visit: _Visit, changes: int | None) -> None:
-        """Rest an inbox whose visit ended with nothing to run: until what the engine says
-        is next due, and at most REST_FIRST seconds, doubled for each visit in a row that
-        did nothing (the look may still see work the visit could not do: a send that
+        """Rest an inbox whose visit ended with nothing to run: REST_AFTER_WORK seconds
+        after a visit that ran or sent something; after one that did nothing, until what
+        the engine says is next due and at most REST_FIRST seconds, doubled for each such
+        visit in a row (the look may still see work the visit could not do: a send that
         failed just now, a value only the engine reads)."""
         previous = self._rests.get(name)
         idle = 0 if visit.productive else (previous.idle + 1 if previous else 1)
         now = self._looker.now()
-        longest = now + min(REST_FIRST * 2**idle, REST_MAX)
+        longest = now + (
+            REST_AFTER_WORK if idle == 0 else min(REST_FIRST * 2 ** (idle - 1), REST_MAX)
+        )
         due = visit.next_due
         until = longest if due is None or due <= now else min(due, longest)
         self._rests[name] = _Rest(changes, visit.heard, until, idle)
@@ -414,6 +420,12 @@ class FleetWorker:
         until = self._looker.now() + min(REST_FIRST * 2**idle, REST_MAX)
         self._rests[name] = _Rest(None, (-2, -2), until, idle)
 
+    def may_keep(self) -> bool:
+        """Whether a visit giving its slot back may keep its lease: not while stopping,
+        and not past `concurrency` kept leases (each holds a connection to the server)."""
+        kept = sum(1 for k in self._kept.values() if not k.uncertain)
+        return not self._stop.is_set() and kept < self.concurrency
+
     def _keep(self, name: str, inbox: Any, worker: _Visit) -> bool:
         """Keep the lease of a visit that gave its slot back (its next turn then costs no
         acquire), or of one whose release went unanswered; True if kept."""
@@ -496,9 +508,13 @@ class _Visit(ListeningWorker):
 
     async def _idle(self, claimed_at: int, version: tuple[int, int] | None) -> None:
         self.stats.idle += 1
-        wake = await self._step(self.inbox.next_wake)
-        if wake is not None and wake > claimed_at:
-            self.next_due = float(wake)
+        if not self.productive:
+            # Only a visit that did nothing asks when its inbox is next due (a read
+            # snapshot, three round trips): its rest may be long, and should end then. After
+            # a productive visit the rest is short anyway (REST_AFTER_WORK).
+            wake = await self._step(self.inbox.next_wake)
+            if wake is not None and wake > claimed_at:
+                self.next_due = float(wake)
         self.request_stop()
 
     async def _wait_for(self, lease: Any) -> None:
@@ -521,7 +537,7 @@ class _Visit(ListeningWorker):
         self.renew_at = self._renew_at
         if self.gen is None:
             return
-        if self.yielded and not self.fleet.stop_requested:
+        if self.yielded and self.fleet.may_keep():
             self.kept_gen, self.gen = self.gen, None
             return
         try:

@@ -21,6 +21,7 @@ from onwatch.cli.running import (
     setup_step,
     stop_on_signals,
 )
+from onwatch.cli.values import actor_of
 from onwatch.core import Inbox
 from onwatch.core.pg import is_url as _is_postgres_url
 
@@ -176,9 +177,10 @@ class _Recording:
 
 async def cmd_dispatch(args: argparse.Namespace) -> int:
     send = _Recording(_send_channel(args))  # dispatch has no --no-dispatch
+    who = actor_of(args) if args.now else None
     async with await open_inbox(args) as inbox:
-        if args.now:
-            sent = await inbox.flush_outbox(send, actor=args.actor, reason=args.reason)
+        if who is not None:
+            sent = await inbox.flush_outbox(send, actor=who, reason=args.reason)
         else:
             sent = await inbox.dispatch(send)
         next_send = await inbox.next_send_at()
@@ -331,7 +333,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     delivery wakes the worker directly; SIGTERM (SIGINT, SIGHUP) stops the worker (lease
     released), then the server (requests in flight finish)."""
     early = early_stops()
-    from onwatch.core.webhooks import ConfigError, load_secrets, start_server
+    from onwatch.core.webhooks import ConfigError, start_server, take_secrets
     from onwatch.core.webhooks.config import config_file_warning
     from onwatch.core.webhooks.arguments import check_serve_args
     from onwatch.core.runtime.worker import AgentWedged, Worker
@@ -340,7 +342,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     try:
         check_serve_args(args)  # the receiver's own checks: host, port, body limit
-        secrets = load_secrets(os.environ, args.config)
+        secrets = take_secrets(os.environ, args.config)  # the reply channel must not inherit them
     except ConfigError as exc:
         raise CliError(str(exc)) from None
     if args.config is not None and (warning := config_file_warning(args.config)):
@@ -358,7 +360,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             worker = _worker(Worker, inbox, agent, setup, args)
             try:
                 server = await start_server(
-                    inbox, secrets=secrets, host=args.host, port=args.port, max_body=args.max_body
+                    inbox,
+                    secrets=secrets,
+                    host=args.host,
+                    port=args.port,
+                    max_body=args.max_body,
+                    allow_hosts=args.allow_host or (),
                 )
             except (OSError, UnicodeError) as exc:  # UnicodeError: a host IDNA cannot encode
                 raise CliError(

@@ -196,6 +196,7 @@ def test_onwatch_run_answers_webhooks_while_a_plain_def_effect_runs(tmp_path):
         (tmp_path / "release").touch()
         wait_for(
             lambda: all(event_status(path, f"d{n}") == "done" for n in range(1, 5)),
+            timeout=30,
             what="all four runs",
         )
     finally:

@@ -358,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         for kind in order:
             figures = run_throughput(kind, server, peers, queues, jobs, concurrency)
             results[kind].append(figures)
-            print(f"round {r + 1} {kind:13} " + json.dumps({k: round(v, 3) for k, v in figures.items()}),
-                  flush=True)  # fmt: skip
+            shown = json.dumps({k: round(v, 3) for k, v in figures.items()})
+            print(f"round {r + 1} {kind:13} {shown}", flush=True)
             if not args.no_wake:
                 waits = run_wake(kind, server.database(), peers, samples, folder)
                 wakes[kind] += waits

@@ -230,7 +230,7 @@ class FleetWorker:
             sends=self.send is not None,
         )
         queue: list[tuple[float, float, Candidate | str]]
-        queue = [(c.since, random.random(), c) for c in candidates]
+        queue = [(c.since, random.random(), c) for c in candidates if not self._resting(c.name)]
         queue += [
             (kept.since, random.random(), name)
             for name, kept in self._kept.items()
@@ -279,11 +279,19 @@ class FleetWorker:
         missed is unknown) or its time came; a moved change counter is the look's test."""
         listener, now = self._listener, self._looker.now()
         assert listener is not None
-        for name, rest in list(self._rests.items()):
+        for name, rest in self._rests.items():
+            if rest.changes is None and rest.until is None:
+                continue  # ended already (kept for its count of idle visits)
             if listener.seen(name) != rest.heard or (rest.until is not None and now >= rest.until):
                 rest.changes = None  # the next look may return it; `idle` is kept
                 rest.until = None
                 rest.heard = (-1, -1)
+
+    def _resting(self, name: str) -> bool:
+        """A rest whose change counter is unknown (the visit failed, or its inbox could not
+        be opened): the look cannot leave it out, so it is left out here."""
+        rest = self._rests.get(name)
+        return rest is not None and rest.changes is None and rest.until is not None
 
     def _rest(self, name: str, visit: _Visit, changes: int | None) -> None:
         """Rest an inbox whose visit ended with nothing to run: REST_AFTER_WORK seconds
@@ -299,7 +307,11 @@ class FleetWorker:
         )
         due = visit.next_due
         until = longest if due is None or due <= now else min(due, longest)
-        self._rests[name] = _Rest(changes, visit.heard, until, idle)
+        heard = visit.heard
+        if heard == (-1, -1):  # it never reached a claim: what is heard from now on
+            assert self._listener is not None
+            heard = self._listener.seen(name)
+        self._rests[name] = _Rest(changes, heard, until, idle)
 
     def _let_go_of_kept(self) -> None:
         """Release kept leases whose turn has not come before their renewal was due, and
@@ -418,7 +430,8 @@ class FleetWorker:
         previous = self._rests.get(name)
         idle = previous.idle + 1 if previous else 1
         until = self._looker.now() + min(REST_FIRST * 2**idle, REST_MAX)
-        self._rests[name] = _Rest(None, (-2, -2), until, idle)
+        assert self._listener is not None
+        self._rests[name] = _Rest(None, self._listener.seen(name), until, idle)
 
     def may_keep(self) -> bool:
         """Whether a visit giving its slot back may keep its lease: not while stopping,

@@ -2,7 +2,14 @@
 
 from .actions import ACTIONS, Action, Outcome
 from .clock import MAX_DURATION, MAX_TIME, Clock, FakeClock, SystemClock
-from .errors import BadInput, BudgetExceeded, InboxBusy, InboxError, NotAnInbox
+from .errors import (
+    BadInput,
+    BudgetExceeded,
+    ConnectionLost,
+    InboxBusy,
+    InboxError,
+    NotAnInbox,
+)
 from .checks import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES
 from .inbox import Inbox, Outgoing
 from .records import (
@@ -42,6 +49,7 @@ __all__ = [
     "AuditEntry",
     "BadInput",
     "BudgetExceeded",
+    "ConnectionLost",
     "Clock",
     "Delivery",
     "Effect",

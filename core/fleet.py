@@ -31,6 +31,7 @@ from .records import Approval, Lease
 from .settings import Settings
 from .sqlite import schema
 from .sqlite.tx import SqliteTx
+from .pg import said
 
 if TYPE_CHECKING:
     import psycopg
@@ -391,7 +392,7 @@ class DatabaseFleet:
         try:
             self._connect()
         except psycopg.Error as exc:
-            raise InboxError(f"{self.shown_url}: {str(exc).strip()}") from None
+            raise InboxError(f"{self.shown_url}: {said(exc)}") from None
 
     def close(self) -> None:
         if self._conn is not None:
@@ -424,7 +425,7 @@ class DatabaseFleet:
         except (psycopg.Error, InboxError, OSError) as exc:
             self.close()
             raise InboxError(
-                f"lost the connection to {self.shown_url} ({str(exc).strip()}); "
+                f"lost the connection to {self.shown_url} ({said(exc)}); "
                 f"trying again every second, showing what was last read"
             ) from None
         fresh = {row[1]: self._summary(row, now) for row in rows}

@@ -45,8 +45,8 @@ import traceback as tb
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from ..clock import Clock, SystemClock, show
-from ..errors import BadInput, InboxBusy, InboxError
+from ..clock import BackendClock, Clock, SystemClock, show
+from ..errors import BadInput, ConnectionLost, InboxBusy, InboxError
 from ..humanize import duration
 from ..inbox import Inbox, SendFn
 from ..pg import is_url
@@ -58,6 +58,10 @@ from .threads import start_thread
 from .watchdog import LoopWatch
 
 log = logging.getLogger("onwatch.worker")
+# Past 2 × grace after a stop request, plus this, run() is cancelled where it waits.
+STOP_SLACK = 5.0
+OUTAGE_BACKOFF = 5.0  # seconds between two tries of a database that does not answer, at most
+OUTAGE_LOG_EVERY = 60.0  # seconds between two log lines of one outage
 
 
 class AgentWedged(RuntimeError):
@@ -168,7 +172,17 @@ class Worker:
         self.on_stuck = on_stuck
         self.stats = WorkerStats()
         self.gen: int | None = None
-        self._renew_at = 0
+        # When the lease is next renewed: a monotonic instant (a step of the wall clock moves
+        # nothing), and the expiry the last renewal wrote, on the inbox's clock.
+        self._renew_mono = 0.0
+        self._until = 0
+        self._given_up: int | None = None  # a generation to hand back (a claim's fate unknown)
+        self._outage: float | None = None  # (monotonic) since the database stopped answering
+        self._outage_logged = 0.0
+        self._backoff = 0.0
+        self._main: asyncio.Task[Any] | None = None  # run()'s task, while it runs
+        self._deadline: asyncio.TimerHandle | None = None
+        self._forced_out = False  # run() was cancelled by _stop_now
         self._recover_at: int | None = None  # an abandoned over-budget run becomes claimable
         self._waiting_for: tuple[str, int] | None = None  # the other holder last logged
         self._held_logged: int | None = None  # the paced send a "reply held" line named
@@ -181,12 +195,30 @@ class Worker:
         return self.inbox.clock
 
     def request_stop(self, force: bool = False) -> None:
-        """Stop after the current run (or abandon it now with force=True); then release."""
+        """Stop after the current run (or abandon it now with force=True); then release.
+
+        Bounded whatever the database does: if run() has not returned 2 × grace + STOP_SLACK
+        seconds after the first request (a server that stopped answering holds an inbox call
+        for ever), it is cancelled where it waits, and the lease is left to lapse."""
         if self._stop.is_set():
             force = True  # a second request means now
         self._stop.set()
         if force:
             self._force.set()
+        if self._main is not None and self._deadline is None:
+            loop = self._main.get_loop()
+            self._deadline = loop.call_later(2 * self.grace + STOP_SLACK, self._stop_now)
+
+    def _stop_now(self) -> None:
+        main = self._main
+        if main is not None and not main.done():
+            log.warning(
+                "still running %g s after being asked to stop (the database does not answer?): "
+                "stopping now; the lease is left to lapse",
+                2 * self.grace + STOP_SLACK,
+            )
+            self._forced_out = True
+            main.cancel()
 
     @property
     def stopping(self) -> bool:
@@ -203,6 +235,7 @@ class Worker:
             outcome = self.setup(self.inbox)
             if inspect.isawaitable(outcome):
                 await outcome
+        self._main, self._forced_out = asyncio.current_task(), False
         watch = self._watch = LoopWatch.of(asyncio.get_running_loop())
         self._watch_loop(watch)
         log.info(
@@ -235,9 +268,15 @@ class Worker:
                     await self._idle(claimed_at, before_claim)
                 else:
                     await self._sleep(self.poll_interval)
+        except asyncio.CancelledError:
+            if not self._forced_out:
+                raise
         finally:
             watch.leave(self)
             await self._release()
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._main = None
         log.debug("worker %s stopped: %s", self.holder, self.stats)
         return self.stats
 
@@ -269,24 +308,61 @@ class Worker:
         raise InboxError(f"worker stopped: {why}")
 
     async def _step(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """One inbox call; a locked database is logged and skipped, never fatal."""
+        """One inbox call; a locked database is logged and skipped, never fatal; a lost
+        connection is waited out (see _lost)."""
         try:
-            return await call()
+            result = await call()
+        except ConnectionLost as exc:
+            self.stats.busy += 1
+            await self._lost(exc)
+            return None
         except InboxBusy as exc:
             self.stats.busy += 1
             log.warning("%s", exc)
             return None
+        self._reached()
+        return result
+
+    async def _lost(self, exc: ConnectionLost) -> None:
+        """The database did not answer: back off (0.1 s doubling to OUTAGE_BACKOFF) instead
+        of asking again at once, and say so once, then once per OUTAGE_LOG_EVERY, not once
+        per try: a standby meeting a server that is down must neither spin nor flood."""
+        now = time.monotonic()
+        if self._outage is None:
+            self._outage, self._outage_logged = now, now
+            log.warning("%s; retrying with backoff", exc)
+        elif now - self._outage_logged >= OUTAGE_LOG_EVERY:
+            self._outage_logged = now
+            log.warning(
+                "still cannot reach the database after %s: %s",
+                duration(int(now - self._outage)),
+                exc,
+            )
+        self._backoff = min(max(self._backoff * 2, 0.1), OUTAGE_BACKOFF)
+        await self._sleep(self._backoff)
+
+    def _reached(self) -> None:
+        """An inbox call answered: an outage, if any, is over."""
+        if self._outage is not None:
+            log.warning(
+                "the database answers again after %s",
+                duration(int(time.monotonic() - self._outage)),
+            )
+            self._outage = None
+        self._backoff = 0.0
 
     async def _hold_lease(self) -> bool:
         """Renew the lease we hold, or take it; False (after waiting) if another holds it."""
+        if self._given_up is not None and not await self._give_up():
+            return False
         now = self.clock.now()
         held = self.gen
         if held is not None:
-            if now < self._renew_at:
+            if not self._renew_due():
                 return True
             renewed = await self._step(lambda: self.inbox.renew(self.holder, held))
             if renewed:
-                self._renew_at = now + self._renew_period()
+                self._renewed()
                 return True
             if renewed is None:  # busy: keep the generation, the fence decides later
                 await self._sleep(self.poll_interval)
@@ -299,7 +375,7 @@ class Worker:
                 # A generation this worker took, still live: take it up again, fenced.
                 if await self._step(lambda: self.inbox.renew(self.holder, lease.gen)):
                     self.gen = lease.gen
-                    self._renew_at = now + self._renew_period()
+                    self._renewed()
                     return True
                 return False
             # Held by another: acquire would refuse. A standby's wake-up costs a read only.
@@ -318,11 +394,49 @@ class Worker:
             self.stats.generations.append(gen)
             log.info("lease acquired: generation %s", gen)
         self.gen = gen
-        self._renew_at = self.clock.now() + self._renew_period()
+        self._renewed()
         return True
 
     def _renew_period(self) -> int:
         return max(1, self.inbox.settings.lease_ttl // 3)
+
+    def _renewed(self) -> None:
+        """The lease was just taken or renewed: the next renewal is a third of the TTL away
+        on the monotonic clock."""
+        self._renew_mono = time.monotonic() + self._renew_period()
+        self._until = self.clock.now() + self.inbox.settings.lease_ttl
+
+    def _renew_due(self) -> bool:
+        """Time to renew: a third of the TTL since the last renewal, measured on this
+        process's monotonic clock, so that a step of the wall clock neither hurries nor
+        delays it; or sooner when the inbox's clock says two thirds of the lease are gone
+        (the wall clock stepped forward, or the server's moved): a lease that looks lapsed
+        to other processes is renewed at once (a lapsed lease nobody took over is renewed by
+        its holder: docs/rules.md#lease-and-fencing), never given up for a clock's step."""
+        if time.monotonic() >= self._renew_mono:
+            return True
+        return self.clock.now() >= self._until - self._renew_period()
+
+    async def _give_up(self) -> bool:
+        """Hand back a generation whose claim's outcome is unknown (its answer lost): the
+        claim may have committed, and its events would stay 'running' under a generation
+        that no claim of its own recovers. The next generation recovers them (at once: a
+        handed-back lease is taken over without waiting out the TTL). False while the
+        database does not answer (the loop comes back)."""
+        gen = self._given_up
+        assert gen is not None
+        released = await self._step(lambda: self.inbox.release(self.holder, gen))
+        if released is None:
+            return False
+        log.warning(
+            "lease generation %s handed back: its last claim's outcome is unknown (the "
+            "connection was lost); the next generation recovers what it may have claimed",
+            gen,
+        )
+        self._given_up = None
+        if gen in self.stats.generations:
+            self.stats.generations.remove(gen)  # never taken up again
+        return True
 
     async def _wait_for(self, lease: Lease) -> None:
         """Wait until another holder's lease lapses, or anyone commits; say so once."""
@@ -357,11 +471,18 @@ class Worker:
         gen = self.gen
         assert gen is not None  # the loop claims right after _hold_lease took or renewed it
         try:
-            return await self.inbox.claim_batch(self.holder, gen)
+            batch = await self.inbox.claim_batch(self.holder, gen)
+        except ConnectionLost as exc:
+            self.stats.busy += 1
+            self.gen, self._given_up = None, gen  # see _give_up
+            await self._lost(exc)
+            return None
         except InboxBusy as exc:
             self.stats.busy += 1
             log.warning("%s", exc)
             return None
+        self._reached()
+        return batch
 
     async def _run(self, batch: list[Event]) -> None:
         """Call the agent on one claimed batch and commit its outcome (or abandon it)."""
@@ -400,13 +521,13 @@ class Worker:
                     stop_seen = stop_seen if stop_seen is not None else time.monotonic()
                     if self._force.is_set() or time.monotonic() - stop_seen >= self.grace:
                         abandon_why = "stopping"
-                elif now >= self._renew_at:
+                elif self._renew_due():
                     renewed = await self._step(lambda: self.inbox.renew(self.holder, gen))
                     if renewed is False:
                         abandon_why = "lease lost"
                         self.gen = None
                     elif renewed:
-                        self._renew_at = now + self._renew_period()
+                        self._renewed()
                 if abandon_why is not None:
                     break
         finally:
@@ -475,13 +596,13 @@ class Worker:
                 await asyncio.wait({task}, timeout=pause)
             if time.monotonic() >= deadline or self._force.is_set():
                 return ended()
-            gen, now = self.gen, self.clock.now()
-            if gen is not None and now >= self._renew_at:
+            gen = self.gen
+            if gen is not None and self._renew_due():
                 renewed = await self._step(functools.partial(self.inbox.renew, self.holder, gen))
                 if renewed is False:
                     self.gen = None
                 elif renewed:
-                    self._renew_at = now + self._renew_period()
+                    self._renewed()
         return True
 
     def _wedged(self, task: asyncio.Task[None], ctx: RunContext, ids: list[int], why: str) -> None:
@@ -640,16 +761,20 @@ class Worker:
             raise
 
     async def _release(self) -> None:
-        if self.gen is None:
+        """Hand the lease back; bounded (a database that does not answer leaves it to lapse)."""
+        gen = self.gen or self._given_up
+        self.gen = self._given_up = None
+        if gen is None:
             return
         try:
-            released = await self.inbox.release(self.holder, self.gen)
-            log.info(
-                "lease generation %s %s", self.gen, "released" if released else "was already gone"
+            released = await asyncio.wait_for(
+                self.inbox.release(self.holder, gen), timeout=max(self.grace, 1.0) + STOP_SLACK
             )
+            log.info("lease generation %s %s", gen, "released" if released else "was already gone")
         except InboxError as exc:
             log.warning("could not release the lease: %s", exc)
-        self.gen = None
+        except asyncio.TimeoutError:
+            log.warning("could not release the lease: the database did not answer; it lapses")
 
     # --- sleeping -------------------------------------------------------------------------
 
@@ -657,7 +782,8 @@ class Worker:
         """Sleep until the next wake-up, a lease renewal, or a commit since `version` (the
         change token read before the claim that found nothing)."""
         self.stats.idle += 1
-        wake = await self._step(self.inbox.next_wake)
+        sends = self.send is not None  # a held reply is nothing to wake for without a channel
+        wake = await self._step(lambda: self.inbox.next_wake(sends=sends))
         if wake is not None and wake <= claimed_at:
             # Already due when the claim found nothing to run (paused, the runs-per-day
             # budget, a held outbox): wait for a change rather than spin on it.
@@ -694,7 +820,7 @@ class Worker:
             now = self.clock.now()
             if wake is not None and now >= wake:
                 return
-            if renew and now >= self._renew_at:
+            if renew and self._renew_due():
                 return
             if self._recover_at is not None and now >= self._recover_at:
                 return
@@ -721,12 +847,15 @@ class Worker:
         """How long an idle nap may last. Polling: poll_interval, as ever. Woken by the
         notifier on the system clock: until the next thing due (a wake-up, the renewal, a
         recovery), at most the slow poll; an injected clock may jump, so it keeps the poll."""
-        if not (self.inbox.wake.watching and isinstance(self.clock, SystemClock)):
+        if not (self.inbox.wake.watching and isinstance(self.clock, (SystemClock, BackendClock))):
             return self.poll_interval
         seconds = max(self.poll_interval, SLOW_POLL)
-        for due in (wake, self._renew_at if renew else None, self._recover_at):
+        now = self.clock.now()
+        for due in (wake, self._recover_at):
             if due is not None:
-                seconds = min(seconds, due - time.time())
+                seconds = min(seconds, due - now)
+        if renew:
+            seconds = min(seconds, self._renew_mono - time.monotonic())
         return max(seconds, 0.001)
 
     async def _nap(self, seen: int, seconds: float) -> bool:

@@ -124,6 +124,28 @@ async def test_renew_is_fenced_and_a_refused_renewal_is_audited(inbox):
     assert (await inbox.audit(limit=1))[0].action == "refused renew"
 
 
+async def test_a_lapsed_lease_nobody_took_over_is_renewed_by_its_holder(inbox):
+    """A late renewal (a stalled process, a wall clock stepped forward) keeps the generation
+    when no other worker took the lease meanwhile: nobody else can have run its claims."""
+    await inbox.ingest("chat", "m", None, now=T)
+    gen = await inbox.acquire("A", now=T)
+    [event] = await inbox.claim_batch("A", gen, now=T)
+    later = T + 2 * 3600  # two hours on, far past the 120 s lease
+    assert await inbox.renew("A", gen, now=later) is True
+    assert (await inbox.lease_info()).until == later + 120
+    assert await inbox.acquire("B", now=later + 1) is None  # renewed: B waits
+    assert await inbox.finish("A", gen, [event.id], ["hi"], now=later + 1, run=event.run_id)
+    view = await inbox.overview(now=later + 1)
+    assert view.refused_writes == 0 and view.takeovers == 0
+
+
+async def test_a_lease_handed_back_is_not_renewed(inbox):
+    gen = await inbox.acquire("A", now=T)
+    assert await inbox.release("A", gen, now=T + 1)
+    assert await inbox.renew("A", gen, now=T + 2) is False
+    assert await inbox.acquire("B", now=T + 2) == 2
+
+
 async def test_a_stale_claim_writes_nothing_but_the_refusal(inbox):
     await inbox.ingest("chat", "m", None, now=T)
     await inbox.acquire("A", now=T)

@@ -195,7 +195,7 @@ VALID = {
     "fresh": [False, True],
 }
 # Parameters whose value decides nothing about the database (a flag read with bool()).
-FLAGS = {("events", "payload"), ("acquire", "fresh")}
+FLAGS = {("events", "payload"), ("acquire", "fresh"), ("next_wake", "sends")}
 
 SETTING_NAMES = sorted(f for f in Settings.__dataclass_fields__)
 

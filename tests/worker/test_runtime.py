@@ -349,11 +349,11 @@ async def test_an_event_committed_between_an_empty_claim_and_the_nap_is_run(inbo
     other = await Inbox.open(inbox.path, clock=clock)  # another connection: another process
     next_wake, committed = inbox.next_wake, asyncio.Event()
 
-    async def commit_then_next_wake():  # _idle asks for it after the claim, before the nap
+    async def commit_then_next_wake(**options):  # _idle asks after the claim, before the nap
         if not committed.is_set():
             await other.ingest("chat", "between", "x")
             committed.set()
-        return await next_wake()
+        return await next_wake(**options)
 
     inbox.next_wake = commit_then_next_wake
     try:

@@ -48,7 +48,9 @@ def pays_in_a_plain_def(batch, ctx) -> None:
         return "paid"
 
     for event in batch:
-        outcome = ctx.perform("pay", {"event": event.source_id}, lambda key, e=event: pay(key, e))
+        outcome = ctx.perform(
+            "pay", {"event": event.source_id}, lambda key, e=event: pay(key, e), event=event
+        )
         ctx.reply(f"{outcome} {event.source_id}")
 
 

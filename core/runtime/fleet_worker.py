@@ -48,7 +48,7 @@ from ..pg.fleet import Candidate, Looker, Unreachable
 from ..pg.listen import Listener
 from ..text import printable
 from .listening_worker import ListeningWorker
-from .worker import AgentWedged
+from .worker import STOP_SLACK, AgentWedged
 
 __all__ = ["FleetWorker"]
 log = logging.getLogger("onwatch.pg.fleet")
@@ -77,7 +77,9 @@ class _Kept:
     inbox: Any  # the open Inbox (its connection is the next visit's)
     gen: int
     since: float  # its place in the queue: the server time it gave its slot back
-    renew_at: int  # when the worker's renewal is due
+    renew_at: int  # server time: when the worker's renewal is due
+    renew_mono: float  # the same instant on this process's monotonic clock (the worker's)
+    until: int  # server time: the expiry its last renewal wrote
     release_at: float  # server time: released unless taken up again before this
     uncertain: bool = False  # a release whose answer was lost: held or not, released again
     expires: float = 0.0  # (uncertain) server time it lapses by itself anyway
@@ -448,12 +450,14 @@ class FleetWorker:
         ttl = inbox.settings.lease_ttl
         period = max(1, ttl // 3)
         now = self._looker.now()
-        uncertain = not worker.yielded
+        uncertain = worker.release_lost
         self._kept[name] = _Kept(
             inbox,
             gen,
             since=now,
             renew_at=worker.renew_at,
+            renew_mono=worker.renew_mono,
+            until=worker.until,
             # A kept lease is let go of before its renewal would be late; an uncertain
             # release is tried again at once.
             release_at=now if uncertain else worker.renew_at + period,
@@ -488,13 +492,16 @@ class _Visit(ListeningWorker):
         self.next_due: float | None = None  # what the engine says is next due (server time)
         self.heard: tuple[int, int] = (-1, -1)
         self.kept_gen: int | None = None  # the generation handed back to the fleet, kept
-        self.renew_at = 0
+        self.release_lost = False  # kept_gen is one whose release went unanswered
+        # Handed to the fleet when a visit ends (see _release): when the lease is next
+        # renewed, on the server's clock and on the monotonic one, and the expiry written.
+        self.renew_at, self.renew_mono, self.until = 0, 0.0, 0
         self._scheduled_at = 0.0  # (monotonic) when the scheduler runs again
         if kept is not None:
             # This process's own live generation: taken up again without a write. If it
             # was lost meanwhile, the claim is fenced and the visit ends.
             self.gen = kept.gen
-            self._renew_at = kept.renew_at
+            self._renew_mono, self._until = kept.renew_mono, kept.until
             self.stats.generations.append(kept.gen)
 
     async def _prepare(self) -> None:
@@ -525,7 +532,8 @@ class _Visit(ListeningWorker):
             # Only a visit that did nothing asks when its inbox is next due (a read
             # snapshot, three round trips): its rest may be long, and should end then. After
             # a productive visit the rest is short anyway (REST_AFTER_WORK).
-            wake = await self._step(self.inbox.next_wake)
+            sends = self.send is not None  # no channel: a held reply is not due here
+            wake = await self._step(lambda: self.inbox.next_wake(sends=sends))
             if wake is not None and wake > claimed_at:
                 self.next_due = float(wake)
         self.request_stop()
@@ -547,22 +555,30 @@ class _Visit(ListeningWorker):
             self.request_stop()
 
     async def _release(self) -> None:
-        self.renew_at = self._renew_at
-        if self.gen is None:
+        self.renew_mono, self.until = self._renew_mono, self._until
+        self.renew_at = self._until - self.inbox.settings.lease_ttl + self._renew_period()
+        # A generation handed back for a claim whose answer was lost is released like any
+        # other (never kept: the next generation must recover what it may have claimed).
+        gen, given_up = self.gen or self._given_up, self._given_up is not None
+        self.gen = self._given_up = None
+        if gen is None:
             return
-        if self.yielded and self.fleet.may_keep():
-            self.kept_gen, self.gen = self.gen, None
+        if self.yielded and not given_up and self.fleet.may_keep():
+            self.kept_gen = gen
             return
         try:
-            released = await self.inbox.release(self.holder, self.gen)
-            logging.getLogger("onwatch.worker").debug(
-                "lease generation %s %s", self.gen, "released" if released else "was already gone"
+            released = await asyncio.wait_for(
+                self.inbox.release(self.holder, gen), timeout=max(self.grace, 1.0) + STOP_SLACK
             )
-        except InboxError as exc:
+            logging.getLogger("onwatch.worker").debug(
+                "lease generation %s %s", gen, "released" if released else "was already gone"
+            )
+        except (InboxError, TimeoutError) as exc:
             # Unknown whether it committed: the fleet remembers the generation, so that
             # its next visit takes it up again rather than waiting for it to lapse.
             log.warning(
-                "fleet: inbox %s: could not release the lease: %s", printable(self.name), exc
+                "fleet: inbox %s: could not release the lease: %s",
+                printable(self.name),
+                printable(str(exc) or "the database did not answer"),
             )
-            self.kept_gen = self.gen
-        self.gen = None
+            self.kept_gen, self.release_lost = gen, True

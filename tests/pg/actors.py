@@ -170,3 +170,32 @@ async def chaos_agent(batch, ctx) -> None:
 async def io_bound(batch, ctx) -> None:
     """The benchmark's agent: 50 ms of waiting (a model call, an HTTP request)."""
     await asyncio.sleep(0.05)
+
+
+async def replier(batch, ctx) -> None:
+    """Replies at once to each event ("reply <source_id>")."""
+    for event in batch:
+        ctx.reply(f"reply {event.source_id}")
+
+
+async def timed(batch, ctx) -> None:
+    """20 ms of I/O; one ledger line per run: the inbox (the source id before '/'), when
+    the run began, and when its first event was stored."""
+    began = time.time()
+    await asyncio.sleep(0.02)
+    _append(
+        "ledger",
+        json.dumps(
+            {
+                "inbox": batch[0].source_id.split("/")[0],
+                "began": began,
+                "created": batch[0].created,
+                "events": [e.source_id for e in batch],
+            }
+        ),
+    )
+
+
+async def failing(batch, ctx) -> None:
+    """Raises: every run fails (its error names the inbox's events)."""
+    raise RuntimeError(f"cannot handle {[e.source_id for e in batch]}")

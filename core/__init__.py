@@ -2,7 +2,16 @@
 
 from .actions import ACTIONS, Action, Outcome
 from .clock import MAX_DURATION, MAX_TIME, Clock, FakeClock, SystemClock
-from .errors import BadInput, BudgetExceeded, InboxBusy, InboxError, NotAnInbox
+from .errors import (
+    BadInput,
+    BudgetExceeded,
+    FileLost,
+    InboxBusy,
+    InboxError,
+    NotAnInbox,
+    ReadOnlyInbox,
+    UpgradeRefused,
+)
 from .checks import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES
 from .inbox import Inbox, Outgoing
 from .records import (
@@ -46,6 +55,7 @@ __all__ = [
     "Effect",
     "Event",
     "FakeClock",
+    "FileLost",
     "FollowUp",
     "Inbox",
     "InboxBusy",
@@ -56,9 +66,11 @@ __all__ = [
     "NotAnInbox",
     "Outgoing",
     "Overview",
+    "ReadOnlyInbox",
     "Reply",
     "Run",
     "Settings",
     "SystemClock",
     "Timer",
+    "UpgradeRefused",
 ]

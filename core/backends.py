@@ -33,14 +33,26 @@ async def connect(
     create: bool,
     busy_timeout: float,
     connection_factory: type[sqlite3.Connection] | None,
+    migrate: bool = False,
+    read_only: bool = False,
 ) -> Connection:
     """The connection to the inbox `target` names (see `Inbox.open`)."""
+    for option, value in (("migrate", migrate), ("read_only", read_only)):
+        if not isinstance(value, bool):
+            raise BadInput(f"{option} must be True or False, got {show(value)}")
+    if read_only and migrate:
+        raise BadInput("an inbox opened read_only cannot be migrated")
     if pg.is_url(target):
         timeout = _check_options(create, busy_timeout)
         from .pg.db import Database as Postgres  # psycopg only when asked for
 
         return await Postgres.open(
-            target, name=checks.text("inbox name", name), create=create, busy_timeout=timeout
+            target,
+            name=checks.text("inbox name", name),
+            create=create and not read_only,
+            busy_timeout=timeout,
+            migrate=migrate,
+            read_only=read_only,
         )
     if name != "default":
         raise BadInput(
@@ -59,4 +71,11 @@ async def connect(
     timeout = _check_options(create, busy_timeout)
     from .sqlite.db import Database as File
 
-    return await File.open(target, create=create, busy_timeout=timeout, factory=connection_factory)
+    return await File.open(
+        target,
+        create=create and not read_only,
+        busy_timeout=timeout,
+        factory=connection_factory,
+        migrate=migrate,
+        read_only=read_only,
+    )

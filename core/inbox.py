@@ -105,14 +105,23 @@ class Inbox:
         create: bool = True,
         busy_timeout: float = 5.0,
         connection_factory: type[sqlite3.Connection] | None = None,
+        migrate: bool = False,
+        read_only: bool = False,
     ) -> "Inbox":
-        """Open the inbox at `path`, creating or migrating its schema.
+        """Open the inbox at `path`, creating its schema if it is new.
 
         `path` is a file (SQLite: the file is the inbox, `name` stays "default") or a
         `postgresql://` URL (one database holds many inboxes; `name` picks one, created on
         first open unless create=False). Raises NotAnInbox (leaving the file or database
         untouched) for a missing inbox when `create=False`, a foreign or corrupt file or
         database, or one from a newer schema.
+
+        Opening never migrates an existing inbox of an older schema unless `migrate=True`
+        (what a worker and `onwatch init`/`onwatch migrate` pass): it is read as it is, and
+        written to where its schema allows (docs/rules.md#upgrading-a-running-deployment).
+        A migration is refused (UpgradeRefused, nothing changed) while a worker holds the
+        inbox's lease. `read_only=True` never writes (every write raises ReadOnlyInbox); a
+        file this process cannot write is opened so by itself, saying why (`read_only`).
         """
         db = await backends.connect(
             path,
@@ -120,6 +129,8 @@ class Inbox:
             create=create,
             busy_timeout=busy_timeout,
             connection_factory=connection_factory,
+            migrate=migrate,
+            read_only=read_only,
         )
         try:
             settings = await db.read(switches.load_settings)
@@ -147,6 +158,18 @@ class Inbox:
     @property
     def path(self) -> str:
         return self._db.path
+
+    @property
+    def read_only(self) -> str | None:
+        """Why every write is refused (ReadOnlyInbox): opened read-only, or the file (or the
+        database role) cannot be written; None when it can be."""
+        return self._db.read_only
+
+    @property
+    def schema(self) -> tuple[int, int | None]:
+        """(the schema version the inbox has, the one it had before this open migrated it,
+        or None when this open did not)."""
+        return self._db.version, self._db.migrated_from
 
     @property
     def name(self) -> str:

@@ -13,6 +13,7 @@ outbox and its deliveries, timers, approvals, effects and the refused-write coun
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -50,6 +51,7 @@ class ModelRun:
     gen: int
     events: list[int]
     open: bool = True
+    outcome: str | None = None  # how it closed: done, error or lost
 
 
 @dataclass
@@ -106,6 +108,7 @@ class Model:
                 else:
                     event.status, event.available_at = "pending", now
                 self.runs[event.run].open = False
+                self.runs[event.run].outcome = "lost"
         for event in self.events.values():
             if event.status == "pending" and 0 < event.attempts and event.attempts >= MAX_ATTEMPTS:
                 event.status = "dead"
@@ -128,6 +131,9 @@ class Model:
     def finish(
         self, holder: str, gen: int, ids: list[int], ok: bool, now: int, run: int | None = None
     ) -> bool:
+        outcome = "done" if ok else "error"
+        if run is not None and self.runs[run].gen == gen and self.runs[run].outcome == outcome:
+            return True  # the same finish again (its answer was lost): it stands, unchanged
         if not self.holds(holder, gen, now):
             self.refused += 1
             return False
@@ -159,6 +165,7 @@ class Model:
         for run_id in {self.events[i].run for i in live}:
             if not any(e.status == "running" and e.run == run_id for e in self.events.values()):
                 self.runs[run_id].open = False
+                self.runs[run_id].outcome = outcome
         return True
 
     # --- timers and approvals (one-off timers; an approval's expiry is one too) -----------
@@ -259,6 +266,7 @@ class InboxMachine(RuleBasedStateMachine):
         )
         self.model = Model()
         self.uid = self.run(self.box._db.read(lambda tx: tx.meta("uid")))
+        self.salts: dict[int, str] = {}  # each event's key salt, as its first key showed it
         # dispatcher -> (task, gate, what the model says it took: (delivery, attempt, count))
         self.sending: dict[str, tuple] = {}
         self.claims: dict[str, tuple[int, list[int], int]] = {}
@@ -361,8 +369,15 @@ class InboxMachine(RuleBasedStateMachine):
         model = self.model
         run = model.runs[run_id]
         if model.holds(holder, gen, self.clock.now()) and run.open and run.gen == gen:
-            nth = sum(1 for r, k in model.effects if r == run_id and f"-ev{event}-pay-" in k) + 1
-            assert key == f"onwatch-{self.uid}-ev{event}-pay-{nth}"
+            nth = sum(1 for r, k in model.effects if r == run_id and f"-ev{event}." in k) + 1
+            # The event's salt is random: learnt from its first key, the same in every
+            # later one, and no other event's (docs/rules.md#effects-and-their-keys).
+            pattern = f"onwatch-{self.uid}-ev{event}\\.([0-9a-f]{{16}})-pay-{nth}"
+            found = re.fullmatch(pattern, key)
+            assert found, key
+            salt = self.salts.setdefault(event, found[1])
+            assert found[1] == salt
+            assert list(self.salts.values()).count(salt) == 1
             model.effects.append((run_id, key))
         else:
             assert key is None

@@ -14,6 +14,7 @@ from onwatch.cli.commands.inbox import (
     cmd_events,
     cmd_ingest,
     cmd_init,
+    cmd_migrate,
     cmd_show,
     cmd_status,
 )
@@ -75,6 +76,18 @@ examples:
   onwatch config alice.db
   onwatch config alice.db max_pending=1000 max_runs_per_day=200 on_lost_claim=interrupt
   onwatch config alice.db 'lost_claim_by_source={"stripe": "interrupt"}' max_pending=none
+"""
+
+MIGRATE_EPILOG = """\
+No other command migrates an inbox: reads, ingests and the desk work on the previous
+release's schema as it is. A worker of this release (worker, run) and init migrate too.
+Refused (exit 1, nothing changed) while a worker holds the lease: stop the workers of the
+older release first (each hands its lease back). See docs/rules.md, "Upgrading a running
+deployment".
+
+examples:
+  onwatch migrate alice.db
+  onwatch migrate postgresql://onwatch@db.example.org/agents
 """
 
 WORKER_EPILOG = """\
@@ -239,6 +252,18 @@ def build_parser() -> Parser:
         (common, as_json),
     )
     p.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="settings to store")
+
+    p = sub(
+        "migrate",
+        "bring an inbox (or a postgresql:// database) to this release's schema",
+        run_async(cmd_migrate),
+        (common, as_json),
+        epilog=MIGRATE_EPILOG,
+        path=False,  # a database migrates as a whole: no --inbox
+    )
+    p.add_argument(
+        "path", type=inbox_path, metavar="PATH", help="the inbox file or postgresql:// URL"
+    )
 
     p = sub(
         "ingest",

@@ -79,3 +79,27 @@ async def connect(
         migrate=migrate,
         read_only=read_only,
     )
+
+
+async def migrate(target: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> tuple[int, int]:
+    """Bring the inbox file, or the PostgreSQL database, at `target` to this release's schema;
+    return its schema version before and after. Raises UpgradeRefused (nothing changed)
+    while a worker holds a lease (docs/rules.md#upgrading-a-running-deployment), NotAnInbox
+    where there is no inbox, ReadOnlyInbox where it cannot be written."""
+    timeout = _check_options(False, busy_timeout)
+    if pg.is_url(target):
+        from .pg.db import migrate_database  # psycopg only when asked for
+
+        return await migrate_database(target, busy_timeout=timeout)
+    db = await connect(
+        target,
+        name="default",
+        create=False,
+        busy_timeout=timeout,
+        connection_factory=None,
+        migrate=True,
+    )
+    try:
+        return db.migrated_from or db.version, db.version
+    finally:
+        await db.close()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 from onwatch.cli import running
 from onwatch.cli.output import NOT_APPLIED, OK, CliError, clip, emit_json, one_line, when
 from onwatch.cli.running import load_callable, open_inbox, restoring_signals, run_loop, setup_step
-from onwatch.core import Inbox
+from onwatch.core import Inbox, backends
 from onwatch.core.pg import is_url as _is_postgres_url
 
 if TYPE_CHECKING:  # annotations only: prometheus_client loads when --metrics-port asks
@@ -126,7 +126,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return _fleet_worker(args, agent, early)
 
     async def main() -> int:
-        async with await open_inbox(args) as inbox, _metrics_server(inbox, args) as metrics:
+        # A worker of this release migrates (refused while an older one holds the lease).
+        async with (
+            await open_inbox(args, migrate=True) as inbox,
+            _metrics_server(inbox, args) as metrics,
+        ):
             worker = _worker(Worker, inbox, agent, setup, args, metrics)
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -184,6 +188,9 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: li
     from onwatch.core.worker import default_holder
 
     async def main() -> int:
+        # Workers of this release migrate the database first (refused while a worker of an
+        # older release holds any inbox's lease); each inbox is then opened as it is.
+        await backends.migrate(args.path, busy_timeout=args.busy_timeout)
         fleet = FleetWorker(
             args.path,
             agent,
@@ -245,7 +252,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
     async def main() -> int:
-        async with await open_inbox(args) as inbox:
+        async with await open_inbox(args, migrate=True) as inbox:  # runs a worker: migrates
             worker = _worker(Worker, inbox, agent, setup, args)
             try:
                 server = await start_server(

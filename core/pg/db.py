@@ -576,6 +576,33 @@ class Database:
             await asyncio.to_thread(self._thread.join, CLOSE_WAIT)
 
 
+async def migrate_database(url: str, *, busy_timeout: float = 5.0) -> tuple[int, int]:
+    """Migrate the whole database at `url` (every inbox in it) to this release's schema;
+    return its version before and after (see core/backends.py `migrate`)."""
+    if psycopg is None:
+        raise InboxError("PostgreSQL inboxes need psycopg 3: pip install 'psycopg[binary]'")
+    where = redact(url)
+
+    def run() -> tuple[int, int]:
+        try:
+            conn = Database._connect(url, busy_timeout)
+        except psycopg.Error as exc:
+            raise InboxError(f"cannot connect to {where}: {str(exc).strip()}") from None
+        try:
+            before = schema.migrate(conn, where, create=False)
+        except psycopg.Error as exc:
+            raise _map_error(exc, where, busy_timeout) from None
+        finally:
+            conn.close()
+        if before == 0:
+            raise NotAnInbox(
+                f"no onwatch database at {where} (run `onwatch init {where}` to create one)"
+            )
+        return before, schema.SCHEMA_VERSION
+
+    return await asyncio.to_thread(run)
+
+
 def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where: str) -> int:
     """The inbox's id, creating it (one insert) unless create=False."""
     import time

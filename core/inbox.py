@@ -538,8 +538,10 @@ class Inbox:
 
     async def run_scheduler(self, *, now: int | None = None) -> int:
         """Turn due timers into inbox events; return how many were due. A storm of due
-        timers is fired in chunks of scheduler.CHUNK, each its own transaction (all or
-        nothing), so intake never waits behind the whole storm."""
+        timers is fired in transactions of about scheduler.TX_SECONDS each (all or nothing
+        each), with a pause of scheduler.PAUSE_SECONDS after each one, in which another
+        process waiting to write gets the lock: its ingest waits a few tens of milliseconds
+        at most, however big the storm (docs/rules.md#timers-and-catch-up)."""
         when, fired = self._now(now), 0
         while True:
             count, more = await self._db.write_unless(
@@ -548,6 +550,7 @@ class Inbox:
             fired += count
             if not more:
                 return fired
+            await asyncio.sleep(scheduler.PAUSE_SECONDS)
 
     async def next_timer_due(self) -> int | None:
         return await self._db.call(timers.next_timer_due)

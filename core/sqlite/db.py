@@ -29,11 +29,21 @@ _READ_ONLY_TEXTS = ("attempt to write a readonly database", "readonly database")
 _OLDER_SCHEMA_TEXTS = ("no such column", "no such table", "no such index")
 
 
+# How often a job waiting for another connection's write lock looks again (at most): see
+# Database._patiently.
+LOCK_POLL = 0.002
+
+
+def _locked(exc: sqlite3.Error) -> bool:
+    text = str(exc)
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
 def _map_error(
     exc: sqlite3.Error, path: str, busy_timeout: float, version: int = schema.SCHEMA_VERSION
 ) -> InboxError:
     text = str(exc)
-    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+    if _locked(exc):
         return InboxBusy(
             f"inbox {path} stayed locked by another process for more than "
             f"{busy_timeout:g} s; nothing was changed, try again"
@@ -387,15 +397,42 @@ class Database:
     ) -> T:
         """On the connection's thread: a read, from the files at the path only."""
         self._check()
-        return runner(tx, fn, args)
+        return self._patiently(lambda: runner(tx, fn, args))
 
     def _write_job(self, run: Callable[[], T]) -> T:
         """On the connection's thread: a write, acknowledged only if its commit went to the
         files at the path."""
         self._check()
-        result = run()
+        result = self._patiently(run)
         self._committed()
         return result
+
+    def _patiently(self, run: Callable[[], T]) -> T:
+        """`run()`, tried again while another connection holds the write lock, every
+        LOCK_POLL seconds at most, up to the busy timeout (then InboxBusy).
+
+        The connection's own busy timeout is 0 once it is open: SQLite's busy handler
+        sleeps longer and longer between its looks (25, 50, then 100 ms), so a writer
+        waiting behind a long job of another process (a storm of timers fired in
+        transactions of TX_SECONDS with short pauses between them) would keep missing the
+        pauses. Looking every 2 ms, it gets in at the first one. `run` is a whole job that
+        changed nothing when it was refused (a write is refused at BEGIN IMMEDIATE, or as
+        the autocommit statement it is), so it is simply run again."""
+        deadline = None
+        pause = LOCK_POLL / 4
+        while True:
+            try:
+                return run()
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.busy_timeout
+                elif now >= deadline:
+                    raise
+                time.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, LOCK_POLL)
 
     def write_soon(
         self,
@@ -638,6 +675,7 @@ def _prepare(
             f"`onwatch init {path}` to make it one"
         )
     if read_only:
+        db.execute("PRAGMA busy_timeout = 0")  # from now on: Database._patiently
         return version, version
     if version == 0 or db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         _retry_while_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), busy_timeout)
@@ -646,5 +684,8 @@ def _prepare(
     if version == 0 or (migrate and version < schema.SCHEMA_VERSION):
         # Creating a new inbox, or a migration asked for (docs/rules.md#upgrading-a-running-
         # deployment): schema.migrate re-reads the version under the write lock.
-        return schema.migrate(db, path), schema.SCHEMA_VERSION
+        before = schema.migrate(db, path)
+        db.execute("PRAGMA busy_timeout = 0")  # from now on: Database._patiently
+        return before, schema.SCHEMA_VERSION
+    db.execute("PRAGMA busy_timeout = 0")  # from now on: Database._patiently
     return version, version

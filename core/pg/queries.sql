@@ -429,6 +429,8 @@ SELECT id, source, source_id, payload, status, attempts, claim_gen, error, creat
        available_at, claimed_at, run_id
 FROM events WHERE inbox_id = %(inbox)s AND id = %(id)s;
 
+-- A search folds the letters A to Z only, as SQLite's lower() does (lower() here would
+-- follow the database's locale, and the backends would find different events).
 -- name: events_page_up
 SELECT id, source, source_id, CASE WHEN %(payload)s THEN payload END, status, attempts,
        claim_gen, error, created, updated, available_at, claimed_at, run_id
@@ -436,9 +438,13 @@ FROM events
 WHERE inbox_id = %(inbox)s AND status = %(status)s
   AND id > coalesce(%(after)s::bigint, -1)
   AND id < coalesce(%(before)s::bigint, 9223372036854775807)
-  AND (%(search)s::text IS NULL OR strpos(lower(source), %(search)s) > 0
-       OR strpos(lower(source_id), %(search)s) > 0
-       OR strpos(lower(coalesce(error, '')), %(search)s) > 0)
+  AND (%(search)s::text IS NULL
+       OR strpos(translate(source, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'),
+                 %(search)s) > 0
+       OR strpos(translate(source_id, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                           'abcdefghijklmnopqrstuvwxyz'), %(search)s) > 0
+       OR strpos(translate(coalesce(error, ''), 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                           'abcdefghijklmnopqrstuvwxyz'), %(search)s) > 0)
 ORDER BY id LIMIT %(limit)s;
 
 -- name: events_page_down
@@ -448,9 +454,13 @@ FROM events
 WHERE inbox_id = %(inbox)s AND status = %(status)s
   AND id > coalesce(%(after)s::bigint, -1)
   AND id < coalesce(%(before)s::bigint, 9223372036854775807)
-  AND (%(search)s::text IS NULL OR strpos(lower(source), %(search)s) > 0
-       OR strpos(lower(source_id), %(search)s) > 0
-       OR strpos(lower(coalesce(error, '')), %(search)s) > 0)
+  AND (%(search)s::text IS NULL
+       OR strpos(translate(source, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'),
+                 %(search)s) > 0
+       OR strpos(translate(source_id, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                           'abcdefghijklmnopqrstuvwxyz'), %(search)s) > 0
+       OR strpos(translate(coalesce(error, ''), 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                           'abcdefghijklmnopqrstuvwxyz'), %(search)s) > 0)
 ORDER BY id DESC LIMIT %(limit)s;
 
 -- name: event_counts

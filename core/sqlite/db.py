@@ -262,7 +262,9 @@ class Database:
             return db
         except InboxError as exc:
             await db._conn.close()
-            if _CANNOT_OPEN not in str(exc):
+            # No -wal and -shm, and SQLite may not make them (it says so one way or the
+            # other, depending on which it tried first).
+            if _CANNOT_OPEN not in str(exc) and not any(t in str(exc) for t in _READ_ONLY_TEXTS):
                 raise
         if files.identity(real + "-wal") is not None:
             raise NotAnInbox(

@@ -451,7 +451,8 @@ SELECT id, source, source_id, payload, status, attempts, claim_gen, error, creat
 FROM events WHERE id = :id;
 
 -- A keyset page by id (ascending after :after, or descending before :before), payloads
--- only when asked for; the id bounds are ranges on the index whether given or not.
+-- only when asked for; the id bounds are ranges on the index whether given or not. A
+-- search folds the letters A to Z only (SQLite's lower(); core/engine/reads.py `folded`).
 -- name: events_page_up
 SELECT id, source, source_id, CASE WHEN :payload THEN payload END, status, attempts,
        claim_gen, error, created, updated, available_at, claimed_at, run_id

@@ -127,13 +127,15 @@ UPDATE runs SET outcome = 'lost', finished_at = :now, error = :error
 WHERE id = :id AND outcome IS NULL;
 
 -- Only the rows whose attempts reached the limit are looked at (a range of their partial
--- index), never every event waiting out a backoff.
+-- index), never every event waiting out a backoff. Of two lower bounds on attempts SQLite
+-- takes the first one written as the range's start: the limit comes first (`attempts > 0`
+-- is there for the partial index only).
 -- name: bury_exhausted
 UPDATE events INDEXED BY events_retry_spent
 SET status = 'dead', updated = :now,
     error = 'too many attempts (' || attempts || '/' || :max_attempts || ')'
             || coalesce(': ' || error, '')
-WHERE status = 'pending' AND attempts > 0 AND attempts >= :max_attempts
+WHERE attempts >= :max_attempts AND status = 'pending' AND attempts > 0
   AND typeof(attempts) = 'integer';
 
 -- name: bury_exhausted before 7

@@ -48,8 +48,7 @@ def backup(target: str) -> object:
         for table in tables:
             saved[table] = conn.execute(f"SELECT * FROM {table}").fetchall()
         sequences = conn.execute(
-            "SELECT sequencename, last_value FROM pg_sequences "
-            "WHERE schemaname = current_schema()"
+            "SELECT sequencename, last_value FROM pg_sequences WHERE schemaname = current_schema()"
         ).fetchall()
     return saved, sequences
 

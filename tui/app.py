@@ -796,7 +796,7 @@ def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
 
     async def main() -> int:
         try:
-            inbox = await Inbox.open(path, name=name, create=False)
+            inbox = await Inbox.open(path, name=name, create=False, read_only=read_only)
         except InboxError as exc:  # NotAnInbox, InboxBusy, or another clear refusal
             print(f"onwatch: {exc}", file=sys.stderr)
             return 2
@@ -804,7 +804,8 @@ def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
             print(f"onwatch: cannot open {path}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         try:
-            app = OnwatchApp(inbox, read_only=read_only)
+            # A file this user may not write (inbox.read_only says why) is watched only.
+            app = OnwatchApp(inbox, read_only=read_only or inbox.read_only is not None)
             code = await app.run_async()
             return code if isinstance(code, int) else (app.return_code or 0)
         finally:

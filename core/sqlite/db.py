@@ -511,7 +511,7 @@ class Database:
         An answer is given only while the files at the path are still this connection's.
         """
         guard = self._guard
-        if self._stopped is not None or guard is None or guard.lost() is not None:
+        if self._stopped is not None or guard is None:
             return None
         try:
             reader = self._reader

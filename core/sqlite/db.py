@@ -613,6 +613,11 @@ async def _hold_safely(path: str, real: str, busy_timeout: float) -> files.Held:
     except OSError as exc:
         raise NotAnInbox(f"{path} cannot be opened: {exc.strerror or exc}") from None
     try:
+        if held.orphaned is not None:
+            raise FileLost(
+                f"inbox {path}: {held.orphaned}; this process still has it open through a "
+                f"connection it stopped, and cannot open it again until it is restarted"
+            )
         for guard in list(held.guards):
             why = guard.lost()
             if why is not None:

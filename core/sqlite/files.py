@@ -223,6 +223,9 @@ class Held:
         self.writable = writable
         self.users = 0
         self.guards: list[Guard] = []  # of the connections using it, for the next opener
+        # Set once a connection of it was set aside as an orphan: this process may not open
+        # the file again (a new connection would share the orphan's index with a new log).
+        self.orphaned: str | None = None
 
 
 _held: dict[Identity, Held] = {}
@@ -261,12 +264,13 @@ def let_go(held: Held, guard: "Guard | None", orphaned: bool) -> None:
     with _held_lock:
         if guard is not None and guard in held.guards:
             held.guards.remove(guard)
+        if orphaned:
+            held.orphaned = (guard and guard.why) or "a connection of this process lost its files"
         held.users -= 1
-        if held.users > 0 or _held.get(held.main) is not held:
+        if held.users > 0 or held.orphaned or _held.get(held.main) is not held:
             return
         del _held[held.main]
-    if not orphaned:
-        os.close(held.fd)
+    os.close(held.fd)
 
 
 # --- watching the folder -------------------------------------------------------------------

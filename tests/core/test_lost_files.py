@@ -93,6 +93,9 @@ async def test_the_same_process_cannot_open_the_file_again_while_its_orphan_live
     with pytest.raises(FileLost, match="cannot open it again until it is restarted"):
         await Inbox.open(box.path)
     assert not os.path.exists(box.path + "-wal")  # and it made no second log trying
+    await box.close()  # set aside, not closed: still no second open in this process
+    with pytest.raises(FileLost, match="cannot open it again until it is restarted"):
+        await Inbox.open(box.path)
 
 
 async def test_a_replaced_file_is_a_new_inode_and_may_be_opened_beside_the_orphan(box, tmp_path):

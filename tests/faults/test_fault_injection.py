@@ -353,6 +353,10 @@ class Backend:
             rows[table] = [dict(zip(names, row, strict=True)) for row in values]
         for row in rows.get("inboxes", []):
             del row["changes"]  # the change token, not state
+        for table in rows.values():
+            for row in table:
+                if row.get("key_salt") is not None:
+                    row["key_salt"] = "drawn"  # random by design: only whether it is set
         ranks = {
             t: {r["id"]: n for n, r in enumerate(sorted(rows[t], key=lambda r: r["id"]), 1)}
             for t in SEQUENCED

@@ -11,12 +11,19 @@
 
 Needs only Python 3.11+. The environment lives in .venv/ and is rebuilt when pyproject.toml
 changes.
+
+Signals pass through: an onwatch command replaces this process (exec), so SIGTERM, SIGHUP and
+Ctrl-C reach it as if it had been started directly, and its exit code is this command's; the
+test and bench children get SIGTERM and SIGHUP forwarded, and this command returns their
+exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import venv
@@ -75,6 +82,61 @@ def static_checks(env: dict[str, str]) -> bool:
     return passed
 
 
+def run_child(command: list[str], *, env: dict[str, str], cwd: Path | None = None) -> int:
+    """Run `command` to its end and return its exit code (128 + N if signal N ended it, as
+    a shell says), passing signals through: SIGTERM and SIGHUP sent to this process are
+    forwarded to the child, which stops as it would have alone (a worker finishes or
+    abandons its run and releases its lease); this process waits for it instead of dying
+    first and leaving it behind. Ctrl-C is not forwarded when the terminal already sent it
+    to the child (same foreground process group): twice would mean "stop now" to a worker."""
+    child = subprocess.Popen(command, cwd=cwd, env=env)
+
+    def forward(signum: int, frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            child.send_signal(signum)
+
+    def interrupted(signum: int, frame: object) -> None:
+        if not _terminal_sent_it_too():
+            forward(signum, frame)
+
+    saved = {}
+    for name, handler in (("SIGTERM", forward), ("SIGHUP", forward), ("SIGINT", interrupted)):
+        if hasattr(signal, name):
+            signum = getattr(signal, name)
+            saved[signum] = signal.signal(signum, handler)
+    try:
+        code: int = child.wait()
+    finally:
+        for signum, previous in saved.items():
+            signal.signal(signum, previous)
+    return 128 - code if code < 0 else code
+
+
+def _terminal_sent_it_too() -> bool:
+    """True when this process is in its terminal's foreground process group: a Ctrl-C there
+    reaches every process of the group, the child included (on Windows, every process of
+    the console)."""
+    if os.name == "nt":
+        return True
+    try:
+        with open("/dev/tty", "rb") as tty:
+            return os.tcgetpgrp(tty.fileno()) == os.getpgrp()
+    except (OSError, AttributeError):
+        return False
+
+
+def run_onwatch(args: list[str], env: dict[str, str]) -> int:
+    """The onwatch command in place of this process (POSIX): every signal reaches it as if
+    it had been started directly, and its exit code is ours. Elsewhere, as a child."""
+    program = str(BIN / ("onwatch.exe" if os.name == "nt" else "onwatch"))
+    if os.name == "nt":
+        return run_child([program, *args], env=env)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(program, [program, *args], env)
+    raise AssertionError("unreachable: execve returns only by raising")
+
+
 def main(argv: list[str]) -> int:
     command, *rest = argv or ["demo"]
     ensure_env()
@@ -85,19 +147,23 @@ def main(argv: list[str]) -> int:
         if lint and not static_checks(env):
             print("onwatch: static checks failed; not running pytest", file=sys.stderr)
             return 1
-        code = subprocess.call([str(PYTHON), "-m", "pytest", *rest], cwd=ROOT, env=env)
+        code = run_child([str(PYTHON), "-m", "pytest", *rest], cwd=ROOT, env=env)
         if code == 5:
             print("onwatch: pytest collected no tests; treating that as a failure", file=sys.stderr)
             return 1
         return code
     if command == "bench":
-        return subprocess.call(
+        return run_child(
             [str(PYTHON), str(ROOT / "tests" / "bench" / "run_all.py"), *rest], cwd=ROOT, env=env
         )
     if command == "onwatch":
-        return subprocess.call([str(BIN / "onwatch"), *rest], env=env)
-    return subprocess.call([str(BIN / "onwatch"), command, *rest], env=env)
+        return run_onwatch(rest, env)
+    return run_onwatch([command, *rest], env)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # Ctrl-C while setting up or in the static checks
+        print("onwatch: interrupted", file=sys.stderr)
+        sys.exit(130)

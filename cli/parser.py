@@ -4,6 +4,7 @@ the commands themselves live in cli/commands/."""
 from __future__ import annotations
 
 import argparse
+import textwrap
 from typing import Callable
 
 from onwatch.cli.commands.desks import cmd_demo, cmd_tui, cmd_web
@@ -22,7 +23,7 @@ from onwatch.cli.commands.operator import act_command
 from onwatch.cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
 from onwatch.cli.output import BAD, PROG, CliError
 from onwatch.cli.running import run_async
-from onwatch.cli.values import default_actor, inbox_path, port, seconds, whole
+from onwatch.cli.values import inbox_path, port, seconds, whole
 from onwatch.core import ACTIONS
 
 
@@ -34,17 +35,123 @@ class Parser(argparse.ArgumentParser):
 
 
 EPILOG = """\
-examples:
+examples (every command's --help has its own):
   onwatch init alice.db
-  onwatch ingest alice.db chat msg-1 '{"text": "hello"}'
+  onwatch ingest alice.db chat msg-11 '{"text": "hello"}'
   onwatch worker alice.db --agent examples.refund_agent:handle
   onwatch status alice.db --json
   onwatch approve alice.db refund-msg-2 --actor ana --reason "customer verified"
   onwatch tui alice.db
 
-exit codes: 0 done · 1 not applied / refused · 2 bad usage, bad input or not an inbox ·
-3 inbox locked by another process for longer than --busy-timeout
+exit codes: 0 done · 1 not applied / refused (what stands is printed) · 2 bad usage, bad
+input or not an inbox · 3 inbox locked by another process for longer than --busy-timeout
 """
+
+# Every example below is run by tests/cli/test_help_examples.py, in order per command, in a
+# sandbox holding the files they name (tests/cli/sandbox.py): each must do its job (exit 0).
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "init": (
+        "onwatch init alice.db",
+        "onwatch init bob.db max_attempts=5 on_lost_claim=interrupt",
+    ),
+    "migrate": ("onwatch migrate alice.db", "onwatch migrate alice.db --json"),
+    "ingest": (
+        'onwatch ingest alice.db chat msg-11 \'{"text": "hello"}\'',
+        'echo \'{"action": "opened"}\' | onwatch ingest alice.db github delivery-42 -',
+    ),
+    "status": ("onwatch status alice.db", "onwatch status alice.db --json"),
+    "show": ("onwatch show alice.db 9", "onwatch show alice.db 9 --json"),
+    "events": (
+        "onwatch events alice.db                    # the pending ones",
+        "onwatch events alice.db dead",
+        "onwatch events alice.db done --after 2 --limit 3 --json",
+    ),
+    "approvals": ("onwatch approvals alice.db", "onwatch approvals alice.db --json"),
+    "audit": (
+        "onwatch audit alice.db",
+        "onwatch audit alice.db --target 'event 7' --json",
+    ),
+    "tui": (
+        "onwatch tui alice.db",
+        "onwatch tui inboxes/                       # the fleet desk: every inbox in the folder",
+        "onwatch tui alice.db --read-only",
+        "ONWATCH_ACTOR=ana onwatch tui alice.db",
+    ),
+    "demo": ("onwatch demo", "onwatch demo --live"),
+    "worker": (
+        "onwatch worker alice.db --agent examples.refund_agent:handle \\\n"
+        "    --setup examples.refund_agent:ensure_digest",
+        "onwatch worker alice.db --agent examples.refund_agent:handle --command 'cat >> out.txt'",
+        "onwatch worker alice.db --agent ./examples/refund_agent.py:handle --file sent.jsonl \\\n"
+        "    --holder box-1",
+    ),
+    "dispatch": (
+        "onwatch dispatch alice.db                  # one paced send, printed",
+        "onwatch dispatch alice.db --file sent.jsonl",
+        "onwatch dispatch alice.db --now --command 'cat >> out.txt' --reason 'customer waiting'",
+    ),
+    "requeue": ("onwatch requeue alice.db 7 --expect dead --reason 'parser fixed'",),
+    "cancel": ("onwatch cancel alice.db 8 --expect pending",),
+    "resolve": ("onwatch resolve alice.db 9 --reason 'the charge is in Stripe'",),
+    "bury": ("onwatch bury alice.db 10 --reason 'spam'",),
+    "approve": ("onwatch approve alice.db refund-msg-2 --actor ana --reason 'customer verified'",),
+    "deny": ("onwatch deny alice.db refund-msg-3 --reason 'over the limit'",),
+    "expire": ("onwatch expire alice.db refund-msg-4 --json",),
+    "mark-sent": ("onwatch mark-sent alice.db 1 --reason 'the customer has it'",),
+    "send-again": ("onwatch send-again alice.db 2",),
+    "pause": ("onwatch pause alice.db --reason 'deploying the new agent'",),
+    "resume": ("onwatch pause alice.db", "onwatch resume alice.db"),
+    "hold": ("onwatch hold alice.db --reason 'quiet hours'",),
+    "release": ("onwatch hold alice.db", "onwatch release alice.db"),
+    "config": (
+        "onwatch config alice.db",
+        "onwatch config alice.db max_pending=1000 max_runs_per_day=200 on_lost_claim=interrupt",
+        'onwatch config alice.db \'lost_claim_by_source={"stripe": "interrupt"}\' max_pending=none',
+    ),
+    "serve": (
+        "ONWATCH_GITHUB_SECRET='the secret typed into GitHub' onwatch serve alice.db",
+        'ONWATCH_HOOK_SECRET_CHAT="whsec_$(head -c 32 /dev/urandom | base64)" \\\n'
+        "    onwatch serve alice.db --port 9000",
+        "onwatch serve alice.db --config hooks.toml",
+    ),
+    "run": (
+        'ONWATCH_HOOK_SECRET_CHAT="whsec_$(head -c 32 /dev/urandom | base64)" \\\n'
+        "    onwatch run alice.db --agent examples.refund_agent:handle",
+        "onwatch run alice.db --agent examples.refund_agent:handle --config hooks.toml \\\n"
+        "    --port 9000 --file out.jsonl",
+    ),
+    "web": (
+        "onwatch web alice.db",
+        "onwatch web inboxes/ --read-only",
+        "ONWATCH_WEB_TOKEN=$(cat ~/.onwatch-web-token) onwatch web alice.db \\\n"
+        "    --public-url https://desk.example.org",
+    ),
+}
+
+
+def with_examples(command: str, epilog: str | None = None) -> str | None:
+    """`epilog` followed by the command's examples (EXAMPLES), as its --help ends. A new
+    action row without examples yet gets none (tests/cli/test_help_examples.py fails)."""
+    examples = EXAMPLES.get(command, ())
+    if not examples:
+        return epilog
+    lines = "\n".join(f"  {example}" for example in examples)
+    return (epilog.rstrip("\n") + "\n\n" if epilog else "") + f"examples:\n{lines}\n"
+
+
+JSON_OBJECT = "print one JSON object (sorted keys) instead of text"
+
+# What an operator action's exit code says, by what it acts on.
+ACTION_EXITS = {
+    "event": "exit 0 if this call changed the event; 1 if it did not (it was not in a state "
+    "this action applies to, or not in --expect's): what it is now is printed",
+    "approval": "exit 0 if this call's answer was stored; 1 if an answer already stood, the "
+    "deadline had passed (expired) or there is no such request (unknown): what stands is "
+    "printed",
+    "delivery": "exit 0 if this call settled the send; 1 if it was no longer uncertain",
+    "inbox": "exit 0 if this call changed the switch; 1 if it was already so (nothing "
+    "changed, as the audit log says)",
+}
 
 STATUS_EPILOG = """\
 --json prints one object (keys sorted):
@@ -63,6 +170,9 @@ STATUS_EPILOG = """\
   budgets                   {name: {limit, used (where counted), excess}}: excess is
                             "delayed" (max_runs_per_day), "refused" (max_pending,
                             max_followups_per_run) or "lost claim" (max_run_seconds)
+  uncertain_deliveries      at-most-once sends cut off mid-send (settle: mark-sent /
+                            send-again)
+  set_aside                 stored rows the engine could not process
 """
 
 CONFIG_EPILOG = """\
@@ -72,10 +182,6 @@ limit, else plain text (interrupt). Budgets (docs/rules.md#budgets):
   max_pending=N              excess refused: ingest exits 1 (BudgetExceeded)
   max_followups_per_run=N    excess refused: the run's finish fails, the event backs off
   max_run_seconds=N          excess treated as a lost claim (retry or interrupt)
-examples:
-  onwatch config alice.db
-  onwatch config alice.db max_pending=1000 max_runs_per_day=200 on_lost_claim=interrupt
-  onwatch config alice.db 'lost_claim_by_source={"stripe": "interrupt"}' max_pending=none
 """
 
 MIGRATE_EPILOG = """\
@@ -83,11 +189,7 @@ No other command migrates an inbox: reads, ingests and the desk work on the prev
 release's schema as it is. A worker of this release (worker, run) and init migrate too.
 Refused (exit 1, nothing changed) while a worker holds the lease: stop the workers of the
 older release first (each hands its lease back). See docs/rules.md, "Upgrading a running
-deployment".
-
-examples:
-  onwatch migrate alice.db
-  onwatch migrate postgresql://onwatch@db.example.org/agents
+deployment". A postgresql:// URL migrates every inbox of that database at once.
 """
 
 WORKER_EPILOG = """\
@@ -96,30 +198,22 @@ of core.Event; ctx.reply(text, urgent=False), ctx.ask_approval(request_id, expir
 action), ctx.follow_up(timer_id, due, payload=None, every=None), ctx.result = …, and
 `async with ctx.effect(name, detail) as key:` around an external effect.
 
-SIGTERM or Ctrl-C: the current run may finish within --grace seconds (else it is abandoned
-and recovered by the next worker under the lost-claim policy), the lease is released, exit 0.
-A second signal abandons the run at once.
-
-examples:
-  onwatch worker alice.db --agent examples.refund_agent:handle \\
-      --setup examples.refund_agent:ensure_digest
-  onwatch worker alice.db --agent my_agent:handle --command 'mail -s agent me@example.org'
-  onwatch worker alice.db --agent ./agent.py:handle --file sent.jsonl --holder box-1
+SIGTERM, SIGHUP or Ctrl-C: the current run may finish within --grace seconds (else it is
+abandoned and recovered by the next worker under the lost-claim policy), the lease is
+released, exit 0. A second signal abandons the run at once. Exit 4: the worker ended itself
+because an agent's code could not be stopped in its process (it swallowed its cancellation,
+or stayed in a call or held the event loop past the grace): start it again (a service
+manager's restart on failure does), or use --isolate.
 """
 
 
 WEB_EPILOG = """\
-The browser gets the same app as `onwatch tui TARGET`, one process per browser tab. The door
-is locked with a token: $ONWATCH_WEB_TOKEN (16 characters or more), or a new random one
-printed at start as part of the URL to open. The first visit with ?token= sets a session
-cookie and drops the token from the address bar. Listening beyond 127.0.0.1 needs
-$ONWATCH_WEB_TOKEN; put a TLS reverse proxy in front (see the README).
-
-examples:
-  onwatch web alice.db
-  onwatch web inboxes/ --read-only
-  ONWATCH_WEB_TOKEN=$(cat ~/.onwatch-web-token) onwatch web alice.db \\
-      --public-url https://desk.example.org
+The browser gets the same app as `onwatch tui TARGET`, one process per browser tab. It is
+served under a name of its own (http://desk-<random>.localhost:PORT; browsers resolve it to
+this machine) and opened with the link printed at start, whose login code works once. The
+login form takes the token: $ONWATCH_WEB_TOKEN (16 characters or more, not guessable), or the
+random one printed at start. Listening beyond 127.0.0.1 needs $ONWATCH_WEB_TOKEN and
+--public-url; put a TLS reverse proxy in front (see the README).
 """
 
 
@@ -132,15 +226,11 @@ def build_parser() -> Parser:
         metavar="SECONDS",
         help="how long to wait for another process's write lock (default 5)",
     )
-    as_json = Parser(add_help=False)
-    as_json.add_argument(
-        "--json", action="store_true", help="print one JSON object (sorted keys) instead of text"
-    )
     operator = Parser(add_help=False)
     operator.add_argument(
         "--actor",
-        default=default_actor(),
-        help="who acts, for the audit log (default $ONWATCH_ACTOR or cli:USER)",
+        metavar="NAME",
+        help="who acts, for the audit log (default: $ONWATCH_ACTOR, else your user name)",
     )
     operator.add_argument("--reason", help="why, for the audit log")
     channel = Parser(add_help=False)
@@ -192,9 +282,16 @@ def build_parser() -> Parser:
         type=seconds(allow_zero=True),
         default=10.0,
         metavar="SECONDS",
-        help="on SIGTERM, how long the current run may take to finish (default 10)",
+        help="on SIGTERM, how long the current run may take to finish, and how long a run "
+        "given up may take to end (default 10)",
     )
     agent.add_argument("--max-runs", type=whole(1), metavar="N", help="stop after N runs")
+    agent.add_argument(
+        "--isolate",
+        action="store_true",
+        help="run the agent in a process of its own, ended with SIGKILL when the worker "
+        "gives a run up: nothing the agent does can hold or end the worker",
+    )
     # What the webhook receiver takes, alone (`serve`) or inside `run`.
     receiver = Parser(add_help=False)
     receiver.add_argument(
@@ -204,6 +301,13 @@ def build_parser() -> Parser:
     receiver.add_argument("--config", metavar="FILE", help="sources and their secrets")
     receiver.add_argument(
         "--max-body", type=whole(1), metavar="BYTES", help="largest accepted body"
+    )
+    receiver.add_argument(
+        "--allow-host",
+        action="append",
+        metavar="NAME",
+        help="a name /metrics may be reached under besides addresses, localhost and this "
+        "machine's name (repeatable; other names are refused, against DNS rebinding)",
     )
     log_level = Parser(add_help=False)
     log_level.add_argument(
@@ -225,23 +329,29 @@ def build_parser() -> Parser:
         parents: tuple[Parser, ...] = (common,),
         epilog: str | None = None,
         path: bool = True,
+        json: str | None = None,
+        path_help: str = "the inbox: a file, or a postgresql:// URL with --inbox NAME",
     ) -> Parser:
+        """A subcommand; its --help ends with its EXAMPLES. `json` adds --json, saying
+        what it prints."""
         p = subs.add_parser(
             name,
             help=help_text,
             description=help_text,
             parents=list(parents),
-            epilog=epilog,
+            epilog=with_examples(name, epilog),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         if path:
-            p.add_argument("path", type=inbox_path, metavar="PATH", help="the inbox file")
+            p.add_argument("path", type=inbox_path, metavar="PATH", help=path_help)
             p.add_argument(
                 "--inbox",
                 default="default",
                 metavar="NAME",
                 help="which inbox of a postgresql:// database PATH (a file is one inbox)",
             )
+        if json is not None:
+            p.add_argument("--json", action="store_true", help=json)
         p.set_defaults(handler=handler)
         return p
 
@@ -249,7 +359,7 @@ def build_parser() -> Parser:
         "init",
         "create an inbox file (or check an existing one), optionally with settings",
         run_async(cmd_init),
-        (common, as_json),
+        json=JSON_OBJECT,
     )
     p.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="settings to store")
 
@@ -257,8 +367,8 @@ def build_parser() -> Parser:
         "migrate",
         "bring an inbox (or a postgresql:// database) to this release's schema",
         run_async(cmd_migrate),
-        (common, as_json),
         epilog=MIGRATE_EPILOG,
+        json=JSON_OBJECT,
         path=False,  # a database migrates as a whole: no --inbox
     )
     p.add_argument(
@@ -269,9 +379,7 @@ def build_parser() -> Parser:
         "ingest",
         "store an event; prints 'stored' or 'duplicate' (both exit 0)",
         run_async(cmd_ingest),
-        (common, as_json),
-        epilog='example: onwatch ingest alice.db github delivery-42 \'{"action": '
-        "\"opened\"}'\n(JSON '-' reads the payload from stdin)",
+        json=JSON_OBJECT,
     )
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("source_id", metavar="SOURCE_ID", help="dedupe key within SOURCE")
@@ -281,20 +389,23 @@ def build_parser() -> Parser:
         "status",
         "counts, lease, switches, next timer and send, budgets",
         run_async(cmd_status),
-        (common, as_json),
         epilog=STATUS_EPILOG,
+        json=JSON_OBJECT,
     )
 
     p = sub(
-        "show", "one event with its runs and effect journal", run_async(cmd_show), (common, as_json)
+        "show",
+        "one event with its runs and effect journal",
+        run_async(cmd_show),
+        json="print one JSON object {event, runs, effects} (sorted keys) instead of text",
     )
     p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
 
     p = sub(
         "events",
-        "list events in one state (keyset pages by id)",
+        "list the events in one state, oldest id first (a page of --limit; --after pages on)",
         run_async(cmd_events),
-        (common, as_json),
+        json="print one JSON list of events, oldest id first (keys sorted) instead of text",
     )
     p.add_argument(
         "status",
@@ -302,36 +413,56 @@ def build_parser() -> Parser:
         default="pending",
         metavar="STATE",
         choices=("pending", "running", "done", "dead", "interrupted", "cancelled"),
+        help="pending (the default), running, done, dead, interrupted or cancelled",
     )
-    p.add_argument("--limit", type=whole(1), default=50)
-    p.add_argument("--after", type=whole(0), metavar="EVENT_ID", help="page after this id")
+    p.add_argument(
+        "--limit", type=whole(1), default=50, metavar="N", help="events per page (default 50)"
+    )
+    p.add_argument(
+        "--after", type=whole(0), metavar="EVENT_ID", help="the page after this event id"
+    )
 
     p = sub(
         "approvals",
-        "list approval requests (waiting first)",
+        "list approval requests: the waiting ones first (soonest deadline), then answered",
         run_async(cmd_approvals),
-        (common, as_json),
+        json="print one JSON list of requests (keys sorted) instead of text",
     )
-    p.add_argument("--limit", type=whole(1), default=100)
+    p.add_argument(
+        "--limit", type=whole(1), default=100, metavar="N", help="how many (default 100)"
+    )
 
     p = sub(
         "audit",
         "the audit log: every operator action and refused stale write, newest page",
         run_async(cmd_audit),
-        (common, as_json),
+        json="print one JSON list of entries, newest first (keys sorted) instead of text",
     )
-    p.add_argument("--limit", type=whole(1), default=50, help="how many entries (newest)")
+    p.add_argument(
+        "--limit",
+        type=whole(1),
+        default=50,
+        metavar="N",
+        help="how many entries, the newest (default 50); text lists them oldest first",
+    )
     p.add_argument(
         "--target", metavar="TARGET", help="only this target: 'event 7', 'approval r1', 'paused'…"
     )
 
     p = sub(
         "tui",
-        "open the supervisor TUI on an inbox (or the fleet desk on a folder of inbox files)",
+        "open the supervisor desk on an inbox, or the fleet desk on many",
         cmd_tui,
         (),
+        path_help="an inbox file; a folder of inbox files (the fleet desk); or a "
+        "postgresql:// URL (the fleet desk over every inbox in it, or --inbox NAME for one)",
     )
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
+    p.add_argument(
+        "--actor",
+        metavar="NAME",
+        help="who the desk's actions are audited as (default: $ONWATCH_ACTOR, else your user name)",
+    )
     p.set_defaults(inbox=None)  # no --inbox on a database URL: the fleet desk over every inbox
 
     p = sub(
@@ -356,7 +487,8 @@ def build_parser() -> Parser:
     p.add_argument(
         "--host",
         default="127.0.0.1",
-        help="address to listen on (default 127.0.0.1; any other needs $ONWATCH_WEB_TOKEN)",
+        help="address to listen on (default 127.0.0.1; any other needs $ONWATCH_WEB_TOKEN "
+        "and --public-url)",
     )
     p.add_argument("--port", type=port, default=8000, help="port (default 8000)")
     p.add_argument("--read-only", action="store_true", help="no actions, only watching")
@@ -364,7 +496,7 @@ def build_parser() -> Parser:
         "--public-url",
         metavar="URL",
         help="the address browsers use, when behind a reverse proxy "
-        "(e.g. https://desk.example.org)",
+        "(e.g. https://desk.example.org); the desk answers under that name only",
     )
 
     p = sub(
@@ -412,7 +544,8 @@ def build_parser() -> Parser:
         "dispatch",
         "send what the outbox allows now (one paced send)",
         run_async(cmd_dispatch),
-        (common, as_json, channel, operator),
+        (common, channel, operator),
+        json="print one JSON object {sent, next_send_at, error} (sorted keys) instead of text",
     )
     p.add_argument(
         "--now",
@@ -425,10 +558,9 @@ def build_parser() -> Parser:
             action.command,
             action.help,
             act_command(action.name),
-            (common, as_json, operator),
-            epilog="exit 0 if this answer stands, 1 if another one (or 'unknown') does"
-            if action.target == "approval"
-            else None,
+            (common, operator),
+            epilog=textwrap.fill(ACTION_EXITS[action.target], 88),
+            json=JSON_OBJECT,
         )
         if action.target == "event":
             p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
@@ -446,8 +578,8 @@ def build_parser() -> Parser:
         "config",
         "show settings, or set KEY=VALUE ones (budgets included)",
         run_async(cmd_config),
-        (common, as_json),
         epilog=CONFIG_EPILOG,
+        json="print the settings as one JSON object (sorted keys) instead of text",
     )
     p.add_argument("settings", nargs="*", metavar="KEY=VALUE")
 
@@ -456,6 +588,7 @@ def build_parser() -> Parser:
         "receive signed webhooks into the inbox (ack only once stored)",
         cmd_serve,
         (common, receiver),
+        epilog=SERVE_EPILOG,
     )
 
     sub(
@@ -472,9 +605,17 @@ RUN_EPILOG = """\
 One process, one inbox: webhook deliveries are answered 2xx once committed, and the commit
 wakes the worker in the same process at once. SIGTERM/SIGINT: the current run may finish
 within --grace, the lease is released, then the server stops (requests in flight finish);
-exit 0. Secrets come from the environment or --config, as for `onwatch serve`.
+exit 0 (SIGHUP too; exit 4 as for `onwatch worker`). Secrets come from the environment or
+--config, as for `onwatch serve` (see its --help).
+"""
 
-examples:
-  ONWATCH_HOOK_SECRET_CHAT=s3cret onwatch run alice.db --agent examples.refund_agent:handle
-  onwatch run alice.db --agent my_agent:handle --config hooks.toml --port 9000 --file out.jsonl
+SERVE_EPILOG = """\
+Each route needs a secret, from the environment (a comma-separated list is several, for a
+rotation) or from --config FILE; never from the command line, where ps shows it:
+  ONWATCH_GITHUB_SECRET         POST /hooks/github   (X-Hub-Signature-256)
+  ONWATCH_STRIPE_SECRET         POST /hooks/stripe   (Stripe-Signature; the whsec_… secret)
+  ONWATCH_HOOK_SECRET_<SOURCE>  POST /hooks/<source> (Standard Webhooks: whsec_ and the
+                                base64 of 16 random bytes or more; <source> lower-cased)
+Without any secret serve refuses to start (exit 2). A delivery is answered 2xx only once
+its event is on disk (202 new, 200 duplicate); see the README's "Receiving webhooks".
 """

@@ -8,22 +8,33 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import hashlib
 import importlib
-import importlib.util
 import inspect
+import logging
 import os
 import signal
 import sys
 import threading
 import time
-import types
 from typing import Any, Callable, Coroutine, TypeVar
 
 from onwatch.cli.output import CliError, fail, one_line
 from onwatch.core import Inbox, InboxError
+from onwatch.core.runtime.loading import LoadError, load
 
 T = TypeVar("T")
+
+# The signals that ask a long-running command to stop: SIGTERM (a service manager, kill),
+# SIGINT (Ctrl-C) and SIGHUP (the terminal closed, an ssh session dropped). SIGHUP's default
+# would kill the worker outright, its run unfinished and its lease held for the whole TTL.
+STOP_SIGNALS: tuple[signal.Signals, ...] = tuple(
+    getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, name)
+)
+# Tasks that did not end when the command ended and were cancelled (an agent's task that
+# swallows cancellation): kept here, so that they are not destroyed mid-way, until
+# leave_no_thread_behind ends the process without them.
+_stray_tasks: list[asyncio.Task[Any]] = []
+_linger: list[float] = []  # set by expect_strays(): how long to wait for them, if not LINGER
 
 
 async def open_inbox(
@@ -51,10 +62,11 @@ def run_async(
 
 
 def run_loop(coro: Coroutine[Any, Any, T]) -> T:
-    """asyncio.run, except that it never waits for threads it handed work to (a plain-def
-    agent or channel run through asyncio.to_thread): asyncio.run joins them without a
-    timeout, so one stuck in a call kept a stopped or crashed worker alive for ever.
-    Whatever still runs in them is abandoned; main() makes sure the process ends."""
+    """asyncio.run, except that it never waits for ever: not for threads it handed work to
+    (a channel run through asyncio.to_thread; asyncio.run joins them without a timeout, so
+    one stuck in a call kept a stopped or crashed worker alive for ever), nor for tasks left
+    running that ignore their cancellation (an agent that swallows CancelledError). Those
+    get LINGER seconds, then are abandoned; main() makes sure the process ends."""
     loop = asyncio.new_event_loop()
     executor = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="onwatch-call")
     loop.set_default_executor(executor)
@@ -67,8 +79,13 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
             for task in tasks:
                 task.cancel()
             if tasks:
-                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.run_until_complete(asyncio.wait(tasks, timeout=_lingering()))
+                for task in tasks:
+                    if not task.done():
+                        _stray_tasks.append(task)
+                    elif not task.cancelled():
+                        task.exception()  # retrieved: ended with an error while stopping
+            loop.run_until_complete(_bounded(loop.shutdown_asyncgens()))
         finally:
             executor.shutdown(wait=False, cancel_futures=True)
             asyncio.set_event_loop(None)
@@ -78,11 +95,27 @@ def run_loop(coro: Coroutine[Any, Any, T]) -> T:
 LINGER = 1.0  # seconds a finished command waits for stray threads before leaving without them
 
 
+async def _bounded(coro: Coroutine[Any, Any, None]) -> None:
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(coro, _lingering())
+
+
+def expect_strays() -> None:
+    """The command knows that code it could not stop is still running (a worker ended
+    itself for it): waiting LINGER for it would only give it more time to act."""
+    _linger[:] = [0.1]
+
+
+def _lingering() -> float:
+    return _linger[0] if _linger else LINGER
+
+
 def leave_no_thread_behind(code: int) -> None:
     """End the process now if threads that the command started are still running (an agent
-    stuck in a call, a thread its code started): the interpreter would otherwise wait for
-    them at exit, and a stopped or crashed worker would never exit."""
-    deadline = time.monotonic() + LINGER
+    stuck in a call, a thread its code started), or tasks that would not be cancelled: the
+    interpreter would otherwise wait for the threads at exit, and a stopped or crashed
+    worker would never exit (and a destroyed task would run its agent's code once more)."""
+    deadline = time.monotonic() + _lingering()
     for thread in threading.enumerate():
         if thread is threading.main_thread() or thread.daemon:
             continue
@@ -92,62 +125,56 @@ def leave_no_thread_behind(code: int) -> None:
         for t in threading.enumerate()
         if t is not threading.main_thread() and not t.daemon and t.is_alive()
     ]
-    if not stray:
+    tasks = [t for t in _stray_tasks if not t.done()]
+    if not stray and not tasks:
         return
-    fail(
-        f"leaving {len(stray)} thread(s) still running ({', '.join(stray[:3])}): the "
-        f"command ended, the process ends too"
-    )
+    left = []
+    if tasks:
+        left.append(f"{len(tasks)} task(s) that ignored their cancellation")
+    if stray:
+        left.append(f"{len(stray)} thread(s) still running ({', '.join(stray[:3])})")
+    fail(f"leaving {' and '.join(left)}: the command ended, the process ends too")
+    end_process(code)
+
+
+def end_process(code: int) -> None:
+    """Flush what was written and end the process with `code` at once: no thread is
+    joined, no task is run again."""
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
     os._exit(code)
 
 
+def early_stops() -> list[int]:
+    """Record stop signals that arrive while a command starts up (before its loop can
+    handle them): the command stops as soon as it can, and still cleanly."""
+    early: list[int] = []
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda number, frame: early.append(number))
+    return early
+
+
+def stop_on_signals(request_stop: Callable[[], None], early: list[int]) -> None:
+    """From now on every stop signal calls `request_stop` on the running loop (a second
+    one means: now); one that came during start-up is acted on at once."""
+    loop = asyncio.get_running_loop()
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, request_stop)
+    if early:
+        request_stop()
+
+
 def load_callable(spec: str, what: str) -> Callable[..., Any]:
-    """'package.module:function' or 'path/to/file.py:function' → the function."""
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise CliError(f"{what} must look like module:function, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
+    """'package.module:function' or 'path/to/file.py:function' → the function (exit 2 with
+    the reason when it is not one)."""
     try:
-        if module_name.endswith(".py") or os.sep in module_name:
-            module = _load_file(module_name, what)
-        else:
-            module = importlib.import_module(module_name)
-    except CliError:
-        raise
-    except FileNotFoundError:
-        raise CliError(f"{what}: no file {module_name}") from None
-    except (Exception, SystemExit) as exc:  # sys.exit() at import is a failed import too
-        raise CliError(
-            f"{what}: cannot import {module_name}: {type(exc).__name__}: {one_line(exc)}"
-        ) from None
-    fn: object = getattr(module, attr, None)
-    if not callable(fn):
-        raise CliError(f"{what}: {module_name} has no function {attr!r}")
-    return fn
-
-
-def _load_file(path: str, what: str) -> types.ModuleType:
-    """Run a .py file as a module once, registered in sys.modules like any import: an
-    agent and its setup from one file share its globals, and @dataclass (which looks its
-    module up there) works in it."""
-    name = "onwatch_file_" + hashlib.sha256(os.path.realpath(path).encode()).hexdigest()[:16]
-    if name in sys.modules:
-        return sys.modules[name]
-    location = importlib.util.spec_from_file_location(name, path)
-    if location is None or location.loader is None:
-        raise CliError(f"{what}: cannot load {path}")
-    module = importlib.util.module_from_spec(location)
-    sys.modules[name] = module
-    try:
-        location.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+        return load(spec, what)
+    except LoadError as exc:
+        raise CliError(str(exc)) from None
 
 
 def setup_step(setup: Callable[..., Any], spec: str) -> Callable[[Inbox], Any]:
@@ -172,12 +199,12 @@ def setup_step(setup: Callable[..., Any], spec: str) -> Callable[[Inbox], Any]:
 def restoring_signals(
     handler: Callable[[argparse.Namespace], int],
 ) -> Callable[[argparse.Namespace], int]:
-    """Put SIGTERM/SIGINT handling back as it was when `handler` returns: main() may be
+    """Put the stop signals' handling back as it was when `handler` returns: main() may be
     called in-process (by a test, or a program embedding the command line)."""
 
     @functools.wraps(handler)
     def run(args: argparse.Namespace) -> int:
-        saved = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+        saved = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
         try:
             return handler(args)
         finally:

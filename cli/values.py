@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import math
-import os
 from typing import Any, Callable
 
 from onwatch.cli.output import CliError, clip
+from onwatch.core.actions import check_actor, operator_name
 
 
 def parse_value(text: str, key: str = "value") -> Any:
@@ -104,11 +103,8 @@ def port(text: str) -> int:
     return value
 
 
-def default_actor() -> str:
-    env = os.environ.get("ONWATCH_ACTOR")
-    if env:
-        return env
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:  # no user name in this environment
-        return "cli"
+def actor_of(args: argparse.Namespace) -> str:
+    """Who acts, for the audit log: `--actor`, else `$ONWATCH_ACTOR`, else the operating
+    system's user. Raises BadInput (exit 2) for a name the audit log refuses."""
+    given = getattr(args, "actor", None)
+    return operator_name() if given is None else check_actor(given, what="--actor")

@@ -5,6 +5,7 @@ from .clock import MAX_DURATION, MAX_TIME, Clock, FakeClock, SystemClock
 from .errors import (
     BadInput,
     BudgetExceeded,
+    ConnectionLost,
     FileLost,
     InboxBusy,
     InboxError,
@@ -32,6 +33,7 @@ from .records import (
     Run,
     Timer,
 )
+from .runtime.context import RunContext
 from .settings import Settings
 
 __all__ = [
@@ -50,6 +52,7 @@ __all__ = [
     "AuditEntry",
     "BadInput",
     "BudgetExceeded",
+    "ConnectionLost",
     "Clock",
     "Delivery",
     "Effect",
@@ -69,6 +72,7 @@ __all__ = [
     "ReadOnlyInbox",
     "Reply",
     "Run",
+    "RunContext",
     "Settings",
     "SystemClock",
     "Timer",

@@ -4,8 +4,12 @@ action returns, so nobody re-reads the audit log to learn what happened."""
 
 from __future__ import annotations
 
+import getpass
+import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
+
+from .errors import BadInput
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +192,41 @@ class Outcome:
 
     def __bool__(self) -> bool:
         return self.applied
+
+
+ACTOR_ENV = "ONWATCH_ACTOR"
+MAX_ACTOR = 200  # characters: what the audit log takes (Inbox methods' `actor=`)
+
+
+def check_actor(name: object, *, what: str = "actor") -> str:
+    """`name` if the audit log takes it as an actor (non-empty text of at most MAX_ACTOR
+    characters, no NUL, valid Unicode); raises BadInput saying what is wrong."""
+    if not isinstance(name, str) or not name.strip():
+        raise BadInput(f"{what} must be a non-empty name")
+    if len(name) > MAX_ACTOR:
+        raise BadInput(f"{what} is {len(name)} characters; the limit is {MAX_ACTOR}")
+    if "\x00" in name:
+        raise BadInput(f"{what} must not contain NUL characters")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadInput(f"{what} is not valid Unicode text") from None
+    return name
+
+
+def operator_name(environ: Mapping[str, str] | None = None) -> str:
+    """Who acts, for the audit log, when nobody says: `$ONWATCH_ACTOR`, else the operating
+    system's user name (the uid where the system has no name for it), so that in a team the
+    log tells who approved a refund. Raises BadInput for an `$ONWATCH_ACTOR` the audit log
+    would refuse."""
+    env = os.environ if environ is None else environ
+    named = env.get(ACTOR_ENV)
+    if named:
+        return check_actor(named, what=f"${ACTOR_ENV}")
+    try:
+        return check_actor(getpass.getuser(), what="the user name")
+    except (OSError, KeyError, BadInput):  # no passwd entry and no $USER (a bare container)
+        return f"uid {os.getuid()}" if hasattr(os, "getuid") else "operator"
 
 
 # The audit words older versions wrote for an operator action → the action's one name.

@@ -71,8 +71,11 @@ async def connect(
     timeout = _check_options(create, busy_timeout)
     from .sqlite.db import Database as File
 
+    # Made absolute once, here: an agent that changes directory later must not make this
+    # inbox look deleted, nor a reader opened later open another file.
+    path = os.path.abspath(text)
     return await File.open(
-        target,
+        path,
         create=create and not read_only,
         busy_timeout=timeout,
         factory=connection_factory,

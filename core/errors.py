@@ -41,3 +41,11 @@ class FileLost(InboxError):
 class UpgradeRefused(InboxError):
     """A schema migration was refused: a worker that has not been upgraded still holds the
     inbox's lease, or the inbox cannot be written. Nothing was changed."""
+
+
+class ConnectionLost(InboxBusy):
+    """The database server could not be reached (a restart, a network cut, a server that
+    stopped answering). Like a lock held too long it is worth another try later, and
+    everything that retries on InboxBusy retries on it; the connection is reopened at the
+    next transaction. A write cut off may or may not have committed: the caller must find
+    out, or act so that either way is safe (dedupe keys, fencing; docs/rules.md)."""

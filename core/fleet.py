@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Protocol
 from urllib.parse import quote
 
-from .engine import outbox, reads
+from .engine import outbox, reads, timers
 from .clock import Clock
 from .errors import BadInput, InboxError, NotAnInbox
 from .inbox import Inbox
@@ -31,6 +31,7 @@ from .records import Approval, Lease
 from .settings import Settings
 from .sqlite import schema
 from .sqlite.tx import SqliteTx
+from .pg import said
 
 if TYPE_CHECKING:
     import psycopg
@@ -79,6 +80,10 @@ class InboxSummary:
     next_send_at: int | None = None
     outbox_held: bool = False
     paused: bool = False
+    # when the oldest pending event arrived, and the soonest timer the scheduler can fire:
+    # how long work has waited for a worker (the desk says so when no worker holds the lease)
+    oldest_pending: int | None = None
+    next_timer_due: int | None = None
     # runs in the hour before `read_at`: (minute, runs, failed runs) per minute with runs
     activity: tuple[tuple[int, int, int], ...] = ()
     signature: tuple[int, ...] = field(default=(), compare=False)  # file times and sizes
@@ -86,6 +91,19 @@ class InboxSummary:
     @property
     def soonest_due(self) -> int | None:
         return self.approvals[0].due if self.approvals else None
+
+    def waiting_since(self, now: int) -> int | None:
+        """Since when work has been waiting for a worker at `now`: the arrival of the oldest
+        pending event, or a timer's due instant once it passed (a timer fires only in a
+        worker); None when nothing waits."""
+        since = [at for at in (self.oldest_pending,) if at is not None and self.pending]
+        if self.next_timer_due is not None and self.next_timer_due <= now:
+            since.append(self.next_timer_due)
+        return min(since) if since else None
+
+    def served(self, now: int) -> bool:
+        """Whether a worker holds the lease at `now` (it may be paused: that is on purpose)."""
+        return self.lease is not None and self.lease.until >= now
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +224,10 @@ def _summarise(
     ).fetchone()
     activity = reads.run_activity(tx, now - HOUR)
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
+    # The oldest by id: a probe of the (status, id) index, not a scan of the pending rows.
+    oldest = db.execute(
+        "SELECT created FROM events WHERE status = 'pending' ORDER BY id LIMIT 1"
+    ).fetchone()
     meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('paused', 'outbox_held')"))
     return InboxSummary(
         key,
@@ -225,6 +247,8 @@ def _summarise(
         next_send_at=outbox.next_send_at(tx) if held else None,
         outbox_held=bool(meta.get("outbox_held")),
         paused=bool(meta.get("paused")),
+        oldest_pending=oldest[0] if oldest else None,
+        next_timer_due=timers.next_timer_due(tx),
         activity=activity,
         signature=signature,
     )
@@ -375,7 +399,7 @@ class DatabaseFleet:
         try:
             self._connect()
         except psycopg.Error as exc:
-            raise InboxError(f"{self.shown_url}: {str(exc).strip()}") from None
+            raise InboxError(f"{self.shown_url}: {said(exc)}") from None
 
     def close(self) -> None:
         if self._conn is not None:
@@ -408,7 +432,7 @@ class DatabaseFleet:
         except (psycopg.Error, InboxError, OSError) as exc:
             self.close()
             raise InboxError(
-                f"lost the connection to {self.shown_url} ({str(exc).strip()}); "
+                f"lost the connection to {self.shown_url} ({said(exc)}); "
                 f"trying again every second, showing what was last read"
             ) from None
         fresh = {row[1]: self._summary(row, now) for row in rows}
@@ -445,6 +469,8 @@ class DatabaseFleet:
             activity,
             held,
             undelivered,
+            oldest_pending,
+            next_timer_due,
         ) = row
         next_send_at = None
         if undelivered:
@@ -468,6 +494,8 @@ class DatabaseFleet:
             next_send_at=next_send_at,
             outbox_held=bool(outbox_held),
             paused=bool(paused),
+            oldest_pending=oldest_pending,
+            next_timer_due=next_timer_due,
             activity=tuple((a[0], a[1], a[2]) for a in activity),
             signature=(changes,),
         )

@@ -555,15 +555,18 @@ class Inbox:
     async def next_timer_due(self) -> int | None:
         return await self._db.call(timers.next_timer_due)
 
-    async def next_wake(self, *, now: int | None = None) -> int | None:
+    async def next_wake(self, *, now: int | None = None, sends: bool = True) -> int | None:
         """The earliest instant something becomes due: a timer, a backed-off event, or a
         held outbox send. A worker may sleep until then (or until a new event arrives).
 
         Only what can actually happen counts: nothing the held outbox would send, no pending
         event while paused, and while the runs-per-day budget is used up, the instant its
-        window frees a slot. So the answer is never a past instant that nothing will act on.
+        window frees a slot; sends=False leaves the outbox out (a worker with no channel to
+        send through). So the answer is never a past instant that nothing will act on.
         """
-        return await self._db.read(reads.next_wake, self._now(now))
+        if not isinstance(sends, bool):
+            raise BadInput(f"sends must be True or False, got {show(sends)}")
+        return await self._db.read(reads.next_wake, self._now(now), sends)
 
     # --- approvals ------------------------------------------------------------------------
 

@@ -22,8 +22,7 @@ import os
 import re
 from typing import Any
 
-from onwatch import Event, Inbox
-from onwatch.core.worker import RunContext
+from onwatch import Event, Inbox, RunContext
 
 DAY = 86_400
 APPROVAL_WINDOW = 4 * 3600

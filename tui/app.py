@@ -14,7 +14,7 @@ import os
 import sys
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Hashable, Iterable
 
 from rich.console import Group as RenderGroup
 from textual import events
@@ -36,6 +36,7 @@ from onwatch.core import (
     Overview,
     SystemClock,
 )
+from onwatch.core.actions import check_actor, operator_name
 from onwatch.core.fleet import DatabaseFleet, FleetSource, FolderFleet, run_activity
 from onwatch.core.pg import is_url
 from onwatch.core.connection import SLOW_POLL
@@ -46,8 +47,8 @@ from .panes import PANES, Pane
 from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
 from .panes.status import StatusStrip
-from .timefmt import compact_count
-from .safe import join, safe_text
+from .timefmt import WALL, Times, compact_count
+from .safe import join, safe_plain, safe_text
 from .screens.confirm import ConfirmScreen, Subject
 from .screens.detail import DetailScreen, load_detail
 from .screens.filter import FilterScreen
@@ -74,7 +75,8 @@ class OnwatchApp(App[int]):
 
     CSS_PATH = "app.tcss"
     TITLE = "onwatch"
-    ACTOR = "operator"  # who the audit log says acted
+    ACTOR: str | None = None  # a fixed actor (the demos' "viewer"); else see __init__
+    TIMES: Times = WALL  # how instants are worded (the scenario player's clock is simulated)
     POLL_SECONDS = 0.5
     FALLBACK_POLL_SECONDS = 1.0  # while the notifier runs: it also retries a failed read
     TICK_SECONDS = 1.0
@@ -98,10 +100,10 @@ class OnwatchApp(App[int]):
         Binding(
             "s",
             "send_now",
-            "Send → file",
+            "Write out",
             id="send-now",
-            tooltip="every held message is appended now to a log file beside the inbox "
-            "(the desk has no channel), ignoring the gap (confirmed)",
+            tooltip="append every held message to a log file beside the inbox and mark "
+            "them sent: nobody receives them, the desk has no channel (confirmed)",
         ),
         Binding(
             "R",
@@ -119,9 +121,17 @@ class OnwatchApp(App[int]):
             "fleet",
             "Fleet",
             id="fleet",
-            tooltip="every inbox of the fleet (esc too), the cursor on this one",
+            tooltip="every inbox of the fleet, the cursor on this one",
         ),
-        Binding("escape", "fleet", "Fleet", show=False, id="fleet-escape"),
+        Binding(
+            "escape",
+            "leave",
+            "Back",
+            show=False,
+            id="fleet-escape",
+            key_display="esc",
+            tooltip="back where this inbox was opened from: the fleet, or all approvals",
+        ),
     ]
 
     def __init__(
@@ -131,8 +141,12 @@ class OnwatchApp(App[int]):
         clock: Clock | None = None,
         read_only: bool = False,
         fleet: FleetSource | None = None,
+        actor: str | None = None,
     ) -> None:
-        """Raises BadInput without an inbox and without a clock (the clock is the inbox's)."""
+        """`actor` is who the audit log says acted: by default `$ONWATCH_ACTOR`, else the
+        operating system's user (core.actions.operator_name). Raises BadInput without an
+        inbox and without a clock (the clock is the inbox's), or for an actor the audit log
+        refuses."""
         if clock is None:
             if inbox is None:
                 raise BadInput("a clock is needed when no inbox is given (the fleet desk)")
@@ -144,6 +158,8 @@ class OnwatchApp(App[int]):
         self.inbox = inbox
         self.clock = clock
         self.read_only = read_only
+        self.times = self.TIMES
+        self.actor = check_actor(actor) if actor is not None else (self.ACTOR or operator_name())
         self.now = self.clock.now()
         self.overview: Overview | None = None
         self.loaded = asyncio.Event()  # set after the first full read (tests wait on it)
@@ -158,6 +174,8 @@ class OnwatchApp(App[int]):
         # inbox they show is the one chosen there (None until then).
         self.fleet = fleet
         self.fleet_desk: FleetDesk | None = None  # made at mount when fleet is set
+        # The all-approvals row this inbox was opened from: Escape goes back to that list.
+        self.back_to_queue: Hashable | None = None
 
     # --- layout ---------------------------------------------------------------------------
 
@@ -170,6 +188,7 @@ class OnwatchApp(App[int]):
             for pane_class in PANES:
                 pane = pane_class()
                 pane.read_only = self.read_only
+                pane.times = self.times
                 yield pane
         yield Footer()
 
@@ -428,7 +447,7 @@ class OnwatchApp(App[int]):
         if self.inbox is None:  # the fleet desk before an inbox was chosen: no rows
             return
         try:
-            title, body = await load_detail(self.inbox, record, self.clock.now())
+            title, body = await load_detail(self.inbox, record, self.clock.now(), self.times)
         except InboxError as exc:
             self.active_pane.show_outcome(f"cannot read the detail: {exc}", False)
             return
@@ -439,7 +458,7 @@ class OnwatchApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "reopen":
             return self.file_problem is not None
-        if action == "fleet":
+        if action in ("fleet", "leave"):
             return self.fleet is not None
         if action not in self.MUTATING and action != "act":
             return True
@@ -455,6 +474,8 @@ class OnwatchApp(App[int]):
                 return False
             on = overview is not None and bool(getattr(overview, row.switch))
             return ("true" if on else "false") in row.allowed
+        if self.inbox is not None and operator.outbox_log_path(self.inbox) is None:
+            return False  # a database's inbox has no file beside it to write to
         return True if overview is None or overview.held_messages else None
 
     def on_pane_action_requested(self, message: Pane.ActionRequested) -> None:
@@ -532,7 +553,9 @@ class OnwatchApp(App[int]):
                         )
                     )
                 )
-        return ConfirmScreen(question, subjects, now, note, where=_where(inbox or self.inbox))
+        return ConfirmScreen(
+            question, subjects, now, note, where=_where(inbox or self.inbox), times=self.times
+        )
 
     def _refuse_lost_file(self, pane: Pane) -> bool:
         """Say so and refuse when the path no longer names the opened file."""
@@ -575,19 +598,19 @@ class OnwatchApp(App[int]):
                 if on == "approval":
                     outcomes.append(
                         await operator.approval_action(
-                            inbox, action, target, now=now, actor=self.ACTOR
+                            inbox, action, target, now=now, actor=self.actor, times=self.times
                         )
                     )
                 elif on == "delivery":
                     outcomes.append(
                         await operator.delivery_action(
-                            inbox, action, target.id, now=now, actor=self.ACTOR
+                            inbox, action, target.id, now=now, actor=self.actor
                         )
                     )
                 else:
                     outcomes.append(
                         await operator.event_action(
-                            inbox, action, target, now=now, actor=self.ACTOR
+                            inbox, action, target, now=now, actor=self.actor
                         )
                     )
             outcome = operator.summarize(action, outcomes)
@@ -607,23 +630,33 @@ class OnwatchApp(App[int]):
             if action == "send_now":
                 held = self.overview.held_messages if self.overview else 0
                 log = operator.outbox_log_path(inbox)
-                question = f"Send {held:,} held message{'s' if held != 1 else ''} now?"
+                if log is None:  # no file beside a database's inbox (check_action hides s)
+                    return
+                them = "it" if held == 1 else "them"
+                question = (
+                    f"Write {held:,} held message{'s' if held != 1 else ''} to a file and "
+                    f"mark {them} sent?"
+                )
                 note = (
-                    f"They go out at once, ignoring the gap and any hold. The TUI has no "
-                    f"channel of its own: they are appended to {log}."
+                    f"Nobody receives {them}: the desk has no channel to your users. "
+                    f"{'It is' if held == 1 else 'They are'} appended to "
+                    f"{safe_plain(_shown_path(log), limit=300)} and leave"
+                    f"{'s' if held == 1 else ''} the "
+                    f"outbox as sent, so the worker will not send {them} either. To deliver "
+                    f"{them}, run `onwatch dispatch --now` with the agent's channel instead."
                 )
                 confirm = ConfirmScreen(question, [], self.now, note, where=_where(inbox))
                 if not await self.push_screen_wait(confirm):
-                    pane.show_outcome("not confirmed: nothing sent", None)
+                    pane.show_outcome("not confirmed: nothing written, nothing marked", None)
                     return
                 if self._refuse_lost_file(pane):
                     return
                 pane.show_outcome("waiting for the lock…", None)
-                outcome = await operator.send_now(inbox, now=self.clock.now(), actor=self.ACTOR)
+                outcome = await operator.send_now(inbox, now=self.clock.now(), actor=self.actor)
             else:
                 pane.show_outcome("waiting for the lock…", None)
                 outcome = await operator.flag_action(
-                    inbox, action, now=self.clock.now(), actor=self.ACTOR
+                    inbox, action, now=self.clock.now(), actor=self.actor
                 )
             pane.acted_on(pane.records())  # rows sent now leave: the outcome says so
             pane.show_outcome(outcome.text, outcome.applied)
@@ -657,7 +690,20 @@ class OnwatchApp(App[int]):
     def action_fleet(self) -> None:
         """Back to the Fleet view, its cursor on the inbox it was on."""
         if self.fleet is not None and not self._dialog_open():
+            self.back_to_queue = None
             self.push_screen("fleet")
+
+    def action_leave(self) -> None:
+        """Back where the inbox shown was opened from: the all-approvals list (its cursor on
+        the request it opened, if still waiting), or the Fleet view."""
+        if self.fleet is None or self._dialog_open():
+            return
+        back, self.back_to_queue = self.back_to_queue, None
+        self.push_screen("fleet")
+        if back is not None and self.fleet_desk is not None:
+            from .fleet.queue import ApprovalQueueScreen
+
+            self.push_screen(ApprovalQueueScreen(self.fleet_desk, select=back))
 
     async def switch_inbox(self, inbox: Inbox) -> None:
         """Show `inbox` in the panes instead of the one shown now, which is closed."""
@@ -692,7 +738,7 @@ class OnwatchApp(App[int]):
         app_bindings = [
             b
             for b in OnwatchApp.BINDINGS
-            if isinstance(b, Binding) and (b.action != "fleet" or (self.fleet and b.id == "fleet"))
+            if isinstance(b, Binding) and (b.action not in ("fleet", "leave") or self.fleet)
         ]
         # A subclass (the demo player) adds its own keys: they come first, under its title.
         added = [
@@ -746,10 +792,11 @@ class OnwatchApp(App[int]):
             "Every action is conditional on the state you saw: a row the worker changed "
             "meanwhile is reported, not overwritten.",
         ]
-        if self.inbox is not None:
+        log = operator.outbox_log_path(self.inbox) if self.inbox is not None else None
+        if log is not None:
             notes.append(
-                f"s has no channel of its own: held messages are appended to "
-                f"{operator.outbox_log_path(self.inbox)}."
+                f"s sends nothing to anyone: the desk has no channel. It appends the held "
+                f"messages to {_shown_path(log)} and marks them sent."
             )
         if self.read_only:
             notes.insert(0, "Read-only: every action is removed; you can watch and read.")
@@ -787,8 +834,11 @@ class OnwatchApp(App[int]):
             )
 
 
-def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
-    """Open the inbox at `path` and run the supervisor until the operator quits.
+def run(
+    path: str, *, read_only: bool = False, name: str = "default", actor: str | None = None
+) -> int:
+    """Open the inbox at `path` and run the supervisor until the operator quits; its actions
+    are audited as `actor` (see OnwatchApp).
 
     Returns the exit code: 0 after a normal quit; 2, with one line on stderr and no
     traceback, when the file is missing, not an onwatch inbox (foreign or damaged), or locked.
@@ -805,7 +855,7 @@ def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
             return 2
         try:
             # A file this user may not write (inbox.read_only says why) is watched only.
-            app = OnwatchApp(inbox, read_only=read_only or inbox.read_only is not None)
+            app = OnwatchApp(inbox, read_only=read_only or inbox.read_only is not None, actor=actor)
             code = await app.run_async()
             return code if isinstance(code, int) else (app.return_code or 0)
         finally:
@@ -814,9 +864,10 @@ def run(path: str, *, read_only: bool = False, name: str = "default") -> int:
     return asyncio.run(main())
 
 
-def run_fleet(target: str, *, read_only: bool = False) -> int:
+def run_fleet(target: str, *, read_only: bool = False, actor: str | None = None) -> int:
     """Open the fleet desk on a folder of inbox files, or on every inbox of a PostgreSQL
-    database (a `postgresql://` URL), until the operator quits.
+    database (a `postgresql://` URL), until the operator quits; its actions are audited as
+    `actor` (see OnwatchApp).
 
     Returns the exit code: 0 after a normal quit, 2 (one line on stderr) when `target` is
     neither a folder nor a reachable onwatch database.
@@ -833,7 +884,7 @@ def run_fleet(target: str, *, read_only: bool = False) -> int:
         return 2
 
     async def main() -> int:
-        app = OnwatchApp(None, clock=SystemClock(), read_only=read_only, fleet=source)
+        app = OnwatchApp(None, clock=SystemClock(), read_only=read_only, fleet=source, actor=actor)
         try:
             code = await app.run_async()
             return code if isinstance(code, int) else (app.return_code or 0)
@@ -851,3 +902,10 @@ def _where(inbox: Inbox | None) -> str:
     """How a confirmation names the inbox it writes to: its file's name, as in the status
     strip (for PostgreSQL, the database and the inbox's name)."""
     return "" if inbox is None else os.path.basename(inbox.path)
+
+
+def _shown_path(path: str) -> str:
+    """A file's path as an operator reads it best: relative to the folder the desk was
+    started in when it lies inside it, else whole."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith("..") else relative

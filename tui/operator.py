@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from onwatch.core import Approval, Event, Inbox, InboxError
+from onwatch.core.pg import is_url
 
 from .actions import KEYS
-from .timefmt import clock
+from .timefmt import WALL, Times
 
 # What a change of state means, seen from the operator's chair.
 _CHANGED = {
@@ -66,15 +67,19 @@ async def event_action(inbox: Inbox, action: str, event: Event, *, now: int, act
 
 
 async def approval_action(
-    inbox: Inbox, action: str, approval: Approval, *, now: int, actor: str
+    inbox: Inbox, action: str, approval: Approval, *, now: int, actor: str, times: Times = WALL
 ) -> Outcome:
-    """Approve, deny or expire one request; the outcome is the answer that stands."""
+    """Approve, deny or expire one request; the outcome is the answer that stands (its
+    instants worded by `times`)."""
     rid = approval.request_id
     try:
         outcome = await inbox.act(action, rid, now=now, actor=actor)
     except InboxError as exc:
         return Outcome(False, f"{rid}: not done: {exc}")
-    standing, applied = outcome.result, outcome.applied
+    # Stored by this call only if the request was still waiting: the engine's `applied`
+    # compares the standing answer with this one, so a "yes" given meanwhile by someone
+    # else read as this call's (its audit entry says refused).
+    standing, applied = outcome.result, outcome.applied and outcome.before == "waiting"
     if standing == "unknown":
         return Outcome(False, f"{rid}: no such request")
     if applied:
@@ -86,10 +91,10 @@ async def approval_action(
         and action != "expire"
         and (current is None or current.answered_at is None or current.answered_at >= due)
     ):
-        return Outcome(False, f"{rid}: too late: expired at {clock(due)}")
+        return Outcome(False, f"{rid}: too late: expired at {times.clock(due)}")
     by = ""
     if current is not None and current.answered_by:
-        by = f" (by {current.answered_by} at {clock(current.answered_at)})"
+        by = f" (by {current.answered_by} at {times.clock(current.answered_at)})"
     return Outcome(False, f"{rid}: already answered: {standing}{by}")
 
 
@@ -104,14 +109,20 @@ async def flag_action(inbox: Inbox, action: str, *, now: int, actor: str) -> Out
     return Outcome(False, f"changed meanwhile: {KEYS[action].already}; nothing changed")
 
 
-def outbox_log_path(inbox: Inbox) -> str:
-    """Where `s` (send now) delivers: a file next to the inbox, since the TUI has no channel."""
+def outbox_log_path(inbox: Inbox) -> str | None:
+    """Where `s` writes held messages: a file next to the inbox file, since the desk has no
+    channel to anyone; None for an inbox of a database (there is no file to be next to)."""
+    if is_url(inbox.path):  # "postgresql://… inbox NAME"
+        return None
     return f"{inbox.path}.outbox.log"
 
 
 async def send_now(inbox: Inbox, *, now: int, actor: str) -> Outcome:
-    """Flush held messages now, ignoring the gap and any hold, into the outbox log file."""
+    """Write the held messages to the outbox log file and mark them sent (through
+    `flush_outbox`: ignoring the gap and any hold, audited). Nobody receives them."""
     path = outbox_log_path(inbox)
+    if path is None:
+        return Outcome(False, "not written: a database's inbox has no file to write beside")
 
     def send(text: str) -> None:
         key = getattr(text, "key", "")
@@ -126,11 +137,16 @@ async def send_now(inbox: Inbox, *, now: int, actor: str) -> Outcome:
         return Outcome(False, f"not sent: {exc}")
     if sent:
         plural = "message" if sent == 1 else "messages"
-        return Outcome(True, f"sent {sent} held {plural} now → {os.path.basename(path)}")
+        return Outcome(
+            True,
+            f"wrote {sent} held {plural} to {os.path.basename(path)} and marked "
+            f"{'it' if sent == 1 else 'them'} sent (nobody received "
+            f"{'it' if sent == 1 else 'them'})",
+        )
     deliveries = await inbox.deliveries(limit=1)
     if deliveries and deliveries[0].status in ("failed", "dead") and deliveries[0].last_error:
-        return Outcome(False, f"send failed, the messages stay held: {deliveries[0].last_error}")
-    return Outcome(False, "nothing was held: nothing sent")
+        return Outcome(False, f"writing failed, the messages stay held: {deliveries[0].last_error}")
+    return Outcome(False, "nothing was held: nothing written")
 
 
 def summarize(action: str, outcomes: Sequence[Outcome]) -> Outcome:

@@ -1,6 +1,6 @@
 """Generate screenshots/*.svg: the supervisor on a seeded inbox at a fixed time, and the demo.
 
-    python -m tui.screenshots [OUT_DIR]     (default: screenshots/ next to this package)
+    python -m onwatch.tui.screenshots [OUT_DIR]     (default: screenshots/ at the top)
 
 The demo's own shots (screenshots/demo-*.svg) come from tui/demo/screenshots.py, called last.
 

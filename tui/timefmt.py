@@ -6,7 +6,17 @@ import time
 
 from onwatch.core.humanize import duration
 
-__all__ = ["ago", "clock", "compact_count", "countdown", "duration", "period", "stamp"]
+__all__ = [
+    "WALL",
+    "Times",
+    "ago",
+    "clock",
+    "compact_count",
+    "countdown",
+    "duration",
+    "period",
+    "stamp",
+]
 
 
 def period(seconds: int | None) -> str:
@@ -63,3 +73,21 @@ def compact_count(n: int) -> str:
     if n < 1_000_000:
         return f"{n // 1000}k"
     return f"{n / 1_000_000:.1f}M"
+
+
+class Times:
+    """How a desk words an instant: local wall time here. The demo's scenario player plays
+    on a simulated clock that starts in 1970, and words its instants as offsets from the
+    scenario's start instead ('t+2m11s'): its subclass is handed down to the detail view,
+    the confirmations, the outcomes and the Timers pane."""
+
+    def stamp(self, at: int | None) -> str:
+        """Date and time: '2024-05-01 14:02:07'."""
+        return stamp(at)
+
+    def clock(self, at: int | None, *, seconds: bool = False) -> str:
+        """Time of day: '14:02' (or '14:02:07')."""
+        return clock(at, seconds=seconds)
+
+
+WALL = Times()  # local wall time: every desk but the scenario player

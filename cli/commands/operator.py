@@ -1,6 +1,7 @@
 """The operator's actions from a shell, one subcommand per row of core.actions.ACTIONS
 (requeue, cancel, resolve, bury, approve, deny, expire, mark-sent, send-again, pause,
-resume, hold, release), each audited with --actor and --reason."""
+resume, hold, release), each audited with --actor and --reason. The exit code says what the
+audit log says: 0 when this call changed something, 1 when it did not."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from typing import Callable
 
 from onwatch.cli.output import NOT_APPLIED, OK, clip, emit_json, one_line
 from onwatch.cli.running import open_inbox, run_async
-from onwatch.core import ACTIONS
+from onwatch.cli.values import actor_of
+from onwatch.core import ACTIONS, Outcome
 
-_SWITCHED = {
+_SWITCHED = {  # the state that stands after the switch, applied or already so
     "pause": "execution paused: claims return nothing, intake goes on",
     "resume": "execution resumed",
     "hold": "outbox held: nothing is sent until `release`",
@@ -20,52 +22,57 @@ _SWITCHED = {
 }
 
 
+def applied(outcome: Outcome) -> bool:
+    """Whether the action changed anything, as its audit entry says. An approval action
+    counts only when it stored the answer: the engine's `applied` compares the answer that
+    stands with this action's, so approving a request already approved read as applied
+    while its audit entry said refused."""
+    if outcome.action in ("approve", "deny", "expire"):
+        return outcome.applied and outcome.before == "waiting"
+    return outcome.applied
+
+
 async def _act(args: argparse.Namespace, name: str) -> int:
     action = ACTIONS[name]
     target = {"event": "event_id", "approval": "request_id", "delivery": "delivery_id"}.get(
         action.target
     )
+    who = actor_of(args)  # a name the audit log refuses stops here, before the file opens
     async with await open_inbox(args) as inbox:
         outcome = await inbox.act(
             name,
             None if target is None else getattr(args, target),
             expect=getattr(args, "expect", None),
-            actor=args.actor,
+            actor=who,
             reason=args.reason,
         )
+    done = applied(outcome)
     if action.target == "approval":
         if args.json:
-            emit_json(
-                {
-                    "applied": outcome.applied,
-                    "request_id": args.request_id,
-                    "standing": outcome.result,
-                }
-            )
+            emit_json({"applied": done, "request_id": args.request_id, "standing": outcome.result})
         else:
             print(outcome.result)
     elif action.target == "inbox":
-        message = _SWITCHED.get(name, f"{name}: done")
+        state = _SWITCHED[name]
         if args.json:
-            emit_json({"changed": outcome.applied, str(action.switch): outcome.after == "true"})
+            emit_json({"changed": done, str(action.switch): outcome.after == "true"})
         else:
-            print(message if outcome.applied else f"already so: {message}")
-        return OK  # a switch already in place is not a failure
+            print(state if done else f"already so: {state}")
     elif args.json:
         assert target is not None  # only the inbox switches have none, handled above
         emit_json(
             {
                 "action": name,
-                "applied": outcome.applied,
+                "applied": done,
                 target: getattr(args, target),
                 "before": outcome.before,
-                "reason": None if outcome.applied else outcome.reason,
+                "reason": None if done else outcome.reason,
                 "status": outcome.after,
             }
         )
-    elif outcome.applied:
+    elif done:
         print(f"{name}: {outcome.target} was {outcome.before}, is now {outcome.after}")
-    if outcome.applied:
+    if done:
         return OK
     if not args.json:
         if action.target == "approval":
@@ -74,6 +81,8 @@ async def _act(args: argparse.Namespace, name: str) -> int:
                 if outcome.result == "unknown"
                 else f"the answer that stands is {outcome.result!r}"
             )
+        elif action.target == "inbox":
+            why = "it was already so; nothing changed"
         else:
             why = one_line(outcome.reason or "refused")
         shown = args.request_id if action.target == "approval" else outcome.target

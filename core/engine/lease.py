@@ -62,10 +62,16 @@ def renewed_without_write(tx: Tx, holder: str, now: int | None, fresh: bool = Fa
 
 
 def renew(tx: Tx, holder: str, gen: int, now: int | None) -> bool:
-    """Extend the lease only for the exact unexpired generation (a fenced renewal)."""
+    """Extend the lease for exactly this holder and generation (a fenced renewal). A lease
+    that lapsed while nobody took it over (the generation is still this one: a takeover
+    would have made the next) is renewed too: a worker whose renewal came late, or whose
+    wall clock stepped forward, keeps its run rather than abandon it to nobody. A lease its
+    holder handed back stays handed back."""
     now = tx.now(now)
     state = tx.state()
-    if not state.holds(holder, gen, now):
+    if not state.holds(holder, gen, now) and (
+        state.holder != holder or state.gen != gen or tx.meta("released_gen") == gen
+    ):
         refuse(tx, "renew", holder, gen, now)
         return False
     until = now + state.settings.lease_ttl

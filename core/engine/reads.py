@@ -161,12 +161,13 @@ def overview(tx: Tx, now: int | None) -> Overview:
     )
 
 
-def next_wake(tx: Tx, now: int | None) -> int | None:
+def next_wake(tx: Tx, now: int | None, sends: bool = True) -> int | None:
     """The earliest of: next timer, next backed-off pending event, next allowed send —
     counting only what can happen then. While the outbox is held no send is due; while
     paused no event is; while the runs-per-day budget is used up, events wait for the
-    instant the window frees a slot. (A past instant nothing acts on would make a worker
-    wait for its next renewal instead, and a timer due meanwhile would fire late.)"""
+    instant the window frees a slot; with sends=False (a worker with no channel to send
+    through), no send at all. (A past instant nothing acts on would make a worker wait for
+    its next renewal instead, and a timer due meanwhile would fire late.)"""
     now = tx.now(now)
     settings = load_settings(tx)
     candidates = [next_timer_due(tx)]
@@ -177,7 +178,7 @@ def next_wake(tx: Tx, now: int | None) -> int | None:
             oldest = tx.run("runs_counted_oldest", since=now - DAY, offset=limit - 1).fetchone()
             pending = when_runs_allow(pending, oldest and oldest[0])
         candidates.append(pending)
-    if not tx.meta("outbox_held"):
+    if sends and not tx.meta("outbox_held"):
         # A send that a crashed dispatcher left half-done may be retried from then on.
         candidates += [next_send_at(tx), tx.one("delivery_next_retry")[0]]
     return earliest(candidates)

@@ -32,3 +32,10 @@ def redact(url: str) -> str:
             shown = [(k, "***" if k.lower() in SECRET_PARAMETERS else v) for k, v in pairs]
             parts = parts._replace(query=urlencode(shown, safe="*"))
     return urlunsplit(parts)
+
+
+def said(exc: BaseException) -> str:
+    """What a driver's error says, on one line: its first (libpq adds hint lines, which
+    would break a log record in several)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -32,9 +32,9 @@ import threading
 import time
 from typing import Any, Callable, TypeVar, cast
 
-from ..errors import InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
+from ..errors import ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
 from ..text import printable
-from . import redact, schema
+from . import redact, said, schema
 from .connect import STATEMENT_TIMEOUT, connect
 from .listen import ListenWake
 from .rows import Row, one
@@ -48,6 +48,7 @@ MAX_BACKOFF = 5.0  # seconds between two reconnection attempts, at most
 # (once per SKEW_LOG_EVERY) and in `onwatch status`: decisions use the server's clock anyway,
 # but a countdown shown from this machine's would be off by as much.
 SKEW_WARNING = 2.0
+OUTAGE_LOG_EVERY = 60.0  # seconds between two log lines of one outage
 # A job (one transaction) still waiting for the server this long after it started has met a
 # server that stopped answering: its socket is cut, so it fails as a lost connection (retried
 # like one) instead of holding the connection's thread, and whoever waits on it, for ever.
@@ -107,13 +108,6 @@ Runner = Callable[[Tx, Callable[..., T], Args], T]
 INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused"  # as queries.sql inbox_state
 
 
-class ConnectionLost(InboxBusy):
-    """The server could not be reached (a restart, a network cut). Like a lock held too
-    long it is worth another try, and everything that retries on InboxBusy (the worker)
-    retries on it; the connection is reopened at the next transaction. A commit cut off
-    may or may not have happened: the rules make a retry safe (dedupe keys, fencing)."""
-
-
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
     if isinstance(exc, (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction)):
         return ReadOnlyInbox(
@@ -128,10 +122,10 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
     if isinstance(exc, psycopg.OperationalError):
         return ConnectionLost(
             f"inbox {where}: lost the connection to PostgreSQL "
-            f"({str(exc).strip()}); the transaction did not commit or its "
+            f"({said(exc)}); the transaction did not commit or its "
             f"outcome is unknown, try again"
         )
-    return InboxError(f"inbox {where}: {str(exc).strip()}")
+    return InboxError(f"inbox {where}: {said(exc)}")
 
 
 def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
@@ -242,6 +236,7 @@ class Database:
         self._backoff = 0.0  # after a failed reconnection: how long until the next try
         self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
         self._skew_logged = 0.0  # (monotonic) when a clock skew was last logged
+        self._outage_said = 0.0  # (monotonic) when a failed reconnection was last logged
         self._running_since: float | None = None  # (monotonic) since the job in hand began
         # Jobs handed to the thread (counted on the loop) and done (counted on the thread):
         # each counter has one writer.
@@ -287,7 +282,7 @@ class Database:
             try:
                 conn = conn or cls._connect(url, busy_timeout)
             except psycopg.Error as exc:
-                raise InboxError(f"cannot connect to {where}: {str(exc).strip()}") from None
+                raise InboxError(f"cannot connect to {where}: {said(exc)}") from None
             try:
                 try:
                     version = schema.inspect(conn, where)
@@ -363,16 +358,19 @@ class Database:
                 tx.conn = self._connect(self.url, self.busy_timeout)
             except psycopg.Error as exc:
                 self._backoff = min(max(self._backoff * 2, 0.1), MAX_BACKOFF)
-                self._retry_at = time.monotonic() + self._backoff
-                log.warning(
-                    "inbox %s: cannot reconnect (%s); next try in %.1f s",
-                    self.path,
-                    str(exc).strip().splitlines()[0],
-                    self._backoff,
-                )
+                now = time.monotonic()
+                self._retry_at = now + self._backoff
+                if now - self._outage_said >= OUTAGE_LOG_EVERY:  # once, then once a minute
+                    self._outage_said = now
+                    log.warning(
+                        "inbox %s: cannot reconnect (%s); trying again every %.0f s at most",
+                        self.path,
+                        said(exc),
+                        MAX_BACKOFF,
+                    )
                 raise _map_error(exc, self.path, self.busy_timeout) from None
             log.warning("inbox %s: reconnected to PostgreSQL", self.path)
-            self._backoff = self._retry_at = 0.0
+            self._backoff = self._retry_at = self._outage_said = 0.0
         tx.server_time = None  # read again by each job that needs it
         try:
             return runner(tx, fn, args)

@@ -1,5 +1,5 @@
 """The whole database at once: the inboxes with work for the fleet worker
-(core/fleet_worker.py). (The fleet desk's listing is core/pg/summaries.py.)"""
+(core/runtime/fleet_worker.py). (The fleet desk's listing is core/pg/summaries.py.)"""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from typing import Awaitable, Callable, TypeVar
 import psycopg
 
 from ..connection import WaiterCounts
-from . import redact
+from . import redact, said
 from .connect import connect
 
 T = TypeVar("T")
@@ -72,7 +72,7 @@ class Listener:
             log.warning(
                 "listener: cannot reach %s (%s); polling until it can",
                 redact(url),
-                str(exc).strip(),
+                said(exc),
             )
             conn = None
         return cls(url, conn, asyncio.get_running_loop(), **options)
@@ -144,24 +144,27 @@ class Listener:
             self._stopping.set()
 
     def _listen(self) -> None:
-        backoff = 0.1
+        backoff, said_at = 0.1, 0.0
         while not self._stopping.is_set():
             conn = self._conn
             if conn is None:
                 try:
                     conn = self._conn = self._connect(self.url)
                 except psycopg.Error as exc:
-                    log.warning(
-                        "listener: cannot reconnect to %s (%s); retrying in %.1f s",
-                        redact(self.url),
-                        str(exc).strip(),
-                        backoff,
-                    )
+                    if time.monotonic() - said_at >= 60.0:  # once, then once a minute
+                        said_at = time.monotonic()
+                        log.warning(
+                            "listener: cannot reconnect to %s (%s); trying again every "
+                            "%.0f s at most",
+                            redact(self.url),
+                            said(exc),
+                            self.max_backoff,
+                        )
                     self._stopping.wait(backoff)
                     backoff = min(backoff * 2, self.max_backoff)
                     continue
                 self.reconnects += 1
-                backoff = 0.1
+                backoff, said_at = 0.1, 0.0
                 log.warning(
                     "listener: reconnected to %s; waking every waiter (notifications "
                     "sent meanwhile were lost)",
@@ -175,7 +178,7 @@ class Listener:
                 log.warning(
                     "listener: lost the connection to %s (%s); polling until it is back",
                     redact(self.url),
-                    str(exc).strip(),
+                    said(exc),
                 )
                 self._post(self._wake_all, False)
                 try:

@@ -3,9 +3,10 @@
 Two queries, both on one connection the desk keeps: `changes` lists every inbox with its
 change counter (a walk of the small `inboxes` table), and `summaries` reads the full summary
 of the inboxes whose counter moved — counts, lease, waiting approvals (the soonest ones with
-their action text), the last run, the runs of the last hour, the outbox — in one statement
-with an index probe per figure, so a thousand inboxes cost one round trip, not a thousand
-connections. The shape of each row is `core.fleet.InboxSummary`'s.
+their action text), the last run, the runs of the last hour, the outbox, the oldest pending
+event and the soonest timer — in one statement with an index probe per figure, so a thousand
+inboxes cost one round trip, not a thousand connections. The shape of each row is
+`core.fleet.InboxSummary`'s.
 """
 
 from __future__ import annotations
@@ -23,7 +24,11 @@ SUMMARIES = """
 SELECT i.id, i.name, i.changes, i.lease_holder, i.lease_gen, i.lease_until, i.released_gen,
        i.paused, i.outbox_held, i.settings, i.last_paced_send,
        c.pending, c.running, c.dead, c.interrupted, w.waiting, a.list,
-       r.claimed_at, r.finished_at, r.outcome, act.list, o.held, o.undelivered
+       r.claimed_at, r.finished_at, r.outcome, act.list, o.held, o.undelivered,
+       (SELECT created FROM events WHERE inbox_id = i.id AND status = 'pending'
+        ORDER BY id LIMIT 1) AS oldest_pending,
+       (SELECT min(due) FROM timers WHERE inbox_id = i.id AND broken IS NULL)
+           AS next_timer_due
 FROM inboxes i
 CROSS JOIN LATERAL (
     SELECT coalesce(sum(n) FILTER (WHERE status = 'pending'), 0) AS pending,

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from onwatch.core.text import printable
 
 from .arguments import check_serve_args
-from .config import ConfigError, Secret, Secrets, config_file_warning, load_secrets
+from .config import (
+    ConfigError,
+    Secret,
+    Secrets,
+    config_file_warning,
+    load_secrets,
+    take_secrets,
+)
 from .signatures import SignatureError
 
 if TYPE_CHECKING:
@@ -30,19 +37,22 @@ __all__ = [
     "load_secrets",
     "main",
     "start_server",
+    "take_secrets",
 ]
 
 
 def main(args: Any) -> int:
     """Run `onwatch serve` until SIGINT/SIGTERM. `args` has .path, .host, .port, .config
-    (None or a TOML file), .max_body (None or bytes) and optionally .busy_timeout (seconds).
+    (None or a TOML file), .max_body (None or bytes) and optionally .allow_host (names
+    /metrics answers under) and .busy_timeout (seconds). The secrets' environment variables
+    are removed from os.environ once read.
 
     Returns 0 after a clean stop; 2 for bad configuration or arguments, or a PATH that is not
     an inbox (the receiver never creates one: `onwatch init PATH` does); 3 if the inbox stayed
     locked; 1 if the port cannot be bound. Each failure is one line on stderr."""
     try:
         host, port, max_body = check_serve_args(args)
-        secrets = load_secrets(os.environ, args.config)
+        secrets = take_secrets(os.environ, args.config)
     except ConfigError as exc:
         print(f"onwatch serve: {printable(str(exc))}", file=sys.stderr)
         return 2
@@ -58,6 +68,7 @@ def main(args: Any) -> int:
         max_body=max_body,
         busy_timeout=getattr(args, "busy_timeout", 5.0),
         name=getattr(args, "inbox", "default"),
+        allow_hosts=getattr(args, "allow_host", None) or (),
     )
 
 
@@ -68,9 +79,19 @@ async def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     max_body: int | None = None,
+    allow_hosts: Iterable[str] = (),
+    max_connections: int | None = None,
 ) -> "RunningServer":
     """Serve webhooks into an open `inbox` (see server.start_server); for tests and embedding.
     `await (await start_server(...)).close()` stops it."""
     from .server import start_server as start
 
-    return await start(inbox, secrets=secrets, host=host, port=port, max_body=max_body)
+    return await start(
+        inbox,
+        secrets=secrets,
+        host=host,
+        port=port,
+        max_body=max_body,
+        allow_hosts=allow_hosts,
+        max_connections=max_connections,
+    )

@@ -1,5 +1,5 @@
-"""The checks on `onwatch serve`'s arguments: host, port and body limit, each refused with a
-one-line ConfigError before anything listens."""
+"""The checks on `onwatch serve`'s arguments: host, port, body limit and the names /metrics
+answers under, each refused with a one-line ConfigError before anything listens."""
 
 from __future__ import annotations
 
@@ -33,4 +33,25 @@ def check_serve_args(args: Any) -> tuple[str, int, int | None]:
         isinstance(max_body, bool) or not isinstance(max_body, int) or not 0 < max_body <= MAX_BODY
     ):
         raise ConfigError(f"--max-body must be 1-{MAX_BODY} bytes, got {max_body!r}")
+    check_allow_hosts(getattr(args, "allow_host", None) or ())
     return host, port, max_body
+
+
+def check_allow_hosts(names: Any) -> tuple[str, ...]:
+    """The `--allow-host` names once each is a plain host name (no port, no scheme);
+    raises ConfigError otherwise."""
+    checked = []
+    for name in names:
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > 253
+            or not name.isascii()
+            or not all(c.isalnum() or c in ".-_" for c in name)
+        ):
+            raise ConfigError(
+                f"--allow-host must be a host name such as metrics.example.org (no port), "
+                f"got {name!r}"
+            )
+        checked.append(name.lower())
+    return tuple(checked)

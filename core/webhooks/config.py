@@ -32,7 +32,7 @@ import re
 import stat
 import tomllib
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, MutableMapping
 
 from ..checks import RESERVED_SOURCES
 
@@ -125,6 +125,23 @@ def load_secrets(environ: Mapping[str, str], config_path: str | os.PathLike[str]
             f"{ENV_HOOK_PREFIX}<SOURCE>, or pass --config FILE"
         )
     return Secrets(routes)
+
+
+def is_secret_variable(name: str) -> bool:
+    """Whether an environment variable's name is one this module reads secrets from."""
+    return name in (ENV_GITHUB, ENV_STRIPE) or name.startswith(ENV_HOOK_PREFIX)
+
+
+def take_secrets(
+    environ: MutableMapping[str, str], config_path: str | os.PathLike[str] | None
+) -> Secrets:
+    """`load_secrets`, then the secret variables removed from `environ` (pass os.environ),
+    so that nothing this process starts (a reply channel's command, an agent's tools)
+    inherits them. Raises ConfigError, and then removes nothing."""
+    secrets = load_secrets(environ, config_path)
+    for name in [name for name in environ if is_secret_variable(name)]:
+        del environ[name]
+    return secrets
 
 
 def config_file_warning(path: str | os.PathLike[str]) -> str | None:

@@ -6,9 +6,11 @@ schemes, any other configured source Standard Webhooks (`webhook-id`, `webhook-t
 for every request:
 
     404 hook not configured → 413 declared Content-Length over the limit → 401 no signature
-    header → read the body, counting bytes (413 past the limit, 408 too slow) → 401 signature
-    or Stripe timestamp → 400 delivery id / JSON → ingest → 202 stored | 200 duplicate |
-    503 inbox full or locked (Retry-After).
+    header, or one that is malformed or offers too many signatures → read the body, counting
+    bytes and hashing each piece as it arrives (413 past the limit, 408 too slow, 503 too many
+    unverified bytes held at once, 400 aborted or badly encoded) → 401 signature or timestamp
+    → 400 delivery id / JSON → ingest → 202 stored | 200 duplicate | 503 inbox full or locked
+    (Retry-After).
 
 A hook without a configured secret answers 404, like an unknown path, not 401: there is
 nothing it could be signed with, so it does not exist; a sender's delivery log then says
@@ -18,29 +20,54 @@ hunt for a secret mismatch, and a scanner cannot tell unconfigured names from un
 Nothing is parsed before the signature is verified, and nothing is answered 2xx before
 `Inbox.ingest` has returned, i.e. before the event is committed (concurrent deliveries share
 one commit through the inbox's group commit; each still waits for its own).
+
+What an attacker who can connect cannot do (each bounded here, see the README's "Exposing it
+safely"): make one request cost more than one MAC per secret (signatures.MAX_SIGNATURES), hold
+more than `unverified_budget` bytes of unsigned bodies in memory, hold connections open
+(connections.ConnectionGuard: timeouts, a cap that closes idle connections first), fill the
+log (one line per request, one per limit reached), or read `/metrics` through a DNS-rebound
+name (the Host of anything but a hook must be an address, `localhost`, this machine's name or
+one given with `--allow-host`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping
 from urllib.parse import parse_qs
 
 from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import ContentLengthError, HttpProcessingError
 
 from onwatch.core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
 from onwatch.core.text import printable
 
 from .config import SOURCE_PATTERN, Secrets
-from .signatures import SignatureError, verify_sha256_header, verify_standard, verify_stripe
+from .connections import (
+    HEAD_TIMEOUT,
+    ConnectionGuard,
+    GuardedSite,
+    ServerLog,
+    quiet_accept_errors,
+    refusal,
+)
+from .signatures import (
+    SignatureError,
+    Verifier,
+    sha256_header_verifier,
+    standard_verifier,
+    stripe_verifier,
+)
 
 
 async def _continue(request: web.Request) -> None:
@@ -59,6 +86,9 @@ async def _continue(request: web.Request) -> None:
 log = logging.getLogger("onwatch.webhooks")
 
 BODY_TIMEOUT = 30.0  # seconds to receive a whole body before 408
+# Bytes of bodies whose signature is not yet checked, held at once across all requests: at
+# least this, and never less than two bodies of the largest accepted size.
+UNVERIFIED_BYTES = 32 << 20
 RETRY_AFTER_BUSY = 5  # seconds: the database was locked past the busy timeout
 RETRY_AFTER_FULL = 60  # seconds: max_pending reached; the worker has to drain first
 # After an early answer (413, 408) aiohttp reads and discards what the client still sends, so
@@ -96,8 +126,9 @@ class Scheme:
     """A signing scheme and where the delivery's id and payload come from."""
 
     signature_header: str
-    # (raw body, request headers, secrets, now) -> None; raises SignatureError
-    verify: Callable[[bytes, Mapping[str, str], tuple[bytes, ...], int], None]
+    # (request headers, secrets, now) -> the body's Verifier; raises SignatureError when the
+    # headers alone already fail (missing, malformed, too many signatures)
+    verifier: Callable[[Mapping[str, str], tuple[bytes, ...], int], Verifier]
     # (request headers, verified raw body) -> (source_id, payload); raises Refused (400)
     event: Callable[[Mapping[str, str], bytes], tuple[str, Any]]
 
@@ -128,12 +159,10 @@ def _hmac_scheme(
 ) -> Scheme:
     """GitHub's scheme: `header: sha256=<hex HMAC of the raw body>`."""
 
-    def verify(
-        body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...], now: int
-    ) -> None:
-        verify_sha256_header(body, headers.get(header), secrets, name=header)
+    def verifier(headers: Mapping[str, str], secrets: tuple[bytes, ...], now: int) -> Verifier:
+        return sha256_header_verifier(headers.get(header), secrets, name=header)
 
-    return Scheme(header, verify, event)
+    return Scheme(header, verifier, event)
 
 
 def _github_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
@@ -153,10 +182,8 @@ def _github_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
     return delivery, {"event": kind, "body": _parse_json(body)}
 
 
-def _stripe_verify(
-    body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...], now: int
-) -> None:
-    verify_stripe(body, headers.get("Stripe-Signature"), secrets, now=now)
+def _stripe_verifier(headers: Mapping[str, str], secrets: tuple[bytes, ...], now: int) -> Verifier:
+    return stripe_verifier(headers.get("Stripe-Signature"), secrets, now=now)
 
 
 def _stripe_event(headers: Mapping[str, str], body: bytes) -> tuple[str, Any]:
@@ -177,12 +204,11 @@ def _standard_names(headers: Mapping[str, str]) -> str:
     )
 
 
-def _standard_verify(
-    body: bytes, headers: Mapping[str, str], secrets: tuple[bytes, ...], now: int
-) -> None:
+def _standard_verifier(
+    headers: Mapping[str, str], secrets: tuple[bytes, ...], now: int
+) -> Verifier:
     prefix = _standard_names(headers)
-    verify_standard(
-        body,
+    return standard_verifier(
         headers.get(prefix + "id", "").strip(),
         headers.get(prefix + "timestamp", "").strip(),
         headers.get(prefix + "signature"),
@@ -204,25 +230,98 @@ class _StandardScheme(Scheme):
 
 SCHEMES = {
     "github": _hmac_scheme("X-Hub-Signature-256", _github_event),
-    "stripe": Scheme("Stripe-Signature", _stripe_verify, _stripe_event),
+    "stripe": Scheme("Stripe-Signature", _stripe_verifier, _stripe_event),
 }
 # Every other hook: Standard Webhooks. The body-only X-Onwatch-Signature scheme it replaces
 # signed neither an id nor a time, so a captured request could be replayed forever under a
 # fresh Idempotency-Key.
-STANDARD = _StandardScheme("webhook-signature", _standard_verify, _standard_event)
+STANDARD = _StandardScheme("webhook-signature", _standard_verifier, _standard_event)
 
 
 # --- the app ------------------------------------------------------------------------------
 
 
+class Evicted(ConnectionError):
+    """Raised into a request's body read: newer requests needed the unverified bytes it held.
+    A ConnectionError, as the connection it ends: aiohttp's reads after the answer raise it
+    again, and the server log drops those like any client gone mid-request."""
+
+
+class _Holder:
+    __slots__ = ("taken", "request")
+
+    def __init__(self, request: web.Request) -> None:
+        self.taken = 0
+        self.request = request
+
+
+class UnverifiedBytes:
+    """Bytes of bodies held before their signature is checked, across every request, at most
+    `limit`. A request takes its bytes as they arrive and gives them back once its signature
+    is checked or it is refused. When a piece does not fit, the requests that have held bytes
+    the longest are refused (503) to make room: a sender's delivery arrives whole in a moment,
+    so what is still unverified after the others came is what waits on purpose; a newcomer is
+    refused only if nothing else holds anything."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.evicted = 0
+        self._holders: dict[_Holder, None] = {}  # oldest first
+
+    @contextlib.contextmanager
+    def hold(self, request: web.Request) -> Iterator[Callable[[int], bool]]:
+        """A `take(n) -> bool` for `request`, false when `n` more bytes cannot fit; what it
+        took is given back when the block ends."""
+        holder = _Holder(request)
+        self._holders[holder] = None
+
+        def take(size: int) -> bool:
+            while self.held + size > self.limit:
+                oldest = next((h for h in self._holders if h is not holder and h.taken), None)
+                if oldest is None:
+                    return False
+                self._evict(oldest)
+            self.held += size
+            holder.taken += size
+            return True
+
+        try:
+            yield take
+        finally:
+            self._holders.pop(holder, None)
+            self.held -= holder.taken
+
+    def _evict(self, holder: _Holder) -> None:
+        # Its bytes count as given back now; they are freed as soon as its read wakes up
+        # with Evicted and its request is refused.
+        del self._holders[holder]
+        self.held -= holder.taken
+        holder.taken = 0
+        self.evicted += 1
+        holder.request.content.set_exception(Evicted())
+
+
 class Receiver:
     """The request handling of one inbox: `app` is the aiohttp application."""
 
-    def __init__(self, inbox: Inbox, secrets: Secrets, *, max_body: int | None = None) -> None:
+    def __init__(
+        self,
+        inbox: Inbox,
+        secrets: Secrets,
+        *,
+        max_body: int | None = None,
+        allow_hosts: Iterable[str] = (),
+        guard: ConnectionGuard | None = None,
+    ) -> None:
         self.inbox = inbox
+        self.guard = guard
         self.secrets = secrets
         self.max_body = max_body or inbox.settings.max_payload_bytes
-        self.app = web.Application()
+        self.unverified = UnverifiedBytes(max(UNVERIFIED_BYTES, 2 * self.max_body))
+        self.allow_hosts = frozenset(_host_name(h) for h in allow_hosts)
+        first = [guard.middleware] if guard is not None else []
+        self.app = web.Application(middlewares=[*first, self._host_check])
         self.app.router.add_post(
             f"/hooks/{{source:{SOURCE_PATTERN}}}", self.handle, expect_handler=self.expect
         )
@@ -232,7 +331,28 @@ class Receiver:
         self.metrics = InboxMetrics(inbox)
         self.app.router.add_get("/metrics", self.metrics.handle)
 
-    def _preflight(self, request: web.Request) -> tuple[str, Scheme, tuple[bytes, ...]]:
+    @web.middleware
+    async def _host_check(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        """Everything but a hook (i.e. /metrics) answers only under a name that cannot be
+        rebound: a page at http://evil.example:8787/ whose name an attacker re-points at
+        127.0.0.1 would otherwise read /metrics from the victim's browser. Hooks are signed
+        and reached through proxies and tunnels under any name, so they are not checked."""
+        host = request.headers.get(hdrs.HOST)
+        if (
+            host is not None
+            and not request.path.startswith("/hooks/")
+            and not _local_name(_host_name(host), self.allow_hosts)
+        ):
+            request[_NOTE] = "unknown Host (use an address, localhost or --allow-host)"
+            return web.json_response(
+                {"error": "this server does not answer under that name (see --allow-host)"},
+                status=421,
+            )
+        return await handler(request)
+
+    def _preflight(self, request: web.Request) -> tuple[str, Scheme, Verifier]:
         """What can be refused from the request line and headers alone."""
         source = request.match_info["source"]
         secrets = self.secrets.for_source(source)
@@ -244,7 +364,11 @@ class Receiver:
         scheme = SCHEMES.get(source, STANDARD)
         if not scheme.signed(request.headers):
             raise Refused(401, f"missing {scheme.signature_header}")
-        return source, scheme, secrets
+        try:
+            verifier = scheme.verifier(request.headers, secrets, self.inbox.now())
+        except SignatureError as exc:
+            raise Refused(401, exc.reason) from None
+        return source, scheme, verifier
 
     async def expect(self, request: web.Request) -> web.StreamResponse | None:
         """`Expect: 100-continue`: refuse before the client sends the body, when we can."""
@@ -259,12 +383,13 @@ class Receiver:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
-            source, scheme, secrets = self._preflight(request)
-            body = await self._read_body(request)
-            try:
-                scheme.verify(body, request.headers, secrets, self.inbox.now())
-            except SignatureError as exc:
-                raise Refused(401, exc.reason) from None
+            source, scheme, verifier = self._preflight(request)
+            with self.unverified.hold(request) as take:
+                body = await self._read_body(request, verifier, take)
+                try:
+                    verifier.check()
+                except SignatureError as exc:
+                    raise Refused(401, exc.reason) from None
             source_id, payload = scheme.event(request.headers, body)
             request[_NOTE] = f"{source}/{_log_text(source_id, 80)}"
             stored = await self._store(source, source_id, payload)
@@ -278,22 +403,56 @@ class Receiver:
             return web.json_response({"stored": True}, status=202)
         return web.json_response({"stored": False, "duplicate": True}, status=200)
 
-    async def _read_body(self, request: web.Request) -> bytes:
-        """The raw body, read in pieces and never held past max_body + 1 bytes."""
+    async def _read_body(
+        self, request: web.Request, verifier: Verifier, take: Callable[[int], bool]
+    ) -> bytes:
+        """The raw body, read in pieces, each hashed as it arrives (no step hashes a whole
+        body) and counted against max_body and the unverified budget (`take`)."""
         chunks: list[bytes] = []
-        size = 0
         try:
-            async with asyncio.timeout(BODY_TIMEOUT):
-                while True:
-                    chunk = await request.content.read(min(1 << 16, self.max_body - size + 1))
-                    if not chunk:
-                        return b"".join(chunks)
-                    size += len(chunk)
-                    if size > self.max_body:
-                        raise Refused(413, f"body over {self.max_body} bytes", close=True)
-                    chunks.append(chunk)
+            return await self._read_chunks(request, verifier, take, chunks)
+        except Evicted:
+            refused = Refused(
+                503,
+                "too many unverified bytes in flight; retry later",
+                retry_after=RETRY_AFTER_BUSY,
+                close=True,
+            )
         except TimeoutError:
-            raise Refused(408, f"body not received within {BODY_TIMEOUT:g} s", close=True) from None
+            refused = Refused(408, f"body not received within {BODY_TIMEOUT:g} s", close=True)
+        except (ContentLengthError, ConnectionError):
+            # The client left mid-body (aiohttp says which way it noticed: a reset, or the end
+            # of the stream before the declared length). No one reads this answer; the
+            # access log line is what is left of the request.
+            refused = Refused(400, "aborted: the connection closed mid-body", close=True)
+        except (HttpProcessingError, web.RequestPayloadError):  # framing, Content-Encoding
+            refused = Refused(400, "malformed body (its framing or encoding)", close=True)
+        finally:
+            # Free the pieces now: the exception that ended the read stays on the request's
+            # stream (aiohttp raises it again), and its traceback would keep them alive.
+            chunks.clear()
+        raise refused
+
+    async def _read_chunks(
+        self,
+        request: web.Request,
+        verifier: Verifier,
+        take: Callable[[int], bool],
+        chunks: list[bytes],
+    ) -> bytes:
+        size = 0
+        async with asyncio.timeout(BODY_TIMEOUT):
+            while True:
+                chunk = await request.content.read(min(1 << 16, self.max_body - size + 1))
+                if not chunk:
+                    return b"".join(chunks)
+                size += len(chunk)
+                if size > self.max_body:
+                    raise Refused(413, f"body over {self.max_body} bytes", close=True)
+                if not take(len(chunk)):
+                    raise Evicted()
+                verifier.update(chunk)
+                chunks.append(chunk)
 
     async def _store(self, source: str, source_id: str, payload: Any) -> bool:
         replaced = self.inbox.file_replaced()
@@ -328,6 +487,31 @@ class Receiver:
             raise Refused(500, "could not store the delivery") from None
 
 
+def _host_name(host: str) -> str:
+    """The name part of a Host header (`name:port`, `[v6]:port`), lower-cased."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    name, sep, port = host.rpartition(":")
+    return name if sep and port.isdigit() else host
+
+
+def _local_name(name: str, allowed: frozenset[str]) -> bool:
+    """Whether a browser can only have reached us under `name` because it means us: an IP
+    address, `localhost` and its subdomains (never sent to DNS), this machine's own name,
+    or a name the operator allowed. An attacker's DNS can re-point any other name."""
+    name = name.rstrip(".")
+    if name in allowed or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    own = socket.gethostname().lower()
+    return name in (own, own.split(".")[0])
+
+
 def _log_text(text: str, limit: int = 200) -> str:
     """`text` safe for one log line: length bounded, escaped like all untrusted text."""
     return printable(text if len(text) <= limit else text[:limit] + "…")
@@ -338,19 +522,28 @@ class AccessLog(AbstractAccessLogger):
     other than the delivery id, never a body."""
 
     def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        note = request.get(_NOTE)
+        if note is None and response.status == 400 and _malformed(request):
+            note = "malformed request"
         self.logger.info(
             "%s %s %s %d %s %.1fms",
             request.remote,
-            request.method,
+            _log_text(request.method, 20),
             _log_text(request.raw_path),
             response.status,
-            request.get(_NOTE, "-"),
+            note or "-",
             time * 1000,
         )
 
     @property
     def enabled(self) -> bool:
         return self.logger.isEnabledFor(logging.INFO)
+
+
+def _malformed(request: web.BaseRequest) -> bool:
+    """A request aiohttp could not parse: it hands the access log a stand-in with method
+    UNKNOWN and no headers (the one line such a request leaves; ServerLog drops the rest)."""
+    return request.method == "UNKNOWN" and not request.headers
 
 
 # --- running it -------------------------------------------------------------------------------
@@ -370,6 +563,11 @@ class RunningServer:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
 
+    @property
+    def guard(self) -> ConnectionGuard:
+        assert self.receiver.guard is not None  # start_server always gives one
+        return self.receiver.guard
+
     async def close(self) -> None:
         await self.runner.cleanup()
 
@@ -381,23 +579,42 @@ async def start_server(
     host: str = "127.0.0.1",
     port: int = 0,
     max_body: int | None = None,
+    allow_hosts: Iterable[str] = (),
+    max_connections: int | None = None,
 ) -> RunningServer:
-    """Serve the hooks in `secrets` for `inbox` on host:port (0 picks a free port)."""
-    receiver = Receiver(inbox, secrets, max_body=max_body)
+    """Serve the hooks in `secrets` for `inbox` on host:port (0 picks a free port), with
+    `max_connections` open at most (default: connections.MAX_CONNECTIONS, or what the
+    descriptor limit allows)."""
+    guard = ConnectionGuard(
+        log,
+        limit=max_connections,
+        refused=refusal(
+            json.dumps({"error": "too many connections; retry later"}), "application/json"
+        ),
+    )
+    receiver = Receiver(
+        inbox,
+        secrets,
+        max_body=max_body,
+        allow_hosts=allow_hosts,
+        guard=guard,
+    )
     runner = web.AppRunner(
         receiver.app,
         access_log_class=AccessLog,
         access_log=log,
+        logger=ServerLog(log),
+        keepalive_timeout=HEAD_TIMEOUT,
         lingering_time=LINGERING_TIME,
         shutdown_timeout=SHUTDOWN_TIMEOUT,
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
-        await site.start()
+        await GuardedSite(runner, host, port, guard).start()
     except BaseException:
         await runner.cleanup()
         raise
+    quiet_accept_errors(log)
     bound_host, bound_port = runner.addresses[0][:2]
     return RunningServer(runner, receiver, bound_host, bound_port)
 
@@ -411,6 +628,7 @@ def run(
     max_body: int | None,
     busy_timeout: float = 5.0,
     name: str = "default",
+    allow_hosts: Iterable[str] = (),
 ) -> int:
     """Serve until SIGINT or SIGTERM. Returns the exit status, as the onwatch CLI counts
     them: 0 after a clean stop; 2 if PATH is not an inbox (missing: `onwatch init` makes one);
@@ -422,7 +640,9 @@ def run(
     log.setLevel(logging.INFO)
     log.propagate = False
     try:
-        return asyncio.run(_serve(path, host, port, secrets, max_body, busy_timeout, name))
+        return asyncio.run(
+            _serve(path, host, port, secrets, max_body, busy_timeout, name, tuple(allow_hosts))
+        )
     except KeyboardInterrupt:  # platforms without loop signal handlers
         return 0
     finally:
@@ -439,6 +659,7 @@ async def _serve(
     max_body: int | None,
     busy_timeout: float,
     name: str = "default",
+    allow_hosts: tuple[str, ...] = (),
 ) -> int:
     try:
         inbox = await Inbox.open(path, name=name, create=False, busy_timeout=busy_timeout)
@@ -457,7 +678,12 @@ async def _serve(
     try:
         try:
             server = await start_server(
-                inbox, secrets=secrets, host=host, port=port, max_body=max_body
+                inbox,
+                secrets=secrets,
+                host=host,
+                port=port,
+                max_body=max_body,
+                allow_hosts=allow_hosts,
             )
         except OSError as exc:
             print(
@@ -474,10 +700,11 @@ async def _serve(
             except (NotImplementedError, RuntimeError):  # Windows: Ctrl-C raises instead
                 pass
         log.info(
-            "inbox %s; listening on %s; max body %d bytes",
+            "inbox %s; listening on %s; max body %d bytes; at most %d connections",
             os.path.abspath(path),
             server.url,
             server.receiver.max_body,
+            server.guard.limit,
         )
         log.info("serving %s", secrets.describe())
         if not _is_loopback(host):

@@ -44,7 +44,7 @@ def test_help_lists_commands_examples_and_exit_codes(capsys):
         "worker",
         "dispatch",
         "approve",
-        "examples:",
+        "examples (every command's --help has its own):",
         "exit codes",
     ):
         assert word in out
@@ -263,6 +263,21 @@ def test_answers_print_the_standing_outcome(capsys, path):
     code, out, _ = run(capsys, "approvals", path)
     assert code == 0 and "r1\trefund 5\twaiting" in out
     assert run(capsys, "approve", path, "r1", "--actor", "ana")[:2] == (0, "yes\n")
+    # Approving it again changes nothing: exit 1, as the audit log says refused.
+    code, out, err = run(capsys, "approve", path, "r1")
+    assert (code, out) == (1, "yes\n") and "the answer that stands is 'yes'" in err
+    code, out, _ = run(capsys, "approve", path, "r1", "--json")
+    assert code == 1 and json.loads(out) == {
+        "applied": False,
+        "request_id": "r1",
+        "standing": "yes",
+    }
+    code, out, _ = run(capsys, "audit", path, "--target", "approval r1")
+    assert [line.split("\t")[-1] for line in out.splitlines()] == [
+        "applied",
+        "refused: already answered",
+        "refused: already answered",
+    ]
     code, out, err = run(capsys, "deny", path, "r1")
     assert (code, out) == (1, "yes\n") and "the answer that stands is 'yes'" in err
     assert err.startswith("onwatch: deny not applied to r1")  # not "no not applied"
@@ -277,13 +292,24 @@ def test_answers_print_the_standing_outcome(capsys, path):
     assert (code, out) == (1, "unknown\n") and "no such request" in err
 
 
-def test_switches_are_idempotent(capsys, path):
+def test_a_switch_already_set_exits_1_as_its_audit_entry_says(capsys, path):
     assert run(capsys, "pause", path)[:2] == (
         0,
         "execution paused: claims return nothing, intake goes on\n",
     )
+    code, out, err = run(capsys, "pause", path)
+    assert (code, out) == (
+        1,
+        "already so: execution paused: claims return nothing, intake goes on\n",
+    )
+    assert err == "onwatch: pause not applied to paused: it was already so; nothing changed\n"
     code, out, _ = run(capsys, "pause", path, "--json")
-    assert code == 0 and json.loads(out) == {"changed": False, "paused": True}
+    assert code == 1 and json.loads(out) == {"changed": False, "paused": True}
+    audit = run(capsys, "audit", path, "--target", "paused")[1].splitlines()
+    assert [line.split("\t")[-1] for line in audit] == [
+        "applied",
+        *["refused: no reason recorded"] * 2,
+    ]
     assert "PAUSED" in run(capsys, "status", path)[1]
     assert run(capsys, "resume", path)[0] == 0
     assert run(capsys, "hold", path)[0] == 0
@@ -383,9 +409,10 @@ def test_tui_and_demo_are_called_lazily(capsys, path, monkeypatch):
     calls = []
     fake = types.SimpleNamespace(run=lambda *a, **k: calls.append((a, k)) or 0)
     monkeypatch.setattr(cli.running, "lazy", lambda module, what: fake)
+    monkeypatch.setenv("ONWATCH_ACTOR", "ana")
     assert run(capsys, "tui", path, "--read-only")[0] == 0
     assert run(capsys, "demo", "--live")[0] == 0
-    assert calls == [((path,), {"read_only": True}), ((), {"live": True})]
+    assert calls == [((path,), {"read_only": True, "actor": "ana"}), ((), {"live": True})]
 
 
 def test_status_never_imports_textual(path):

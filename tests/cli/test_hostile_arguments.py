@@ -182,7 +182,7 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 def quick_long_runners(monkeypatch):
     """The long-running commands stop where they would start serving: argument handling,
     configuration and (for the worker) start-up and lease are what is checked here."""
-    from onwatch.core import worker as worker_module
+    from onwatch.core.runtime import worker as worker_module
     from onwatch.core.webhooks import server as server_module
 
     real_run = worker_module.Worker.run

@@ -203,7 +203,7 @@ async def test_class2_broken_outbox_rows_are_set_aside_and_the_others_sent(inbox
 
 
 async def test_class2_a_worker_survives_broken_rows(path):
-    from onwatch.core.worker import run_worker
+    from onwatch.core.runtime.worker import run_worker
 
     clock = FakeClock(T)
     box = await Inbox.open(path, clock=clock)
@@ -311,7 +311,7 @@ async def test_class4_a_recovered_run_cannot_be_finished_by_its_old_caller(inbox
 
 
 async def test_class4_the_worker_finishes_with_its_run(inbox, clock, monkeypatch):
-    from onwatch.core.worker import run_worker
+    from onwatch.core.runtime.worker import run_worker
 
     calls = []
     original = Inbox.finish
@@ -443,7 +443,7 @@ async def test_class9_deep_json_is_refused(inbox, path, name, call):
 
 
 async def test_class9_a_deep_result_fails_the_run_and_never_leaves_it_running(inbox):
-    from onwatch.core.worker import run_worker
+    from onwatch.core.runtime.worker import run_worker
 
     await inbox.ingest("chat", "m", None)
 
@@ -496,7 +496,7 @@ async def test_class10_paused_and_the_daily_budget_are_not_past_wakeups(inbox, c
 
 
 async def test_class10_a_worker_fires_a_timer_on_time_while_the_outbox_is_held(path):
-    from onwatch.core.worker import Worker
+    from onwatch.core.runtime.worker import Worker
 
     clock = FakeClock(T)
     box = await Inbox.open(path, clock=clock)

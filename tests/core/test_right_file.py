@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 
 from onwatch.core import FakeClock, Inbox, NotAnInbox
+from onwatch.core.runtime.worker import Worker
 from onwatch.core.sqlite import schema
-from onwatch.core.worker import Worker
 from tests.webhook.helpers import ServerProcess, standard_headers
 from tests.worker.helpers import ROOT, env, log_of, onwatch, start_worker, stop, wait_for
 

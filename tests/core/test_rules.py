@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from onwatch.core import BadInput, BudgetExceeded, FollowUp, Inbox, Reply
+from onwatch.core import BadInput, BudgetExceeded, FakeClock, FollowUp, Inbox, Reply
 
 from .conftest import DAY, T
 
@@ -68,6 +68,34 @@ async def test_renewal_keeps_the_generation_and_takeover_by_the_same_holder_does
     ]
 
 
+async def test_a_fresh_acquire_never_continues_a_live_lease_even_under_its_own_name(inbox, path):
+    # A starting worker (fresh=True) takes only a free or expired lease: two processes
+    # started under one holder name must not both get generation 1.
+    assert await inbox.acquire("A", now=T, fresh=True) == 1
+    assert await inbox.acquire("A", now=T + 10, fresh=True) is None
+    assert (await inbox.lease_info()).until == T + 120  # the live lease is left as it was
+    assert await inbox.acquire("A", now=T + 10) == 1  # a renewal by the holder still renews
+    assert await inbox.acquire("A", now=T + 131, fresh=True) == 2  # expired: a new one
+    assert await inbox.release("A", 2, now=T + 140)
+    assert await inbox.acquire("A", now=T + 140, fresh=True) == 3  # released: free
+    assert [(h.gen, h.how) for h in await inbox.lease_history()] == [
+        (3, "released"),
+        (2, "takeover"),
+        (1, "first"),
+    ]
+    with pytest.raises(BadInput, match="fresh"):
+        await inbox.acquire("A", now=T + 141, fresh="yes")
+    # Two starters at the same instant, each its own connection (its own process in the
+    # worker): whatever the order, exactly one wins.
+    others = [await Inbox.open(path, clock=FakeClock(T + 500)) for _ in range(2)]
+    try:
+        won = await asyncio.gather(*(o.acquire("B", fresh=True) for o in others))
+    finally:
+        for other in others:
+            await other.close()
+    assert sorted(won, key=str) == [4, None]
+
+
 async def test_release_lets_a_successor_in_at_once_with_a_new_generation(inbox):
     gen = await inbox.acquire("A", now=T)
     assert await inbox.release("A", gen, now=T + 5)
@@ -82,6 +110,28 @@ async def test_renew_is_fenced_and_a_refused_renewal_is_audited(inbox):
     assert await inbox.renew("A", 1, now=T + 222) is False
     assert (await inbox.lease_info()).holder == "B"
     assert (await inbox.audit(limit=1))[0].action == "refused renew"
+
+
+async def test_a_lapsed_lease_nobody_took_over_is_renewed_by_its_holder(inbox):
+    """A late renewal (a stalled process, a wall clock stepped forward) keeps the generation
+    when no other worker took the lease meanwhile: nobody else can have run its claims."""
+    await inbox.ingest("chat", "m", None, now=T)
+    gen = await inbox.acquire("A", now=T)
+    [event] = await inbox.claim_batch("A", gen, now=T)
+    later = T + 2 * 3600  # two hours on, far past the 120 s lease
+    assert await inbox.renew("A", gen, now=later) is True
+    assert (await inbox.lease_info()).until == later + 120
+    assert await inbox.acquire("B", now=later + 1) is None  # renewed: B waits
+    assert await inbox.finish("A", gen, [event.id], ["hi"], now=later + 1, run=event.run_id)
+    view = await inbox.overview(now=later + 1)
+    assert view.refused_writes == 0 and view.takeovers == 0
+
+
+async def test_a_lease_handed_back_is_not_renewed(inbox):
+    gen = await inbox.acquire("A", now=T)
+    assert await inbox.release("A", gen, now=T + 1)
+    assert await inbox.renew("A", gen, now=T + 2) is False
+    assert await inbox.acquire("B", now=T + 2) == 2
 
 
 async def test_a_stale_claim_writes_nothing_but_the_refusal(inbox):

@@ -51,7 +51,7 @@ class ModelRun:
     gen: int
     events: list[int]
     open: bool = True
-    outcome: str | None = None  # how it closed: done, error or lost
+    outcome: str | None = None  # once closed: 'done', 'error' or 'lost'
 
 
 @dataclass
@@ -131,9 +131,16 @@ class Model:
     def finish(
         self, holder: str, gen: int, ids: list[int], ok: bool, now: int, run: int | None = None
     ) -> bool:
-        outcome = "done" if ok else "error"
-        if run is not None and self.runs[run].gen == gen and self.runs[run].outcome == outcome:
-            return True  # the same finish again (its answer was lost): it stands, unchanged
+        if run is not None:
+            # The same finish again (its answer lost): the run is closed as asked, by this
+            # generation; the truth is reported, nothing is written or audited.
+            closed = self.runs[run]
+            if (
+                not closed.open
+                and closed.gen == gen
+                and closed.outcome == ("done" if ok else "error")
+            ):
+                return True
         if not self.holds(holder, gen, now):
             self.refused += 1
             return False
@@ -165,7 +172,7 @@ class Model:
         for run_id in {self.events[i].run for i in live}:
             if not any(e.status == "running" and e.run == run_id for e in self.events.values()):
                 self.runs[run_id].open = False
-                self.runs[run_id].outcome = outcome
+                self.runs[run_id].outcome = "done" if ok else "error"
         return True
 
     # --- timers and approvals (one-off timers; an approval's expiry is one too) -----------

@@ -29,9 +29,10 @@ from onwatch.core import (
     FollowUp,
     Inbox,
     Reply,
+    RunContext,
     Settings,
 )
-from onwatch.core.worker import RunContext, Worker
+from onwatch.core.runtime.worker import Worker
 
 from .conftest import BACKENDS, dump as dump_inbox
 
@@ -191,9 +192,10 @@ VALID = {
     "outcome": ["sent", "send again"],
     "target": [None, "event 1"],
     "send": [_send_ok, _send_fails, _send_async],
+    "fresh": [False, True],
 }
 # Parameters whose value decides nothing about the database (a flag read with bool()).
-FLAGS = {("events", "payload"), ("acquire", "fresh")}
+FLAGS = {("events", "payload"), ("acquire", "fresh"), ("next_wake", "sends")}
 
 SETTING_NAMES = sorted(f for f in Settings.__dataclass_fields__)
 
@@ -420,6 +422,7 @@ def _worker_arguments(data) -> dict:
         "grace": data.draw(st.one_of(st.sampled_from([1.0]), HOSTILE)),
         "setup": data.draw(st.one_of(st.sampled_from([None]), HOSTILE)),
         "max_runs": data.draw(st.one_of(st.sampled_from([None, 1]), HOSTILE)),
+        "on_stuck": data.draw(st.one_of(st.sampled_from([None]), HOSTILE)),
     }
 
 

@@ -26,7 +26,9 @@ async def wait_for(pilot, condition, *, seconds: float, what: str) -> None:
 
 async def test_kill_the_active_worker_under_both_policies(tmp_path):
     inbox = await open_scratch_inbox(str(tmp_path))
-    app = LiveDemoApp(inbox, str(tmp_path), workers=2, agent_seconds=1.5)
+    # A run long enough to be seen running (and killed) on a loaded machine: pressing i
+    # returns only after the desk has re-read every pane, which can take seconds there.
+    app = LiveDemoApp(inbox, str(tmp_path), workers=2, agent_seconds=4)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
 

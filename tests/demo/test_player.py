@@ -205,6 +205,28 @@ async def test_player_keys_are_bindings_listed_first_in_the_footer(demo):
             assert binding.description and binding.id
 
 
+async def test_times_are_the_simulated_clocks_never_1970_dates(demo):
+    """The player's clock is simulated and starts in January 1970: the detail, the Timers
+    pane and the confirmations word its instants as the bar does ('t+2m11s')."""
+    from onwatch.tui.screens.detail import DetailScreen
+
+    async with demo.run_test(size=SIZE) as pilot:
+        await demo.loaded.wait()
+        for _ in range(4):
+            await pilot.press("space")
+            await settle(pilot, demo)
+        await settle(pilot, demo, until=lambda: demo.playing.position == 4)
+        assert demo.query_one("#panes").current == "running"
+        await pilot.press("enter")
+        await settle(pilot, demo, until=lambda: isinstance(demo.screen, DetailScreen))
+        body = demo.screen.body.plain
+        assert "1970" not in body
+        assert "created     t+0s" in body  # msg-3 arrived at the scenario's start
+        assert "claimed t+10s" in body and "claimed t+2m11s" in body  # A's run, then B's
+        await pilot.press("escape")
+        await settle(pilot, demo, until=lambda: not isinstance(demo.screen, DetailScreen))
+
+
 async def test_viewer_can_act_on_the_demo_inbox(tmp_path):
     """The desk's own keys work in the demo: the viewer approves refund-1 in time."""
     app = await DemoApp.open(str(tmp_path), scenario("approval-expiry"), pick_first=False)
@@ -217,6 +239,9 @@ async def test_viewer_can_act_on_the_demo_inbox(tmp_path):
             await settle(pilot, app, until=lambda: len(list(app.pane("approvals").records())))
             await pilot.press("a")
             await settle(pilot, app, until=lambda: isinstance(app.screen, ConfirmScreen))
+            # The deadline in the simulated clock's words, as the player's bar shows it.
+            left = str(app.screen.query_one("#left-0").render())
+            assert "(expires at t+4h00m)" in left, left
             await pilot.press("y")
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:

@@ -8,6 +8,8 @@ of its own; `url(base)` rewrites a server URL to go through it. Modes, switched 
 - `relay()`: bytes go through both ways (the start);
 - `blackhole()`: nothing more goes through either way, every socket stays open: to a client
   the server has stopped answering;
+- `refuse()`: every open connection is closed and new ones are closed at once: to a client
+  the server is down;
 - `cut_after_commit()`: the next client message holding a COMMIT is relayed to the server,
   and the client's socket is then closed before any answer comes back: the transaction
   committed, the client cannot know.
@@ -26,6 +28,7 @@ class Proxy:
         self.target_port = target_port
         self.mode = "relay"
         self.commits_cut = 0
+        self._writers: set = set()  # every open socket's writer, both sides
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         sock = socket.socket()
@@ -47,6 +50,11 @@ class Proxy:
     def blackhole(self) -> None:
         self.mode = "blackhole"
 
+    def refuse(self) -> None:
+        self.mode = "refuse"
+        for writer in list(self._writers):
+            self._loop.call_soon_threadsafe(writer.close)
+
     def cut_after_commit(self) -> None:
         self.mode = "cut-after-commit"
 
@@ -66,14 +74,18 @@ class Proxy:
         await asyncio.start_server(self._serve, sock=self._sock)
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter):
+        if self.mode == "refuse":
+            client_w.close()
+            return
         server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers |= {client_w, server_w}
         cut = asyncio.Event()
 
         async def pump(reader, writer, upstream: bool) -> None:
             try:
                 while True:
                     data = await reader.read(65536)
-                    if not data:
+                    if not data or self.mode == "refuse":
                         break
                     while self.mode == "blackhole":
                         await asyncio.sleep(0.05)  # swallowed: held, never delivered

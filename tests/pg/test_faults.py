@@ -224,3 +224,134 @@ def test_an_inbox_name_with_control_characters_cannot_forge_log_lines(pg):
     result = run_cli("init", url, "--inbox", name)
     shown = result.stdout + result.stderr
     assert "\nINFO forged line" not in shown and "\x1b" not in shown, shown
+
+
+# --- a worker meeting these faults ----------------------------------------------------------
+
+
+async def test_a_claim_whose_answer_was_lost_is_recovered_at_once(pg, proxy, tmp_path):
+    """The claim committed, its answer never came back: the worker cannot know what it
+    claimed, so it hands its generation back, and the next generation recovers the events
+    and runs them (before: they stayed 'running' for as long as the worker lived)."""
+    from onwatch.core.runtime.worker import Worker
+
+    url = proxy.url(pg.new_schema())
+    inbox = await Inbox.open(url)
+    await inbox.configure(lease_ttl=30)
+    ran: list[str] = []
+
+    async def agent(batch, ctx) -> None:
+        ran.extend(e.source_id for e in batch)
+
+    real_claim = inbox.claim_batch
+
+    async def claim_cut_once(holder, gen, **kwargs):
+        if proxy.commits_cut == 0 and await inbox.counts() != {}:
+            if (await inbox.counts())["pending"]:
+                proxy.cut_after_commit()  # the next COMMIT on this connection is the claim's
+        return await real_claim(holder, gen, **kwargs)
+
+    inbox.claim_batch = claim_cut_once  # type: ignore[method-assign]
+    worker = Worker(inbox, agent, holder="w", poll_interval=0.05, grace=1)
+    task = asyncio.create_task(worker.run())
+    try:
+        await inbox.ingest("chat", "m1", {})
+        for _ in range(400):  # bounded: 20 s
+            if ran:
+                break
+            await asyncio.sleep(0.05)
+        assert ran == ["m1"] and proxy.commits_cut == 1
+        event = await inbox.get_event(1)
+        for _ in range(100):
+            event = await inbox.get_event(1)
+            if event.status == "done":
+                break
+            await asyncio.sleep(0.05)
+        assert event.status == "done" and event.attempts == 2  # claimed twice, run once
+        assert [c.how for c in await inbox.lease_history()] == ["released", "first"]
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+        await inbox.close()
+
+
+WORKER_LOG = "worker.err"
+
+
+def start_worker_on(url: str, tmp_path) -> subprocess.Popen:
+    err = open(tmp_path / WORKER_LOG, "ab")
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "onwatch", "worker", url, "--agent", "tests.worker.agents:echo"]
+            + ["--poll", "0.1", "--grace", "1", "--log-level", "info"],
+            cwd=ROOT,
+            env=dict(os.environ, ONWATCH_TEST_DIR=str(tmp_path), PYTHONPATH=str(ROOT)),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    finally:
+        err.close()
+
+
+def wait_until(check, what: str, timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_sigterm_stops_a_worker_whose_server_stopped_answering(pg, proxy, tmp_path):
+    url = proxy.url(pg.new_schema())
+    asyncio.run(_make(url))
+    worker = start_worker_on(url, tmp_path)
+    log = tmp_path / WORKER_LOG
+    try:
+        wait_until(lambda: log.exists() and "lease acquired" in log.read_text(), "the lease")
+        proxy.blackhole()
+        worker.send_signal(signal.SIGTERM)
+        # --grace 1: it stops within 2 × grace + the slack, whatever the server does
+        assert worker.wait(60) == 0, log.read_text()
+    finally:
+        proxy.relay()
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+    assert "Traceback" not in log.read_text()
+
+
+def test_a_worker_waits_out_a_server_outage_without_spinning(pg, proxy, tmp_path):
+    """Server unreachable for a while: the worker backs off and says so once (and once a
+    minute), then carries on when the server is back."""
+    url = proxy.url(pg.new_schema())
+    asyncio.run(_make(url))
+    worker = start_worker_on(url, tmp_path)
+    log = tmp_path / WORKER_LOG
+    try:
+        wait_until(lambda: log.exists() and "lease acquired" in log.read_text(), "the lease")
+        before = len(log.read_text().splitlines())
+        proxy.refuse()
+        import time
+
+        time.sleep(5)  # the outage being watched (its log is counted, not its duration)
+        during = [line for line in log.read_text().splitlines()[before:] if line[:1].isdigit()]
+        proxy.relay()
+        asyncio.run(_ingest(url, "after-the-outage"))
+        wait_until(lambda: "run" in log.read_text().split("after", 1)[-1], "a run", 60)
+    finally:
+        proxy.relay()
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(60)
+    print(f"\n{len(during)} log lines in a 5 s outage:\n" + "\n".join(during[:10]))
+    assert len(during) <= 8, during  # log records; was tens of thousands
+
+
+async def _make(url: str) -> None:
+    async with await Inbox.open(url) as box:
+        await box.configure(lease_ttl=10)
+
+
+async def _ingest(url: str, key: str) -> None:
+    async with await Inbox.open(url) as box:
+        await box.ingest("chat", key, {})

@@ -132,7 +132,7 @@ async def test_an_inbox_whose_connection_was_cut_reconnects_and_says_so(url, cap
     """The server ends the inbox's backend (as a restart or a network cut would): the call
     in flight fails with ConnectionLost (retry), the next one reconnects, and the log
     records both; nothing committed before is lost."""
-    from onwatch.core.pg.db import ConnectionLost
+    from onwatch.core import ConnectionLost
 
     box = await Inbox.open(url, name="a")
     try:

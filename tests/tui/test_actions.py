@@ -8,7 +8,7 @@ import os
 import pytest
 from rich.console import Console
 
-from onwatch.core import Inbox
+from onwatch.core import Inbox, Reply
 from onwatch.tui.app import OnwatchApp
 from onwatch.tui.screens.confirm import ConfirmScreen
 from onwatch.tui.screens.detail import DetailScreen
@@ -121,6 +121,27 @@ async def test_an_answer_given_elsewhere_meanwhile_stands(seeded):
         await press(pilot, "y")
         await wait_for_text(pilot, "refund-ord-991: already answered: no (by bob at 22:13)")
         assert (await inbox.get_approval("refund-ord-991")).answer == "no"
+
+
+async def test_the_same_answer_given_elsewhere_meanwhile_is_not_claimed_as_ours(seeded):
+    """bob approves while the dialog is open; our 'yes' stored nothing (the audit log says
+    refused), so the desk must not say 'approved': it says whose answer stands."""
+    inbox, _, path = seeded
+    app = OnwatchApp(inbox, actor="ana")
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "4", "a")
+        await confirm_open(pilot)
+        other = await Inbox.open(path, create=False, clock=inbox.clock)
+        try:
+            assert await other.answer_approval("refund-ord-991", "yes", actor="bob") == "yes"
+        finally:
+            await other.close()
+        await press(pilot, "y")
+        await wait_for_text(pilot, "refund-ord-991: already answered: yes (by bob at 22:13)")
+        assert "approved refund-ord-991" not in screen_text(app)
+        [entry] = await inbox.audit(target="approval refund-ord-991", limit=1)
+        assert (entry.actor, entry.applied) == ("ana", False)
 
 
 # --- events ---------------------------------------------------------------------------------
@@ -303,10 +324,23 @@ async def test_send_now_flushes_held_messages_to_the_outbox_log(seeded):
         await started(app, pilot)
         await press(pilot, "6", "s")
         await confirm_open(pilot)
-        assert "Send 2 held messages now?" in screen_text(app)
-        assert "inbox.db.outbox.log" in screen_text(app)
+        # In words nobody can misread: a file, marked sent, nobody receives them.
+        dialog = app.screen
+        assert dialog.question == "Write 2 held messages to a file and mark them sent?"
+        assert dialog.note.startswith(
+            "Nobody receives them: the desk has no channel to your users. They are appended "
+            f"to {path}.outbox.log and leave the outbox as sent"
+        )
+        assert "onwatch dispatch --now" in dialog.note
+        shown = " ".join(screen_text(app).split())
+        assert "Write 2 held messages to a file and mark them sent?" in shown
+        assert "Nobody receives them" in shown
         await press(pilot, "y")
-        await wait_for_text(pilot, "sent 2 held messages now → inbox.db.outbox.log")
+        await wait_for_text(
+            pilot,
+            "wrote 2 held messages to inbox.db.outbox.log and marked them sent (nobody "
+            "received them)",
+        )
         assert await inbox.held_messages() == []
         with open(f"{path}.outbox.log", encoding="utf-8") as log:
             sent = log.read()
@@ -315,6 +349,30 @@ async def test_send_now_flushes_held_messages_to_the_outbox_log(seeded):
         assert "Outbox · 0" in screen_text(app)
         entry = (await inbox.audit(target="outbox", limit=1))[0]
         assert (entry.action, entry.applied) == ("send now", True)
+
+
+async def test_recent_sends_say_urgent_or_paced_in_words(seeded):
+    """An urgent send skipped the gap: the sends table says so in a column of its own, not
+    with a '!' nothing explains."""
+    inbox, clock, _ = seeded
+    gen = await inbox.acquire("worker-b")  # the seed's live worker, renewing
+    assert gen is not None
+    await inbox.ingest("chat", "msg-6", {"text": "where is my refund??"})
+    batch = await inbox.claim_batch("worker-b", gen)
+    await inbox.finish(
+        "worker-b", gen, [e.id for e in batch], [Reply("On it, right now.", urgent=True)]
+    )
+    assert await inbox.dispatch(lambda text: None) == 1  # inside the gap: the urgent one only
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "6")
+        await wait_for_text(pilot, "Recent sends")
+        lines = screen_text(app).splitlines()
+        sends = {line.split()[1]: line for line in lines if line.strip("│ ").startswith("#")}
+        assert "urgent" in sends["#2"] and "sent" in sends["#2"]
+        assert "paced" in sends["#1"] and "urgent" not in sends["#1"]
+        assert " !" not in "".join(sends.values())
 
 
 # --- read-only ------------------------------------------------------------------------------
@@ -422,8 +480,9 @@ async def test_help_and_palette_read_the_bindings(seeded):
             "Approve",
             "answer yes",
             "Requeue",
-            "Send → file",
+            "Write out",
             "outbox.log",
+            "s sends nothing to anyone",
             "Resolve",
             "Cancel",
             "Next page",
@@ -437,7 +496,7 @@ async def test_help_and_palette_read_the_bindings(seeded):
             "Expire",
             "Pause",
             "Hold outbox",
-            "Send → file",
+            "Write out",
             "Detail",
             "Filter",
             "Pending",

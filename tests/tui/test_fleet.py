@@ -81,11 +81,12 @@ async def test_rows_need_a_human_first_and_are_coloured_by_health(fleet):
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
         screen = await loaded(app, pilot)
         order = names(screen)
-        # approvals by deadline, then dead, then lost leases, unreadable files, the rest
+        # approvals by deadline, then work with no worker, dead, lost leases, unreadable
+        # files, the rest
         assert order[:4] == ["bob", "alice", HOSTILE_NAME, ESCAPE_NAME]
-        assert order[4:6] == ["carol", "dave"]
-        assert order[6:9] == ["ledger", "new", "notes"]
-        assert order[9:] == ["erin", "frank"]
+        assert order[4:7] == ["dave", "carol", "gina"]
+        assert order[7:10] == ["ledger", "new", "notes"]
+        assert order[10:] == ["erin", "frank"]
         rows = {
             summary.name: row
             for summary in screen.order
@@ -94,13 +95,20 @@ async def test_rows_need_a_human_first_and_are_coloured_by_health(fleet):
         assert rows["bob"].style == "urgent"
         assert rows["alice"].style == "approval"
         assert rows["carol"].style == "dead"
-        assert rows["dave"].style == "lost"
+        assert rows["dave"].style == "unserved"
+        assert rows["gina"].style == "lost"
         assert rows["notes"].style == "problem"
         assert rows["erin"].style == "ok" and "failing" in rows["erin"].flags
         assert rows["frank"].style == "ok" and "failing" not in rows["frank"].flags
         text = screen_text(app)
-        assert "11 inboxes · 4 approvals waiting · 1 expiring soon" in text
-        assert "g1 released worker-carol" in text and "g1 expired 4m ago" in text
+        assert (
+            "12 inboxes · 4 approvals waiting · 1 expiring soon · 3 need a worker · "
+            "2 dead · 3 lost leases · 3 unreadable"
+        ) in " ".join(text.split())
+        assert "g1 released worker-carol" in text and "g1 expired 23m ago worker" in text
+        # Work waits with no worker: said so with its age; approvals nobody will act on too.
+        assert "no worker · waiting 6m" in text
+        assert "no worker · never started" in text and "no worker · g1 lost 3m ago" in text
         # The countdown is live: the clock moves, the row follows.
         assert "1 · 7m00s" in text
         clock.advance(5)
@@ -162,9 +170,9 @@ async def test_filter_by_name_and_escape_clears_it(fleet):
         await wait_for(pilot, lambda: isinstance(app.screen, FilterScreen), what="filter")
         await pilot.press("a", "r", "enter")
         await wait_for(pilot, lambda: names(screen) == ["carol"], what="the filter")
-        assert "filter “ar”: 1 of 11 shown" in screen_text(app)
+        assert "filter “ar”: 1 of 12 shown" in screen_text(app)
         await pilot.press("escape")
-        await wait_for(pilot, lambda: len(names(screen)) == 11, what="every inbox")
+        await wait_for(pilot, lambda: len(names(screen)) == 12, what="every inbox")
         await close(app)
 
 
@@ -180,7 +188,10 @@ async def test_all_approvals_answered_one_after_another_in_their_own_files(fleet
             ("bob", "wire-transfer-88"),
             ("alice", "refund-ord-991"),
         ]
-        assert app.title == title_for(1)  # bob's request is within ten minutes
+        # One count with one meaning: the title says what the header and the queue say,
+        # and opening the queue does not make a waiting request vanish from it.
+        assert app.title == title_for(4, 1) == "onwatch · 4 approvals waiting · 1 expiring soon"
+        assert "All approvals · 4 waiting in 4 inboxes" in screen_text(app)
         await pilot.press("a")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
         assert "Wire $9,800 to ACME Ltd" in screen_text(app)
@@ -193,7 +204,8 @@ async def test_all_approvals_answered_one_after_another_in_their_own_files(fleet
             what="bob's request leaving the queue",
         )
         assert app.screen is queue and queue.rows.selected[0].name == "alice"
-        await wait_for(pilot, lambda: app.title == "onwatch", what="the count going")
+        await wait_for(pilot, lambda: app.title == title_for(3), what="the count going down")
+        assert app.title == "onwatch · 3 approvals waiting"
         # Not confirmed: nothing changes.
         await pilot.press("d")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
@@ -340,7 +352,7 @@ async def test_hostile_names_and_action_texts_stay_inert(fleet):
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
         screen = await loaded(app, pilot)
         text = screen_text(app)
-        assert "[@click=app.qui" in text  # the markup is shown, not run
+        assert "[@click…quit[b]x" in text  # the markup is shown, not run (its ends kept)
         assert "\\x1b]0;pwned\\x07" in text and "\x1b" not in text
         # The new approval's toast names the inbox, literally; the title never does.
         async with await Inbox.open(
@@ -348,12 +360,13 @@ async def test_hostile_names_and_action_texts_stay_inert(fleet):
         ) as hostile:
             await hostile.request_approval("again", 3600, HOSTILE_ACTION)
         await wait_for_text(pilot, "New approval in [@click=app.quit]quit[b]x")
-        assert app.title == title_for(2) == "onwatch · 2 approvals need you"
+        assert app.title == title_for(5, 1) == "onwatch · 5 approvals waiting · 1 expiring soon"
+        assert "5 approvals waiting · 1 expiring soon" in screen_text(app)  # the toast's words
         assert "\\x1b]0;pwned\\x07 transfer" in screen_text(app)
         await pilot.press("A")
         await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen), what="q")
         assert "ok-\\x1b[2J" in screen_text(app)
-        assert app.is_running and app.title == title_for(1)  # bob stays urgent
+        assert app.is_running and app.title == title_for(5, 1)  # seeing them answers none
         await close(app)
     assert isinstance(screen, FleetScreen)
 
@@ -381,7 +394,7 @@ async def test_an_approval_close_to_its_deadline_raises_the_alarm_once(tmp_path)
     app.bell = lambda: bells.append(clock.now())
     async with app.run_test(size=(120, 40), notifications=True) as pilot:
         await loaded(app, pilot)
-        assert app.title == "onwatch" and not bells
+        assert app.title == "onwatch · 1 approval waiting" and not bells
         clock.advance(299)  # 10m01s left: not yet
         app.tick()
         await pilot.pause()
@@ -389,7 +402,7 @@ async def test_an_approval_close_to_its_deadline_raises_the_alarm_once(tmp_path)
         clock.advance(1)
         app.tick()
         await wait_for_text(pilot, "late-one expires in 10m00s")
-        assert bells == [T0 + 300] and app.title == title_for(1)
+        assert bells == [T0 + 300] and app.title == title_for(1, 1)
         clock.advance(5)
         app.tick()
         await pilot.pause()
@@ -397,7 +410,7 @@ async def test_an_approval_close_to_its_deadline_raises_the_alarm_once(tmp_path)
         clock.advance(600)  # past the deadline: nothing left to answer in time
         app.tick()
         await pilot.pause()
-        assert app.title == "onwatch"
+        assert app.title == title_for(1) == "onwatch · 1 approval waiting"
         await close(app)
 
 
@@ -431,7 +444,7 @@ async def test_another_process_adding_an_approval_to_one_of_50_inboxes(tmp_path)
         assert await asyncio.wait_for(process.wait(), 30) == 0
         await wait_for_text(pilot, "New approval in agent-37: ship the release", timeout=10)
         assert bells == [1]
-        assert app.title == "onwatch · 1 approval needs you"
+        assert app.title == "onwatch · 1 approval waiting"
         assert screen.order[0].name == "agent-37"
         await close(app)
 
@@ -447,3 +460,139 @@ async def test_without_a_fleet_the_app_has_no_fleet_key(seeded):
         assert not app.check_action("fleet", ())
         assert "Fleet" not in screen_text(app)
         assert len(app.screen_stack) == 1 and app.inbox is inbox
+
+
+async def test_work_waiting_with_no_worker_is_its_own_state(tmp_path):
+    """`pending 1 · lease none · never`, a worker that released its lease with work left,
+    and a timer come due with nobody to fire it: each says "no worker" with how long the
+    work has waited, is coloured, sorts with what needs a human, and is counted in the
+    header; a worker taking the lease clears it."""
+    folder = str(tmp_path)
+    clock = FakeClock(T0)
+    async with await Inbox.open(os.path.join(folder, "fresh.db"), clock=clock) as fresh:
+        await fresh.ingest("chat", "m-1", {"text": "hello?"}, now=T0 - 400)
+    async with await Inbox.open(os.path.join(folder, "stopped.db"), clock=clock) as stopped:
+        gen = await stopped.acquire("w-1", now=T0 - 200)
+        await stopped.ingest("chat", "m-1", {"text": "hi"}, now=T0 - 100)
+        await stopped.release("w-1", gen, now=T0 - 90)
+    async with await Inbox.open(os.path.join(folder, "timed.db"), clock=clock) as timed:
+        await timed.add_timer("digest", T0 + 30, {"to": "ana"})
+    async with await Inbox.open(os.path.join(folder, "served.db"), clock=clock) as served:
+        await served.ingest("chat", "m-1", {"text": "hi"}, now=T0 - 50)
+        await served.acquire("w-2", now=T0 - 10)
+    async with await Inbox.open(os.path.join(folder, "broken.db"), clock=clock) as broken:
+        await broken.configure(max_attempts=1)
+        await broken.ingest("chat", "m-1", {"text": "boom"}, now=T0 - 60)
+        gen = await broken.acquire("w-3", now=T0 - 60)
+        batch = await broken.claim_batch("w-3", gen, now=T0 - 60)
+        await broken.finish("w-3", gen, [e.id for e in batch], error="KeyError", now=T0 - 59)
+        await broken.release("w-3", gen, now=T0 - 58)
+    app = OnwatchApp(None, clock=clock, fleet=FolderFleet(folder))
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        screen = await loaded(app, pilot)
+        assert names(screen) == ["fresh", "stopped", "broken", "served", "timed"]
+        styles = {s.name: screen.rows.painted[s.key].style for s in screen.order}
+        assert styles == {
+            "fresh": "unserved",
+            "stopped": "unserved",
+            "broken": "dead",
+            "served": "ok",
+            "timed": "ok",
+        }
+        text = screen_text(app)
+        assert "no worker · waiting 6m" in text  # fresh: its event arrived 400 s ago
+        assert "no worker · waiting 1m" in text  # stopped: released with work left
+        assert "5 inboxes · 0 approvals waiting · 2 need a worker" in text
+        # The timer comes due: nobody will fire it. Time alone changes the row.
+        clock.advance(31)
+        app.tick()
+        await wait_for(
+            pilot,
+            lambda: (
+                screen.rows.painted.get("timed.db", None) is not None
+                and screen.rows.painted["timed.db"].style == "unserved"
+            ),
+            what="the due timer's inbox to need a worker",
+        )
+        assert names(screen)[:3] == ["fresh", "stopped", "timed"]
+        await wait_for_text(pilot, "3 need a worker")
+        # A worker takes fresh's lease: served again, out of the count.
+        async with await Inbox.open(os.path.join(folder, "fresh.db"), clock=clock) as fresh:
+            await fresh.acquire("w-4")
+        await wait_for(
+            pilot,
+            lambda: (
+                screen.rows.painted.get("fresh.db") is not None
+                and screen.rows.painted["fresh.db"].style == "ok"
+            ),
+            what="fresh served",
+        )
+        await wait_for_text(pilot, "2 need a worker")
+        await close(app)
+
+
+async def test_an_empty_folder_says_how_to_make_an_inbox(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # as typed: `onwatch tui agents`
+    folder = "agents"
+    os.mkdir(folder)
+    app = OnwatchApp(None, clock=FakeClock(T0), fleet=FolderFleet(folder))
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await loaded(app, pilot)
+        text = screen_text(app)
+        assert "0 inboxes" in text and "No inbox in this folder yet" in text
+        assert "onwatch init agents/NAME.db" in text
+        # The first inbox appears: the hint goes, the row comes.
+        async with await Inbox.open(os.path.join(folder, "ana.db")) as ana:
+            await ana.ingest("chat", "m-1", {"text": "hi"})
+        screen = app.screen
+        await wait_for(pilot, lambda: names(screen) == ["ana"], what="ana's row")
+        await pilot.pause()
+        assert "No inbox in this folder yet" not in screen_text(app)
+        await close(app)
+
+
+async def test_escape_from_an_inbox_opened_from_all_approvals_goes_back_to_that_list(fleet):
+    folder, clock = fleet
+    app = make_app(folder, clock)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        fleet_screen = await loaded(app, pilot)
+        await pilot.press("A")
+        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen), what="queue")
+        await pilot.press("down")  # alice's refund, the second by deadline
+        assert app.screen.rows.selected[1].request_id == "refund-ord-991"
+        await pilot.press("enter")
+        await wait_for(
+            pilot,
+            lambda: (
+                app.inbox is not None
+                and app.inbox.path.endswith("alice.db")
+                and not isinstance(app.screen, (FleetScreen, ApprovalQueueScreen))
+            ),
+            what="alice's panes",
+        )
+        await wait_for_text(pilot, "Approvals · 1 waiting")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen), what="back")
+        queue = app.screen
+        await wait_for(pilot, lambda: bool(queue.items), what="the queue's rows")
+        assert queue.rows.selected[1].request_id == "refund-ord-991"  # where it was
+        # Escape there goes on back to the fleet; an inbox opened from the fleet goes back
+        # to the fleet, and 0 always does.
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is fleet_screen, what="the fleet")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.screen is not fleet_screen, what="an inbox")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is fleet_screen, what="the fleet again")
+        await pilot.press("A")
+        await wait_for(pilot, lambda: isinstance(app.screen, ApprovalQueueScreen), what="queue")
+        await pilot.press("enter")
+        await wait_for(
+            pilot,
+            lambda: not isinstance(app.screen, (FleetScreen, ApprovalQueueScreen)),
+            what="an inbox from the queue",
+        )
+        await pilot.press("0")
+        await wait_for(pilot, lambda: app.screen is fleet_screen, what="0: the fleet")
+        assert len(app.screen_stack) == 2
+        await close(app)

@@ -78,12 +78,12 @@ async def test_50_inboxes_listed_and_another_process_raises_the_alarm(database):
         async with app.run_test(size=(120, 40), notifications=True) as pilot:
             screen = await loaded(app, pilot)
             assert len(screen.order) == INBOXES and app.title == "onwatch"
-            assert "50 inboxes · 0 approvals waiting" in screen_text(app)
+            assert "50 inboxes · 0 approvals waiting · 50 need a worker" in screen_text(app)
             script = AGENT.format(root=ROOT, url=database, name="agent-37")
             process = await asyncio.create_subprocess_exec(sys.executable, "-c", script)
             assert await asyncio.wait_for(process.wait(), 30) == 0
             await wait_for_text(pilot, "New approval in agent-37: ship the release", timeout=10)
-            assert bells == [1] and app.title == "onwatch · 1 approval needs you"
+            assert bells == [1] and app.title == "onwatch · 1 approval waiting"
             assert screen.order[0].name == "agent-37"
             assert [a.request_id for a in await waiting(database, "agent-37")] == ["from-afar"]
             # Drilling in opens that inbox of the database, by name (the cursor stays on the
@@ -102,6 +102,9 @@ async def test_50_inboxes_listed_and_another_process_raises_the_alarm(database):
             )
             await pilot.press("4")
             await wait_for_text(pilot, "from-afar", timeout=10)
+            # No file beside a database's inbox: s (write held messages to one) is not there.
+            assert app.check_action("send_now", ()) is False
+            assert "Write out" not in screen_text(app)
             await app.inbox.close()
             app.inbox = None
     finally:
@@ -112,7 +115,7 @@ async def test_an_answer_from_the_queue_lands_in_its_inbox(database):
     async with await Inbox.open(database, name="agent-12", create=False) as inbox:
         await inbox.request_approval("refund-7", 3600, "Refund $40 [b]now[/b]")
     source = DatabaseFleet(database)
-    app = OnwatchApp(None, clock=SystemClock(), fleet=source)
+    app = OnwatchApp(None, clock=SystemClock(), fleet=source, actor="ana")
     try:
         async with app.run_test(size=(120, 40), notifications=True) as pilot:
             await loaded(app, pilot)
@@ -128,7 +131,7 @@ async def test_an_answer_from_the_queue_lands_in_its_inbox(database):
             await pilot.press("y")
             await wait_for_text(pilot, "agent-12: approved refund-7")
             [approval] = await waiting(database, "agent-12")
-            assert approval.answer == "yes" and approval.answered_by == "operator"
+            assert approval.answer == "yes" and approval.answered_by == "ana"
             await wait_for(pilot, lambda: not queue.items, what="the request leaving the queue")
             row = app.fleet_desk.summaries["agent-12"]
             assert row.waiting == 0 and row.pending == 2  # the answer is an event of its own
@@ -194,16 +197,19 @@ def test_tui_on_a_url_opens_the_fleet_or_one_inbox(database, monkeypatch):
     monkeypatch.setattr(
         app_module,
         "run_fleet",
-        lambda target, read_only=False: calls.append(("fleet", target)) or 0,
+        lambda target, read_only=False, actor=None: calls.append(("fleet", target, actor)) or 0,
     )
     monkeypatch.setattr(
         app_module,
         "run",
-        lambda path, read_only=False, name="default": calls.append(("inbox", path, name)) or 0,
+        lambda path, read_only=False, name="default", actor=None: (
+            calls.append(("inbox", path, name, actor)) or 0
+        ),
     )
+    monkeypatch.setenv("ONWATCH_ACTOR", "ana")
     assert cli.main(["tui", database]) == 0
-    assert cli.main(["tui", database, "--inbox", "agent-03"]) == 0
-    assert calls == [("fleet", database), ("inbox", database, "agent-03")]
+    assert cli.main(["tui", database, "--inbox", "agent-03", "--actor", "bo"]) == 0
+    assert calls == [("fleet", database, "ana"), ("inbox", database, "agent-03", "bo")]
 
 
 def test_a_database_that_is_not_onwatch_is_refused_in_one_line(capsys):
@@ -220,3 +226,24 @@ def test_a_database_that_is_not_onwatch_is_refused_in_one_line(capsys):
     assert err.count("\n") == 1
     with psycopg.connect(url) as conn:  # untouched: no onwatch table was made
         assert conn.execute("SELECT to_regclass('onwatch_schema')").fetchone()[0] is None
+
+
+async def test_summaries_say_how_long_work_waits_for_a_worker(database):
+    """The database's summary carries what the file's does: the oldest pending event's
+    arrival and the soonest timer, so the desk can say that nobody serves the work."""
+    async with await Inbox.open(database, name="agent-03", create=False) as inbox:
+        first = (await inbox.events("pending"))[0]
+        await inbox.ingest("chat", "m-2", {"text": "later"}, now=first.created + 500)
+        await inbox.add_timer("digest", 2_000_000_000, {"to": "ana"})
+    source = DatabaseFleet(database)
+    try:
+        scan = await asyncio.to_thread(source.scan, first.created + 600, {})
+    finally:
+        source.close()
+    summary = scan.summaries["agent-03"]
+    assert summary.pending == 2 and summary.oldest_pending == first.created
+    assert summary.next_timer_due == 2_000_000_000
+    assert summary.waiting_since(first.created + 600) == first.created
+    assert not summary.served(first.created + 600)
+    idle = scan.summaries["agent-04"]
+    assert idle.next_timer_due is None and idle.oldest_pending is not None

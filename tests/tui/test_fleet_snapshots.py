@@ -25,10 +25,12 @@ CASES = {
     "fleet_narrow": (NARROW, (), FleetScreen),
     "queue_wide": (WIDE, ("A",), ApprovalQueueScreen),
     "queue_narrow": (NARROW, ("A", "down"), ApprovalQueueScreen),
+    # An inbox drilled into at 80×24: its panes, and the footer keeping 0 Fleet.
+    "inbox_narrow": (NARROW, ("enter", "4"), None),
 }
 
 
-def driver(keys: tuple[str, ...], screen: type):
+def driver(keys: tuple[str, ...], screen: type | None):
     async def run_before(pilot) -> None:
         app = pilot.app
         for _ in range(200):
@@ -39,7 +41,13 @@ def driver(keys: tuple[str, ...], screen: type):
         for key in keys:
             await pilot.press(key)
             await settle(app, pilot)
-        assert isinstance(app.screen, screen)
+        if screen is None:  # the inbox's own panes
+            for _ in range(200):
+                if app.inbox is not None and app.loaded.is_set():
+                    break
+                await pilot.pause(0.05)
+        else:
+            assert isinstance(app.screen, screen)
         await settle(app, pilot)
         app.tick()
         await pilot.pause()

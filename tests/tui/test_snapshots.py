@@ -23,12 +23,15 @@ WIDE, NARROW = (120, 40), (80, 24)
 
 
 @pytest.fixture
-def make_app(tmp_path):
-    """Build an app over a freshly seeded inbox (opened outside snap_compare's loop)."""
+def make_app(tmp_path, monkeypatch):
+    """Build an app over a freshly seeded inbox (opened outside snap_compare's loop), by a
+    path relative to the test's folder: a dialog naming a file beside it reads the same in
+    every run."""
+    monkeypatch.chdir(tmp_path)
     opened = []
 
     def make(**kwargs) -> OnwatchApp:
-        inbox, clock = asyncio.run(open_seeded(str(tmp_path / "inbox.db")))
+        inbox, clock = asyncio.run(open_seeded("inbox.db"))
         opened.append(inbox)
         return OnwatchApp(inbox, clock=clock, **kwargs)
 
@@ -75,6 +78,8 @@ CASES = {
     "approvals_narrow": (NARROW, ("4",), None),
     "outbox_narrow": (NARROW, ("6",), None),
     "confirm_cancel_narrow": (NARROW, ("c",), ConfirmScreen),
+    "confirm_write_out_narrow": (NARROW, ("6", "s"), ConfirmScreen),
+    "detail_narrow": (NARROW, ("3", "enter"), DetailScreen),
     "help_narrow": (NARROW, ("question_mark",), HelpScreen),
 }
 

@@ -1,27 +1,12 @@
-"""The pane table's fill column follows the terminal's width: after a resize the table's
-virtual width is re-measured (tui.panes.base.remeasure, the one private Textual name)."""
+"""A pane's table follows the terminal's width: after a resize its columns are fitted again
+(tui/panes/layout.py) and the table's virtual width re-measured (tui.panes.base.remeasure,
+the one private Textual name), so it neither clips its last column nor leaves a gap."""
 
 from __future__ import annotations
 
-from textual.app import App, ComposeResult
+from onwatch.tui.app import OnwatchApp
 
-from onwatch.tui.panes.base import PaneTable
-
-
-class Table(PaneTable):
-    fill_column = "text"
-    widths = {"id": (8, 4)}
-
-
-class Host(App[None]):
-    def compose(self) -> ComposeResult:
-        yield Table()
-
-    def on_mount(self) -> None:
-        table = self.query_one(Table)
-        table.add_column("id", key="id")
-        table.add_column("text", key="text")
-        table.add_row("1", "a long text " * 20)
+from .conftest import started
 
 
 async def settled(pilot, table, condition) -> None:
@@ -32,13 +17,23 @@ async def settled(pilot, table, condition) -> None:
     raise AssertionError(f"virtual width stayed {table.virtual_size.width}")
 
 
-async def test_the_table_is_remeasured_to_fill_the_width_after_a_resize():
-    app = Host()
-    async with app.run_test(size=(100, 10)) as pilot:
-        table = app.query_one(Table)
-        await settled(pilot, table, lambda t: 96 <= t.virtual_size.width <= 100)
-        await pilot.resize_terminal(60, 10)
-        await settled(pilot, table, lambda t: 56 <= t.virtual_size.width <= 60)
-        assert table.columns["id"].width == 8
-        await pilot.resize_terminal(120, 10)
-        await settled(pilot, table, lambda t: 116 <= t.virtual_size.width <= 120)
+async def test_the_table_is_fitted_and_remeasured_after_a_resize(seeded):
+    inbox, clock, _ = seeded
+    app = OnwatchApp(inbox, clock=clock)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await started(app, pilot)
+        pane = app.pane("pending")
+        table = pane.table
+
+        def spans(t) -> bool:
+            return abs(t.virtual_size.width - t.scrollable_content_region.width) <= 1
+
+        await settled(pilot, table, spans)
+        wide = dict(pane._widths)
+        await pilot.resize_terminal(80, 24)
+        await settled(pilot, table, lambda t: spans(t) and t.virtual_size.width < 80)
+        narrow = dict(pane._widths)
+        assert narrow["source_id"] < wide["source_id"] and narrow["error"] < wide["error"]
+        await pilot.resize_terminal(120, 40)
+        await settled(pilot, table, lambda t: spans(t) and t.virtual_size.width > 100)
+        assert pane._widths == wide

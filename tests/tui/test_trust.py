@@ -13,7 +13,7 @@ import sqlite3
 from textual import events
 
 from onwatch.core import FakeClock, Inbox
-from onwatch.core.worker import Worker
+from onwatch.core.runtime.worker import Worker
 from onwatch.tui.app import OnwatchApp
 from onwatch.tui.screens.confirm import ConfirmScreen
 from onwatch.tui.screens.detail import DetailScreen
@@ -74,6 +74,62 @@ async def test_the_highlight_stays_on_its_event_while_rows_above_it_go(tmp_path)
     finally:
         await other.close()
         await inbox.close()
+
+
+async def test_a_left_notice_goes_once_it_is_no_longer_true(tmp_path):
+    """'#1 left Pending; no row is left' must not stand under three new pending rows, nor
+    'the highlight is now on #3' once the operator moved it."""
+    path = str(tmp_path / "live.db")
+    inbox, clock = await pending_inbox(path, n=1)
+    other = await Inbox.open(path, clock=clock)
+    try:
+        app = OnwatchApp(inbox)
+        async with app.run_test(size=SIZE) as pilot:
+            await started(app, pilot)
+            pane = app.pane("pending")
+            assert await other.cancel(1, now=T0)
+            await wait_for_text(pilot, "#1 left Pending; no row is left")
+            for i in range(2, 5):
+                await other.ingest("chat", f"m{i}", {"text": "again"}, now=T0)
+            await wait_for(pilot, lambda: len(pane._records) == 3, what="three new rows")
+            await pilot.pause()
+            assert "left Pending" not in screen_text(app)
+            # A notice about where the highlight landed stands while it is there...
+            assert await other.cancel(2, now=T0)
+            await wait_for_text(pilot, "#2 left Pending; the highlight is now on #3")
+            await other.ingest("chat", "m5", {"text": "more"}, now=T0)
+            await wait_for(pilot, lambda: "5" in pane._records, what="a row below")
+            assert "the highlight is now on #3" in screen_text(app)
+            # ...and goes when the operator moves it.
+            await press(pilot, "down")
+            assert pane.cursor_key() == "4"
+            assert "left Pending" not in screen_text(app)
+    finally:
+        await other.close()
+        await inbox.close()
+
+
+async def test_a_row_that_left_a_hidden_pane_is_not_announced_when_it_is_shown(seeded):
+    """The Timers pane was read at start, its highlight on its first row, never looked at;
+    that timer goes meanwhile. Shown later, the pane must not report a row nobody saw."""
+    inbox, clock, path = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        first = app.pane("timers").cursor_key()
+        assert first == "sync-calendar"
+        other = await Inbox.open(path, create=False, clock=clock)
+        try:
+            assert await other.cancel_timer("sync-calendar")
+            await other.ingest("chat", "nudge", {"text": "a commit the desk follows"})
+        finally:
+            await other.close()
+        await wait_for(pilot, lambda: app.pane("timers").stale, what="the hidden pane stale")
+        await press(pilot, "5")
+        pane = app.pane("timers")
+        await wait_for(pilot, lambda: "sync-calendar" not in pane._records, what="the reread")
+        await pilot.pause()
+        assert "left Timers" not in screen_text(app)
 
 
 async def test_dead_pane_keeps_its_row_when_another_is_requeued_from_the_cli(tmp_path):
@@ -334,11 +390,31 @@ async def test_late_and_answered_approvals_say_what_will_happen(seeded):
     async with app.run_test(size=SIZE) as pilot:
         await started(app, pilot)
         await press(pilot, "4")
-        # deploy-prod-v2 is answered: `a` says so rather than do nothing.
+        pane = app.pane("approvals")
+        # deploy-prod-v2 is answered: a/d/e are not offered on it, even when a new request
+        # arrives above it and the highlight stays where it was.
         await highlight(pilot, "approvals", "deploy-prod-v2")
-        await press(pilot, "a")
-        await wait_for_text(pilot, "deploy-prod-v2: already answered: yes")
-        assert not isinstance(app.screen, ConfirmScreen)
+        other = await Inbox.open(inbox.path, clock=clock)
+        try:
+            await other.request_approval("new-one", 3600, "Ship the hotfix", now=T0)
+        finally:
+            await other.close()
+        await wait_for(pilot, lambda: "new-one" in pane._records, what="the new request")
+        assert pane.cursor_key() == "deploy-prod-v2"
+        footer = screen_text(app).splitlines()[-1]
+        assert "Approve" not in footer and "Deny" not in footer and "Expire" not in footer
+        for action in ("approve", "deny", "expire"):
+            assert pane.check_action("act", (action,)) is False
+        for key in ("a", "d", "e"):
+            await press(pilot, key)
+            assert not isinstance(app.screen, ConfirmScreen)
+        assert "already answered" not in screen_text(app)
+        assert (await inbox.get_approval("new-one")).answer is None
+        # On a waiting row they are there again.
+        await press(pilot, "g")
+        await highlight(pilot, "approvals", "new-one")
+        footer = screen_text(app).splitlines()[-1]
+        assert "Approve" in footer and "Deny" in footer
         # Past its deadline: the dialog does not promise a yes.
         await press(pilot, "g")
         await highlight(pilot, "approvals", "refund-ord-991")
@@ -349,6 +425,8 @@ async def test_late_and_answered_approvals_say_what_will_happen(seeded):
         assert "past its deadline" in text and "will be refused" in text
         assert "resumes with the answer yes" not in text
         await press(pilot, "n")
-        # A filtered pane counts what it shows.
+        # A filtered pane counts what it shows, answered rows included.
         app.pane("approvals").set_filter("zzz-none")
-        await wait_for_text(pilot, "0 of 1 waiting match")
+        await wait_for_text(pilot, "0 matches: 0 waiting, 0 answered")
+        app.pane("approvals").set_filter("deploy")
+        await wait_for_text(pilot, "Approvals · 1 match: 0 waiting, 1 answered")

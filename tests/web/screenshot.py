@@ -32,9 +32,8 @@ async def shoot(out: Path) -> None:
                 browser = await launch(playwright)
                 page = await browser.new_page(viewport={"width": 1200, "height": 560})
                 screen = Screen(page)
-                await page.goto(f"{web.url}/?token={web.token}")
+                await page.goto(web.link)
                 await screen.wait_for("Pending", "msg-5")
-                await page.focus(".xterm-helper-textarea")
                 await page.keyboard.press("4")
                 await screen.wait_for("send the daily digest")
                 await page.wait_for_timeout(500)  # let the last frame paint

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -27,6 +28,25 @@ def db(tmp_path):
         (["--host", "0.0.0.0"], {}, "refusing to listen on 0.0.0.0 without $ONWATCH_WEB_TOKEN"),
         (["--host", "192.168.1.5"], {}, "without $ONWATCH_WEB_TOKEN"),
         ([], {"ONWATCH_WEB_TOKEN": "short"}, "ONWATCH_WEB_TOKEN is too short"),
+        # long enough, but guessable: refused whatever the interface
+        ([], {"ONWATCH_WEB_TOKEN": "aaaaaaaaaaaaaaaa"}, "ONWATCH_WEB_TOKEN is too easy to guess"),
+        (
+            ["--host", "0.0.0.0", "--public-url", "https://desk.example.org"],
+            {"ONWATCH_WEB_TOKEN": "aaaaaaaaaaaaaaaa"},
+            "ONWATCH_WEB_TOKEN is too easy to guess",
+        ),
+        (
+            [],
+            {"ONWATCH_WEB_TOKEN": "password12345678"},
+            "ONWATCH_WEB_TOKEN is too easy to guess",
+        ),
+        # beyond loopback the desk must know the name browsers use, to check Host and Origin
+        (
+            ["--host", "0.0.0.0"],
+            {"ONWATCH_WEB_TOKEN": "a-long-chosen-token-0123456789"},
+            "listening on 0.0.0.0 needs --public-url",
+        ),
+        (["--public-url", "https://user:pw@desk.example.org"], {}, "--public-url must be like"),
         (["--inbox", "alice"], {}, "--inbox picks an inbox inside a PostgreSQL database"),
         (["--public-url", "desk.example.org"], {}, "--public-url must be like"),
         (["--public-url", "https://desk.example.org/x?y"], {}, "--public-url must be like"),
@@ -67,27 +87,59 @@ def test_a_folder_is_served_as_the_fleet_desk(tmp_path):
     assert chosen.token_generated and len(chosen.token) >= 40
 
 
-def test_a_configured_token_may_listen_beyond_loopback(db):
+def test_a_configured_token_may_listen_beyond_loopback_behind_its_public_name(db):
     from onwatch.tui.web import plan
 
     class Args:
-        target, inbox, host, port, read_only, public_url = str(db), None, "0.0.0.0", 0, False, None
+        target, inbox, host, port, read_only = str(db), None, "0.0.0.0", 0, False
+        public_url = "https://Desk.Example.org:443/"
 
     chosen = plan(Args, {"ONWATCH_WEB_TOKEN": "a-long-chosen-token-0123456789"})
     assert not chosen.token_generated and chosen.token == "a-long-chosen-token-0123456789"
+    assert chosen.public_url == "https://desk.example.org" and chosen.desk_host == ""
+
+
+def test_on_this_machine_the_desk_gets_a_random_name_of_its_own(db):
+    from onwatch.tui.web import plan
+
+    class Args:
+        target, inbox, host, port, read_only, public_url = (
+            str(db),
+            None,
+            "127.0.0.1",
+            0,
+            False,
+            None,
+        )
+
+    names = {plan(Args, {}).desk_host for _ in range(3)}
+    assert len(names) == 3
+    assert all(re.fullmatch(r"desk-[0-9a-f]{20}\.localhost", name) for name in names)
 
 
 async def test_a_configured_token_is_not_printed_nor_inherited_by_the_desks(db, tmp_path):
-    """The real process: the token from the environment is never printed, and the tui
-    process a browser connection starts does not have it in its environment."""
+    """The real process: the token from the environment is never printed (the printed link
+    carries a one-time code instead), and the tui process a browser connection starts has
+    neither it nor a webhook secret in its environment."""
     token = "a-long-chosen-token-0123456789"
-    web = WebProcess(db, tmp_path, env={"ONWATCH_WEB_TOKEN": token}).start()
+    web = WebProcess(
+        db,
+        tmp_path,
+        env={
+            "ONWATCH_WEB_TOKEN": token,
+            "ONWATCH_HOOK_SECRET_CI": "whsec_c2VjcmV0LWtleS1ieXRlcy0xMjM0",
+        },
+    ).start()
     try:
-        assert web.token == "$ONWATCH_WEB_TOKEN"
+        assert web.token == "" and web.code
         async with aiohttp.ClientSession() as http:
             async with http.ws_connect(
-                f"{web.url}/ws?width=80&height=24",
-                headers={"Authorization": f"Bearer {token}", "Origin": web.url},
+                f"http://127.0.0.1:{web.port}/ws?width=80&height=24",
+                headers={
+                    "Authorization": f"Bearer {token}",
+                    "Origin": web.origin,
+                    "Host": web.host,
+                },
             ) as ws:
                 screen = b""
                 deadline = time.monotonic() + 20
@@ -101,6 +153,7 @@ async def test_a_configured_token_is_not_printed_nor_inherited_by_the_desks(db, 
                     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
                     assert any(item.startswith(b"TEXTUAL_DRIVER=") for item in environ)
                     assert not [item for item in environ if token.encode() in item]
+                    assert not [item for item in environ if b"SECRET" in item]
     finally:
         assert web.stop() == 0
     assert token not in web.out.read_text() + web.err.read_text()

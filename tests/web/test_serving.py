@@ -1,5 +1,6 @@
 """The textual-serve adapter (tui/web/serving.py) pinned by behaviour: it builds on private
-parts of textual-serve, so an upgrade that moves them must fail here, not in a browser."""
+parts of textual-serve, so an upgrade that moves them must fail here, not in a browser; and
+it owns the desk processes' lives, which are checked here with real processes."""
 
 from __future__ import annotations
 
@@ -7,45 +8,44 @@ import asyncio
 import gc
 import os
 import re
-import shlex
 import sys
 import time
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from onwatch.core import Inbox
+from onwatch.tui.web import serving
 from onwatch.tui.web.serving import desk_app
 
-from .helpers import CSI
+from .helpers import CSI, alive, descendants
+
+WS = "ws://desk.test/ws"
 
 
-async def test_page_points_its_websocket_and_scripts_at_the_address_used(tmp_path):
-    app = await desk_app("true", title="onwatch alice")
+async def test_the_page_names_the_inbox_fits_a_phone_and_points_at_the_desks_own_websocket():
+    app, _ = await desk_app(["true"], title="alice <b> · onwatch", websocket_url=lambda: WS)
     async with TestClient(TestServer(app)) as client:
         page = await client.get("/")
         html = await page.text()
-        host = f"{client.host}:{client.port}"
-        assert f'data-session-websocket-url="ws://{host}/ws"' in html
-        assert f'href="http://{host}/static/css/xterm.css"' in html
-        assert "onwatch alice" in html
+        assert "<title>alice &lt;b&gt; · onwatch</title>" in html
+        assert '<meta name="viewport" content="width=device-width, initial-scale=1">' in html
+        assert f'data-session-websocket-url="{WS}"' in html
+        assert 'href="/static/css/xterm.css"' in html and 'src="/static/js/textual.js"' in html
+        assert "fonts.googleapis.com" not in html  # nothing from elsewhere
+        assert "script-src 'self' 'sha256-" in page.headers["Content-Security-Policy"]
         script = await client.get("/static/js/textual.js")
         assert script.status == 200 and len(await script.read()) > 100_000
+        font = await client.get("/static/fonts/RobotoMono-VariableFont_wght.ttf")
+        assert font.status == 200
 
 
-async def test_public_url_behind_a_tls_proxy_gives_wss(tmp_path):
-    app = await desk_app("true", title="t", public_url="https://desk.example.org")
-    async with TestClient(TestServer(app)) as client:
-        html = await (await client.get("/")).text()
-        assert 'data-session-websocket-url="wss://desk.example.org/ws"' in html
-        assert 'src="https://desk.example.org/static/js/textual.js"' in html
-
-
-async def test_each_websocket_runs_the_command_under_textuals_web_driver(tmp_path):
+async def test_each_websocket_runs_the_desk_under_textuals_web_driver(tmp_path):
     db = tmp_path / "alice.db"
     async with await Inbox.open(db) as inbox:
         await inbox.ingest("chat", "msg-42", {"text": "hello"})
-    command = shlex.join([sys.executable, "-m", "onwatch", "tui", str(db), "--read-only"])
-    app = await desk_app(command, title="t")
+    argv = [sys.executable, "-m", "onwatch", "tui", str(db), "--read-only"]
+    app, desks = await desk_app(argv, title="t", websocket_url=lambda: WS)
     async with TestClient(TestServer(app)) as client:
         ws = await client.ws_connect("/ws?width=100&height=30")
         screen = b""
@@ -60,26 +60,108 @@ async def test_each_websocket_runs_the_command_under_textuals_web_driver(tmp_pat
         text = CSI.sub(b"", screen).decode("utf-8", "replace")
         assert "msg-42" in text and "Pending" in text
         assert re.search(r"read.only", text, re.IGNORECASE)
+        (desk,) = desks.processes
+        environ = open(f"/proc/{desk.pid}/environ", "rb").read().split(b"\0")
+        assert b"TEXTUAL_DRIVER=textual.drivers.web_driver:WebDriver" in environ
+        assert any(item.startswith(b"ONWATCH_ACTOR=web:") for item in environ)
         await ws.close()
-        # closing the tab ends its process (textual-serve sends quit); wait for it to go
-        # and let its pipes close while the loop still runs
-        deadline = time.monotonic() + 20
-        while children() and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        assert not children(), "the desk process outlived its websocket"
+        await wait_gone(desks)
+        assert not descendants(os.getpid()), "the desk process outlived its websocket"
         gc.collect()
         await asyncio.sleep(0)
 
 
-def children() -> list[int]:
-    """This process's live child processes (Linux /proc)."""
-    found = []
-    for task in os.listdir(f"/proc/{os.getpid()}/task"):
-        with open(f"/proc/{os.getpid()}/task/{task}/children") as handle:
-            found += [int(pid) for pid in handle.read().split()]
-    alive = []
-    for pid in found:
-        with open(f"/proc/{pid}/stat") as handle:
-            if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
-                alive.append(pid)
-    return alive
+async def test_a_desk_gets_no_token_and_no_webhook_secret(monkeypatch):
+    monkeypatch.setenv("ONWATCH_WEB_TOKEN", "t" * 40)
+    monkeypatch.setenv("ONWATCH_HOOK_SECRET_CI", "whsec_x")
+    monkeypatch.setenv("ONWATCH_GITHUB_SECRET", "gh")
+    monkeypatch.setenv("KEEP_ME", "1")
+    environment = serving.desk_environment(dict(os.environ), "web:alice/1-abc")
+    assert "ONWATCH_WEB_TOKEN" not in environment
+    assert (
+        "ONWATCH_HOOK_SECRET_CI" not in environment and "ONWATCH_GITHUB_SECRET" not in environment
+    )
+    assert environment["KEEP_ME"] == "1" and environment["ONWATCH_ACTOR"] == "web:alice/1-abc"
+
+
+# A desk that announces itself as a Textual app, then ignores the quit it is sent and
+# SIGTERM, and has a child of its own: only SIGKILL to its process group ends both.
+STUBBORN = r"""
+import os, signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+open(sys.argv[1], "w").write(f"{os.getpid()} {child.pid}")
+sys.stdout.write("__GANGLION__\n"); sys.stdout.flush()
+time.sleep(600)
+"""
+
+
+async def test_a_desk_that_will_not_quit_is_killed_with_its_children(tmp_path, monkeypatch):
+    monkeypatch.setattr(serving, "QUIT_GRACE", 0.3)
+    monkeypatch.setattr(serving, "TERM_GRACE", 0.3)
+    pids_file = tmp_path / "pids"
+    app, desks = await desk_app(
+        [sys.executable, "-c", STUBBORN, str(pids_file)], title="t", websocket_url=lambda: WS
+    )
+    async with TestClient(TestServer(app)) as client:
+        ws = await client.ws_connect("/ws")
+        await wait(lambda: pids_file.exists() and pids_file.read_text().count(" ") == 1)
+        pids = [int(p) for p in pids_file.read_text().split()]
+        assert all(alive(pid) for pid in pids)
+        await ws.close()  # the tab closes
+        await wait_gone(desks)
+        await wait(lambda: not any(alive(pid) for pid in pids), what="the desk and its child")
+
+
+async def test_closing_the_tab_while_the_desk_starts_ends_it(tmp_path):
+    db = tmp_path / "alice.db"
+    await (await Inbox.open(db)).close()
+    argv = [sys.executable, "-m", "onwatch", "tui", str(db)]
+    app, desks = await desk_app(argv, title="t", websocket_url=lambda: WS)
+    async with TestClient(TestServer(app)) as client:
+        ws = await client.ws_connect("/ws")
+        await wait(lambda: desks.processes, what="the desk to start")
+        (desk,) = desks.processes
+        pid = desk.pid
+        await ws.close()  # before the app drew anything
+        await wait_gone(desks)
+        await wait(lambda: not alive(pid), what="the desk process to end")
+
+
+async def test_past_the_cap_a_tab_is_told_why_and_no_process_starts(tmp_path):
+    app, desks = await desk_app(
+        [sys.executable, "-c", "import time; time.sleep(60)"], title="t", websocket_url=lambda: WS
+    )
+    desks.max_desks = 1
+    async with TestClient(TestServer(app)) as client:
+        first = await client.ws_connect("/ws")
+        await wait(lambda: desks.processes, what="the first desk")
+        second = await client.ws_connect("/ws")
+        message = await second.receive(timeout=10)
+        assert b"1 desks are open already, the most this server runs at once" in message.data
+        closing = await second.receive(timeout=10)
+        assert second.closed or closing.type.name in ("CLOSE", "CLOSING", "CLOSED")
+        assert len(desks.processes) == 1
+        await first.close()
+        await desks.close_all()
+
+
+async def wait(condition, timeout: float = 20.0, what: str = "the condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def wait_gone(desks) -> None:
+    await wait(lambda: not desks.processes, what="every desk to end")
+
+
+@pytest.fixture(autouse=True)
+def no_leftovers():
+    yield
+    gc.collect()

@@ -24,12 +24,24 @@ async def inbox(tmp_path):
 
 @pytest.fixture
 async def serve():
-    """serve(inbox, secrets=…, max_body=…) -> a running server, stopped after the test."""
+    """serve(inbox, secrets=…, max_body=…, max_connections=…) -> a running server, stopped
+    after the test."""
     servers = []
 
-    async def start(inbox, *, secrets: Secrets | None = None, max_body: int | None = None):
+    async def start(
+        inbox,
+        *,
+        secrets: Secrets | None = None,
+        max_body: int | None = None,
+        max_connections: int | None = None,
+    ):
         server = await start_server(
-            inbox, secrets=secrets or default_secrets(), host="127.0.0.1", port=0, max_body=max_body
+            inbox,
+            secrets=secrets or default_secrets(),
+            host="127.0.0.1",
+            port=0,
+            max_body=max_body,
+            max_connections=max_connections,
         )
         servers.append(server)
         return server

@@ -103,10 +103,12 @@ class ServerProcess:
     """`onwatch serve` in its own OS process (via the launcher), stderr kept in a file.
 
     `server = await ServerProcess(db, log).start()` creates the inbox if needed (as
-    `onwatch init` would), starts the process and waits for its "listening on" line."""
+    `onwatch init` would), starts the process and waits for its "listening on" line.
+    `nofile` sets the process's descriptor limit (soft and hard), e.g. the common 1024."""
 
-    def __init__(self, db: Path, log: Path, *extra: str) -> None:
+    def __init__(self, db: Path, log: Path, *extra: str, nofile: int | None = None) -> None:
         self.db, self.log, self.extra = db, log, extra
+        self.nofile = nofile
         self.env = secrets_env()
         self.command = [sys.executable, str(LAUNCHER), str(db)]
         self.url = ""
@@ -122,6 +124,7 @@ class ServerProcess:
             stdout=subprocess.DEVNULL,
             stderr=self._log_file,
             env=self.env,
+            preexec_fn=self._limit if self.nofile else None,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -135,6 +138,16 @@ class ServerProcess:
             await asyncio.sleep(0.05)
         self.proc.kill()
         raise AssertionError(f"server did not start:\n{self.log.read_text()}")
+
+    def _limit(self) -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.url.removeprefix("http://").rpartition(":")
+        return host.strip("[]"), int(port)
 
     def stop(self, sig: int, timeout: float = 20.0) -> int:
         """Send `sig` (harmless if the process already died) and return its exit status."""

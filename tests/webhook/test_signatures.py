@@ -166,3 +166,63 @@ def test_standard_rotation_any_signature_against_any_key():
         verify_standard(b"{}", "m", str(T), both, [b"x" * 24], now=T)
     with pytest.raises(SignatureError, match="no secret"):
         verify_standard(b"{}", "m", str(T), both, [], now=T)
+
+
+def count_macs(monkeypatch) -> list[bytes]:
+    """Every HMAC the verifiers start, by key: the cost of a check is this list's length
+    times the body's size."""
+    from onwatch.core.webhooks import signatures
+
+    made: list[bytes] = []
+    real = signatures.hmac.new
+
+    def new(key, *args, **kwargs):
+        made.append(key)
+        return real(key, *args, **kwargs)
+
+    monkeypatch.setattr(signatures.hmac, "new", new)
+    return made
+
+
+def test_the_mac_is_computed_once_per_secret_whatever_the_stripe_header_offers(monkeypatch):
+    """Before, every v1 value cost an HMAC of the whole body: 1,600 values in one header
+    were 1,600 passes over a megabyte."""
+    body = b"{}" * 50_000
+    header = stripe_signature(body, ["a"], T) + "".join(",v1=" + "0" * 64 for _ in range(7))
+    made = count_macs(monkeypatch)  # the signer above uses hmac too: count from here on
+    verify_stripe(body, header, [b"x", b"a"], now=T)
+    assert made == [b"x", b"a"]
+    made.clear()
+    with pytest.raises(SignatureError, match="offers more than 8 signatures"):
+        verify_stripe(body, header + ",v1=" + "0" * 64, [b"a"], now=T)
+    with pytest.raises(SignatureError, match="offers more than 8 signatures"):
+        verify_stripe(body, "t=%d," % T + ",".join("v1=0" for _ in range(1600)), [b"a"], now=T)
+    assert made == [], "a header over the cap is refused before any hashing"
+
+
+def test_the_mac_is_computed_once_per_secret_whatever_the_standard_header_offers(monkeypatch):
+    key = b"k" * 32
+    at = dt.datetime.fromtimestamp(T, dt.timezone.utc)
+    good = Webhook(key).sign("m", at, "{}")
+    junk = " ".join("v1," + base64.b64encode(bytes([n]) * 32).decode() for n in range(7))
+    made = count_macs(monkeypatch)
+    verify_standard(b"{}", "m", str(T), f"{junk} {good}", [b"o" * 32, key], now=T)
+    assert made == [b"o" * 32, key]
+    made.clear()
+    with pytest.raises(SignatureError, match="offers more than 8 signatures"):
+        verify_standard(b"{}", "m", str(T), f"{junk} {good} {good}", [key], now=T)
+    assert made == []
+
+
+def test_a_body_fed_in_pieces_verifies_like_a_whole_one():
+    from onwatch.core.webhooks.signatures import stripe_verifier
+
+    body = bytes(range(256)) * 1000
+    verifier = stripe_verifier(stripe_signature(body, ["s"], T), [b"s"], now=T)
+    for start in range(0, len(body), 4096):
+        verifier.update(body[start : start + 4096])
+    verifier.check()
+    tampered = stripe_verifier(stripe_signature(body, ["s"], T), [b"s"], now=T)
+    tampered.update(body[:-1])
+    with pytest.raises(SignatureError, match="bad signature"):
+        tampered.check()

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from onwatch.core import FakeClock, Inbox
-from onwatch.core.worker import Worker
+from onwatch.core.runtime.worker import Worker
 
 T = 1_000_000
 DAY = 86_400

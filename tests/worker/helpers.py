@@ -40,7 +40,13 @@ def onwatch(
 
 
 def start_worker(
-    path, agent: str, test_dir, *extra: str, holder: str | None = None, name: str = "worker"
+    path,
+    agent: str,
+    test_dir,
+    *extra: str,
+    holder: str | None = None,
+    name: str = "worker",
+    module: str = "tests.worker.agents",
 ) -> subprocess.Popen:
     """Start `onwatch worker` in its own process; its output goes to files in test_dir."""
     args = [
@@ -50,7 +56,7 @@ def start_worker(
         "worker",
         str(path),
         "--agent",
-        f"tests.worker.agents:{agent}",
+        f"{module}:{agent}",
         "--poll",
         "0.1",
         *extra,

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
+import threading
 import time
 
 import pytest
 
 from onwatch.core import BudgetExceeded, Inbox
-from onwatch.core.worker import LeaseLost, RunAbandoned, Worker, command_channel, run_worker
+from onwatch.core.runtime.channels import command_channel
+from onwatch.core.runtime.context import LeaseLost, RunAbandoned
+from onwatch.core.runtime.worker import AgentWedged, Worker, run_worker
 
 from .conftest import DAY, T, asleep, status, until
 
@@ -345,11 +349,11 @@ async def test_an_event_committed_between_an_empty_claim_and_the_nap_is_run(inbo
     other = await Inbox.open(inbox.path, clock=clock)  # another connection: another process
     next_wake, committed = inbox.next_wake, asyncio.Event()
 
-    async def commit_then_next_wake():  # _idle asks for it after the claim, before the nap
+    async def commit_then_next_wake(**options):  # _idle asks after the claim, before the nap
         if not committed.is_set():
             await other.ingest("chat", "between", "x")
             committed.set()
-        return await next_wake()
+        return await next_wake(**options)
 
     inbox.next_wake = commit_then_next_wake
     try:
@@ -524,3 +528,133 @@ async def test_command_channel_never_leaves_its_command_running(tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+# --- a misbehaving agent, in-process (docs/rules.md#a-misbehaving-agent) -------------------
+# The real-process tests are in test_misbehaving.py; these pin the runtime's own decisions.
+
+
+async def test_code_that_outlives_its_grace_raises_agent_wedged_after_releasing(inbox, start):
+    await inbox.configure(max_run_seconds=30)
+    let_go, swallowed = asyncio.Event(), []
+
+    async def agent(batch, ctx):
+        while not let_go.is_set():  # a retry loop that swallows the cancellation
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                swallowed.append(ctx.run_id)
+                await let_go.wait()
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent, grace=0.1)
+    await until(lambda: _status_is(inbox, 1, "running"))
+    running.worker.request_stop()  # grace 0.1 s to finish, then 0.1 s to end: it will not
+    with pytest.raises(AgentWedged, match="did not end when cancelled"):
+        await asyncio.wait_for(running.task, 5)
+    assert swallowed == [1]
+    assert (await inbox.lease_info()).until < inbox.now()  # released before raising
+    assert await status(inbox, 1) == "running"  # left for the next generation
+    let_go.set()
+
+
+async def test_an_agent_that_ends_within_the_grace_lets_the_worker_go_on(inbox, start, clock):
+    await inbox.configure(max_run_seconds=30)
+    calls = []
+
+    def agent(batch, ctx):  # a plain def: its thread cannot be cancelled, only waited for
+        calls.append(ctx.run_id)
+        if len(calls) == 1:
+            while ctx._closed is None:  # keeps going until given up, then returns soon
+                time.sleep(0.01)
+            return
+        ctx.reply("second")
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent, grace=5)
+    await until(lambda: calls)
+    clock.advance(30)
+    await until(lambda: running.worker.stats.abandoned == 1, what="the abandon")
+    clock.advance(1)
+    await until(lambda: _status_is(inbox, 1, "done"), what="the retry by the same worker")
+    stats = await running.stop()
+    assert (stats.runs, stats.abandoned, stats.done) == (2, 1, 1)
+
+
+@pytest.mark.parametrize("raised", [SystemExit(0), KeyboardInterrupt(), GeneratorExit()])
+@pytest.mark.parametrize("plain", [False, True])
+async def test_an_agent_raising_a_base_exception_fails_its_run_only(inbox, start, raised, plain):
+    async def async_agent(batch, ctx):
+        raise raised
+
+    def plain_agent(batch, ctx):
+        raise raised
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(plain_agent if plain else async_agent)
+    event = await until(lambda: _pending_with_error(inbox, 1), what="the failure recorded")
+    assert event.error.startswith(type(raised).__name__)
+    assert not running.task.done()
+    stats = await running.stop()
+    assert (stats.runs, stats.failed) == (1, 1)
+
+
+async def test_a_plain_def_perform_leaves_the_loop_free(inbox, start):
+    """The effect blocks its thread only: the loop turns meanwhile (it ran on the loop)."""
+    paying, release, turns = threading.Event(), threading.Event(), []
+
+    def agent(batch, ctx):
+        def pay(key):
+            paying.set()
+            release.wait(10)
+            paying.clear()
+            return "paid"
+
+        ctx.reply(ctx.perform("pay", None, pay))
+
+    await inbox.ingest("chat", "m1", "x")
+    running = start(agent)
+    await until(paying.is_set, what="the payment to start")
+    for _ in range(3):
+        await asyncio.sleep(0)  # the loop turns while the payment still runs
+        turns.append(paying.is_set())
+    release.set()
+    await until(lambda: _status_is(inbox, 1, "done"))
+    await running.stop()
+    assert turns == [True, True, True]
+    assert [e.state for e in await inbox.effects(1)] == ["confirmed"]
+
+
+async def test_the_loop_watch_names_the_run_that_blocks_the_loop(tmp_path, caplog):
+    path = str(tmp_path / "w.db")
+    async with await Inbox.open(path) as box:
+        await box.configure(lease_ttl=1, outbox_gap=0)  # a stall is worth a word at 0.25 s
+        await box.ingest("chat", "m1", "x")
+
+    async def agent(batch, ctx):
+        time.sleep(0.6)  # blocks the loop
+
+    caplog.set_level(logging.WARNING, "onwatch.worker")
+    stats = await run_worker(path, agent, max_runs=1, poll_interval=0.02)
+    assert stats.done == 1
+    await until(lambda: "turned again" in caplog.text, what="the end of the stall")
+    blocked = next(r.getMessage() for r in caplog.records if "has been blocked" in r.getMessage())
+    assert "run 1 (events [1], gen 1)" in blocked and "test_runtime.py" in blocked
+
+
+async def test_run_worker_resolves_a_relative_path_once(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    async with await Inbox.open("w.db") as box:
+        await box.ingest("chat", "m1", "x")
+        await box.ingest("chat", "m2", "x")
+        await box.configure(max_batch=1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    async def agent(batch, ctx):
+        os.chdir(elsewhere)
+        ctx.reply("moved")
+
+    stats = await run_worker("w.db", agent, max_runs=2, poll_interval=0.02)
+    assert stats.done == 2
+    assert not (elsewhere / "w.db").exists()

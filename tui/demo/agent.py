@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from onwatch.core import Event
-from onwatch.core.worker import RunContext
+from onwatch.core import Event, RunContext
 
 THINK_SECONDS_ENV = "ONWATCH_DEMO_THINK_SECONDS"
 

@@ -2,7 +2,7 @@
 
 Two `onwatch worker` processes share a scratch inbox with a short lease (5 s). The viewer sends
 chat messages (`i`), kills the worker that holds the lease with SIGKILL in the middle of its run
-(`k`), watches the lease expire and the other worker take over with the next generation, and
+(`K`), watches the lease expire and the other worker take over with the next generation, and
 switches the lost-claim policy (`t`) to see the same crash end as a retry or as an interrupted
 event waiting for a human. The panes are the supervisor's own, following the file like they
 would for any agent.
@@ -32,6 +32,7 @@ from textual.widgets import Label, Static
 from onwatch.core import Inbox, Overview, SystemClock
 from .agent import THINK_SECONDS_ENV
 
+from ..actions import KEYS
 from ..safe import safe_content
 from .desk import DemoDesk
 
@@ -229,11 +230,20 @@ class LiveDemoApp(DemoDesk):
     def make_bar(self) -> Widget:
         return LiveBar(id="live")
 
+    def key(self, action: str) -> str:
+        """The key of one of the live demo's own actions, as the narration names it: read
+        from its binding, so a line never names a key that does something else."""
+        for binding in self.BINDINGS:
+            if isinstance(binding, Binding) and binding.action == action:
+                return binding.key
+        raise KeyError(action)
+
     def on_mount(self) -> None:
         super().on_mount()
         self.tell(
             f"Starting {self.initial_workers} worker processes running the example "
-            f"agent (each run takes {self.agent_seconds:g} s). Press i to send messages."
+            f"agent (each run takes {self.agent_seconds:g} s). Press "
+            f"{self.key('send_messages')} to send messages."
         )
         for _ in range(self.initial_workers):
             self.action_start_worker(quiet=True)
@@ -262,7 +272,8 @@ class LiveDemoApp(DemoDesk):
         self.messages_sent += len(texts)
         self.tell(
             f"msg-{first}…msg-{self.messages_sent} arrived. The lease holder claims them "
-            f"as one run; the agent takes {self.agent_seconds:g} s — press K meanwhile."
+            f"as one run; the agent takes {self.agent_seconds:g} s — press "
+            f"{self.key('kill')} meanwhile."
         )
         self.action_show_pane("running")
         await self.reload()
@@ -289,7 +300,12 @@ class LiveDemoApp(DemoDesk):
             f"You killed {victim.name} (SIGKILL, pid {victim.pid}) {mid}: no finish, no "
             f"release. Its lease (gen {lease.gen}) stays valid for "
             f"{max(lease.until - now, 0)} s more: a dead worker looks like a slow one "
-            f"until then." + ("" if standby else " No standby is running: press w to start one.")
+            f"until then."
+            + (
+                ""
+                if standby
+                else f" No standby is running: press {self.key('start_worker')} to start one."
+            )
         )
         self._show_live()
 
@@ -308,8 +324,9 @@ class LiveDemoApp(DemoDesk):
         policy = "interrupt" if self.inbox.settings.on_lost_claim == "retry" else "retry"
         await self.inbox.configure(on_lost_claim=policy)
         self.tell(
-            f"Lost-claim policy is now {policy}. Send messages (i) and kill the active "
-            f"worker (k) to see what a takeover does with its run."
+            f"Lost-claim policy is now {policy}. Send messages ({self.key('send_messages')}) "
+            f"and kill the active worker ({self.key('kill')}) to see what a takeover does "
+            f"with its run."
         )
         self._show_live()
 
@@ -377,7 +394,8 @@ class LiveDemoApp(DemoDesk):
                         f" Policy interrupt: {interrupted} event"
                         f"{'s' if interrupted != 1 else ''} of the lost run became "
                         f"interrupted and will not run again by themselves — see pane 3 "
-                        f"(m marks done, r requeues)."
+                        f"({KEYS['resolve'].key} marks done, {KEYS['requeue'].key} "
+                        f"requeues)."
                     )
                     self.action_show_pane("dead")
                 else:

@@ -34,12 +34,25 @@ from onwatch.core import FakeClock
 
 from ..panes import Window
 from ..safe import safe_content
+from ..timefmt import Times
 from .desk import DemoDesk
 from .scenarios import SCENARIOS, START, Scenario, ScenarioRun, since_start
 
 SPEEDS = (0.5, 1.0, 2.0, 3.0, 5.0, 8.0)  # seconds per step in autoplay
 WIDE_BAR = (100, 30)  # the least size that shows the step list and the hints
 DEFAULT_SPEED = 3  # index into SPEEDS: 3 s per step, time to read a narration line
+
+
+class SimulatedTimes(Times):
+    """The player's instants as offsets from the scenario's start ('t+2m11s'), as its bar
+    shows the clock: that clock is simulated and starts in January 1970, so a date or a
+    time of day would be noise (the detail view said 1970-01-12)."""
+
+    def stamp(self, at: int | None) -> str:
+        return "—" if at is None else since_start(at)
+
+    def clock(self, at: int | None, *, seconds: bool = False) -> str:
+        return "—" if at is None else since_start(at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +223,7 @@ class DemoApp(DemoDesk):
     """The supervisor TUI with a scenario player: the panes are real, the clock simulated."""
 
     TITLE = "onwatch demo"
+    TIMES = SimulatedTimes()
 
     BINDINGS = [
         Binding(

@@ -10,12 +10,13 @@ action text must never reach the terminal's title bar.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, Protocol, runtime_checkable
 
 from onwatch.core import Approval, Clock, Inbox
 from onwatch.core.fleet import FleetScan, FleetSource, InboxSummary
 
 from ..safe import safe_plain
+from ..timefmt import Times
 
 if TYPE_CHECKING:
     from ..screens.confirm import ConfirmScreen
@@ -24,20 +25,58 @@ WARN_SECONDS = 600  # an approval this close to its deadline raises the alarm
 TITLE = "onwatch"
 
 
-def title_for(count: int) -> str:
-    """The app and terminal title: fixed words and a count, nothing from an inbox."""
-    if count <= 0:
+def approvals_phrase(waiting: int, soon: int = 0) -> str:
+    """The fleet's one count of approvals, in the same words for the title, the header and
+    the toasts: '4 approvals waiting · 1 expiring soon' (fixed words and numbers only)."""
+    words = f"{int(waiting):,} approval{'s' if waiting != 1 else ''} waiting"
+    if soon:
+        words += f" · {int(soon):,} expiring soon"
+    return words
+
+
+def title_for(waiting: int, soon: int = 0) -> str:
+    """The app and terminal title: fixed words and counts, nothing from an inbox."""
+    if waiting <= 0:
         return TITLE
-    return (
-        f"{TITLE} · {int(count)} approval{'s' if count != 1 else ''} "
-        f"need{'s' if count == 1 else ''} you"
-    )
+    return f"{TITLE} · {approvals_phrase(waiting, soon)}"
+
+
+def approval_counts(summaries: Iterable[InboxSummary], now: int) -> tuple[int, int]:
+    """(waiting, expiring soon) over the fleet: every request without an answer, and those
+    of them whose deadline is at most WARN_SECONDS away and not yet passed. The title, the
+    header and the toasts all say these two numbers."""
+    waiting = soon = 0
+    for summary in summaries:
+        waiting += summary.waiting
+        for approval in summary.approvals:  # soonest first
+            left = approval.due - now
+            if left > WARN_SECONDS:
+                break
+            if left > 0:
+                soon += 1
+    return waiting, soon
 
 
 def lease_lost(summary: InboxSummary, now: int) -> bool:
     """An expired lease its holder never handed back: the worker died or stalled."""
     lease = summary.lease
     return lease is not None and lease.until < now and not summary.lease_released
+
+
+def unserved_since(summary: InboxSummary, now: int) -> int | None:
+    """Since when work has waited in an inbox that no worker is watching (nobody holds the
+    lease: never taken, released, or lost); None when it is served or has nothing to do."""
+    if summary.problem or summary.served(now):
+        return None
+    return summary.waiting_since(now)
+
+
+def needs_worker(summary: InboxSummary, now: int) -> bool:
+    """Nobody holds the lease while something waits on a worker: events or a due timer to
+    run, or approvals whose answers (or expiry) only a worker will act on."""
+    if summary.problem or summary.served(now):
+        return False
+    return bool(summary.waiting) or summary.waiting_since(now) is not None
 
 
 def health(summary: InboxSummary, now: int) -> str:
@@ -47,6 +86,8 @@ def health(summary: InboxSummary, now: int) -> str:
     due = summary.soonest_due
     if due is not None:
         return "urgent" if due - now <= WARN_SECONDS else "approval"
+    if unserved_since(summary, now) is not None:
+        return "unserved"
     if summary.dead or summary.interrupted:
         return "dead"
     if lease_lost(summary, now):
@@ -54,18 +95,19 @@ def health(summary: InboxSummary, now: int) -> str:
     return "ok"
 
 
-_RANK = {"urgent": 0, "approval": 0, "dead": 1, "lost": 2, "problem": 3, "ok": 4}
+_RANK = {"urgent": 0, "approval": 0, "unserved": 1, "dead": 2, "lost": 3, "problem": 4, "ok": 5}
 
 
 def needs_a_human_first(summary: InboxSummary, now: int) -> tuple[int, int, str, str]:
-    """Sort key: approvals by deadline, then dead/interrupted, lost leases, unreadable files,
-    then the rest; by name within each."""
-    return (
-        _RANK[health(summary, now)],
-        summary.soonest_due or 0,
-        summary.name.lower(),
-        summary.key,
-    )
+    """Sort key: approvals by deadline, then work waiting with no worker (longest waiting
+    first), dead/interrupted, lost leases, unreadable files, then the rest; by name within
+    each."""
+    word = health(summary, now)
+    if word == "unserved":
+        at = unserved_since(summary, now) or 0
+    else:
+        at = summary.soonest_due or 0
+    return (_RANK[word], at, summary.name.lower(), summary.key)
 
 
 @runtime_checkable
@@ -83,10 +125,12 @@ class Supervisor(Protocol):
     not an import: the app imports the fleet package, never the other way round.
     """
 
-    ACTOR: str
+    actor: str  # who the audit log says acted
+    times: Times  # how instants are worded
     clock: Clock
     inbox: Inbox | None
     title: str
+    back_to_queue: Hashable | None  # the queue's row the inbox shown was opened from
 
     @property
     def screen(self) -> Any: ...
@@ -126,7 +170,6 @@ class FleetDesk:
         self.summaries: dict[str, InboxSummary] = {}
         self.loaded = False  # the first scan has been applied
         self.scans = 0
-        self.alert_count = 0
         self.bells = 0
         self._scanning = False
         self.failure: str | None = None  # why the last scan failed (a lost database), if it did
@@ -134,7 +177,6 @@ class FleetDesk:
         self._again = False
         self._known: dict[str, set[str]] = {}  # inbox key → waiting request ids seen
         self._waiting: dict[str, int] = {}
-        self._unseen: set[tuple[str, str]] = set()  # arrived since the queue was last shown
         self._warned: set[tuple[str, str]] = set()
         self._deadlines: list[tuple[int, str, str]] = []  # (due, key, request id), soonest first
 
@@ -228,13 +270,10 @@ class FleetDesk:
         for key in scan.removed:
             self._known.pop(key, None)
             self._waiting.pop(key, None)
-        self._unseen.update((s.key, a.request_id) for s, a in arrived)
         return arrived
 
     def _forget_answered(self) -> None:
-        waiting = {(key, rid) for _, key, rid in self._deadlines}
-        self._unseen &= waiting
-        self._warned &= waiting
+        self._warned &= {(key, rid) for _, key, rid in self._deadlines}
 
     def _due_soon(self, now: int) -> list[tuple[InboxSummary, Approval]]:
         """Approvals that just came within WARN_SECONDS of their deadline (once each)."""
@@ -252,21 +291,10 @@ class FleetDesk:
                     found.append((summary, match[0]))
         return found
 
-    def urgent_count(self, now: int) -> int:
-        """Approvals that need someone now: new since the queue was last shown, or within
-        WARN_SECONDS of their deadline."""
-        soon = set()
-        for due, key, rid in self._deadlines:
-            if due - now > WARN_SECONDS:
-                break
-            if due > now:
-                soon.add((key, rid))
-        return len(soon | self._unseen)
-
-    def acknowledge(self) -> None:
-        """The operator is looking at every waiting approval: the new ones are seen."""
-        self._unseen.clear()
-        self._update_title(self.now())
+    def approval_counts(self, now: int) -> tuple[int, int]:
+        """(waiting, expiring soon) over the fleet: what the title, the header and the
+        toasts say."""
+        return approval_counts(self.summaries.values(), now)
 
     def _alarm(
         self,
@@ -287,8 +315,13 @@ class FleetDesk:
                     + ", ".join(names[:4])
                     + (" …" if len(names) > 4 else "")
                 )
+            waiting, soon = self.approval_counts(self.now())
             self.app.notify(
-                text, title="Approval waiting", severity="warning", markup=False, timeout=10
+                f"{text}\n{approvals_phrase(waiting, soon)} in the fleet",
+                title="Approval waiting",
+                severity="warning",
+                markup=False,
+                timeout=10,
             )
         for summary, approval in warned[:3]:
             left = max(approval.due - self.now(), 0)
@@ -313,12 +346,11 @@ class FleetDesk:
         self._update_title(self.now())
 
     def _update_title(self, now: int) -> None:
-        count = self.urgent_count(now)
-        if count == self.alert_count and self.app.title == title_for(count):
+        title = title_for(*self.approval_counts(now))
+        if self.app.title == title:
             return
-        self.alert_count = count
-        self.app.title = title_for(count)
-        set_terminal_title(self.app, title_for(count))
+        self.app.title = title
+        set_terminal_title(self.app, title)
 
     def tick(self, now: int) -> None:
         """Every second, from the app's clock: deadlines coming close, the title's count and

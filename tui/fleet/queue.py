@@ -3,12 +3,12 @@
 `a` approves, `d` denies, `e` expires the highlighted request, with the same confirmation
 dialog and the same standing outcomes as pane 4 (`tui.operator`); the list stays open, so a
 queue of requests is answered one after another. `Enter` opens the request's inbox at its
-Approvals pane.
+Approvals pane, and `Escape` there comes back to this list.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Hashable, Protocol, runtime_checkable
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -22,6 +22,7 @@ from onwatch.core.fleet import InboxSummary
 
 from .. import actions as desk_actions
 from .. import operator
+from ..panes.layout import ID_CHARS, middle
 from ..timefmt import duration
 from ..safe import join, safe_text
 from .desk import WARN_SECONDS
@@ -38,7 +39,9 @@ class InboxOpener(Protocol):
     """The Fleet view as the queue sees it (tui/fleet/screen.py): it drills into an inbox.
     A protocol, not an import: the Fleet view opens this queue, not the other way round."""
 
-    async def open_inbox(self, key: str, pane: str | None = None) -> None: ...
+    async def open_inbox(
+        self, key: str, pane: str | None = None, *, back_to: Hashable | None = None
+    ) -> None: ...
 
 
 def _cell(text: Text | str, width: int) -> Text:
@@ -52,15 +55,18 @@ def _cell(text: Text | str, width: int) -> Text:
 def queue_text(item: Item, now: int, width: int) -> Text:
     summary, approval = item
     left = approval.due - now
-    countdown = f"{duration(left, precise=True)} left" if left > 0 else "deadline passed"
     narrow = width < 100
+    # To the second within the hour (or wide): a narrow column keeps its "left".
+    precise = not narrow or left < 3600
+    countdown = f"{duration(left, precise=precise)} left" if left > 0 else "deadline passed"
     inbox_w, left_w, request_w = (12, 11, 16) if narrow else (16, 14, 24)
     action_w = max(width - inbox_w - left_w - request_w - 4, 10)
+    # Names and ids too long for their column keep their distinguishing end.
     return Text(" ").join(
         [
-            _cell(safe_text(summary.name, limit=60), inbox_w),
+            _cell(middle(safe_text(summary.name, limit=ID_CHARS), inbox_w), inbox_w),
             _cell(countdown, left_w),
-            _cell(safe_text(approval.request_id, limit=80), request_w),
+            _cell(middle(safe_text(approval.request_id, limit=ID_CHARS), request_w), request_w),
             _cell(safe_text(approval.action, limit=300), action_w),
         ]
     )
@@ -96,7 +102,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
             "Open inbox",
             id="queue-open",
             priority=True,
-            tooltip="the request's inbox, at its Approvals pane",
+            tooltip="the request's inbox, at its Approvals pane (esc comes back here)",
         ),
         Binding(
             "escape",
@@ -109,10 +115,13 @@ class ApprovalQueueScreen(ModalScreen[None]):
         Binding("q", "app.quit", "Quit", id="queue-quit"),
     ]
 
-    def __init__(self, desk: "FleetDesk") -> None:
+    def __init__(self, desk: "FleetDesk", *, select: Hashable | None = None) -> None:
+        """`select`: the row (inbox key, request id) to put the cursor on, if still listed
+        (coming back from the inbox it opened); else the first."""
         super().__init__(id="approval-queue")
         self.desk = desk
         self.items: list[Item] = []
+        self.select = select
 
     def compose(self) -> ComposeResult:
         with Vertical(id="queue"):
@@ -126,7 +135,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
 
     def on_mount(self) -> None:
         self.query_one(RowWindow).focus()
-        self.desk.acknowledge()
+        self.rows.cursor_key = self.select
         self.show_fleet(self.desk.now())
 
     def on_screen_suspend(self) -> None:
@@ -216,7 +225,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
                 self._line(join(name, ": not confirmed: nothing changed"), None)
                 return
             outcome = await operator.approval_action(
-                inbox, action, current, now=app.clock.now(), actor=app.ACTOR
+                inbox, action, current, now=app.clock.now(), actor=app.actor, times=app.times
             )
         except InboxError as exc:
             self._line(join(name, ": not done: ", safe_text(str(exc), limit=200)), False)
@@ -236,7 +245,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
             return
         self.dismiss(None)
         fleet.run_worker(
-            fleet.open_inbox(item[0].key, pane="approvals"),
+            fleet.open_inbox(item[0].key, pane="approvals", back_to=self.rows.cursor_key),
             group="fleet-open",
             exclusive=True,
             exit_on_error=False,

@@ -8,7 +8,8 @@ waiting approval of the fleet, `/` filters by name.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+import os
+from typing import TYPE_CHECKING, Hashable, Iterable
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -19,31 +20,43 @@ from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Footer, Label, Static
 
 from onwatch.core import InboxError
-from onwatch.core.fleet import InboxSummary, run_buckets
+from onwatch.core.fleet import DatabaseFleet, FolderFleet, InboxSummary, run_buckets
 
 from .. import actions as desk_actions
+from ..panes.layout import middle
 from ..timefmt import duration
 from ..safe import join, safe_text
 from ..screens.filter import FilterScreen
 from ..screens.help import HelpScreen, render_groups
-from .desk import WARN_SECONDS, health, lease_lost, needs_a_human_first
+from .desk import (
+    WARN_SECONDS,
+    approval_counts,
+    approvals_phrase,
+    health,
+    lease_lost,
+    needs_a_human_first,
+    needs_worker,
+    unserved_since,
+)
 from .rows import Row, RowWindow
 
 if TYPE_CHECKING:
     from .desk import FleetDesk
 
 BUCKETS = 12  # five-minute buckets: the last hour
-HEALTH = ("urgent", "approval", "dead", "lost", "problem", "ok")
+HEALTH = ("urgent", "approval", "unserved", "dead", "lost", "problem", "ok")
 
-# (column, wide width, narrow width; 0 = not shown when narrow), right-aligned if numeric
+# (column, wide width, narrow width; 0 = not shown when narrow), right-aligned if numeric.
+# At 80 columns what an operator decides by stays (the name, approvals, who is watching),
+# the outbox gives way first and the rest shortens its words.
 COLUMNS = (
     ("inbox", 16, 12),
     ("pending", 7, 4),
-    ("run", 4, 4),
-    ("dead", 5, 5),
-    ("approvals", 13, 12),
-    ("lease", 26, 11),
-    ("last run", 15, 9),
+    ("run", 4, 3),
+    ("dead", 5, 4),
+    ("approvals", 13, 10),
+    ("lease", 26, 15),
+    ("last run", 15, 10),
     ("outbox", 12, 0),
 )
 NUMERIC = {"pending", "run", "dead"}
@@ -79,20 +92,34 @@ def header_text(narrow: bool) -> Text:
     return Text(" ").join(parts)
 
 
-def approvals_cell(summary: InboxSummary, now: int) -> str:
+def approvals_cell(summary: InboxSummary, now: int, narrow: bool = False) -> str:
+    """'2 · 3h28m25s': how many wait and the soonest deadline's countdown (to the minute past
+    an hour when narrow, so the count keeps its place)."""
     if not summary.waiting:
         return "—"
     due = summary.soonest_due
     left = (
         ""
         if due is None
-        else (f" · {duration(due - now, precise=True)}" if due > now else " · expired")
+        else (
+            f" · {duration(due - now, precise=not narrow or due - now < 3600)}"
+            if due > now
+            else " · expired"
+        )
     )
     return f"{summary.waiting:,}{left}"
 
 
 def lease_cell(summary: InboxSummary, now: int, narrow: bool) -> Text:
     lease = summary.lease
+    since = unserved_since(summary, now)
+    if since is not None:
+        # Nobody holds the lease and work waits: say so, with how long it has waited.
+        waited = coarse(now - since)
+        return Text(f"no worker {waited}" if narrow else f"no worker · waiting {waited}")
+    if needs_worker(summary, now) and (narrow or lease is None):
+        # Approvals wait, and no worker will act on their answers.
+        return Text("no worker" if narrow else "no worker · never started")
     if lease is None:
         return Text("none")
     if lease.until >= now:
@@ -107,6 +134,9 @@ def lease_cell(summary: InboxSummary, now: int, narrow: bool) -> Text:
         )
     if narrow:
         return Text(f"g{lease.gen} {state}")
+    if needs_worker(summary, now):  # approvals wait: who last held it, in short
+        short = "released" if summary.lease_released else f"lost {coarse(now - lease.until)} ago"
+        return Text(f"no worker · g{lease.gen} {short}")
     # The state first: a long holder name is what gets cut.
     return join(f"g{lease.gen} {state} ", safe_text(lease.holder, limit=40))
 
@@ -117,7 +147,8 @@ def last_run_cell(summary: InboxSummary, now: int, narrow: bool) -> str:
         return "never"
     if run.outcome is None:
         return f"running {coarse(now - run.claimed_at)}" if not narrow else "running"
-    word = {"done": "ok", "error": "failed", "lost": "lost"}.get(run.outcome, run.outcome)
+    words = {"done": "ok", "error": "fail" if narrow else "failed", "lost": "lost"}
+    word = words.get(run.outcome, run.outcome)
     at = run.finished_at or run.claimed_at
     return f"{coarse(now - at)} ago {word}" if not narrow else f"{coarse(now - at)} {word}"
 
@@ -150,7 +181,7 @@ def count_cells(summary: InboxSummary) -> dict[str, str]:
 def ticking_cells(summary: InboxSummary, now: int, narrow: bool) -> dict[str, Text | str]:
     """The cells the clock moves: countdowns and ages."""
     return {
-        "approvals": approvals_cell(summary, now),
+        "approvals": approvals_cell(summary, now, narrow),
         "lease": lease_cell(summary, now, narrow),
         "last run": last_run_cell(summary, now, narrow),
         "outbox": outbox_cell(summary, now),
@@ -164,7 +195,8 @@ def activity(summary: InboxSummary, now: int) -> tuple[list[int], int]:
 
 def next_change(summaries: Iterable[InboxSummary], now: int) -> int:
     """The next instant at which the clock alone changes an inbox's health: an approval
-    coming within WARN_SECONDS of its deadline or passing it, a lease expiring."""
+    coming within WARN_SECONDS of its deadline or passing it, a lease expiring, a timer
+    coming due (work for a worker, if none is watching)."""
     soonest = now + 3600
     for summary in summaries:
         due = summary.soonest_due
@@ -175,6 +207,9 @@ def next_change(summaries: Iterable[InboxSummary], now: int) -> int:
         lease = summary.lease
         if lease is not None and now <= lease.until < soonest:
             soonest = lease.until + 1
+        timer = summary.next_timer_due
+        if timer is not None and now < timer < soonest:
+            soonest = timer
     return soonest
 
 
@@ -246,7 +281,8 @@ class RowPainter:
         widths = {name: small if narrow else wide for name, wide, small in COLUMNS}
         fixed = self._fixed.get(summary.key)
         if fixed is None or fixed[0] is not summary or fixed[1] != narrow:
-            cells = [_cell(inbox_cell(summary), widths["inbox"])]
+            # A name too long keeps its end: agents are often named alike up to a number.
+            cells = [_cell(middle(inbox_cell(summary), widths["inbox"]), widths["inbox"])]
             if not summary.problem:
                 cells += [
                     _cell(value, widths[name], True) for name, value in count_cells(summary).items()
@@ -351,6 +387,7 @@ class FleetScreen(ModalScreen[None]):
                 yield Label("", id="fleet-figures")
             yield Label("", id="fleet-outcome")
             yield Static("", id="fleet-columns", markup=False)
+            yield Static("", id="fleet-empty", markup=False)
             yield FleetRows(self._row, lambda s: s.key, id="fleet-rows")
         yield Footer()
 
@@ -409,32 +446,43 @@ class FleetScreen(ModalScreen[None]):
         else:
             self.rows.tick(now)
 
-    def _figures(self, now: int) -> None:
+    def _figure_parts(self, now: int, short: bool) -> list[str]:
+        """The header's counts, most important first; a zero is left out (a "0 lost leases"
+        next to an inbox nobody serves read as all clear), approvals are always counted."""
         every = self.desk.summaries.values()
         total = len(self.desk.summaries)
-        waiting = sum(s.waiting for s in every)
-        soon = sum(
-            1 for s in every if s.soonest_due is not None and s.soonest_due - now <= WARN_SECONDS
-        )
-        lost = sum(1 for s in every if lease_lost(s, now))
-        dead = sum(1 for s in every if s.dead or s.interrupted)
-        problems = sum(1 for s in every if s.problem)
+        waiting, soon = approval_counts(every, now)
         parts = [
             f"{total:,} inbox{'es' if total != 1 else ''}",
-            f"{waiting:,} approval{'s' if waiting != 1 else ''} waiting",
+            approvals_phrase(waiting, soon),  # the title's very words
         ]
-        if soon:
-            parts.append(f"{soon} expiring soon")
-        parts += [f"{dead} with dead events", f"{lost} lost lease{'s' if lost != 1 else ''}"]
-        if problems:
-            parts.append(f"{problems} unreadable")
+        dead = "dead" if short else "with dead events"
+        for count, one, many in (
+            (sum(1 for s in every if needs_worker(s, now)), "needs a worker", "need a worker"),
+            (sum(1 for s in every if s.dead or s.interrupted), dead, dead),
+            (sum(1 for s in every if lease_lost(s, now)), "lost lease", "lost leases"),
+            (sum(1 for s in every if s.problem), "unreadable", "unreadable"),
+        ):
+            if count:
+                parts.append(f"{count:,} {one if count == 1 else many}")
+        return parts
+
+    def _figures(self, now: int) -> None:
+        total = len(self.desk.summaries)
+        label = safe_text(self.desk.source.label, limit=40, style="bold")
+        # The long words where they fit on one line, else shorter ones (which may wrap:
+        # every count stays on screen, the lost leases included).
+        room = self.app.size.width - len("Fleet") - label.cell_len - 6
+        parts = self._figure_parts(now, short=False)
+        if len(" · ".join(parts)) > room:
+            parts = self._figure_parts(now, short=True)
+        soon = approval_counts(self.desk.summaries.values(), now)[1]
         if not self.desk.loaded:
             parts = ["reading the inboxes…"]
-        figures = join(
-            safe_text(self.desk.source.label, limit=40, style="bold"), "  ", " · ".join(parts)
-        )
+        figures = join(label, "  ", " · ".join(parts))
         self.query_one("#fleet-figures", Label).update(figures)
         self.set_class(bool(soon), "-alarm")
+        self._empty_hint(total)
         if self.search:
             shown = len(self.order)
             self._line(
@@ -444,6 +492,28 @@ class FleetScreen(ModalScreen[None]):
                     f"”: {shown:,} of {total:,} shown (esc shows every inbox)",
                 )
             )
+
+    def _empty_hint(self, total: int) -> None:
+        """An empty fleet says how to make its first inbox, in the command that does it."""
+        hint = self.query_one("#fleet-empty", Static)
+        hint.display = self.desk.loaded and total == 0
+        if not hint.display:
+            return
+        source = self.desk.source
+        if isinstance(source, DatabaseFleet):
+            where = "this database"
+            command = join("onwatch init ", safe_text(source.shown_url, limit=200), " --inbox NAME")
+        else:
+            folder = source.folder if isinstance(source, FolderFleet) else source.label
+            where = "this folder"
+            command = join("onwatch init ", safe_text(os.path.join(folder, "NAME.db"), limit=200))
+        hint.update(
+            join(
+                f"No inbox in {where} yet. Create one with\n\n    ",
+                command,
+                "\n\nand point an agent's worker at it; it shows up here within a second.",
+            )
+        )
 
     def _line(self, text: Text, applied: bool | None = None) -> None:
         label = self.query_one("#fleet-outcome", Label)
@@ -470,8 +540,12 @@ class FleetScreen(ModalScreen[None]):
                 exit_on_error=False,
             )
 
-    async def open_inbox(self, key: str, pane: str | None = None) -> None:
-        """Drill into inbox `key`: the app's panes show it, this screen steps aside."""
+    async def open_inbox(
+        self, key: str, pane: str | None = None, *, back_to: Hashable | None = None
+    ) -> None:
+        """Drill into inbox `key`: the app's panes show it, this screen steps aside.
+        `back_to` is the approval queue's row it was opened from: `Escape` in the inbox
+        goes back to that list (else to this one)."""
         app = self.desk.app
         summary = self.desk.summaries.get(key)
         if summary is None:
@@ -495,6 +569,7 @@ class FleetScreen(ModalScreen[None]):
             app.pop_screen()
         if app.screen is self:
             app.pop_screen()
+        app.back_to_queue = back_to
         if pane is not None:
             app.action_show_pane(pane)
 
@@ -551,18 +626,31 @@ class FleetScreen(ModalScreen[None]):
                             "0",
                             "fleet",
                             "Fleet",
-                            tooltip="back to the fleet (esc too), the cursor on the same inbox",
+                            tooltip="back to the fleet, the cursor on the same inbox",
                         ),
                         True,
-                    )
+                    ),
+                    (
+                        Binding(
+                            "escape",
+                            "leave",
+                            "Back",
+                            key_display="esc",
+                            tooltip="back where the inbox was opened from: the fleet, or "
+                            "the all-approvals list",
+                        ),
+                        True,
+                    ),
                 ],
             ),
         ]
         notes = [
-            "Rows: approvals by deadline first, then dead or interrupted events, then "
-            "lost leases, then unreadable files, then the rest by name.",
+            "Rows: approvals by deadline first, then work waiting with no worker to run it, "
+            "then dead or interrupted events, then lost leases, then unreadable files, then "
+            "the rest by name.",
             "A new approval anywhere, or one within 10 minutes of its deadline, raises a "
-            "toast, the bell and a count in the title, whichever view is open.",
+            "toast and the bell; the title counts the approvals waiting, as the header "
+            "does, whichever view is open.",
         ]
         self.app.push_screen(HelpScreen(render_groups(groups, self.app.get_key_display, notes)))
 

@@ -1,9 +1,10 @@
 """A seeded fleet folder for the fleet's tests, snapshots and screenshots (fake clock).
 
 Every row state the Fleet view knows: an approval minutes from its deadline, approvals
-waiting, dead and interrupted events, a lost lease, a released one, a busy healthy agent with
-runs and failures in the last hour and messages held, hostile inbox names and action texts,
-and files that are not inboxes (foreign SQLite, not SQLite, empty).
+waiting (one with no worker to act on the answer), work waiting with no worker (its lease
+lost), dead and interrupted events, a lost lease with nothing waiting, a released one, a
+busy healthy agent with runs and failures in the last hour and messages held, hostile inbox
+names and action texts, and files that are not inboxes (foreign SQLite, not SQLite, empty).
 """
 
 from __future__ import annotations
@@ -80,11 +81,18 @@ async def seed_fleet(folder: str, base: int = T0) -> FakeClock:
     await carol.release("worker-carol", gen, now=base - 870)
     await carol.close()
 
-    dave = await _inbox(folder, "dave", clock)  # its worker died: the lease lapsed
+    dave = await _inbox(folder, "dave", clock)  # its worker died: the lease lapsed, work waits
     await dave.ingest("chat", "d-1", {"text": "hello?"}, now=base - 400)
     await dave.acquire("worker-dave", now=base - 400)
     await dave.ingest("chat", "d-2", {"text": "anyone?"}, now=base - 100)
     await dave.close()
+
+    gina = await _inbox(folder, "gina", clock)  # its worker died idle: nothing waits (yet)
+    gen = await lease(gina, "worker-gina", now=base - 1500)
+    await gina.ingest("chat", "g-1", {"text": "hi"}, now=base - 1500)
+    batch = await gina.claim_batch("worker-gina", gen, now=base - 1500)
+    await gina.finish("worker-gina", gen, [e.id for e in batch], now=base - 1490)
+    await gina.close()
 
     erin = await _inbox(folder, "erin", clock)  # busy and healthy, with failures and held
     await _busy(erin, clock, "worker-erin", base, runs=24, failures=3)

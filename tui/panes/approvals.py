@@ -8,7 +8,8 @@ from rich.text import Text
 from onwatch.core import Approval, Inbox, Overview
 
 from ..safe import safe_text
-from .base import Column, Pane, PaneData, Window
+from .layout import ID_CHARS, Column
+from .base import Pane, PaneData, Window
 from ..timefmt import duration
 
 
@@ -20,11 +21,12 @@ def matches(approval: Approval, search: str | None) -> bool:
 
 
 def time_left(approval: Approval, now: int) -> str:
-    """'3h59m12s left', or for a deadline passed before the scheduler ran, 'expired 12s ago'."""
+    """A waiting request's status: '3h59m12s left', or, for a deadline passed before the
+    scheduler wrote the expiry, '12s overdue' (an answer now is refused)."""
     if approval.answer is not None:
         return approval.answer
     left = approval.due - now
-    return f"{duration(left, precise=True)} left" if left > 0 else f"expired {duration(-left)} ago"
+    return f"{duration(left, precise=True)} left" if left > 0 else f"{duration(-left)} overdue"
 
 
 class ApprovalsPane(Pane):
@@ -44,10 +46,11 @@ class ApprovalsPane(Pane):
     STATES = ("waiting",)
     HELP = "requests for a human's yes or no, with a live countdown; answered ones greyed"
     COLUMNS = (
-        Column("request", "request", 18, narrow=14),
-        Column("left", "time left", 15, narrow=14, ticking=True),
-        Column("asked", "asked", 7, ticking=True),
-        Column("action", "action", 24, fill=True),
+        Column("request", "request", 18, narrow=14, middle=True),
+        # Waiting: the time left; answered: the answer and who gave it.
+        Column("left", "status", 15, narrow=14, ticking=True),
+        Column("asked", "asked", 7, ticking=True, rank=2),
+        Column("action", "action", 40, narrow=24, fill=True, rank=1),
     )
 
     @classmethod
@@ -60,22 +63,26 @@ class ApprovalsPane(Pane):
         return record.request_id
 
     def count_label(self, data: PaneData) -> str:
-        if self.window.search:  # the count must be of what the filter shows
-            shown = sum(1 for a in data.rows if a.answer is None)
-            return f"{shown:,} of {data.total:,} waiting match"
+        if self.window.search:  # the count must be of what the filter shows, all of it
+            matches = len(data.rows)
+            waiting = sum(1 for a in data.rows if a.answer is None)
+            return (
+                f"{matches:,} match{'es' if matches != 1 else ''}: {waiting:,} waiting, "
+                f"{matches - waiting:,} answered"
+            )
         return f"{data.total:,} waiting"
 
     def cells(self, approval: Approval, now: int) -> dict[str, Text]:
         dim = "dim" if approval.answer is not None else ""
         return {
-            "request": safe_text(approval.request_id, limit=40, style=dim),
+            "request": safe_text(approval.request_id, limit=ID_CHARS, style=dim),
             **self.ticking_cells(approval, now),
             "action": safe_text(approval.action, limit=300, style=dim),
         }
 
     def ticking_cells(self, approval: Approval, now: int) -> dict[str, Text]:
         if approval.answer is not None:
-            by = f" · {approval.answered_by}" if approval.answered_by else ""
+            by = f" by {approval.answered_by}" if approval.answered_by else ""
             if len(approval.answer) + len(by) > 14:  # never cut mid-word: the answer alone
                 by = ""
             left = Text(approval.answer, style="dim")
@@ -88,5 +95,6 @@ class ApprovalsPane(Pane):
         }
 
     def allowed(self, action: str, targets: list[Approval]) -> bool | None:
-        # Answered rows too: the app then says what stands instead of doing nothing.
-        return True if targets else None
+        # Only a waiting request is offered an answer: on an answered row (the highlight
+        # stays on it when new requests arrive above) a/d/e are not there to press.
+        return any(a.answer is None for a in targets)

@@ -26,22 +26,12 @@ from onwatch.core import Inbox, Overview
 
 from .. import actions as desk
 from ..safe import join, safe_content, safe_text
+from ..timefmt import WALL, Times
 from ..screens.filter import FilterScreen
+from .layout import Column, fit, middle
 
 WINDOW_ROWS = 300  # rows per pane window: a few screens, never the whole table
 MARK = "●"
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One table column; `ticking` columns depend on the clock and are redrawn each second."""
-
-    key: str
-    label: str
-    width: int  # the width, or for the fill column its minimum
-    ticking: bool = False
-    fill: bool = False  # takes the width the other columns leave (one per table)
-    narrow: int | None = None  # the width when the fill column would get less than its own
 
 
 @dataclass(slots=True)
@@ -75,12 +65,11 @@ def remeasure(table: DataTable[Any]) -> None:
 
 
 class PaneTable(DataTable[Text]):
-    """The pane's table: row cursor, no markup anywhere (cells are safe Text), and one column
-    that fills the width the others leave, so long texts end where the table ends."""
+    """The pane's table: row cursor, no markup anywhere (cells are safe Text). Its pane
+    decides the columns' widths (tui/panes/layout.py) and is told when the width changes."""
 
-    fill_column: str | None = None
-    fill_minimum: int = 10
-    widths: dict[ColumnKey, tuple[int, int]] = {}  # column key → (normal, narrow) width
+    class Resized(Message):
+        """The table's width changed: its pane fits the columns again."""
 
     # k9s / vim habits next to the arrows; `home`/`end` move the row cursor (DataTable's
     # own move a column cursor, which a row table does not have).
@@ -137,43 +126,18 @@ class PaneTable(DataTable[Text]):
         self.move_cursor(row=row, animate=False)
 
     def on_resize(self) -> None:
-        self.fit_fill_column()
+        self.post_message(self.Resized())
 
-    def fit_fill_column(self) -> None:
-        if self.fill_column is not None and self.fill_column not in self.columns:
-            return
-        padding = 2 * self.cell_padding
-        available = self.scrollable_content_region.width
-        # At 80 columns the other columns give up width first (their narrow widths), so
-        # the fill column (a reason, an error, an action's text) keeps what matters.
-        normal = sum(
-            self.widths.get(key, (c.width, c.width))[0] + padding
-            for key, c in self.columns.items()
-            if key != self.fill_column
-        )
-        fill = self.fill_minimum if self.fill_column is not None else 0
-        narrow = available - normal - padding < fill
-        for key, (wide, small) in self.widths.items():
-            want = small if narrow else wide
-            column = self.columns.get(key)
-            if column is not None and column.width != want:
-                column.width = want
+    def set_widths(self, widths: dict[str, int]) -> None:
+        """Give the shown columns these widths (the table re-measures on its next idle)."""
+        changed = False
+        for key, width in widths.items():
+            column = self.columns.get(ColumnKey(key))
+            if column is not None and (column.width != width or column.auto_width):
+                column.width = width
                 column.auto_width = False
-                remeasure(self)
-        if self.fill_column is None:
-            self.refresh()
-            return
-        others = sum(
-            c.get_render_width(self) for key, c in self.columns.items() if key != self.fill_column
-        )
-        column = self.columns[ColumnKey(self.fill_column)]
-        width = max(
-            min(self.fill_minimum, 12) if narrow else self.fill_minimum,
-            available - others - padding,
-        )
-        if width != column.width:
-            column.width = width
-            column.auto_width = False
+                changed = True
+        if changed:
             remeasure(self)
             self.refresh()
 
@@ -208,6 +172,15 @@ class Pane(Vertical):
             tooltip="this list of keys",
         ),
         Binding("q", "app.quit", "Quit", id="quit", show=False),
+        # The fleet's key next, so at 80 columns the footer keeps it (the app offers it only
+        # on a fleet desk; the pane's binding is the app's, repeated for the order).
+        Binding(
+            "0",
+            "app.fleet",
+            "Fleet",
+            id="fleet",
+            tooltip="every inbox of the fleet, the cursor on this one",
+        ),
         Binding(
             "enter",
             "detail",
@@ -327,6 +300,7 @@ class Pane(Vertical):
         self.window = Window()
         self.data = PaneData()
         self.read_only = False  # set by the app: a read-only desk offers no actions
+        self.times: Times = WALL  # set by the app: how instants are worded
         self.refusing: str | None = None  # set by the app: why every action is refused now
         self._window_moved = False  # the operator moved the window: rows leave, no news
         self._acted_on: set[str] = set()  # rows the operator's own action moves out
@@ -334,8 +308,16 @@ class Pane(Vertical):
         self.now = 0
         self._records: dict[str, Any] = {}  # row key → record, in table order
         self._sigs: dict[str, Hashable] = {}
-        self._cells: dict[str, dict[str, Text]] = {}
+        self._cells: dict[str, dict[str, Text]] = {}  # row key → the cells shown
+        self._full: dict[str, dict[str, Text]] = {}  # row key → its cells before shortening
+        # The columns shown and their widths, as tui/panes/layout.py fitted them last.
+        self._shown: tuple[str, ...] = tuple(c.key for c in self.COLUMNS)
+        self._widths: dict[str, int] = {c.key: c.width for c in self.COLUMNS}
         self._marks: dict[str, Any] = {}  # row key → record as last seen
+        # A "left the pane" notice is true while the highlight stays where it said (a row
+        # key, or None for "no row is left"); it goes once that is no longer so.
+        self._notice_on: str | None = None
+        self._notice_standing = False
 
     # --- what subclasses provide --------------------------------------------------------
 
@@ -374,15 +356,7 @@ class Pane(Vertical):
 
     def compose(self) -> ComposeResult:
         table = PaneTable(id=f"{self.PANE_ID}-table", cursor_type="row", zebra_stripes=True)
-        if self.MARKABLE:
-            table.add_column(" ", key="mark", width=1)
-        table.widths = {
-            ColumnKey(c.key): (c.width, c.narrow) for c in self.COLUMNS if c.narrow is not None
-        }
-        for column in self.COLUMNS:
-            table.add_column(column.label, key=column.key, width=column.width)
-            if column.fill:
-                table.fill_column, table.fill_minimum = column.key, column.width
+        self._add_columns(table)
         yield table
         yield Label(self.EMPTY, classes="empty")
         yield Label("", classes="outcome")
@@ -390,6 +364,61 @@ class Pane(Vertical):
     def on_mount(self) -> None:
         self.border_title = self.TITLE
         self._show_titles()
+
+    def _add_columns(self, table: PaneTable) -> None:
+        if self.MARKABLE:
+            table.add_column(" ", key="mark", width=1)
+        for column in self.COLUMNS:
+            if column.key in self._shown:
+                table.add_column(
+                    column.label, key=column.key, width=self._widths.get(column.key) or 1
+                )
+
+    # --- the columns' widths (tui/panes/layout.py) ----------------------------------------
+
+    def on_pane_table_resized(self, message: PaneTable.Resized) -> None:
+        message.stop()
+        self.refit()
+
+    def refit(self) -> None:
+        """Share the table's width among the columns by importance and by what the rows
+        hold now; a column that gives way leaves the table, an id too long for its column
+        is shortened in the middle. Cheap when nothing changed (run after every fetch)."""
+        table = self.table
+        available = table.scrollable_content_region.width - (3 if self.MARKABLE else 0)
+        if available <= 0:
+            return
+        content: dict[str, int] = {}
+        for cells in self._full.values():
+            for key, cell in cells.items():
+                if cell.cell_len > content.get(key, 0):
+                    content[key] = cell.cell_len
+        widths = fit(self.COLUMNS, available, content, padding=2 * table.cell_padding)
+        shown = tuple(c.key for c in self.COLUMNS if widths[c.key] > 0)
+        if shown == self._shown and widths == self._widths:
+            return
+        cut = {c.key for c in self.COLUMNS if c.middle}
+        recut = shown != self._shown or any(widths[k] != self._widths.get(k) for k in cut)
+        self._widths = widths
+        if shown != self._shown:
+            # A column comes or goes: the table is laid out again, the highlight kept.
+            self._shown = shown
+            cursor = self.cursor_key()
+            records = list(self._records.items())
+            table.clear(columns=True)
+            self._add_columns(table)
+            self._records.clear()
+            self._sigs.clear()
+            self._cells.clear()
+            self._full.clear()
+            for key, record in records:
+                self._add_row(key, record, self.now)
+            if cursor is not None and cursor in self._records:
+                table.move_cursor(row=table.get_row_index(cursor), animate=False, scroll=False)
+        elif recut:
+            for key, record in self._records.items():
+                self._update_row(key, self._row_cells(key, record, self.now))
+        table.set_widths({k: widths[k] for k in shown})
 
     @property
     def table(self) -> PaneTable:
@@ -404,6 +433,8 @@ class Pane(Vertical):
         """Show a freshly fetched window, touching only the rows and cells that changed."""
         self.data = data
         self.now = now
+        if self.stale:  # hidden while its rows changed: nobody saw the row that left
+            self._window_moved = True
         self.stale = False
         table = self.table
         cursor, cursor_row = self.cursor_key(), table.cursor_row
@@ -420,6 +451,7 @@ class Pane(Vertical):
                 for key in [k for k in self._records if k not in fresh_set]:
                     table.remove_row(key)
                     del self._records[key], self._sigs[key], self._cells[key]
+                    self._full.pop(key, None)
                 for key, record in fresh:
                     if key in self._records:
                         self._records[key] = record
@@ -433,6 +465,8 @@ class Pane(Vertical):
                 if key in self._records:
                     self._marks[key] = self._records[key]
             self._follow_cursor(cursor, cursor_row)
+            self._retire_notice()
+            self.refit()  # what the rows hold may have changed
         self.set_class(not fresh, "-empty")
         self._show_titles()
         self.refresh_bindings()
@@ -453,12 +487,13 @@ class Pane(Vertical):
             record = self._records[key]
             old = self._cells[key]
             for column, value in self.ticking_cells(record, now).items():
-                if old.get(column) != value:
+                if column in old and old[column] != value:  # a column given way is not there
                     old[column] = value
                     table.update_cell(key, column, value)
 
     def show_outcome(self, text: str, applied: bool | None) -> None:
         """Show the outcome that stands after an action (inbox text inside: made safe)."""
+        self._notice_standing = False
         label = self.query_one(".outcome", Label)
         label.update(safe_content(text, limit=500))
         label.set_class(applied is True, "-applied")
@@ -469,6 +504,7 @@ class Pane(Vertical):
         self._records.clear()
         self._sigs.clear()
         self._cells.clear()
+        self._full.clear()
         for key, record in fresh:
             self._add_row(key, record, now)
 
@@ -485,7 +521,9 @@ class Pane(Vertical):
         table = self.table
         if cursor is None or table.row_count == 0:
             if cursor is not None and not self._window_moved and cursor not in self._acted_on:
-                self.show_notice(f"{self.label(cursor)} left {self.TITLE}; no row is left")
+                self.show_notice(
+                    f"{self.label(cursor)} left {self.TITLE}; no row is left", cursor_on=None
+                )
             self._window_moved = False
             return
         if cursor in self._records:
@@ -503,7 +541,8 @@ class Pane(Vertical):
         landed = self.cursor_key()
         self.show_notice(
             f"{self.label(cursor)} left {self.TITLE}; the highlight is now on "
-            f"{self.label(landed) if landed else 'no row'}"
+            f"{self.label(landed) if landed else 'no row'}",
+            cursor_on=landed,
         )
 
     def acted_on(self, records: Iterable[Any]) -> None:
@@ -511,15 +550,33 @@ class Pane(Vertical):
         so, no 'left the pane' note replaces it."""
         self._acted_on = {self.row_key(r) for r in records}
 
-    def show_notice(self, text: str) -> None:
-        """A note that is not an action's outcome (a row left, a filter cleared)."""
+    def show_notice(self, text: str, *, cursor_on: str | None | bool = False) -> None:
+        """A note that is not an action's outcome (a row left, a filter cleared). With
+        `cursor_on` (a row key, or None for no row), the note says where the highlight is:
+        it is taken down as soon as the highlight is elsewhere (rows arrived, the operator
+        moved), so it never stands under rows it no longer describes."""
         self.show_outcome(text, None)
+        self._notice_standing = cursor_on is not False
+        self._notice_on = cursor_on if isinstance(cursor_on, str) else None
+
+    def _retire_notice(self) -> None:
+        if self._notice_standing and self.cursor_key() != self._notice_on:
+            self._notice_standing = False
+            self.show_outcome("", None)
 
     def _row_cells(self, key: str, record: Any, now: int) -> dict[str, Text]:
+        """The row's cells as shown: the columns that did not give way, ids shortened in
+        the middle to their column (the whole cells are kept: `refit` measures them)."""
         cells = self.cells(record, now)
+        self._full[key] = cells
         ordered = {"mark": self._mark_cell(key)} if self.MARKABLE else {}
         for column in self.COLUMNS:
-            ordered[column.key] = cells.get(column.key) or Text("")
+            if column.key not in self._shown:
+                continue
+            cell = cells.get(column.key) or Text("")
+            if column.middle:
+                cell = middle(cell, self._widths[column.key])
+            ordered[column.key] = cell
         return ordered
 
     def _mark_cell(self, key: str) -> Text:
@@ -632,6 +689,7 @@ class Pane(Vertical):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
+        self._retire_notice()
         self.refresh_bindings()
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:

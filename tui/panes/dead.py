@@ -8,7 +8,8 @@ from rich.text import Text
 from onwatch.core import Event, Inbox, Overview
 
 from ..safe import safe_text
-from .base import Column, PaneData, Window
+from .layout import Column
+from .base import PaneData, Window
 from .events import EventPane, fetch_events
 from ..timefmt import duration
 
@@ -28,14 +29,15 @@ class DeadPane(EventPane):
     MARKABLE = True
     STATES = ("dead", "interrupted")
     HELP = "dead events (out of attempts) and interrupted runs (completion uncertain)"
+    # At 80 columns the reason and what the event is stay; tries and since give way.
     COLUMNS = (
         Column("id", "id", 7, narrow=5),
         Column("state", "state", 11),
-        Column("attempts", "tries", 5),
-        Column("since", "since", 7, narrow=6, ticking=True),
-        Column("error", "reason / error", 30, fill=True),
-        Column("source", "source", 10, narrow=0),
-        Column("source_id", "source id", 16, narrow=0),
+        Column("attempts", "tries", 5, rank=5),
+        Column("since", "since", 7, narrow=6, ticking=True, rank=4),
+        Column("error", "reason / error", 40, narrow=28, fill=True, rank=1),
+        Column("source", "source", 10, narrow=7, rank=3),
+        Column("source_id", "source id", 16, narrow=11, rank=2, middle=True),
     )
 
     @classmethod

@@ -10,6 +10,7 @@ from onwatch.core import Event, Inbox
 
 from ..safe import safe_text
 from .base import Pane, PaneData, Window
+from .layout import ID_CHARS
 
 
 async def fetch_events(
@@ -60,8 +61,8 @@ class EventPane(Pane):
 
     def source_cells(self, event: Event) -> dict[str, Text]:
         return {
-            "source": safe_text(event.source, limit=12),
-            "source_id": safe_text(event.source_id, limit=22),
+            "source": safe_text(event.source, limit=60),
+            "source_id": safe_text(event.source_id, limit=ID_CHARS),
         }
 
     def count_label(self, data: PaneData) -> str:

@@ -12,7 +12,8 @@ from textual.widgets import DataTable, Label
 from onwatch.core import Delivery, Inbox, Message, Overview
 
 from ..safe import join, safe_text
-from .base import Column, Pane, PaneData, Window
+from .layout import Column
+from .base import Pane, PaneData, Window
 from ..timefmt import duration, period
 
 
@@ -31,7 +32,8 @@ class OutboxState:
 class OutboxPane(Pane):
     """Messages waiting for the next paced send (urgent ones skip the gap), and recent sends.
 
-    `s` (everywhere) sends what is held now; `o` holds or releases the outbox.
+    `s` (everywhere) writes what is held to a file and marks it sent (the desk has no
+    channel: nobody receives it); `o` holds or releases the outbox.
     """
 
     PANE_ID = "outbox"
@@ -42,10 +44,10 @@ class OutboxPane(Pane):
     HELP = "held messages, countdown to the next allowed send, recent sends"
     COLUMNS = (
         Column("id", "id", 6),
-        Column("queued", "queued", 8, ticking=True),
-        Column("urgent", "urgent", 6),
-        Column("run", "run", 6),
-        Column("body", "message", 24, fill=True),
+        Column("queued", "queued", 8, ticking=True, rank=2),
+        Column("urgent", "urgent", 6, rank=3),
+        Column("run", "run", 6, rank=4),
+        Column("body", "message", 40, narrow=24, fill=True, rank=1),
     )
     SENDS = 8  # recent sends listed under the held messages
     # An uncertain send (at-most-once, cut off mid-send) is settled by the operator: its
@@ -78,7 +80,8 @@ class OutboxPane(Pane):
         sends.can_focus = False
         for key, label, width in (
             ("id", "send", 6),
-            ("status", "status", 8),
+            ("status", "status", 9),
+            ("kind", "kind", 6),  # urgent (skipped the gap) or paced
             ("count", "msgs", 4),
             ("when", "when", 10),
             ("attempts", "tries", 5),
@@ -129,9 +132,7 @@ class OutboxPane(Pane):
                 )
             )
         if state.held:
-            parts.append(
-                " · HELD by the operator: nothing goes out until released (o) or sent now (s)"
-            )
+            parts.append(" · HELD by the operator: nothing goes out until released (o)")
         elif state.next_send_at is not None:
             wait = state.next_send_at - now
             parts.append(
@@ -150,10 +151,8 @@ class OutboxPane(Pane):
             note = safe_text(d.last_error, limit=200)
             table.add_row(
                 Text(f"#{d.id}"),
-                Text(
-                    d.status + (" !" if d.urgent else ""),
-                    style="bold" if d.status == "uncertain" else "",
-                ),
+                Text(d.status, style="bold" if d.status == "uncertain" else ""),
+                Text("urgent", style="bold") if d.urgent else Text("paced"),
                 Text(str(d.message_count)),
                 self._sent_when(d, now),
                 Text(str(d.attempts)),

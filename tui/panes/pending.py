@@ -8,7 +8,8 @@ from rich.text import Text
 from onwatch.core import Event, Inbox, Overview
 
 from ..safe import safe_text
-from .base import Column, PaneData, Window
+from .layout import Column
+from .base import PaneData, Window
 from .events import EventPane, fetch_events
 from ..timefmt import duration
 
@@ -24,14 +25,16 @@ class PendingPane(EventPane):
     MARKABLE = True
     STATES = ("pending",)
     HELP = "events waiting for a run: age, attempts so far, when a retry is allowed (backoff)"
+    # By importance (tui/panes/layout.py): the id and what the event is, then its last
+    # error while one holds text (else the source id takes the room), then the rest.
     COLUMNS = (
         Column("id", "id", 7, narrow=5),
-        Column("source", "source", 12, narrow=7),
-        Column("source_id", "source id", 22, narrow=11),
-        Column("age", "age", 7, narrow=6, ticking=True),
-        Column("attempts", "tries", 5),
-        Column("available", "available", 10, narrow=9, ticking=True),
-        Column("error", "last error", 20, fill=True),
+        Column("source", "source", 12, narrow=7, rank=3),
+        Column("source_id", "source id", 22, narrow=11, rank=2, middle=True),
+        Column("age", "age", 7, narrow=6, ticking=True, rank=4),
+        Column("attempts", "tries", 5, rank=6),
+        Column("available", "available", 10, narrow=9, ticking=True, rank=5),
+        Column("error", "last error", 20, narrow=12, fill=True, rank=1),
     )
 
     @classmethod

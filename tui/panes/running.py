@@ -7,7 +7,8 @@ from rich.text import Text
 
 from onwatch.core import Event, Inbox, Overview
 
-from .base import Column, PaneData, Window
+from .layout import Column
+from .base import PaneData, Window
 from .events import EventPane, fetch_events
 from ..timefmt import duration
 
@@ -24,12 +25,12 @@ class RunningPane(EventPane):
     HELP = "events claimed by a worker: lease generation, attempt number, running for"
     COLUMNS = (
         Column("id", "id", 7, narrow=5),
-        Column("source", "source", 12, narrow=7),
-        Column("source_id", "source id", 22, narrow=10),
+        Column("source", "source", 12, narrow=7, rank=3),
+        Column("source_id", "source id", 22, narrow=10, rank=2, middle=True),
         Column("gen", "generation", 10),
-        Column("attempts", "attempt", 7),
-        Column("running_for", "running for", 11, ticking=True),
-        Column("run", "run", 8),
+        Column("attempts", "attempt", 7, rank=5),
+        Column("running_for", "running for", 11, ticking=True, rank=1),
+        Column("run", "run", 8, rank=4),
     )
 
     @classmethod

@@ -38,6 +38,10 @@ def lease_line(overview: Overview | None, now: int) -> Text:
         head = join(
             "lease ", safe_text(lease.holder, limit=24, style="bold"), f" gen {lease.gen} · {when}"
         )
+    pending = overview.counts.get("pending", 0)
+    if pending and (lease is None or lease.until < now):
+        # Work waits and nobody holds the lease: nothing will run it (as the fleet says).
+        head.append(f" · no worker runs the {pending:,} pending", style="bold")
     return head
 
 
@@ -168,7 +172,12 @@ class StatusStrip(Vertical):
             and overview.lease.until < now
             and not overview.lease_released
         )
-        self.set_class(expired, "-lease-expired")
+        unserved = (
+            overview is not None
+            and bool(overview.counts.get("pending", 0))
+            and (overview.lease is None or overview.lease.until < now)
+        )
+        self.set_class(expired or unserved, "-lease-expired")
         if self.alarm:  # the rows shown are a lost file's: never "updated 0s ago"
             self._put("updated", "not the file at the path")
         elif self.problem:

@@ -10,8 +10,9 @@ from rich.text import Text
 from onwatch.core import Inbox, Overview, Timer
 
 from ..safe import safe_text
-from .base import Column, Pane, PaneData, Window
-from ..timefmt import clock, countdown, duration, period
+from .layout import ID_CHARS, Column
+from .base import Pane, PaneData, Window
+from ..timefmt import countdown, duration, period
 
 
 class TimersPane(Pane):
@@ -24,14 +25,14 @@ class TimersPane(Pane):
     EMPTY = "No timers."
     HELP = "timers soonest first: countdown, period, catch-up policy, last fired, skipped"
     COLUMNS = (
-        Column("timer", "timer", 24, narrow=13),
+        Column("timer", "timer", 24, narrow=13, middle=True),
         Column("due", "next due", 12, narrow=10, ticking=True),
-        Column("period", "period", 10, narrow=9),
-        Column("catch_up", "catch-up", 8),
-        Column("last", "last fired", 10, ticking=True),
-        Column("skipped", "skipped", 7),
-        Column("at", "due at", 6),
-        Column("note", "note", 16, fill=True),
+        Column("period", "period", 10, narrow=9, rank=2),
+        Column("catch_up", "catch-up", 8, rank=3),
+        Column("last", "last fired", 10, ticking=True, rank=4),
+        Column("skipped", "skipped", 7, rank=6),
+        Column("at", "due at", 6, rank=5),
+        Column("note", "note", 24, narrow=16, fill=True, rank=1),
     )
 
     @classmethod
@@ -66,9 +67,9 @@ class TimersPane(Pane):
         if timer.overflow:
             skipped += f" +{timer.overflow} over cap"
         return {
-            "timer": safe_text(timer.id, limit=40, style="italic" if expiry else ""),
+            "timer": safe_text(timer.id, limit=ID_CHARS, style="italic" if expiry else ""),
             **self.ticking_cells(timer, now),
-            "at": Text(clock(timer.due)),
+            "at": Text(self.times.clock(timer.due)),
             "period": Text("expiry" if expiry else period(timer.every)),
             "catch_up": Text("" if timer.every is None else timer.catch_up),
             "skipped": Text(skipped),
@@ -81,7 +82,7 @@ class TimersPane(Pane):
         computed with."""
         every = timer.every
         return {
-            "timer": safe_text(timer.id, limit=40),
+            "timer": safe_text(timer.id, limit=ID_CHARS),
             "due": Text("set aside", style="bold reverse"),
             "period": Text(period(every))
             if type(every) is int and every > 0

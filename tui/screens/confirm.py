@@ -11,7 +11,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from ..timefmt import clock, duration
+from ..timefmt import WALL, Times, duration
 from ..safe import join, safe_content, safe_text
 
 
@@ -23,11 +23,11 @@ class Subject:
     due: int | None = None
 
 
-def time_left(due: int, now: int) -> str:
+def time_left(due: int, now: int, times: Times = WALL) -> str:
     left = due - now
     if left <= 0:
-        return f"deadline passed {duration(-left)} ago (at {clock(due)}): it will be refused"
-    return f"time left {duration(left, precise=True)} (expires at {clock(due)})"
+        return f"deadline passed {duration(-left)} ago (at {times.clock(due)}): it will be refused"
+    return f"time left {duration(left, precise=True)} (expires at {times.clock(due)})"
 
 
 class ConfirmScreen(ModalScreen[bool]):
@@ -42,9 +42,16 @@ class ConfirmScreen(ModalScreen[bool]):
     SHOWN = 6  # subjects listed before "and N more"
 
     def __init__(
-        self, question: str, subjects: list[Subject], now: int, note: str = "", where: str = ""
+        self,
+        question: str,
+        subjects: list[Subject],
+        now: int,
+        note: str = "",
+        where: str = "",
+        times: Times = WALL,
     ) -> None:
         super().__init__(classes="dialog-screen")
+        self.times = times  # how the deadlines' instants are worded
         self.question = question
         self.where = where  # the inbox it writes to: a fleet holds many with the same ids
         self.subjects = subjects
@@ -78,7 +85,7 @@ class ConfirmScreen(ModalScreen[bool]):
         for index, subject in enumerate(self.subjects[: self.SHOWN]):
             if subject.due is not None:
                 label = self.query_one(f"#left-{index}", Label)
-                label.update(time_left(subject.due, now))
+                label.update(time_left(subject.due, now, self.times))
                 label.set_class(subject.due <= now, "-late")
 
     def action_confirm(self) -> None:

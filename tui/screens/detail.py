@@ -14,7 +14,7 @@ from textual.widgets import Label, Static
 
 from onwatch.core import Approval, AuditEntry, Event, Inbox, Message, Timer
 
-from ..timefmt import ago, clock, countdown, period, stamp
+from ..timefmt import WALL, Times, ago, countdown, period
 from ..safe import join, safe_json, safe_text
 
 
@@ -30,12 +30,12 @@ def _section(text: Text, title: str) -> None:
     text.append("\n")
 
 
-def _audit(text: Text, entries: list[AuditEntry]) -> None:
+def _audit(text: Text, entries: list[AuditEntry], times: Times) -> None:
     _section(text, "Operator actions and refusals")
     if not entries:
         text.append("none\n", style="dim")
     for entry in reversed(entries):
-        text.append(f"{stamp(entry.at)}  ")
+        text.append(f"{times.stamp(entry.at)}  ")
         text.append_text(safe_text(entry.actor, limit=40))
         text.append(f"  {entry.action}  ")
         text.append_text(safe_text(f"{entry.before} → {entry.after}", limit=60))
@@ -48,7 +48,9 @@ def _audit(text: Text, entries: list[AuditEntry]) -> None:
         text.append("\n")
 
 
-async def event_detail(inbox: Inbox, event_id: int, now: int) -> tuple[str, Text]:
+async def event_detail(
+    inbox: Inbox, event_id: int, now: int, times: Times = WALL
+) -> tuple[str, Text]:
     """Read everything about one event; return a title and the body (safe Text)."""
     event: Event | None = await inbox.get_event(event_id)
     if event is None:
@@ -61,22 +63,24 @@ async def event_detail(inbox: Inbox, event_id: int, now: int) -> tuple[str, Text
     _field(text, "source", safe_text(event.source, limit=1000))
     _field(text, "source id", safe_text(event.source_id, limit=1000))
     _field(text, "attempts", f"{event.attempts} of {inbox.settings.max_attempts}")
-    _field(text, "created", f"{stamp(event.created)} ({ago(now, event.created)})")
-    _field(text, "changed", f"{stamp(event.updated)} ({ago(now, event.updated)})")
+    _field(text, "created", f"{times.stamp(event.created)} ({ago(now, event.created)})")
+    _field(text, "changed", f"{times.stamp(event.updated)} ({ago(now, event.updated)})")
     if event.status == "pending":
         _field(
             text,
             "available",
             "now"
             if event.available_at <= now
-            else f"{stamp(event.available_at)} ({countdown(now, event.available_at)}, backoff)",
+            else (
+                f"{times.stamp(event.available_at)} ({countdown(now, event.available_at)}, backoff)"
+            ),
         )
     if event.claim_gen is not None:
         _field(
             text,
             "claimed",
             f"by lease generation {event.claim_gen}"
-            + (f" at {stamp(event.claimed_at)}" if event.claimed_at else "")
+            + (f" at {times.stamp(event.claimed_at)}" if event.claimed_at else "")
             + (f", run #{event.run_id}" if event.run_id else ""),
         )
     if event.error:
@@ -94,11 +98,11 @@ async def event_detail(inbox: Inbox, event_id: int, now: int) -> tuple[str, Text
     for run in runs:
         text.append(f"#{run.id}  gen {run.gen}  ")
         text.append_text(safe_text(run.holder, limit=40))
-        text.append(f"  claimed {stamp(run.claimed_at)}  ")
+        text.append(f"  claimed {times.stamp(run.claimed_at)}  ")
         outcome = run.outcome or "running"
         text.append(f"→ {outcome}", style="bold" if outcome in ("error", "lost") else "")
         if run.finished_at:
-            text.append(f" at {clock(run.finished_at, seconds=True)}")
+            text.append(f" at {times.clock(run.finished_at, seconds=True)}")
         if run.error:
             text.append(": ")
             text.append_text(safe_text(run.error, limit=1000))
@@ -124,29 +128,31 @@ async def event_detail(inbox: Inbox, event_id: int, now: int) -> tuple[str, Text
         text.append(f"run #{effect.run_id}  ")
         text.append_text(safe_text(effect.name, limit=80, style="bold"))
         text.append(f"  {effect.state}", style="bold" if effect.state == "intended" else "")
-        text.append(f"  intended {clock(effect.intended_at, seconds=True)}")
+        text.append(f"  intended {times.clock(effect.intended_at, seconds=True)}")
         if effect.settled_at:
-            text.append(f", settled {clock(effect.settled_at, seconds=True)}")
+            text.append(f", settled {times.clock(effect.settled_at, seconds=True)}")
         text.append("\n   key ")
         text.append_text(safe_text(effect.key, limit=200, style="dim"))
         if effect.detail is not None:
             text.append("  detail ")
             text.append_text(safe_text(effect.detail, limit=500))
         text.append("\n")
-    _audit(text, audit)
+    _audit(text, audit, times)
     return f"Event #{event.id} · {event.status}", text
 
 
-async def approval_detail(inbox: Inbox, request_id: str, now: int) -> tuple[str, Text]:
+async def approval_detail(
+    inbox: Inbox, request_id: str, now: int, times: Times = WALL
+) -> tuple[str, Text]:
     approval: Approval | None = await inbox.get_approval(request_id)
     if approval is None:
         return "Approval", join("No such request: ", safe_text(request_id, limit=200))
     audit = await inbox.audit(target=f"approval {request_id}", limit=50)
     text = Text(end="")
     _field(text, "request", safe_text(approval.request_id, limit=1000))
-    _field(text, "asked", f"{stamp(approval.requested)} ({ago(now, approval.requested)})")
+    _field(text, "asked", f"{times.stamp(approval.requested)} ({ago(now, approval.requested)})")
     left = countdown(now, approval.due, precise=True)
-    _field(text, "deadline", f"{stamp(approval.due)} ({left})")
+    _field(text, "deadline", f"{times.stamp(approval.due)} ({left})")
     if approval.answer is None:
         _field(text, "answer", Text("waiting", style="bold"))
     else:
@@ -154,24 +160,24 @@ async def approval_detail(inbox: Inbox, request_id: str, now: int) -> tuple[str,
             approval.answer,
             " by ",
             safe_text(approval.answered_by, limit=100),
-            f" at {stamp(approval.answered_at)}",
+            f" at {times.stamp(approval.answered_at)}",
         )
         _field(text, "answer", by)
     _section(text, "Action")
     text.append_text(safe_text(approval.action, limit=20_000, multiline=True))
     text.append("\n")
-    _audit(text, audit)
+    _audit(text, audit, times)
     state = approval.answer or "waiting"
     return f"Approval · {state}", text
 
 
-def timer_detail(timer: Timer, now: int) -> tuple[str, Text]:
+def timer_detail(timer: Timer, now: int, times: Times = WALL) -> tuple[str, Text]:
     text = Text(end="")
     _field(text, "timer", safe_text(timer.id, limit=1000))
     if timer.broken is not None:  # set aside by the scheduler: why, before what it stored
         _field(text, "set aside", safe_text(timer.broken, limit=2000))
     _field(text, "kind", "approval expiry" if timer.kind == "approval" else "timer")
-    _field(text, "next due", f"{stamp(timer.due)} ({countdown(now, timer.due)})")
+    _field(text, "next due", f"{times.stamp(timer.due)} ({countdown(now, timer.due)})")
     _field(text, "period", period(timer.every))
     _field(text, "catch-up", timer.catch_up if timer.every else "—")
     if timer.key:
@@ -185,7 +191,7 @@ def timer_detail(timer: Timer, now: int) -> tuple[str, Text]:
         "last fired",
         "never"
         if timer.last_fired is None
-        else f"{stamp(timer.last_fired)} ({ago(now, timer.last_fired)})",
+        else f"{times.stamp(timer.last_fired)} ({ago(now, timer.last_fired)})",
     )
     _field(
         text,
@@ -198,12 +204,12 @@ def timer_detail(timer: Timer, now: int) -> tuple[str, Text]:
     return "Timer", text
 
 
-def message_detail(message: Message, now: int) -> tuple[str, Text]:
+def message_detail(message: Message, now: int, times: Times = WALL) -> tuple[str, Text]:
     text = Text(end="")
     _field(
         text, "message", f"#{message.id}" + ("  urgent: skips the gap" if message.urgent else "")
     )
-    _field(text, "queued", f"{stamp(message.created)} ({ago(now, message.created)})")
+    _field(text, "queued", f"{times.stamp(message.created)} ({ago(now, message.created)})")
     _field(text, "status", message.status)
     if message.run_id:
         _field(text, "from run", f"#{message.run_id}")
@@ -213,16 +219,16 @@ def message_detail(message: Message, now: int) -> tuple[str, Text]:
     return f"Outbox message #{message.id}", text
 
 
-async def load_detail(inbox: Inbox, record: Any, now: int) -> tuple[str, Text]:
-    """The title and body for any pane's row."""
+async def load_detail(inbox: Inbox, record: Any, now: int, times: Times = WALL) -> tuple[str, Text]:
+    """The title and body for any pane's row, its instants worded by `times`."""
     if isinstance(record, Event):
-        return await event_detail(inbox, record.id, now)
+        return await event_detail(inbox, record.id, now, times)
     if isinstance(record, Approval):
-        return await approval_detail(inbox, record.request_id, now)
+        return await approval_detail(inbox, record.request_id, now, times)
     if isinstance(record, Timer):
-        return timer_detail(record, now)
+        return timer_detail(record, now, times)
     if isinstance(record, Message):
-        return message_detail(record, now)
+        return message_detail(record, now, times)
     return "Detail", safe_text(record, limit=10_000, multiline=True)
 
 

@@ -2,8 +2,14 @@
 
 Each browser tab gets its own `onwatch tui TARGET [--read-only]` process (textual-serve runs it
 under Textual's web driver), so the browser shows exactly the terminal app, the fleet desk
-when TARGET is a folder. `door.py` locks it; `serving.py` is the only module that knows
-textual-serve.
+when TARGET is a folder. `door.py` locks it (one name, one origin, login, sessions),
+`sessions.py` keeps the logins, `pages.py` writes the pages, `serving.py` is the only module
+that knows textual-serve and owns the desk processes.
+
+On this machine the desk is served under a host name of its own, a random
+`desk-<20 hex digits>.localhost`: browsers resolve every `*.localhost` name to the loopback
+address without asking DNS, and keep cookies per host name but not per port, so under
+127.0.0.1 or localhost the session cookie would also be sent to every other local server.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from urllib.parse import urlsplit
 
 TOKEN_ENV = "ONWATCH_WEB_TOKEN"
 MIN_TOKEN = 16  # characters of a configured token
-SHUTDOWN_TIMEOUT = 5.0  # seconds open tabs get to close on SIGTERM
+MIN_TOKEN_BITS = 64  # estimated entropy of a configured token (door.token_bits)
+SHUTDOWN_TIMEOUT = 5.0  # seconds requests in flight get on SIGTERM, once the desks ended
+SWEEP_EVERY = 60.0  # seconds between two looks for expired sessions
 
 log = logging.getLogger("onwatch.web")
 
@@ -35,7 +43,7 @@ class WebConfigError(Exception):
 class Plan:
     """What `onwatch web` will serve, checked before anything listens."""
 
-    command: str
+    command: str  # the desk command, for a person to read
     target: str
     host: str
     port: int
@@ -43,6 +51,8 @@ class Plan:
     token_generated: bool
     read_only: bool
     public_url: str | None
+    argv: tuple[str, ...] = ()  # the desk command, as run (no shell)
+    desk_host: str = ""  # the *.localhost name served under, without --public-url
 
 
 def is_loopback(host: str) -> bool:
@@ -80,6 +90,15 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
             f"${TOKEN_ENV} is too short: use {MIN_TOKEN} characters or more "
             f"(e.g. python3 -c 'import secrets; print(secrets.token_urlsafe())')"
         )
+    if token:
+        from .door import token_bits
+
+        if token_bits(token) < MIN_TOKEN_BITS:
+            raise WebConfigError(
+                f"${TOKEN_ENV} is too easy to guess (repeated or sequential characters, or "
+                f"too few kinds of them): use a random one, e.g. "
+                f"python3 -c 'import secrets; print(secrets.token_urlsafe())'"
+            )
     if not token and not is_loopback(host):
         raise WebConfigError(
             f"refusing to listen on {host} without ${TOKEN_ENV}: beyond this "
@@ -88,18 +107,12 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
         )
     public_url = getattr(args, "public_url", None)
     if public_url is not None:
-        parts = urlsplit(public_url)
-        if (
-            parts.scheme not in ("http", "https")
-            or not parts.netloc
-            or parts.path not in ("", "/")
-            or parts.query
-            or parts.fragment
-        ):
-            raise WebConfigError(
-                f"--public-url must be like https://desk.example.org, got {public_url!r}"
-            )
-        public_url = f"{parts.scheme}://{parts.netloc}"
+        public_url = _origin(public_url)
+    elif not is_loopback(host):
+        raise WebConfigError(
+            f"listening on {host} needs --public-url, the address browsers will use "
+            f"(e.g. https://desk.example.org): the desk answers under that name only"
+        )
     argv = [sys.executable, "-m", "onwatch", "tui", os.path.abspath(target)]
     if args.read_only:
         argv.append("--read-only")
@@ -112,7 +125,36 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
         token_generated=not token,
         read_only=bool(args.read_only),
         public_url=public_url,
+        argv=tuple(argv),
+        desk_host="" if public_url else f"desk-{secrets.token_hex(10)}.localhost",
     )
+
+
+def _origin(url: str) -> str:
+    """`url` as browsers write its origin (scheme://host[:port], lower case, no default
+    port), which the door compares Origin and Host headers with; raises WebConfigError."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or "@" in parts.netloc
+        or port == -1
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or not url.isascii()
+        or not url.isprintable()
+    ):
+        raise WebConfigError(f"--public-url must be like https://desk.example.org, got {url!r}")
+    host = parts.hostname.lower()
+    if ":" in host:
+        host = f"[{host}]"
+    default = 443 if parts.scheme == "https" else 80
+    return f"{parts.scheme}://{host}" + (f":{port}" if port not in (None, default) else "")
 
 
 def main(args: Any) -> int:
@@ -143,34 +185,64 @@ async def serve(chosen: Plan) -> int:
     """Run the desk's web server for `chosen` until SIGINT/SIGTERM."""
     from aiohttp import web
 
+    from onwatch.core.webhooks.connections import (
+        HEAD_TIMEOUT,
+        ConnectionGuard,
+        GuardedSite,
+        ServerLog,
+        quiet_accept_errors,
+    )
+
     from .door import AccessLog, Door
     from .serving import desk_app
+    from .sessions import Sessions
 
-    door = Door(chosen.token, public_url=chosen.public_url)
-    title = f"onwatch {os.path.basename(chosen.target.rstrip(os.sep)) or chosen.target}"
-    app = await desk_app(
-        chosen.command, title=title, public_url=chosen.public_url, middlewares=(door.middleware,)
+    name = os.path.basename(chosen.target.rstrip(os.sep)) or chosen.target
+    title = f"{name} · onwatch"
+    guard = ConnectionGuard(log)
+    websocket_url = ""
+    app, desks = await desk_app(
+        chosen.argv,
+        title=title,
+        name=f"{name} (read-only)" if chosen.read_only else name,
+        websocket_url=lambda: websocket_url,
+        hold=guard.hold,
     )
+    sessions = Sessions(on_end=desks.end_session)
+    door = Door(chosen.token, sessions, title=title)
+    door.install(app)
+    app.middlewares.insert(0, guard.middleware)  # outermost: it times the whole request
     runner = web.AppRunner(
-        app, access_log_class=AccessLog, access_log=log, shutdown_timeout=SHUTDOWN_TIMEOUT
+        app,
+        access_log_class=AccessLog,
+        access_log=log,
+        logger=ServerLog(log),
+        keepalive_timeout=HEAD_TIMEOUT,
+        shutdown_timeout=SHUTDOWN_TIMEOUT,
     )
     await runner.setup()
+    sweeping: asyncio.Task[None] | None = None
     try:
         try:
-            await web.TCPSite(runner, chosen.host, chosen.port).start()
+            await GuardedSite(runner, chosen.host, chosen.port, guard).start()
         except OSError as exc:
             print(
                 f"onwatch web: cannot listen on {chosen.host}:{chosen.port}: {exc.strerror or exc}",
                 file=sys.stderr,
             )
             return 1
+        quiet_accept_errors(log)
         host, port = runner.addresses[0][:2]
         shown = f"[{host}]" if ":" in host else host
-        base = chosen.public_url or f"http://{shown}:{port}"
+        origin = chosen.public_url or f"http://{chosen.desk_host}:{port}"
+        door.bind(origin)
+        netloc = urlsplit(origin).netloc
+        websocket_url = f"{'wss' if origin.startswith('https:') else 'ws'}://{netloc}/ws"
         log.info(
-            "listening on http://%s:%s; serving %s%s",
+            "listening on http://%s:%s as %s; serving %s%s",
             shown,
             port,
+            origin,
             chosen.target,
             " read-only" if chosen.read_only else "",
         )
@@ -180,11 +252,11 @@ async def serve(chosen: Plan) -> int:
                 "front, see the README",
                 chosen.host,
             )
+        # stdout, once: the address to open, with a login code that works once (in the
+        # fragment, which no request carries). Never logged: stderr has no code, no token.
+        print(f"open {origin}/#code={sessions.issue_code()}", flush=True)
         if chosen.token_generated:
-            # stdout, once: the address to open. Never logged (stderr has no token).
-            print(f"open {base}/?token={chosen.token}", flush=True)
-        else:
-            print(f"open {base}/?token=${TOKEN_ENV}", flush=True)
+            print(f"token (login form, Authorization: Bearer): {chosen.token}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -192,8 +264,19 @@ async def serve(chosen: Plan) -> int:
                 loop.add_signal_handler(signum, stop.set)
             except (NotImplementedError, RuntimeError):
                 pass
+
+        async def sweep() -> None:
+            while True:
+                await asyncio.sleep(SWEEP_EVERY)
+                sessions.sweep()
+
+        sweeping = asyncio.create_task(sweep())
         await stop.wait()
-        log.info("stopping")
+        log.info("stopping: ending %d desk(s)", len(desks.processes))
     finally:
+        if sweeping is not None:
+            sweeping.cancel()
+        sessions.end_all()
+        await desks.close_all()
         await runner.cleanup()
     return 0

@@ -1,6 +1,6 @@
 """The worker on a PostgreSQL inbox: woken by NOTIFY instead of by its next poll.
 
-`ListeningWorker` is core/worker.py's `Worker` with a `Listener` attached to its inbox's
+`ListeningWorker` is core/runtime/worker.py's `Worker` with a `Listener` attached to its inbox's
 `wake` (core/pg/listen.py's `ListenWake`): the worker's idle wait, written for the file
 notifier, then ends the moment the Listener hears its inbox named (a commit that gave it
 work), so a new event is claimed in milliseconds; `poll_interval` stays the fallback while
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import BadInput
-from .pg.db import Database
-from .pg.listen import Listener
+from ..errors import BadInput
+from ..pg.db import Database
+from ..pg.listen import Listener
 from .worker import Worker, WorkerStats
 
 

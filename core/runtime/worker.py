@@ -9,22 +9,32 @@ confirmed with `Inbox.change_token()`, one cheap call that reads no table; the t
 polled as the fallback. Each run is: scheduler pass, claim, agent call, ONE fenced finish, then a
 dispatch of the outbox. The agent never sees SQL: it gets the batch and a `RunContext`.
 
-What can go wrong and what the runtime does:
+What can go wrong and what the runtime does (docs/rules.md#a-misbehaving-agent):
 
-- the agent raises: the run finishes with `error=` (backoff, attempts), the worker goes on;
+- the agent raises (anything: `sys.exit()`, KeyboardInterrupt and GeneratorExit included):
+  the run finishes with `error=` (backoff, attempts), the worker goes on;
 - the agent runs past `settings.max_run_seconds`: the call is cancelled and the run abandoned
   (no finish); the next claim recovers it as a lost claim under the inbox's policy;
 - the lease is lost (a renewal or an effect intent is refused): the run is abandoned, never
   finished; a successor's claim recovers it;
+- an abandoned run's code has `grace` seconds to end (a cancelled task to return, a plain
+  def's thread to come back). Code still running then cannot be stopped in this process: the
+  worker releases the lease and raises `AgentWedged`, so that whoever runs it ends the
+  process (the command line exits 4 for its service manager to start it again);
+- the agent blocks the event loop: core/runtime/watchdog.py says so, naming the run;
 - another process keeps the database locked (`InboxBusy`): logged, retried at the next step;
-- SIGTERM/SIGINT (`Worker.request_stop`): the current run may finish within `grace` seconds,
-  otherwise it is abandoned; the lease is released so a successor can start at once.
+- SIGTERM/SIGINT/SIGHUP (`Worker.request_stop`): the current run may finish within `grace`
+  seconds, otherwise it is abandoned; the lease is released so a successor can start at once.
+
+A plain-def agent runs in a thread of its own for each run (core/runtime/threads.py), never
+in a shared pool: a run the worker gave up on cannot hold a thread another run needs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -33,27 +43,52 @@ import socket
 import time
 import traceback as tb
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable
 
-from .clock import Clock, SystemClock, check_time, show
-from .errors import BadInput, InboxBusy, InboxError
-from .humanize import duration
-from .inbox import Inbox, SendFn
-from .records import ApprovalRequest, Event, FollowUp, Lease, Reply
-from .text import printable
-from .connection import SLOW_POLL
+from ..clock import BackendClock, Clock, SystemClock, show
+from ..errors import BadInput, ConnectionLost, InboxBusy, InboxError
+from ..humanize import duration
+from ..inbox import Inbox, SendFn
+from ..pg import is_url
+from ..records import Event, Lease
+from ..text import printable
+from ..connection import SLOW_POLL
+from .context import Agent, LeaseLost, RunAbandoned, RunContext, _is_async
+from .threads import start_thread
+from .watchdog import LoopWatch
 
 log = logging.getLogger("onwatch.worker")
-
-Agent = Callable[[list[Event], "RunContext"], Awaitable[None] | None]
-
-
-class LeaseLost(InboxError):
-    """This worker's lease generation was superseded; the run must stop and not finish."""
+# Past 2 × grace after a stop request, plus this, run() is cancelled where it waits.
+STOP_SLACK = 5.0
+OUTAGE_BACKOFF = 5.0  # seconds between two tries of a database that does not answer, at most
+OUTAGE_LOG_EVERY = 60.0  # seconds between two log lines of one outage
 
 
-class RunAbandoned(InboxError):
-    """The run was abandoned (lease lost, over budget, or stopping); its context is closed."""
+class AgentWedged(RuntimeError):
+    """An abandoned run's code was still running `grace` seconds later (it swallowed the
+    cancellation, or its thread is blocked in a call): nothing in this process can stop it.
+    The worker released its lease before raising this; end the process, and the next
+    generation recovers the run as a lost claim."""
+
+
+class _AgentExited(Exception):
+    """Carries a BaseException the agent raised (SystemExit, KeyboardInterrupt,
+    GeneratorExit) out of its task as a failure of the run: raised as itself it would stop
+    the event loop, and with it the worker, leaving the run `running`."""
+
+    def __init__(self, raised: BaseException) -> None:
+        super().__init__(str(raised))
+        self.raised = raised
+
+
+def _being_closed() -> bool:
+    """True when a coroutine runs outside any event loop: it is being closed (garbage
+    collected), so a GeneratorExit there is Python's, not something the agent raised."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return True
+    return False
 
 
 def default_holder() -> str:
@@ -61,167 +96,8 @@ def default_holder() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class RunContext:
-    """What an agent gets with its batch: the only way a run affects the world.
-
-    Replies, approval requests, follow-up timers and `result` are collected and committed by
-    the runtime in one fenced finish when the agent returns; an agent that does none of these
-    ends silently. External effects go through `effect()` / `perform()`, which journal the
-    intent durably before the effect and its outcome after.
-    """
-
-    def __init__(
-        self,
-        inbox: Inbox,
-        holder: str,
-        gen: int,
-        batch: Sequence[Event],
-        loop: asyncio.AbstractEventLoop,
-    ) -> None:
-        self._inbox = inbox
-        self.holder = holder
-        self.gen = gen
-        self.batch = list(batch)
-        self.run_id: int | None = next((e.run_id for e in batch if e.run_id), None)
-        self.messages: list[Reply] = []
-        self.approvals: list[ApprovalRequest] = []
-        self.timers: list[FollowUp] = []
-        self.result: Any = None
-        self._loop = loop
-        self._closed: str | None = None
-
-    @property
-    def now(self) -> int:
-        """The inbox's clock, integer seconds."""
-        return self._inbox.now()
-
-    def _check_open(self) -> None:
-        if self._closed is not None:
-            raise RunAbandoned(f"this run was abandoned ({self._closed}); nothing more is kept")
-
-    def reply(self, text: str, urgent: bool = False) -> None:
-        """Queue a message; it reaches the outbox only if the run finishes."""
-        self._check_open()
-        if not isinstance(text, str) or not text:
-            raise BadInput("a reply must be a non-empty string")
-        self.messages.append(self._inbox._reply(Reply(text, bool(urgent))))
-
-    def ask_approval(self, request_id: str, expires_in: int, action: str) -> None:
-        """Ask a human; the answer (or expiry) comes back as event ('approval', request_id)."""
-        self._check_open()
-        self.approvals.append(
-            self._inbox._approval_request(ApprovalRequest(request_id, expires_in, action))
-        )
-
-    def follow_up(
-        self,
-        timer_id: str,
-        due: int,
-        payload: Any = None,
-        every: int | None = None,
-        *,
-        key: tuple[str, str] | None = None,
-        catch_up: str = "coalesce",
-    ) -> None:
-        """Schedule a timer (committed with the finish; budget max_followups_per_run)."""
-        self._check_open()
-        # Checked now (BadInput here, in the agent's code, not at the finish); the finish
-        # checks again what it commits.
-        self._inbox._followup(
-            FollowUp(timer_id, check_time(due, "due"), payload, every, key, catch_up)
-        )
-        self.timers.append(FollowUp(timer_id, due, payload, every, key, catch_up))
-
-    @contextlib.asynccontextmanager
-    async def effect(
-        self,
-        name: str,
-        detail: Any = None,
-        *,
-        key: str | None = None,
-        event: int | Event | None = None,
-    ) -> AsyncIterator[str]:
-        """Journal an external effect around its block; yields the idempotency key.
-
-            async with ctx.effect("refund", {"amount": 5}) as key:
-                await payments.refund(5, idempotency_key=key)
-
-        The intent is committed (fenced) before the block runs: if this generation lost the
-        lease, LeaseLost is raised and the block never runs. A block that completes marks the
-        effect confirmed; one that raises an Exception marks it failed. A cancelled block (the
-        run was abandoned) leaves it 'intended': the operator sees it may have happened.
-
-        The default key is derived from the event the effect is for and its name, so a retry
-        of that event (alone or batched differently) gets the same key. In a run of several
-        events, say which one: `event=` (an Event or its id); BadInput otherwise.
-        """
-        self._check_open()
-        if self.run_id is None:
-            raise BadInput("this batch has no run id; effects need a claimed run")
-        intended = await self._inbox.intend_effect(
-            self.holder, self.gen, self.run_id, name, detail, key=key, event=event
-        )
-        if intended is None:
-            raise LeaseLost(
-                f"lease generation {self.gen} is no longer held; effect {name!r} was not performed"
-            )
-        try:
-            yield intended
-        except Exception:
-            await _settle(self._inbox, intended, "failed")
-            raise
-        await _settle(self._inbox, intended, "confirmed")
-
-    def perform(
-        self,
-        name: str,
-        detail: Any,
-        fn: Callable[[str], Any],
-        *,
-        key: str | None = None,
-        event: int | Event | None = None,
-    ) -> Any:
-        """Journal and perform `fn(key)` (plain or async); return what it returned.
-
-        From an async agent: `await ctx.perform(...)`. From a plain-def agent (which runs in a
-        thread) call it without await: it blocks until the effect is settled.
-        """
-
-        async def run() -> Any:
-            async with self.effect(name, detail, key=key, event=event) as idem:
-                outcome = fn(idem)
-                if inspect.isawaitable(outcome):
-                    outcome = await outcome
-                return outcome
-
-        if _in_loop(self._loop):
-            return run()
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result()
-
-    def close(self, why: str) -> None:
-        self._closed = why
-
-
 def _seconds(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _in_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
-
-
-async def _settle(inbox: Inbox, key: str, state: str) -> None:
-    for attempt in range(10):
-        try:
-            await inbox.settle_effect(key, state)
-            return
-        except InboxBusy as exc:
-            log.warning("effect %s: could not record %s yet (%s); retrying", key, state, exc)
-            await asyncio.sleep(0.2 * (attempt + 1))
-    log.error("effect %s: outcome %s not recorded; the journal keeps it 'intended'", key, state)
 
 
 @dataclass
@@ -254,6 +130,7 @@ class Worker:
         setup: Callable[[Inbox], Any] | None = None,
         max_runs: int | None = None,
         metrics: Any = None,
+        on_stuck: Callable[[str], None] | None = None,
     ) -> None:
         if not callable(agent):
             raise BadInput("agent must be callable: async def agent(batch, ctx)")
@@ -278,6 +155,8 @@ class Worker:
             raise BadInput("send must be callable (or None)")
         if setup is not None and not callable(setup):
             raise BadInput("setup must be callable (or None)")
+        if on_stuck is not None and not callable(on_stuck):
+            raise BadInput("on_stuck must be callable (or None)")
         self.inbox = inbox
         self.agent = agent
         self.holder = holder or default_holder()
@@ -288,26 +167,58 @@ class Worker:
         self.max_runs = max_runs
         # core.metrics.WorkerMetrics (or None): counts runs, outcomes, durations, claim latency
         self.metrics = metrics
+        # Called (from another thread) with the reason when the event loop stays blocked past
+        # the lease TTL plus the grace; the command line ends the process there.
+        self.on_stuck = on_stuck
         self.stats = WorkerStats()
         self.gen: int | None = None
-        self._renew_at = 0
+        # When the lease is next renewed: a monotonic instant (a step of the wall clock moves
+        # nothing), and the expiry the last renewal wrote, on the inbox's clock.
+        self._renew_mono = 0.0
+        self._until = 0
+        self._given_up: int | None = None  # a generation to hand back (a claim's fate unknown)
+        self._outage: float | None = None  # (monotonic) since the database stopped answering
+        self._outage_logged = 0.0
+        self._backoff = 0.0
+        self._main: asyncio.Task[Any] | None = None  # run()'s task, while it runs
+        self._deadline: asyncio.TimerHandle | None = None
+        self._forced_out = False  # run() was cancelled by _stop_now
         self._recover_at: int | None = None  # an abandoned over-budget run becomes claimable
         self._waiting_for: tuple[str, int] | None = None  # the other holder last logged
         self._held_logged: int | None = None  # the paced send a "reply held" line named
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
+        self._watch: LoopWatch | None = None  # the loop's, while run() runs
 
     @property
     def clock(self) -> Clock:
         return self.inbox.clock
 
     def request_stop(self, force: bool = False) -> None:
-        """Stop after the current run (or abandon it now with force=True); then release."""
+        """Stop after the current run (or abandon it now with force=True); then release.
+
+        Bounded whatever the database does: if run() has not returned 2 × grace + STOP_SLACK
+        seconds after the first request (a server that stopped answering holds an inbox call
+        for ever), it is cancelled where it waits, and the lease is left to lapse."""
         if self._stop.is_set():
             force = True  # a second request means now
         self._stop.set()
         if force:
             self._force.set()
+        if self._main is not None and self._deadline is None:
+            loop = self._main.get_loop()
+            self._deadline = loop.call_later(2 * self.grace + STOP_SLACK, self._stop_now)
+
+    def _stop_now(self) -> None:
+        main = self._main
+        if main is not None and not main.done():
+            log.warning(
+                "still running %g s after being asked to stop (the database does not answer?): "
+                "stopping now; the lease is left to lapse",
+                2 * self.grace + STOP_SLACK,
+            )
+            self._forced_out = True
+            main.cancel()
 
     @property
     def stopping(self) -> bool:
@@ -316,11 +227,17 @@ class Worker:
     # --- the loop -------------------------------------------------------------------------
 
     async def run(self) -> WorkerStats:
-        """Run until request_stop (or max_runs); release the lease; return the stats."""
+        """Run until request_stop (or max_runs); release the lease; return the stats.
+
+        Raises AgentWedged (after releasing the lease) when an abandoned run's code would not
+        end: the process must end to stop it."""
         if self.setup is not None:
             outcome = self.setup(self.inbox)
             if inspect.isawaitable(outcome):
                 await outcome
+        self._main, self._forced_out = asyncio.current_task(), False
+        watch = self._watch = LoopWatch.of(asyncio.get_running_loop())
+        self._watch_loop(watch)
         log.info(
             "worker %s started on %s (%s)",
             self.holder,
@@ -352,10 +269,24 @@ class Worker:
                     await self._idle(claimed_at, before_claim)
                 else:
                     await self._sleep(self.poll_interval)
+        except asyncio.CancelledError:
+            if not self._forced_out:
+                raise
         finally:
+            watch.leave(self)
             await self._release()
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._main = None
         log.debug("worker %s stopped: %s", self.holder, self.stats)
         return self.stats
+
+    def _watch_loop(self, watch: LoopWatch) -> None:
+        """(Re)state this worker's limits to the loop's watch: a stall is worth a warning
+        past a quarter of the lease TTL (the renewal is due every third), and past the TTL
+        plus the grace the lease has lapsed."""
+        ttl = self.inbox.settings.lease_ttl
+        watch.join(self, stall_after=ttl / 4, end_after=ttl + self.grace, on_stuck=self.on_stuck)
 
     def _check_file(self) -> None:
         """Stop (InboxError) if the path no longer names the file opened: every write from
@@ -372,24 +303,61 @@ class Worker:
         raise InboxError(f"worker stopped: {why}")
 
     async def _step(self, call: Callable[[], Awaitable[Any]]) -> Any:
-        """One inbox call; a locked database is logged and skipped, never fatal."""
+        """One inbox call; a locked database is logged and skipped, never fatal; a lost
+        connection is waited out (see _lost)."""
         try:
-            return await call()
+            result = await call()
+        except ConnectionLost as exc:
+            self.stats.busy += 1
+            await self._lost(exc)
+            return None
         except InboxBusy as exc:
             self.stats.busy += 1
             log.warning("%s", exc)
             return None
+        self._reached()
+        return result
+
+    async def _lost(self, exc: ConnectionLost) -> None:
+        """The database did not answer: back off (0.1 s doubling to OUTAGE_BACKOFF) instead
+        of asking again at once, and say so once, then once per OUTAGE_LOG_EVERY, not once
+        per try: a standby meeting a server that is down must neither spin nor flood."""
+        now = time.monotonic()
+        if self._outage is None:
+            self._outage, self._outage_logged = now, now
+            log.warning("%s; retrying with backoff", exc)
+        elif now - self._outage_logged >= OUTAGE_LOG_EVERY:
+            self._outage_logged = now
+            log.warning(
+                "still cannot reach the database after %s: %s",
+                duration(int(now - self._outage)),
+                exc,
+            )
+        self._backoff = min(max(self._backoff * 2, 0.1), OUTAGE_BACKOFF)
+        await self._sleep(self._backoff)
+
+    def _reached(self) -> None:
+        """An inbox call answered: an outage, if any, is over."""
+        if self._outage is not None:
+            log.warning(
+                "the database answers again after %s",
+                duration(int(time.monotonic() - self._outage)),
+            )
+            self._outage = None
+        self._backoff = 0.0
 
     async def _hold_lease(self) -> bool:
         """Renew the lease we hold, or take it; False (after waiting) if another holds it."""
+        if self._given_up is not None and not await self._give_up():
+            return False
         now = self.clock.now()
         held = self.gen
         if held is not None:
-            if now < self._renew_at:
+            if not self._renew_due():
                 return True
             renewed = await self._step(lambda: self.inbox.renew(self.holder, held))
             if renewed:
-                self._renew_at = now + self._renew_period()
+                self._renewed()
                 return True
             if renewed is None:  # busy: keep the generation, the fence decides later
                 await self._sleep(self.poll_interval)
@@ -397,15 +365,21 @@ class Worker:
             log.warning("lease generation %s lost (renewal refused)", self.gen)
             self.gen = None
         lease = await self._step(self.inbox.lease_info)
-        if (
-            lease is not None
-            and lease.until >= now
-            and (lease.holder != self.holder or lease.gen not in self.stats.generations)
-        ):
+        if lease is not None and lease.until >= now:
+            if lease.holder == self.holder and lease.gen in self.stats.generations:
+                # A generation this worker took, still live: take it up again, fenced.
+                if await self._step(lambda: self.inbox.renew(self.holder, lease.gen)):
+                    self.gen = lease.gen
+                    self._renewed()
+                    return True
+                return False
             # Held by another: acquire would refuse. A standby's wake-up costs a read only.
             await self._wait_for(lease)
             return False
-        gen = await self._step(lambda: self.inbox.acquire(self.holder))
+        # Fresh: only a free or expired lease, decided in one transaction. The read above
+        # is only a cheap look: another process under this same holder name may take the
+        # lease between the two, and must not share its generation with us.
+        gen = await self._step(lambda: self.inbox.acquire(self.holder, fresh=True))
         if gen is None:  # taken meanwhile, or the database stayed locked
             lease = await self._step(self.inbox.lease_info)
             if lease is not None:
@@ -415,26 +389,66 @@ class Worker:
             self.stats.generations.append(gen)
             log.info("lease acquired: generation %s", gen)
         self.gen = gen
-        self._renew_at = self.clock.now() + self._renew_period()
+        self._renewed()
         return True
 
     def _renew_period(self) -> int:
         return max(1, self.inbox.settings.lease_ttl // 3)
 
+    def _renewed(self) -> None:
+        """The lease was just taken or renewed: the next renewal is a third of the TTL away
+        on the monotonic clock."""
+        self._renew_mono = time.monotonic() + self._renew_period()
+        self._until = self.clock.now() + self.inbox.settings.lease_ttl
+
+    def _renew_due(self) -> bool:
+        """Time to renew: a third of the TTL since the last renewal, measured on this
+        process's monotonic clock, so that a step of the wall clock neither hurries nor
+        delays it; or sooner when the inbox's clock says two thirds of the lease are gone
+        (the wall clock stepped forward, or the server's moved): a lease that looks lapsed
+        to other processes is renewed at once (a lapsed lease nobody took over is renewed by
+        its holder: docs/rules.md#lease-and-fencing), never given up for a clock's step."""
+        if time.monotonic() >= self._renew_mono:
+            return True
+        return self.clock.now() >= self._until - self._renew_period()
+
+    async def _give_up(self) -> bool:
+        """Hand back a generation whose claim's outcome is unknown (its answer lost): the
+        claim may have committed, and its events would stay 'running' under a generation
+        that no claim of its own recovers. The next generation recovers them (at once: a
+        handed-back lease is taken over without waiting out the TTL). False while the
+        database does not answer (the loop comes back)."""
+        gen = self._given_up
+        assert gen is not None
+        released = await self._step(lambda: self.inbox.release(self.holder, gen))
+        if released is None:
+            return False
+        log.warning(
+            "lease generation %s handed back: its last claim's outcome is unknown (the "
+            "connection was lost); the next generation recovers what it may have claimed",
+            gen,
+        )
+        self._given_up = None
+        if gen in self.stats.generations:
+            self.stats.generations.remove(gen)  # never taken up again
+        return True
+
     async def _wait_for(self, lease: Lease) -> None:
         """Wait until another holder's lease lapses, or anyone commits; say so once."""
         if self.stopping:
             return
+        seen = (lease.holder, lease.gen)
         if lease.holder == self.holder:
-            # Our name, not our process: a predecessor under the same holder name. Adopting
-            # its generation would keep its stuck claims 'running'; wait for a takeover.
-            log.warning(
-                "lease gen %s is held under this holder name by an earlier process; "
+            # Our name, not our process: a predecessor under the same holder name, or a
+            # process started under it at the same moment. Adopting its generation would
+            # run beside it (or keep its stuck claims 'running'); wait for a takeover.
+            log.log(
+                logging.WARNING if seen != self._waiting_for else logging.DEBUG,
+                "lease gen %s is held under this holder name by another process; "
                 "waiting for it to expire",
                 lease.gen,
             )
         else:
-            seen = (lease.holder, lease.gen)
             log.log(
                 logging.INFO if seen != self._waiting_for else logging.DEBUG,
                 "lease held by %s (gen %s) until %s; waiting",
@@ -442,7 +456,7 @@ class Worker:
                 lease.gen,
                 lease.until,
             )
-            self._waiting_for = seen
+        self._waiting_for = seen
         await self._idle_until(lease.until + 1, renew=False)
 
     async def _claim(self) -> list[Event] | None:
@@ -452,11 +466,18 @@ class Worker:
         gen = self.gen
         assert gen is not None  # the loop claims right after _hold_lease took or renewed it
         try:
-            return await self.inbox.claim_batch(self.holder, gen)
+            batch = await self.inbox.claim_batch(self.holder, gen)
+        except ConnectionLost as exc:
+            self.stats.busy += 1
+            self.gen, self._given_up = None, gen  # see _give_up
+            await self._lost(exc)
+            return None
         except InboxBusy as exc:
             self.stats.busy += 1
             log.warning("%s", exc)
             return None
+        self._reached()
+        return batch
 
     async def _run(self, batch: list[Event]) -> None:
         """Call the agent on one claimed batch and commit its outcome (or abandon it)."""
@@ -472,6 +493,9 @@ class Worker:
         ctx = RunContext(self.inbox, self.holder, gen, batch, asyncio.get_running_loop())
         log.info("run %s: events %s (gen %s)", ctx.run_id, ids, gen)
         task = asyncio.create_task(self._call_agent(batch, ctx))
+        if self._watch is not None:
+            self._watch_loop(self._watch)  # the lease TTL may have changed since
+            self._watch.label(task, f"run {ctx.run_id} (events {ids}, gen {gen})")
         abandon_why: str | None = None
         stop_seen: float | None = None
         stop_wait = asyncio.ensure_future(self._stop.wait())
@@ -492,43 +516,40 @@ class Worker:
                     stop_seen = stop_seen if stop_seen is not None else time.monotonic()
                     if self._force.is_set() or time.monotonic() - stop_seen >= self.grace:
                         abandon_why = "stopping"
-                elif now >= self._renew_at:
+                elif self._renew_due():
                     renewed = await self._step(lambda: self.inbox.renew(self.holder, gen))
                     if renewed is False:
                         abandon_why = "lease lost"
                         self.gen = None
                     elif renewed:
-                        self._renew_at = now + self._renew_period()
+                        self._renewed()
                 if abandon_why is not None:
-                    ctx.close(abandon_why)
-                    task.cancel()
-                    with contextlib.suppress(BaseException):
-                        await task
                     break
         finally:
             stop_wait.cancel()
-            if not task.done():  # the worker itself was cancelled: its run must not go on
+            if not task.done() and abandon_why is None:
+                # The worker itself was cancelled: its run must not go on.
                 ctx.close("the worker was cancelled")
                 task.cancel()
-        error: BaseException | None = None
-        if abandon_why is None:
-            # An agent whose own code raised CancelledError ends a cancelled task: a failure.
-            error = (
-                asyncio.CancelledError("the agent's run was cancelled")
-                if task.cancelled()
-                else task.exception()
-            )
-            if isinstance(error, (LeaseLost, RunAbandoned)):
-                abandon_why = "lease lost"
-                self.gen = None
-        if abandon_why is not None:
+        if abandon_why is not None:  # given up while the agent's code still ran
             ctx.close(abandon_why)
-            self.stats.abandoned += 1
-            log.warning(
-                "run %s abandoned (%s): events %s left for recovery", ctx.run_id, abandon_why, ids
-            )
-            if self.metrics is not None:
-                self.metrics.ended("abandoned", time.monotonic() - started)
+            task.cancel()
+            self._abandoned(ctx, ids, abandon_why, started)
+            if not await self._let_go(task, ctx):
+                self._wedged(task, ctx, ids, abandon_why)
+            return
+        # An agent whose own code raised CancelledError ends a cancelled task: a failure.
+        error: BaseException | None = (
+            asyncio.CancelledError("the agent's run was cancelled")
+            if task.cancelled()
+            else task.exception()
+        )
+        if isinstance(error, _AgentExited):
+            error = error.raised  # recorded as what the agent raised: "SystemExit: 0"
+        if isinstance(error, (LeaseLost, RunAbandoned)):
+            self.gen = None
+            ctx.close("lease lost")
+            self._abandoned(ctx, ids, "lease lost", started)
             return
         ctx.close("finished")
         if error is None:
@@ -538,23 +559,85 @@ class Worker:
             # Escaped: the agent's message may hold a NUL or a lone surrogate, which the
             # inbox refuses to store, and it will be shown on terminals.
             text = printable(f"{type(error).__name__}: {error}", keep="\n\t")
-            trace = printable("".join(tb.format_exception(error)), keep="\n\t")
+            # An isolated agent's error carries its traceback from its own process.
+            remote = getattr(error, "remote_trace", None)
+            trace = printable(remote or "".join(tb.format_exception(error)), keep="\n\t")
             log.warning("run %s: agent raised %s\n%s", ctx.run_id, text, trace.rstrip())
             await self._finish(ctx, ids, error=text, trace=trace)
         if self.metrics is not None:
             self.metrics.ended("done" if error is None else "failed", time.monotonic() - started)
 
+    def _abandoned(self, ctx: RunContext, ids: list[int], why: str, started: float) -> None:
+        self.stats.abandoned += 1
+        log.warning("run %s abandoned (%s): events %s left for recovery", ctx.run_id, why, ids)
+        if self.metrics is not None:
+            self.metrics.ended("abandoned", time.monotonic() - started)
+
+    async def _let_go(self, task: asyncio.Task[None], ctx: RunContext) -> bool:
+        """Give an abandoned run's code `grace` seconds to end: its task, cancelled, to
+        return, and its threads (a plain def, a perform's plain function) to come back.
+        True once it has ended; False if it still runs then, or at a second stop request.
+        The lease is renewed meanwhile while this worker still holds it."""
+        deadline = time.monotonic() + self.grace
+
+        def ended() -> bool:
+            return task.done() and not any(t.is_alive() for t in ctx.threads)
+
+        while not ended():
+            pause = max(0.0, min(0.02, deadline - time.monotonic()))
+            if task.done():
+                await asyncio.sleep(pause)  # a thread: nothing to await, look again soon
+            else:
+                await asyncio.wait({task}, timeout=pause)
+            if time.monotonic() >= deadline or self._force.is_set():
+                return ended()
+            gen = self.gen
+            if gen is not None and self._renew_due():
+                renewed = await self._step(functools.partial(self.inbox.renew, self.holder, gen))
+                if renewed is False:
+                    self.gen = None
+                elif renewed:
+                    self._renewed()
+        return True
+
+    def _wedged(self, task: asyncio.Task[None], ctx: RunContext, ids: list[int], why: str) -> None:
+        """Raise AgentWedged for code that outlived its grace, saying what it is."""
+        threads = [t.name for t in ctx.threads if t.is_alive()]
+        what = []
+        if not task.done():
+            what.append("its task did not end when cancelled (it swallows CancelledError?)")
+        if threads:
+            what.append(f"its thread(s) {', '.join(threads)} are still in a call")
+        message = (
+            f"run {ctx.run_id} (events {ids}) was abandoned ({why}) and its code is still "
+            f"running {self.grace:g} s later: {'; '.join(what)}. Nothing in this process "
+            f"can stop it: the worker releases the lease and must end; the next generation "
+            f"recovers the run"
+        )
+        log.error("%s", message)
+        raise AgentWedged(message)
+
     async def _call_agent(self, batch: list[Event], ctx: RunContext) -> None:
-        call = getattr(self.agent, "__call__", None)  # noqa: B004 - for iscoroutinefunction
-        if inspect.iscoroutinefunction(self.agent) or inspect.iscoroutinefunction(call):
-            outcome = self.agent(batch, ctx)
-            if outcome is not None:  # (it is: a coroutine function's call)
+        try:
+            if _is_async(self.agent):
+                outcome = self.agent(batch, ctx)
+            else:
+                # A plain def runs in a thread of its own, so the loop keeps renewing the
+                # lease meanwhile, and a call stuck past the budget holds no thread another
+                # run needs (core/runtime/threads.py).
+                thread, done = start_thread(
+                    self.agent, batch, ctx, name=f"onwatch-run-{ctx.run_id}"
+                )
+                ctx.threads.append(thread)
+                outcome = await done
+            if inspect.isawaitable(outcome):
                 await outcome
-            return
-        # A plain def runs in a thread so the loop keeps renewing the lease meanwhile.
-        outcome = await asyncio.to_thread(self.agent, batch, ctx)
-        if inspect.isawaitable(outcome):
-            await outcome
+        except GeneratorExit as exc:
+            if _being_closed():
+                raise  # this coroutine itself is closed (a task destroyed), not the agent's doing
+            raise _AgentExited(exc) from exc
+        except (KeyboardInterrupt, SystemExit) as exc:
+            raise _AgentExited(exc) from exc
 
     async def _finish(
         self, ctx: RunContext, ids: list[int], *, error: str | None, trace: str | None = None
@@ -673,16 +756,20 @@ class Worker:
             raise
 
     async def _release(self) -> None:
-        if self.gen is None:
+        """Hand the lease back; bounded (a database that does not answer leaves it to lapse)."""
+        gen = self.gen or self._given_up
+        self.gen = self._given_up = None
+        if gen is None:
             return
         try:
-            released = await self.inbox.release(self.holder, self.gen)
-            log.info(
-                "lease generation %s %s", self.gen, "released" if released else "was already gone"
+            released = await asyncio.wait_for(
+                self.inbox.release(self.holder, gen), timeout=max(self.grace, 1.0) + STOP_SLACK
             )
+            log.info("lease generation %s %s", gen, "released" if released else "was already gone")
         except InboxError as exc:
             log.warning("could not release the lease: %s", exc)
-        self.gen = None
+        except asyncio.TimeoutError:
+            log.warning("could not release the lease: the database did not answer; it lapses")
 
     # --- sleeping -------------------------------------------------------------------------
 
@@ -690,7 +777,8 @@ class Worker:
         """Sleep until the next wake-up, a lease renewal, or a commit since `version` (the
         change token read before the claim that found nothing)."""
         self.stats.idle += 1
-        wake = await self._step(self.inbox.next_wake)
+        sends = self.send is not None  # a held reply is nothing to wake for without a channel
+        wake = await self._step(lambda: self.inbox.next_wake(sends=sends))
         if wake is not None and wake <= claimed_at:
             # Already due when the claim found nothing to run (paused, the runs-per-day
             # budget, a held outbox): wait for a change rather than spin on it.
@@ -727,7 +815,7 @@ class Worker:
             now = self.clock.now()
             if wake is not None and now >= wake:
                 return
-            if renew and now >= self._renew_at:
+            if renew and self._renew_due():
                 return
             if self._recover_at is not None and now >= self._recover_at:
                 return
@@ -754,12 +842,15 @@ class Worker:
         """How long an idle nap may last. Polling: poll_interval, as ever. Woken by the
         notifier on the system clock: until the next thing due (a wake-up, the renewal, a
         recovery), at most the slow poll; an injected clock may jump, so it keeps the poll."""
-        if not (self.inbox.wake.watching and isinstance(self.clock, SystemClock)):
+        if not (self.inbox.wake.watching and isinstance(self.clock, (SystemClock, BackendClock))):
             return self.poll_interval
         seconds = max(self.poll_interval, SLOW_POLL)
-        for due in (wake, self._renew_at if renew else None, self._recover_at):
+        now = self.clock.now()
+        for due in (wake, self._recover_at):
             if due is not None:
-                seconds = min(seconds, due - time.time())
+                seconds = min(seconds, due - now)
+        if renew:
+            seconds = min(seconds, self._renew_mono - time.monotonic())
         return max(seconds, 0.001)
 
     async def _nap(self, seen: int, seconds: float) -> bool:
@@ -798,9 +889,11 @@ async def run_worker(
 ) -> WorkerStats:
     """Run a worker until `stop` is set (or `max_runs` runs); return what it did.
 
-    `path_or_inbox` is an open Inbox or the path of an existing inbox (NotAnInbox otherwise).
-    `send` is the outbox channel (plain or async callable taking the text); None leaves
-    dispatching to another process. Raises only for errors that are not transient.
+    `path_or_inbox` is an open Inbox or the path of an existing inbox (NotAnInbox otherwise);
+    a relative path is resolved once, here, so an agent that changes the working directory
+    does not move the inbox. `send` is the outbox channel (plain or async callable taking the
+    text); None leaves dispatching to another process. Raises only for errors that are not
+    transient, and AgentWedged (see Worker.run).
     """
     if isinstance(path_or_inbox, Inbox):
         inbox, own = path_or_inbox, False
@@ -808,7 +901,11 @@ async def run_worker(
         # A worker of this release migrates an older inbox (refused while one of an
         # older release holds the lease: docs/rules.md#upgrading-a-running-deployment).
         inbox = await Inbox.open(
-            path_or_inbox, clock=clock, create=False, busy_timeout=busy_timeout, migrate=True
+            resolved(path_or_inbox),
+            clock=clock,
+            create=False,
+            busy_timeout=busy_timeout,
+            migrate=True,
         )
         own = True
     watcher = None
@@ -838,5 +935,15 @@ async def run_worker(
             await inbox.close()
 
 
-# The send channels moved to core/channels.py; importable from here as before.
-from .channels import command_channel, file_channel, stdout_channel  # noqa: E402,F401
+def resolved(target: str | os.PathLike[str]) -> str | os.PathLike[str]:
+    """A file path made absolute (resolved against today's working directory); anything
+    else (a postgresql:// URL, a value Inbox.open will refuse) as it was."""
+    if not isinstance(target, (str, os.PathLike)):
+        return target
+    try:
+        text = os.fspath(target)
+        if not isinstance(text, str) or not text or "\x00" in text or is_url(text):
+            return target
+        return os.path.abspath(text)
+    except (TypeError, ValueError):
+        return target

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import psycopg
 
-from .clock import SystemClock
-from .errors import InboxError
+from ..clock import SystemClock
+from ..errors import InboxError
+from ..pg import redact
+from ..pg.fleet import Looker
+from ..pg.listen import Listener
 from .listening_worker import ListeningWorker
-from .pg import redact
-from .pg.fleet import Looker
-from .pg.listen import Listener
+from .worker import AgentWedged
 
 __all__ = ["FleetWorker"]
 log = logging.getLogger("onwatch.pg.fleet")
@@ -23,11 +24,11 @@ class FleetWorker:
     """Serve every inbox of a database that has work, at most `concurrency` at once.
 
     For each inbox with work and no other holder it opens the inbox and runs a worker on it
-    (core/listening_worker.py: lease, scheduler, claim, agent, one fenced finish, dispatch) until it
-    has nothing left to do, then releases the lease and frees the slot. One run per inbox at
-    a time is the lease's rule, so several fleet workers on several machines can share a
-    database: an inbox another holds is skipped. A NOTIFY from any inbox, or a slot freeing,
-    starts the next look; `poll_interval` is the fallback.
+    (core/runtime/listening_worker.py: lease, scheduler, claim, agent, one fenced finish,
+    dispatch) until it has nothing left to do, then releases the lease and frees the slot.
+    One run per inbox at a time is the lease's rule, so several fleet workers on several
+    machines can share a database: an inbox another holds is skipped. A NOTIFY from any
+    inbox, or a slot freeing, starts the next look; `poll_interval` is the fallback.
     """
 
     def __init__(
@@ -41,6 +42,7 @@ class FleetWorker:
         poll_interval: float = 1.0,
         grace: float = 10.0,
         clock: Any = None,
+        on_stuck: Callable[[str], None] | None = None,
     ) -> None:
         self.url = url
         self.agent = agent
@@ -50,20 +52,33 @@ class FleetWorker:
         self.poll_interval = poll_interval
         self.grace = grace
         self.clock = clock or SystemClock()
+        self.on_stuck = on_stuck  # see Worker: the event loop held past the lease
         self.runs = 0
         self.served: dict[str, int] = {}  # inbox name → runs served here
         self._workers: dict[str, ListeningWorker | None] = {}  # inbox name → its worker
         self._stop = asyncio.Event()
         self._changed = asyncio.Event()
+        self.stop_requested = False  # by request_stop's callers, not by a wedged agent
+        self._wedged: AgentWedged | None = None
 
     def request_stop(self) -> None:
+        """Stop: each run in progress may finish within the grace; a second request
+        abandons them now."""
+        force, self.stop_requested = self.stop_requested, True
+        self._halt(force)
+
+    def _halt(self, force: bool = False) -> None:
         self._stop.set()
         for worker in self._workers.values():
-            if worker is not None:  # None: still opening; it sees the stop once it has
-                worker.request_stop()
+            # None: still opening; it sees the stop once it has. A worker asked once is
+            # not asked again (a second request would abandon its run at once).
+            if worker is not None and (force or not worker.stopping):
+                worker.request_stop(force)
 
     async def run(self) -> int:
-        """Serve until request_stop; return how many runs were made here."""
+        """Serve until request_stop; return how many runs were made here. Raises
+        AgentWedged (every lease released) when an agent's code could not be stopped on
+        one inbox: the process must end to stop it (see Worker.run)."""
         listener = await Listener.open(self.url, poll_interval=self.poll_interval)
         looker = Looker(self.url)
         tasks: set[asyncio.Task[None]] = set()
@@ -105,11 +120,13 @@ class FleetWorker:
                 self._changed.clear()
                 await self._wait(listener)
         finally:
-            self.request_stop()
+            self._halt()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             await listener.close()
             await asyncio.to_thread(looker.close)
+        if self._wedged is not None:
+            raise self._wedged
         return self.runs
 
     async def _wait(self, listener: Listener) -> None:
@@ -128,7 +145,7 @@ class FleetWorker:
                 task.cancel()
 
     async def _serve(self, name: str, listener: Listener) -> None:
-        from .inbox import Inbox
+        from ..inbox import Inbox
 
         try:
             inbox = await Inbox.open(self.url, name=name, create=False, clock=self.clock)
@@ -145,6 +162,7 @@ class FleetWorker:
             poll_interval=self.poll_interval,
             grace=self.grace,
             listener=listener,
+            on_stuck=self.on_stuck,
         )
         self._workers[name] = worker
         if self._stop.is_set():
@@ -153,6 +171,12 @@ class FleetWorker:
             stats = await worker.run()
             self.runs += stats.runs
             self.served[name] = self.served.get(name, 0) + stats.runs
+        except AgentWedged as exc:
+            # Code that cannot be stopped runs in this process: the fleet stops (every
+            # other inbox's run finishing or abandoned, its lease released) and says so.
+            self.runs += worker.stats.runs
+            self._wedged = self._wedged or exc
+            self._halt()
         except Exception as exc:  # noqa: BLE001 - one inbox's failure never stops the fleet
             log.warning("fleet: inbox %s: %s: %s", name, type(exc).__name__, exc)
         finally:

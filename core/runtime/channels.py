@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any, Awaitable, Callable
 
-from .text import printable
+from ..text import printable
 
 
 def stdout_channel(stream: Any = None) -> Callable[[str], None]:
@@ -32,7 +32,11 @@ def stdout_channel(stream: Any = None) -> Callable[[str], None]:
 
 
 def file_channel(path: str | os.PathLike[str]) -> Callable[[str], None]:
-    """Append one JSON line per send to `path`: {"at", "count", "key", "text"} (fsynced)."""
+    """Append one JSON line per send to `path`: {"at", "count", "key", "text"} (fsynced).
+
+    A relative path is resolved now: an agent that changes the working directory later
+    must not send the replies to another file."""
+    path = os.path.abspath(path)
 
     def send(text: str) -> None:
         line = json.dumps(
@@ -56,7 +60,9 @@ def file_channel(path: str | os.PathLike[str]) -> Callable[[str], None]:
 def command_channel(command: str, *, timeout: float = 60.0) -> Callable[[str], Awaitable[None]]:
     """Run `command` through the shell for each send: the text on its stdin, the delivery's
     key in $ONWATCH_DELIVERY_KEY and the message count in $ONWATCH_MESSAGE_COUNT. A non-zero
-    exit (or a timeout) is a failed delivery."""
+    exit (or a timeout) is a failed delivery. It runs in today's working directory, whatever
+    an agent changes it to later."""
+    folder = os.getcwd()
 
     async def send(text: str) -> None:
         env = dict(
@@ -72,6 +78,7 @@ def command_channel(command: str, *, timeout: float = 60.0) -> Callable[[str], A
             stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             env=env,
+            cwd=folder,
             start_new_session=True,
         )
         try:

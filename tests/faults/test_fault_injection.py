@@ -453,6 +453,14 @@ class Server(Backend):
         await inbox.close()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("UPDATE inboxes SET uid = 'fixed', created = %s", (T,))
+            # Key salts are drawn at random; fixed by rank here so that two schemas set up
+            # alike hand out alike keys (a file's copy holds its base's salts already).
+            for table in ("events", "deliveries"):
+                conn.execute(
+                    f"UPDATE {table} t SET key_salt = r.n FROM (SELECT id, row_number() "
+                    f"OVER (ORDER BY id) AS n FROM {table}) r "
+                    f"WHERE t.id = r.id AND t.key_salt IS NOT NULL"
+                )
         return url
 
     async def copy(self, base: str, p: Path) -> str:

@@ -14,10 +14,12 @@ import hashlib
 import json
 import os
 import pwd
-import stat
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -36,18 +38,17 @@ def digest(path: str) -> str:
 
 
 @pytest.fixture
-def folder(tmp_path):
-    """A folder a reader without write access can reach (pytest's own is private to its
-    user)."""
-    made = tmp_path / "shared"
-    made.mkdir()
-    if AS_ROOT:
-        for place in (tmp_path, tmp_path.parent, tmp_path.parent.parent):
-            os.chmod(place, os.stat(place).st_mode | stat.S_IXOTH)
+def folder():
+    """A folder a reader without write access can reach. Not under pytest's own temporary
+    folder: every pytest session started on the machine makes that private to its user
+    again, which would lock the reader out mid-test."""
+    made = Path(tempfile.mkdtemp(prefix="onwatch-read-only-"))
+    os.chmod(made, 0o755)
     yield made
     os.chmod(made, 0o755)
     for name in os.listdir(made):
         os.chmod(made / name, 0o644)
+    shutil.rmtree(made)
 
 
 def lock_down(folder, path: str) -> None:

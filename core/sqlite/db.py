@@ -369,7 +369,11 @@ class Database:
     def _handle(self) -> SqliteTx:
         stopped = self._stopped
         if stopped is not None:
-            raise stopped
+            # A new exception each time: one instance raised again and again would carry
+            # every earlier raise's traceback (and, through the caller's handler, its context).
+            again = FileLost(str(stopped))
+            again.recovered = stopped.recovered
+            raise again
         tx = self._tx
         if tx is None:
             if self._conn._connection is None:

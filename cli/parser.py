@@ -15,6 +15,7 @@ from onwatch.cli.commands.inbox import (
     cmd_events,
     cmd_ingest,
     cmd_init,
+    cmd_migrate,
     cmd_show,
     cmd_status,
 )
@@ -55,6 +56,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "onwatch init alice.db",
         "onwatch init bob.db max_attempts=5 on_lost_claim=interrupt",
     ),
+    "migrate": ("onwatch migrate alice.db", "onwatch migrate alice.db --json"),
     "ingest": (
         'onwatch ingest alice.db chat msg-11 \'{"text": "hello"}\'',
         'echo \'{"action": "opened"}\' | onwatch ingest alice.db github delivery-42 -',
@@ -245,6 +247,14 @@ dropped} where lines were dropped; {"type": "end", run, outcome, error} once a r
 An inbox of a database: onwatch logs postgresql://db/agents --inbox alice 42
 """
 
+MIGRATE_EPILOG = """\
+No other command migrates an inbox: reads, ingests and the desk work on the previous
+release's schema as it is. A worker of this release (worker, run) and init migrate too.
+Refused (exit 1, nothing changed) while a worker holds the lease: stop the workers of the
+older release first (each hands its lease back). See docs/rules.md, "Upgrading a running
+deployment". A postgresql:// URL migrates every inbox of that database at once.
+"""
+
 WORKER_EPILOG = """\
 the agent is `async def handle(batch, ctx)` (or a plain def, run in a thread): batch is a list
 of core.Event; ctx.reply(text, urgent=False), ctx.ask_approval(request_id, expires_in,
@@ -415,6 +425,18 @@ def build_parser() -> Parser:
         json=JSON_OBJECT,
     )
     p.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="settings to store")
+
+    p = sub(
+        "migrate",
+        "bring an inbox (or a postgresql:// database) to this release's schema",
+        run_async(cmd_migrate),
+        epilog=MIGRATE_EPILOG,
+        json=JSON_OBJECT,
+        path=False,  # a database migrates as a whole: no --inbox
+    )
+    p.add_argument(
+        "path", type=inbox_path, metavar="PATH", help="the inbox file or postgresql:// URL"
+    )
 
     p = sub(
         "ingest",

@@ -6,9 +6,12 @@ from .errors import (
     BadInput,
     BudgetExceeded,
     ConnectionLost,
+    FileLost,
     InboxBusy,
     InboxError,
     NotAnInbox,
+    ReadOnlyInbox,
+    UpgradeRefused,
 )
 from .checks import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES
 from .inbox import Inbox, Outgoing
@@ -57,6 +60,7 @@ __all__ = [
     "Effect",
     "Event",
     "FakeClock",
+    "FileLost",
     "FollowUp",
     "Inbox",
     "InboxBusy",
@@ -68,6 +72,7 @@ __all__ = [
     "NotAnInbox",
     "Outgoing",
     "Overview",
+    "ReadOnlyInbox",
     "Reply",
     "Run",
     "RunContext",
@@ -77,4 +82,5 @@ __all__ = [
     "SystemClock",
     "Timer",
     "Transcript",
+    "UpgradeRefused",
 ]

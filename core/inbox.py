@@ -109,14 +109,23 @@ class Inbox:
         create: bool = True,
         busy_timeout: float = 5.0,
         connection_factory: type[sqlite3.Connection] | None = None,
+        migrate: bool = False,
+        read_only: bool = False,
     ) -> "Inbox":
-        """Open the inbox at `path`, creating or migrating its schema.
+        """Open the inbox at `path`, creating its schema if it is new.
 
         `path` is a file (SQLite: the file is the inbox, `name` stays "default") or a
         `postgresql://` URL (one database holds many inboxes; `name` picks one, created on
         first open unless create=False). Raises NotAnInbox (leaving the file or database
         untouched) for a missing inbox when `create=False`, a foreign or corrupt file or
         database, or one from a newer schema.
+
+        Opening never migrates an existing inbox of an older schema unless `migrate=True`
+        (what a worker and `onwatch init`/`onwatch migrate` pass): it is read as it is, and
+        written to where its schema allows (docs/rules.md#upgrading-a-running-deployment).
+        A migration is refused (UpgradeRefused, nothing changed) while a worker holds the
+        inbox's lease. `read_only=True` never writes (every write raises ReadOnlyInbox); a
+        file this process cannot write is opened so by itself, saying why (`read_only`).
         """
         db = await backends.connect(
             path,
@@ -124,6 +133,8 @@ class Inbox:
             create=create,
             busy_timeout=busy_timeout,
             connection_factory=connection_factory,
+            migrate=migrate,
+            read_only=read_only,
         )
         try:
             settings = await db.read(switches.load_settings)
@@ -151,6 +162,18 @@ class Inbox:
     @property
     def path(self) -> str:
         return self._db.path
+
+    @property
+    def read_only(self) -> str | None:
+        """Why every write is refused (ReadOnlyInbox): opened read-only, or the file (or the
+        database role) cannot be written; None when it can be."""
+        return self._db.read_only
+
+    @property
+    def schema(self) -> tuple[int, int | None]:
+        """(the schema version the inbox has, the one it had before this open migrated it,
+        or None when this open did not)."""
+        return self._db.version, self._db.migrated_from
 
     @property
     def name(self) -> str:
@@ -519,8 +542,10 @@ class Inbox:
 
     async def run_scheduler(self, *, now: int | None = None) -> int:
         """Turn due timers into inbox events; return how many were due. A storm of due
-        timers is fired in chunks of scheduler.CHUNK, each its own transaction (all or
-        nothing), so intake never waits behind the whole storm."""
+        timers is fired in transactions of about scheduler.TX_SECONDS each (all or nothing
+        each), with a pause of scheduler.PAUSE_SECONDS after each one, in which another
+        process waiting to write gets the lock: its ingest waits a few tens of milliseconds
+        at most, however big the storm (docs/rules.md#timers-and-catch-up)."""
         when, fired = self._now(now), 0
         while True:
             count, more = await self._db.write_unless(
@@ -529,6 +554,7 @@ class Inbox:
             fired += count
             if not more:
                 return fired
+            await asyncio.sleep(scheduler.PAUSE_SECONDS)
 
     async def next_timer_due(self) -> int | None:
         return await self._db.call(timers.next_timer_due)

@@ -903,7 +903,7 @@ def run(
 
     async def main() -> int:
         try:
-            inbox = await Inbox.open(path, name=name, create=False)
+            inbox = await Inbox.open(path, name=name, create=False, read_only=read_only)
         except InboxError as exc:  # NotAnInbox, InboxBusy, or another clear refusal
             print(f"onwatch: {exc}", file=sys.stderr)
             return 2
@@ -911,7 +911,8 @@ def run(
             print(f"onwatch: cannot open {path}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         try:
-            app = OnwatchApp(inbox, read_only=read_only, actor=actor)
+            # A file this user may not write (inbox.read_only says why) is watched only.
+            app = OnwatchApp(inbox, read_only=read_only or inbox.read_only is not None, actor=actor)
             code = await app.run_async()
             return code if isinstance(code, int) else (app.return_code or 0)
         finally:

@@ -1,4 +1,5 @@
-"""Commands on the inbox itself: init, ingest, status, show, events, approvals, config."""
+"""Commands on the inbox itself: init, migrate, ingest, status, show, events, approvals,
+config."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from typing import Any
 from onwatch.cli.output import NOT_APPLIED, OK, CliError, emit_json, local_time, one_line, when
 from onwatch.cli.running import open_inbox
 from onwatch.cli.values import assignments
-from onwatch.core import Settings
+from onwatch.core import Settings, backends
+from onwatch.core.pg import is_url, redact
 from onwatch.core.settings import from_micros
 
 _SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
@@ -28,11 +30,14 @@ async def cmd_init(args: argparse.Namespace) -> int:
     files = [args.path + suffix for suffix in _SQLITE_SIDE_FILES]
     before = {name for name in files if os.path.lexists(name)}
     try:
-        async with await open_inbox(args, create=True) as inbox:
+        # init brings an existing inbox to this release's schema (refused while a worker
+        # of an older release holds its lease).
+        async with await open_inbox(args, create=True, migrate=True) as inbox:
             if changes:
                 await inbox.configure(**changes)
             settings = json.loads(inbox.settings.to_json())
             shown = inbox.path  # a URL's passwords left out
+            schema, migrated_from = inbox.schema
     except BaseException:
         for name in files:
             if name not in before:
@@ -40,9 +45,34 @@ async def cmd_init(args: argparse.Namespace) -> int:
                     os.remove(name)
         raise
     if args.json:
-        emit_json({"created": not existed, "path": shown, "settings": settings})
+        emit_json(
+            {
+                "created": not existed,
+                "path": shown,
+                "settings": settings,
+                "schema": schema,
+                "migrated_from": migrated_from,
+            }
+        )
     else:
         print(f"{'already an inbox' if existed else 'created'}: {shown}")
+        if migrated_from is not None:
+            print(f"migrated from schema {migrated_from} to schema {schema}")
+    return OK
+
+
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    """Bring an inbox file (or a PostgreSQL database, all its inboxes) to this release's
+    schema. Refused (exit 1, nothing changed) while a worker holds a lease: a worker that
+    has not been upgraded (docs/rules.md#upgrading-a-running-deployment)."""
+    before, after = await backends.migrate(args.path, busy_timeout=args.busy_timeout)
+    shown = redact(args.path) if is_url(args.path) else args.path
+    if args.json:
+        emit_json({"path": shown, "schema_before": before, "schema": after})
+    elif before == after:
+        print(f"already at schema {after}: {shown}")
+    else:
+        print(f"migrated: {shown} from schema {before} to schema {after}")
     return OK
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 from typing import Iterable
 
 from ..records import (
@@ -52,18 +53,31 @@ def events(
 ) -> list[Event]:
     """A keyset page by id: ascending after `after`, or descending before `before`; without
     payloads (None) when `payload` is false, so a list never reads or decodes documents.
-    `search` finds events whose source, source id or error contains it, ignoring case."""
+    `search` finds events whose source, source id or error contains it, the case of the
+    letters A to Z ignored and every other character as it is (see `folded`)."""
     descending = before is not None and after is None
     rows = tx.run(
         "events_page_down" if descending else "events_page_up",
         status=status,
         after=after,
         before=before,
-        search=search.lower() if search else None,
+        search=folded(search) if search else None,
         payload=payload,
         limit=limit,
     )
     return [event_from_row(r) for r in rows]
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def folded(text: str) -> str:
+    """`text` as a search compares it: A to Z lower-cased, every other character (É, ß,
+    the Kelvin sign, a combining accent) as it is, in the form it is stored (no Unicode
+    normalisation). Exactly what SQLite's lower() does and what PostgreSQL's statement does
+    with translate(), whatever its locale: the two backends find the same events for every
+    search, and an id is always found by itself (docs/rules.md#intake-and-deduplication)."""
+    return text.translate(_ASCII_LOWER)
 
 
 def counts(tx: Tx) -> dict[str, int]:

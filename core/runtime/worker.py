@@ -937,8 +937,14 @@ async def run_worker(
     if isinstance(path_or_inbox, Inbox):
         inbox, own = path_or_inbox, False
     else:
+        # A worker of this release migrates an older inbox (refused while one of an
+        # older release holds the lease: docs/rules.md#upgrading-a-running-deployment).
         inbox = await Inbox.open(
-            resolved(path_or_inbox), clock=clock, create=False, busy_timeout=busy_timeout
+            resolved(path_or_inbox),
+            clock=clock,
+            create=False,
+            busy_timeout=busy_timeout,
+            migrate=True,
         )
         own = True
     watcher = None

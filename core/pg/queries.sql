@@ -626,6 +626,33 @@ GROUP BY unit ORDER BY unit;
 -- name: spend_totals
 SELECT unit, micros FROM spend_totals WHERE inbox_id = %(inbox)s ORDER BY unit;
 
+-- A database before schema 3 (an older release's, read as it is: reads never migrate) has no
+-- transcripts and no spend: its runs logged and spent nothing, and nothing is pruned.
+-- name: transcript_state before 3
+SELECT NULL WHERE false;
+-- name: transcript_lines_after before 3
+SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE false;
+-- name: transcript_lines_newest before 3
+SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE false;
+-- name: transcript_last_seq before 3
+SELECT NULL;
+-- name: transcripts_prune_mark before 3
+SELECT NULL WHERE false;
+-- name: transcript_lines_delete before 3
+SELECT NULL WHERE false;
+-- name: spend_since before 3
+SELECT NULL::bigint;
+-- name: spend_reaching before 3
+SELECT NULL;
+-- name: spend_of_runs before 3
+SELECT NULL, NULL, NULL WHERE false;
+-- name: spend_per_day before 3
+SELECT NULL, NULL, NULL WHERE false;
+-- name: spend_units_since before 3
+SELECT NULL, NULL WHERE false;
+-- name: spend_totals before 3
+SELECT NULL, NULL WHERE false;
+
 -- --- what needs a person (onwatch notify) -------------------------------------------------
 
 -- name: events_died_since

@@ -651,6 +651,33 @@ WHERE used > 0 ORDER BY unit;
 -- name: spend_totals
 SELECT unit, micros FROM spend_totals ORDER BY unit;
 
+-- A file before schema 7 (an older release's, read as it is: reads never migrate) has no
+-- transcripts and no spend: its runs logged and spent nothing, and nothing is pruned.
+-- name: transcript_state before 7
+SELECT NULL WHERE 0;
+-- name: transcript_lines_after before 7
+SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
+-- name: transcript_lines_newest before 7
+SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
+-- name: transcript_last_seq before 7
+SELECT NULL;
+-- name: transcripts_prune_mark before 7
+SELECT NULL WHERE 0;
+-- name: transcript_lines_delete before 7
+SELECT NULL WHERE 0;
+-- name: spend_since before 7
+SELECT 0.0;
+-- name: spend_reaching before 7
+SELECT NULL;
+-- name: spend_of_runs before 7
+SELECT NULL, NULL, NULL WHERE 0;
+-- name: spend_per_day before 7
+SELECT NULL, NULL, NULL WHERE 0;
+-- name: spend_units_since before 7
+SELECT NULL, NULL WHERE 0;
+-- name: spend_totals before 7
+SELECT NULL, NULL WHERE 0;
+
 -- --- what needs a person (onwatch notify) -------------------------------------------------
 
 -- Events that died at or after :since, oldest first (a partial index: only dead rows).
@@ -661,6 +688,11 @@ FROM events INDEXED BY events_died
 WHERE status = 'dead' AND updated >= :since ORDER BY updated, id LIMIT :limit;
 
 -- When the oldest pending event was stored (by id: the index's first pending row).
+-- name: events_died_since before 7
+SELECT id, source, source_id, NULL, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events WHERE status = 'dead' AND updated >= :since ORDER BY updated, id LIMIT :limit;
+
 -- name: pending_oldest
 SELECT created FROM events INDEXED BY events_by_status WHERE status = 'pending'
 ORDER BY id LIMIT 1;

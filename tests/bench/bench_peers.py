@@ -145,7 +145,8 @@ ROWS = [
         ["onwatch", "huey", "huey-10ms", "persist-queue", "litequeue-full"],
         FULL,
         [
-            "huey at its defaults (0.1 s poll, growing ×1.15 while idle); the others poll every 10 ms"
+            "huey at its defaults (0.1 s poll, growing ×1.15 while idle); "
+            "the others poll every 10 ms"
         ],
     ),
     Row(
@@ -393,7 +394,8 @@ class Bench:
             if listener.stdout.readline().strip() != "ready":
                 raise RuntimeError(f"{who}'s listener did not start")
             subprocess.run(
-                [self.peers, str(PEER_SCRIPT), "produce", who, where, str(samples), committed, str(seed)],
+                [self.peers, str(PEER_SCRIPT), "produce", who, where, str(samples), committed,
+                 str(seed)],
                 cwd=ROOT, env=_env(), check=True, timeout=600,
             )  # fmt: skip
             deadline = time.monotonic() + 60
@@ -444,7 +446,8 @@ def ratio(row: Row, onwatch: dict[str, Any], peer: dict[str, Any]) -> float:
 def _rate(figures: dict[str, Any], row: Row) -> str:
     if row.kind == "wake":
         p50, p99 = figures["p50"], figures["p99"]
-        return f"p50 {p50['median']:.1f} ms ({p50['min']:.1f}–{p50['max']:.1f}), p99 {p99['median']:.1f}"
+        spread = f"{p50['min']:.1f}–{p50['max']:.1f}"
+        return f"p50 {p50['median']:.1f} ms ({spread}), p99 {p99['median']:.1f} ms"
     r = figures["rate"]
     text = f"{r['median']:,.0f}/s ({r['min']:,.0f}–{r['max']:,.0f})"
     if row.key.endswith("drain") or row.key.endswith("batched"):
@@ -473,10 +476,14 @@ def table(rows: list[Row], summary: dict[str, dict[str, Any]]) -> list[str]:
         lines.append(
             f"| {row.title} | {onwatch_text} | {peer_text} | {ratios} | {row.durability} |"
         )
-    notes = [(row.title, note) for row in rows if row.key in summary for note in row.notes]
+    notes: dict[str, list[str]] = {}  # each note once, with the rows it is about
+    for row in rows:
+        if row.key in summary:
+            for note in row.notes:
+                notes.setdefault(note, []).append(row.title)
     if notes:
         lines.append("")
-        lines += [f"- {title}: {note}." for title, note in notes]
+        lines += [f"- {note} ({'; '.join(titles)})." for note, titles in notes.items()]
     return lines
 
 
@@ -532,9 +539,10 @@ def main(argv: list[str] | None = None) -> int:
                 conn.execute("ALTER SYSTEM SET synchronous_commit = on")
                 conn.execute("SELECT pg_reload_conf()")
     load_before = os.getloadavg()
+    load = " ".join(f"{value:.2f}" for value in load_before)
     print(
-        f"peers: {len(rows)} rows, {rounds} round(s), contestants alternated; {os.cpu_count()} cores, "
-        f"load {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} (1/5/15 min) before",
+        f"peers: {len(rows)} rows, {rounds} round(s), contestants alternated; "
+        f"{os.cpu_count()} cores, load {load} (1/5/15 min) before",
         flush=True,
     )
     results: dict[str, dict[str, list[dict[str, Any]]]] = {

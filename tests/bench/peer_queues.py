@@ -8,14 +8,15 @@ Runs in the peers' own environment (tests/bench/peers_env.py), never in onwatch'
 
 PEER is huey, persist-queue, litequeue-full, litequeue-normal (SQLite: TARGET is a folder of
 its own) or pgqueuer, procrastinate (PostgreSQL: TARGET is an empty database's URL; no wake
-here, that is the fleet's benchmark); for listen, huey-10ms too. `enqueue` and `drain` print one JSON line: the jobs, the seconds the
-measured part took, and the CPU seconds of this process over it (every thread). `enqueue`
-puts JOBS jobs one at a time (`direct`: the synchronous call; `thread`: each call through
-asyncio.to_thread, as an asyncio program calls a synchronous library) or in calls of 100
-(`batch`). `drain` fills the queue with JOBS jobs (not measured), then times a worker that
-runs them all, its handler doing nothing. `listen` serves the queue, writing "key time" when
-the handler is called (after printing "ready"); `produce` enqueues SAMPLES jobs 60–120 ms
-apart, writing "key time" once each enqueue returned (committed).
+here, that is the fleet's benchmark); for listen, huey-10ms too. `enqueue` and `drain` print
+one JSON line: the jobs, the seconds the measured part took, and the CPU seconds of this
+process over it (every thread). `enqueue` puts JOBS jobs one at a time (`direct`: the
+synchronous call; `thread`: each call through asyncio.to_thread, as an asyncio program calls
+a synchronous library) or in calls of 100 (`batch`). `drain` fills the queue with JOBS jobs
+(not measured), then times a worker that runs them all, its handler doing nothing. `listen`
+serves the queue, writing "key time" when the handler is called (after printing "ready");
+`produce` enqueues SAMPLES jobs 60–120 ms apart, writing "key time" once each enqueue
+returned (committed).
 """
 
 from __future__ import annotations
@@ -198,35 +199,34 @@ def sqlite_listen(peer: str, folder: str, ledger: str) -> None:
     if peer == "persist-queue":
         queue = persist_queue(folder)
 
-        def take() -> str | None:
+        def take() -> bool:
             from persistqueue import Empty
 
             try:
                 item = queue.get(block=False, raw=True)
             except Empty:
-                return None
+                return False
+            record(str(item["data"]))  # the handler runs, then the job is acknowledged
             queue.ack(id=item["pqid"])
-            return str(item["data"])
+            return True
 
     elif peer.startswith("litequeue"):
         lq = litequeue(folder, "FULL" if peer == "litequeue-full" else "NORMAL")
 
-        def take() -> str | None:
+        def take() -> bool:
             message = lq.pop()
             if message is None:
-                return None
+                return False
+            record(str(json.loads(message.data)["key"]))
             lq.done(message.message_id)
-            return str(json.loads(message.data)["key"])
+            return True
 
     else:
         raise SystemExit(f"unknown SQLite peer {peer}")
     print("ready", flush=True)
     while True:  # until SIGTERM
-        key = take()
-        if key is None:
+        if not take():
             time.sleep(POLL)
-        else:
-            record(key)
 
 
 def sqlite_produce(peer: str, folder: str, samples: int, ledger: str, seed: int) -> None:

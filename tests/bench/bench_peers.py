@@ -5,6 +5,8 @@
     python3 dev.py bench peers --rounds 5 --json peers.json
     python3 dev.py bench peers --quick                a smoke run, figures meaningless
     python3 dev.py bench peers --contestants onwatch  onwatch alone (no peers installed)
+    python3 dev.py bench peers profile sqlite|postgresql [JOBS]
+                                                      where onwatch's time goes, per job
 
 **The peers are never onwatch's dependencies**: huey, persist-queue and litequeue (SQLite),
 pgqueuer and procrastinate (PostgreSQL) run in processes of the benchmarks' own environment
@@ -293,6 +295,164 @@ async def onwatch_drain(backend: str, where: str, jobs: int, batching: str) -> d
     return {"jobs": jobs, "seconds": seconds, "cpu": cpu, "runs": stats.runs}
 
 
+# --- where onwatch's time goes -----------------------------------------------------------------
+
+STEPS = (
+    "run_scheduler",
+    "reload_settings",
+    "change_token",
+    "claim_batch",
+    "finish",
+    "renew",
+    "lease_info",
+    "acquire",
+    "next_wake",
+)
+
+
+def _io_written() -> int:
+    """Bytes this process handed to write system calls so far (/proc/self/io's wchar)."""
+    try:
+        with open("/proc/self/io") as io:
+            return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
+    except (OSError, StopIteration):
+        return 0
+
+
+async def profile_drain(backend: str, where: str, jobs: int) -> dict[str, Any]:
+    """The one-per-run drain with every inbox call of the worker timed (wall µs a job) and,
+    on SQLite, its SQL statements counted; the rest of a job's time is the worker's own."""
+    from onwatch.core.runtime import Worker
+
+    async with await _open(backend, where) as box:
+        await box.configure(max_batch=1)
+        for start in range(0, jobs, 1000):
+            chunk = range(start, min(jobs, start + 1000))
+            await box.ingest_batch([("bench", f"e{k}", None) for k in chunk])
+    box = await _open(backend, where)
+    spent = dict.fromkeys(STEPS, 0.0)
+    calls = dict.fromkeys(STEPS, 0)
+    statements = dict.fromkeys((*STEPS, "other"), 0)
+    current = ["other"]
+    if backend == "sqlite":
+
+        def traced(sql: str) -> None:
+            statements[current[0]] += 1
+
+        box._db._conn._connection.set_trace_callback(traced)
+
+    def timed(name: str, call: Any) -> Any:
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            current[0] = name
+            started = time.perf_counter()
+            try:
+                return await call(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - started
+                calls[name] += 1
+                current[0] = "other"
+
+        return wrapper
+
+    for name in STEPS:
+        setattr(box, name, timed(name, getattr(box, name)))
+    ran = 0
+    worker: Worker
+
+    async def agent(batch: Any, ctx: Any) -> None:
+        nonlocal ran
+        ran += len(batch)
+        if ran >= jobs:
+            worker.request_stop()
+
+    if backend == "sqlite":
+        worker = Worker(box, agent, holder="bench")
+    else:
+        from onwatch.core.runtime.listening_worker import ListeningWorker
+
+        worker = ListeningWorker(box, agent, holder="bench")
+    written = _io_written()
+    started, cpu = time.perf_counter(), _cpu()
+    try:
+        await worker.run()
+        seconds, cpu = time.perf_counter() - started, _cpu() - cpu
+        written = _io_written() - written
+        # The hand-off alone: a call that does nothing on the connection's thread.
+        hop_started = time.perf_counter()
+        for _ in range(1000):
+            await box._db.call(lambda tx: None)
+        hop = (time.perf_counter() - hop_started) / 1000
+    finally:
+        await box.close()
+    per_job = {name: spent[name] / jobs * 1e6 for name in STEPS if calls[name]}
+    per_job["the worker's own (agent call, run record, loop)"] = seconds / jobs * 1e6 - sum(
+        per_job.values()
+    )
+    return {
+        "jobs": jobs,
+        "rate": jobs / seconds,
+        "cpu_us": cpu / jobs * 1e6,
+        "us_per_job": per_job,
+        "calls_per_job": {name: calls[name] / jobs for name in STEPS if calls[name]},
+        "statements_per_job": {k: v / jobs for k, v in statements.items() if v},
+        "written_kib_per_job": written / jobs / 1024,
+        "hand_off_us": hop * 1e6,
+    }
+
+
+async def profile_enqueue(backend: str, where: str, jobs: int) -> dict[str, Any]:
+    """Single ingests: wall and CPU µs each, statements and bytes written each, and the
+    hand-off (a no-op call on the connection's thread) for scale."""
+    async with await _open(backend, where) as box:
+        count = [0]
+        if backend == "sqlite":
+            box._db._conn._connection.set_trace_callback(
+                lambda sql: count.__setitem__(0, count[0] + 1)
+            )
+        written = _io_written()
+        started, cpu = time.perf_counter(), _cpu()
+        for k in range(jobs):
+            await box.ingest("bench", f"e{k}")
+        seconds, cpu = time.perf_counter() - started, _cpu() - cpu
+        written = _io_written() - written
+        hop_started = time.perf_counter()
+        for _ in range(1000):
+            await box._db.call(lambda tx: None)
+        hop = (time.perf_counter() - hop_started) / 1000
+    return {
+        "jobs": jobs,
+        "rate": jobs / seconds,
+        "us_per_ingest": seconds / jobs * 1e6,
+        "cpu_us": cpu / jobs * 1e6,
+        "statements_per_ingest": count[0] / jobs,
+        "written_kib_per_ingest": written / jobs / 1024,
+        "hand_off_us": hop * 1e6,
+    }
+
+
+def profile(argv: list[str]) -> int:
+    """`profile BACKEND [JOBS]`: where onwatch's time goes on the slow rows, printed as JSON."""
+    backend, jobs = argv[0], int(argv[1]) if len(argv) > 1 else 2000
+    folder = Path(tempfile.mkdtemp(prefix="onwatch-bench-profile-"))
+    try:
+        if backend == "sqlite":
+            places = [str(folder / "drain"), str(folder / "enqueue")]
+            for place in places:
+                os.mkdir(place)
+        else:
+            from tests.pg.server import cluster
+
+            places = [cluster().new_database(schema=False) for _ in range(2)]
+        report = {
+            "drain, one per run": asyncio.run(profile_drain(backend, places[0], jobs)),
+            "enqueue one at a time": asyncio.run(profile_enqueue(backend, places[1], jobs)),
+        }
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    print(json.dumps(report, indent=2))
+    return 0
+
+
 def child(argv: list[str]) -> int:
     """`child enqueue|drain BACKEND WHERE JOBS MODE`: one onwatch contestant, a JSON line."""
     command, backend, where, jobs, mode = argv
@@ -491,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "child":
         return child(argv[1:])
+    if argv and argv[0] == "profile":
+        return profile(argv[1:])
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, one round: a smoke run")
     parser.add_argument("--rounds", type=int, default=3)
@@ -591,6 +753,10 @@ def main(argv: list[str] | None = None) -> int:
                     "durability": r.durability,
                     "notes": r.notes,
                     "contestants": summary[r.key],
+                    "per_round": {
+                        c: [{k: v for k, v in f.items() if k != "waits"} for f in results[r.key][c]]
+                        for c in r.contestants
+                    },
                     "ratios": {
                         c: ratio(r, summary[r.key]["onwatch"], summary[r.key][c])
                         for c in r.contestants

@@ -319,6 +319,25 @@ def _io_written() -> int:
         return 0
 
 
+def _count_pg_statements(seen: Any) -> None:
+    """Call `seen()` for every statement psycopg sends from now on (BEGIN and COMMIT
+    included: they are round trips too)."""
+    import psycopg
+
+    execute, commit = psycopg.Connection.execute, psycopg.Connection.commit
+
+    def counted_execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen()
+        return execute(self, *args, **kwargs)
+
+    def counted_commit(self: Any) -> None:
+        seen()
+        commit(self)
+
+    psycopg.Connection.execute = counted_execute  # type: ignore[method-assign]
+    psycopg.Connection.commit = counted_commit  # type: ignore[method-assign]
+
+
 async def profile_drain(backend: str, where: str, jobs: int) -> dict[str, Any]:
     """The one-per-run drain with every inbox call of the worker timed (wall µs a job) and,
     on SQLite, its SQL statements counted; the rest of a job's time is the worker's own."""
@@ -340,6 +359,8 @@ async def profile_drain(backend: str, where: str, jobs: int) -> dict[str, Any]:
             statements[current[0]] += 1
 
         box._db._conn._connection.set_trace_callback(traced)
+    else:
+        _count_pg_statements(lambda: statements.__setitem__(current[0], statements[current[0]] + 1))
 
     def timed(name: str, call: Any) -> Any:
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -409,6 +430,8 @@ async def profile_enqueue(backend: str, where: str, jobs: int) -> dict[str, Any]
             box._db._conn._connection.set_trace_callback(
                 lambda sql: count.__setitem__(0, count[0] + 1)
             )
+        else:
+            _count_pg_statements(lambda: count.__setitem__(0, count[0] + 1))
         written = _io_written()
         started, cpu = time.perf_counter(), _cpu()
         for k in range(jobs):

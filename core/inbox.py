@@ -867,10 +867,11 @@ class Inbox:
             call = (switches.set_flag, flag, action.after == "true", name, when, who, why)
             audited = flag
         result, entry = await self._write(_acted, audited, *call)
-        applied = result == action.after if action.target == "approval" else bool(result)
         if entry is None:  # every action audits itself; a backend that did not is a bug
             raise AssertionError(f"{name} on {audited} left no audit entry")
-        return Outcome(name, audited, applied, entry.before, entry.after, entry.reason, result)
+        # `applied` is what the audit entry recorded, never re-derived from the result: a
+        # second "approve" of an approved request returns "yes" too, and was not applied.
+        return Outcome(name, audited, entry.applied, entry.before, entry.after, entry.reason, result)
 
     async def pause(
         self, *, now: int | None = None, actor: str = "operator", reason: str | None = None

@@ -269,10 +269,14 @@ INSERT INTO deliveries(inbox_id, status, attempts, paced, at_most_once, created,
 VALUES (%(inbox)s, 'sending', 1, %(paced)s, %(at_most_once)s, %(now)s, %(retry_after)s)
 RETURNING id;
 
+-- An urgent send carries every message held before its last urgent one (written order).
 -- name: outbox_assign
 UPDATE outbox SET delivery_id = %(delivery)s
 WHERE inbox_id = %(inbox)s AND status = 'held' AND delivery_id IS NULL
-  AND (NOT %(urgent_only)s OR urgent);
+  AND (NOT %(urgent_only)s
+       OR id <= (SELECT max(id) FROM outbox
+                 WHERE inbox_id = %(inbox)s AND status = 'held' AND delivery_id IS NULL
+                   AND urgent));
 
 -- name: outbox_bodies
 SELECT body FROM outbox WHERE inbox_id = %(inbox)s AND delivery_id = %(delivery)s

@@ -271,9 +271,13 @@ INSERT INTO deliveries(status, attempts, paced, at_most_once, created, retry_aft
 VALUES ('sending', 1, :paced, :at_most_once, :now, :retry_after)
 RETURNING id;
 
+-- Messages leave in the order they were written: an urgent send carries every message held
+-- before its last urgent one, so a reply never overtakes what was written ahead of it.
 -- name: outbox_assign
 UPDATE outbox SET delivery_id = :delivery
-WHERE status = 'held' AND delivery_id IS NULL AND (NOT :urgent_only OR urgent = 1);
+WHERE status = 'held' AND delivery_id IS NULL
+  AND (NOT :urgent_only OR id <= (SELECT max(id) FROM outbox
+                                  WHERE status = 'held' AND delivery_id IS NULL AND urgent = 1));
 
 -- name: outbox_bodies
 SELECT body FROM outbox WHERE delivery_id = :delivery ORDER BY id;

@@ -30,6 +30,7 @@ from .records import (
     Run,
     Timer,
 )
+from .records import ApprovalTrail, DeadGroup, Worker
 from .runtime.context import RunContext
 from .settings import Settings
 
@@ -71,4 +72,7 @@ __all__ = [
     "Settings",
     "SystemClock",
     "Timer",
+    "ApprovalTrail",
+    "DeadGroup",
+    "Worker",
 ]

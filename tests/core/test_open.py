@@ -304,7 +304,7 @@ async def test_migration_6_drops_the_running_index_and_the_lost_claim_is_still_r
         assert [r.outcome for r in await box.runs(event.id)] == ["lost", "done"]
     db = sqlite3.connect(path)
     try:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 6
+        assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION >= 6
         indexes = dict(db.execute("SELECT name, sql FROM sqlite_master WHERE type = 'index'"))
         assert "events_running" not in indexes
         assert "WHERE delivery_id IS NOT NULL" in indexes["outbox_by_delivery"]

@@ -97,6 +97,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "expire": ("onwatch expire alice.db refund-msg-4 --json",),
     "mark-sent": ("onwatch mark-sent alice.db 1 --reason 'the customer has it'",),
     "send-again": ("onwatch send-again alice.db 2",),
+    "run-now": ("onwatch run-now alice.db 8 --expect pending --reason 'the API is back'",),
+    "fire-timer": ("onwatch fire-timer alice.db nightly-report --expect scheduled",),
+    "pause-timer": ("onwatch pause-timer alice.db nightly-report --reason 'month-end freeze'",),
+    "resume-timer": (
+        "onwatch pause-timer alice.db nightly-report",
+        "onwatch resume-timer alice.db nightly-report --expect paused",
+    ),
+    "delete-timer": ("onwatch delete-timer alice.db nightly-report --reason 'replaced'",),
     "pause": ("onwatch pause alice.db --reason 'deploying the new agent'",),
     "resume": ("onwatch pause alice.db", "onwatch resume alice.db"),
     "hold": ("onwatch hold alice.db --reason 'quiet hours'",),
@@ -147,6 +155,8 @@ ACTION_EXITS = {
     "deadline had passed (expired) or there is no such request (unknown): what stands is "
     "printed",
     "delivery": "exit 0 if this call settled the send; 1 if it was no longer uncertain",
+    "timer": "exit 0 if this call changed the timer; 1 if it did not (no such timer, an "
+    "approval's deadline, or not in a state this action applies to, or not in --expect's)",
     "inbox": "exit 0 if this call changed the switch; 1 if it was already so (nothing "
     "changed, as the audit log says)",
 }
@@ -551,6 +561,13 @@ def build_parser() -> Parser:
             p.add_argument("request_id", metavar="REQUEST_ID")
         elif action.target == "delivery":
             p.add_argument("delivery_id", type=whole(1), metavar="DELIVERY_ID")
+        elif action.target == "timer":
+            p.add_argument("timer_id", metavar="TIMER_ID")
+            p.add_argument(
+                "--expect",
+                metavar="STATE",
+                help="only act if the timer is in this state (scheduled, paused, set aside)",
+            )
 
     p = sub(
         "config",

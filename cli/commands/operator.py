@@ -1,6 +1,6 @@
 """The operator's actions from a shell, one subcommand per row of core.actions.ACTIONS
-(requeue, cancel, resolve, bury, approve, deny, expire, mark-sent, send-again, pause,
-resume, hold, release), each audited with --actor and --reason. The exit code says what the
+(requeue, cancel, resolve, bury, run-now, approve, deny, expire, mark-sent, send-again,
+fire-timer, pause-timer, resume-timer, delete-timer, pause, resume, hold, release), each audited with --actor and --reason. The exit code says what the
 audit log says: 0 when this call changed something, 1 when it did not."""
 
 from __future__ import annotations
@@ -34,9 +34,12 @@ def applied(outcome: Outcome) -> bool:
 
 async def _act(args: argparse.Namespace, name: str) -> int:
     action = ACTIONS[name]
-    target = {"event": "event_id", "approval": "request_id", "delivery": "delivery_id"}.get(
-        action.target
-    )
+    target = {
+        "event": "event_id",
+        "approval": "request_id",
+        "delivery": "delivery_id",
+        "timer": "timer_id",
+    }.get(action.target)
     who = actor_of(args)  # a name the audit log refuses stops here, before the file opens
     async with await open_inbox(args) as inbox:
         outcome = await inbox.act(

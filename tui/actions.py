@@ -65,6 +65,14 @@ KEYS: dict[str, DeskAction] = {
         "buried",
         footer=False,
     ),
+    "run_now": DeskAction(
+        "N",
+        "Run now",
+        "end its backoff: claimable now, tries kept",
+        "{label} runs now: the worker may claim it at once",
+        "run now",
+        footer=False,
+    ),
     "approve": DeskAction(
         "a",
         "Approve",
@@ -99,6 +107,35 @@ KEYS: dict[str, DeskAction] = {
         "the oldest uncertain send: its messages held again, to go out under a new key",
         "{label}: its messages are held again for a new send",
         "sent again",
+    ),
+    "fire_timer": DeskAction(
+        "f",
+        "Fire now",
+        "the timer's next occurrence becomes an event now (a repeating one moves on)",
+        "fired {label} now: its next occurrence is an event",
+        "fired",
+    ),
+    "pause_timer": DeskAction(
+        "z",
+        "Pause timer",
+        "the scheduler skips the timer until it is resumed",
+        "paused {label}: nothing fires until you resume it",
+        "paused",
+    ),
+    "resume_timer": DeskAction(
+        "Z",
+        "Resume timer",
+        "a paused timer fires again; what it missed catches up by its policy",
+        "resumed {label}: it fires again",
+        "resumed",
+    ),
+    "delete_timer": DeskAction(
+        "X",
+        "Delete timer",
+        "the timer never fires again (unless the agent registers it again)",
+        "deleted {label}: it never fires again",
+        "deleted",
+        footer=False,
     ),
     # The switches act at once (pressing the key again undoes them); p and o are in help
     # and the palette, not the footer: at 80 columns it keeps the pane's own keys.

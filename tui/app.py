@@ -35,6 +35,7 @@ from onwatch.core import (
     InboxError,
     Overview,
     SystemClock,
+    Timer,
 )
 from onwatch.core.actions import check_actor, operator_name
 from onwatch.core.fleet import DatabaseFleet, FleetSource, FolderFleet, run_activity
@@ -47,11 +48,13 @@ from .panes import PANES, Pane
 from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
 from .panes.status import StatusStrip
-from .timefmt import WALL, Times, compact_count
+from .timefmt import WALL, Times, compact_count, period
 from .safe import join, safe_plain, safe_text
 from .screens.confirm import ConfirmScreen, Subject
 from .screens.detail import DetailScreen, load_detail
 from .screens.filter import FilterScreen
+from .screens.groups import GroupsScreen
+from .screens.workers import WorkersScreen
 from .screens.help import HelpScreen, render_groups
 
 if TYPE_CHECKING:
@@ -104,6 +107,15 @@ class OnwatchApp(App[int]):
             id="send-now",
             tooltip="append every held message to a log file beside the inbox and mark "
             "them sent: nobody receives them, the desk has no channel (confirmed)",
+        ),
+        Binding(
+            "W",
+            "workers",
+            "Workers",
+            show=False,
+            id="workers",
+            tooltip="who watches this inbox: the lease holder and the workers standing by, "
+            "with host, pid and since when",
         ),
         Binding(
             "R",
@@ -283,6 +295,7 @@ class OnwatchApp(App[int]):
             "approvals": compact_count(overview.waiting_approvals),
             "timers": compact_count(overview.timers),
             "outbox": compact_count(overview.held_messages),
+            "done": compact_count(counts.get("done", 0)),
         }
 
     def _dialog_open(self) -> bool:
@@ -542,6 +555,18 @@ class OnwatchApp(App[int]):
                     text.append("\n")
                     text.append_text(safe_text(target.error, limit=200, style="italic"))
                 subjects.append(Subject(text))
+            elif isinstance(target, Timer):
+                every = "one-off" if target.every is None else f"every {period(target.every)}"
+                subjects.append(
+                    Subject(
+                        join(
+                            safe_text(target.id, limit=200, style="bold"),
+                            f"  ({target.state}, {every}, next due ",
+                            self.times.clock(target.due) if type(target.due) is int else "?",
+                            ")",
+                        )
+                    )
+                )
             elif isinstance(target, Delivery):
                 subjects.append(
                     Subject(
@@ -605,6 +630,12 @@ class OnwatchApp(App[int]):
                     outcomes.append(
                         await operator.delivery_action(
                             inbox, action, target.id, now=now, actor=self.actor
+                        )
+                    )
+                elif on == "timer":
+                    outcomes.append(
+                        await operator.timer_action(
+                            inbox, action, target, now=now, actor=self.actor
                         )
                     )
                 else:
@@ -674,6 +705,89 @@ class OnwatchApp(App[int]):
 
     def action_send_now(self) -> None:
         self._run_global("send_now")
+
+    # --- workers and dead events by error ---------------------------------------------------
+
+    def action_workers(self) -> None:
+        if self.inbox is not None and not self._dialog_open():
+            self.run_worker(self._show_workers(), group="dialog", exit_on_error=False)
+
+    async def _show_workers(self) -> None:
+        inbox = self.inbox
+        if inbox is None:
+            return
+        now = self.clock.now()
+        try:
+            workers = await inbox.workers(now=now)
+            lease = await inbox.lease_info()
+        except InboxError as exc:
+            self.active_pane.show_outcome(f"cannot read the workers: {exc}", False)
+            return
+        ttl = inbox.settings.lease_ttl
+        await self.push_screen(WorkersScreen(workers, lease, now, ttl, self.times))
+
+    def action_dead_groups(self) -> None:
+        if self.inbox is not None and not self._dialog_open():
+            self.run_worker(self._dead_groups(), group="dialog", exit_on_error=False)
+
+    async def _dead_groups(self) -> None:
+        """The dead events by the first line of their error; a group picked is requeued
+        after one confirmation naming how many, and only the events listed then."""
+        inbox, pane = self.inbox, self.pane("dead")
+        if inbox is None:
+            return
+        try:
+            groups = await inbox.dead_groups()
+        except InboxError as exc:
+            pane.show_outcome(f"cannot read the dead events: {exc}", False)
+            return
+        picked = await self.push_screen_wait(GroupsScreen(groups, read_only=self.read_only))
+        if picked is None or self.read_only:
+            return
+        async with self._action_lock:
+            if self._refuse_lost_file(pane):
+                return
+            ids = await inbox.dead_group_ids(picked.line)
+            shown = safe_plain(picked.line or "(no error)", limit=120)
+            if not ids:
+                pane.show_outcome(f"no dead event has the error “{shown}” now", False)
+                return
+            n = len(ids)
+            question = (
+                "Requeue this dead event?"
+                if n == 1
+                else f"Requeue all {n:,} dead events of this group?"
+            )
+            note = (
+                f"{ACTIONS['requeue'].note} Only these {n:,}: an event that dies of this "
+                f"error after now is not touched."
+            )
+            subject = Subject(join(f"{n:,} × ", safe_text(picked.line or "(no error)", limit=400)))
+            confirm = ConfirmScreen(
+                question, [subject], self.clock.now(), note, where=_where(inbox), times=self.times
+            )
+            if not await self.push_screen_wait(confirm):
+                pane.show_outcome("not confirmed: nothing changed", None)
+                return
+            if self._refuse_lost_file(pane):
+                return
+            pane.show_outcome("waiting for the lock…", None)
+            try:
+                outcomes = await inbox.requeue_group(
+                    picked.line, ids, now=self.clock.now(), actor=self.actor
+                )
+            except InboxError as exc:
+                pane.show_outcome(f"not done: {exc}", False)
+                return
+            applied = sum(o.applied for o in outcomes)
+            text = f"requeued {applied:,} of {n:,} with the error “{shown}”"
+            refused = [o for o in outcomes if not o.applied]
+            if refused:
+                first = refused[0]
+                text += f"; #{first.target.removeprefix('event ')}: {first.reason}"
+            pane.acted_on(r for r in pane.records() if r.id in set(ids))
+            pane.show_outcome(text, applied == n)
+            await self._refresh()
 
     # --- the fleet desk ---------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from onwatch.core import Approval, Event, Inbox, InboxError
+from onwatch.core import Approval, Event, Inbox, InboxError, Timer
 from onwatch.core.pg import is_url
 
 from .actions import KEYS
@@ -64,6 +64,18 @@ async def event_action(inbox: Inbox, action: str, event: Event, *, now: int, act
         return Outcome(False, f"{label}: cannot cancel a running event; it must finish or fail")
     why = outcome.reason or f"cannot {action.replace('_', ' ')} a {outcome.before} event"
     return Outcome(False, f"{label}: {why}")
+
+
+async def timer_action(inbox: Inbox, action: str, timer: Timer, *, now: int, actor: str) -> Outcome:
+    """Fire, pause, resume or delete one timer, expecting the state the operator saw."""
+    label = timer.id
+    try:
+        outcome = await inbox.act(action, timer.id, expect=timer.state, now=now, actor=actor)
+    except InboxError as exc:
+        return Outcome(False, f"{label}: not done: {exc}")
+    if outcome:
+        return Outcome(True, KEYS[action].done.format(label=label))
+    return Outcome(False, f"{label}: {outcome.reason or 'refused'}")
 
 
 async def approval_action(

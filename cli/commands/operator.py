@@ -1,7 +1,8 @@
 """The operator's actions from a shell, one subcommand per row of core.actions.ACTIONS
 (requeue, cancel, resolve, bury, run-now, approve, deny, expire, mark-sent, send-again,
-fire-timer, pause-timer, resume-timer, delete-timer, pause, resume, hold, release), each audited with --actor and --reason. The exit code says what the
-audit log says: 0 when this call changed something, 1 when it did not."""
+fire-timer, pause-timer, resume-timer, delete-timer, pause, resume, hold, release), each
+audited with --actor and --reason. The exit code says what the audit log says: 0 when this
+call changed something, 1 when it did not."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
-"""The six panes of the supervisor TUI, one module each, plus the status strip and pane bar."""
+"""The seven panes of the supervisor TUI, one module each, plus the status strip and pane bar."""
 
 from .approvals import ApprovalsPane
 from .base import Pane, PaneData, Window
 from .dead import DeadPane
+from .done import DonePane
 from .outbox import OutboxPane
 from .pending import PendingPane
 from .running import RunningPane
@@ -15,12 +16,14 @@ PANES: tuple[type[Pane], ...] = (
     ApprovalsPane,
     TimersPane,
     OutboxPane,
+    DonePane,
 )
 
 __all__ = [
     "PANES",
     "ApprovalsPane",
     "DeadPane",
+    "DonePane",
     "OutboxPane",
     "Pane",
     "PaneData",

@@ -18,12 +18,12 @@ from ..timefmt import WALL, Times, duration
 
 
 def worker_role(worker: Worker, now: int, lease_ttl: int) -> str:
-    """'holds the lease (gen N)', 'standing by', or 'gone?' for a process not seen for two
-    lease TTLs (it died without saying so)."""
+    """'lease holder · gen N', 'standing by', or 'gone? no heartbeat' for a process not
+    seen for two lease TTLs (it died without saying so)."""
     if worker.holds:
-        return f"holds the lease (gen {worker.gen})"
+        return f"lease holder · gen {worker.gen}"
     if now - worker.seen > 2 * lease_ttl:
-        return "gone? (no heartbeat)"
+        return "gone? no heartbeat"
     return "standing by"
 
 
@@ -32,9 +32,12 @@ def workers_table(
 ) -> Table:
     """The workers as a table of safe Text, the lease holder first."""
     table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
-    for name, ratio in (("worker", 3), ("role", 3), ("host", 2), ("pid", 1), ("since", 2)):
-        table.add_column(name, ratio=ratio, no_wrap=True, overflow="ellipsis")
-    table.add_column("seen", ratio=1, no_wrap=True)
+    table.add_column("worker", ratio=2, no_wrap=True, overflow="ellipsis", min_width=10)
+    table.add_column("role", no_wrap=True, min_width=20)
+    table.add_column("host", ratio=1, no_wrap=True, overflow="ellipsis", min_width=6)
+    table.add_column("pid", no_wrap=True, justify="right")
+    table.add_column("since", no_wrap=True)
+    table.add_column("seen", no_wrap=True)
     ordered = sorted(workers, key=lambda w: (not w.holds, w.started, w.holder))
     for worker in ordered:
         since = worker.since if worker.holds and worker.since is not None else worker.started
@@ -43,14 +46,14 @@ def workers_table(
             Text(worker_role(worker, now, lease_ttl)),
             safe_text(worker.host, limit=120),
             Text(str(worker.pid)),
-            Text(f"{times.clock(since)} ({duration(max(now - since, 0))})"),
+            Text(f"{times.clock(since)}, {duration(max(now - since, 0))}"),
             Text(f"{duration(max(now - worker.seen, 0))} ago"),
         )
     if lease is not None and lease.until >= now and not any(w.holds for w in workers):
         # A holder that records no heartbeat (an older worker, or a program of its own).
         table.add_row(
             safe_text(lease.holder, limit=120, style="bold"),
-            Text(f"holds the lease (gen {lease.gen})"),
+            Text(f"lease holder · gen {lease.gen}"),
             Text("?"),
             Text("?"),
             Text(""),

@@ -51,7 +51,7 @@ from .panes.status import StatusStrip
 from .timefmt import WALL, Times, compact_count, period
 from .safe import join, safe_plain, safe_text
 from .screens.confirm import ConfirmScreen, Subject
-from .screens.detail import DetailScreen, load_detail
+from .screens.detail import DetailScreen, detail_links, load_detail
 from .screens.filter import FilterScreen
 from .screens.groups import GroupsScreen
 from .screens.workers import WorkersScreen
@@ -461,10 +461,36 @@ class OnwatchApp(App[int]):
             return
         try:
             title, body = await load_detail(self.inbox, record, self.clock.now(), self.times)
+            links = await detail_links(self.inbox, record)
         except InboxError as exc:
             self.active_pane.show_outcome(f"cannot read the detail: {exc}", False)
             return
-        await self.push_screen(DetailScreen(title, body))
+        await self.push_screen(DetailScreen(title, body, links), self._follow_link)
+
+    def _follow_link(self, link: tuple[str, int | str] | None) -> None:
+        """A detail's link was chosen: open the linked row's detail (an approval and the
+        events that asked for it and that its answer became, both ways)."""
+        if link is None or self.inbox is None:
+            return
+        self.run_worker(self._linked(*link), group="dialog", exit_on_error=False)
+
+    async def _linked(self, kind: str, key: int | str) -> None:
+        inbox = self.inbox
+        if inbox is None:
+            return
+        record: Any = None
+        try:
+            if kind == "event" and isinstance(key, int):
+                record = await inbox.get_event(key)
+            elif kind == "approval" and isinstance(key, str):
+                record = await inbox.get_approval(key)
+        except InboxError as exc:
+            self.active_pane.show_outcome(f"cannot read the detail: {exc}", False)
+            return
+        if record is None:
+            self.active_pane.show_outcome(f"{kind} {key} no longer exists", False)
+            return
+        await self._detail(record)
 
     # --- actions --------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@ the database."""
 from __future__ import annotations
 
 from onwatch.tui.app import OnwatchApp
-from onwatch.tui.screens.detail import DetailScreen
+from onwatch.tui.screens.detail import DetailScreen, detail_links
 from onwatch.tui.screens.groups import GroupsScreen
 from onwatch.tui.screens.workers import WorkersScreen
 
@@ -156,3 +156,31 @@ async def test_the_workers_say_who_holds_the_lease_and_who_stands_by(seeded):
         assert "standing by" in shown and "box-c" in shown
         await press(pilot, "escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, WorkersScreen), what="closed")
+
+
+async def test_an_approval_links_to_the_event_that_asked_and_the_one_it_became(seeded):
+    inbox, _, _ = seeded
+    answered = await event_id(inbox, "done", "deploy-prod-v2")  # the answer, run since
+    asker = (await inbox.approval_trail("deploy-prod-v2")).asked_by[0]
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        await press(pilot, "4")
+        await highlight(pilot, "approvals", "deploy-prod-v2")
+        await press(pilot, "enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen), what="the detail")
+        await wait_for_text(pilot, f"event #{answered}: what its answer became")
+        assert f"event #{asker}: asked for this approval" in screen_text(app)
+        links = [label for label, _ in app.screen.links]
+        number = 1 + next(i for i, label in enumerate(links) if "answer became" in label)
+        await press(pilot, str(number))
+        await wait_for_text(pilot, f"Event #{answered} · done")
+        await wait_for_text(pilot, "approval deploy-prod-v2: this event answers it")
+        await press(pilot, "1")  # and back, the other way
+        await wait_for_text(pilot, "Approval · yes")
+    # From the event that asked: the approvals its run asked for.
+    links = await detail_links(inbox, await inbox.get_event(asker))
+    assert (
+        "approval deploy-prod-v2: asked by this event's run",
+        ("approval", "deploy-prod-v2"),
+    ) in links

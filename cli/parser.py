@@ -168,6 +168,8 @@ STATUS_EPILOG = """\
                             cancelled
   lease                     {holder, gen, until} or null; until < now means expired
   lease_ttl, on_lost_claim  the lease length (s) and the lost-claim policy
+  workers                   [{holder, host, pid, started, seen, holds, gen, since}]: the
+                            worker processes by their heartbeat; holds marks the lease holder
   takeovers, refused_writes generation changes by takeover; refused stale writes
   paused, outbox_held       operator switches
   held_messages, next_send_at

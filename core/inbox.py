@@ -1019,7 +1019,7 @@ class Inbox:
         `onwatch status` list who watches this inbox, from which host and pid, since when."""
         await self._write(
             desk.worker_seen,
-            checks.text("holder", holder, limit=200),
+            checks.text("holder", holder, limit=1024),  # a worker's holder name may be long
             checks.text("host", host, limit=255),
             check_int(pid, "pid", 0, 1 << 31),
             self._now(now),
@@ -1027,7 +1027,7 @@ class Inbox:
 
     async def worker_gone(self, holder: str) -> None:
         """A worker process stopped: it no longer stands by."""
-        await self._write(desk.worker_gone, checks.text("holder", holder, limit=200))
+        await self._write(desk.worker_gone, checks.text("holder", holder, limit=1024))
 
     async def workers(self, *, limit: int = 100, now: int | None = None) -> list[Worker]:
         """The worker processes last seen, oldest first; the lease holder marked."""

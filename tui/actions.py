@@ -128,6 +128,7 @@ KEYS: dict[str, DeskAction] = {
         "a paused timer fires again; what it missed catches up by its policy",
         "resumed {label}: it fires again",
         "resumed",
+        footer=False,
     ),
     "delete_timer": DeskAction(
         "X",

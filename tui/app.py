@@ -1,4 +1,4 @@
-"""The supervisor TUI's composition root: six live panes over one inbox file, and its keys.
+"""The supervisor TUI's composition root: seven live panes over one inbox file, and its keys.
 
 The app owns the inbox connection and the one clock. It reads (`_refresh`), hands each pane
 its window (`pane.show`), ticks countdowns (`tick`), follows the file with a cheap poll of
@@ -74,7 +74,7 @@ LATE = (
 
 
 class OnwatchApp(App[int]):
-    """Watch and steer one inbox: panes 1–6, actions by key, outcomes in words."""
+    """Watch and steer one inbox: panes 1–7, actions by key, outcomes in words."""
 
     CSS_PATH = "app.tcss"
     TITLE = "onwatch"
@@ -208,6 +208,7 @@ class OnwatchApp(App[int]):
         # Below the design width the footer drops its padding so every key still fits.
         footer = self.query_one(Footer)
         footer.compact = event.size.width < 140
+        self.query_one(PaneBar).set_class(event.size.width < 100, "-narrow")
         footer.show_command_palette = True
 
     def on_mount(self) -> None:

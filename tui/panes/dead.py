@@ -28,6 +28,7 @@ class DeadPane(EventPane):
             "E",
             "app.dead_groups",
             "By error",
+            show=False,  # at 80 columns the footer keeps the row actions
             id="dead-groups",
             tooltip="group by error; requeue a whole group",
         ),

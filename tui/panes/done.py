@@ -29,7 +29,7 @@ class DonePane(EventPane):
         Column("id", "id", 7, narrow=5),
         Column("source", "source", 12, narrow=7, rank=3),
         Column("source_id", "source id", 22, narrow=11, rank=2, middle=True),
-        Column("finished", "finished", 9, narrow=8, ticking=True, rank=1),
+        Column("finished", "finished", 11, narrow=10, ticking=True, rank=1),
         Column("took", "took", 7, rank=5),
         Column("attempts", "tries", 5, rank=6),
         Column("run", "run", 8, rank=4),

@@ -34,7 +34,7 @@ def workers_table(
     table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
     table.add_column("worker", ratio=2, no_wrap=True, overflow="ellipsis", min_width=10)
     table.add_column("role", no_wrap=True, min_width=20)
-    table.add_column("host", ratio=1, no_wrap=True, overflow="ellipsis", min_width=6)
+    table.add_column("host", ratio=1, no_wrap=True, overflow="ellipsis", min_width=8)
     table.add_column("pid", no_wrap=True, justify="right")
     table.add_column("since", no_wrap=True)
     table.add_column("seen", no_wrap=True)
@@ -46,7 +46,7 @@ def workers_table(
             Text(worker_role(worker, now, lease_ttl)),
             safe_text(worker.host, limit=120),
             Text(str(worker.pid)),
-            Text(f"{times.clock(since)}, {duration(max(now - since, 0))}"),
+            Text(times.clock(since)),
             Text(f"{duration(max(now - worker.seen, 0))} ago"),
         )
     if lease is not None and lease.until >= now and not any(w.holds for w in workers):

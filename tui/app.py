@@ -226,15 +226,15 @@ class OnwatchApp(App[int]):
             self._start_fleet()
 
     @property
-    def panes(self) -> list[Pane]:
+    def panes(self) -> list[Pane[Any]]:
         return list(self.query(Pane))
 
     @property
-    def active_pane(self) -> Pane:
+    def active_pane(self) -> Pane[Any]:
         switcher = self.query_one("#panes", ContentSwitcher)
         return self.query_one(f"#{switcher.current}", Pane)
 
-    def pane(self, pane_id: str) -> Pane:
+    def pane(self, pane_id: str) -> Pane[Any]:
         return self.query_one(f"#{pane_id}", Pane)
 
     # --- reading --------------------------------------------------------------------------
@@ -243,7 +243,7 @@ class OnwatchApp(App[int]):
         """Re-read everything from the inbox now and repaint (the clock is read again too)."""
         await self._refresh(every_pane=True)
 
-    async def _refresh(self, *, every_pane: bool = False, panes: Iterable[Pane] = ()) -> None:
+    async def _refresh(self, *, every_pane: bool = False, panes: Iterable[Pane[Any]] = ()) -> None:
         """Read the overview and the panes that need it, then hand each its window.
 
         Only the shown pane is read on a change (the pane bar's counts come from the
@@ -609,7 +609,7 @@ class OnwatchApp(App[int]):
             question, subjects, now, note, where=_where(inbox or self.inbox), times=self.times
         )
 
-    def _refuse_lost_file(self, pane: Pane) -> bool:
+    def _refuse_lost_file(self, pane: Pane[Any]) -> bool:
         """Say so and refuse when the path no longer names the opened file."""
         why = self.check_file()
         if why is not None:
@@ -617,7 +617,7 @@ class OnwatchApp(App[int]):
         return why is not None
 
     async def _act(
-        self, pane: Pane, action: str, targets: tuple[Any, ...], hidden: int = 0
+        self, pane: Pane[Any], action: str, targets: tuple[Any, ...], hidden: int = 0
     ) -> None:
         answered = [t for t in targets if isinstance(t, Approval) and t.answer is not None]
         if answered and len(answered) == len(targets):

@@ -5,8 +5,8 @@ Real OS processes on a real clock (lease 5 s), so these take tens of seconds: ma
 
 from __future__ import annotations
 
-import time
 
+from tests.waiting import until
 import pytest
 
 from onwatch.tui.demo.live import LiveDemoApp, open_scratch_inbox
@@ -16,12 +16,7 @@ pytestmark = pytest.mark.slow
 
 async def wait_for(pilot, condition, *, seconds: float, what: str) -> None:
     """Poll `condition` (an async callable) until true, for at most `seconds`."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if await condition():
-            return
-        await pilot.pause(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    await until(condition, timeout=seconds, what=what, interval=0.1, nap=pilot.pause)
 
 
 async def test_kill_the_active_worker_under_both_policies(tmp_path):

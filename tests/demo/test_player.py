@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 
+from tests import waiting
 import pytest
 
 from onwatch.tui.demo.player import SPEEDS, DemoApp, ScenarioPicker
@@ -23,13 +23,14 @@ async def demo(tmp_path):
 
 async def settle(pilot, app, *, until=lambda: True, seconds: float = 15.0) -> None:
     """Let the app finish what a key started: no step running and `until()` true (bounded)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        await pilot.pause()
-        if not app.busy and until():
-            return
-        await pilot.pause(0.01)
-    raise AssertionError("the player did not settle")
+    await pilot.pause()
+    await waiting.until(
+        lambda: not app.busy and until(),
+        timeout=seconds,
+        what="the player to settle",
+        interval=0.01,
+        nap=pilot.pause,
+    )
 
 
 def narration(app) -> str:
@@ -243,12 +244,14 @@ async def test_viewer_can_act_on_the_demo_inbox(tmp_path):
             left = str(app.screen.query_one("#left-0").render())
             assert "(expires at t+4h00m)" in left, left
             await pilot.press("y")
-            deadline = time.monotonic() + 15
-            while time.monotonic() < deadline:
-                await pilot.pause(0.01)
+
+            async def answered():
                 approval = await app.inbox.get_approval("refund-1")
-                if approval.answer is not None:
-                    break
+                return approval if approval.answer is not None else None
+
+            approval = await waiting.until(
+                answered, timeout=15, what="the approval answered", nap=pilot.pause
+            )
             assert approval.answer == "yes" and approval.answered_by == "viewer"
             await pilot.press("space")  # the expiry timer has nothing left to expire
             await settle(pilot, app, until=lambda: app.playing.position == 2)

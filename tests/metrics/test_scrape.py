@@ -3,7 +3,6 @@ process, scraped while work happens; every figure compared with the database fil
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import re
@@ -11,10 +10,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import aiohttp
+from tests import waiting
 import pytest
 
 from onwatch.core import Inbox
@@ -42,13 +41,7 @@ AGENT = textwrap.dedent('''
 
 
 async def until(check, timeout: float = 20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        outcome = await check()
-        if outcome:
-            return outcome
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition never held")
+    return await waiting.until(check, timeout=timeout, what="the scrape to agree")
 
 
 async def assert_state_matches(found: dict, db: Path) -> None:

@@ -28,6 +28,7 @@ class Proxy:
         self.target_port = target_port
         self.mode = "relay"
         self.commits_cut = 0
+        self.held = 0  # chunks swallowed by the black hole: requests that will never be answered
         self._writers: set = set()  # every open socket's writer, both sides
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -87,6 +88,8 @@ class Proxy:
                     data = await reader.read(65536)
                     if not data or self.mode == "refuse":
                         break
+                    if self.mode == "blackhole":
+                        self.held += 1
                     while self.mode == "blackhole":
                         await asyncio.sleep(0.05)  # swallowed: held, never delivered
                     if cut.is_set():

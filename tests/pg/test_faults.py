@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +17,8 @@ import pytest
 from onwatch.core import FakeClock, Inbox, InboxError
 from onwatch.core.pg.connect import IDLE_IN_TRANSACTION
 from tests.pg.proxy import Proxy
+from tests.terminal import Terminal
+from tests.waiting import until_sync
 from tests.worker.helpers import ROOT
 
 pytestmark = pytest.mark.slow
@@ -355,3 +358,32 @@ async def _make(url: str) -> None:
 async def _ingest(url: str, key: str) -> None:
     async with await Inbox.open(url) as box:
         await box.ingest("chat", key, {})
+
+
+def test_q_quits_the_desk_whose_server_stopped_answering(pg, proxy, tmp_path):
+    """`q` in `onwatch tui postgresql://… --inbox NAME` quits, exit 0, while the server
+    accepts the connection but answers nothing: the desk's close cuts the socket of the read
+    still waiting instead of waiting with it."""
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed: the desk needs a real terminal")
+    url = proxy.url(pg.new_schema())
+    asyncio.run(_ingest(url, "still-here"))
+    terminal = Terminal(str(tmp_path), {**os.environ, "TERM": "xterm-256color"}, (120, 40))
+    exit_file = str(tmp_path / "desk.exit")
+    try:
+        terminal.start(f"{sys.executable} -m onwatch tui '{url}' --inbox default", exit_file)
+        until_sync(lambda: "still-here" in terminal.screen(), timeout=60, what="the desk")
+        proxy.blackhole()  # every byte from now on goes nowhere, both ways
+        # The desk's next poll is a read that will never be answered.
+        until_sync(lambda: proxy.held > 0, timeout=30, what="a read sent to the silent server")
+        terminal.keys("q")
+        until_sync(lambda: os.path.exists(exit_file), timeout=60, what="the desk to quit")
+        assert open(exit_file).read().strip() == "0", terminal.screen()
+    finally:
+        proxy.relay()
+        terminal.close()
+
+
+async def _ingest(url: str, source_id: str) -> None:
+    async with await Inbox.open(url) as box:
+        await box.ingest("chat", source_id, {})

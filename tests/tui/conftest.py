@@ -6,6 +6,7 @@ import asyncio
 import io
 from typing import Callable
 
+from tests.waiting import until
 import pytest
 from rich.console import Console
 
@@ -48,14 +49,13 @@ async def wait_for(
     pilot, predicate: Callable[[], bool], *, timeout: float = 5.0, what: str = "condition"
 ) -> None:
     """Let the app run until `predicate()` holds (bounded; never a bare sleep)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout}s waiting for {what}:\n{screen_text(pilot.app)}"
-            )
-        await pilot.pause(0.05)
+    await until(
+        predicate,
+        timeout=timeout,
+        what=what,
+        nap=pilot.pause,
+        detail=lambda: screen_text(pilot.app),
+    )
 
 
 async def wait_for_text(pilot, text: str, *, timeout: float = 5.0) -> None:

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.waiting import until
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 # The system browser, headless, with nothing that phones home or downloads.
 CHROMIUM_ARGS = [
@@ -210,13 +212,7 @@ def desk_processes(target: Path) -> list[int]:
 
 async def wait_for(condition, timeout: float = 30.0, what: str = "the condition"):
     """Poll `condition` until it is true (bounded); its value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    return await until(condition, timeout=timeout, what=what, interval=0.1)
 
 
 class Screen:

@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from onwatch.core import Inbox
 from onwatch.tui.web import serving
 from onwatch.tui.web.serving import desk_app
+from tests.waiting import until
 
 from .helpers import CSI, alive, descendants
 
@@ -148,13 +149,7 @@ async def test_past_the_cap_a_tab_is_told_why_and_no_process_starts(tmp_path):
 
 
 async def wait(condition, timeout: float = 20.0, what: str = "the condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    return await until(condition, timeout=timeout, what=what)
 
 
 async def wait_gone(desks) -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
+from tests import waiting
 import pytest
 
 from onwatch.core import FakeClock, Inbox
@@ -40,16 +40,7 @@ async def inbox(tmp_path, clock):
 
 async def until(predicate, timeout: float = 5.0, what: str = "it"):
     """Await an (async or plain) predicate until truthy; fail after `timeout` real seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.01)
+    return await waiting.until(predicate, timeout=timeout, what=what, interval=0.01)
 
 
 class Running:

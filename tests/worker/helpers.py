@@ -7,8 +7,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from tests.waiting import until_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,14 +75,7 @@ def start_worker(
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.05, what: str = "it"):
     """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+    return until_sync(predicate, timeout=timeout, what=what, interval=interval)
 
 
 SHOW_NAPS = ("--setup", "tests.worker.agents:show_naps")  # worker arguments for wait_asleep

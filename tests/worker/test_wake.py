@@ -17,6 +17,7 @@ import pytest
 
 from onwatch.core import Inbox
 from onwatch.core.sqlite import wake as wake_module
+from tests.waiting import until
 from tests.worker.helpers import (
     ROOT,
     SHOW_NAPS,
@@ -46,10 +47,9 @@ def make_inbox(tmp_path) -> str:
 
 async def waiters(wake, count: int = 1, timeout: float = 5.0) -> None:
     """Wait until `count` waits are in progress on `wake` (a task started is not yet waiting)."""
-    deadline = time.monotonic() + timeout
-    while wake.waiting < count:
-        assert time.monotonic() < deadline, f"{wake.waiting} of {count} waits began"
-        await asyncio.sleep(0.001)
+    await until(
+        lambda: wake.waiting >= count, timeout=timeout, what=f"{count} waits", interval=0.001
+    )
 
 
 async def ingest(path: str, source_id: str) -> float:
@@ -206,10 +206,12 @@ async def test_a_burst_of_ten_thousand_commits_does_not_make_the_watcher_spin(tm
         async def settle() -> None:
             """Until the waiter waits with nothing queued for it: every notification of the
             burst has been read and answered."""
-            deadline = time.monotonic() + 30
-            while wake.waiting != 1 or _queued(wake):
-                assert time.monotonic() < deadline, "the waiter never settled"
-                await asyncio.sleep(0.01)
+            await until(
+                lambda: wake.waiting == 1 and not _queued(wake),
+                timeout=30,
+                what="the waiter to settle",
+                interval=0.01,
+            )
 
         task = asyncio.create_task(waiter())
         await waiters(wake)
@@ -236,10 +238,11 @@ async def test_a_burst_of_ten_thousand_commits_does_not_make_the_watcher_spin(tm
             sys.executable, "-c", BURSTER, path, "1", "after-", cwd=ROOT, env=env(tmp_path)
         )
         assert await one_more.wait() == 0
-        deadline = time.monotonic() + 10
-        while woken == seen_woken:
-            assert time.monotonic() < deadline, "the waiter missed a commit after the quiet"
-            await asyncio.sleep(0.01)
+        await until(
+            lambda: woken != seen_woken,
+            what="the waiter to see a commit after the quiet",
+            interval=0.01,
+        )
         stop.set()
         wake.notify()
         await task

@@ -1,6 +1,8 @@
 """The seven panes of the supervisor TUI, one module each, plus the status strip and pane bar."""
 
 from .approvals import ApprovalsPane
+from typing import Any
+
 from .base import Pane, PaneData, Window
 from .dead import DeadPane
 from .done import DonePane
@@ -9,7 +11,7 @@ from .pending import PendingPane
 from .running import RunningPane
 from .timers import TimersPane
 
-PANES: tuple[type[Pane], ...] = (
+PANES: tuple[type[Pane[Any]], ...] = (
     PendingPane,
     RunningPane,
     DeadPane,

@@ -29,7 +29,7 @@ def time_left(approval: Approval, now: int) -> str:
     return f"{duration(left, precise=True)} left" if left > 0 else f"{duration(-left)} overdue"
 
 
-class ApprovalsPane(Pane):
+class ApprovalsPane(Pane[Approval]):
     """Waiting requests first (soonest deadline first), then the latest answered, greyed.
 
     `a` approves, `d` denies, `e` expires now; each asks for confirmation showing the action

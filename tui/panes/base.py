@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, ClassVar, Hashable, Iterable, cast
+from typing import Any, ClassVar, Generic, Hashable, Iterable, TypeVar, cast
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -32,6 +32,8 @@ from .layout import Column, fit, middle
 
 WINDOW_ROWS = 300  # rows per pane window: a few screens, never the whole table
 MARK = "●"
+
+R = TypeVar("R")  # the record type a pane shows (an Event, an Approval, a Timer…)
 
 
 @dataclass(slots=True)
@@ -142,7 +144,7 @@ class PaneTable(DataTable[Text]):
             self.refresh()
 
 
-class Pane(Vertical):
+class Pane(Vertical, Generic[R]):
     """Base pane. Subclasses set the class attributes and implement fetch/row_key/cells."""
 
     PANE_ID: ClassVar[str] = ""
@@ -265,7 +267,7 @@ class Pane(Vertical):
         `hidden` marked rows are not among them (filtered out or on another page)."""
 
         def __init__(
-            self, pane: "Pane", action: str, targets: tuple[Any, ...], hidden: int = 0
+            self, pane: "Pane[Any]", action: str, targets: tuple[Any, ...], hidden: int = 0
         ) -> None:
             super().__init__()
             self.pane = pane
@@ -276,7 +278,7 @@ class Pane(Vertical):
     class DetailRequested(Message):
         """The operator wants the full story of `record`."""
 
-        def __init__(self, pane: "Pane", record: Any) -> None:
+        def __init__(self, pane: "Pane[Any]", record: Any) -> None:
             super().__init__()
             self.pane = pane
             self.record = record
@@ -284,14 +286,14 @@ class Pane(Vertical):
     class WindowChanged(Message):
         """The pane's window (filter or page) changed: fetch it again."""
 
-        def __init__(self, pane: "Pane") -> None:
+        def __init__(self, pane: "Pane[Any]") -> None:
             super().__init__()
             self.pane = pane
 
     class FilterRequested(Message):
         """The operator wants to set this pane's filter."""
 
-        def __init__(self, pane: "Pane") -> None:
+        def __init__(self, pane: "Pane[Any]") -> None:
             super().__init__()
             self.pane = pane
 
@@ -306,14 +308,14 @@ class Pane(Vertical):
         self._acted_on: set[str] = set()  # rows the operator's own action moves out
         self.stale = True  # the app fetches a stale pane when it is shown
         self.now = 0
-        self._records: dict[str, Any] = {}  # row key → record, in table order
+        self._records: dict[str, R] = {}  # row key → record, in table order
         self._sigs: dict[str, Hashable] = {}
         self._cells: dict[str, dict[str, Text]] = {}  # row key → the cells shown
         self._full: dict[str, dict[str, Text]] = {}  # row key → its cells before shortening
         # The columns shown and their widths, as tui/panes/layout.py fitted them last.
         self._shown: tuple[str, ...] = tuple(c.key for c in self.COLUMNS)
         self._widths: dict[str, int] = {c.key: c.width for c in self.COLUMNS}
-        self._marks: dict[str, Any] = {}  # row key → record as last seen
+        self._marks: dict[str, R] = {}  # row key → record as last seen
         # A "left the pane" notice is true while the highlight stays where it said (a row
         # key, or None for "no row is left"); it goes once that is no longer so.
         self._notice_on: str | None = None
@@ -326,18 +328,19 @@ class Pane(Vertical):
         """Read this pane's window from the inbox (runs in the app's refresh)."""
         raise NotImplementedError
 
-    def row_key(self, record: Any) -> str:
-        return str(record.id)
+    def row_key(self, record: R) -> str:
+        """The row's key; by default the record's id (panes whose records have none say)."""
+        return str(cast(Any, record).id)
 
-    def signature(self, record: Any) -> Hashable:
+    def signature(self, record: R) -> Hashable:
         """What must change for the row to be redrawn (never the payload itself)."""
         return cast(Hashable, record)  # every pane's records are frozen dataclasses
 
-    def cells(self, record: Any, now: int) -> dict[str, Text]:
+    def cells(self, record: R, now: int) -> dict[str, Text]:
         """Every cell of the row, by column key (safe Text only)."""
         raise NotImplementedError
 
-    def ticking_cells(self, record: Any, now: int) -> dict[str, Text]:
+    def ticking_cells(self, record: R, now: int) -> dict[str, Text]:
         """Only the cells that depend on the clock; the default recomputes the row."""
         ticking = {c.key for c in self.COLUMNS if c.ticking}
         return {k: v for k, v in self.cells(record, now).items() if k in ticking}
@@ -345,7 +348,7 @@ class Pane(Vertical):
     def count_label(self, data: PaneData) -> str:
         return f"{data.total:,}"
 
-    def allowed(self, action: str, targets: list[Any]) -> bool | None:
+    def allowed(self, action: str, targets: list[R]) -> bool | None:
         """Whether `action` applies to these targets: True, None (shown disabled), False.
 
         By default: when one of them is in a state the core's row allows."""
@@ -499,7 +502,7 @@ class Pane(Vertical):
         label.set_class(applied is True, "-applied")
         label.set_class(applied is False, "-refused")
 
-    def _rebuild(self, fresh: list[tuple[str, Any]], now: int) -> None:
+    def _rebuild(self, fresh: list[tuple[str, R]], now: int) -> None:
         self.table.clear()
         self._records.clear()
         self._sigs.clear()
@@ -545,7 +548,7 @@ class Pane(Vertical):
             cursor_on=landed,
         )
 
-    def acted_on(self, records: Iterable[Any]) -> None:
+    def acted_on(self, records: Iterable[R]) -> None:
         """These rows may leave because of the operator's own action: its outcome says
         so, no 'left the pane' note replaces it."""
         self._acted_on = {self.row_key(r) for r in records}
@@ -564,7 +567,7 @@ class Pane(Vertical):
             self._notice_standing = False
             self.show_outcome("", None)
 
-    def _row_cells(self, key: str, record: Any, now: int) -> dict[str, Text]:
+    def _row_cells(self, key: str, record: R, now: int) -> dict[str, Text]:
         """The row's cells as shown: the columns that did not give way, ids shortened in
         the middle to their column (the whole cells are kept: `refit` measures them)."""
         cells = self.cells(record, now)
@@ -582,7 +585,7 @@ class Pane(Vertical):
     def _mark_cell(self, key: str) -> Text:
         return Text(MARK if key in self._marks else " ", style="bold")
 
-    def _add_row(self, key: str, record: Any, now: int) -> None:
+    def _add_row(self, key: str, record: R, now: int) -> None:
         cells = self._row_cells(key, record, now)
         self._records[key] = record
         self._sigs[key] = self.signature(record)
@@ -625,11 +628,11 @@ class Pane(Vertical):
         row = min(max(table.cursor_row, 0), table.row_count - 1)
         return table.coordinate_to_cell_key(Coordinate(row, 0)).row_key.value
 
-    def cursor_record(self) -> Any | None:
+    def cursor_record(self) -> R | None:
         key = self.cursor_key()
         return None if key is None else self._records.get(key)
 
-    def targets(self) -> list[Any]:
+    def targets(self) -> list[R]:
         """The marked rows on screen (as last seen), else the highlighted one.
 
         Marked rows a filter or another page hides are never acted on: an operator must
@@ -654,7 +657,7 @@ class Pane(Vertical):
         self._show_titles()
         self.refresh_bindings()
 
-    def records(self) -> Iterable[Any]:
+    def records(self) -> Iterable[R]:
         return self._records.values()
 
     # --- actions ------------------------------------------------------------------------

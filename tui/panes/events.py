@@ -34,7 +34,7 @@ async def fetch_events(
     return PaneData(tuple(rows), total, more, inbox.settings.max_attempts)
 
 
-class EventPane(Pane):
+class EventPane(Pane[Event]):
     """A pane of events: keyset pages, filter by source, source id or error text."""
 
     PAGED = True

@@ -29,7 +29,7 @@ class OutboxState:
     uncertain: tuple[Delivery, ...] = ()
 
 
-class OutboxPane(Pane):
+class OutboxPane(Pane[Message]):
     """Messages waiting for the next paced send (urgent ones skip the gap), and recent sends.
 
     `s` (everywhere) writes what is held to a file and marks it sent (the desk has no

@@ -16,7 +16,7 @@ from .base import Pane, PaneData, Window
 from ..timefmt import countdown, duration, period
 
 
-class TimersPane(Pane):
+class TimersPane(Pane[Timer]):
     """Durable timers, soonest first; an approval's expiry is a timer too (kind 'expiry').
 
     `f` fires a timer's next occurrence now, `z` pauses it, `Z` resumes it, `X` deletes it:

@@ -1,0 +1,64 @@
+"""The one bounded wait every test uses: poll a condition until it holds, or fail saying what."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+Nap = Callable[[float], Awaitable[Any]]
+
+
+def _failed(what: str, timeout: float, detail: Callable[[], str] | None) -> AssertionError:
+    message = f"timed out after {timeout} s waiting for {what}"
+    if detail is not None:
+        message += f":\n{detail()}"
+    return AssertionError(message)
+
+
+async def until(
+    condition: Callable[[], Any],
+    *,
+    timeout: float = 10.0,
+    what: str = "the condition",
+    interval: float = 0.05,
+    nap: Nap | None = None,
+    detail: Callable[[], str] | None = None,
+) -> Any:
+    """Await `condition()` (plain or async) until it is truthy and return its value.
+
+    `nap` is how to pass the time between looks (a Textual pilot's `pause`, so the app runs
+    meanwhile); `detail` says what was seen when the wait fails. The bound is the only use of
+    the clock: a test never asserts how long something took.
+    """
+    pause: Nap = nap or asyncio.sleep
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise _failed(what, timeout, detail)
+        await pause(interval)
+
+
+def until_sync(
+    condition: Callable[[], Any],
+    *,
+    timeout: float = 10.0,
+    what: str = "the condition",
+    interval: float = 0.05,
+) -> Any:
+    """`until` for code outside an event loop (a test driving real processes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise _failed(what, timeout, None)
+        time.sleep(interval)

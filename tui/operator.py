@@ -88,10 +88,9 @@ async def approval_action(
         outcome = await inbox.act(action, rid, now=now, actor=actor)
     except InboxError as exc:
         return Outcome(False, f"{rid}: not done: {exc}")
-    # Stored by this call only if the request was still waiting: the engine's `applied`
-    # compares the standing answer with this one, so a "yes" given meanwhile by someone
-    # else read as this call's (its audit entry says refused).
-    standing, applied = outcome.result, outcome.applied and outcome.before == "waiting"
+    # Applied is what the audit entry recorded: a "yes" given meanwhile by someone else
+    # stands, but this call stored nothing.
+    standing, applied = outcome.result, outcome.applied
     if standing == "unknown":
         return Outcome(False, f"{rid}: no such request")
     if applied:

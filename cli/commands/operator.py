@@ -24,12 +24,8 @@ _SWITCHED = {  # the state that stands after the switch, applied or already so
 
 
 def applied(outcome: Outcome) -> bool:
-    """Whether the action changed anything, as its audit entry says. An approval action
-    counts only when it stored the answer: the engine's `applied` compares the answer that
-    stands with this action's, so approving a request already approved read as applied
-    while its audit entry said refused."""
-    if outcome.action in ("approve", "deny", "expire"):
-        return outcome.applied and outcome.before == "waiting"
+    """Whether the action changed anything, as its audit entry says (`Inbox.act` reports
+    what the entry recorded: approving a request already approved is not applied)."""
     return outcome.applied
 
 

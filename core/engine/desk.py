@@ -50,6 +50,8 @@ def run_now(
         why = "not waiting out a backoff: it is available now"
     else:
         applied = tx.run("event_run_now", id=event_id, now=now).rowcount == 1
+        if applied:  # a worker asleep until the old backoff wakes now
+            tx.run("inbox_notify")
     audit(
         tx, now, actor, "run_now", f"event {event_id}", before, before, applied,
         reason if applied else why,
@@ -107,6 +109,8 @@ def timer_action(
         tx.run("timers_delete", ids=[timer_id])
     else:
         tx.run("timer_pause", id=timer_id, paused=name == "pause_timer")
+        if name == "resume_timer":  # a worker asleep past its due wakes to fire it
+            tx.run("inbox_notify")
     applied = why is None
     after = TIMER_AFTER[name] if applied else before
     audit(

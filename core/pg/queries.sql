@@ -527,3 +527,8 @@ WHERE inbox_id = %(inbox)s AND source = %(source)s AND source_id = %(source_id)s
 SELECT request_id FROM approvals
 WHERE inbox_id = %(inbox)s AND run_id = ANY(%(ids)s::bigint[])
 ORDER BY requested, request_id;
+
+-- An operator gave the inbox work without a new pending row (run now, a timer resumed):
+-- its listeners are told at commit, as the events triggers tell them of new work.
+-- name: inbox_notify
+SELECT pg_notify('onwatch', name) FROM inboxes WHERE id = %(inbox)s;

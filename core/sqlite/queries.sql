@@ -522,3 +522,8 @@ SELECT id FROM events WHERE source = :source AND source_id = :source_id;
 -- name: approvals_of_runs
 SELECT request_id FROM approvals WHERE run_id IN (SELECT value FROM json_each(:ids))
 ORDER BY requested, request_id;
+
+-- An operator gave the inbox work without a new pending row (run now, a timer resumed):
+-- nothing to say on a file, whose watchers wake on any commit.
+-- name: inbox_notify
+SELECT 1;

@@ -52,10 +52,8 @@ def run_now(
         applied = tx.run("event_run_now", id=event_id, now=now).rowcount == 1
         if applied:  # a worker asleep until the old backoff wakes now
             tx.run("inbox_notify")
-    audit(
-        tx, now, actor, "run_now", f"event {event_id}", before, before, applied,
-        reason if applied else why,
-    )  # fmt: skip
+    why = reason if applied else why
+    audit(tx, now, actor, "run_now", f"event {event_id}", before, before, applied, why)
     return applied
 
 
@@ -113,10 +111,8 @@ def timer_action(
             tx.run("inbox_notify")
     applied = why is None
     after = TIMER_AFTER[name] if applied else before
-    audit(
-        tx, now, actor, name, f"timer {timer_id}", before, after, applied,
-        reason if applied else why,
-    )  # fmt: skip
+    why = reason if applied else why
+    audit(tx, now, actor, name, f"timer {timer_id}", before, after, applied, why)
     return applied
 
 

@@ -138,6 +138,14 @@ KEYS: dict[str, DeskAction] = {
         "deleted",
         footer=False,
     ),
+    "raise_budget": DeskAction(
+        "B",
+        "Raise budget",
+        "raise a delaying budget (spend per day of a unit, runs per day) to a value you give",
+        "raised {label}",
+        "raised",
+        footer=False,
+    ),
     # The switches act at once (pressing the key again undoes them); p and o are in help
     # and the palette, not the footer: at 80 columns it keeps the pane's own keys.
     "pause": DeskAction(

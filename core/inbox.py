@@ -1029,9 +1029,9 @@ class Inbox:
 
     async def dead_group_ids(self, line: str, *, limit: int = 10_000) -> list[int]:
         """The ids of the dead events whose error's first line is `line`, oldest first."""
-        if not isinstance(line, str):
-            raise BadInput(f"line must be a string, got {type(line).__name__}")
-        return await self._db.read(desk.dead_group_ids, line, checks.positive("limit", limit))
+        return await self._db.read(
+            desk.dead_group_ids, _group_line(line), checks.positive("limit", limit)
+        )
 
     async def requeue_group(
         self,
@@ -1046,8 +1046,7 @@ class Inbox:
         `line` (dead_group_ids): each only if it is still dead with that first line, so an
         event that joined the group since is never touched. One Outcome per id, in order;
         each is audited as a `requeue` of its event."""
-        if not isinstance(line, str):
-            raise BadInput(f"line must be a string, got {type(line).__name__}")
+        line = _group_line(line)
         if not isinstance(ids, (list, tuple)) or not ids:
             raise BadInput("ids must be a non-empty list of event ids")
         if len(ids) > MAX_BATCH_IDS:
@@ -1241,6 +1240,14 @@ class Inbox:
         """Since when the inbox has had work for a worker (its oldest pending event's
         arrival, or a timer's due instant once due); None when it has none."""
         return await self._db.read(reads.work_since, self._now(now))
+
+
+def _group_line(line: object) -> str:
+    """A dead group's line as dead_groups gives it: text (empty for events without an
+    error), without NUL, valid Unicode; BadInput otherwise."""
+    if line == "":
+        return ""
+    return checks.text("line", line, limit=1_000_000)
 
 
 def _ingest_all_or_none(tx: Tx, batch: list[intake.Item]) -> list[bool]:

@@ -288,7 +288,8 @@ class Worker:
             watch.leave(self)
             await self.transcripts.close(TRANSCRIPT_FLUSH)
             await self._release()
-            await self._leave()
+            if not self._forced_out:  # forced out: the database does not answer, let it age
+                await self._leave()
             if self._deadline is not None:
                 self._deadline.cancel()
             self._main = None
@@ -813,6 +814,16 @@ class Worker:
             await asyncio.wait_for(self.inbox.worker_gone(self.holder), timeout=STOP_SLACK)
         except (InboxError, asyncio.TimeoutError) as exc:
             log.debug("could not remove this worker's heartbeat: %s", exc)
+        except asyncio.CancelledError:
+            # Cut short by the stop deadline (_stop_now), or the call's own job cancelled by a
+            # bounded close: either way the heartbeat is left to age and the stop goes on. A
+            # cancel of this task from anywhere else goes on up.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling() and not self._forced_out:
+                raise
+            if task is not None and self._forced_out and task.cancelling():
+                task.uncancel()
+            log.debug("could not remove this worker's heartbeat: its connection was cut")
 
     async def _release(self) -> None:
         """Hand the lease back; bounded (a database that does not answer leaves it to lapse)."""

@@ -160,6 +160,13 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
         frozen_at = time.monotonic()
         mark = runs_so_far()
         wait_for(lambda: runs_so_far() >= mark + 150, 30, what="runs while one is frozen")
+        # The successor is serving before the restart (one that first connects while the
+        # server is starting up is refused and exits 1, for its supervisor to start again).
+        wait_for(
+            lambda: "started on" in (tmp_path / "fleet-4.err").read_text(),
+            60,
+            what="the successor serving",
+        )
         pg.pg_ctl("-w", "-m", "immediate", "restart")  # every connection cut at once
         # Thawed only once its leases lapsed (lease_ttl 3 s) and others took its inboxes.
         wait_for(lambda: time.monotonic() - frozen_at > 4, 10, what="the lease to lapse")

@@ -23,6 +23,7 @@ from onwatch.cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_w
 from onwatch.cli.output import BAD, PROG, CliError
 from onwatch.cli.running import run_async
 from onwatch.cli.values import inbox_path, port, seconds, whole
+from onwatch.cli.version import version_text
 from onwatch.core import ACTIONS
 
 
@@ -309,6 +310,12 @@ def build_parser() -> Parser:
         description="A durable inbox and a supervision desk for an always-on AI agent.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_text(),
+        help="print the version and the schema versions it reads and writes",
     )
     subs = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=Parser)
 

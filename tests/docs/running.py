@@ -7,7 +7,7 @@ token in ~/.onwatch-web-token). Its blocks run in order, so one block's files an
 are the next one's:
 
 - a ```sh block runs line by line (a line ending in `\\` goes on). A command that ends must
-  exit 0 without a traceback. `worker`, `serve`, `run` and `web` keep running: each is
+  exit 0 without a traceback on stderr. `worker`, `serve`, `run` and `web` keep running: each is
   started in the background, must come up (hold its lease, listen, print its address), and
   is stopped with SIGTERM when its block ends (exit 0, lease released). While one runs, a
   later command of the block that fails is tried again for a while: a reader waits for the
@@ -172,7 +172,7 @@ class Background:
             if self.process.poll() is None:
                 self.process.kill()
                 self.process.wait()
-        if code != 0 or "Traceback" in self.output():
+        if code != 0:  # (its log may hold the agent's tracebacks: a run that raised)
             raise BlockFailed(f"`{self.line}` stopped with exit {code}:\n{self.output()}")
         if self.name == "worker" and lease_held(str(self.inbox())):
             raise BlockFailed(f"`{self.line}` kept its lease after SIGTERM")
@@ -305,7 +305,7 @@ class PageRun:
             said = result.stdout + result.stderr
             if result.returncode != 0:
                 why[:] = [f"exit {result.returncode}:\n{said}"]
-            elif "Traceback" in said:
+            elif "Traceback" in result.stderr:  # stdout may show one the agent left
                 why[:] = [f"a traceback:\n{said}"]
             elif command.expect is not None and command.expect not in said:
                 why[:] = [f"no {command.expect!r} in what it printed:\n{said}"]

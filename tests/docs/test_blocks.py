@@ -26,7 +26,7 @@ def test_every_block_says_what_it_is():
 @pytest.mark.slow
 @pytest.mark.parametrize("page", PAGES)
 def test_the_blocks_of_each_page_run(page, tmp_path):
-    run_page(all_blocks()[page], tmp_path)
+    run_page(blocks_of((ROOT / page).read_text(encoding="utf-8"), page), tmp_path)
 
 
 # The harness: a page whose block fails must fail the test, and a marker must be seen.

@@ -3,8 +3,9 @@ real processes (tests/docs/test_blocks.py).
 
 A page runs in a folder of its own, empty but for a link to examples/, with the `--help`
 examples' environment (tests/cli/sandbox.py: this checkout's `onwatch` on $PATH, a web
-token in ~/.onwatch-web-token). Its blocks run in order, so one block's files and inboxes
-are the next one's:
+token in ~/.onwatch-web-token) and the environment's `python3` on $PATH before the
+system's, as in a reader's activated environment. Its blocks run in order, so one block's
+files and inboxes are the next one's:
 
 - a ```sh block runs line by line (a line ending in `\\` goes on). A command that ends must
   exit 0 without a traceback on stderr. `worker`, `serve`, `run` and `web` keep running: each is
@@ -23,8 +24,8 @@ block each such comment must be printed by the block.
 
 What is changed from the text, and only this: `python3 dev.py onwatch` is `onwatch` (the
 checkout's, on $PATH); a server gets a free port (`--port N`, added or replaced) and later
-lines' `:8787` or `:8000` follow it, since a test must not take a fixed port on a machine
-shared with other work.
+lines' and the page's files' `:8787` or `:8000` follow it, since a test must not take a fixed
+port on a machine shared with other work.
 """
 
 from __future__ import annotations
@@ -185,9 +186,14 @@ class PageRun:
         home = folder / "home"
         home.mkdir(parents=True)
         self.env = make_sandbox(str(home))
+        # `python3` is the one onwatch is installed in, as in a reader's activated environment
+        # (after the sandbox's `onwatch`, which the --help machinery knows how to stop).
+        shim, rest = self.env["PATH"].split(os.pathsep, 1)
+        self.env["PATH"] = os.pathsep.join([shim, os.path.dirname(sys.executable), rest])
         self.folder = folder / "page"
         self.folder.mkdir()
         (self.folder / "examples").symlink_to(ROOT / "examples")
+        self.files: dict[Path, str] = {}  # the page's files, as written on the page
 
     def run(self, block: Block) -> None:
         try:
@@ -214,6 +220,7 @@ class PageRun:
         path = self.folder / block.file
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(block.text, encoding="utf-8")
+        self.files[path] = block.text
 
     def python(self, block: Block) -> None:
         result = subprocess.run(
@@ -245,6 +252,8 @@ class PageRun:
                     run_in_a_terminal(line, str(self.folder), env)
                 elif is_onwatch(line) and command_of(line) in RUNNING:
                     line, port = self.with_free_port(line, ports)
+                    for path, text in self.files.items():  # a script may name the port too
+                        path.write_text(self.rewrite(text, ports), encoding="utf-8")
                     background = Background(command, line, self.folder, env)
                     running.append(background)
                     background.wait_up(port)

@@ -193,7 +193,8 @@ class PageRun:
         self.folder = folder / "page"
         self.folder.mkdir()
         (self.folder / "examples").symlink_to(ROOT / "examples")
-        self.files: dict[Path, str] = {}  # the page's files, as written on the page
+        # The page's files: {path: (the text on the page, the text last written)}.
+        self.files: dict[Path, tuple[str, str]] = {}
 
     def run(self, block: Block) -> None:
         try:
@@ -220,7 +221,7 @@ class PageRun:
         path = self.folder / block.file
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(block.text, encoding="utf-8")
-        self.files[path] = block.text
+        self.files[path] = (block.text, block.text)
 
     def python(self, block: Block) -> None:
         result = subprocess.run(
@@ -252,8 +253,8 @@ class PageRun:
                     run_in_a_terminal(line, str(self.folder), env)
                 elif is_onwatch(line) and command_of(line) in RUNNING:
                     line, port = self.with_free_port(line, ports)
-                    for path, text in self.files.items():  # a script may name the port too
-                        path.write_text(self.rewrite(text, ports), encoding="utf-8")
+                    if port is not None:
+                        self.follow_ports(ports)
                     background = Background(command, line, self.folder, env)
                     running.append(background)
                     background.wait_up(port)
@@ -272,6 +273,15 @@ class PageRun:
         for written, used in ports.items():
             line = re.sub(rf":{written}\b", f":{used}", line)
         return line
+
+    def follow_ports(self, ports: dict[int, int]) -> None:
+        """The page's files name the servers' ports as the page does; a file a command has
+        changed since (the reader's edit) is left as it is."""
+        for path, (text, written) in self.files.items():
+            if path.read_text(encoding="utf-8") == written:
+                now = self.rewrite(text, ports)
+                path.write_text(now, encoding="utf-8")
+                self.files[path] = (text, now)
 
     def with_free_port(self, line: str, ports: dict[int, int]) -> tuple[str, int | None]:
         name = command_of(line)

@@ -107,12 +107,3 @@ def blocks_of(text: str, page: str) -> list[Block]:
         raise PageError(f"{page}:{marker[2]}: a marker with no code block after it")
     return found
 
-
-def all_blocks() -> dict[str, list[Block]]:
-    """{page: its blocks} for every documentation page."""
-    return {
-        str(path.relative_to(ROOT)): blocks_of(
-            path.read_text(encoding="utf-8"), str(path.relative_to(ROOT))
-        )
-        for path in pages()
-    }

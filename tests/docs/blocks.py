@@ -106,4 +106,3 @@ def blocks_of(text: str, page: str) -> list[Block]:
     if marker is not None:
         raise PageError(f"{page}:{marker[2]}: a marker with no code block after it")
     return found
-

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.docs.blocks import ROOT, PageError, blocks_of, pages
+from tests.docs import running
 from tests.docs.running import BlockFailed, commands, run_page
 
 # Until the README is rewritten into a short front page (issue #29), its long text still has
@@ -96,3 +97,15 @@ def test_commands_join_continuations_and_read_expectations():
         ("onwatch worker a.db --agent m:f", "echo: hi"),
         ("echo '# not a comment'", None),
     ]
+
+
+def test_a_worker_that_never_prints_what_the_page_says_fails(tmp_path, monkeypatch):
+    """A command that keeps running is started, must come up, and is held to its `# →`."""
+    monkeypatch.setattr(running, "RETRY_WITHIN", 2.0)
+    text = (
+        "```sh\nonwatch init a.db\n"
+        "onwatch worker a.db --agent examples.refund_agent:handle   # → never said\n"
+        'onwatch ingest a.db chat m1 \'{"text": "hello"}\'   # → stored\n```\n'
+    )
+    with pytest.raises(BlockFailed, match="to print 'never said'"):
+        run_page(page(text), tmp_path)

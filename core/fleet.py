@@ -201,15 +201,8 @@ def _summarise(
     tx = SqliteTx(db)
     counts = reads.counts(tx)
     lease = reads.lease_info(tx)
-    released = (
-        lease is not None
-        and db.execute(
-            "SELECT 1 FROM audit WHERE target = ? AND action = 'release lease' AND applied = 1 "
-            "LIMIT 1",
-            (f"gen {lease.gen}",),
-        ).fetchone()
-        is not None
-    )
+    # The switch a release sets, as overview() reads it (a release is not audited).
+    released = lease is not None and tx.meta("released_gen") == lease.gen
     waiting = db.execute("SELECT count(*) FROM approvals WHERE answer IS NULL").fetchone()[0]
     approvals = tuple(
         Approval(r[0], r[1], r[2], None, r[3])

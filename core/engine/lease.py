@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..clock import MAX_DURATION, MAX_TIME
 from .decoding import is_int
-from .journal import audit, refuse
+from .journal import refuse
 from .tx import Tx
 
 MAX_GEN = 1 << 62
@@ -81,11 +81,15 @@ def renew(tx: Tx, holder: str, gen: int, now: int | None) -> bool:
 
 
 def release(tx: Tx, holder: str, gen: int, now: int | None) -> bool:
-    """Hand the lease back so a successor need not wait for the TTL."""
+    """Hand the lease back so a successor need not wait for the TTL.
+
+    Not audited: a release is routine (a fleet worker gives an idle inbox back after every
+    visit), and an audit row per visit would bury the operator actions the log is for. It
+    stays known: the inbox's `released_gen` says the live generation was handed back (the
+    desks show it), and the successor's lease history entry says "released"."""
     now = tx.now(now)
     if not tx.state().holds(holder, gen, now):
         return False
     tx.run("lease_extend", until=now - 1)
     tx.set_meta("released_gen", gen)
-    audit(tx, now, holder, "release lease", f"gen {gen}", "held", "released", True)
     return True

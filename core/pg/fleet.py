@@ -1,33 +1,123 @@
 """The whole database at once: the inboxes with work for the fleet worker
-(core/runtime/fleet_worker.py). (The fleet desk's listing is core/pg/summaries.py.)"""
+(core/runtime/fleet_worker.py), and the check that the database is one it can serve. (The
+fleet desk's listing is core/pg/summaries.py.)"""
 
 from __future__ import annotations
 
+import re
+import time
+from dataclasses import dataclass
 
 import psycopg
+from psycopg import conninfo, pq
 
-from .connect import connect
+from ..errors import InboxError, NotAnInbox
+from ..settings import Settings
+from . import redact, schema
+from .connect import CONNECT_TIMEOUT, connect
 
+__all__ = ["Looker", "Candidate", "Unreachable", "WITH_WORK"]
 
-__all__ = ["Looker"]
+# The onwatch tables (and the sequences behind their ids), named once by the migrations.
+TABLES = tuple(dict.fromkeys(re.findall(r"CREATE TABLE (\w+)", "".join(schema.MIGRATIONS))))
 
+# One setting read from the stored JSON text without decoding it: the engine writes it as
+# json.dumps does ("name": 123). A value written otherwise by hand is not matched, and the
+# engine then falls back to the default as well (Settings.from_json); a mismatch left over
+# only costs the fleet one visit that finds nothing, then a rest (fleet_worker.py).
+_SETTING = "substring(i.settings FROM '\"{name}\": ([0-9]{{1,18}})')::bigint"
+_RUNS_PER_DAY = _SETTING.format(name="max_runs_per_day")
+_OUTBOX_GAP = f"coalesce({_SETTING.format(name='outbox_gap')}, {Settings().outbox_gap})"
 
-# Inboxes with work that nobody else holds: a pending event that is due, a due timer, or a
-# claim left running under a lapsed lease (the next claim recovers it). Shuffled, so that
-# several fleet workers starting at once spread over the fleet instead of all asking for the
-# same inboxes first (the lease decides anyway).
-WITH_WORK = """
-SELECT i.name FROM inboxes i
-WHERE NOT i.paused
-  AND (i.lease_until IS NULL OR i.lease_until < %(now)s OR i.lease_holder = %(holder)s)
-  AND (EXISTS (SELECT 1 FROM events e WHERE e.inbox_id = i.id AND e.status = 'pending'
-               AND e.available_at <= %(now)s)
-       OR EXISTS (SELECT 1 FROM timers t WHERE t.inbox_id = i.id AND t.due <= %(now)s)
-       OR (i.lease_until < %(now)s AND EXISTS (SELECT 1 FROM events e WHERE
-           e.inbox_id = i.id AND e.status = 'running')))
-ORDER BY random()
-LIMIT %(limit)s
+# Inboxes with work that nobody holds, exactly what a visit can then do (docs/rules.md):
+# - an available pending event, unless paused or the runs-per-day budget is used up (the
+#   claim would return nothing);
+# - a due timer the scheduler has not set aside (a set-aside one never fires);
+# - a claim left running under a lapsed lease (the next claim recovers it);
+# - with a channel to send on: a send that is due (a held message once the outbox's gap
+#   has passed, an urgent one at once) or a delivery waiting for its retry (a failed send,
+#   or one a crashed dispatcher left unreported past send_timeout), unless the outbox is
+#   held.
+# A live lease is never returned, not even one under this holder's name: a live
+# generation of this process is the fleet's to remember, one of another process under the
+# same name is not ours to continue.
+#
+# Least recently served first: an inbox's place is when its last lease ended (released
+# or lapsed; an inbox never served comes first), so a busy inbox that has just given its
+# slot back waits behind every inbox that has been waiting longer. Ties are shuffled, so
+# that fleet workers starting together spread over the fleet. `resting` names inboxes
+# this process visited and found nothing to do in; they are left out while their change
+# counter is where it was (fleet_worker.py decides when else a rest ends).
+WITH_WORK = f"""
+WITH clock AS (SELECT extract(epoch FROM clock_timestamp()) AS exact,
+                      extract(epoch FROM clock_timestamp())::bigint AS now),
+found AS (
+SELECT i.name, i.changes, coalesce(i.lease_until + 1, 0) AS since, random() AS shuffled
+FROM clock, inboxes i
+LEFT JOIN unnest(%(resting)s::text[], %(resting_changes)s::bigint[]) AS r(name, changes)
+       ON r.name = i.name
+WHERE (i.lease_until IS NULL OR i.lease_until < clock.now)
+  AND NOT (i.name = ANY(%(taken)s::text[]))
+  AND (r.name IS NULL OR r.changes <> i.changes)
+  AND ((NOT i.paused
+        AND EXISTS (SELECT 1 FROM events e WHERE e.inbox_id = i.id AND e.status = 'pending'
+                    AND e.available_at <= clock.now)
+        AND ({_RUNS_PER_DAY} IS NULL
+             OR NOT EXISTS (SELECT 1 FROM runs u WHERE u.inbox_id = i.id
+                            AND u.claimed_at > clock.now - 86400
+                            ORDER BY u.claimed_at DESC
+                            OFFSET greatest({_RUNS_PER_DAY} - 1, 0) LIMIT 1)))
+       OR EXISTS (SELECT 1 FROM timers t WHERE t.inbox_id = i.id AND t.due <= clock.now
+                  AND t.broken IS NULL)
+       OR (i.lease_until IS NOT NULL
+           AND EXISTS (SELECT 1 FROM events e WHERE e.inbox_id = i.id
+                       AND e.status = 'running'))
+       OR (%(sends)s AND NOT i.outbox_held
+           AND (EXISTS (SELECT 1 FROM deliveries d WHERE d.inbox_id = i.id
+                        AND d.status IN ('sending', 'failed') AND NOT d.at_most_once
+                        AND (d.status = 'failed' OR d.retry_after < clock.now))
+                OR EXISTS (SELECT 1 FROM outbox o WHERE o.inbox_id = i.id
+                           AND o.status = 'held' AND o.delivery_id IS NULL
+                           AND (o.urgent OR i.last_paced_send IS NULL
+                                OR clock.now >= i.last_paced_send + {_OUTBOX_GAP})))))
+ORDER BY since, shuffled
+LIMIT %(limit)s)
+SELECT clock.exact, found.name, found.changes, found.since
+FROM clock LEFT JOIN found ON true
+ORDER BY found.since, found.shuffled
 """
+
+# The privileges a worker uses on every table (and its id's sequence; the schema's version
+# it only reads): a role short of one would fail at its first write there, inbox after inbox.
+_MISSING_PRIVILEGES = """
+SELECT c.relname FROM pg_class c
+WHERE c.relnamespace = current_schema()::regnamespace
+  AND ((c.relkind = 'r' AND c.relname = ANY(%(tables)s::text[])
+        AND NOT (has_table_privilege(c.oid, 'SELECT')
+                 AND (c.relname = 'onwatch_schema'  -- only read, once migrated
+                      OR (has_table_privilege(c.oid, 'INSERT')
+                          AND has_table_privilege(c.oid, 'UPDATE')
+                          AND has_table_privilege(c.oid, 'DELETE')))))
+       OR (c.relkind = 'S' AND split_part(c.relname, '_', 1) = ANY(%(tables)s::text[])
+           AND NOT has_sequence_privilege(c.oid, 'USAGE')))
+ORDER BY 1
+"""
+
+
+class Unreachable(InboxError):
+    """The server did not answer, or answered that it accepts no connections now (starting,
+    stopping, recovering): worth another try, unlike a server that refused this database
+    or this role."""
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """An inbox with work: its name, its change counter, and its place in the queue (the
+    server's time its last lease ended; 0 for one never served)."""
+
+    name: str
+    changes: int
+    since: int
 
 
 class Looker:
@@ -36,20 +126,87 @@ class Looker:
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.where = redact(url)
         self.conn: psycopg.Connection | None = None
+        self.offset = 0.0  # the server's clock minus this process's, as last read
 
-    def with_work(self, holder: str, now: int, limit: int) -> list[str]:
-        conn = self.conn
-        if conn is None or conn.closed or conn.broken:
-            conn = self.conn = connect(self.url)
+    def now(self) -> float:
+        """The server's time as this process last knew it (seconds)."""
+        return time.time() + self.offset
+
+    def check(self) -> None:
+        """Refuse, with the single-inbox worker's words, what the fleet cannot serve: a
+        database that cannot be reached (InboxError), one that is not onwatch's, empty or
+        of a newer schema (NotAnInbox), a role short of privileges (InboxError). An older
+        schema is migrated, as a worker of this release does for its inbox."""
         try:
-            return [
-                r[0]
-                for r in conn.execute(WITH_WORK, {"now": now, "holder": holder, "limit": limit})
-            ]
+            conn = self._connection()
+        except psycopg.Error as exc:
+            message = f"cannot connect to {self.where}: {str(exc).strip()}"
+            # A server that answers pings refused us (no such database, no such role, a
+            # wrong password): that will not change by itself. (The error carries no
+            # SQLSTATE at connection time, and its words are the server's language.)
+            target = conninfo.make_conninfo(self.url, connect_timeout=CONNECT_TIMEOUT)
+            if pq.PGconn.ping(target.encode()) == pq.Ping.OK:
+                raise InboxError(message) from None
+            raise Unreachable(message) from None
+        try:
+            version = schema.inspect(conn, self.where)
+            if version < schema.SCHEMA_VERSION:
+                if schema.migrate(conn, self.where, create=False) == 0:
+                    raise NotAnInbox(
+                        f"no onwatch database at {self.where} (run `onwatch init "
+                        f"{self.where} --inbox NAME` to create one)"
+                    )
+            missing = [r[0] for r in conn.execute(_MISSING_PRIVILEGES, {"tables": list(TABLES)})]
+            server = conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()
+            self.offset = float(server[0]) - time.time() if server else 0.0
+        except psycopg.Error as exc:
+            self.close()
+            raise InboxError(f"cannot serve {self.where}: {str(exc).strip()}") from None
+        if missing:
+            user = conn.info.user
+            raise InboxError(
+                f"cannot serve {self.where}: role {user!r} lacks privileges on "
+                f"{', '.join(missing)}; a worker needs SELECT, INSERT, UPDATE and DELETE "
+                f"on every onwatch table and USAGE on their sequences"
+            )
+
+    def with_work(
+        self,
+        limit: int,
+        *,
+        taken: list[str],
+        resting: dict[str, int],
+        sends: bool,
+    ) -> list[Candidate]:
+        """Up to `limit` inboxes with work, least recently served first; `taken` (served or
+        held by this process) and `resting` (name → its change counter when its rest
+        began) left out."""
+        conn = self._connection()
+        try:
+            rows = conn.execute(
+                WITH_WORK,
+                {
+                    "limit": limit,
+                    "taken": taken,
+                    "resting": list(resting),
+                    "resting_changes": list(resting.values()),
+                    "sends": sends,
+                },
+            ).fetchall()
         except psycopg.Error:
             conn.close()
             raise
+        # The server's clock comes with every look (one row even when none has work).
+        self.offset = float(rows[0][0]) - time.time()
+        return [Candidate(name, changes, since) for _, name, changes, since in rows if name]
+
+    def _connection(self) -> psycopg.Connection:
+        conn = self.conn
+        if conn is None or conn.closed or conn.broken:
+            conn = self.conn = connect(self.url)
+        return conn
 
     def close(self) -> None:
         if self.conn is not None:

@@ -251,8 +251,7 @@ class Worker:
                 self._check_file()
                 if not await self._hold_lease():
                     continue
-                await self._step(self.inbox.run_scheduler)
-                await self._step(self.inbox.reload_settings)
+                await self._prepare()
                 claimed_at = self.clock.now()
                 # The change mark is read before the claim: a commit that lands after an
                 # empty claim, before the nap, must still count as news.
@@ -280,6 +279,12 @@ class Worker:
             self._main = None
         log.debug("worker %s stopped: %s", self.holder, self.stats)
         return self.stats
+
+    async def _prepare(self) -> None:
+        """Before each claim: fire due timers (their events join the claim) and read the
+        settings again (an operator's configure applies from the next run)."""
+        await self._step(self.inbox.run_scheduler)
+        await self._step(self.inbox.reload_settings)
 
     def _watch_loop(self, watch: LoopWatch) -> None:
         """(Re)state this worker's limits to the loop's watch: a stall is worth a warning

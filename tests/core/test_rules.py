@@ -103,6 +103,18 @@ async def test_release_lets_a_successor_in_at_once_with_a_new_generation(inbox):
     assert await inbox.release("A", gen, now=T + 6) is False
 
 
+async def test_a_routine_release_writes_no_audit_entry_and_stays_known(inbox):
+    # A fleet worker releases an inbox after every visit: an audit row each time would
+    # bury the operator's actions. The release is still known (overview, lease history).
+    gen = await inbox.acquire("A", now=T)
+    assert await inbox.release("A", gen, now=T + 5)
+    assert await inbox.audit() == []
+    assert (await inbox.overview(now=T + 6)).lease_released
+    assert await inbox.acquire("B", now=T + 6) == 2
+    assert [(c.gen, c.how) for c in await inbox.lease_history()] == [(2, "released"), (1, "first")]
+    assert await inbox.audit() == []
+
+
 async def test_renew_is_fenced_and_a_refused_renewal_is_audited(inbox):
     await inbox.acquire("A", now=T)
     assert await inbox.renew("A", 1, now=T + 100)

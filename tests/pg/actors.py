@@ -114,15 +114,21 @@ if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))
 
 
+def wall() -> float:
+    """This machine's real clock, also in a fleet whose `time.time` the test skewed: the
+    ledgers of every process are compared on one time line."""
+    return time.clock_gettime(time.CLOCK_REALTIME)
+
+
 async def ledgered(batch, ctx) -> None:
     """An I/O-bound agent (50 ms) that notes when each run began and ended, per inbox (the
     part of the source id before '/'), so a test can check no inbox ran twice at once."""
     import os
 
     inbox = batch[0].source_id.split("/")[0]
-    began = time.time()
+    began = wall()
     await asyncio.sleep(0.05)
-    ended = time.time()
+    ended = wall()
     for event in batch:
         ctx.reply(f"reply {event.source_id}")
     line = json.dumps(
@@ -143,9 +149,9 @@ async def chaos_agent(batch, ctx) -> None:
     generation it ran under and the events (one write, so a SIGKILL leaves whole lines).
     An event whose key ends in '/ask' asks for an approval instead of replying."""
     inbox = batch[0].source_id.split("/")[0]
-    began = time.time()
+    began = wall()
     await asyncio.sleep(0.05)
-    ended = time.time()
+    ended = wall()
     for event in batch:
         if event.source == "chat" and event.source_id.endswith("/ask"):
             ctx.ask_approval(event.source_id, 3600, f"approve {event.source_id}")
@@ -170,3 +176,32 @@ async def chaos_agent(batch, ctx) -> None:
 async def io_bound(batch, ctx) -> None:
     """The benchmark's agent: 50 ms of waiting (a model call, an HTTP request)."""
     await asyncio.sleep(0.05)
+
+
+async def replier(batch, ctx) -> None:
+    """Replies at once to each event ("reply <source_id>")."""
+    for event in batch:
+        ctx.reply(f"reply {event.source_id}")
+
+
+async def timed(batch, ctx) -> None:
+    """20 ms of I/O; one ledger line per run: the inbox (the source id before '/'), when
+    the run began, and when its first event was stored."""
+    began = time.time()
+    await asyncio.sleep(0.02)
+    _append(
+        "ledger",
+        json.dumps(
+            {
+                "inbox": batch[0].source_id.split("/")[0],
+                "began": began,
+                "created": batch[0].created,
+                "events": [e.source_id for e in batch],
+            }
+        ),
+    )
+
+
+async def failing(batch, ctx) -> None:
+    """Raises: every run fails (its error names the inbox's events)."""
+    raise RuntimeError(f"cannot handle {[e.source_id for e in batch]}")

@@ -116,8 +116,9 @@ def settled(url: str) -> tuple[int, int]:
 
 
 def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
-    """4 fleet processes (as if on 4 machines), --concurrency 25, serve 200 inboxes while an
-    ingester adds events and an approver answers the agents' approval requests; the test
+    """4 fleet processes (as if on 4 machines, two with clocks 90 s off), --concurrency 25,
+    serve 200 inboxes while an ingester adds events and an approver answers the agents'
+    approval requests; the test
     SIGKILLs one fleet (a successor starts, as a supervisor would), SIGSTOPs another past
     its lease and SIGCONTs it (its late finishes must be refused), and restarts PostgreSQL
     with `pg_ctl restart -m immediate`. Then, from the database and the agents' ledger:
@@ -128,8 +129,14 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
     url = pg.new_database()
     asyncio.run(fill_fleet(url))
     started = time.monotonic()
+    # Two of the machines' clocks are off by far more than the lease TTL (3 s): one 90 s
+    # ahead, one 90 s behind. On PostgreSQL time comes from the server, so they must take
+    # no live lease early and hold none past its expiry.
+    skews = {2: 90.0, 3: -90.0}
     fleets = {
-        n: start_fleet(url, tmp_path, f"fleet-{n}", concurrency=25, agent="chaos_agent")
+        n: start_fleet(
+            url, tmp_path, f"fleet-{n}", concurrency=25, agent="chaos_agent", skew=skews.get(n, 0)
+        )
         for n in range(4)
     }
     ingester = start_actor(
@@ -180,6 +187,10 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
     logs = "\n".join((tmp_path / f"fleet-{n}.err").read_text() for n in (1, 2, 3, 4))
     assert [codes[n] for n in (1, 2, 3, 4)] == [0, 0, 0, 0], logs[-3000:]
     assert "cannot reach" in logs or "lost the connection" in logs  # the restart was seen
+    for n, word in ((2, "ahead of"), (3, "behind")):  # each skewed machine said so
+        assert (
+            f"clock is {word} the PostgreSQL server's" in (tmp_path / f"fleet-{n}.err").read_text()
+        )
 
     acked = (tmp_path / "acked").read_text().split()
     assert len(acked) == LATE_EVENTS
@@ -231,7 +242,10 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
             "SELECT count(*) FROM audit WHERE action LIKE 'refused %%' AND NOT applied"
         ).fetchone()[0]
         assert refused == audited  # every refused stale write is in the audit log
-        assert refused > 0  # the frozen fleet's late finishes were refused
+        # The frozen fleet met a fence on waking: a late finish refused, or (the server was
+        # restarted while it slept) its connections gone and its generations handed back.
+        frozen = (tmp_path / "fleet-1.err").read_text()
+        assert refused > 0 or "handed back" in frozen or "lost the connection" in frozen
     # No inbox had two runs at once that both counted: two agent runs of one inbox that
     # overlap in time ran under different generations, and the older one's finish was
     # refused (it belonged to a frozen or killed holder whose lease had lapsed).

@@ -20,16 +20,32 @@ pytestmark = pytest.mark.slow
 INBOXES, EVENTS = 20, 4
 
 
+# `python -m onwatch …` in a process whose clock is off by argv[1] seconds, as on a machine
+# whose clock drifted (its time.time moved before onwatch is imported).
+SKEWED = (
+    "import runpy, sys, time; skew = float(sys.argv.pop(1)); real = time.time; "
+    "time.time = lambda: real() + skew; sys.argv[0] = 'onwatch'; "
+    "runpy.run_module('onwatch', run_name='__main__', alter_sys=True)"
+)
+
+
 def start_fleet(
-    url: str, test_dir, holder: str, *, concurrency: int = 4, agent: str = "ledgered"
+    url: str,
+    test_dir,
+    holder: str,
+    *,
+    concurrency: int = 4,
+    agent: str = "ledgered",
+    skew: float = 0.0,
 ) -> subprocess.Popen:
+    """A fleet worker process; `skew` seconds off the real time if given."""
     out = open(os.path.join(test_dir, f"{holder}.err"), "ab")
+    launch = ["-c", SKEWED, str(skew)] if skew else ["-m", "onwatch"]
     try:
         return subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "onwatch",
+                *launch,
                 "worker",
                 url,
                 "--all-inboxes",

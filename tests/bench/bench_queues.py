@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""onwatch's fleet worker against the PostgreSQL job queues a team would pick instead
+(pgqueuer, procrastinate), on one server, in one run, contestants taking turns.
+
+    python3 tests/bench/bench_queues.py                   3 rounds (about 5 minutes)
+    python3 tests/bench/bench_queues.py --rounds 1
+    python3 tests/bench/bench_queues.py --quick           a smoke run, figures meaningless
+    python3 tests/bench/bench_queues.py --contestants onwatch      onwatch alone
+
+**The peers are never onwatch's dependencies.** On first use the script makes a virtual
+environment of its own, `$XDG_CACHE_HOME/onwatch-bench/peers` (`~/.cache/…` without it),
+with `python -m venv`, and installs into it with pip: pgqueuer, procrastinate, and their
+drivers (asyncpg, psycopg). Their side runs as processes of that environment's Python
+(tests/bench/queue_peers.py). Delete the folder to start over; `--peers-python` names
+another interpreter that has them.
+
+**The workload** (each contestant, each round, a fresh database): QUEUES queues — an inbox
+each for onwatch, a queue (entrypoint / task) each for the peers — holding JOBS jobs in all,
+spread evenly; the handler waits 50 ms (a model call, an HTTP request); one worker process
+runs CONCURRENCY jobs at once (onwatch: `--concurrency`, one event per run, max_batch 1;
+pgqueuer: max_concurrent_tasks; procrastinate: concurrency). Measured from the worker's
+start until every job is done:
+
+- jobs/s;
+- CPU seconds per 1,000 jobs: the worker process (start-up included) and the server (every
+  backend of the database server, from /proc);
+- per job, from the server's own counters: statements (pg_stat_statements, loaded into the
+  throwaway server this script starts), commits (pg_stat_database.xact_commit) and WAL
+  records (pg_stat_wal); the script's own progress polls are subtracted.
+
+**A wake** (each contestant, each round): one queue, its worker idle; another process
+enqueues a job every 60–120 ms and notes the time each enqueue returned (committed); the
+handler notes when it is called. p50 / p99 of the difference.
+
+The server is a throwaway cluster of tests/pg/server.py (fsync off, as for the tests),
+restarted once with pg_stat_statements loaded; ONWATCH_TEST_DATABASE_URL names another
+(then no server CPU, and statements only if it has pg_stat_statements). The contestants
+take turns in an order rotated each round, and each figure is the median over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import psycopg  # noqa: E402
+
+from tests.bench.bench_fleet_worker import _postgres_cpu  # noqa: E402
+
+PEER_PACKAGES = ["pgqueuer==1.6.0", "procrastinate==3.10.0", "asyncpg", "psycopg[binary]"]
+CONTESTANTS = ("onwatch", "pgqueuer", "procrastinate")
+PEERS_SCRIPT = ROOT / "tests" / "bench" / "queue_peers.py"
+LEDGER_ENV = "ONWATCH_BENCH_LEDGER"
+
+
+# --- the peers' own environment ----------------------------------------------------------------
+
+
+def peers_python(given: str | None) -> str:
+    """An interpreter with the peers installed: `given`, or the benchmark's own venv, made
+    (and filled with pip) on first use."""
+    if given:
+        return given
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    folder = cache / "onwatch-bench" / "peers"
+    python = folder / "bin" / "python"
+    stamp = folder / ".installed"
+    wanted = " ".join(PEER_PACKAGES)
+    if not (python.exists() and stamp.exists() and stamp.read_text() == wanted):
+        print(f"bench: installing {wanted} into {folder} …", file=sys.stderr)
+        venv.EnvBuilder(with_pip=True, clear=True).create(folder)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PEER_PACKAGES], check=True)
+        stamp.write_text(wanted)
+    return str(python)
+
+
+# --- onwatch's side (also run as processes of this script) --------------------------------
+
+
+async def stamp(batch, ctx) -> None:
+    """The wake run's agent: "key time" for each event, the moment it is called."""
+    with open(os.environ[LEDGER_ENV], "a") as out:
+        for event in batch:
+            out.write(f"{event.source_id} {time.time()}\n")
+
+
+async def onwatch_fill(url: str, queues: int, jobs: int) -> None:
+    from onwatch.core import Inbox
+
+    for q in range(queues):
+        box = await Inbox.open(url, name=f"q{q:03d}")
+        await box.configure(max_batch=1)  # one job, one run: the peers' unit
+        count = jobs // queues + (1 if q < jobs % queues else 0)
+        await box.ingest_batch([("bench", f"{q}/{k}", None) for k in range(count)])
+        await box.close()
+
+
+async def onwatch_produce(url: str, samples: int, ledger: str) -> None:
+    from onwatch.core import Inbox
+
+    box = await Inbox.open(url, name="wake")
+    with open(ledger, "a", buffering=1) as out:
+        for k in range(samples):
+            await asyncio.sleep(random.uniform(0.06, 0.12))
+            await box.ingest("bench", f"w{k}")
+            out.write(f"w{k} {time.time()}\n")
+    await box.close()
+
+
+# --- measuring ---------------------------------------------------------------------------------
+
+
+class Server:
+    def __init__(self) -> None:
+        base = os.environ.get("ONWATCH_TEST_DATABASE_URL")
+        from tests.pg.server import cluster
+
+        self.cluster = cluster()
+        self.data = None if base else self.cluster.owned.data
+        if self.cluster.owned is not None:
+            with self.cluster.admin() as conn:
+                conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+                conn.execute("ALTER SYSTEM SET pg_stat_statements.track = 'all'")
+            self.cluster.pg_ctl("-w", "-t", "60", "restart")
+        # The statistics are the server's; the view lives in the `postgres` database (a
+        # contestant's database holds only its own tables: onwatch refuses others').
+        self.admin = self.cluster.url("postgres")
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            try:
+                conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            except psycopg.Error:
+                pass  # not loaded on a server of ONWATCH_TEST_DATABASE_URL: no statements
+
+    def database(self) -> str:
+        return self.cluster.new_database(schema=False)
+
+
+def counters(admin: str, url: str) -> dict[str, float]:
+    """The server's counters for the database of `url`, read from the `admin` database."""
+    database = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(admin, autocommit=True) as conn:
+        commits = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)
+        ).fetchone()[0]
+        wal = conn.execute("SELECT wal_records FROM pg_stat_wal").fetchone()[0]
+        try:
+            statements = conn.execute(
+                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s "
+                "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
+                "AND s.query NOT LIKE '%%onwatch-bench%%'",
+                (database,),
+            ).fetchone()[0]
+        except psycopg.Error:
+            statements = float("nan")
+    return {"commits": commits, "wal": wal, "statements": float(statements)}
+
+
+DONE = {
+    "onwatch": "SELECT coalesce(sum(n), 0) FROM event_counts WHERE status = 'done'",
+    "pgqueuer": "SELECT %(total)s - count(*) FROM pgqueuer",
+    "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'",
+}
+
+
+def run_throughput(
+    kind: str, server: Server, peers: str, queues: int, jobs: int, concurrency: int
+) -> dict[str, float]:
+    url, data = server.database(), server.data
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if kind == "onwatch":
+        asyncio.run(onwatch_fill(url, queues, jobs))
+        command = [
+            sys.executable,
+            "-m",
+            "onwatch",
+            "worker",
+            url,
+            "--all-inboxes",
+            "--concurrency",
+            str(concurrency),
+            "--agent",
+            "tests.pg.actors:io_bound",
+            "--holder",
+            "bench",
+            "--no-dispatch",
+            "--log-level",
+            "warning",
+        ]
+    else:
+        subprocess.run(
+            [peers, str(PEERS_SCRIPT), "fill", kind, url, str(queues), str(jobs)],
+            check=True,
+            env=env,
+        )
+        command = [
+            peers,
+            str(PEERS_SCRIPT),
+            "work",
+            kind,
+            url,
+            str(queues),
+            str(jobs),
+            str(concurrency),
+        ]
+    time.sleep(1.0)  # let the fill's backends report their counters first
+    before = counters(server.admin, url)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    pg_before = _postgres_cpu(data)
+    started = time.perf_counter()
+    worker = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    polls = 0
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            deadline = time.monotonic() + 600
+            while True:
+                polls += 1
+                # (onwatch-bench: the marker that leaves these polls out of the statements)
+                done = conn.execute(
+                    DONE[kind] + " /* onwatch-bench */", {"total": jobs}
+                ).fetchone()[0]
+                if done >= jobs:
+                    break
+                if worker.poll() is not None and worker.returncode != 0:
+                    raise RuntimeError(f"{kind}'s worker exited {worker.returncode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{kind} did not finish in 10 minutes")
+                time.sleep(0.1)
+        elapsed = time.perf_counter() - started
+        pg_cpu = _postgres_cpu(data)
+    finally:
+        if worker.poll() is None and kind == "onwatch":
+            worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=120)
+    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    worker_cpu = (after_children.ru_utime + after_children.ru_stime) - (
+        children.ru_utime + children.ru_stime
+    )
+    time.sleep(1.0)
+    after = counters(server.admin, url)
+    per_job = {k: (after[k] - before[k]) / jobs for k in after}
+    per_job["commits"] -= polls / jobs  # the polls' own (one statement each)
+    return {
+        "rate": jobs / elapsed,
+        "worker_cpu": worker_cpu / jobs * 1000,
+        "server_cpu": float("nan") if pg_cpu is None else (pg_cpu - pg_before) / jobs * 1000,
+        **per_job,
+    }
+
+
+def run_wake(kind: str, url: str, peers: str, samples: int, folder: Path) -> list[float]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    called, committed = folder / f"{kind}-called", folder / f"{kind}-committed"
+    for path in (called, committed):
+        path.unlink(missing_ok=True)
+    if kind == "onwatch":
+
+        async def create() -> None:
+            from onwatch.core import Inbox
+
+            await (await Inbox.open(url, name="wake")).close()
+
+        asyncio.run(create())
+        listener = subprocess.Popen(
+            [sys.executable, "-m", "onwatch", "worker", url, "--inbox", "wake", "--agent",
+             "tests.bench.bench_queues:stamp", "--no-dispatch", "--log-level", "warning"],
+            cwd=ROOT, env=dict(env, **{LEDGER_ENV: str(called)}), stdout=subprocess.PIPE,
+        )  # fmt: skip
+        time.sleep(2.0)  # started and idle (it says nothing when ready)
+        producer = [sys.executable, __file__, "produce", url, str(samples), str(committed)]
+    else:
+        listener = subprocess.Popen(
+            [peers, str(PEERS_SCRIPT), "listen", kind, url, str(called)],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert listener.stdout is not None
+        if listener.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"{kind}'s listener did not start")
+        time.sleep(1.0)
+        producer = [peers, str(PEERS_SCRIPT), "produce", kind, url, str(samples), str(committed)]
+    try:
+        subprocess.run(producer, cwd=ROOT, env=env, check=True, timeout=600)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if called.exists() and len(called.read_text().splitlines()) >= samples:
+                break
+            time.sleep(0.1)
+    finally:
+        listener.send_signal(signal.SIGTERM)
+        try:
+            listener.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            listener.kill()
+    times = {}
+    for line in committed.read_text().splitlines():
+        key, at = line.split()
+        times[key] = float(at)
+    waits = []
+    for line in called.read_text().splitlines():
+        key, at = line.split()
+        if key in times:
+            waits.append((float(at) - times[key]) * 1000)
+    if len(waits) < samples:
+        raise RuntimeError(f"{kind}: {len(waits)} of {samples} wakes seen")
+    return sorted(waits)
+
+
+def percentile(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "produce":  # a process of this script: the onwatch producer
+        asyncio.run(onwatch_produce(argv[1], int(argv[2]), argv[3]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--contestants", default=",".join(CONTESTANTS))
+    parser.add_argument("--peers-python")
+    parser.add_argument("--no-wake", action="store_true")
+    args = parser.parse_args(argv)
+    contestants = [c for c in args.contestants.split(",") if c]
+    unknown = set(contestants) - set(CONTESTANTS)
+    if unknown:
+        parser.error(f"unknown contestants {sorted(unknown)}; known: {', '.join(CONTESTANTS)}")
+    queues, jobs, concurrency, samples, rounds = (
+        (20, 200, 10, 20, 1) if args.quick else (200, 5000, 25, 200, args.rounds)
+    )
+    peers = peers_python(args.peers_python) if set(contestants) - {"onwatch"} else ""
+    server = Server()
+    print(
+        f"queues: {queues} queues, {jobs} jobs, a {50} ms handler, concurrency {concurrency}, "
+        f"{rounds} round(s), {os.cpu_count()} cores; wake: {samples} samples",
+        flush=True,
+    )
+    results: dict[str, list[dict[str, float]]] = {c: [] for c in contestants}
+    wakes: dict[str, list[float]] = {c: [] for c in contestants}
+    folder = Path(os.environ.get("TMPDIR", "/tmp")) / f"onwatch-bench-{os.getpid()}"
+    folder.mkdir(exist_ok=True)
+    for r in range(rounds):
+        order = contestants[r % len(contestants) :] + contestants[: r % len(contestants)]
+        for kind in order:
+            figures = run_throughput(kind, server, peers, queues, jobs, concurrency)
+            results[kind].append(figures)
+            shown = json.dumps({k: round(v, 3) for k, v in figures.items()})
+            print(f"round {r + 1} {kind:13} {shown}", flush=True)
+            if not args.no_wake:
+                waits = run_wake(kind, server.database(), peers, samples, folder)
+                wakes[kind] += waits
+                print(f"round {r + 1} {kind:13} wake p50 {percentile(waits, 0.5):.1f} ms, "
+                      f"p99 {percentile(waits, 0.99):.1f} ms", flush=True)  # fmt: skip
+    print()
+    header = (
+        f"{'':14} {'jobs/s':>8} {'CPU s/1000 jobs: worker':>24} {'server':>7} {'total':>7}"
+        f" {'statements':>11} {'commits':>8} {'WAL rec.':>9} {'wake p50':>9} {'p99':>7}"
+    )
+    print(header)
+    medians = {}
+    for kind in contestants:
+        m = {k: statistics.median(f[k] for f in results[kind]) for k in results[kind][0]}
+        m["total_cpu"] = m["worker_cpu"] + m["server_cpu"]
+        waits = sorted(wakes[kind])
+        m["p50"], m["p99"] = (
+            (percentile(waits, 0.5), percentile(waits, 0.99)) if waits else (float("nan"),) * 2
+        )
+        medians[kind] = m
+        print(
+            f"{kind:14} {m['rate']:8.0f} {m['worker_cpu']:24.2f} {m['server_cpu']:7.2f} "
+            f"{m['total_cpu']:7.2f} {m['statements']:11.2f} {m['commits']:8.2f} "
+            f"{m['wal']:9.2f} {m['p50']:9.1f} {m['p99']:7.1f}"
+        )
+    if "onwatch" in medians:
+        for peer in [c for c in contestants if c != "onwatch"]:
+            o, p = medians["onwatch"], medians[peer]
+            print(
+                f"onwatch / {peer}: throughput {o['rate'] / p['rate']:.2f}×, CPU per job "
+                f"{o['total_cpu'] / p['total_cpu']:.2f}×, wake p50 {o['p50'] / p['p50']:.2f}×, "
+                f"p99 {o['p99'] / p['p99']:.2f}×"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

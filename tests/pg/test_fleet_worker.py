@@ -1,0 +1,446 @@
+"""The fleet worker as a scheduler over many inboxes (docs/rules.md#the-fleet-worker), with
+real fleet processes on the test server: everything due gets done (held replies, failed
+sends), no inbox starves, nothing spins, and a database it cannot serve is refused with the
+single-inbox worker's words and exit codes.
+
+"Nothing spins" is counted, never timed: over a few idle seconds, the server's own commit
+counter for the database (pg_stat_database.xact_commit), the rows the visits would write
+(lease history, audit) and the inboxes' change counters. The fleet's CPU time is printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psycopg
+import pytest
+
+from onwatch.core import Inbox
+from tests.worker.helpers import ROOT, env, onwatch, wait_for
+
+pytestmark = pytest.mark.slow
+IDLE_SECONDS = 3.0  # how long an idle fleet is watched
+MAX_IDLE_COMMITS_PER_SECOND = 20  # the looks, a listener, a renewal: not a loop
+
+
+def start_fleet(url: str, test_dir, *extra: str, agent: str = "replier", holder: str = "fleet"):
+    err = open(os.path.join(test_dir, f"{holder}.err"), "ab")
+    try:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "onwatch",
+                "worker",
+                url,
+                "--all-inboxes",
+                "--agent",
+                f"tests.pg.actors:{agent}",
+                "--holder",
+                holder,
+                "--poll",
+                "1",
+                *extra,
+            ],
+            cwd=ROOT,
+            env=env(test_dir),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    finally:
+        err.close()
+
+
+def stop(fleet: subprocess.Popen) -> int:
+    if fleet.poll() is None:
+        fleet.send_signal(signal.SIGTERM)
+    return fleet.wait(timeout=30)
+
+
+def query(url: str, sql: str, *params):
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(sql, params or None)
+        return cursor.fetchall() if cursor.description else None
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def counters(url: str) -> tuple[int, int, int, int]:
+    """(server commits of this database, lease history rows, audit rows, change counters)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        commits = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()[0]
+        rows = conn.execute(
+            "SELECT (SELECT count(*) FROM lease_history), (SELECT count(*) FROM audit), "
+            "(SELECT coalesce(sum(changes), 0) FROM inboxes)"
+        ).fetchone()
+    return (commits, *rows)
+
+
+def watch_idle(url: str, fleet: subprocess.Popen, what: str) -> None:
+    """Watch an idle fleet for IDLE_SECONDS: a few commits a second at most (its looks),
+    no lease history, no audit entry, no change to any inbox. Printed: the figures."""
+    wait_for(lambda: fleet.poll() is not None or time.sleep(1.5) or True, 5, what="settling")
+    assert fleet.poll() is None, "the fleet ended"
+    before, cpu_before, started = counters(url), cpu_seconds(fleet.pid), time.monotonic()
+    time.sleep(IDLE_SECONDS)  # the window counted (nothing asserted about its length)
+    after, cpu_after, elapsed = counters(url), cpu_seconds(fleet.pid), time.monotonic() - started
+    commits, history, audit, changes = (a - b for a, b in zip(after, before, strict=True))
+    print(
+        f"\n{what}: {elapsed:.1f} s idle: {commits} server commits ({commits / elapsed:.1f}/s), "
+        f"{history} lease history rows, {audit} audit rows, {changes} inbox changes; "
+        f"fleet CPU {cpu_after - cpu_before:.3f} s"
+    )
+    assert commits / elapsed < MAX_IDLE_COMMITS_PER_SECOND, f"{commits} commits: it spins"
+    assert (history, audit, changes) == (0, 0, 0)
+
+
+async def make_inbox(url: str, name: str = "a", **settings) -> Inbox:
+    box = await Inbox.open(url, name=name)
+    if settings:
+        await box.configure(**settings)
+    return box
+
+
+# --- everything due gets done ---------------------------------------------------------------
+
+
+def test_a_reply_held_behind_the_gap_is_sent_when_the_gap_ends(pg, tmp_path):
+    url = pg.new_database()
+    sent = tmp_path / "sent"
+
+    async def setup() -> None:
+        box = await make_inbox(url, outbox_gap=3)
+        await box.ingest("chat", "m1")
+        await box.close()
+
+    asyncio.run(setup())
+    fleet = start_fleet(url, tmp_path, "--file", str(sent))
+    try:
+        wait_for(lambda: sent.exists() and "reply m1" in sent.read_text(), 20, what="m1's reply")
+        assert onwatch("ingest", url, "chat", "m2", "--inbox", "a").returncode == 0
+        # m2's reply is held until the gap ends; no event comes after it.
+        wait_for(lambda: "reply m2" in sent.read_text(), 20, what="the held reply")
+    finally:
+        assert stop(fleet) == 0, (tmp_path / "fleet.err").read_text()
+    assert query(url, "SELECT status, count(*) FROM outbox GROUP BY 1") == [("sent", 2)]
+
+
+def test_a_failed_send_is_retried_without_another_event(pg, tmp_path):
+    url = pg.new_database()
+    sent, tries = tmp_path / "sent", tmp_path / "tries"
+    # The channel is down for its first three sends (the first two within the visit
+    # that ran m1, the third on the next).
+    command = f"echo x >> {tries}; test $(wc -l < {tries}) -gt 3 || exit 1; cat >> {sent}"
+
+    async def setup() -> None:
+        box = await make_inbox(url)
+        await box.ingest("chat", "m1")
+        await box.close()
+
+    asyncio.run(setup())
+    fleet = start_fleet(url, tmp_path, "--command", command)
+    try:
+        wait_for(tries.exists, 20, what="the first, failing, send")
+        wait_for(lambda: sent.exists() and "reply m1" in sent.read_text(), 60, what="the retry")
+    finally:
+        assert stop(fleet) == 0, (tmp_path / "fleet.err").read_text()
+    assert query(url, "SELECT status, attempts FROM deliveries") == [("sent", 4)]
+
+
+def test_quiet_inboxes_are_served_while_busy_ones_still_have_a_backlog(pg, tmp_path):
+    """At --concurrency 2, two inboxes with 1,000 pending events each and 20 inboxes with
+    one: every quiet inbox is served long before the busy ones are through (a busy inbox
+    gives its slot back after its share while others wait). Printed: the quiet inboxes'
+    waits, from the event's commit to its run."""
+    url = pg.new_database()
+
+    async def setup() -> None:
+        for b in range(2):
+            box = await make_inbox(url, f"busy-{b}", max_batch=1)
+            await box.ingest_batch([("chat", f"busy-{b}/{k}", None) for k in range(1000)])
+            await box.close()
+        for q in range(20):
+            box = await make_inbox(url, f"quiet-{q:02d}")
+            await box.ingest("chat", f"quiet-{q:02d}/1")
+            await box.close()
+
+    asyncio.run(setup())
+    fleet = start_fleet(url, tmp_path, "--concurrency", "2", "--no-dispatch", agent="timed")
+    ledger = tmp_path / "ledger"
+
+    def quiet_runs() -> list[dict]:
+        if not ledger.exists():
+            return []
+        runs = [json.loads(line) for line in ledger.read_text().splitlines()]
+        return [r for r in runs if r["inbox"].startswith("quiet")]
+
+    try:
+        wait_for(lambda: len(quiet_runs()) == 20, 60, interval=0.2, what="every quiet inbox")
+        backlog = query(
+            url,
+            "SELECT i.name, c.n FROM event_counts c JOIN inboxes i ON i.id = c.inbox_id "
+            "WHERE c.status = 'pending' AND i.name LIKE 'busy-%' ORDER BY 1",
+        )
+    finally:
+        assert stop(fleet) == 0, (tmp_path / "fleet.err").read_text()
+    waits = sorted(r["began"] - r["created"] for r in quiet_runs())
+    print(
+        f"\nquiet inboxes served after {waits[0]:.2f}–{waits[-1]:.2f} s "
+        f"(median {waits[len(waits) // 2]:.2f} s); busy backlog then: {backlog}"
+    )
+    assert all(pending > 500 for _, pending in backlog), backlog
+
+
+# --- nothing spins ----------------------------------------------------------------------------
+
+
+def test_no_spin_while_a_predecessor_under_the_same_holder_name_holds_a_live_lease(pg, tmp_path):
+    url = pg.new_database()
+
+    async def setup() -> None:
+        box = await make_inbox(url, lease_ttl=8)
+        await box.ingest("chat", "m1")
+        assert await box.acquire("fleet", fresh=True) == 1  # a predecessor, now dead
+        await box.close()
+
+    asyncio.run(setup())
+    fleet = start_fleet(url, tmp_path, "--no-dispatch")
+    try:
+        watch_idle(url, fleet, "same holder, live lease")
+        # Once the dead predecessor's lease lapses, the inbox is served.
+        wait_for(lambda: query(url, "SELECT status FROM events") == [("done",)], 20, what="m1 done")
+    finally:
+        assert stop(fleet) == 0, (tmp_path / "fleet.err").read_text()
+    assert [h[0] for h in query(url, "SELECT how FROM lease_history ORDER BY gen")] == [
+        "first",
+        "takeover",
+    ]
+
+
+def test_no_spin_on_a_timer_the_scheduler_set_aside(pg, tmp_path):
+    url = pg.new_database()
+
+    async def setup() -> None:
+        box = await make_inbox(url)
+        await box.add_timer("daily", box.now() - 60, {"x": 1}, every=86_400)
+        await box.close()
+        query(url, "UPDATE timers SET payload = '{not json'")  # damaged by hand
+        box = await make_inbox(url)
+        await box.run_scheduler()
+        await box.close()
+
+    asyncio.run(setup())
+    assert query(url, "SELECT broken IS NOT NULL, due < extract(epoch FROM now()) FROM timers") == [
+        (True, True)
+    ]
+    fleet = start_fleet(url, tmp_path, "--no-dispatch")
+    try:
+        watch_idle(url, fleet, "set-aside timer due in the past")
+    finally:
+        assert stop(fleet) == 0, (tmp_path / "fleet.err").read_text()
+
+
+def test_no_spin_while_the_runs_per_day_budget_is_used_up(pg, tmp_path):
+    url = pg.new_database()
+
+    async def setup() -> None:
+        box = await make_inbox(url, max_runs_per_day=1)
+        await box.ingest("chat", "m1")
+        gen = await box.acquire("setup")
+        batch = await box.claim_batch("setup", gen)
+        assert await box.finish("setup", gen, [e.id for e in batch])
+        await box.release("setup", gen)
+        await box.ingest_batch([("chat", "m2", None), ("chat", "m3", None)])
+        await box.close()
+
+    asyncio.run(setup())
+    fleet = start_fleet(url, tmp_path, "--no-dispatch")
+    try:
+        watch_idle(url, fleet, "runs-per-day budget used up")
+    finally:
+        assert stop(fleet) == 0, (tmp_path / "fleet.err").read_text()
+    assert query(url, "SELECT count(*) FROM events WHERE status = 'pending'") == [(2,)]
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["not committed", "committed"])
+def test_a_lost_answer_to_its_own_release_neither_spins_nor_delays_the_next_event(pg, committed):
+    """The release is cut off (the connection lost under it, before or after its commit):
+    the fleet remembers the generation, releases again, and the next event is served at
+    once, not after the lease's TTL (120 s); meanwhile it does not spin."""
+    from onwatch.core.pg.db import ConnectionLost
+    from onwatch.core.runtime.fleet_worker import FleetWorker
+
+    url = pg.new_database()
+    ran: list[str] = []
+
+    async def agent(batch, ctx) -> None:
+        ran.extend(e.source_id for e in batch)
+
+    async def main() -> None:
+        box = await make_inbox(url)
+        await box.ingest("chat", "m1")
+        original, cut = Inbox.release, []
+
+        async def release(self, holder, gen, **kwargs):
+            if not cut:  # the first release: its answer is lost
+                cut.append(gen)
+                if committed:
+                    await original(self, holder, gen, **kwargs)
+                raise ConnectionLost("lost the connection to PostgreSQL (test)")
+            return await original(self, holder, gen, **kwargs)
+
+        Inbox.release = release
+        fleet = FleetWorker(url, agent, holder="fleet", concurrency=2)
+        task = asyncio.create_task(fleet.run())
+        try:
+            for _ in range(200):
+                if ran == ["m1"] and cut:
+                    break
+                await asyncio.sleep(0.05)
+            assert ran == ["m1"] and cut
+            before = counters(url)
+            await asyncio.sleep(IDLE_SECONDS)  # the window counted
+            after = counters(url)
+            commits, history, audit, _ = (a - b for a, b in zip(after, before, strict=True))
+            print(f"\nafter a lost release answer: {commits} commits in {IDLE_SECONDS} s")
+            assert commits / IDLE_SECONDS < MAX_IDLE_COMMITS_PER_SECOND
+            assert (history, audit) == (0, 0)
+            await box.ingest("chat", "m2")
+            for _ in range(200):  # bounded: 10 s, far below the lease's 120 s
+                if ran == ["m1", "m2"]:
+                    break
+                await asyncio.sleep(0.05)
+            assert ran == ["m1", "m2"]
+        finally:
+            Inbox.release = original
+            fleet.request_stop()
+            await task
+            await box.close()
+
+    asyncio.run(main())
+
+
+def test_a_database_migrated_by_a_newer_onwatch_under_a_running_fleet_stops_it(pg, tmp_path):
+    url = pg.new_database()
+
+    async def setup() -> None:
+        box = await make_inbox(url)
+        await box.close()
+
+    asyncio.run(setup())
+    fleet = start_fleet(url, tmp_path, "--no-dispatch")
+    try:
+        wait_for(
+            lambda: (
+                query(
+                    url,
+                    "SELECT count(*) FROM pg_stat_activity WHERE "
+                    "query LIKE 'LISTEN%' AND datname = current_database()",
+                )[0][0]
+                > 0
+                or fleet.poll() is not None
+            ),
+            20,
+            what="the fleet listening",
+        )
+        query(url, "UPDATE onwatch_schema SET version = version + 1")
+        # Work only a newer onwatch could have written: the fleet must not serve it.
+        query(
+            url,
+            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
+            "created, updated) SELECT id, 1, 'chat', 'm1', 'null', 0, 0, 0 FROM inboxes",
+        )
+        code = fleet.wait(timeout=30)
+    finally:
+        stop(fleet)
+    err = (tmp_path / "fleet.err").read_text()
+    assert code == 2, err
+    assert "written by a newer onwatch" in err and "upgrade" in err
+    assert query(url, "SELECT status FROM events") == [("pending",)]
+
+
+# --- it refuses what it cannot serve -----------------------------------------------------------
+
+
+def _database(pg, kind: str) -> str:
+    if kind == "missing":
+        return pg.url("onwatch_no_such_database")
+    if kind == "empty":
+        return pg.new_database(schema=False)
+    url = pg.new_database()
+
+    async def create() -> None:
+        await (await make_inbox(url)).close()
+
+    asyncio.run(create())  # an inbox "a", for the single-inbox worker
+    if kind == "foreign":
+        query(url, "DROP TABLE onwatch_schema CASCADE")
+        query(url, "CREATE TABLE customers (id int)")
+    elif kind == "newer":
+        query(url, "UPDATE onwatch_schema SET version = version + 1")
+    elif kind == "no privileges":
+        query(
+            url,
+            "DO $$ BEGIN CREATE ROLE onwatch_reader LOGIN; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$",
+        )
+        query(url, "GRANT SELECT ON ALL TABLES IN SCHEMA public TO onwatch_reader")
+        return url.replace("postgres@", "onwatch_reader@", 1)
+    return url
+
+
+@pytest.mark.parametrize(
+    "kind, code, words",
+    [
+        ("missing", 1, "does not exist"),
+        ("empty", 2, "no onwatch database"),
+        ("foreign", 2, "not an onwatch database"),
+        ("newer", 2, "written by a newer onwatch"),
+        ("no privileges", 1, "lacks privileges"),
+    ],
+)
+def test_a_database_it_cannot_serve_is_refused_at_start(pg, tmp_path, kind, code, words):
+    url = _database(pg, kind)
+    agent = ["--agent", "tests.pg.actors:replier", "--no-dispatch"]
+    fleet = onwatch("worker", url, "--all-inboxes", *agent, timeout=30)
+    single = onwatch("worker", url, "--inbox", "a", *agent, timeout=30)
+    assert fleet.returncode == code, fleet.stderr
+    assert words in fleet.stderr, fleet.stderr
+    assert single.returncode == code, single.stderr  # the single-inbox worker's code
+    assert len(fleet.stderr.strip().splitlines()) == 1, fleet.stderr  # one clear line
+
+
+# --- inbox names come from outside -------------------------------------------------------------
+
+
+def test_an_inbox_name_cannot_forge_a_log_line(pg, tmp_path):
+    url = pg.new_database()
+    name = "evil\n2026-01-01 00:00:00,000 onwatch-worker ERROR forged \x1b[31mred"
+
+    async def setup() -> None:
+        box = await make_inbox(url, name, max_attempts=1)
+        await box.ingest("chat", "m1")
+        await box.close()
+
+    asyncio.run(setup())
+    fleet = start_fleet(url, tmp_path, "--no-dispatch", "--log-level", "debug", agent="failing")
+    try:
+        wait_for(lambda: query(url, "SELECT status FROM events") == [("dead",)], 20, what="m1 dead")
+    finally:
+        assert stop(fleet) == 0
+    err = (tmp_path / "fleet.err").read_text()
+    assert "evil\\n2026" in err  # named, escaped
+    assert not any(line.startswith("2026-01-01 00:00:00,000") for line in err.splitlines())
+    assert "\x1b" not in err

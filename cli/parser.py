@@ -15,14 +15,17 @@ from onwatch.cli.commands.inbox import (
     cmd_events,
     cmd_ingest,
     cmd_init,
+    cmd_migrate,
     cmd_show,
     cmd_status,
 )
+from onwatch.cli.commands.logs import cmd_logs
+from onwatch.cli.commands.notify import cmd_notify
 from onwatch.cli.commands.operator import act_command
 from onwatch.cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_worker
 from onwatch.cli.output import BAD, PROG, CliError
 from onwatch.cli.running import run_async
-from onwatch.cli.values import inbox_path, port, seconds, whole
+from onwatch.cli.values import amount, inbox_path, port, seconds, whole
 from onwatch.cli.version import version_text
 from onwatch.core import ACTIONS
 
@@ -54,6 +57,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "onwatch init alice.db",
         "onwatch init bob.db max_attempts=5 on_lost_claim=interrupt",
     ),
+    "migrate": ("onwatch migrate alice.db", "onwatch migrate alice.db --json"),
     "ingest": (
         'onwatch ingest alice.db chat msg-11 \'{"text": "hello"}\'',
         'echo \'{"action": "opened"}\' | onwatch ingest alice.db github delivery-42 -',
@@ -64,6 +68,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "onwatch events alice.db                    # the pending ones",
         "onwatch events alice.db dead",
         "onwatch events alice.db done --after 2 --limit 3 --json",
+    ),
+    "logs": (
+        "onwatch logs alice.db 9                    # each attempt, then how it ended",
+        "onwatch logs alice.db 9 --follow           # live while it runs, like tail -f",
+        "onwatch logs alice.db 9 --run 4 --json | jq -r 'select(.type == \"line\") | .text'",
     ),
     "approvals": ("onwatch approvals alice.db", "onwatch approvals alice.db --json"),
     "audit": (
@@ -98,6 +107,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "expire": ("onwatch expire alice.db refund-msg-4 --json",),
     "mark-sent": ("onwatch mark-sent alice.db 1 --reason 'the customer has it'",),
     "send-again": ("onwatch send-again alice.db 2",),
+    "raise-budget": (
+        "onwatch config alice.db max_runs_per_day=200 'max_spend_per_day={\"usd\": 5}'",
+        "onwatch raise-budget alice.db max_spend_per_day --unit usd --to 10 --reason 'launch day'",
+        "onwatch raise-budget alice.db max_runs_per_day --to 500 --expect 200",
+    ),
     "pause": ("onwatch pause alice.db --reason 'deploying the new agent'",),
     "resume": ("onwatch pause alice.db", "onwatch resume alice.db"),
     "hold": ("onwatch hold alice.db --reason 'quiet hours'",),
@@ -118,6 +132,10 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "    onwatch run alice.db --agent examples.refund_agent:handle",
         "onwatch run alice.db --agent examples.refund_agent:handle --config hooks.toml \\\n"
         "    --port 9000 --file out.jsonl",
+    ),
+    "notify": (
+        "onwatch notify alice.db --command 'cat >> notices.jsonl'",
+        "onwatch notify inboxes/ --command 'jq -r .text >> notices.txt' --max-per-minute 4",
     ),
     "web": (
         "onwatch web alice.db",
@@ -150,6 +168,8 @@ ACTION_EXITS = {
     "delivery": "exit 0 if this call settled the send; 1 if it was no longer uncertain",
     "inbox": "exit 0 if this call changed the switch; 1 if it was already so (nothing "
     "changed, as the audit log says)",
+    "budget": "exit 0 if this call raised the budget; 1 (and why on stderr) if it is not set, "
+    "it changed meanwhile (--expect), or the value would not raise it",
 }
 
 STATUS_EPILOG = """\
@@ -167,8 +187,12 @@ STATUS_EPILOG = """\
   waiting_approvals         approval requests without an answer
   runs_last_day             runs claimed in the last 24 h
   budgets                   {name: {limit, used (where counted), excess}}: excess is
-                            "delayed" (max_runs_per_day), "refused" (max_pending,
-                            max_followups_per_run) or "lost claim" (max_run_seconds)
+                            "delayed" (max_runs_per_day, max_spend_per_day), "refused"
+                            (max_pending, max_followups_per_run) or "lost claim"
+                            (max_run_seconds); max_spend_per_day's limit and used are
+                            {unit: amount} (used: the last 24 h)
+  spending                  {unit: {last_day, per_day (7 UTC days, oldest first), total,
+                            limit}}: what runs spent (ctx.spend)
   uncertain_deliveries      at-most-once sends cut off mid-send (settle: mark-sent /
                             send-again)
   set_aside                 stored rows the engine could not process
@@ -181,6 +205,55 @@ limit, else plain text (interrupt). Budgets (docs/rules.md#budgets):
   max_pending=N              excess refused: ingest exits 1 (BudgetExceeded)
   max_followups_per_run=N    excess refused: the run's finish fails, the event backs off
   max_run_seconds=N          excess treated as a lost claim (retry or interrupt)
+  max_spend_per_day='{"usd": 5}'  per unit, the last 24 h: excess delayed like runs
+  max_transcript_chars=N     a run's transcript kept (its beginning and end), 0 keeps none
+"""
+
+NOTIFY_EPILOG = """\
+What it says, each once (a restart of the notifier does not repeat it; what it had still to
+say, it says):
+  approval_waiting    an approval request waits for an answer
+  approval_deadline   a waiting approval is within 10 minutes of its deadline
+  event_dead          an event died (from when the notifier first watched its inbox)
+  unattended          an inbox has work and no live worker for --unattended-after seconds
+  digest              several of these at once, when --max-per-minute allows no more runs
+The command gets one JSON object on stdin: {kind, key, inbox, target, at, ids, deadline,
+text} (a digest's ids: {count, items}), and the same in $ONWATCH_KIND, $ONWATCH_INBOX,
+$ONWATCH_TEXT (escaped, one line) and $ONWATCH_KEY. Exit 0 means said; anything else (or
+running past --timeout) is logged and retried with backoff. The notifier only reads the
+inboxes. SIGTERM or Ctrl-C: exit 0.
+
+a desktop notification, a phone (ntfy), a chat room (a webhook):
+  onwatch notify alice.db --command 'notify-send "onwatch" "$ONWATCH_TEXT"'
+  onwatch notify inboxes/ --command 'curl -fsS -d "$ONWATCH_TEXT" https://ntfy.sh/my-agent'
+  onwatch notify postgresql://db/agents --command \\
+      'jq -c "{text: .text}" | curl -fsS -H "Content-Type: application/json" -d @- "$HOOK_URL"'
+"""
+
+RAISE_EPILOG = """\
+Runs a delaying budget holds back may start at once. Lowering a budget, or setting one, is
+`onwatch config` (max_spend_per_day='{"usd": 5}', max_runs_per_day=200).
+"""
+
+LOGS_EPILOG = """\
+The transcript of a run is what its agent said (ctx.log), what it logged through `logging`
+while the run ran, and what it spent (ctx.spend); kept with the run, its beginning and end
+past max_transcript_chars (the lines between are dropped and counted), pruned with the
+payloads. Text is escaped: control characters print as \\x1b, \\u202e, ….
+
+--json prints one object per line: {"type": "run", run, attempt, gen, holder, claimed_at,
+finished_at, outcome, error, logged, dropped, dropped_chars, pruned}, then its
+{"type": "line", run, seq, at, level, logger, text, fields}; {"type": "gap", run, after_seq,
+dropped} where lines were dropped; {"type": "end", run, outcome, error} once a run ended.
+An inbox of a database: onwatch logs postgresql://db/agents --inbox alice 42
+"""
+
+MIGRATE_EPILOG = """\
+No other command migrates an inbox: reads, ingests and the desk work on the previous
+release's schema as it is. A worker of this release (worker, run) and init migrate too.
+Refused (exit 1, nothing changed) while a worker holds the lease: stop the workers of the
+older release first (each hands its lease back). See docs/rules.md, "Upgrading a running
+deployment". A postgresql:// URL migrates every inbox of that database at once.
 """
 
 WORKER_EPILOG = """\
@@ -361,6 +434,18 @@ def build_parser() -> Parser:
     p.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="settings to store")
 
     p = sub(
+        "migrate",
+        "bring an inbox (or a postgresql:// database) to this release's schema",
+        run_async(cmd_migrate),
+        epilog=MIGRATE_EPILOG,
+        json=JSON_OBJECT,
+        path=False,  # a database migrates as a whole: no --inbox
+    )
+    p.add_argument(
+        "path", type=inbox_path, metavar="PATH", help="the inbox file or postgresql:// URL"
+    )
+
+    p = sub(
         "ingest",
         "store an event; prints 'stored' or 'duplicate' (both exit 0)",
         run_async(cmd_ingest),
@@ -385,6 +470,25 @@ def build_parser() -> Parser:
         json="print one JSON object {event, runs, effects} (sorted keys) instead of text",
     )
     p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
+
+    p = sub(
+        "logs",
+        "an event's transcript: each attempt's lines under its run (--follow: live)",
+        run_async(cmd_logs),
+        epilog=LOGS_EPILOG,
+        json="print one JSON object per line (run, line, gap, end; keys sorted) instead of text",
+    )
+    p.add_argument("event_id", type=whole(1), metavar="EVENT_ID")
+    p.add_argument(
+        "--run", type=whole(1), metavar="RUN_ID", help="only this run of the event (its id)"
+    )
+    p.add_argument(
+        "--follow",
+        "-f",
+        action="store_true",
+        help="keep printing lines and new attempts as they come, until the event is done, "
+        "dead, interrupted or cancelled (or Ctrl-C)",
+    )
 
     p = sub(
         "events",
@@ -526,6 +630,82 @@ def build_parser() -> Parser:
     )
 
     p = sub(
+        "notify",
+        "run a command when the agent needs a person (approvals, deaths, no worker), once "
+        "per thing",
+        cmd_notify,
+        (log_level,),
+        path=False,
+        epilog=NOTIFY_EPILOG,
+    )
+    p.add_argument(
+        "target",
+        type=inbox_path,
+        metavar="TARGET",
+        help="an inbox file, a folder of inbox files, or a postgresql:// database",
+    )
+    p.add_argument(
+        "--inbox",
+        metavar="NAME",
+        help="only this inbox of a postgresql:// database (default: every inbox of it)",
+    )
+    p.add_argument(
+        "--command",
+        required=True,
+        metavar="CMD",
+        help="a shell command; it reads the JSON document on stdin (or $ONWATCH_TEXT, …)",
+    )
+    p.add_argument(
+        "--state",
+        metavar="FILE",
+        help="where the notifier remembers what it said (default: one file per TARGET and "
+        "CMD under $XDG_STATE_HOME/onwatch, ~/.local/state/onwatch)",
+    )
+    p.add_argument(
+        "--max-per-minute",
+        type=whole(1),
+        default=10,
+        metavar="N",
+        help="commands run at most (default 10); more things at once go as one digest",
+    )
+    p.add_argument(
+        "--timeout",
+        type=seconds(),
+        default=30.0,
+        metavar="SECONDS",
+        help="a command running longer is killed and counts as failed (default 30)",
+    )
+    p.add_argument(
+        "--unattended-after",
+        type=whole(0),
+        default=60,
+        metavar="SECONDS",
+        help="say an inbox has work and no live worker once it has been so this long (default 60)",
+    )
+    p.add_argument(
+        "--poll",
+        type=seconds(),
+        default=2.0,
+        metavar="SECONDS",
+        help="how often to look (default 2; an inbox file's writes wake it at once)",
+    )
+    p.add_argument(
+        "--retry-base",
+        type=seconds(),
+        default=5.0,
+        metavar="SECONDS",
+        help="a failed command is run again after this, doubling each time up to 15 "
+        "minutes (default 5)",
+    )
+    p.add_argument(
+        "--max-attempts",
+        type=whole(1),
+        default=8,
+        metavar="N",
+        help="failed runs before a notice is given up, logged (default 8)",
+    )
+
+    p = sub(
         "dispatch",
         "send what the outbox allows now (one paced send)",
         run_async(cmd_dispatch),
@@ -544,7 +724,8 @@ def build_parser() -> Parser:
             action.help,
             act_command(action.name),
             (common, operator),
-            epilog=textwrap.fill(ACTION_EXITS[action.target], 88),
+            epilog=textwrap.fill(ACTION_EXITS[action.target], 88)
+            + ("\n\n" + RAISE_EPILOG if action.target == "budget" else ""),
             json=JSON_OBJECT,
         )
         if action.target == "event":
@@ -558,6 +739,27 @@ def build_parser() -> Parser:
             p.add_argument("request_id", metavar="REQUEST_ID")
         elif action.target == "delivery":
             p.add_argument("delivery_id", type=whole(1), metavar="DELIVERY_ID")
+        elif action.target == "budget":
+            p.add_argument(
+                "budget",
+                metavar="BUDGET",
+                choices=("max_spend_per_day", "max_runs_per_day"),
+                help="max_spend_per_day (with --unit) or max_runs_per_day",
+            )
+            p.add_argument(
+                "--to",
+                required=True,
+                type=amount,
+                metavar="LIMIT",
+                help="the new limit (an amount of the unit, or a number of runs)",
+            )
+            p.add_argument("--unit", metavar="UNIT", help="the spend unit (e.g. usd)")
+            p.add_argument(
+                "--expect",
+                type=amount,
+                metavar="LIMIT",
+                help="only raise it if its limit is this now (what you saw)",
+            )
 
     p = sub(
         "config",

@@ -37,12 +37,18 @@ _stray_tasks: list[asyncio.Task[Any]] = []
 _linger: list[float] = []  # set by expect_strays(): how long to wait for them, if not LINGER
 
 
-async def open_inbox(args: argparse.Namespace, *, create: bool = False) -> Inbox:
+async def open_inbox(
+    args: argparse.Namespace, *, create: bool = False, migrate: bool = False
+) -> Inbox:
+    """The inbox the command names. Only `init`, `migrate` and the commands that run a
+    worker migrate an inbox of an older schema (docs/rules.md#upgrading-a-running-
+    deployment); every other command uses it as it is."""
     return await Inbox.open(
         args.path,
         name=getattr(args, "inbox", "default"),
         create=create,
         busy_timeout=args.busy_timeout,
+        migrate=migrate,
     )
 
 

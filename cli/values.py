@@ -95,6 +95,22 @@ def whole(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def amount(text: str) -> int | float:
+    """argparse type: a budget's limit, a whole number of runs or an amount of a unit (the
+    engine says whether it fits the budget); an integer stays one."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {clip(text)!r}")
+    return value
+
+
 def port(text: str) -> int:
     """argparse type: a TCP port, 0 (any free one) to 65535."""
     value = whole(0)(text)

@@ -6,9 +6,12 @@ from .errors import (
     BadInput,
     BudgetExceeded,
     ConnectionLost,
+    FileLost,
     InboxBusy,
     InboxError,
     NotAnInbox,
+    ReadOnlyInbox,
+    UpgradeRefused,
 )
 from .checks import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES
 from .inbox import Inbox, Outgoing
@@ -30,6 +33,8 @@ from .records import (
     Run,
     Timer,
 )
+from .engine.spend import Spend, Spending
+from .engine.transcripts import LogLine, Transcript
 from .runtime.context import RunContext
 from .settings import Settings
 
@@ -55,20 +60,27 @@ __all__ = [
     "Effect",
     "Event",
     "FakeClock",
+    "FileLost",
     "FollowUp",
     "Inbox",
     "InboxBusy",
     "InboxError",
     "Lease",
     "LeaseChange",
+    "LogLine",
     "Message",
     "NotAnInbox",
     "Outgoing",
     "Overview",
+    "ReadOnlyInbox",
     "Reply",
     "Run",
     "RunContext",
     "Settings",
+    "Spend",
+    "Spending",
     "SystemClock",
     "Timer",
+    "Transcript",
+    "UpgradeRefused",
 ]

@@ -16,7 +16,8 @@ from .errors import BadInput
 class Action:
     """One operator action. `name` is its one name: the `Inbox.act` name, the audit log's
     action word (where the inbox writes it), the CLI subcommand (`_` shown as `-`) and the
-    desk's action. `target` is what it acts on: "event", "approval", "delivery" or "inbox".
+    desk's action. `target` is what it acts on: "event", "approval", "delivery", "inbox" or
+    "budget" (a delaying budget, raised to a value the operator gives).
     `allowed` are the states it applies to; `after` the state it leaves. An "inbox" action
     sets one of the inbox's switches, `switch` ("paused", "outbox_held"): its states are
     "true" and "false"."""
@@ -130,6 +131,16 @@ ACTIONS: dict[str, Action] = {
             "Send this delivery again?",
             "Send these {n} deliveries again?",
             "The recipient may get the messages twice.",
+        ),
+        Action(
+            "raise_budget",
+            "budget",
+            ("set",),
+            None,
+            "raise a delaying budget (max_spend_per_day of a unit, or max_runs_per_day)",
+            "Raise this budget?",
+            "Raise these {n} budgets?",
+            "Runs it delays may start at once, and what they spend is spent.",
         ),
         Action(
             "pause",

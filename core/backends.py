@@ -33,14 +33,26 @@ async def connect(
     create: bool,
     busy_timeout: float,
     connection_factory: type[sqlite3.Connection] | None,
+    migrate: bool = False,
+    read_only: bool = False,
 ) -> Connection:
     """The connection to the inbox `target` names (see `Inbox.open`)."""
+    for option, value in (("migrate", migrate), ("read_only", read_only)):
+        if not isinstance(value, bool):
+            raise BadInput(f"{option} must be True or False, got {show(value)}")
+    if read_only and migrate:
+        raise BadInput("an inbox opened read_only cannot be migrated")
     if pg.is_url(target):
         timeout = _check_options(create, busy_timeout)
         from .pg.db import Database as Postgres  # psycopg only when asked for
 
         return await Postgres.open(
-            target, name=checks.text("inbox name", name), create=create, busy_timeout=timeout
+            target,
+            name=checks.text("inbox name", name),
+            create=create and not read_only,
+            busy_timeout=timeout,
+            migrate=migrate,
+            read_only=read_only,
         )
     if name != "default":
         raise BadInput(
@@ -62,4 +74,35 @@ async def connect(
     # Made absolute once, here: an agent that changes directory later must not make this
     # inbox look deleted, nor a reader opened later open another file.
     path = os.path.abspath(text)
-    return await File.open(path, create=create, busy_timeout=timeout, factory=connection_factory)
+    return await File.open(
+        path,
+        create=create and not read_only,
+        busy_timeout=timeout,
+        factory=connection_factory,
+        migrate=migrate,
+        read_only=read_only,
+    )
+
+
+async def migrate(target: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> tuple[int, int]:
+    """Bring the inbox file, or the PostgreSQL database, at `target` to this release's schema;
+    return its schema version before and after. Raises UpgradeRefused (nothing changed)
+    while a worker holds a lease (docs/rules.md#upgrading-a-running-deployment), NotAnInbox
+    where there is no inbox, ReadOnlyInbox where it cannot be written."""
+    timeout = _check_options(False, busy_timeout)
+    if pg.is_url(target):
+        from .pg.db import migrate_database  # psycopg only when asked for
+
+        return await migrate_database(target, busy_timeout=timeout)
+    db = await connect(
+        target,
+        name="default",
+        create=False,
+        busy_timeout=timeout,
+        connection_factory=None,
+        migrate=True,
+    )
+    try:
+        return db.migrated_from or db.version, db.version
+    finally:
+        await db.close()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Iterable, Sequence
 
-from .clock import MAX_ID, check_duration, check_int, check_time, show
+from .clock import MAX_COUNT, MAX_ID, check_duration, check_int, check_time, show
 from .errors import BadInput
-from .settings import MAX_BATCH
+from .settings import MAX_BATCH, MAX_SPEND, MICROS, spend_unit, to_micros
 
 CATCH_UP_POLICIES = ("coalesce", "each")
 MAX_TEXT = 1024  # sources, ids, holders: keys, not documents
@@ -186,3 +186,88 @@ def timer(
 
 
 MAX_BATCH_IDS = MAX_BATCH  # ids one finish may name: what one claim can hand out
+
+
+# --- the run's transcript and spend --------------------------------------------------------
+
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "spend", "log")
+MAX_LOG_LINE = 16_384 + 64  # a line's text (core/engine/transcripts.py MAX_LINE, its cut note)
+MAX_LOGGER = 200
+
+
+def _log_text(name: str, value: object, limit: int) -> str:
+    """Text of a transcript line: may be empty, otherwise as `text` requires."""
+    if value == "":
+        return ""
+    return text(name, value, limit=limit)
+
+
+def log_line(line: object) -> tuple[int, int, str, str | None, str, str | None]:
+    """A transcript line as `Inbox.append_transcript` takes it: (seq, at, level, logger,
+    text, fields as the JSON text of an object, or None)."""
+    if not (isinstance(line, tuple) and len(line) == 6):
+        raise BadInput("a transcript line is (seq, at, level, logger, text, fields)")
+    seq, at, level, logger, body, fields = line
+    check_int(seq, "seq", 0, MAX_COUNT)
+    check_time(at, "at")
+    if level not in LOG_LEVELS:
+        raise BadInput(f"level must be one of {LOG_LEVELS}, got {show(level)}")
+    if logger is not None:
+        text("logger", logger, limit=MAX_LOGGER)
+    _log_text("text", body, MAX_LOG_LINE)
+    if fields is not None:
+        _log_text("fields", fields, MAX_LOG_LINE)
+        try:
+            decoded = json.loads(fields)
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser
+            decoded = None
+        if not isinstance(decoded, dict):
+            raise BadInput("fields must be the JSON text of an object")
+    return line  # checked item by item above
+
+
+def spend_record(item: object) -> tuple[int, int, str, int, str | None]:
+    """A spend as `Inbox.append_transcript` takes it: (seq of its line, at, unit,
+    millionths of the unit, note or None)."""
+    if not (isinstance(item, tuple) and len(item) == 5):
+        raise BadInput("a spend is (seq, at, unit, micros, note)")
+    seq, at, unit, micros, note = item
+    check_int(seq, "seq", 0, MAX_COUNT)
+    check_time(at, "at")
+    if spend_unit(unit) != unit:
+        raise BadInput(f"unit {unit!r} must be written in lower case")
+    check_int(micros, "micros", 0, MAX_SPEND * MICROS)
+    if note is not None:
+        text("note", note, limit=MAX_LOGGER)
+    return item  # checked item by item above
+
+
+def budget_change(
+    target: object, expect: object, value: object
+) -> tuple[str, str | None, int | None, int]:
+    """raise_budget's target ("max_spend_per_day usd" or "max_runs_per_day"), the limit the
+    operator saw and the new one: (budget, unit or None, expected, new), spend in
+    millionths."""
+    name = text("budget", target, limit=100)
+    budget, _, unit = name.partition(" ")
+    if budget == "max_spend_per_day":
+        if not unit:
+            raise BadInput("max_spend_per_day is per unit: name it ('max_spend_per_day usd')")
+        unit = spend_unit(unit)
+        new = to_micros(value, "the new limit")
+        if new == 0:
+            raise BadInput("the new limit must be more than 0")
+        expected = None if expect is None else to_micros(expect, "expect")
+        return budget, unit, expected, new
+    if budget == "max_runs_per_day" and not unit:
+        if value is None:
+            raise BadInput("raise_budget needs the new limit (value=)")
+        return (
+            budget,
+            None,
+            None if expect is None else check_int(expect, "expect", 1, MAX_COUNT),
+            check_int(value, "the new limit", 1, MAX_COUNT),
+        )
+    raise BadInput(
+        f"a budget to raise is 'max_spend_per_day UNIT' or 'max_runs_per_day', got {show(name)}"
+    )

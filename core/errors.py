@@ -23,6 +23,26 @@ class BudgetExceeded(InboxError):
     """An operational budget refuses this write (e.g. too many pending events)."""
 
 
+class ReadOnlyInbox(InboxError):
+    """The inbox was opened read-only, or cannot be written (file permissions, a read-only
+    file system or folder, a database role that may only read); nothing was written."""
+
+
+class FileLost(InboxError):
+    """The inbox file, or its `-wal` or `-shm` file, is no longer the one this process's
+    connection uses (deleted or replaced under it): the connection has stopped; nothing it
+    writes from now on would be seen by any other process."""
+
+    # Whether what this connection had committed was copied into the inbox file at once
+    # (core/sqlite/files.py `recover`): then the write that found out stands.
+    recovered = False
+
+
+class UpgradeRefused(InboxError):
+    """A schema migration was refused: a worker that has not been upgraded still holds the
+    inbox's lease, or the inbox cannot be written. Nothing was changed."""
+
+
 class ConnectionLost(InboxBusy):
     """The database server could not be reached (a restart, a network cut, a server that
     stopped answering). Like a lock held too long it is worth another try later, and

@@ -20,10 +20,11 @@ import os
 import sqlite3
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 from urllib.parse import quote
 
-from .engine import outbox, reads, timers
+from .engine import outbox, reads, switches, timers
+from .engine.plans import DAY
 from .clock import Clock
 from .errors import BadInput, InboxError, NotAnInbox
 from .inbox import Inbox
@@ -86,7 +87,15 @@ class InboxSummary:
     next_timer_due: int | None = None
     # runs in the hour before `read_at`: (minute, runs, failed runs) per minute with runs
     activity: tuple[tuple[int, int, int], ...] = ()
+    # per unit spent in the 24 hours before `read_at` or budgeted: (unit, millionths spent,
+    # the max_spend_per_day limit in millionths or None), the budgeted units first
+    spend: tuple[tuple[str, int, int | None], ...] = ()
     signature: tuple[int, ...] = field(default=(), compare=False)  # file times and sizes
+
+    @property
+    def over_budget(self) -> bool:
+        """A unit's spend of the last 24 hours reached its max_spend_per_day: runs wait."""
+        return any(limit is not None and spent >= limit for _, spent, limit in self.spend)
 
     @property
     def soonest_due(self) -> int | None:
@@ -217,6 +226,12 @@ def _summarise(
     ).fetchone()
     activity = reads.run_activity(tx, now - HOUR)
     held = db.execute("SELECT count(*) FROM outbox WHERE status = 'held'").fetchone()[0]
+    spend = spend_of(
+        switches.load_settings(tx),
+        tx.run("spend_units_since", since=now - DAY).fetchall()
+        if _has_table(db, "spend")  # a file of an older schema has none (reads never migrate)
+        else [],
+    )
     # The oldest by id: a probe of the (status, id) index, not a scan of the pending rows.
     oldest = db.execute(
         "SELECT created FROM events WHERE status = 'pending' ORDER BY id LIMIT 1"
@@ -243,8 +258,26 @@ def _summarise(
         oldest_pending=oldest[0] if oldest else None,
         next_timer_due=timers.next_timer_due(tx),
         activity=activity,
+        spend=spend,
         signature=signature,
     )
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return row.fetchone() is not None
+
+
+def spend_of(
+    settings: Settings, spent: Iterable[Sequence[Any]]
+) -> tuple[tuple[str, int, int | None], ...]:
+    """A summary's `spend`: each unit spent or budgeted, the budgeted ones first."""
+    used = {str(unit): int(micros or 0) for unit, micros in spent}
+    units = sorted(
+        set(used) | set(settings.max_spend_per_day),
+        key=lambda u: (u not in settings.max_spend_per_day, u),
+    )
+    return tuple((unit, used.get(unit, 0), settings.spend_limit(unit)) for unit in units)
 
 
 async def run_activity(inbox: Inbox, now: int) -> tuple[tuple[int, int, int], ...]:
@@ -422,13 +455,14 @@ class DatabaseFleet:
                 if stale
                 else []
             )
+            spent = sql.spend(conn, stale, now - DAY) if stale else {}
         except (psycopg.Error, InboxError, OSError) as exc:
             self.close()
             raise InboxError(
                 f"lost the connection to {self.shown_url} ({said(exc)}); "
                 f"trying again every second, showing what was last read"
             ) from None
-        fresh = {row[1]: self._summary(row, now) for row in rows}
+        fresh = {row[1]: self._summary(row, now, spent.get(row[0], [])) for row in rows}
         summaries = {
             name: fresh.get(name) or known[name]
             for _, name, _ in listing
@@ -437,7 +471,9 @@ class DatabaseFleet:
         removed = frozenset(set(known) - set(summaries))
         return FleetScan(summaries, frozenset(fresh), removed)
 
-    def _summary(self, row: tuple[Any, ...], now: int) -> InboxSummary:
+    def _summary(
+        self, row: tuple[Any, ...], now: int, spent: Sequence[tuple[str, Any]] = ()
+    ) -> InboxSummary:
         (
             _,
             name,
@@ -466,9 +502,9 @@ class DatabaseFleet:
             next_timer_due,
         ) = row
         next_send_at = None
+        stored = Settings.from_json(settings) if settings else Settings()
         if undelivered:
-            gap = (Settings.from_json(settings) if settings else Settings()).outbox_gap
-            next_send_at = 0 if last_paced_send is None else last_paced_send + gap
+            next_send_at = 0 if last_paced_send is None else last_paced_send + stored.outbox_gap
         return InboxSummary(
             name,
             name,
@@ -490,6 +526,7 @@ class DatabaseFleet:
             oldest_pending=oldest_pending,
             next_timer_due=next_timer_due,
             activity=tuple((a[0], a[1], a[2]) for a in activity),
+            spend=spend_of(stored, spent),
             signature=(changes,),
         )
 

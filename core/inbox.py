@@ -35,9 +35,13 @@ from .engine import (
     reads,
     runs,
     scheduler,
+    spend,
     switches,
     timers,
+    transcripts,
 )
+from .engine.spend import Spend, Spending
+from .engine.transcripts import NewLine, NewSpend, Transcript
 from .engine.plans import DELIVERY_STATES, SETTLE_OUTCOMES
 from .engine.tx import Tx
 from .errors import BadInput
@@ -105,14 +109,23 @@ class Inbox:
         create: bool = True,
         busy_timeout: float = 5.0,
         connection_factory: type[sqlite3.Connection] | None = None,
+        migrate: bool = False,
+        read_only: bool = False,
     ) -> "Inbox":
-        """Open the inbox at `path`, creating or migrating its schema.
+        """Open the inbox at `path`, creating its schema if it is new.
 
         `path` is a file (SQLite: the file is the inbox, `name` stays "default") or a
         `postgresql://` URL (one database holds many inboxes; `name` picks one, created on
         first open unless create=False). Raises NotAnInbox (leaving the file or database
         untouched) for a missing inbox when `create=False`, a foreign or corrupt file or
         database, or one from a newer schema.
+
+        Opening never migrates an existing inbox of an older schema unless `migrate=True`
+        (what a worker and `onwatch init`/`onwatch migrate` pass): it is read as it is, and
+        written to where its schema allows (docs/rules.md#upgrading-a-running-deployment).
+        A migration is refused (UpgradeRefused, nothing changed) while a worker holds the
+        inbox's lease. `read_only=True` never writes (every write raises ReadOnlyInbox); a
+        file this process cannot write is opened so by itself, saying why (`read_only`).
         """
         db = await backends.connect(
             path,
@@ -120,6 +133,8 @@ class Inbox:
             create=create,
             busy_timeout=busy_timeout,
             connection_factory=connection_factory,
+            migrate=migrate,
+            read_only=read_only,
         )
         try:
             settings = await db.read(switches.load_settings)
@@ -147,6 +162,18 @@ class Inbox:
     @property
     def path(self) -> str:
         return self._db.path
+
+    @property
+    def read_only(self) -> str | None:
+        """Why every write is refused (ReadOnlyInbox): opened read-only, or the file (or the
+        database role) cannot be written; None when it can be."""
+        return self._db.read_only
+
+    @property
+    def schema(self) -> tuple[int, int | None]:
+        """(the schema version the inbox has, the one it had before this open migrated it,
+        or None when this open did not)."""
+        return self._db.version, self._db.migrated_from
 
     @property
     def name(self) -> str:
@@ -515,8 +542,10 @@ class Inbox:
 
     async def run_scheduler(self, *, now: int | None = None) -> int:
         """Turn due timers into inbox events; return how many were due. A storm of due
-        timers is fired in chunks of scheduler.CHUNK, each its own transaction (all or
-        nothing), so intake never waits behind the whole storm."""
+        timers is fired in transactions of about scheduler.TX_SECONDS each (all or nothing
+        each), with a pause of scheduler.PAUSE_SECONDS after each one, in which another
+        process waiting to write gets the lock: its ingest waits a few tens of milliseconds
+        at most, however big the storm (docs/rules.md#timers-and-catch-up)."""
         when, fired = self._now(now), 0
         while True:
             count, more = await self._db.write_unless(
@@ -525,6 +554,7 @@ class Inbox:
             fired += count
             if not more:
                 return fired
+            await asyncio.sleep(scheduler.PAUSE_SECONDS)
 
     async def next_timer_due(self) -> int | None:
         return await self._db.call(timers.next_timer_due)
@@ -812,23 +842,48 @@ class Inbox:
         now: int | None = None,
         actor: str = "operator",
         reason: str | None = None,
+        value: Any = None,
     ) -> Outcome:
         """Run the operator action `name` (a row of core.actions.ACTIONS) on `target` (an
-        event id, an approval request id, a delivery id, or None for an inbox switch) and
-        return what happened: applied or not, before → after, and why when refused. Read in
-        the action's own transaction, so a second operator acting meanwhile cannot blur it.
-        `expect` (events and deliveries) is the state the operator saw. BadInput for an
-        unknown action or a target of the wrong kind; nothing changes then."""
+        event id, an approval request id, a delivery id, a budget ("max_spend_per_day usd",
+        "max_runs_per_day") or None for an inbox switch) and return what happened: applied
+        or not, before → after, and why when refused. Read in the action's own transaction,
+        so a second operator acting meanwhile cannot blur it. `expect` (events and
+        deliveries: a state; a budget: its limit) is what the operator saw; `value` is a
+        budget's new limit. BadInput for an unknown action or a target of the wrong kind;
+        nothing changes then."""
         action = ACTIONS.get(name) if isinstance(name, str) else None
         if action is None:
             raise BadInput(f"action must be one of {tuple(ACTIONS)}, got {show(name)}")
         when, who, why = self._now(now), checks.actor(actor), checks.reason(reason)
+        if value is not None and action.target != "budget":
+            raise BadInput(f"{name} takes no value= (only raise_budget does)")
+        if action.target == "budget":
+            budget, unit, expected, new = checks.budget_change(target, expect, value)
+            call: tuple[Any, ...] = (
+                spend.raise_budget,
+                budget,
+                unit,
+                expected,
+                new,
+                when,
+                who,
+                why,
+            )
+            audited = budget if unit is None else f"{budget} {unit}"
+            result, entry = await self._write(_acted, audited, *call)
+            self._settings = await self._db.read(switches.load_settings)
+            if entry is None:
+                raise AssertionError(f"{name} on {audited} left no audit entry")
+            return Outcome(
+                name, audited, bool(result), entry.before, entry.after, entry.reason, result
+            )
         if action.target == "event":
             if expect is not None and (not isinstance(expect, str) or expect not in EVENT_STATES):
                 raise BadInput(f"expect must be an event state, got {show(expect)}")
             event_id = checks.event_id(target)
             # (the engine's function, then its arguments)
-            call: tuple[Any, ...] = (
+            call = (
                 operator.change_event,
                 event_id,
                 name,
@@ -979,6 +1034,118 @@ class Inbox:
     async def overview(self, *, now: int | None = None) -> Overview:
         """Counts, lease, flags and budgets in one consistent read."""
         return await self._db.read(reads.overview, self._now(now))
+
+    # --- the run's transcript, spend, and what needs a person -----------------------------
+
+    async def append_transcript(
+        self,
+        run_id: int,
+        lines: Iterable[NewLine],
+        *,
+        upto: int | None = None,
+        dropped_chars: int = 0,
+        spends: Iterable[NewSpend] = (),
+        now: int | None = None,
+    ) -> int:
+        """Store a batch of a run's transcript (docs/rules.md#the-runs-transcript): `lines`
+        as (seq, at, level, logger, text, fields JSON), numbered from 0 by their one writer,
+        and what the run spent, as (seq of its line, at, unit, millionths, note). `upto` is
+        the seq after the last line the batch covers (default: after its last line): a seq
+        the batch skips is a line its writer left out, `dropped_chars` the characters it
+        left out of the run so far (a running total). Bounded per run by
+        max_transcript_chars; a batch stored already changes nothing (a retry is safe).
+        Returns the lines stored, or -1 for a run that does not exist. The worker's writer
+        (core/runtime/transcript.py) is what calls this."""
+        run_id = checks.positive("run_id", run_id)
+        batch = [checks.log_line(line) for line in checks.listed("lines", lines, MAX_COUNT)]
+        costs = [checks.spend_record(item) for item in checks.listed("spends", spends, MAX_COUNT)]
+        seqs = [line[0] for line in batch]
+        if any(a >= b for a, b in zip(seqs, seqs[1:], strict=False)):
+            raise BadInput("lines must be in the order of their seq, each seq once")
+        last = max(seqs + [item[0] for item in costs], default=-1)
+        upto = last + 1 if upto is None else check_int(upto, "upto", last + 1, MAX_COUNT)
+        dropped_chars = check_int(dropped_chars, "dropped_chars", 0, MAX_ID)
+        return await self._write(
+            transcripts.append,
+            run_id,
+            batch,
+            upto,
+            dropped_chars,
+            costs,
+            self._settings.max_transcript_chars,
+            self._now(now),
+        )
+
+    async def transcript(
+        self, run_id: int, *, after: int | None = None, limit: int = 1000, newest: bool = False
+    ) -> Transcript:
+        """Up to `limit` lines of a run's transcript after line `after` (by seq, oldest
+        first; from the start without it), or its newest `limit` lines with `newest=True`;
+        with what the whole transcript is (lines logged, dropped, pruned)."""
+        run_id = checks.positive("run_id", run_id)
+        if after is not None:
+            check_int(after, "after", -1, MAX_COUNT)
+        limit = min(checks.positive("limit", limit), 10_000)
+        return await self._db.read(transcripts.read, run_id, after, limit, bool(newest))
+
+    async def transcript_last(self, run_id: int) -> int:
+        """The seq of the newest line stored for the run, -1 for none: one indexed lookup,
+        what a follower compares before reading."""
+        return await self._db.call(transcripts.last_seq, checks.positive("run_id", run_id))
+
+    async def run_spend(self, run_ids: Iterable[int]) -> list[Spend]:
+        """What each of these runs spent, per unit (runs that spent nothing are absent)."""
+        ids = [
+            checks.positive("run id", i)
+            for i in checks.listed("run_ids (a list of run ids)", run_ids, MAX_BATCH_IDS)
+        ]
+        return await self._db.read(spend.for_runs, ids) if ids else []
+
+    async def spending(self, *, days: int = 14, now: int | None = None) -> Spending:
+        """What the inbox spent per unit: in the last 24 hours (what max_spend_per_day
+        counts), per UTC day over the last `days` days, and in all; with the budgets."""
+        days = checks.positive("days", days, 3660)
+        return await self._db.read(spend.spending, self._now(now), days)
+
+    async def raise_budget(
+        self,
+        budget: str,
+        to: Any,
+        *,
+        unit: str | None = None,
+        expect: Any = None,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> Outcome:
+        """Raise a delaying budget to `to`: `max_spend_per_day` of `unit` (an amount in the
+        unit) or `max_runs_per_day` (runs). Conditional like every operator action: `expect`
+        is the limit the operator saw (None: as it is now); refused, and audited with why,
+        if it changed meanwhile, is not set, or `to` would not raise it. Returns the Outcome
+        (raise_budget in the audit log)."""
+        return await self.act(
+            "raise_budget",
+            budget if unit is None else f"{budget} {unit}",
+            expect=expect,
+            value=to,
+            now=now,
+            actor=actor,
+            reason=reason,
+        )
+
+    async def died_since(self, since: int, *, limit: int = 100) -> list[Event]:
+        """Events that died at or after `since` (when they last changed), oldest first,
+        without payloads (None)."""
+        return await self._db.read(
+            reads.died_since,
+            check_time(since, "since"),
+            min(checks.positive("limit", limit), 10_000),
+        )
+
+    async def work_since(self, *, now: int | None = None) -> int | None:
+        """Since when the inbox has had work for a worker (its oldest pending event's
+        arrival, or a timer's due instant once due); None when it has none."""
+        return await self._db.read(reads.work_since, self._now(now))
 
 
 def _ingest_all_or_none(tx: Tx, batch: list[intake.Item]) -> list[bool]:

@@ -29,8 +29,10 @@ from prometheus_client import exposition
 from prometheus_client.exposition import generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
+from .engine.spend import Spending
 from .errors import InboxError
 from .records import EVENT_STATES, Overview
+from .settings import MAX_UNITS, from_micros
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -78,6 +80,7 @@ class _Snapshot:
     overview: Overview
     soonest_deadline: int | None
     lease_ttl: int
+    spending: Spending | None = None
 
 
 class _StateCollector:
@@ -178,6 +181,33 @@ class _StateCollector:
             family = CounterMetricFamily(metric, text, labels=["inbox"])
             family.add_metric([name], value)
             yield family
+        spending = snapshot.spending
+        if spending is not None and spending.units:
+            # Units are a label: bounded (budgeted ones first), as sources are.
+            units = spending.units[:MAX_UNITS]
+            spent = CounterMetricFamily(
+                "onwatch_spend",
+                "what runs spent since the inbox began (ctx.spend), in the unit",
+                labels=["inbox", "unit"],
+            )
+            day = GaugeMetricFamily(
+                "onwatch_spend_last_day",
+                "what runs spent in the last 24 hours, in the unit: what max_spend_per_day counts",
+                labels=["inbox", "unit"],
+            )
+            budget = GaugeMetricFamily(
+                "onwatch_spend_budget",
+                "max_spend_per_day of the unit (runs wait once the last 24 hours reach it)",
+                labels=["inbox", "unit"],
+            )
+            for unit in units:
+                spent.add_metric([name, unit], from_micros(spending.total.get(unit, 0)))
+                day.add_metric([name, unit], from_micros(spending.last_day.get(unit, 0)))
+                if unit in spending.limits:
+                    budget.add_metric([name, unit], from_micros(spending.limits[unit]))
+            yield spent
+            yield day
+            yield budget
 
 
 class IntakeMetrics:
@@ -290,11 +320,12 @@ class InboxMetrics:
             overview = await self.inbox.overview()
             waiting = await self.inbox.approvals(limit=1) if overview.waiting_approvals else []
             settings = await self.inbox.reload_settings()
+            spending = await self.inbox.spending(days=1, now=overview.now)
         except InboxError as exc:
             log.warning("metrics: could not read the inbox: %s", exc)
             return None
         soonest = waiting[0].due if waiting and waiting[0].answer is None else None
-        return _Snapshot(overview, soonest, settings.lease_ttl)
+        return _Snapshot(overview, soonest, settings.lease_ttl, spending)
 
     async def render(self) -> tuple[bytes, str]:
         """The exposition text of everything registered, and its content type."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any, Mapping, TypeGuard
 
 from .clock import MAX_COUNT, MAX_DURATION, show
@@ -40,6 +42,11 @@ class Settings:
     max_pending: int | None = None  # excess refused: ingest raises BudgetExceeded
     max_followups_per_run: int | None = None  # excess refused: finish raises BadInput
     max_run_seconds: int | None = None  # excess treated as a lost claim
+    # Spend per unit in the last 24 hours, e.g. {"usd": 5}: excess delayed like runs.
+    max_spend_per_day: Mapping[str, float] = field(default_factory=dict)
+    # A run's transcript (ctx.log and logging during the run), in characters: its beginning
+    # and its end are kept past it (docs/rules.md#the-runs-transcript); 0 keeps none.
+    max_transcript_chars: int = 200_000
 
     def lost_claim_policy(self, source: str) -> str:
         """The lost-claim policy that applies to events from `source`."""
@@ -52,9 +59,15 @@ class Settings:
             return self.backoff_cap
         return min(self.backoff_cap, self.backoff_base * (1 << exponent))
 
+    def spend_limit(self, unit: str) -> int | None:
+        """The max_spend_per_day of `unit` in millionths of the unit, or None (no limit)."""
+        limit = self.max_spend_per_day.get(unit)
+        return None if limit is None else to_micros(limit)
+
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["lost_claim_by_source"] = dict(self.lost_claim_by_source)
+        data["max_spend_per_day"] = dict(self.max_spend_per_day)
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -89,8 +102,13 @@ class Settings:
         for name in changes:
             if name not in fields:
                 raise BadInput(f"unknown setting {name!r}; known: {', '.join(sorted(fields))}")
+        changes = dict(changes)
+        if "max_spend_per_day" in changes and changes["max_spend_per_day"] is None:
+            changes["max_spend_per_day"] = {}  # none: no spend budget, as for the others
         for name, value in changes.items():
             _check(name, value)
+        if "max_spend_per_day" in changes:
+            changes["max_spend_per_day"] = dict(changes["max_spend_per_day"])
         updated = dataclasses.replace(self, **changes)
         if updated.backoff_cap < updated.backoff_base:
             raise BadInput("backoff_cap must be at least backoff_base")
@@ -110,7 +128,7 @@ _POSITIVE = {
     "backoff_base": MAX_DURATION,
     "backoff_cap": MAX_DURATION,
 }
-_NON_NEGATIVE = {"outbox_gap": MAX_DURATION}
+_NON_NEGATIVE = {"outbox_gap": MAX_DURATION, "max_transcript_chars": MAX_PAYLOAD}
 _OPTIONAL_POSITIVE = {
     "max_runs_per_day": MAX_COUNT,
     "max_pending": MAX_COUNT,
@@ -118,6 +136,43 @@ _OPTIONAL_POSITIVE = {
     "max_run_seconds": MAX_DURATION,
 }
 MAX_SOURCES = 1000  # entries of lost_claim_by_source
+# Spend is counted in millionths of its unit (integers add up exactly); one amount, and one
+# budget, is at most MAX_SPEND units, so no sum of a day's records can overflow.
+MICROS = 1_000_000
+MAX_SPEND = 1_000_000_000
+MAX_UNITS = 20  # entries of max_spend_per_day
+UNIT = re.compile(r"[a-z0-9][a-z0-9_.-]{0,31}")
+
+
+def spend_unit(value: object) -> str:
+    """A spend unit: 1–32 lower-case letters, digits, '_', '.' or '-' ("usd", "tokens");
+    upper case is taken as lower case (USD is usd)."""
+    if not isinstance(value, str) or not UNIT.fullmatch(value.lower()):
+        raise BadInput(
+            f"a spend unit is 1 to 32 letters, digits, '_', '.' or '-' (like usd or "
+            f"tokens), got {show(value)}"
+        )
+    return value.lower()
+
+
+def to_micros(amount: object, name: str = "amount") -> int:
+    """`amount` (an int, a float or a Decimal, 0 to MAX_SPEND) in millionths, rounded to the
+    nearest; BadInput for anything else (a bool, NaN, infinity, a negative amount)."""
+    if isinstance(amount, bool) or not isinstance(amount, (int, float, Decimal)):
+        raise BadInput(f"{name} must be a number, got {show(amount)}")
+    try:
+        exact = Decimal(amount) if isinstance(amount, (int, Decimal)) else Decimal(repr(amount))
+        ok = exact.is_finite() and 0 <= exact <= MAX_SPEND
+    except (InvalidOperation, ValueError):
+        ok = False
+    if not ok:
+        raise BadInput(f"{name} must be a number from 0 to {MAX_SPEND:,}, got {show(amount)}")
+    return int((exact * MICROS).to_integral_value(ROUND_HALF_EVEN))
+
+
+def from_micros(micros: int) -> float:
+    """Millionths back to the unit: exact to the last digit shown (0.3, not 0.30000000004)."""
+    return micros / MICROS
 
 
 def _is_int(value: object) -> TypeGuard[int]:
@@ -148,6 +203,16 @@ def _check(name: str, value: object) -> None:
         raise BadInput(f"on_lost_claim must be one of {LOST_CLAIM_POLICIES}, got {show(value)}")
     if name == "delivery" and value not in DELIVERY_MODES:
         raise BadInput(f"delivery must be one of {DELIVERY_MODES}, got {show(value)}")
+    if name == "max_spend_per_day":
+        if not isinstance(value, Mapping):
+            raise BadInput('max_spend_per_day must map a unit to a daily limit, e.g. {"usd": 5}')
+        if len(value) > MAX_UNITS:
+            raise BadInput(f"max_spend_per_day has more than {MAX_UNITS} units")
+        for unit, limit in value.items():
+            if spend_unit(unit) != unit:
+                raise BadInput(f"max_spend_per_day: write the unit {unit!r} in lower case")
+            if to_micros(limit, f"max_spend_per_day[{unit!r}]") == 0:
+                raise BadInput(f"max_spend_per_day[{unit!r}] must be more than 0")
     if name == "lost_claim_by_source":
         if not isinstance(value, Mapping):
             raise BadInput("lost_claim_by_source must map a source to a policy")

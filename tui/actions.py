@@ -100,6 +100,14 @@ KEYS: dict[str, DeskAction] = {
         "{label}: its messages are held again for a new send",
         "sent again",
     ),
+    "raise_budget": DeskAction(
+        "B",
+        "Raise budget",
+        "raise a delaying budget (spend per day of a unit, runs per day) to a value you give",
+        "raised {label}",
+        "raised",
+        footer=False,
+    ),
     # The switches act at once (pressing the key again undoes them); p and o are in help
     # and the palette, not the footer: at 80 columns it keeps the pane's own keys.
     "pause": DeskAction(

@@ -46,9 +46,10 @@ from . import operator
 from .panes import PANES, Pane
 from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
-from .panes.status import StatusStrip
+from .panes.status import SPEND_DAYS, StatusStrip
 from .timefmt import WALL, Times, compact_count
 from .safe import join, safe_plain, safe_text
+from .screens.budget import BudgetScreen, budgets_set
 from .screens.confirm import ConfirmScreen, Subject
 from .screens.detail import DetailScreen, load_detail
 from .screens.filter import FilterScreen
@@ -97,6 +98,8 @@ class OnwatchApp(App[int]):
         ),
         # The inbox's switches (pause/resume, hold/release the outbox): p and o.
         *desk.bindings(desk.offered("inbox", ("false", "true"))),
+        # Raising a delaying budget (spend per day, runs per day): B, when one is set.
+        *desk.bindings(desk.offered("budget", ("set",))),
         Binding(
             "s",
             "send_now",
@@ -248,6 +251,7 @@ class OnwatchApp(App[int]):
                 token = await self.inbox.change_token()
                 overview = await self.inbox.overview(now=now)
                 activity = await run_activity(self.inbox, now)  # the status strip's sparkline
+                spending = await self.inbox.spending(days=SPEND_DAYS, now=now)
                 await self.inbox.reload_settings()  # `onwatch config` may have run meanwhile
                 fetched = [(p, await p.fetch(self.inbox, p.window, overview)) for p in wanted]
             except InboxError as exc:
@@ -266,7 +270,9 @@ class OnwatchApp(App[int]):
                 for pane in self.panes:
                     if pane not in wanted:
                         pane.stale = True
-                self.query_one(StatusStrip).show(overview, now, now, activity=activity)
+                self.query_one(StatusStrip).show(
+                    overview, now, now, activity=activity, spending=spending
+                )
                 self.query_one(PaneBar).show_counts(self._counts())
             self.refresh_bindings()
             self.loaded.set()
@@ -447,11 +453,11 @@ class OnwatchApp(App[int]):
         if self.inbox is None:  # the fleet desk before an inbox was chosen: no rows
             return
         try:
-            title, body = await load_detail(self.inbox, record, self.clock.now(), self.times)
+            detail = await load_detail(self.inbox, record, self.clock.now(), self.times)
         except InboxError as exc:
             self.active_pane.show_outcome(f"cannot read the detail: {exc}", False)
             return
-        await self.push_screen(DetailScreen(title, body))
+        await self.push_screen(DetailScreen(detail.title, detail.body, detail.follow))
 
     # --- actions --------------------------------------------------------------------------
 
@@ -470,6 +476,8 @@ class OnwatchApp(App[int]):
         if action == "act":
             # A switch's two keys share one key: only the one that changes it is offered.
             row = ACTIONS.get(str(parameters[0])) if parameters else None
+            if row is not None and row.target == "budget":
+                return True if budgets_set(overview) else None
             if row is None or row.target != "inbox" or row.switch is None:
                 return False
             on = overview is not None and bool(getattr(overview, row.switch))
@@ -668,12 +676,61 @@ class OnwatchApp(App[int]):
         self.run_worker(self._global(action), group="actions", exit_on_error=False)
 
     def action_act(self, name: str) -> None:
-        """The key of an inbox switch (the panes take the actions on rows)."""
+        """The key of an inbox switch or of raising a budget (the panes take the actions on
+        rows)."""
         if name in ACTIONS and ACTIONS[name].target == "inbox":
             self._run_global(name)
+        elif name in ACTIONS and ACTIONS[name].target == "budget" and not self.read_only:
+            self.run_worker(self._raise_budget(), group="actions", exit_on_error=False)
 
     def action_send_now(self) -> None:
         self._run_global("send_now")
+
+    async def _raise_budget(self) -> None:
+        """Ask which budget and to what, confirm, then raise it (conditional on the limit
+        shown: a change by someone else meanwhile is reported, not overwritten)."""
+        async with self._action_lock:
+            pane, inbox = self.active_pane, self.inbox
+            if inbox is None or self._refuse_lost_file(pane):
+                return
+            choices = budgets_set(self.overview)
+            if not choices:
+                pane.show_outcome("no delaying budget is set: nothing to raise", None)
+                return
+            picked = await self.push_screen_wait(BudgetScreen(choices))
+            if picked is None:
+                pane.show_outcome("not raised: nothing changed", None)
+                return
+            choice, value = picked
+            _, _, note = QUESTIONS["raise_budget"]
+            question = (
+                f"Raise {choice.name} from {choice.shown(choice.limit)} to {choice.shown(value)}?"
+            )
+            confirm = ConfirmScreen(question, [], self.clock.now(), note, where=_where(inbox))
+            if not await self.push_screen_wait(confirm):
+                pane.show_outcome("not confirmed: nothing changed", None)
+                return
+            if self._refuse_lost_file(pane):
+                return
+            pane.show_outcome("waiting for the lock…", None)
+            try:
+                outcome = await inbox.raise_budget(
+                    choice.budget,
+                    value,
+                    unit=choice.unit,
+                    expect=choice.limit,
+                    now=self.clock.now(),
+                    actor=self.actor,
+                )
+            except InboxError as exc:
+                pane.show_outcome(f"not raised: {exc}", False)
+                return
+            if outcome.applied:
+                words = desk.KEYS["raise_budget"].done.format(label=outcome.target)
+                pane.show_outcome(f"{words}: {outcome.before} → {outcome.after}", True)
+            else:
+                pane.show_outcome(f"not raised: {outcome.reason}", False)
+            await self._refresh()
 
     # --- the fleet desk ---------------------------------------------------------------------
 
@@ -846,7 +903,7 @@ def run(
 
     async def main() -> int:
         try:
-            inbox = await Inbox.open(path, name=name, create=False)
+            inbox = await Inbox.open(path, name=name, create=False, read_only=read_only)
         except InboxError as exc:  # NotAnInbox, InboxBusy, or another clear refusal
             print(f"onwatch: {exc}", file=sys.stderr)
             return 2
@@ -854,7 +911,8 @@ def run(
             print(f"onwatch: cannot open {path}: {exc.strerror or exc}", file=sys.stderr)
             return 2
         try:
-            app = OnwatchApp(inbox, read_only=read_only, actor=actor)
+            # A file this user may not write (inbox.read_only says why) is watched only.
+            app = OnwatchApp(inbox, read_only=read_only or inbox.read_only is not None, actor=actor)
             code = await app.run_async()
             return code if isinstance(code, int) else (app.return_code or 0)
         finally:

@@ -10,6 +10,7 @@ The seeded inbox they show comes from tui/seed.py, the fleet's from tui/fleet/se
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import tempfile
@@ -81,6 +82,59 @@ SHOTS: tuple[tuple[str, tuple[int, int], tuple[str, ...]], ...] = (
 )
 
 
+# A running run's transcript, as a language-model agent's would read (screenshots/transcript.svg):
+# (seconds before T0, level, logger, text, fields, spent in millionths of a usd).
+TRANSCRIPT: tuple[tuple[int, str, str | None, str, dict[str, Any] | None, int], ...] = (
+    (20, "log", None, "2 events: the calendar sync, an e-mail (Invoice 2231)", None, 0),
+    (19, "info", "agent.tools", "calendar.list_events(since=2023-11-14) → 14 events", None, 0),
+    (17, "log", None, "asked the model", {"model": "m-large", "tokens_in": 3812}, 0),
+    (12, "spend", None, "spent 0.0421 usd: m-large, 3,812 in / 611 out", None, 42_100),
+    (11, "warning", "httpx", "429 Too Many Requests from api.mail.example; retry in 2 s", None, 0),
+    (8, "log", None, "drafting the reply to Invoice 2231", {"to": "ap@acme.example"}, 0),
+    (3, "info", "agent.tools", "invoices.lookup('2231') → due 2023-11-30, 1,240.00 EUR", None, 0),
+    (1, "log", None, "asked the model", {"model": "m-large", "tokens_in": 4630}, 0),
+)
+
+
+async def shoot_transcript(path: str, out: Path, size: tuple[int, int] = (120, 40)) -> Path:
+    """screenshots/transcript.svg: the running event's detail, its run followed live."""
+    from onwatch.tui.app import OnwatchApp
+    from onwatch.tui.screens.detail import DetailScreen
+
+    from .seed import T0
+
+    inbox, clock = await open_seeded(path)
+    try:
+        [event] = [e for e in await inbox.events("running") if e.source == "email"]
+        assert event.run_id is not None
+        lines, spends = [], []
+        for seq, (ago, level, logger, text, fields, micros) in enumerate(TRANSCRIPT):
+            lines.append(
+                (seq, T0 - ago, level, logger, text, None if fields is None else json.dumps(fields))
+            )
+            if micros:
+                spends.append((seq, T0 - ago, "usd", micros, "m-large"))
+        await inbox.append_transcript(event.run_id, lines, spends=spends, now=T0)
+        app = OnwatchApp(inbox, clock=clock)
+        async with app.run_test(size=size) as pilot:
+            await app.loaded.wait()
+            await pilot.press("2")
+            await settle(app, pilot)
+            table = app.pane("running").records()
+            await pilot.press(*(["down"] * [e.id for e in table].index(event.id)), "enter")
+            while not (isinstance(app.screen, DetailScreen) and app.screen.followed >= len(lines)):
+                await pilot.pause(0.05)
+            await pilot.press("tab", "end")  # to the live transcript, as one watching it
+            await settle(app, pilot)
+            app.tick()
+            await pilot.pause()
+            target = out / "transcript.svg"
+            app.save_screenshot(filename=target.name, path=str(out))
+            return target
+    finally:
+        await inbox.close()
+
+
 FLEET_SHOTS: tuple[tuple[str, tuple[int, int], tuple[str, ...]], ...] = (
     ("fleet", (120, 40), ()),
     ("fleet-approvals", (120, 40), ("A",)),
@@ -128,6 +182,7 @@ async def generate(out: Path) -> list[Path]:
             path = os.path.join(folder, "alice.db")
             made.append(await _shoot(path, out, name, size, keys))
         made += [Path(p) for p in await shoot_fleet(str(out), scratch)]
+        made.append(await shoot_transcript(os.path.join(scratch, "transcript.db"), out))
     return made
 
 

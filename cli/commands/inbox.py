@@ -1,4 +1,5 @@
-"""Commands on the inbox itself: init, ingest, status, show, events, approvals, config."""
+"""Commands on the inbox itself: init, migrate, ingest, status, show, events, approvals,
+config."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from typing import Any
 from onwatch.cli.output import NOT_APPLIED, OK, CliError, emit_json, local_time, one_line, when
 from onwatch.cli.running import open_inbox
 from onwatch.cli.values import assignments
-from onwatch.core import Settings
+from onwatch.core import Settings, backends
+from onwatch.core.pg import is_url, redact
+from onwatch.core.settings import from_micros
 
 _SQLITE_SIDE_FILES = ("", "-wal", "-shm", "-journal")
 
@@ -27,11 +30,14 @@ async def cmd_init(args: argparse.Namespace) -> int:
     files = [args.path + suffix for suffix in _SQLITE_SIDE_FILES]
     before = {name for name in files if os.path.lexists(name)}
     try:
-        async with await open_inbox(args, create=True) as inbox:
+        # init brings an existing inbox to this release's schema (refused while a worker
+        # of an older release holds its lease).
+        async with await open_inbox(args, create=True, migrate=True) as inbox:
             if changes:
                 await inbox.configure(**changes)
             settings = json.loads(inbox.settings.to_json())
             shown = inbox.path  # a URL's passwords left out
+            schema, migrated_from = inbox.schema
     except BaseException:
         for name in files:
             if name not in before:
@@ -39,9 +45,34 @@ async def cmd_init(args: argparse.Namespace) -> int:
                     os.remove(name)
         raise
     if args.json:
-        emit_json({"created": not existed, "path": shown, "settings": settings})
+        emit_json(
+            {
+                "created": not existed,
+                "path": shown,
+                "settings": settings,
+                "schema": schema,
+                "migrated_from": migrated_from,
+            }
+        )
     else:
         print(f"{'already an inbox' if existed else 'created'}: {shown}")
+        if migrated_from is not None:
+            print(f"migrated from schema {migrated_from} to schema {schema}")
+    return OK
+
+
+async def cmd_migrate(args: argparse.Namespace) -> int:
+    """Bring an inbox file (or a PostgreSQL database, all its inboxes) to this release's
+    schema. Refused (exit 1, nothing changed) while a worker holds a lease: a worker that
+    has not been upgraded (docs/rules.md#upgrading-a-running-deployment)."""
+    before, after = await backends.migrate(args.path, busy_timeout=args.busy_timeout)
+    shown = redact(args.path) if is_url(args.path) else args.path
+    if args.json:
+        emit_json({"path": shown, "schema_before": before, "schema": after})
+    elif before == after:
+        print(f"already at schema {after}: {shown}")
+    else:
+        print(f"migrated: {shown} from schema {before} to schema {after}")
     return OK
 
 
@@ -87,11 +118,21 @@ CLOCK_SKEW_SHOWN = 2.0  # seconds between this machine's clock and the server's 
 async def cmd_status(args: argparse.Namespace) -> int:
     async with await open_inbox(args) as inbox:
         view = await inbox.overview()
+        spending = await inbox.spending(days=SPEND_DAYS, now=view.now)
         settings = inbox.settings
         offset = inbox.clock_offset
         shown = inbox.path  # a URL's passwords left out
     data = dataclasses.asdict(view)
     data["path"] = shown
+    data["spending"] = {
+        unit: {
+            "last_day": from_micros(spending.last_day.get(unit, 0)),
+            "per_day": [from_micros(m) for m in spending.per_day.get(unit, (0,) * SPEND_DAYS)],
+            "total": from_micros(spending.total.get(unit, 0)),
+            "limit": None if unit not in spending.limits else from_micros(spending.limits[unit]),
+        }
+        for unit in spending.units
+    }
     data["clock_offset_seconds"] = round(offset, 3)
     data["lease_ttl"] = settings.lease_ttl
     data["on_lost_claim"] = settings.on_lost_claim
@@ -141,12 +182,46 @@ async def cmd_status(args: argparse.Namespace) -> int:
             f"(decisions follow the server's; check this machine's time synchronisation)"
         )
     print(f"set aside   {view.set_aside} stored row(s) the engine could not process")
+    for unit in spending.units:
+        days = " ".join(
+            _amount(from_micros(m)) for m in spending.per_day.get(unit, (0,) * SPEND_DAYS)
+        )
+        print(
+            f"spend       {_amount(from_micros(spending.last_day.get(unit, 0)))} {unit} in "
+            f"the last 24 h, {_amount(from_micros(spending.total.get(unit, 0)))} in all; "
+            f"per day (UTC, oldest first): {days}"
+        )
     print("budgets")
     for name, budget in sorted(view.budgets.items()):
+        if name == "max_spend_per_day":
+            for line in _spend_budget(budget):
+                print(line)
+            continue
         limit = "unlimited" if budget.get("limit") is None else budget["limit"]
         used = f"{budget['used']} / {limit}" if "used" in budget else f"limit {limit}"
         print(f"  {name:<22} {used:<18} excess {budget.get('excess')}")
     return OK
+
+
+SPEND_DAYS = 7  # days of spend `status` shows
+
+
+def _amount(value: float) -> str:
+    return f"{value:,.6f}".rstrip("0").rstrip(".") if value != int(value) else f"{int(value):,}"
+
+
+def _spend_budget(budget: dict[str, Any]) -> list[str]:
+    """max_spend_per_day's lines: one per budgeted unit (its use in the last 24 h)."""
+    limits = budget.get("limit") or {}
+    if not limits:
+        return [f"  {'max_spend_per_day':<22} {'unlimited':<18} excess {budget.get('excess')}"]
+    lines = []
+    for unit, limit in sorted(limits.items()):
+        used = (budget.get("used") or {}).get(unit, 0)
+        figure = f"{_amount(used)} / {_amount(limit)} {unit}"
+        state = "  REACHED: runs wait (raise-budget)" if used >= limit else ""
+        lines.append(f"  {'max_spend_per_day':<22} {figure:<18} excess delayed{state}")
+    return lines
 
 
 async def cmd_show(args: argparse.Namespace) -> int:

@@ -1,7 +1,8 @@
 """The operator's actions from a shell, one subcommand per row of core.actions.ACTIONS
-(requeue, cancel, resolve, bury, approve, deny, expire, mark-sent, send-again, pause,
-resume, hold, release), each audited with --actor and --reason. The exit code says what the
-audit log says: 0 when this call changed something, 1 when it did not."""
+(requeue, cancel, resolve, bury, approve, deny, expire, mark-sent, send-again,
+raise-budget, pause, resume, hold, release), each audited with --actor and --reason. The
+exit code says what the audit log says: 0 when this call changed something, 1 when it did
+not."""
 
 from __future__ import annotations
 
@@ -39,13 +40,23 @@ async def _act(args: argparse.Namespace, name: str) -> int:
     )
     who = actor_of(args)  # a name the audit log refuses stops here, before the file opens
     async with await open_inbox(args) as inbox:
-        outcome = await inbox.act(
-            name,
-            None if target is None else getattr(args, target),
-            expect=getattr(args, "expect", None),
-            actor=who,
-            reason=args.reason,
-        )
+        if action.target == "budget":
+            outcome = await inbox.raise_budget(
+                args.budget,
+                args.to,
+                unit=args.unit,
+                expect=args.expect,
+                actor=who,
+                reason=args.reason,
+            )
+        else:
+            outcome = await inbox.act(
+                name,
+                None if target is None else getattr(args, target),
+                expect=getattr(args, "expect", None),
+                actor=who,
+                reason=args.reason,
+            )
     done = applied(outcome)
     if action.target == "approval":
         if args.json:
@@ -58,6 +69,20 @@ async def _act(args: argparse.Namespace, name: str) -> int:
             emit_json({"changed": done, str(action.switch): outcome.after == "true"})
         else:
             print(state if done else f"already so: {state}")
+    elif action.target == "budget":
+        if args.json:
+            emit_json(
+                {
+                    "action": name,
+                    "applied": done,
+                    "budget": outcome.target,
+                    "before": outcome.before,
+                    "after": outcome.after,
+                    "reason": None if done else outcome.reason,
+                }
+            )
+        elif done:
+            print(f"raised {outcome.target}: {outcome.before} → {outcome.after}")
     elif args.json:
         assert target is not None  # only the inbox switches have none, handled above
         emit_json(

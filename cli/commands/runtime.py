@@ -22,7 +22,7 @@ from onwatch.cli.running import (
     stop_on_signals,
 )
 from onwatch.cli.values import actor_of
-from onwatch.core import Inbox
+from onwatch.core import Inbox, backends
 from onwatch.core.pg import is_url as _is_postgres_url
 
 if TYPE_CHECKING:  # annotations only: prometheus_client loads when --metrics-port asks
@@ -220,8 +220,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return _fleet_worker(args, agent, early)
 
     async def main() -> int:
+        # A worker of this release migrates (refused while an older one holds the lease).
         async with (
-            await open_inbox(args) as inbox,
+            await open_inbox(args, migrate=True) as inbox,
             _metrics_server(inbox, args) as metrics,
             _agent_processes(agent),
         ):
@@ -280,6 +281,9 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: li
     from onwatch.core.runtime.worker import AgentWedged, default_holder
 
     async def main() -> int:
+        # Workers of this release migrate the database first (refused while a worker of an
+        # older release holds any inbox's lease); each inbox is then opened as it is.
+        await backends.migrate(args.path, busy_timeout=args.busy_timeout)
         fleet = FleetWorker(
             args.path,
             agent,
@@ -356,7 +360,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
 
     async def main() -> int:
-        async with await open_inbox(args) as inbox, _agent_processes(agent):
+        # Runs a worker: migrates.
+        async with await open_inbox(args, migrate=True) as inbox, _agent_processes(agent):
             worker = _worker(Worker, inbox, agent, setup, args)
             try:
                 server = await start_server(

@@ -47,7 +47,8 @@ def intend_effect(
 def _default_key(tx: Tx, run_id: int, event: int, name: str) -> str:
     """The key plans.py derives from what the effect is for (`effect_key`)."""
     intended = tx.one("effects_intended", run=run_id, name=name, event=event)[0]
-    return plans.effect_key(tx.meta("uid"), event, name, intended)
+    found = tx.run("event_key_salt", id=event).fetchone()
+    return plans.effect_key(tx.meta("uid"), event, name, intended, found and found[0])
 
 
 def settle_effect(tx: Tx, key: str, state: str, now: int | None) -> bool:

@@ -6,6 +6,7 @@ from typing import Sequence
 
 from ..errors import BadInput, BudgetExceeded, InboxError
 from ..settings import Settings
+from . import transcripts
 from .decoding import reason, settings_from
 from .switches import load_settings
 from .tx import NewEvent, Tx
@@ -139,5 +140,9 @@ def key_stored(tx: Tx, source: str, source_id: str) -> bool:
 
 
 def prune_payloads(tx: Tx, older_than: int, now: int | None) -> int:
-    """Drop the bodies of finished events; their (source, source_id) keys keep deduping."""
-    return tx.run("events_prune", now=tx.now(now), older_than=older_than).rowcount
+    """Drop the bodies of finished events; their (source, source_id) keys keep deduping.
+    A run's transcript goes with them, once none of its events keeps a payload."""
+    pruned: int = tx.run("events_prune", now=tx.now(now), older_than=older_than).rowcount
+    if pruned:
+        transcripts.prune(tx)
+    return pruned

@@ -51,7 +51,7 @@ def _begin_delivery(tx: Tx, now: int, flush: bool) -> Picked | None:
     retry = tx.run("delivery_to_retry", now=now).fetchone()
     if retry is not None:
         # A failed send, or one a crashed dispatcher left half-done (at least once only).
-        delivery_id, attempts = retry
+        delivery_id, attempts, salt = retry
         if not is_int(attempts, 0, MAX_COUNT - 1):  # one more would not be a count
             raise Unsendable(delivery_id, plans.not_a_count(attempts))
         attempt = tx.one("delivery_retry", id=delivery_id, retry_after=now + settings.send_timeout)[
@@ -71,13 +71,13 @@ def _begin_delivery(tx: Tx, now: int, flush: bool) -> Picked | None:
         urgent_only = not paced
         if tx.run("outbox_waiting", urgent_only=urgent_only).fetchone() is None:
             return None
-        delivery_id = tx.one(
+        delivery_id, salt = tx.one(
             "delivery_insert",
             paced=paced,
             at_most_once=settings.delivery == "at_most_once",
             now=now,
             retry_after=now + settings.send_timeout,
-        )[0]
+        )
         tx.run("outbox_assign", delivery=delivery_id, urgent_only=urgent_only)
         if paced:
             tx.set_meta("last_paced_send", now)
@@ -85,12 +85,8 @@ def _begin_delivery(tx: Tx, now: int, flush: bool) -> Picked | None:
     unsendable = unsendable_messages(bodies)
     if unsendable is not None:
         raise Unsendable(delivery_id, unsendable)
-    key = delivery_key(tx, delivery_id)
+    key = plans.delivery_key(tx.meta("uid"), delivery_id, salt)
     return delivery_id, key, "\n\n".join(bodies), len(bodies), attempt
-
-
-def delivery_key(tx: Tx, delivery_id: int) -> str:
-    return plans.delivery_key(tx.meta("uid"), delivery_id)
 
 
 def end_delivery(
@@ -162,7 +158,7 @@ def deliveries(
     else:
         rows = tx.run("deliveries_by_ids", ids=ids, limit=limit).fetchall()
     uid = tx.meta("uid")
-    return [delivery_from_row(r, plans.delivery_key(uid, r[0]), now) for r in rows]
+    return [delivery_from_row(r, plans.delivery_key(uid, r[0], r[11]), now) for r in rows]
 
 
 def uncertain_deliveries(tx: Tx, now: int | None, limit: int) -> list[Delivery]:

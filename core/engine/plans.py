@@ -86,9 +86,21 @@ class Unsendable(Exception):
         self.delivery_id, self.why = delivery_id, why
 
 
-def delivery_key(uid: object, delivery_id: int) -> str:
-    """The idempotency key a send carries: this inbox's uid and the delivery's id."""
-    return f"onwatch-{uid}-{delivery_id}"
+def salted(number: int, salt: object) -> str:
+    """A row's id in a key, with the random salt stored in the row: ids are given again
+    after a restore from a backup, and a copy of an inbox (a template) shares its uid, so
+    uid and id alone could name a different effect or delivery than the one a channel or a
+    payment API remembers under that key. A row stored before salts (None: schema 7 or
+    older, or written by such a release) keeps the key it always had."""
+    if type(salt) is not int:
+        return str(number)
+    return f"{number}.{salt & 0xFFFF_FFFF_FFFF_FFFF:016x}"
+
+
+def delivery_key(uid: object, delivery_id: int, salt: object = None) -> str:
+    """The idempotency key a send carries: this inbox's uid, the delivery's id and salt.
+    Every attempt of one delivery carries it; no other delivery ever does."""
+    return f"onwatch-{uid}-{salted(delivery_id, salt)}"
 
 
 def paced_now(flush: bool, last_paced: int | None, gap: int, now: int) -> bool:
@@ -179,12 +191,13 @@ def effect_event(
     return event
 
 
-def effect_key(uid: object, event: int, name: str, intended: int) -> str:
+def effect_key(uid: object, event: int, name: str, intended: int, salt: object = None) -> str:
     """An effect's default idempotency key, derived from what the effect is for (this inbox,
-    the event, the effect's name, and how many times this run `intended` it for that event
-    before), never from the run or how it was batched: a retry of the event, alone or in
-    another batch, gets the same keys, so a tool that dedupes on them acts once."""
-    return f"onwatch-{uid}-ev{event}-{name}-{intended + 1}"
+    the event with its salt, the effect's name, and how many times this run `intended` it
+    for that event before), never from the run or how it was batched: a retry of the
+    event, alone or in another batch, gets the same keys, so a tool that dedupes on them
+    acts once; another event never does, even one given the same id after a restore."""
+    return f"onwatch-{uid}-ev{salted(event, salt)}-{name}-{intended + 1}"
 
 
 # --- operator actions -----------------------------------------------------------------------

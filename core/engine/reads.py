@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import string
 from typing import Iterable
 
 from ..records import (
@@ -15,7 +16,7 @@ from ..records import (
     Run,
     Timer,
 )
-from . import plans
+from . import plans, spend
 from .decoding import (
     audit_entry_from_row,
     event_from_row,
@@ -52,18 +53,31 @@ def events(
 ) -> list[Event]:
     """A keyset page by id: ascending after `after`, or descending before `before`; without
     payloads (None) when `payload` is false, so a list never reads or decodes documents.
-    `search` finds events whose source, source id or error contains it, ignoring case."""
+    `search` finds events whose source, source id or error contains it, the case of the
+    letters A to Z ignored and every other character as it is (see `folded`)."""
     descending = before is not None and after is None
     rows = tx.run(
         "events_page_down" if descending else "events_page_up",
         status=status,
         after=after,
         before=before,
-        search=search.lower() if search else None,
+        search=folded(search) if search else None,
         payload=payload,
         limit=limit,
     )
     return [event_from_row(r) for r in rows]
+
+
+_ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+def folded(text: str) -> str:
+    """`text` as a search compares it: A to Z lower-cased, every other character (É, ß,
+    the Kelvin sign, a combining accent) as it is, in the form it is stored (no Unicode
+    normalisation). Exactly what SQLite's lower() does and what PostgreSQL's statement does
+    with translate(), whatever its locale: the two backends find the same events for every
+    search, and an id is always found by itself (docs/rules.md#intake-and-deduplication)."""
+    return text.translate(_ASCII_LOWER)
 
 
 def counts(tx: Tx) -> dict[str, int]:
@@ -139,7 +153,10 @@ def overview(tx: Tx, now: int | None) -> Overview:
         next_timer_due=next_timer_due(tx),
         waiting_approvals=waiting,
         runs_last_day=runs_day,
-        budgets=plans.budgets(settings, runs_day, by_status.get("pending", 0)),
+        budgets={
+            **plans.budgets(settings, runs_day, by_status.get("pending", 0)),
+            "max_spend_per_day": spend.budget_entry(tx, settings, now),
+        },
         timers=timer_count,
         uncertain_deliveries=uncertain,
         set_aside=tx.meta("set_aside") or 0,
@@ -163,8 +180,31 @@ def next_wake(tx: Tx, now: int | None, sends: bool = True) -> int | None:
         if pending is not None and limit is not None:
             oldest = tx.run("runs_counted_oldest", since=now - DAY, offset=limit - 1).fetchone()
             pending = when_runs_allow(pending, oldest and oldest[0])
+        if pending is not None and settings.max_spend_per_day:
+            # Over a spend budget, events wait for the window to let go of enough spend.
+            frees = spend.frees_at(tx, settings, now)
+            if frees is not None:
+                pending = max(pending, frees)
         candidates.append(pending)
     if sends and not tx.meta("outbox_held"):
         # A send that a crashed dispatcher left half-done may be retried from then on.
         candidates += [next_send_at(tx), tx.one("delivery_next_retry")[0]]
+    return earliest(candidates)
+
+
+def died_since(tx: Tx, since: int, limit: int) -> list[Event]:
+    """Events that became dead at or after `since` (by when they last changed), oldest first,
+    without payloads: what `onwatch notify` says once each."""
+    return [event_from_row(r) for r in tx.run("events_died_since", since=since, limit=limit)]
+
+
+def work_since(tx: Tx, now: int | None) -> int | None:
+    """Since when this inbox has had work for a worker: its oldest pending event's arrival,
+    or a timer's due instant once it is due (None: nothing to do)."""
+    now = tx.now(now)
+    oldest = tx.run("pending_oldest").fetchone()
+    candidates = [None if oldest is None else oldest[0]]
+    due = next_timer_due(tx)
+    if type(due) is int and due <= now:
+        candidates.append(due)
     return earliest(candidates)

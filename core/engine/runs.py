@@ -9,6 +9,7 @@ from ..clock import MAX_COUNT
 from ..errors import BadInput
 from ..records import ApprovalRequest, Event, FollowUp, Reply
 from ..settings import Settings
+from . import spend
 from .approvals import request_approval
 from .decoding import event_from_row, is_int, reason
 from .journal import refuse, set_aside
@@ -40,6 +41,8 @@ def claim_batch(tx: Tx, holder: str, gen: int, now: int | None) -> list[Event]:
         and runs_since(tx, now - DAY) >= settings.max_runs_per_day
     ):
         return []  # budget: excess runs are delayed until the day's window frees a slot
+    if settings.max_spend_per_day and spend.over_budget(tx, settings, now) is not None:
+        return []  # budget: a unit's spend of the last 24 hours reached max_spend_per_day
     for _ in range(ROUNDS):
         rows = tx.run("claimable_retried", now=now).fetchall()
         if not rows:

@@ -4,6 +4,7 @@ occurrence goes through the inbox, deduplicated), approvals expire at their dead
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from ..records import Timer
@@ -11,13 +12,19 @@ from .approvals import expire_waiting
 from .decoding import checked_timer, not_fired
 from .journal import set_aside
 from .switches import load_settings
-from .timing import firing, plain_occurrence
+from .timing import firing, plain_occurrence, plain_recurring
 from .tx import NewEvent, TimerAdvance, Tx
 
-# Due timers fired in one transaction at most. A storm of timers due at once (150,000 daily
-# ones at 09:00) is fired in chunks, each atomic, so that an ingest from another process
-# never waits behind the whole storm for the write lock.
+# Due timers read and fired together (one statement each way). A transaction fires
+# chunks of them until it has held the write lock for TX_SECONDS, then commits, and the
+# pass pauses PAUSE_SECONDS before the next one: a storm of timers due at once (150,000
+# daily ones at 09:00) is fired in transactions of a few tens of milliseconds, each atomic,
+# and an ingest from another process, which looks for the lock every 2 ms while it waits
+# (core/sqlite/db.py `_patiently`), gets in at the next pause instead of waiting behind
+# the whole storm.
 CHUNK = 500
+TX_SECONDS = 0.025
+PAUSE_SECONDS = 0.003
 
 
 def nothing_due(tx: Tx, now: int | None) -> tuple[int, bool] | None:
@@ -27,11 +34,14 @@ def nothing_due(tx: Tx, now: int | None) -> tuple[int, bool] | None:
     return None if found else (0, False)
 
 
-def run_scheduler(tx: Tx, now: int | None, limit: int = CHUNK) -> tuple[int, bool]:
-    """Turn up to `limit` due timers into inbox events and move them on, all in this one
-    transaction (a second pass at the same instant finds them not due), in due order.
-    Returns how many were due and handled, and whether more are due (the caller runs
-    another pass).
+def run_scheduler(
+    tx: Tx, now: int | None, limit: int = CHUNK, seconds: float | None = TX_SECONDS
+) -> tuple[int, bool]:
+    """Turn due timers into inbox events and move them on, all in this one transaction (a
+    second pass at the same instant finds them not due), in due order: chunks of `limit`
+    until none is left or the transaction has run for `seconds` (None: one chunk). Returns
+    how many were due and handled, and whether more are due (the caller runs another
+    transaction).
 
     Consecutive plain timers are planned in Python and written together, with one statement
     per kind of write (events, recurring timers moved on, one-shot timers deleted) however
@@ -42,17 +52,23 @@ def run_scheduler(tx: Tx, now: int | None, limit: int = CHUNK) -> tuple[int, boo
     """
     now = tx.now(now)
     catch_up_limit = load_settings(tx).catch_up_limit
-    due = tx.run("timers_due", now=now, limit=limit + 1).fetchall()
-    more = len(due) > limit
-    due = due[:limit]
-    batch = _Batch()
-    for row in due:
-        if batch.plan(tx, row, now, catch_up_limit):
-            continue
+    started, fired = time.monotonic(), 0
+    while True:
+        due = tx.run("timers_due", now=now, limit=limit + 1).fetchall()
+        more = len(due) > limit
+        due = due[:limit]
+        batch = _Batch()
+        for row in due:
+            if batch.plan(tx, row, now, catch_up_limit):
+                continue
+            batch.write(tx, now, catch_up_limit)
+            _fire_alone(tx, row, now, catch_up_limit)
         batch.write(tx, now, catch_up_limit)
-        _fire_alone(tx, row, now, catch_up_limit)
-    batch.write(tx, now, catch_up_limit)
-    return len(due), more
+        fired += len(due)
+        # Each chunk moved every timer it read past `now` (or set it aside), so the next
+        # read finds the next ones.
+        if not more or seconds is None or time.monotonic() - started >= seconds:
+            return fired, more
 
 
 class _Batch:
@@ -69,9 +85,13 @@ class _Batch:
         # A one-shot timer whose stored payload the database proved to be JSON (the
         # statement's last column) fires without decoding and encoding it again.
         plain = plain_occurrence(row, now, row[-1] == 1)
+        recurring = None if plain is not None else plain_recurring(row, now, row[-1] == 1)
         if plain is not None:
             self.events.append(plain)
             self.fired_once.append(row[0])
+        elif recurring is not None:
+            self.events.append(recurring[0])
+            self.advanced.append(recurring[1])
         else:
             try:
                 timer = checked_timer(row)

@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..clock import MAX_TIME
+from ..clock import MAX_DURATION, MAX_TIME
 from .decoding import DECODE_ERRORS, is_int
 from ..records import Timer
-from .tx import NewEvent
+from .tx import NewEvent, TimerAdvance
 
 _JSON_STRING = json.encoder.encode_basestring_ascii  # what json.dumps does with a str
 _JSON_DECODE = json.JSONDecoder().decode  # json.loads of a str, without its type checks
@@ -122,22 +122,72 @@ def plain_occurrence(row: Sequence[Any], now: int, json_proven: bool) -> NewEven
         source, source_id = key_source, key_id
     else:
         return None
-    if payload is None:
-        data = "null"
-    elif type(payload) is str:
-        if not json_proven or payload.count("[") + payload.count("{") > 100:
-            try:
-                _JSON_DECODE(payload)
-            except DECODE_ERRORS:
-                return None
-        data = payload
-    else:
+    data = _stored_json(payload, json_proven)
+    if data is None:
         return None
     text = (
         f'{{"timer": {_JSON_STRING(timer_id)}, "scheduled_for": {due}, '
         f'"late_by": {now - due}, "skipped": 0, "data": {data}}}'
     )
     return source, source_id, text, now
+
+
+def plain_recurring(
+    row: Sequence[Any], now: int, json_proven: bool
+) -> tuple[NewEvent, TimerAdvance] | None:
+    """What a valid recurring timer due now fires, when that is one event (`coalesce`, or
+    `each` with one occurrence due: the same plan), as `firing` would plan it: the event row
+    (its payload spliced from the stored JSON text, as `plain_occurrence` does) and the
+    timer's advance. None for anything else, which takes `firing`'s path."""
+    timer_id, due, every, catch_up, payload, key_source, _, last_fired, _, overflow, kind = row[:11]
+    if (
+        every is None
+        or kind != "timer"
+        or key_source is not None
+        or type(timer_id) is not str
+        or not is_int(due, 0, MAX_TIME)
+        or not is_int(every, 1, MAX_DURATION)
+        or catch_up not in ("coalesce", "each")
+        or not is_int(overflow, 0, 1 << 62)
+        or (last_fired is not None and not is_int(last_fired, 0, MAX_TIME))
+    ):
+        return None
+    if last_fired is not None and due <= last_fired:  # first_unfired
+        due += ((last_fired - due) // every + 1) * every
+    if due > now:
+        return None
+    missed = (now - due) // every  # occurrences before the latest one
+    if missed and catch_up != "coalesce":
+        return None
+    data = _stored_json(payload, json_proven)
+    if data is None:
+        return None
+    latest = due + missed * every
+    text = (
+        f'{{"timer": {_JSON_STRING(timer_id)}, "scheduled_for": {latest}, '
+        f'"late_by": {now - latest}, "skipped": {missed}, "data": {data}}}'
+    )
+    return ("timer", f"{timer_id}@{latest}", text, now), (
+        timer_id,
+        latest + every,
+        latest,
+        missed,
+        0,
+    )
+
+
+def _stored_json(payload: Any, json_proven: bool) -> str | None:
+    """A stored timer payload as JSON text to splice (None: not one whole JSON value)."""
+    if payload is None:
+        return "null"
+    if type(payload) is not str:
+        return None
+    if not json_proven or payload.count("[") + payload.count("{") > 100:
+        try:
+            _JSON_DECODE(payload)
+        except DECODE_ERRORS:
+            return None
+    return payload
 
 
 def approval_timer(request_id: str) -> str:

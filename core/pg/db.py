@@ -32,13 +32,13 @@ import threading
 import time
 from typing import Any, Callable, TypeVar, cast
 
-from ..errors import ConnectionLost, InboxBusy, InboxError, NotAnInbox
+from ..errors import ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
 from ..text import printable
 from . import redact, said, schema
 from .connect import STATEMENT_TIMEOUT, connect
 from .listen import ListenWake
 from .rows import Row, one
-from .tx import SERVER_TIME, Tx
+from .tx import SERVER_TIME, STATEMENTS, Tx
 
 T = TypeVar("T")
 Args = tuple[Any, ...]  # a store function's arguments after the Tx: whatever it declares
@@ -109,6 +109,11 @@ INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused"  # as queri
 
 
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
+    if isinstance(exc, (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction)):
+        return ReadOnlyInbox(
+            f"inbox {where} cannot be written by this connection ({str(exc).strip()}); "
+            f"nothing was written"
+        )
     if isinstance(exc, pg_errors.LockNotAvailable):
         return InboxBusy(
             f"inbox {where} stayed locked by another connection for more than "
@@ -212,16 +217,27 @@ class Database:
     """
 
     def __init__(
-        self, url: str, name: str, inbox: int, busy_timeout: float, conn: "psycopg.Connection[Row]"
+        self,
+        url: str,
+        name: str,
+        inbox: int,
+        busy_timeout: float,
+        conn: "psycopg.Connection[Row]",
+        version: int = schema.SCHEMA_VERSION,
     ) -> None:
         self.url = url
+        # The database's schema as opened (older only when opened without migrating), the
+        # one it had before this open migrated it, and why writes are refused (read-only).
+        self.version = version
+        self.migrated_from: int | None = None
+        self.read_only: str | None = None
         self.name = name
         self.inbox = inbox
         # What messages and logs call it: no password, and a name with control characters
         # shown escaped (it must not forge a log line or drive a terminal).
         self.path = f"{printable(redact(url))} inbox {printable(name)}"
         self.busy_timeout = busy_timeout
-        self._tx = Tx(conn, inbox, name)
+        self._tx = Tx(conn, inbox, name, STATEMENTS.for_schema(version))
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._closed = False
         self._backoff = 0.0  # after a failed reconnection: how long until the next try
@@ -244,16 +260,25 @@ class Database:
 
     @classmethod
     async def open(
-        cls, url: str, *, name: str = "default", create: bool = True, busy_timeout: float = 5.0
+        cls,
+        url: str,
+        *,
+        name: str = "default",
+        create: bool = True,
+        busy_timeout: float = 5.0,
+        migrate: bool = False,
+        read_only: bool = False,
     ) -> "Database":
-        """Open (creating or migrating the schema, and creating the inbox `name` unless
-        create=False) one inbox; raise NotAnInbox and leave the database untouched if it is
-        foreign or newer, or the inbox is missing with create=False."""
+        """Open one inbox (creating the schema in an empty database, and the inbox `name`,
+        unless create=False); raise NotAnInbox and leave the database untouched if it is
+        foreign or newer, or the inbox is missing with create=False. A database of an older
+        schema is migrated only with `migrate` (UpgradeRefused while any inbox's lease is
+        held); `read_only` creates, migrates and writes nothing."""
         if psycopg is None:
             raise InboxError("PostgreSQL inboxes need psycopg 3: pip install 'psycopg[binary]'")
         where = redact(url)
 
-        def prepare() -> tuple[psycopg.Connection, int]:
+        def prepare() -> tuple[psycopg.Connection, int, int, int]:
             conn = _pooled(url, busy_timeout)
             if conn is not None:  # kept idle: check it survived (a server restart meanwhile)
                 try:
@@ -273,12 +298,20 @@ class Database:
                     # schema this very moment (its commit fell between our two looks):
                     # decided again below, under the migration lock, in one snapshot.
                     version = -1
-                if version < schema.SCHEMA_VERSION:
-                    if schema.migrate(conn, where, create=create) == 0 and not create:
-                        raise NotAnInbox(
-                            f"no onwatch database at {where} (run `onwatch init "
-                            f"{where} --inbox {name}` to create one)"
-                        )
+                before = version
+                if not read_only and (
+                    version <= 0 or (migrate and version < schema.SCHEMA_VERSION)
+                ):
+                    # An empty database gets the schema (a new inbox's first open); an older
+                    # one is migrated only when asked (docs/rules.md#upgrading-a-running-
+                    # deployment). The version is read again under the migration lock.
+                    before = schema.migrate(conn, where, create=create)
+                    version = schema.SCHEMA_VERSION if before > 0 or create else 0
+                if version <= 0:
+                    raise NotAnInbox(
+                        f"no onwatch database at {where} (run `onwatch init "
+                        f"{where} --inbox {name}` to create one)"
+                    )
                 inbox = _find_inbox(conn, name, create, where)
             except psycopg.Error as exc:
                 conn.close()
@@ -286,10 +319,15 @@ class Database:
             except BaseException:
                 conn.close()
                 raise
-            return conn, inbox
+            return conn, inbox, before, version
 
-        conn, inbox = await asyncio.to_thread(prepare)
-        return cls(url, name, inbox, busy_timeout, conn)
+        conn, inbox, before, version = await asyncio.to_thread(prepare)
+        db = cls(url, name, inbox, busy_timeout, conn, version)
+        if 0 < before < version:
+            db.migrated_from = before
+        if read_only:
+            db.read_only = f"{db.path} was opened read-only"
+        return db
 
     # --- the connection's thread ----------------------------------------------------------
 
@@ -458,8 +496,13 @@ class Database:
         """Run `fn(tx, *args)` on the connection's thread, each statement on its own."""
         return await self._await(_plain, fn, args)
 
+    def _writable(self) -> None:
+        if self.read_only is not None:
+            raise ReadOnlyInbox(f"inbox {self.read_only}; nothing was written")
+
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` in one transaction holding the inbox's lock; roll back on any exception."""
+        self._writable()
         result = await self._await(write_transaction, fn, args)
         self.wake.notify()
         return result
@@ -469,6 +512,7 @@ class Database:
     ) -> T:
         """`precheck(tx, *args)` outside a transaction; its answer when it has one (nothing
         to write), else `fn` in one transaction holding the inbox's lock."""
+        self._writable()
         result = await self._await(write_unless(precheck), fn, args)
         self.wake.notify()
         return result
@@ -493,6 +537,8 @@ class Database:
         args: Args,
         done: Callable[[T | None, BaseException | None], None],
     ) -> None:
+        self._writable()
+
         def committed(result: T | None, error: BaseException | None) -> None:  # on the loop
             if error is None:
                 self.wake.notify()
@@ -533,6 +579,33 @@ class Database:
         if self._thread.is_alive():  # a job waits on a server that does not answer
             self._cut()
             await asyncio.to_thread(self._thread.join, CLOSE_WAIT)
+
+
+async def migrate_database(url: str, *, busy_timeout: float = 5.0) -> tuple[int, int]:
+    """Migrate the whole database at `url` (every inbox in it) to this release's schema;
+    return its version before and after (see core/backends.py `migrate`)."""
+    if psycopg is None:
+        raise InboxError("PostgreSQL inboxes need psycopg 3: pip install 'psycopg[binary]'")
+    where = redact(url)
+
+    def run() -> tuple[int, int]:
+        try:
+            conn = Database._connect(url, busy_timeout)
+        except psycopg.Error as exc:
+            raise InboxError(f"cannot connect to {where}: {str(exc).strip()}") from None
+        try:
+            before = schema.migrate(conn, where, create=False)
+        except psycopg.Error as exc:
+            raise _map_error(exc, where, busy_timeout) from None
+        finally:
+            conn.close()
+        if before == 0:
+            raise NotAnInbox(
+                f"no onwatch database at {where} (run `onwatch init {where}` to create one)"
+            )
+        return before, schema.SCHEMA_VERSION
+
+    return await asyncio.to_thread(run)
 
 
 def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where: str) -> int:

@@ -5,7 +5,9 @@
 -- is an array. The names and what each statement means are core/sqlite/queries.sql's.
 -- What an inbox file keeps in `meta`, `settings` and `lease` is columns of the inbox's row
 -- here. An event's id counts within its inbox (max + 1: an inbox's writers take turns,
--- each holding the inbox's row lock, see core/pg/db.py).
+-- each holding the inbox's row lock, see core/pg/db.py). `-- name: NAME before N` keeps a
+-- statement's former text for a database of a schema older than N, opened without
+-- migrating (core/engine/queries.py).
 
 -- --- settings and switches ---------------------------------------------------------------
 
@@ -108,19 +110,26 @@ WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
 -- name: runs_since
 SELECT count(*) FROM runs WHERE inbox_id = %(inbox)s AND claimed_at > %(since)s;
 
+-- The oldest retried event whose backoff is over. `id + 0`: no index gives this order, so
+-- the planner takes the range of events_retry_due (those whose backoff is over) rather than
+-- walking every retried event by id, which is what it would do while its statistics still
+-- say that most of them may run.
 -- name: claimable_retried
 SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
        available_at, claimed_at, run_id
 FROM events
 WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
   AND available_at <= %(now)s
-ORDER BY id LIMIT 1;
+ORDER BY id + 0 LIMIT 1;
 
+-- Only asked when no retried event may run: then every pending event that may run now has
+-- never been attempted (events_fresh holds those, by id).
 -- name: claimable
 SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
        available_at, claimed_at, run_id
 FROM events
-WHERE inbox_id = %(inbox)s AND status = 'pending' AND available_at <= %(now)s
+WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts = 0
+  AND available_at <= %(now)s
 ORDER BY id LIMIT %(limit)s;
 
 -- name: event_set_aside
@@ -130,6 +139,22 @@ WHERE inbox_id = %(inbox)s AND id = %(id)s;
 -- The run, its events' links and the claim itself in one statement (one round trip).
 -- Attempts are counted here, at claim time: a worker that crashes never reports failure.
 -- name: claim
+WITH run AS (
+    INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at)
+    VALUES (%(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s) RETURNING id),
+linked AS (
+    INSERT INTO run_events(inbox_id, event_id, run_id)
+    SELECT %(inbox)s, unnest(%(ids)s::bigint[]), run.id FROM run),
+claimed AS (
+    UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = %(gen)s,
+           claimed_at = %(now)s, run_id = (SELECT id FROM run), updated = %(now)s,
+           key_salt = coalesce(key_salt, CASE WHEN run_id IS NULL
+                                         THEN floor(random() * 9007199254740992)::bigint
+                                         END)
+    WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]))
+SELECT id FROM run;
+
+-- name: claim before 4
 WITH run AS (
     INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at)
     VALUES (%(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s) RETURNING id),
@@ -241,7 +266,13 @@ WHERE inbox_id = %(inbox)s AND request_id = %(id)s AND answer IS NULL;
 -- --- outbox ------------------------------------------------------------------------------
 
 -- name: delivery_to_retry
-SELECT id, attempts FROM deliveries
+SELECT id, attempts, key_salt FROM deliveries
+WHERE inbox_id = %(inbox)s AND status IN ('sending', 'failed') AND NOT at_most_once
+  AND (status = 'failed' OR retry_after < %(now)s)
+ORDER BY id LIMIT 1;
+
+-- name: delivery_to_retry before 4
+SELECT id, attempts, NULL::bigint FROM deliveries
 WHERE inbox_id = %(inbox)s AND status IN ('sending', 'failed') AND NOT at_most_once
   AND (status = 'failed' OR retry_after < %(now)s)
 ORDER BY id LIMIT 1;
@@ -264,10 +295,16 @@ WHERE inbox_id = %(inbox)s AND status = 'held' AND delivery_id IS NULL
   AND (NOT %(urgent_only)s OR urgent)
 LIMIT 1;
 
+-- The key salt is the column's default (schema 4).
 -- name: delivery_insert
 INSERT INTO deliveries(inbox_id, status, attempts, paced, at_most_once, created, retry_after)
 VALUES (%(inbox)s, 'sending', 1, %(paced)s, %(at_most_once)s, %(now)s, %(retry_after)s)
-RETURNING id;
+RETURNING id, key_salt;
+
+-- name: delivery_insert before 4
+INSERT INTO deliveries(inbox_id, status, attempts, paced, at_most_once, created, retry_after)
+VALUES (%(inbox)s, 'sending', 1, %(paced)s, %(at_most_once)s, %(now)s, %(retry_after)s)
+RETURNING id, NULL::bigint;
 
 -- name: outbox_assign
 UPDATE outbox SET delivery_id = %(delivery)s
@@ -309,13 +346,30 @@ WHERE inbox_id = %(inbox)s AND id = %(id)s;
 -- name: deliveries_newest
 SELECT d.id, d.status, d.attempts, d.created,
        (SELECT count(*) FROM outbox o WHERE o.inbox_id = d.inbox_id AND o.delivery_id = d.id),
-       d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken
+       d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken,
+       d.key_salt
+FROM deliveries d WHERE d.inbox_id = %(inbox)s ORDER BY d.id DESC LIMIT %(limit)s;
+
+-- name: deliveries_newest before 4
+SELECT d.id, d.status, d.attempts, d.created,
+       (SELECT count(*) FROM outbox o WHERE o.inbox_id = d.inbox_id AND o.delivery_id = d.id),
+       d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken,
+       NULL::bigint
 FROM deliveries d WHERE d.inbox_id = %(inbox)s ORDER BY d.id DESC LIMIT %(limit)s;
 
 -- name: deliveries_by_ids
 SELECT d.id, d.status, d.attempts, d.created,
        (SELECT count(*) FROM outbox o WHERE o.inbox_id = d.inbox_id AND o.delivery_id = d.id),
-       d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken
+       d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken,
+       d.key_salt
+FROM deliveries d WHERE d.inbox_id = %(inbox)s AND d.id = ANY(%(ids)s::bigint[])
+ORDER BY d.id LIMIT %(limit)s;
+
+-- name: deliveries_by_ids before 4
+SELECT d.id, d.status, d.attempts, d.created,
+       (SELECT count(*) FROM outbox o WHERE o.inbox_id = d.inbox_id AND o.delivery_id = d.id),
+       d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken,
+       NULL::bigint
 FROM deliveries d WHERE d.inbox_id = %(inbox)s AND d.id = ANY(%(ids)s::bigint[])
 ORDER BY d.id LIMIT %(limit)s;
 
@@ -349,6 +403,12 @@ INSERT INTO effects(inbox_id, run_id, name, key, state, detail, intended_at, eve
 VALUES (%(inbox)s, %(run)s, %(name)s, %(key)s, 'intended', %(detail)s, %(now)s, %(event)s)
 ON CONFLICT (inbox_id, run_id, key) DO NOTHING;
 
+-- name: event_key_salt
+SELECT key_salt FROM events WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: event_key_salt before 4
+SELECT NULL::bigint;
+
 -- name: effects_intended
 SELECT count(*) FROM effects
 WHERE inbox_id = %(inbox)s AND run_id = %(run)s AND name = %(name)s AND event_id = %(event)s;
@@ -369,6 +429,8 @@ SELECT id, source, source_id, payload, status, attempts, claim_gen, error, creat
        available_at, claimed_at, run_id
 FROM events WHERE inbox_id = %(inbox)s AND id = %(id)s;
 
+-- A search folds the letters A to Z only, as SQLite's lower() does (lower() here would
+-- follow the database's locale, and the backends would find different events).
 -- name: events_page_up
 SELECT id, source, source_id, CASE WHEN %(payload)s THEN payload END, status, attempts,
        claim_gen, error, created, updated, available_at, claimed_at, run_id
@@ -376,9 +438,13 @@ FROM events
 WHERE inbox_id = %(inbox)s AND status = %(status)s
   AND id > coalesce(%(after)s::bigint, -1)
   AND id < coalesce(%(before)s::bigint, 9223372036854775807)
-  AND (%(search)s::text IS NULL OR strpos(lower(source), %(search)s) > 0
-       OR strpos(lower(source_id), %(search)s) > 0
-       OR strpos(lower(coalesce(error, '')), %(search)s) > 0)
+  AND (%(search)s::text IS NULL
+       OR strpos(translate(source, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'),
+                 %(search)s) > 0
+       OR strpos(translate(source_id, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                           'abcdefghijklmnopqrstuvwxyz'), %(search)s) > 0
+       OR strpos(translate(coalesce(error, ''), 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                           'abcdefghijklmnopqrstuvwxyz'), %(search)s) > 0)
 ORDER BY id LIMIT %(limit)s;
 
 -- name: events_page_down
@@ -388,9 +454,13 @@ FROM events
 WHERE inbox_id = %(inbox)s AND status = %(status)s
   AND id > coalesce(%(after)s::bigint, -1)
   AND id < coalesce(%(before)s::bigint, 9223372036854775807)
-  AND (%(search)s::text IS NULL OR strpos(lower(source), %(search)s) > 0
-       OR strpos(lower(source_id), %(search)s) > 0
-       OR strpos(lower(coalesce(error, '')), %(search)s) > 0)
+  AND (%(search)s::text IS NULL
+       OR strpos(translate(source, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ', 'abcdefghijklmnopqrstuvwxyz'),
+                 %(search)s) > 0
+       OR strpos(translate(source_id, 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                           'abcdefghijklmnopqrstuvwxyz'), %(search)s) > 0
+       OR strpos(translate(coalesce(error, ''), 'ABCDEFGHIJKLMNOPQRSTUVWXYZ',
+                           'abcdefghijklmnopqrstuvwxyz'), %(search)s) > 0)
 ORDER BY id DESC LIMIT %(limit)s;
 
 -- name: event_counts
@@ -455,3 +525,115 @@ ORDER BY claimed_at DESC LIMIT 1 OFFSET %(offset)s;
 -- name: runs_per_minute
 SELECT claimed_at / 60, count(*), count(*) FILTER (WHERE outcome IN ('error', 'lost'))
 FROM runs WHERE inbox_id = %(inbox)s AND claimed_at > %(since)s GROUP BY 1 ORDER BY 1;
+
+-- --- the run's transcript and its spend (core/engine/transcripts.py, spend.py) -------------
+
+-- name: run_exists
+SELECT 1 FROM runs WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: transcript_state
+SELECT lines, head_end, head_chars, head_closed, tail_chars, dropped, dropped_chars,
+       head_budget, tail_budget, pruned, updated, sent_dropped_chars
+FROM transcripts WHERE inbox_id = %(inbox)s AND run_id = %(run)s;
+
+-- name: transcript_state_store
+INSERT INTO transcripts(inbox_id, run_id, lines, head_end, head_chars, head_closed,
+                        tail_chars, dropped, dropped_chars, sent_dropped_chars, head_budget,
+                        tail_budget, updated)
+VALUES (%(inbox)s, %(run)s, %(lines)s, %(head_end)s, %(head_chars)s, %(head_closed)s,
+        %(tail_chars)s, %(dropped)s, %(dropped_chars)s, %(sent_dropped_chars)s,
+        %(head_budget)s, %(tail_budget)s, %(now)s)
+ON CONFLICT (inbox_id, run_id) DO UPDATE SET lines = excluded.lines,
+    head_end = excluded.head_end, head_chars = excluded.head_chars,
+    head_closed = excluded.head_closed, tail_chars = excluded.tail_chars,
+    dropped = excluded.dropped, dropped_chars = excluded.dropped_chars,
+    sent_dropped_chars = excluded.sent_dropped_chars, updated = excluded.updated;
+
+-- %(rows)s is a JSON list of [seq, at, level, logger, text, fields, size] (SQLite's text).
+-- name: transcript_lines_insert
+INSERT INTO transcript_lines(inbox_id, run_id, seq, at, level, logger, text, fields, size)
+SELECT %(inbox)s, %(run)s, (r.v ->> 0)::bigint, (r.v ->> 1)::bigint, r.v ->> 2, r.v ->> 3,
+       r.v ->> 4, r.v ->> 5, (r.v ->> 6)::bigint
+FROM jsonb_array_elements(%(rows)s::jsonb) AS r(v)
+ON CONFLICT (inbox_id, run_id, seq) DO NOTHING;
+
+-- name: transcript_oldest_tail
+SELECT seq, size FROM transcript_lines
+WHERE inbox_id = %(inbox)s AND run_id = %(run)s AND seq >= %(head_end)s
+ORDER BY seq LIMIT %(limit)s;
+
+-- name: transcript_cut
+DELETE FROM transcript_lines
+WHERE inbox_id = %(inbox)s AND run_id = %(run)s AND seq >= %(head_end)s AND seq <= %(upto)s;
+
+-- name: transcript_lines_after
+SELECT seq, at, level, logger, text, fields FROM transcript_lines
+WHERE inbox_id = %(inbox)s AND run_id = %(run)s AND seq > %(after)s ORDER BY seq
+LIMIT %(limit)s;
+
+-- name: transcript_lines_newest
+SELECT seq, at, level, logger, text, fields FROM transcript_lines
+WHERE inbox_id = %(inbox)s AND run_id = %(run)s ORDER BY seq DESC LIMIT %(limit)s;
+
+-- name: transcript_last_seq
+SELECT max(seq) FROM transcript_lines WHERE inbox_id = %(inbox)s AND run_id = %(run)s;
+
+-- name: transcripts_prune_mark
+UPDATE transcripts t SET pruned = true
+WHERE t.inbox_id = %(inbox)s AND NOT t.pruned AND NOT EXISTS (
+    SELECT 1 FROM runs r
+    CROSS JOIN LATERAL jsonb_array_elements_text(r.event_ids::jsonb) AS j(id)
+    JOIN events e ON e.inbox_id = r.inbox_id AND e.id = j.id::bigint
+    WHERE r.inbox_id = t.inbox_id AND r.id = t.run_id AND e.payload IS NOT NULL)
+RETURNING run_id;
+
+-- name: transcript_lines_delete
+DELETE FROM transcript_lines WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)s::bigint[]);
+
+-- name: spend_insert
+INSERT INTO spend(inbox_id, run_id, seq, at, unit, micros, note)
+VALUES (%(inbox)s, %(run)s, %(seq)s, %(at)s, %(unit)s, %(micros)s, %(note)s)
+ON CONFLICT (inbox_id, run_id, seq) DO NOTHING;
+
+-- numeric: a running total nothing overflows (SQLite's saturates instead).
+-- name: spend_total_add
+INSERT INTO spend_totals(inbox_id, unit, micros) VALUES (%(inbox)s, %(unit)s, %(micros)s)
+ON CONFLICT (inbox_id, unit) DO UPDATE SET micros = spend_totals.micros + excluded.micros;
+
+-- name: spend_since
+SELECT sum(micros) FROM spend
+WHERE inbox_id = %(inbox)s AND unit = %(unit)s AND at > %(since)s;
+
+-- name: spend_reaching
+SELECT max(at) FROM (
+    SELECT at, sum(micros) OVER (ORDER BY at DESC, id DESC ROWS UNBOUNDED PRECEDING) AS s
+    FROM spend WHERE inbox_id = %(inbox)s AND unit = %(unit)s AND at > %(since)s) AS w
+WHERE s >= %(limit)s;
+
+-- name: spend_of_runs
+SELECT run_id, unit, sum(micros) FROM spend
+WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)s::bigint[])
+GROUP BY run_id, unit ORDER BY run_id, unit;
+
+-- name: spend_per_day
+SELECT unit, at / 86400, sum(micros) FROM spend
+WHERE inbox_id = %(inbox)s AND at >= %(since)s GROUP BY 1, 2;
+
+-- name: spend_units_since
+SELECT unit, sum(micros) FROM spend WHERE inbox_id = %(inbox)s AND at > %(since)s
+GROUP BY unit ORDER BY unit;
+
+-- name: spend_totals
+SELECT unit, micros FROM spend_totals WHERE inbox_id = %(inbox)s ORDER BY unit;
+
+-- --- what needs a person (onwatch notify) -------------------------------------------------
+
+-- name: events_died_since
+SELECT id, source, source_id, NULL, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events WHERE inbox_id = %(inbox)s AND status = 'dead' AND updated >= %(since)s
+ORDER BY updated, id LIMIT %(limit)s;
+
+-- name: pending_oldest
+SELECT created FROM events WHERE inbox_id = %(inbox)s AND status = 'pending'
+ORDER BY id LIMIT 1;

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import NotAnInbox
 from ..actions import AUDIT_RENAMES
+from ..clock import show
+from ..errors import NotAnInbox, UpgradeRefused
 from .rows import Row, one
 
 if TYPE_CHECKING:
@@ -255,6 +256,75 @@ MIGRATIONS: tuple[str, ...] = (
     # 2: the audit log names each operator action by its one name (core/actions.py); older
     # databases wrote other words for some (the same rewrite as SQLite schema 5).
     AUDIT_RENAMES,
+    # 3: the run's transcript, what runs spent with a running total per unit, and the dead
+    # events by when they died (the same as SQLite's migration of them).
+    """
+    CREATE TABLE transcripts (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        run_id bigint NOT NULL,
+        lines bigint NOT NULL,             -- lines the run logged: the seq of the next
+        head_end bigint NOT NULL,          -- the seq after the beginning's last line
+        head_chars bigint NOT NULL,
+        head_closed boolean NOT NULL,
+        tail_chars bigint NOT NULL,
+        dropped bigint NOT NULL,           -- lines left out between the beginning and the end
+        dropped_chars bigint NOT NULL,
+        sent_dropped_chars bigint NOT NULL, -- of lines the writer dropped before sending
+        head_budget bigint NOT NULL,       -- max_transcript_chars as the first line found it
+        tail_budget bigint NOT NULL,
+        pruned boolean NOT NULL DEFAULT false,
+        updated bigint NOT NULL,
+        PRIMARY KEY (inbox_id, run_id)
+    );
+    CREATE TABLE transcript_lines (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        run_id bigint NOT NULL,
+        seq bigint NOT NULL,
+        at bigint NOT NULL,
+        level text NOT NULL,
+        logger text,
+        text text NOT NULL,
+        fields text,                       -- JSON object of ctx.log's keyword fields
+        size bigint NOT NULL,
+        PRIMARY KEY (inbox_id, run_id, seq)
+    );
+    CREATE TABLE spend (
+        id bigserial PRIMARY KEY,
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        run_id bigint NOT NULL,
+        seq bigint NOT NULL,               -- its line in the run's transcript
+        at bigint NOT NULL,
+        unit text NOT NULL CHECK (length(unit) > 0),
+        micros bigint NOT NULL CHECK (micros >= 0),
+        note text,
+        UNIQUE (inbox_id, run_id, seq)
+    );
+    CREATE INDEX spend_by_time ON spend(inbox_id, at, unit);
+    CREATE TABLE spend_totals (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        unit text NOT NULL,
+        micros numeric NOT NULL,
+        PRIMARY KEY (inbox_id, unit)
+    );
+    CREATE INDEX events_died ON events(inbox_id, updated) WHERE status = 'dead';
+    """,
+    # 4: what SQLite schema 8 adds, for the same reasons (see core/sqlite/schema.py): a key
+    # salt in each event's and delivery's row, and the claim's partial indexes. Additive
+    # only: the previous release's statements keep working on the migrated database. The
+    # salt's default is set apart from the column: rows stored before keep NULL (and their
+    # keys), every row inserted from now on draws one, whichever release inserts it.
+    """
+    ALTER TABLE events ADD COLUMN key_salt bigint;
+    ALTER TABLE events ALTER COLUMN key_salt SET DEFAULT floor(random() * 9007199254740992);
+    ALTER TABLE deliveries ADD COLUMN key_salt bigint;
+    ALTER TABLE deliveries ALTER COLUMN key_salt
+        SET DEFAULT floor(random() * 9007199254740992);
+    CREATE INDEX events_fresh ON events(inbox_id, id) WHERE status = 'pending' AND attempts = 0;
+    CREATE INDEX events_retry_due ON events(inbox_id, available_at)
+        WHERE status = 'pending' AND attempts > 0;
+    CREATE INDEX events_retry_spent ON events(inbox_id, attempts)
+        WHERE status = 'pending' AND attempts > 0;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -313,6 +383,8 @@ def migrate(
             version = inspect(conn, where)
             if version == 0 and not create:
                 return 0
+            if 0 < version < target:
+                refuse_under_lease(conn, where, version, target)
             for step in range(version, target):
                 conn.execute(MIGRATIONS[step])
             if version < target:
@@ -321,3 +393,29 @@ def migrate(
         if not conn.broken:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
     return version
+
+
+def refuse_under_lease(
+    conn: psycopg.Connection[Row], where: str, version: int, target: int
+) -> None:
+    """UpgradeRefused while any inbox's lease is held (by the server's clock): its holder is
+    a worker that did not migrate the database, so of an older release."""
+    held = conn.execute(
+        "SELECT name, lease_holder, lease_gen, "
+        "lease_until - floor(extract(epoch FROM clock_timestamp()))::bigint + 1 "
+        "FROM inboxes WHERE lease_until >= floor(extract(epoch FROM clock_timestamp())) "
+        "ORDER BY name LIMIT 4"
+    ).fetchall()
+    if not held:
+        return
+    named = ", ".join(
+        f"inbox {show(n)} by {show(h)} (generation {g}, for {left} s more)"
+        for n, h, g, left in held[:3]
+    )
+    raise UpgradeRefused(
+        f"{where} is at schema {version} and was not migrated to schema {target}: leases are "
+        f"held by workers of the release that wrote schema {version}: {named}"
+        f"{' and more' if len(held) > 3 else ''}. Stop every worker of that release (each "
+        f"hands its lease back), then run `onwatch migrate {where}` (or start a worker of "
+        f"this release, which migrates)"
+    )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from .rows import Row
+from .rows import Row, one
 
 if TYPE_CHECKING:
     import psycopg
@@ -73,3 +73,23 @@ def summaries(
     return conn.execute(
         SUMMARIES, {"ids": list(ids), "since": since, "shown": shown, "chars": chars}
     ).fetchall()
+
+
+SPEND = """
+SELECT inbox_id, unit, sum(micros) FROM spend
+WHERE inbox_id = ANY(%(ids)s) AND at > %(since)s GROUP BY 1, 2
+"""
+
+
+def spend(
+    conn: psycopg.Connection[Row], ids: Sequence[int], since: int
+) -> dict[int, list[tuple[str, int]]]:
+    """What inboxes `ids` spent after `since`, per unit: {inbox id: [(unit, millionths)]};
+    nothing from a database of an older schema, which has no spend table yet (a reader
+    never migrates)."""
+    found: dict[int, list[tuple[str, int]]] = {}
+    if not one(conn.execute("SELECT to_regclass('spend') IS NOT NULL"))[0]:
+        return found
+    for inbox_id, unit, micros in conn.execute(SPEND, {"ids": list(ids), "since": since}):
+        found.setdefault(int(inbox_id), []).append((str(unit), int(micros)))
+    return found

@@ -40,10 +40,28 @@ class Tx:
         psycopg.IntegrityError,
     )
 
-    __slots__ = ("conn", "inbox", "name", "changed", "row", "server_time", "offset")
+    __slots__ = (
+        "conn",
+        "inbox",
+        "name",
+        "changed",
+        "row",
+        "server_time",
+        "offset",
+        "statements",
+    )
 
-    def __init__(self, conn: "psycopg.Connection[Row]", inbox: int, name: str) -> None:
+    def __init__(
+        self,
+        conn: "psycopg.Connection[Row]",
+        inbox: int,
+        name: str,
+        statements: dict[str, str] = STATEMENTS,
+    ) -> None:
         self.conn = conn
+        # The newest schema's statements, or a database's of an older schema that was
+        # opened without migrating (STATEMENTS.for_schema).
+        self.statements = statements
         self.inbox = inbox
         self.name = name
         self.changed = False
@@ -66,7 +84,7 @@ class Tx:
         if name in _CHANGE_INBOX_ROW:
             self.row = None
         params["inbox"] = self.inbox
-        return self.execute(STATEMENTS[name], params)
+        return self.execute(self.statements[name], params)
 
     def one(self, name: str, /, **params: Any) -> Row:
         return one(self.run(name, **params))

@@ -29,10 +29,13 @@ import threading
 import traceback
 from typing import IO, Any, AsyncIterator, Callable
 
+from .. import checks
 from ..errors import BadInput, InboxError
 from ..records import Event
+from ..settings import spend_unit, to_micros
 from .context import LeaseLost, RunAbandoned
 from .loading import LoadError, load
+from .transcript import capture_logging, current, fields_text, in_run, record_line, storable
 
 ERRORS: dict[str, type[Exception]] = {
     "BadInput": BadInput,
@@ -49,11 +52,14 @@ class Link:
     def __init__(self, incoming: IO[str], outgoing: IO[str]) -> None:
         self._in = incoming
         self._out = outgoing
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one call (a message and its answer) at a time
+        self._sending = threading.Lock()  # one message at a time, answered or not
 
     def send(self, message: dict[str, Any]) -> None:
-        self._out.write(json.dumps(message, ensure_ascii=True) + "\n")
-        self._out.flush()
+        line = json.dumps(message, ensure_ascii=True) + "\n"
+        with self._sending:
+            self._out.write(line)
+            self._out.flush()
 
     def receive(self) -> dict[str, Any] | None:
         line = self._in.readline()
@@ -77,12 +83,40 @@ class Link:
         return answer["value"]
 
 
+class ForwardLog:
+    """This run's transcript as the agent's process has it: every line and spend goes to
+    the worker at once, unanswered (the worker's writer batches them); the calls that
+    need an answer keep theirs, in order."""
+
+    def __init__(self, link: Link) -> None:
+        self._link = link
+
+    def line(self, level: str, logger: str | None, text: str, fields: str | None = None) -> int:
+        self._link.send(
+            {
+                "op": "log",
+                "level": level,
+                "logger": logger,
+                "text": storable(text),
+                "fields": fields,
+            }
+        )
+        return -1  # numbered by the worker
+
+    def spend(self, micros: int, unit: str, note: str | None) -> None:
+        self._link.send({"op": "spend", "micros": micros, "unit": unit, "note": note})
+
+    def record(self, record: logging.LogRecord) -> None:
+        self.line(*record_line(record))
+
+
 class ChildContext:
     """The RunContext as the agent sees it in its own process: the same calls, each one
     made by the worker's RunContext (see the module docstring)."""
 
     def __init__(self, link: Link, batch: list[Event], holder: str, gen: int, run_id: int):
         self._link = link
+        self.transcript = ForwardLog(link)
         self.batch = batch
         self.holder = holder
         self.gen = gen
@@ -96,6 +130,34 @@ class ChildContext:
     def now(self) -> int:
         value: int = self._link.call("now")
         return value
+
+    def log(self, text: str, /, **fields: Any) -> None:
+        if not isinstance(text, str):
+            raise BadInput(f"ctx.log takes a string, got {type(text).__name__}")
+        self.transcript.line("log", None, text, fields_text(fields))
+
+    def spend(self, amount: Any, unit: str = "usd", note: str | None = None) -> None:
+        micros = to_micros(amount)
+        unit = spend_unit(unit)
+        if note is not None:
+            note = checks.text("note", note, limit=200)
+        self.transcript.spend(micros, unit, note)
+
+    def thread(
+        self, target: Callable[..., Any], *args: Any, name: str | None = None, **kwargs: Any
+    ) -> threading.Thread:
+        if not callable(target):
+            raise BadInput(f"ctx.thread runs a callable, got {type(target).__name__}")
+        thread = threading.Thread(
+            target=in_run(target), args=args, kwargs=kwargs, name=name, daemon=True
+        )
+        thread.start()
+        return thread
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        if not callable(fn):
+            raise BadInput(f"ctx.wrap takes a callable, got {type(fn).__name__}")
+        return in_run(fn)
 
     def reply(self, text: str, urgent: bool = False) -> None:
         self._link.call("reply", text, urgent)
@@ -191,6 +253,8 @@ def serve(agent: Callable[..., Any], link: Link) -> None:
             return
         batch = [Event(**fields) for fields in message["batch"]]
         ctx = ChildContext(link, batch, message["holder"], message["gen"], message["run_id"])
+        # The run's logging records go to the worker, from this thread and what it starts.
+        token = current.set(ctx.transcript)
         try:
             outcome = agent(batch, ctx)
             if inspect.isawaitable(outcome):
@@ -206,6 +270,8 @@ def serve(agent: Callable[..., Any], link: Link) -> None:
                 }
             )
             continue
+        finally:
+            current.reset(token)
         link.send({"op": "done", "result": ctx.result})
 
 
@@ -233,6 +299,7 @@ def main(argv: list[str]) -> int:
         format="%(asctime)s onwatch-agent %(levelname)s %(message)s",
     )
     link = Link(incoming, outgoing)
+    capture_logging()
     try:
         agent = load(argv[0], "--agent")
     except LoadError as exc:

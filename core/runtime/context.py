@@ -14,12 +14,15 @@ import logging
 import threading
 from typing import Any, AsyncIterator, Awaitable, Callable, Coroutine, Sequence, TypeVar
 
+from .. import checks
 from ..clock import check_time
 from ..errors import BadInput, InboxBusy, InboxError
 from ..inbox import Inbox
 from ..records import ApprovalRequest, Event, FollowUp, Reply
+from ..settings import spend_unit, to_micros
 from ..text import printable
 from .threads import start_thread
+from .transcript import RunLog, fields_text, in_run
 
 log = logging.getLogger("onwatch.worker")
 T = TypeVar("T")
@@ -57,6 +60,7 @@ class RunContext:
         gen: int,
         batch: Sequence[Event],
         loop: asyncio.AbstractEventLoop,
+        transcript: RunLog | None = None,
     ) -> None:
         self._inbox = inbox
         self.holder = holder
@@ -72,6 +76,64 @@ class RunContext:
         # Threads running this run's code (the plain-def agent, a perform's plain function):
         # an abandoned run has ended only once they have returned too.
         self.threads: list[threading.Thread] = []
+        # This run's transcript in this process (core/runtime/transcript.py); None for a
+        # context made without a writer (then log and spend keep nothing).
+        self.transcript = transcript
+
+    # --- the run's transcript and spend ---------------------------------------------------
+
+    def log(self, text: str, /, **fields: Any) -> None:
+        """Add a line to this run's transcript, with optional keyword fields:
+
+            ctx.log("asked the model", model="m-1", tokens=812)
+
+        Never waits: the line is written with the next small batch, off the event loop.
+        The transcript is kept with the run (bounded: its beginning and its end), shown by
+        the desk live and by `onwatch logs`. Also after the run was given up: its code
+        still says what it does until it ends. A field JSON cannot hold is kept as its
+        repr; `text` must be a string (BadInput)."""
+        if not isinstance(text, str):
+            raise BadInput(f"ctx.log takes a string, got {type(text).__name__}")
+        if self.transcript is not None:
+            self.transcript.line("log", None, text, fields_text(fields))
+
+    def spend(self, amount: Any, unit: str = "usd", note: str | None = None) -> None:
+        """Record what this run spent (a model call, an API fee): `amount` in `unit` (a
+        number from 0; kept to the millionth). It counts whatever becomes of the run (a
+        failed or given-up run spent it too), adds up in `status`, the desk and /metrics,
+        and against the budget `max_spend_per_day` of its unit, which delays further runs
+        once reached. Written with the transcript's next batch (a line says so too).
+        BadInput for an amount, unit or note it cannot take."""
+        micros = to_micros(amount)
+        unit = spend_unit(unit)
+        if note is not None:
+            note = checks.text("note", note, limit=200)
+        if self.transcript is not None:
+            self.transcript.spend(micros, unit, note)
+
+    def thread(
+        self, target: Callable[..., Any], *args: Any, name: str | None = None, **kwargs: Any
+    ) -> threading.Thread:
+        """Start `target(*args, **kwargs)` in a new thread that belongs to this run: its
+        `logging` records and `ctx.log` lines go to this run's transcript. Returns the
+        thread, started (a daemon: it does not keep the worker's process alive)."""
+        if not callable(target):
+            raise BadInput(f"ctx.thread runs a callable, got {type(target).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise BadInput(f"a thread's name is a string, got {type(name).__name__}")
+        thread = threading.Thread(
+            target=in_run(target), args=args, kwargs=kwargs, name=name, daemon=True
+        )
+        thread.start()
+        return thread
+
+    def wrap(self, fn: Callable[..., T]) -> Callable[..., T]:
+        """`fn`, made to run as part of this run wherever it is called: hand it to a thread
+        pool (`pool.submit(ctx.wrap(fetch), url)`) and its logging records go to this run's
+        transcript. (`asyncio.to_thread` carries the run along by itself.)"""
+        if not callable(fn):
+            raise BadInput(f"ctx.wrap takes a callable, got {type(fn).__name__}")
+        return in_run(fn)
 
     @property
     def now(self) -> int:

@@ -30,8 +30,11 @@ import os
 import sys
 from typing import Any
 
+from ..checks import LOG_LEVELS
+from ..clock import check_int
 from ..errors import BadInput, InboxError
 from ..records import Event
+from ..settings import MAX_SPEND, MICROS, spend_unit
 from .context import LeaseLost, RunAbandoned, RunContext, _settle
 from .loading import LoadError
 
@@ -63,6 +66,36 @@ def _remote(name: str, message: str, trace: str) -> RemoteError:
     error = cls(message)
     error.remote_trace = trace
     return error
+
+
+def _forwarded(ctx: RunContext, message: dict[str, Any]) -> None:
+    """A transcript line or a spend the agent's process sent: into this run's transcript,
+    as far as it is what a line or a spend can be (the agent's process is not trusted to
+    speak the line correctly: anything else is said in the worker's log and left out)."""
+    run = ctx.transcript
+    if run is None:
+        return
+    try:
+        if message["op"] == "log":
+            level, logger, text, fields = (message.get(k) for k in LINE_KEYS)
+            if level not in LOG_LEVELS or not isinstance(text, str):
+                raise ValueError("not a transcript line")
+            if logger is not None and (not isinstance(logger, str) or not logger):
+                raise ValueError("a logger is a name")
+            if fields is not None and not isinstance(json.loads(fields), dict):
+                raise ValueError("fields are a JSON object")
+            run.line(level, None if logger is None else logger[:200], text, fields)
+        else:
+            micros, unit, note = message.get("micros"), message.get("unit"), message.get("note")
+            micros = check_int(micros, "micros", 0, MAX_SPEND * MICROS)
+            if spend_unit(unit) != unit or not (note is None or isinstance(note, str)):
+                raise ValueError("not a spend")
+            run.spend(micros, unit, None if note is None else note[:200])
+    except (ValueError, TypeError, BadInput) as exc:
+        log.warning("run %s: the agent's process sent %s: %s", ctx.run_id, message["op"], exc)
+
+
+LINE_KEYS = ("level", "logger", "text", "fields")
 
 
 class _Child:
@@ -177,6 +210,8 @@ class IsolatedAgent:
                 message = await child.receive()
                 if message["op"] == "call":
                     await child.send(await self._serve(ctx, message["method"], message["args"]))
+                elif message["op"] in ("log", "spend"):
+                    _forwarded(ctx, message)
                 elif message["op"] == "done":
                     ctx.result = message["result"]
                     break

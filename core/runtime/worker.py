@@ -55,13 +55,20 @@ from ..text import printable
 from ..connection import SLOW_POLL
 from .context import Agent, LeaseLost, RunAbandoned, RunContext, _is_async
 from .threads import start_thread
+from .transcript import TranscriptWriter, capture_logging
+from .transcript import current as run_log
 from .watchdog import LoopWatch
 
 log = logging.getLogger("onwatch.worker")
+TRANSCRIPT_FLUSH = 5.0  # seconds a finish waits for its run's transcript to be stored
 # Past 2 × grace after a stop request, plus this, run() is cancelled where it waits.
 STOP_SLACK = 5.0
 OUTAGE_BACKOFF = 5.0  # seconds between two tries of a database that does not answer, at most
 OUTAGE_LOG_EVERY = 60.0  # seconds between two log lines of one outage
+
+
+def ctx_run_id(batch: list[Event]) -> int | None:
+    return next((e.run_id for e in batch if e.run_id), None)
 
 
 class AgentWedged(RuntimeError):
@@ -189,6 +196,8 @@ class Worker:
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._watch: LoopWatch | None = None  # the loop's, while run() runs
+        # Writes the runs' transcripts and spends, off the loop (core/runtime/transcript.py).
+        self.transcripts = TranscriptWriter(inbox)
 
     @property
     def clock(self) -> Clock:
@@ -238,6 +247,8 @@ class Worker:
         self._main, self._forced_out = asyncio.current_task(), False
         watch = self._watch = LoopWatch.of(asyncio.get_running_loop())
         self._watch_loop(watch)
+        capture_logging()
+        self.transcripts.start()
         log.info(
             "worker %s started on %s (%s)",
             self.holder,
@@ -273,6 +284,7 @@ class Worker:
                 raise
         finally:
             watch.leave(self)
+            await self.transcripts.close(TRANSCRIPT_FLUSH)
             await self._release()
             if self._deadline is not None:
                 self._deadline.cancel()
@@ -495,7 +507,12 @@ class Worker:
         assert gen is not None  # the batch was claimed under it
         claimed_at = batch[0].claimed_at or self.clock.now()
         budget = self.inbox.settings.max_run_seconds
-        ctx = RunContext(self.inbox, self.holder, gen, batch, asyncio.get_running_loop())
+        run_id = ctx_run_id(batch)
+        limit = self.inbox.settings.max_transcript_chars
+        transcript = None if run_id is None else self.transcripts.open(run_id, limit)
+        ctx = RunContext(
+            self.inbox, self.holder, gen, batch, asyncio.get_running_loop(), transcript
+        )
         log.info("run %s: events %s (gen %s)", ctx.run_id, ids, gen)
         task = asyncio.create_task(self._call_agent(batch, ctx))
         if self._watch is not None:
@@ -557,6 +574,7 @@ class Worker:
             self._abandoned(ctx, ids, "lease lost", started)
             return
         ctx.close("finished")
+        await self._flush_transcript(ctx)
         if error is None:
             await self._finish(ctx, ids, error=None)
         else:
@@ -571,6 +589,19 @@ class Worker:
             await self._finish(ctx, ids, error=text, trace=trace)
         if self.metrics is not None:
             self.metrics.ended("done" if error is None else "failed", time.monotonic() - started)
+
+    async def _flush_transcript(self, ctx: RunContext) -> None:
+        """Have the run's transcript stored before its outcome, so that whoever sees the
+        outcome (`onwatch logs --follow`, the desk) has every line the run logged before
+        it; bounded, so a locked database delays the finish by at most TRANSCRIPT_FLUSH."""
+        if ctx.transcript is not None and not await self.transcripts.flush(
+            ctx.transcript, TRANSCRIPT_FLUSH
+        ):
+            log.warning(
+                "run %s: its transcript is not all written yet; finishing anyway (the "
+                "rest follows when the inbox takes it)",
+                ctx.run_id,
+            )
 
     def _abandoned(self, ctx: RunContext, ids: list[int], why: str, started: float) -> None:
         self.stats.abandoned += 1
@@ -623,6 +654,9 @@ class Worker:
         raise AgentWedged(message)
 
     async def _call_agent(self, batch: list[Event], ctx: RunContext) -> None:
+        # This task's context is the run's: logging records emitted by the agent's code (in
+        # this task, the tasks it starts, its thread) belong to its transcript.
+        run_log.set(ctx.transcript)
         try:
             if _is_async(self.agent):
                 outcome = self.agent(batch, ctx)
@@ -903,8 +937,14 @@ async def run_worker(
     if isinstance(path_or_inbox, Inbox):
         inbox, own = path_or_inbox, False
     else:
+        # A worker of this release migrates an older inbox (refused while one of an
+        # older release holds the lease: docs/rules.md#upgrading-a-running-deployment).
         inbox = await Inbox.open(
-            resolved(path_or_inbox), clock=clock, create=False, busy_timeout=busy_timeout
+            resolved(path_or_inbox),
+            clock=clock,
+            create=False,
+            busy_timeout=busy_timeout,
+            migrate=True,
         )
         own = True
     watcher = None

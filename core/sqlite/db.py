@@ -1,32 +1,63 @@
-"""An inbox file's connection: pragmas, open checks, and one thread hop per transaction."""
+"""An inbox file's connection: pragmas, open checks, one thread hop per transaction, and the
+watch on the files beside it (core/sqlite/files.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import sqlite3
+import threading
 import time
+import urllib.parse
 from typing import Any, Callable, TypeVar
 
 import aiosqlite
 
-from ..errors import InboxBusy, InboxError, NotAnInbox
-from . import schema
-from .tx import SqliteTx
+from ..errors import FileLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
+from . import files, schema
+from .tx import STATEMENTS, SqliteTx
 from .wake import Wake
 
 T = TypeVar("T")
+log = logging.getLogger("onwatch.sqlite")
+# What SQLite says when it cannot open or make the -wal or -shm beside the file (a folder
+# this user may not write in, a read-only file system) or write the file itself.
+_CANNOT_OPEN = "unable to open database file"
+_READ_ONLY_TEXTS = ("attempt to write a readonly database", "readonly database")
+# What a statement of a newer schema says on a file opened without migrating.
+_OLDER_SCHEMA_TEXTS = ("no such column", "no such table", "no such index")
 
 
-def _map_error(exc: sqlite3.Error, path: str, busy_timeout: float) -> InboxError:
+# How often a job waiting for another connection's write lock looks again (at most): see
+# Database._patiently.
+LOCK_POLL = 0.002
+
+
+def _locked(exc: sqlite3.Error) -> bool:
     text = str(exc)
-    if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+def _map_error(
+    exc: sqlite3.Error, path: str, busy_timeout: float, version: int = schema.SCHEMA_VERSION
+) -> InboxError:
+    text = str(exc)
+    if _locked(exc):
         return InboxBusy(
             f"inbox {path} stayed locked by another process for more than "
             f"{busy_timeout:g} s; nothing was changed, try again"
         )
     if "malformed" in text or "not a database" in text:
         return NotAnInbox(f"inbox {path} is damaged: {text}")
+    if any(t in text for t in _READ_ONLY_TEXTS):
+        return ReadOnlyInbox(f"inbox {path} cannot be written ({text}); nothing was written")
+    if version < schema.SCHEMA_VERSION and any(t in text for t in _OLDER_SCHEMA_TEXTS):
+        return InboxError(
+            f"inbox {path} is at schema {version} and this needs schema "
+            f"{schema.SCHEMA_VERSION} ({text}); run `onwatch migrate {path}` (refused while "
+            f"a worker of the older release holds the lease)"
+        )
     return InboxError(f"inbox {path}: {text}")
 
 
@@ -74,6 +105,13 @@ class Database:
     queue, used only in this class; the version is pinned in pyproject.toml, and
     tests/core/test_open.py checks what we rely on: one thread, not the loop's, the order
     kept between `call` and `write_soon`, results and errors handed back).
+
+    Every job looks first, and every write looks again after its commit, whether the
+    inbox file, its -wal and its -shm are still the ones this connection uses (core/sqlite/
+    files.py). Once they are not, the connection stops for good: the job that found out
+    copies the orphaned log into the file where that is provably safe, the connection is
+    set aside (never closed: see files.py), and this and every later call raises FileLost.
+    A write whose commit went only to the orphaned log is never acknowledged.
     """
 
     def __init__(
@@ -82,15 +120,26 @@ class Database:
         path: str,
         busy_timeout: float,
         factory: type[sqlite3.Connection] | None = None,
+        target: str | None = None,
     ) -> None:
         self._conn = conn
         self.path = path
+        self.real = os.path.realpath(path)
         self.busy_timeout = busy_timeout
         self._factory = factory
+        self._target = path if target is None else target  # what sqlite3.connect was given
         self._tx: SqliteTx | None = None  # over the connection, once it is open
         self._reader: SqliteTx | None = None  # see peek()
         self.wake = Wake(path)  # our own commits notify it; other processes' through the OS
-        self._fd: int | None = None  # the opened file, held: see file_replaced()
+        self.version = schema.SCHEMA_VERSION  # the file's schema, as opened
+        self.migrated_from: int | None = None  # the schema it had, if this open migrated it
+        self.statements: dict[str, str] = STATEMENTS
+        # Why every write is refused, when the file cannot be written (or was opened so).
+        self.read_only: str | None = None
+        self._held: files.Held | None = None  # the file, held open: see files.py
+        self._guard: files.Guard | None = None
+        self._stopped: FileLost | None = None  # set once the files are lost, for good
+        self._stop_lock = threading.Lock()
 
     @classmethod
     async def open(
@@ -100,12 +149,22 @@ class Database:
         create: bool = True,
         busy_timeout: float = 5.0,
         factory: type[sqlite3.Connection] | None = None,
+        migrate: bool = False,
+        read_only: bool = False,
     ) -> "Database":
-        """Open (creating or migrating) an inbox file; raise NotAnInbox and leave it untouched
-        if it is missing (with create=False), foreign, corrupt, or newer."""
+        """Open an inbox file; raise NotAnInbox and leave it untouched if it is missing (with
+        create=False), foreign, corrupt, or newer.
+
+        A new (or empty) file is created when `create` allows it. An existing file of an
+        older schema is migrated only with `migrate` (UpgradeRefused while a worker holds
+        its lease): otherwise it is read, and written to where its schema allows, as it is.
+        `read_only` never writes; a file this process cannot write (permissions, a
+        read-only file system, a folder where SQLite cannot make its -wal) is opened so as
+        well, and every write then raises ReadOnlyInbox, saying why."""
         path = os.fspath(path)
+        real = os.path.realpath(path)
         exists = schema.check_file(path)
-        if not exists and not create:
+        if not exists and (not create or read_only):
             raise NotAnInbox(f"no inbox at {path} (run `onwatch init {path}` to create one)")
         if not exists and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
             raise NotAnInbox(f"cannot create {path}: its folder does not exist")
@@ -115,21 +174,113 @@ class Database:
                 f"cannot create {path}: {path}-wal is left from a deleted inbox "
                 f"(a process may still have it open); move it away first"
             )
+        held = await _hold_safely(path, real, busy_timeout) if exists else None
+        try:
+            readonly_why = None
+            if read_only:
+                readonly_why = "it was opened read-only"
+            elif held is not None and not held.writable:
+                readonly_why = "this user may not write the file (or its file system is read-only)"
+            db = None
+            if readonly_why is None:
+                try:
+                    db = await cls._connect(path, path, busy_timeout, factory)
+                    before, db.version = await db.call(
+                        _prepare, path, busy_timeout, create, migrate
+                    )
+                    if 0 < before < db.version:
+                        db.migrated_from = before
+                except InboxError as exc:
+                    if db is not None:
+                        await db._conn.close()
+                        db = None
+                    if _CANNOT_OPEN not in str(exc) or not exists:
+                        raise
+                    # SQLite cannot make the -wal or -shm: a folder this user may not write.
+                    readonly_why = f"SQLite cannot write beside it in {os.path.dirname(real)}"
+            if db is None:
+                assert readonly_why is not None
+                if migrate:
+                    raise ReadOnlyInbox(
+                        f"cannot migrate {path}: {readonly_why}; nothing was changed"
+                    )
+                db = await cls._open_read_only(path, real, busy_timeout, factory)
+                db.read_only = f"{path} is read-only: {readonly_why}"
+            if held is None:
+                held = files.hold(real)  # created just now
+            db._held = held
+            db.statements = STATEMENTS.for_schema(db.version)
+            db._tx = SqliteTx(db._conn._connection, db.statements)  # type: ignore[arg-type]
+            guard = files.Guard(path, real, held.main, sides=not db._snapshot)
+            db._guard = guard
+            held.guards.append(guard)
+        except BaseException:
+            if held is not None:
+                files.let_go(held, None, orphaned=False)
+            raise
+        return db
+
+    _snapshot = False  # opened as an immutable snapshot: no -wal, no -shm, no locks
+
+    @classmethod
+    async def _connect(
+        cls,
+        path: str,
+        target: str,
+        busy_timeout: float,
+        factory: type[sqlite3.Connection] | None,
+        uri: bool = False,
+    ) -> "Database":
         kwargs: dict[str, Any] = {"isolation_level": None, "check_same_thread": False}
         if factory is not None:
             kwargs["factory"] = factory
         try:
-            conn = aiosqlite.connect(path, **kwargs)
+            conn = aiosqlite.connect(target, uri=uri, **kwargs)
             _daemonize(conn)
             conn = await conn
         except sqlite3.Error as exc:
             raise _map_error(exc, path, busy_timeout) from None
-        db = cls(conn, path, busy_timeout, factory)
+        return cls(conn, path, busy_timeout, factory, target)
+
+    @classmethod
+    async def _open_read_only(
+        cls,
+        path: str,
+        real: str,
+        busy_timeout: float,
+        factory: type[sqlite3.Connection] | None,
+    ) -> "Database":
+        """Read-only: through the -wal and -shm as they are (SQLite reads a -shm it may not
+        write); where SQLite can neither find nor make them, and there is no -wal, as an
+        immutable snapshot of the file (no log to miss: the last process to close the inbox
+        copied it into the file). A -wal it cannot read through is refused: reading the
+        file without it would show an older inbox."""
+        quoted = urllib.parse.quote(real)
+        db = await cls._connect(path, f"file:{quoted}?mode=ro", busy_timeout, factory, uri=True)
         try:
-            await db.call(_prepare, path, busy_timeout, create)
-            db._fd = os.open(path, os.O_RDONLY)
+            _, db.version = await db.call(_prepare, path, busy_timeout, False, False, True)
+            return db
+        except InboxError as exc:
+            await db._conn.close()
+            # No -wal and -shm, and SQLite may not make them (it says so one way or the
+            # other, depending on which it tried first).
+            if _CANNOT_OPEN not in str(exc) and not any(t in str(exc) for t in _READ_ONLY_TEXTS):
+                raise
+        if files.identity(real + "-wal") is not None:
+            raise NotAnInbox(
+                f"cannot read {path}: its log {real}-wal holds commits not in the file yet, and "
+                f"SQLite can neither open nor make {real}-shm to read them (the folder is "
+                f"read-only for this user); read it where the folder is writable, or once "
+                f"the processes using it have closed it"
+            )
+        db = await cls._connect(
+            path, f"file:{quoted}?mode=ro&immutable=1", busy_timeout, factory, uri=True
+        )
+        db._snapshot = True
+        try:
+            _, db.version = await db.call(_prepare, path, busy_timeout, False, False, True)
         except BaseException:
-            await conn.close()
+            await db._conn.close()
             raise
         return db
 
@@ -139,34 +290,105 @@ class Database:
         return 0.0
 
     def file_replaced(self) -> str | None:
-        """Why `path` no longer names the opened file (deleted, replaced), else None."""
-        if self._fd is None:
-            return None
-        try:
-            opened = os.fstat(self._fd)
-            current = os.stat(self.path)
-        except FileNotFoundError:
-            return f"{self.path} was deleted after it was opened"
-        except OSError as exc:
-            return f"{self.path} cannot be checked: {exc.strerror or exc}"
-        if (current.st_dev, current.st_ino) != (opened.st_dev, opened.st_ino):
-            return f"{self.path} was replaced by another file after it was opened"
-        if opened.st_nlink == 0:
-            return f"{self.path} was deleted after it was opened"
-        return None
+        """Why the path no longer names the files this connection uses (the inbox file, its
+        -wal or -shm deleted or replaced), else None. The first time it says so, the
+        connection stops (see the class's docstring); the stop is done on its thread."""
+        stopped = self._stopped
+        if stopped is not None:
+            return str(stopped)
+        guard = self._guard
+        why = None if guard is None else guard.lost()
+        if why is not None:
+            conn = self._conn
+            if conn._running and conn._connection is not None:
+                conn._tx.put_nowait((None, self._check))  # stops it, on its thread
+        return why
+
+    def _check(self) -> None:
+        """On the connection's thread, at the start of every job: raise FileLost (stopping
+        the connection first, the first time) if the files are lost."""
+        stopped = self._stopped
+        if stopped is not None:
+            raise stopped
+        guard = self._guard
+        if guard is not None:
+            why = guard.lost()
+            if why is not None:
+                raise self._stop(why)
+
+    def _committed(self) -> None:
+        """On the connection's thread, after a write: its commit went to the files at the
+        path, or the caller is not told it succeeded (FileLost), unless the orphaned log
+        could be copied into the file at once (then it stands, and only later calls fail)."""
+        guard = self._guard
+        if guard is None or self._stopped is not None:
+            return
+        why = guard.lost()
+        if why is not None:
+            stopped = self._stop(why)
+            if not stopped.recovered:
+                raise stopped
+
+    def _stop(self, why: str) -> FileLost:
+        """Stop for good (on the connection's thread): recover the orphaned log into the
+        file where provably safe, set the connections aside, never to be closed, and say
+        so once in the log. Returns the FileLost every call raises from now on."""
+        with self._stop_lock:
+            if self._stopped is not None:
+                return self._stopped
+            conn = self._conn._connection
+            held, guard = self._held, self._guard
+            failure: str | None = "this process may not write the inbox file"
+            if conn is not None and held is not None and guard is not None and held.writable:
+                if guard.sides is not None:
+                    failure = files.recover(conn, held.fd, self.real, held.main)
+            for connection in (conn, self._reader and self._reader.conn):
+                if connection is not None:
+                    files.keep_forever(connection)
+            self._conn._connection = None  # so aiosqlite never closes it either
+            if failure is None:
+                outcome = (
+                    "everything it committed was copied into the inbox file; it writes "
+                    "nothing more (restart it to go on)"
+                )
+            else:
+                outcome = (
+                    f"what it committed since the last checkpoint was NOT copied into the "
+                    f"inbox file ({failure}): it stays in this process's deleted log, which "
+                    f"is kept open and never checkpointed over the file; stop the other "
+                    f"processes' writes and ask an operator before restarting this one"
+                )
+            stopped = FileLost(
+                f"inbox {self.path}: {why}; this process stopped using it: {outcome}"
+            )
+            stopped.recovered = failure is None
+            self._stopped = stopped
+        log.error("%s", stopped)
+        return stopped
 
     def _handle(self) -> SqliteTx:
+        stopped = self._stopped
+        if stopped is not None:
+            # A new exception each time: one instance raised again and again would carry
+            # every earlier raise's traceback (and, through the caller's handler, its context).
+            again = FileLost(str(stopped))
+            again.recovered = stopped.recovered
+            raise again
         tx = self._tx
         if tx is None:
             if self._conn._connection is None:
                 raise InboxError(f"inbox {self.path} is closed")
-            tx = self._tx = SqliteTx(self._conn._connection)
+            tx = self._tx = SqliteTx(self._conn._connection, self.statements)
         return tx
+
+    def _writable(self) -> None:
+        if self.read_only is not None:
+            raise ReadOnlyInbox(f"inbox {self.read_only}; nothing was written")
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(tx, *args)` on the connection's thread, outside any transaction (each
         statement on its own), mapping errors."""
-        return await self._hop(fn, self._handle(), *args)
+        return await self._hop(self._read_job, _plain, fn, self._handle(), args)
 
     async def _hop(self, fn: Callable[..., T], *args: Any) -> T:
         try:
@@ -174,7 +396,49 @@ class Database:
             result: T = await self._conn._execute(fn, *args)  # type: ignore[no-untyped-call]
             return result
         except sqlite3.Error as exc:
-            raise _map_error(exc, self.path, self.busy_timeout) from None
+            raise _map_error(exc, self.path, self.busy_timeout, self.version) from None
+
+    def _read_job(
+        self, runner: Callable[..., T], fn: Callable[..., Any], tx: SqliteTx, args: Any
+    ) -> T:
+        """On the connection's thread: a read, from the files at the path only."""
+        self._check()
+        return self._patiently(lambda: runner(tx, fn, args))
+
+    def _write_job(self, run: Callable[[], T]) -> T:
+        """On the connection's thread: a write, acknowledged only if its commit went to the
+        files at the path."""
+        self._check()
+        result = self._patiently(run)
+        self._committed()
+        return result
+
+    def _patiently(self, run: Callable[[], T]) -> T:
+        """`run()`, tried again while another connection holds the write lock, every
+        LOCK_POLL seconds at most, up to the busy timeout (then InboxBusy).
+
+        The connection's own busy timeout is 0 once it is open: SQLite's busy handler
+        sleeps longer and longer between its looks (25, 50, then 100 ms), so a writer
+        waiting behind a long job of another process (a storm of timers fired in
+        transactions of TX_SECONDS with short pauses between them) would keep missing the
+        pauses. Looking every 2 ms, it gets in at the first one. `run` is a whole job that
+        changed nothing when it was refused (a write is refused at BEGIN IMMEDIATE, or as
+        the autocommit statement it is), so it is simply run again."""
+        deadline = None
+        pause = LOCK_POLL / 4
+        while True:
+            try:
+                return run()
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.busy_timeout
+                elif now >= deadline:
+                    raise
+                time.sleep(min(pause, deadline - now))
+                pause = min(pause * 2, LOCK_POLL)
 
     def write_soon(
         self,
@@ -215,17 +479,20 @@ class Database:
     ) -> None:
         """Queue `run(connection)`, which commits by itself, for write_soon and
         write_soon_alone."""
+        self._writable()
+        tx = self._handle()
         conn = self._conn
         if not conn._running or conn._connection is None:
             raise InboxError(f"inbox {self.path} is closed")
-        tx, loop = self._handle(), asyncio.get_running_loop()
-        path, busy_timeout = self.path, self.busy_timeout
+        loop = asyncio.get_running_loop()
+        path, busy_timeout, version = self.path, self.busy_timeout, self.version
 
         def job() -> None:  # on the connection's thread
             try:
-                result = run(tx)
+                result = self._write_job(lambda: run(tx))
             except sqlite3.Error as exc:
-                loop.call_soon_threadsafe(done, None, _map_error(exc, path, busy_timeout))
+                error = _map_error(exc, path, busy_timeout, version)
+                loop.call_soon_threadsafe(done, None, error)
             except BaseException as exc:  # noqa: B036 - handed to the callers, not lost
                 loop.call_soon_threadsafe(done, None, exc)
             else:
@@ -245,7 +512,11 @@ class Database:
         Only for point lookups by key. A WAL reader never waits for a writer, and the
         connection has no busy timeout, so this cannot stall the loop on a lock; what it sees
         is committed, and with synchronous = FULL a commit is fsynced before readers see it.
+        An answer is given only while the files at the path are still this connection's.
         """
+        guard = self._guard
+        if self._stopped is not None or guard is None:
+            return None
         try:
             reader = self._reader
             if reader is None:
@@ -254,21 +525,24 @@ class Database:
                 kwargs: dict[str, Any] = {"isolation_level": None, "check_same_thread": False}
                 if self._factory is not None:
                     kwargs["factory"] = self._factory
-                connection = sqlite3.connect(self.path, **kwargs)
+                connection = sqlite3.connect(self._target, uri=self._target != self.path, **kwargs)
                 try:
                     connection.execute("PRAGMA query_only = ON")
                     connection.execute("PRAGMA busy_timeout = 0")
                 except BaseException:
                     connection.close()
                     raise
-                reader = self._reader = SqliteTx(connection)
-            return fn(reader, *args)
+                reader = self._reader = SqliteTx(connection, self.statements)
+            answer = fn(reader, *args)
         except sqlite3.Error:
             return None
+        return None if guard.lost() is not None else answer
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside BEGIN IMMEDIATE … COMMIT; roll back on any exception."""
-        result: T = await self._hop(write_transaction, self._handle(), fn, args)
+        self._writable()
+        tx = self._handle()
+        result: T = await self._hop(self._write_job, lambda: write_transaction(tx, fn, args))
         self.wake.notify()
         return result
 
@@ -277,24 +551,93 @@ class Database:
     ) -> T:
         """`precheck(tx, *args)` outside a transaction; its answer when it has one (nothing
         to write), else `fn` inside BEGIN IMMEDIATE … COMMIT. One hop either way."""
-        result: T = await self._hop(write_unless, self._handle(), precheck, fn, args)
+        self._writable()
+        tx = self._handle()
+        result: T = await self._hop(self._write_job, lambda: write_unless(tx, precheck, fn, args))
         self.wake.notify()
         return result
 
     async def read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` inside one read snapshot."""
-        return await self._hop(read_transaction, self._handle(), fn, args)
+        return await self._hop(self._read_job, read_transaction, fn, self._handle(), args)
 
     async def close(self) -> None:
         self.wake.close()
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        conn = self._conn
+        orphaned = True
+        if conn._running and conn._connection is not None:
+            # On the connection's thread, after every job queued before: a connection whose
+            # files are lost is set aside there, never closed (SQLite's close would
+            # checkpoint its log over the file and unlink the others' log by name).
+            orphaned = await conn._execute(self._close_job)  # type: ignore[no-untyped-call]
+        elif self._stopped is None and conn._connection is None:
+            orphaned = False
+        self._conn._connection = None
+        if conn._running:
+            stopping = conn.stop()
+            if stopping is not None:
+                await stopping
+        self._tx = None
+        if self._reader is not None and not orphaned:
+            self._reader.conn.close()
+        self._reader = None
+        guard, held = self._guard, self._held
+        self._guard = self._held = None
+        if guard is not None:
+            guard.close()
+        if held is not None:
+            files.let_go(held, guard, orphaned)
+
+    def _close_job(self) -> bool:
+        """On the connection's thread: close the connection, or set it aside if its files
+        are lost; True when set aside."""
+        try:
+            self._check()
+        except FileLost:
+            return True
+        connection = self._conn._connection
         if self._reader is not None:
             self._reader.conn.close()
             self._reader = None
-        self._tx = None
-        await self._conn.close()
+        if connection is not None:
+            connection.close()
+        return False
+
+
+def _plain(tx: SqliteTx, fn: Callable[..., T], args: Any) -> T:
+    return fn(tx, *args)
+
+
+async def _hold_safely(path: str, real: str, busy_timeout: float) -> files.Held:
+    """Hold the existing inbox file open, once it is safe to open (files.unsafe_to_open): a
+    process whose -wal was deleted under it usually notices and recovers within moments,
+    so this waits up to the busy timeout for that before refusing (FileLost)."""
+    try:
+        held = files.hold(real)
+    except OSError as exc:
+        raise NotAnInbox(f"{path} cannot be opened: {exc.strerror or exc}") from None
+    try:
+        if held.orphaned is not None:
+            raise FileLost(
+                f"inbox {path}: {held.orphaned}; this process still has it open through a "
+                f"connection it stopped, and cannot open it again until it is restarted"
+            )
+        for guard in list(held.guards):
+            why = guard.lost()
+            if why is not None:
+                raise FileLost(
+                    f"inbox {path}: {why}; this process still has it open through a "
+                    f"connection it stopped, and cannot open it again until it is restarted"
+                )
+        deadline = time.monotonic() + busy_timeout
+        while (why := files.unsafe_to_open(held.fd, real)) is not None:
+            if time.monotonic() >= deadline:
+                raise FileLost(f"inbox {path} was not opened: {why}")
+            await asyncio.sleep(0.02)
+    except BaseException:
+        files.let_go(held, None, orphaned=False)
+        raise
+    return held
 
 
 def _daemonize(conn: aiosqlite.Connection) -> None:
@@ -322,7 +665,16 @@ def _retry_while_busy(step: Callable[[], Any], busy_timeout: float) -> None:
             time.sleep(0.005)
 
 
-def _prepare(tx: SqliteTx, path: str, busy_timeout: float, create: bool = True) -> None:
+def _prepare(
+    tx: SqliteTx,
+    path: str,
+    busy_timeout: float,
+    create: bool = True,
+    migrate: bool = False,
+    read_only: bool = False,
+) -> tuple[int, int]:
+    """Check the file and set the connection up, creating or migrating it where allowed
+    (see Database.open); return its schema version before and after."""
     db = tx.conn
     db.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
     version = schema.inspect(db, path)  # refuse foreign files before any write
@@ -333,9 +685,18 @@ def _prepare(tx: SqliteTx, path: str, busy_timeout: float, create: bool = True) 
             f"{path} is not an onwatch inbox (it is empty); run "
             f"`onwatch init {path}` to make it one"
         )
+    if read_only:
+        db.execute("PRAGMA busy_timeout = 0")  # from now on: Database._patiently
+        return version, version
     if version == 0 or db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
         _retry_while_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), busy_timeout)
     # FULL: an acknowledged commit survives power loss, not only a process crash.
     db.execute("PRAGMA synchronous = FULL")
-    if version < schema.SCHEMA_VERSION:
-        schema.migrate(db, path)
+    if version == 0 or (migrate and version < schema.SCHEMA_VERSION):
+        # Creating a new inbox, or a migration asked for (docs/rules.md#upgrading-a-running-
+        # deployment): schema.migrate re-reads the version under the write lock.
+        before = schema.migrate(db, path)
+        db.execute("PRAGMA busy_timeout = 0")  # from now on: Database._patiently
+        return before, schema.SCHEMA_VERSION
+    db.execute("PRAGMA busy_timeout = 0")  # from now on: Database._patiently
+    return version, version

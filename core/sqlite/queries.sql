@@ -3,6 +3,8 @@
 -- One file is one inbox: no statement names an inbox. Parameters are named (:name); a list
 -- parameter arrives as JSON text and is read with json_each. The engine's scripts
 -- (core/engine/*.py) run these by name; core/pg/queries.sql has the same names.
+-- `-- name: NAME before N` keeps a statement's former text for a file of a schema older
+-- than N, opened without migrating (core/engine/queries.py).
 -- INDEXED BY pins the partial indexes the planner would otherwise not pick for a bound
 -- parameter (a million events must cost what ten do).
 
@@ -41,19 +43,38 @@ VALUES (:at, :actor, :action, :target, :before, :after, :applied, :reason);
 -- A lone new event in one autocommit statement, stored only while the settings are still
 -- the ones the caller checked against (core/engine/intake.py `ingest_alone`).
 -- name: event_insert_alone
+INSERT INTO events(source, source_id, payload, available_at, created, updated, key_salt)
+SELECT :source, :source_id, :payload, :now, :now, :now, random()
+WHERE (SELECT json FROM settings WHERE id = 1) IS :settings
+ON CONFLICT(source, source_id) DO NOTHING;
+
+-- name: event_insert_alone before 8
 INSERT INTO events(source, source_id, payload, available_at, created, updated)
 SELECT :source, :source_id, :payload, :now, :now, :now
 WHERE (SELECT json FROM settings WHERE id = 1) IS :settings
 ON CONFLICT(source, source_id) DO NOTHING;
 
 -- Many new events in one statement, inserted in order (a key repeated among them is a
--- duplicate of its first copy). {rows} stands for one "(?, ?, ?, ?, ?, ?)" per event,
--- bound positionally (source, source_id, payload, now, now, now): a value the file cannot
--- hold (an integer past 64 bits) is refused by the driver, never stored as something else.
+-- duplicate of its first copy). {rows} stands for one events_insert_row per event, bound
+-- positionally (source, source_id, payload, now, now, now): a value the file cannot hold
+-- (an integer past 64 bits) is refused by the driver, never stored as something else.
+-- Each new event draws its key salt (docs/rules.md#effects-and-their-keys).
 -- name: events_insert
+INSERT INTO events(source, source_id, payload, available_at, created, updated, key_salt)
+VALUES {rows}
+ON CONFLICT(source, source_id) DO NOTHING
+RETURNING source, source_id;
+
+-- name: events_insert before 8
 INSERT INTO events(source, source_id, payload, available_at, created, updated) VALUES {rows}
 ON CONFLICT(source, source_id) DO NOTHING
 RETURNING source, source_id;
+
+-- name: events_insert_row
+(?,?,?,?,?,?,random())
+
+-- name: events_insert_row before 8
+(?,?,?,?,?,?)
 
 -- name: pending_count
 SELECT n FROM event_counts WHERE status = 'pending';
@@ -105,8 +126,19 @@ WHERE id = :id;
 UPDATE runs SET outcome = 'lost', finished_at = :now, error = :error
 WHERE id = :id AND outcome IS NULL;
 
--- Only attempted rows are looked at (their partial index), never every pending one.
+-- Only the rows whose attempts reached the limit are looked at (a range of their partial
+-- index), never every event waiting out a backoff. Of two lower bounds on attempts SQLite
+-- takes the first one written as the range's start: the limit comes first (`attempts > 0`
+-- is there for the partial index only).
 -- name: bury_exhausted
+UPDATE events INDEXED BY events_retry_spent
+SET status = 'dead', updated = :now,
+    error = 'too many attempts (' || attempts || '/' || :max_attempts || ')'
+            || coalesce(': ' || error, '')
+WHERE attempts >= :max_attempts AND status = 'pending' AND attempts > 0
+  AND typeof(attempts) = 'integer';
+
+-- name: bury_exhausted before 8
 UPDATE events INDEXED BY events_retried
 SET status = 'dead', updated = :now,
     error = 'too many attempts (' || attempts || '/' || :max_attempts || ')'
@@ -117,14 +149,32 @@ WHERE status = 'pending' AND typeof(attempts) = 'integer' AND attempts > 0
 -- name: runs_since
 SELECT count(*) FROM runs WHERE claimed_at > :since;
 
+-- The oldest retried event whose backoff is over: a range of the index by availability,
+-- so the events still waiting out theirs are never read.
 -- name: claimable_retried
+SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events INDEXED BY events_retry_due
+WHERE status = 'pending' AND attempts > 0 AND available_at <= :now
+ORDER BY id LIMIT 1;
+
+-- name: claimable_retried before 8
 SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
        available_at, claimed_at, run_id
 FROM events INDEXED BY events_retried
 WHERE status = 'pending' AND attempts > 0 AND available_at <= :now
 ORDER BY id LIMIT 1;
 
+-- Only asked when no retried event may run: then every pending event that may run now has
+-- never been attempted, and the index of those is read in id order.
 -- name: claimable
+SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events INDEXED BY events_fresh
+WHERE status = 'pending' AND attempts = 0 AND available_at <= :now
+ORDER BY id LIMIT :limit;
+
+-- name: claimable before 8
 SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
        available_at, claimed_at, run_id
 FROM events INDEXED BY events_by_status
@@ -142,7 +192,15 @@ RETURNING id;
 INSERT INTO run_events(event_id, run_id) SELECT value, :run FROM json_each(:ids);
 
 -- Attempts are counted here, at claim time: a worker that crashes never reports failure.
+-- An event stored without a key salt (by a release before schema 8) draws one at its
+-- first claim; one that already ran keeps none, and the keys it had.
 -- name: events_claim
+UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = :gen,
+       claimed_at = :now, run_id = :run, updated = :now,
+       key_salt = coalesce(key_salt, CASE WHEN run_id IS NULL THEN random() END)
+WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: events_claim before 8
 UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = :gen,
        claimed_at = :now, run_id = :run, updated = :now
 WHERE id IN (SELECT value FROM json_each(:ids));
@@ -244,7 +302,13 @@ WHERE request_id = :id AND answer IS NULL;
 -- The next delivery to send again: a failed one, or one a crashed dispatcher left
 -- 'sending' past its timeout (at least once only).
 -- name: delivery_to_retry
-SELECT id, attempts FROM deliveries
+SELECT id, attempts, key_salt FROM deliveries
+WHERE status IN ('sending', 'failed') AND at_most_once = 0
+  AND (status = 'failed' OR retry_after < :now)
+ORDER BY id LIMIT 1;
+
+-- name: delivery_to_retry before 8
+SELECT id, attempts, NULL FROM deliveries
 WHERE status IN ('sending', 'failed') AND at_most_once = 0
   AND (status = 'failed' OR retry_after < :now)
 ORDER BY id LIMIT 1;
@@ -267,9 +331,14 @@ WHERE status = 'held' AND delivery_id IS NULL AND (NOT :urgent_only OR urgent = 
 LIMIT 1;
 
 -- name: delivery_insert
+INSERT INTO deliveries(status, attempts, paced, at_most_once, created, retry_after, key_salt)
+VALUES ('sending', 1, :paced, :at_most_once, :now, :retry_after, random())
+RETURNING id, key_salt;
+
+-- name: delivery_insert before 8
 INSERT INTO deliveries(status, attempts, paced, at_most_once, created, retry_after)
 VALUES ('sending', 1, :paced, :at_most_once, :now, :retry_after)
-RETURNING id;
+RETURNING id, NULL;
 
 -- name: outbox_assign
 UPDATE outbox SET delivery_id = :delivery
@@ -302,13 +371,26 @@ SELECT status, at_most_once, retry_after FROM deliveries WHERE id = :id;
 -- name: deliveries_newest
 SELECT d.id, d.status, d.attempts, d.created,
        (SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id), d.sent_at, d.last_error,
-       NOT d.paced, d.at_most_once, d.retry_after, d.broken
+       NOT d.paced, d.at_most_once, d.retry_after, d.broken, d.key_salt
+FROM deliveries d ORDER BY d.id DESC LIMIT :limit;
+
+-- name: deliveries_newest before 8
+SELECT d.id, d.status, d.attempts, d.created,
+       (SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id), d.sent_at, d.last_error,
+       NOT d.paced, d.at_most_once, d.retry_after, d.broken, NULL
 FROM deliveries d ORDER BY d.id DESC LIMIT :limit;
 
 -- name: deliveries_by_ids
 SELECT d.id, d.status, d.attempts, d.created,
        (SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id), d.sent_at, d.last_error,
-       NOT d.paced, d.at_most_once, d.retry_after, d.broken
+       NOT d.paced, d.at_most_once, d.retry_after, d.broken, d.key_salt
+FROM deliveries d WHERE d.id IN (SELECT value FROM json_each(:ids))
+ORDER BY d.id LIMIT :limit;
+
+-- name: deliveries_by_ids before 8
+SELECT d.id, d.status, d.attempts, d.created,
+       (SELECT count(*) FROM outbox o WHERE o.delivery_id = d.id), d.sent_at, d.last_error,
+       NOT d.paced, d.at_most_once, d.retry_after, d.broken, NULL
 FROM deliveries d WHERE d.id IN (SELECT value FROM json_each(:ids))
 ORDER BY d.id LIMIT :limit;
 
@@ -344,6 +426,13 @@ INSERT INTO effects(run_id, name, key, state, detail, intended_at, event_id)
 VALUES (:run, :name, :key, 'intended', :detail, :now, :event)
 ON CONFLICT(run_id, key) DO NOTHING;
 
+-- The salt an event's effect keys carry (NULL: stored before schema 8, keys without one).
+-- name: event_key_salt
+SELECT key_salt FROM events WHERE id = :id;
+
+-- name: event_key_salt before 8
+SELECT NULL;
+
 -- name: effects_intended
 SELECT count(*) FROM effects WHERE run_id = :run AND name = :name AND event_id = :event;
 
@@ -364,7 +453,8 @@ SELECT id, source, source_id, payload, status, attempts, claim_gen, error, creat
 FROM events WHERE id = :id;
 
 -- A keyset page by id (ascending after :after, or descending before :before), payloads
--- only when asked for; the id bounds are ranges on the index whether given or not.
+-- only when asked for; the id bounds are ranges on the index whether given or not. A
+-- search folds the letters A to Z only (SQLite's lower(); core/engine/reads.py `folded`).
 -- name: events_page_up
 SELECT id, source, source_id, CASE WHEN :payload THEN payload END, status, attempts,
        claim_gen, error, created, updated, available_at, claimed_at, run_id
@@ -448,3 +538,129 @@ LIMIT 1 OFFSET :offset;
 -- name: runs_per_minute
 SELECT claimed_at / 60, count(*), sum(outcome IN ('error', 'lost')) FROM runs
 WHERE claimed_at > :since GROUP BY 1 ORDER BY 1;
+
+-- --- the run's transcript and its spend (core/engine/transcripts.py, spend.py) -------------
+
+-- name: run_exists
+SELECT 1 FROM runs WHERE id = :id;
+
+-- name: transcript_state
+SELECT lines, head_end, head_chars, head_closed, tail_chars, dropped, dropped_chars,
+       head_budget, tail_budget, pruned, updated, sent_dropped_chars
+FROM transcripts WHERE run_id = :run;
+
+-- name: transcript_state_store
+INSERT INTO transcripts(run_id, lines, head_end, head_chars, head_closed, tail_chars, dropped,
+                        dropped_chars, sent_dropped_chars, head_budget, tail_budget, updated)
+VALUES (:run, :lines, :head_end, :head_chars, :head_closed, :tail_chars, :dropped,
+        :dropped_chars, :sent_dropped_chars, :head_budget, :tail_budget, :now)
+ON CONFLICT(run_id) DO UPDATE SET lines = excluded.lines, head_end = excluded.head_end,
+    head_chars = excluded.head_chars, head_closed = excluded.head_closed,
+    tail_chars = excluded.tail_chars, dropped = excluded.dropped,
+    dropped_chars = excluded.dropped_chars, sent_dropped_chars = excluded.sent_dropped_chars,
+    updated = excluded.updated;
+
+-- :rows is a JSON list of [seq, at, level, logger, text, fields, size]: one statement for
+-- a whole batch (the same text parameter as PostgreSQL's, which reads it as jsonb).
+-- name: transcript_lines_insert
+INSERT INTO transcript_lines(run_id, seq, at, level, logger, text, fields, size)
+SELECT :run, json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+       json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'),
+       json_extract(value, '$[5]'), json_extract(value, '$[6]')
+FROM json_each(:rows)
+WHERE true
+ON CONFLICT(run_id, seq) DO NOTHING;
+
+-- The oldest lines of the transcript's end (after its beginning), to be dropped first.
+-- name: transcript_oldest_tail
+SELECT seq, size FROM transcript_lines
+WHERE run_id = :run AND seq >= :head_end ORDER BY seq LIMIT :limit;
+
+-- name: transcript_cut
+DELETE FROM transcript_lines WHERE run_id = :run AND seq >= :head_end AND seq <= :upto;
+
+-- name: transcript_lines_after
+SELECT seq, at, level, logger, text, fields FROM transcript_lines
+WHERE run_id = :run AND seq > :after ORDER BY seq LIMIT :limit;
+
+-- name: transcript_lines_newest
+SELECT seq, at, level, logger, text, fields FROM transcript_lines
+WHERE run_id = :run ORDER BY seq DESC LIMIT :limit;
+
+-- name: transcript_last_seq
+SELECT max(seq) FROM transcript_lines WHERE run_id = :run;
+
+-- A run's lines go with the payloads of its events: once none of them keeps one.
+-- name: transcripts_prune_mark
+UPDATE transcripts SET pruned = 1
+WHERE pruned = 0 AND NOT EXISTS (
+    SELECT 1 FROM runs r, json_each(r.event_ids) j JOIN events e ON e.id = j.value
+    WHERE r.id = transcripts.run_id AND e.payload IS NOT NULL)
+RETURNING run_id;
+
+-- name: transcript_lines_delete
+DELETE FROM transcript_lines WHERE run_id IN (SELECT value FROM json_each(:runs));
+
+-- name: spend_insert
+INSERT INTO spend(run_id, seq, at, unit, micros, note)
+VALUES (:run, :seq, :at, :unit, :micros, :note)
+ON CONFLICT(run_id, seq) DO NOTHING;
+
+-- Saturating: a running total a hand-made flood of spends cannot overflow.
+-- name: spend_total_add
+INSERT INTO spend_totals(unit, micros) VALUES (:unit, :micros)
+ON CONFLICT(unit) DO UPDATE SET micros = min(micros + excluded.micros, 9000000000000000000);
+
+-- total() is a float, exact below 2^53 millionths, and never overflows as sum() can.
+-- name: spend_since
+SELECT total(micros) FROM spend WHERE unit = :unit AND at > :since;
+
+-- The newest spend that, with every newer one, reaches :limit (the budget frees once it
+-- leaves the window).
+-- name: spend_reaching
+SELECT max(at) FROM (
+    SELECT at, total(micros) OVER (ORDER BY at DESC, id DESC ROWS UNBOUNDED PRECEDING) AS s
+    FROM spend WHERE unit = :unit AND at > :since)
+WHERE s >= :limit;
+
+-- name: spend_of_runs
+SELECT run_id, unit, total(micros) FROM spend
+WHERE run_id IN (SELECT value FROM json_each(:runs)) GROUP BY run_id, unit ORDER BY run_id, unit;
+
+-- Per unit (spend_totals: one row per unit ever spent) and per UTC day from :since to :until,
+-- each a range of the (unit, at, micros) index: no sort of the window's rows, however many.
+-- name: spend_per_day
+WITH RECURSIVE days(day) AS (
+    SELECT :since / 86400 UNION ALL SELECT day + 1 FROM days WHERE day < :until / 86400)
+SELECT unit, day, used FROM (
+    SELECT spend_totals.unit AS unit, days.day AS day,
+           (SELECT total(micros) FROM spend
+            WHERE spend.unit = spend_totals.unit
+              AND spend.at >= days.day * 86400 AND spend.at < (days.day + 1) * 86400) AS used
+    FROM spend_totals, days)
+WHERE used > 0;
+
+-- name: spend_units_since
+SELECT unit, used FROM (
+    SELECT unit,
+           (SELECT total(micros) FROM spend
+            WHERE spend.unit = spend_totals.unit AND spend.at > :since) AS used
+    FROM spend_totals)
+WHERE used > 0 ORDER BY unit;
+
+-- name: spend_totals
+SELECT unit, micros FROM spend_totals ORDER BY unit;
+
+-- --- what needs a person (onwatch notify) -------------------------------------------------
+
+-- Events that died at or after :since, oldest first (a partial index: only dead rows).
+-- name: events_died_since
+SELECT id, source, source_id, NULL, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events INDEXED BY events_died
+WHERE status = 'dead' AND updated >= :since ORDER BY updated, id LIMIT :limit;
+
+-- When the oldest pending event was stored (by id: the index's first pending row).
+-- name: pending_oldest
+SELECT created FROM events INDEXED BY events_by_status WHERE status = 'pending'
+ORDER BY id LIMIT 1;

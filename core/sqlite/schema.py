@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from ..actions import AUDIT_RENAMES
-from ..errors import NotAnInbox
+from ..clock import show
+from ..errors import NotAnInbox, UpgradeRefused
 
 # PRAGMA application_id marks a file as an onwatch inbox ("onwt").
 APPLICATION_ID = 0x6F6E7774
@@ -215,6 +217,77 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX outbox_by_delivery;
     CREATE INDEX outbox_by_delivery ON outbox(delivery_id) WHERE delivery_id IS NOT NULL;
     """,
+    # 7: the run's transcript (ctx.log and logging during a run, bounded per run: its beginning
+    # and its end, core/engine/transcripts.py), what runs spent (ctx.spend, in millionths of
+    # the unit) with a running total per unit, and the dead events by when they died (a
+    # partial index: written only when a row dies, so `onwatch notify` finds new deaths
+    # without a scan).
+    """
+    CREATE TABLE transcripts (
+        run_id INTEGER PRIMARY KEY,
+        lines INTEGER NOT NULL,          -- lines the run logged: the seq of the next
+        head_end INTEGER NOT NULL,       -- the seq after the beginning's last line
+        head_chars INTEGER NOT NULL,
+        head_closed INTEGER NOT NULL CHECK (head_closed IN (0, 1)),
+        tail_chars INTEGER NOT NULL,
+        dropped INTEGER NOT NULL,        -- lines left out between the beginning and the end
+        dropped_chars INTEGER NOT NULL,
+        sent_dropped_chars INTEGER NOT NULL, -- of lines the writer dropped before sending
+        head_budget INTEGER NOT NULL,    -- max_transcript_chars as the run's first line found it
+        tail_budget INTEGER NOT NULL,
+        pruned INTEGER NOT NULL DEFAULT 0 CHECK (pruned IN (0, 1)),
+        updated INTEGER NOT NULL
+    );
+    CREATE TABLE transcript_lines (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,
+        at INTEGER NOT NULL,
+        level TEXT NOT NULL,
+        logger TEXT,
+        text TEXT NOT NULL,
+        fields TEXT,                     -- JSON object of ctx.log's keyword fields
+        size INTEGER NOT NULL,
+        UNIQUE (run_id, seq)
+    );
+    CREATE TABLE spend (
+        id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL,
+        seq INTEGER NOT NULL,            -- its line in the run's transcript: a retry is a no-op
+        at INTEGER NOT NULL,
+        unit TEXT NOT NULL CHECK (length(unit) > 0),
+        micros INTEGER NOT NULL CHECK (micros >= 0),
+        note TEXT,
+        UNIQUE (run_id, seq)
+    );
+    CREATE INDEX spend_by_unit ON spend(unit, at, micros);  -- a unit's window, summed in it
+    CREATE TABLE spend_totals (
+        unit TEXT PRIMARY KEY,
+        micros INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX events_died ON events(updated) WHERE status = 'dead';
+    """,
+    # 8: keys no restore or copy of the file can give to another effect, and a claim whose
+    # cost does not grow with the events waiting out a backoff (docs/rules.md#effects-and-
+    # their-keys, #claiming-a-run). Additive only, like every migration from here on: the
+    # previous release's statements, which name indexes and columns, keep working on the
+    # migrated file (a process of it may still read or write while the file is upgraded).
+    #
+    # A random salt in each event's and each delivery's row goes into its keys. Rows stored
+    # before keep NULL, and the key they always had: a retry of an effect begun before the
+    # upgrade must pass the key it passed then. (An event that never ran gets its salt when
+    # first claimed.) The new partial indexes hold only pending rows: fresh ones by id (what
+    # a batch claims), retried ones by when they may run again and by attempts used, so a
+    # claim looks only at events it can take or must bury.
+    """
+    ALTER TABLE events ADD COLUMN key_salt INTEGER;
+    ALTER TABLE deliveries ADD COLUMN key_salt INTEGER;
+    CREATE INDEX events_fresh ON events(id) WHERE status = 'pending' AND attempts = 0;
+    CREATE INDEX events_retry_due ON events(available_at)
+        WHERE status = 'pending' AND attempts > 0;
+    CREATE INDEX events_retry_spent ON events(attempts)
+        WHERE status = 'pending' AND attempts > 0;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -280,15 +353,21 @@ def inspect(db: sqlite3.Connection, path: str) -> int:
     return version
 
 
-def migrate(db: sqlite3.Connection, path: str, target: int = SCHEMA_VERSION) -> int:
+def migrate(
+    db: sqlite3.Connection, path: str, target: int = SCHEMA_VERSION, *, now: int | None = None
+) -> int:
     """Bring the file forward to `target` in one immediate transaction; return the old version.
 
     The version is re-read under the write lock, so two processes opening a new file at once
-    cannot both create it.
+    cannot both create it. An existing inbox is not migrated while its lease is held
+    (UpgradeRefused): the holder is a worker that did not migrate it, so of an older
+    release (docs/rules.md#upgrading-a-running-deployment). `now` is the wall clock's.
     """
     db.execute("BEGIN IMMEDIATE")
     try:
         version = inspect(db, path)
+        if 0 < version < target:
+            refuse_under_lease(db, path, version, target, int(time.time()) if now is None else now)
         for step in range(version, target):
             for statement in _split(MIGRATIONS[step]):
                 db.execute(statement)
@@ -301,6 +380,24 @@ def migrate(db: sqlite3.Connection, path: str, target: int = SCHEMA_VERSION) -> 
             db.execute("ROLLBACK")
         raise
     return version
+
+
+def refuse_under_lease(
+    db: sqlite3.Connection, path: str, version: int, target: int, now: int
+) -> None:
+    """UpgradeRefused while a worker holds the lease (a lease row edited into something that
+    is not a time counts as not held: a takeover would follow anyway)."""
+    row = db.execute("SELECT holder, gen, until FROM lease WHERE id = 1").fetchone()
+    if row is None or type(row[2]) is not int or row[2] < now:
+        return
+    holder, gen, until = row
+    raise UpgradeRefused(
+        f"{path} is at schema {version} and was not migrated to schema {target}: its lease "
+        f"is held by {show(holder)} (generation {gen}, for {until - now + 1} s more), a "
+        f"worker of the release that wrote schema {version}. Stop that worker (it hands the "
+        f"lease back) and every other one of that release, then run `onwatch migrate "
+        f"{path}` (or start a worker of this release, which migrates)"
+    )
 
 
 def _split(script: str) -> list[str]:

@@ -27,16 +27,19 @@ class SqliteTx:
     # refusal of a value (a CHECK, a key).
     row_errors: tuple[type[BaseException], ...] = DECODE_ERRORS + (sqlite3.IntegrityError,)
 
-    __slots__ = ("conn",)
+    __slots__ = ("conn", "statements")
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, statements: dict[str, str] = STATEMENTS) -> None:
         self.conn = conn
+        # The newest schema's statements, or a file's of an older schema that was opened
+        # without migrating (STATEMENTS.for_schema).
+        self.statements = statements
 
     def run(self, name: str, /, **params: Any) -> sqlite3.Cursor:
         for key, value in params.items():
             if type(value) is list:  # read with json_each
                 params[key] = _dumps(value)
-        return self.conn.execute(STATEMENTS[name], params)
+        return self.conn.execute(self.statements[name], params)
 
     def one(self, name: str, /, **params: Any) -> Row:
         row: Row = self.run(name, **params).fetchone()
@@ -72,7 +75,8 @@ class SqliteTx:
         stored: set[tuple[str, str]] = set()
         for start in range(0, len(rows), INSERT_ROWS):
             chunk = rows[start : start + INSERT_ROWS]
-            sql = STATEMENTS["events_insert"].format(rows=",".join(["(?,?,?,?,?,?)"] * len(chunk)))
+            row = self.statements["events_insert_row"]
+            sql = self.statements["events_insert"].format(rows=",".join([row] * len(chunk)))
             values = [v for s, i, p, n in chunk for v in (s, i, p, n, n, n)]
             stored.update((s, i) for s, i in self.conn.execute(sql, values))
         return stored

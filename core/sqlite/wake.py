@@ -54,9 +54,13 @@ class Wake(WaiterCounts):
 
     def __init__(self, path: str | None) -> None:
         # None: no file to watch (an inbox in a database server); only notify() wakes.
-        self.path = None if path is None else os.path.abspath(path)
+        # Resolved: SQLite writes its -wal next to the file a symlink points to, so a watch
+        # on the link's folder would never hear another process's commit.
+        self.path = None if path is None else os.path.realpath(path)
         base = "" if self.path is None else os.path.basename(self.path)
-        self._names = frozenset({base, base + "-wal"})
+        # The -shm too, and deletions: a waiter must also hear its files deleted under it
+        # (it then looks at Inbox.file_replaced(), which stops the connection).
+        self._names = frozenset({base, base + "-wal", base + "-shm"})
         self.seq = 0  # moves whenever a change may have happened
         self.reads = 0  # times the notifier's queue was drained
         super().__init__()
@@ -142,7 +146,8 @@ class Wake(WaiterCounts):
             # The folder, not the files: the -wal file comes and goes with the last
             # connection, and a watch on a deleted file would go quiet.
             notifier.add_watch(
-                os.path.dirname(self.path), flags.MODIFY | flags.CREATE | flags.MOVED_TO
+                os.path.dirname(self.path),
+                flags.MODIFY | flags.CREATE | flags.MOVED_TO | flags.DELETE | flags.MOVED_FROM,
             )
         except OSError as exc:
             notifier.close()

@@ -16,12 +16,13 @@ from typing import Callable
 
 import pytest
 
-from onwatch.core.engine import outbox, reads, timers
+from onwatch.core.engine import outbox, reads, spend, timers
 from onwatch.core.sqlite.tx import SqliteTx
 from tests.bench.bench_core import NOW, build_big_inbox
 
-# Tables with a fixed handful of rows: a scan of them is as cheap as a lookup.
-BOUNDED_TABLES = {"event_counts", "meta", "lease", "settings"}
+# Tables with a fixed handful of rows: a scan of them is as cheap as a lookup (spend_totals:
+# one row per unit ever spent; days: the spend reads' own list of the days asked for).
+BOUNDED_TABLES = {"event_counts", "meta", "lease", "settings", "spend_totals", "days"}
 STATUSES = ("pending", "running", "done", "dead", "interrupted", "cancelled")
 
 
@@ -33,6 +34,7 @@ def _paths() -> dict[str, Callable[[SqliteTx], object]]:
         "next timer due": timers.next_timer_due,
         "held messages": lambda tx: reads.held_messages(tx, 100),
         "status strip (overview)": lambda tx: reads.overview(tx, NOW),
+        "status strip (spend per day)": lambda tx: spend.spending(tx, NOW, 14),
         "next wake": lambda tx: reads.next_wake(tx, NOW),
         "deliveries": lambda tx: outbox.deliveries(tx, 50, NOW),
         "runs of an event": lambda tx: reads.runs_for_event(tx, 1500),

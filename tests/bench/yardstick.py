@@ -104,7 +104,13 @@ class Yardstick:
         )
 
     def run_scheduler(self, *, now: int) -> int:
-        return self.write(scheduler.run_scheduler, now)[0]
+        """The engine's pass: chunks of due timers, each its own transaction, until none."""
+        fired = 0
+        while True:
+            count, more = self.write(scheduler.run_scheduler, now)
+            fired += count
+            if not more:
+                return fired
 
     def dispatch(self, send: Callable[[str], Any], *, now: int) -> int:
         """At most one send of what the outbox allows now (the same two transactions)."""

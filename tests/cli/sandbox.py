@@ -34,7 +34,8 @@ async def make_alice(path: str) -> None:
     """alice.db, with the ids the examples name:
 
     events 1–6 done (chat; 2, 3 and 4 asked approvals refund-msg-2/3/4, still waiting),
-    7 dead (stripe), 8 pending (chat), 9 interrupted (stripe), 10 pending (chat);
+    7 dead (stripe), 8 pending (chat), 9 interrupted (stripe; its run 4 logged three lines
+    and spent 0.02 usd), 10 pending (chat);
     deliveries 1 and 2 uncertain (at-most-once sends cut off mid-send); one reply held for
     the next paced send; the lease released, so a worker takes it at once.
     """
@@ -68,7 +69,16 @@ async def make_alice(path: str) -> None:
         await inbox.ingest("stripe", "evt_9", {"type": "charge.succeeded"}, now=t)
         gen = await inbox.acquire("box-1", now=t)
         assert gen is not None
-        assert [e.id for e in await inbox.claim_batch("box-1", gen, now=t)] == [8, 9]
+        claimed = await inbox.claim_batch("box-1", gen, now=t)
+        assert [e.id for e in claimed] == [8, 9]
+        run = claimed[0].run_id
+        assert run == 4  # `onwatch logs alice.db 9 --run 4`
+        said = [
+            (0, t, "log", None, "looking up the charge", '{"charge": "ch_9"}'),
+            (1, t + 1, "info", "stripe", "GET /v1/charges/ch_9 200", None),
+            (2, t + 2, "spend", None, "spent 0.02 usd: model call", None),
+        ]
+        await inbox.append_transcript(run, said, spends=[(2, t + 2, "usd", 20_000, "model call")])
         # box-1 dies mid-run. Paused, the next claim only recovers its rows: 8 (chat, retry)
         # is pending again, 9 (stripe, interrupt) waits for a human.
         await inbox.pause(now=t)

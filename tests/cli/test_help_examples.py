@@ -4,9 +4,9 @@ The examples are read back from the help text itself (what a person copies), and
 one command run in order in a fresh sandbox (tests/cli/sandbox.py: alice.db and a folder of
 inboxes in the states the examples name, hooks.toml, a web token in ~/.onwatch-web-token,
 `onwatch` on $PATH). A command that ends by itself must exit 0 with no traceback. One that
-keeps running (worker, serve, run, web) must come up — hold the lease, listen, print the
-address to open — and then stop cleanly on SIGTERM (exit 0). The desks (tui, demo) run in a
-real terminal, tmux, must draw, and quit on `q` (exit 0).
+keeps running (worker, serve, run, web, notify) must come up — hold the lease, listen, print
+the address to open, say its first notice — and then stop cleanly on SIGTERM (exit 0). The
+desks (tui, demo) run in a real terminal, tmux, must draw, and quit on `q` (exit 0).
 
 One thing is changed from the text: a server's example gets `--port N` (a free port) added at
 the end, since a test must not take a fixed port on a machine shared with other work.
@@ -34,7 +34,7 @@ from tests.terminal import Terminal
 pytestmark = pytest.mark.slow
 
 SERVERS = {"serve", "run", "web"}
-RUNNING = SERVERS | {"worker"}
+RUNNING = SERVERS | {"worker", "notify"}
 DESKS = {"tui", "demo"}
 READY_WITHIN = 30.0  # seconds for a long-running command to come up
 EXIT_WITHIN = 30.0
@@ -65,8 +65,9 @@ def examples_in(help_text: str) -> list[str]:
 
 
 def command_of(example: str) -> str:
-    """The subcommand an example runs: the word after `onwatch` (after a pipe, if any)."""
-    words = example.split("|")[-1].split()
+    """The subcommand an example runs: the word after `onwatch` (in the part of a pipeline
+    that runs it)."""
+    words = next(part.split() for part in example.split("|") if "onwatch" in part.split())
     return words[words.index("onwatch") + 1]
 
 
@@ -156,6 +157,18 @@ def run_then_stop(example: str, folder: str, env: dict[str, str]) -> None:
             wait_until(lambda: lease_held(alice) or process.poll() is not None, "the lease")
         elif command == "web":
             wait_until(lambda: "open http" in output() or process.poll() is not None, "web")
+        elif command == "notify":
+            # Up once its command has said something: the sandbox has approvals waiting.
+            [said] = re.findall(r">>\s*([\w.]+)", example)
+            notices = os.path.join(folder, said)
+            wait_until(
+                lambda: (
+                    os.path.exists(notices)
+                    and os.path.getsize(notices) > 0
+                    or process.poll() is not None
+                ),
+                "a notice",
+            )
         else:
             assert port is not None
             wait_until(lambda: listening(port) or process.poll() is not None, "the port")

@@ -192,6 +192,15 @@ def quick_long_runners(monkeypatch):
         return await real_run(self)
 
     monkeypatch.setattr(worker_module.Worker, "run", stop_at_once)
+    from onwatch.core import notify as notify_module
+
+    real_notify = notify_module.Notifier.run
+
+    async def notify_once(self, stop):  # `onwatch notify` stops before its first look
+        stop.set()
+        return await real_notify(self, stop)
+
+    monkeypatch.setattr(notify_module.Notifier, "run", notify_once)
     monkeypatch.setattr(server_module, "run", lambda *args, **kwargs: 0)
     for module_name in ("onwatch.tui.app", "onwatch.tui.demo"):
         module = pytest.importorskip(module_name)
@@ -213,6 +222,8 @@ def test_every_subcommand_is_total_on_hostile_arguments(
     tmp_path, monkeypatch, capsys, quick_long_runners
 ):
     monkeypatch.chdir(tmp_path)  # relative hostile paths land here, and are checked
+    # `onwatch notify` keeps its memory under $XDG_STATE_HOME: here, not in the home folder
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setattr("sys.stdin", io.StringIO('{"from": "stdin"}'))  # for JSON '-'
     path = str(tmp_path / "inbox.db")
     assert cli.main(["init", path]) == 0

@@ -152,7 +152,7 @@ async def test_migration_5_renames_the_old_audit_words_of_a_version_4_file(tmp_p
         "INSERT INTO audit(at, actor, action, target, applied) VALUES (5, 'ops', ?, ?, ?)", old
     )
     db.close()
-    async with await Inbox.open(path, clock=FakeClock(1_000)) as box:
+    async with await Inbox.open(path, clock=FakeClock(1_000), migrate=True) as box:
         entries = list(reversed(await box.audit()))
         assert [(e.action, e.target, e.applied) for e in entries] == [
             ("approve", "approval r1", True),

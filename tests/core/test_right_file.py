@@ -160,7 +160,7 @@ async def test_migration_4_adds_the_traceback_to_a_version_2_file(tmp_path):
     )
     db.execute("INSERT INTO run_events VALUES (1, 1)")
     db.close()
-    async with await Inbox.open(path, clock=FakeClock(1_000)) as inbox:
+    async with await Inbox.open(path, clock=FakeClock(1_000), migrate=True) as inbox:
         [old] = await inbox.runs(1)
         assert (old.error, old.traceback) == ("timeout", None)
         gen = await inbox.acquire("W")

@@ -13,6 +13,7 @@ outbox and its deliveries, timers, approvals, effects and the refused-write coun
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import sqlite3
 import tempfile
@@ -272,6 +273,7 @@ class InboxMachine(RuleBasedStateMachine):
         )
         self.model = Model()
         self.uid = self.run(self.box._db.read(lambda tx: tx.meta("uid")))
+        self.salts: dict[int, str] = {}  # each event's key salt, as its first key showed it
         # dispatcher -> (task, gate, what the model says it took: (delivery, attempt, count))
         self.sending: dict[str, tuple] = {}
         self.claims: dict[str, tuple[int, list[int], int]] = {}
@@ -374,8 +376,15 @@ class InboxMachine(RuleBasedStateMachine):
         model = self.model
         run = model.runs[run_id]
         if model.holds(holder, gen, self.clock.now()) and run.open and run.gen == gen:
-            nth = sum(1 for r, k in model.effects if r == run_id and f"-ev{event}-pay-" in k) + 1
-            assert key == f"onwatch-{self.uid}-ev{event}-pay-{nth}"
+            nth = sum(1 for r, k in model.effects if r == run_id and f"-ev{event}." in k) + 1
+            # The event's salt is random: learnt from its first key, the same in every
+            # later one, and no other event's (docs/rules.md#effects-and-their-keys).
+            pattern = f"onwatch-{self.uid}-ev{event}\\.([0-9a-f]{{16}})-pay-{nth}"
+            found = re.fullmatch(pattern, key)
+            assert found, key
+            salt = self.salts.setdefault(event, found[1])
+            assert found[1] == salt
+            assert list(self.salts.values()).count(salt) == 1
             model.effects.append((run_id, key))
         else:
             assert key is None

@@ -193,9 +193,26 @@ VALID = {
     "target": [None, "event 1"],
     "send": [_send_ok, _send_fails, _send_async],
     "fresh": [False, True],
+    # the run's transcript and spend, raising a budget, what needs a person
+    "lines": [[(0, T, "log", None, "x", None)], [(0, T, "info", "lib", "y", '{"a": 1}')], []],
+    "upto": [None, 1, 5],
+    "dropped_chars": [0, 10],
+    "spends": [(), [(0, T, "usd", 5, None)]],
+    "run_ids": [[1], [1, 2]],
+    "days": [1, 14],
+    "budget": ["max_spend_per_day", "max_runs_per_day"],
+    "to": [2, 5.5],
+    "unit": [None, "usd"],
+    "value": [None, 3],
+    "since": [T, 0],
 }
 # Parameters whose value decides nothing about the database (a flag read with bool()).
-FLAGS = {("events", "payload"), ("acquire", "fresh"), ("next_wake", "sends")}
+FLAGS = {
+    ("events", "payload"),
+    ("acquire", "fresh"),
+    ("transcript", "newest"),
+    ("next_wake", "sends"),
+}
 
 SETTING_NAMES = sorted(f for f in Settings.__dataclass_fields__)
 
@@ -275,7 +292,12 @@ class Harness:
 
     async def _seed(self) -> None:
         box = self.box
-        await box.configure(outbox_gap=0, delivery="at_least_once")
+        await box.configure(
+            outbox_gap=0,
+            delivery="at_least_once",
+            max_spend_per_day={"usd": 1},  # a budget raise_budget can raise
+            max_runs_per_day=100,
+        )
         for i in range(3):
             await box.ingest("chat", f"seed-{i}", {"i": i})
         gen = await box.acquire("W")
@@ -438,6 +460,12 @@ CONTEXT_VALID = {
     "every": [None, 60],
     "key": [None],
     "catch_up": ["coalesce"],
+    "amount": [0.5, 2],
+    "unit": ["usd", "tokens"],
+    "note": [None, "model"],
+    "target": [print],
+    "name": [None, "helper"],
+    "fn": [print],
 }
 
 
@@ -472,16 +500,37 @@ def _worker_and_context(harness: Harness, data) -> None:
         for name, m in public_methods(RunContext).items()
         if not inspect.iscoroutinefunction(m) and name not in ("close", "effect", "perform")
     }
-    assert set(sync) == {"reply", "ask_approval", "follow_up"}, sorted(sync)
+    assert set(sync) == {
+        "reply",
+        "ask_approval",
+        "follow_up",
+        "log",
+        "spend",
+        "thread",
+        "wrap",
+    }, sorted(sync)
     name = data.draw(st.sampled_from(sorted(sync)))
-    kwargs = {}
+    args, kwargs = [], {}
     for parameter in list(inspect.signature(sync[name]).parameters.values())[1:]:
+        if parameter.kind is parameter.VAR_KEYWORD:  # ctx.log's fields, a thread's kwargs
+            kwargs.update(data.draw(st.dictionaries(st.sampled_from(["f", "g"]), HOSTILE)))
+            continue
+        if parameter.kind is parameter.VAR_POSITIONAL:  # a thread's args: none
+            continue
         if parameter.default is not parameter.empty and data.draw(st.booleans()):
             continue
-        kwargs[parameter.name] = data.draw(
-            st.one_of(st.sampled_from(CONTEXT_VALID[parameter.name]), HOSTILE)
-        )
+        value = data.draw(st.one_of(st.sampled_from(CONTEXT_VALID[parameter.name]), HOSTILE))
+        if parameter.kind is parameter.POSITIONAL_ONLY:
+            args.append(value)
+        else:
+            kwargs[parameter.name] = value
+    if name == "thread":
+        kwargs = {k: v for k, v in kwargs.items() if k in ("target", "name")}
+        kwargs.setdefault("target", print)  # a thread's own kwargs would go to it
+        kwargs["target"] = kwargs["target"] if kwargs["target"] is not print else (lambda: None)
     try:
-        getattr(ctx, name)(**kwargs)
+        outcome = getattr(ctx, name)(*args, **kwargs)
     except BadInput:
-        pass
+        return
+    if name == "thread":
+        outcome.join(5)

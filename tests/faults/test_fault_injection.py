@@ -353,6 +353,10 @@ class Backend:
             rows[table] = [dict(zip(names, row, strict=True)) for row in values]
         for row in rows.get("inboxes", []):
             del row["changes"]  # the change token, not state
+        for table in rows.values():
+            for row in table:
+                if row.get("key_salt") is not None:
+                    row["key_salt"] = "drawn"  # random by design: only whether it is set
         ranks = {
             t: {r["id"]: n for n, r in enumerate(sorted(rows[t], key=lambda r: r["id"]), 1)}
             for t in SEQUENCED
@@ -449,6 +453,14 @@ class Server(Backend):
         await inbox.close()
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("UPDATE inboxes SET uid = 'fixed', created = %s", (T,))
+            # Key salts are drawn at random; fixed by rank here so that two schemas set up
+            # alike hand out alike keys (a file's copy holds its base's salts already).
+            for table in ("events", "deliveries"):
+                conn.execute(
+                    f"UPDATE {table} t SET key_salt = r.n FROM (SELECT id, row_number() "
+                    f"OVER (ORDER BY id) AS n FROM {table}) r "
+                    f"WHERE t.id = r.id AND t.key_salt IS NOT NULL"
+                )
         return url
 
     async def copy(self, base: str, p: Path) -> str:

@@ -15,6 +15,7 @@ from collections import Counter
 
 import pytest
 
+from onwatch.core.engine import plans
 from tests.worker.helpers import (
     ROOT,
     env,
@@ -154,8 +155,8 @@ def test_racing_workers_with_kills_stalls_duplicates_and_operators(tmp_path):
     # Delivery is at-least-once: every delivery recorded as sent is in the channel's file.
     uid = scalar(path, "SELECT value FROM meta WHERE key = 'uid'")
     sent = {
-        f"onwatch-{uid}-{i}"
-        for (i,) in query(path, "SELECT id FROM deliveries WHERE status = 'sent'")
+        plans.delivery_key(uid, i, salt)
+        for i, salt in query(path, "SELECT id, key_salt FROM deliveries WHERE status = 'sent'")
     }
     lines = (tmp_path / "sent.jsonl").read_text().splitlines()
     assert sent <= {json.loads(line)["key"] for line in lines if line.strip()}

@@ -155,7 +155,7 @@ async def test_migration_2_renames_the_old_audit_words_of_a_version_1_database(u
                 "VALUES (%s, 5, 'ops', %s, %s, true)",
                 (inbox_id, word, target),
             )
-    box = await Inbox.open(url, name="a")
+    box = await Inbox.open(url, name="a", migrate=True)
     try:
         assert [r.action for r in reversed(await box.audit())] == [
             "approve",

@@ -81,7 +81,14 @@ def test_a_pane_writes_exactly_the_actions_on_the_states_it_shows():
     for pane in PANES:
         assert pane.ACTIONS == expected[pane.PANE_ID], pane.PANE_ID
         assert set(bound(pane.BINDINGS)) == pane.ACTIONS, pane.PANE_ID
-    assert set(bound(OnwatchApp.BINDINGS)) == {"pause", "resume", "hold", "release"}
+    # The inbox-wide ones: its two switches and raising a delaying budget (B).
+    assert set(bound(OnwatchApp.BINDINGS)) == {
+        "pause",
+        "resume",
+        "hold",
+        "release",
+        "raise_budget",
+    }
     assert ApprovalQueueScreen.ACTIONS == {"approve", "deny", "expire"}
     assert {b.id for b in ApprovalQueueScreen.BINDINGS if desk.acted(b)} == {
         "queue-approve",

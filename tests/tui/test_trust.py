@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import sqlite3
 
+import pytest
 from textual import events
 
-from onwatch.core import FakeClock, Inbox
+from onwatch.core import FakeClock, FileLost, Inbox
 from onwatch.core.runtime.worker import Worker
 from onwatch.tui.app import OnwatchApp
 from onwatch.tui.screens.confirm import ConfirmScreen
@@ -293,7 +294,10 @@ async def test_a_deleted_and_replaced_file_raises_an_alarm_and_refuses_actions(t
             app.pane("pending").request("cancel")
             await wait_for_text(pilot, "refused:")
             assert (await fresh.get_event(1)).status == "pending"
-            assert (await app.inbox.get_event(1)).status == "pending"
+            # The deleted file's connection has stopped for good: it neither writes nor reads
+            # (docs/rules.md, The inbox file against the world outside it).
+            with pytest.raises(FileLost):
+                await app.inbox.get_event(1)
             await press(pilot, "p")
             assert not (await fresh.overview()).paused
             # R reopens the path: the new file's rows, the alarm down.

@@ -20,6 +20,7 @@ from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Footer, Label, Static
 
 from onwatch.core import InboxError
+from onwatch.core.engine.transcripts import shown_amount
 from onwatch.core.fleet import DatabaseFleet, FolderFleet, InboxSummary, run_buckets
 
 from .. import actions as desk_actions
@@ -59,9 +60,21 @@ COLUMNS = (
     ("last run", 15, 10),
     ("outbox", 12, 0),
 )
-NUMERIC = {"pending", "run", "dead"}
+# With a spend column (some inbox of the fleet spent or has a spend budget), the wide
+# widths that make room for it at the design size; narrow terminals show no spend column.
+WITH_SPEND = {"approvals": 11, "lease": 21, "last run": 14, "outbox": 11, "spend": 8}
+NUMERIC = {"pending", "run", "dead", "spend"}
 SHORT = {"pending": "pend", "approvals": "approval", "last run": "last"}
 NARROW_BELOW = 100  # terminal columns
+
+
+def widths(narrow: bool, spend: bool) -> dict[str, int]:
+    """Each column's width (0: not shown)."""
+    shown = {name: small if narrow else wide for name, wide, small in COLUMNS}
+    shown["spend"] = 0
+    if spend and not narrow:
+        shown.update(WITH_SPEND)
+    return shown
 
 
 def coarse(seconds: int) -> str:
@@ -83,13 +96,23 @@ def _cell(text: Text | str, width: int, right: bool = False) -> Text:
     return cell
 
 
-def header_text(narrow: bool) -> Text:
+def header_text(narrow: bool, spend: bool = False) -> Text:
     parts = []
-    for name, wide, small in COLUMNS:
-        width = small if narrow else wide
+    for name, width in widths(narrow, spend).items():
         if width:
-            parts.append(_cell(SHORT.get(name, name) if narrow else name, width, name in NUMERIC))
+            words = SHORT.get(name, name) if narrow else ("spend/d" if name == "spend" else name)
+            parts.append(_cell(words, width, name in NUMERIC))
     return Text(" ").join(parts)
+
+
+def spend_cell(summary: InboxSummary) -> str:
+    """What the inbox spent in the last 24 hours in its first unit (budgeted ones first),
+    '!' once a budget is reached (its runs wait): '3.2 usd', '5 usd!'."""
+    if not summary.spend:
+        return "—"
+    unit, spent, _ = summary.spend[0]
+    amount = shown_amount(spent, unit).replace(",", "")
+    return amount + ("!" if summary.over_budget else "")
 
 
 def approvals_cell(summary: InboxSummary, now: int, narrow: bool = False) -> str:
@@ -179,12 +202,13 @@ def count_cells(summary: InboxSummary) -> dict[str, str]:
 
 
 def ticking_cells(summary: InboxSummary, now: int, narrow: bool) -> dict[str, Text | str]:
-    """The cells the clock moves: countdowns and ages."""
+    """The cells the clock moves: countdowns and ages (and the spend, beside them)."""
     return {
         "approvals": approvals_cell(summary, now, narrow),
         "lease": lease_cell(summary, now, narrow),
         "last run": last_run_cell(summary, now, narrow),
         "outbox": outbox_cell(summary, now),
+        "spend": spend_cell(summary),
     }
 
 
@@ -233,6 +257,7 @@ class RowPainter:
 
     def __init__(self) -> None:
         self.narrow = False
+        self.spend = False  # a spend column is shown
         self._fixed: dict[str, tuple[InboxSummary, bool, tuple[Text, ...]]] = {}
         self._ticking: dict[tuple[str, str], tuple[Text | str, Text]] = {}
         self._sparks: dict[str, tuple[InboxSummary, int, bool, Text, bool]] = {}
@@ -278,14 +303,14 @@ class RowPainter:
 
     def row(self, window: RowWindow, summary: InboxSummary, now: int, width: int) -> Row:
         narrow = self.narrow
-        widths = {name: small if narrow else wide for name, wide, small in COLUMNS}
+        shown = widths(narrow, self.spend)
         fixed = self._fixed.get(summary.key)
         if fixed is None or fixed[0] is not summary or fixed[1] != narrow:
             # A name too long keeps its end: agents are often named alike up to a number.
-            cells = [_cell(middle(inbox_cell(summary), widths["inbox"]), widths["inbox"])]
+            cells = [_cell(middle(inbox_cell(summary), shown["inbox"]), shown["inbox"])]
             if not summary.problem:
                 cells += [
-                    _cell(value, widths[name], True) for name, value in count_cells(summary).items()
+                    _cell(value, shown[name], True) for name, value in count_cells(summary).items()
                 ]
             fixed = (summary, narrow, tuple(cells))
             self._fixed[summary.key] = fixed
@@ -300,14 +325,14 @@ class RowPainter:
             return Row((*fixed[2], reason, blank), "problem")
         cells = list(fixed[2])
         for name, value in ticking_cells(summary, now, narrow).items():
-            if not widths[name]:
+            if not shown[name]:
                 continue
             kept = self._ticking.get((summary.key, name))
-            if kept is None or kept[0] != value or kept[1].cell_len != widths[name]:
-                kept = (value, _cell(value, widths[name]))
+            if kept is None or kept[0] != value or kept[1].cell_len != shown[name]:
+                kept = (value, _cell(value, shown[name], name == "spend"))
                 self._ticking[(summary.key, name)] = kept
             cells.append(kept[1])
-            used += widths[name] + 1
+            used += shown[name] + 1
         gap = Text(" " * max(width - used, 0))
         return Row(
             (*cells, Text.assemble(gap, spark)),
@@ -409,7 +434,7 @@ class FleetScreen(ModalScreen[None]):
         if narrow != self.narrow or not self.query_one("#fleet-columns", Static).visual:
             self.narrow = self.painter.narrow = narrow
             self.set_class(narrow, "-narrow")
-            self.query_one("#fleet-columns", Static).update(header_text(narrow))
+            self.query_one("#fleet-columns", Static).update(header_text(narrow, self.painter.spend))
 
     def _row(self, summary: InboxSummary, now: int, selected: bool, width: int) -> Row:
         return self.painter.row(self.rows, summary, now, width)
@@ -433,6 +458,11 @@ class FleetScreen(ModalScreen[None]):
             summaries = [s for s in summaries if needle in s.name.lower()]
         self.order = sorted(summaries, key=lambda s: needs_a_human_first(s, now))
         self.painter.forget(set(self.desk.summaries))
+        spend = any(s.spend for s in self.desk.summaries.values())
+        if spend != self.painter.spend:  # the first spend, or the last gone: columns change
+            self.painter.spend = spend
+            self.painter.forget(set())
+            self.query_one("#fleet-columns", Static).update(header_text(self.narrow, spend))
         self.rows.show(self.order, now)
         self._figures(now)
         self.resort_at = next_change(self.desk.summaries.values(), now)

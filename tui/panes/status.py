@@ -11,13 +11,14 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Label, Sparkline
 
-from onwatch.core import Overview
+from onwatch.core import Overview, Spending
 from onwatch.core.fleet import run_buckets
 
 from ..safe import join, safe_text
 from ..timefmt import duration
 
 RUN_BUCKETS = 12  # five-minute bars: the last hour
+SPEND_DAYS = 14  # daily bars of what the inbox spent
 
 
 def lease_line(overview: Overview | None, now: int) -> Text:
@@ -71,6 +72,10 @@ def budget_line(overview: Overview | None) -> str:
     pending = overview.budgets.get("max_pending", {})
     if pending.get("limit"):
         parts.append(f"pending {pending.get('used', 0):,}/{pending['limit']:,}")
+    spend = overview.budgets.get("max_spend_per_day", {})
+    for unit, limit in sorted((spend.get("limit") or {}).items()):
+        used = (spend.get("used") or {}).get(unit, 0)
+        parts.append(f"spent 24h {_amount(used)}/{_amount(limit)} {unit}")
     for name, words in (
         ("max_run_seconds", "run ≤ {}s"),
         ("max_followups_per_run", "≤ {} follow-ups"),
@@ -79,6 +84,35 @@ def budget_line(overview: Overview | None) -> str:
         if limit:
             parts.append(words.format(limit))
     return ("budgets: " + " · ".join(parts)) if parts else ""
+
+
+def _amount(value: float) -> str:
+    return f"{value:,.6f}".rstrip("0").rstrip(".") if value != int(value) else f"{int(value):,}"
+
+
+def reached(overview: Overview | None) -> list[str]:
+    """The delaying budgets used up now (runs wait for them): 'runs per day', 'usd'…"""
+    if overview is None:
+        return []
+    found = []
+    runs = overview.budgets.get("max_runs_per_day", {})
+    if runs.get("limit") and runs.get("used", 0) >= runs["limit"]:
+        found.append("runs per day")
+    spend = overview.budgets.get("max_spend_per_day", {})
+    for unit, limit in sorted((spend.get("limit") or {}).items()):
+        if (spend.get("used") or {}).get(unit, 0) >= limit:
+            found.append(f"{unit} per day")
+    return found
+
+
+def spend_days(spending: Spending | None) -> tuple[str, list[float]] | None:
+    """The unit the strip's spend sparkline shows (a budgeted one first) and its daily
+    amounts, oldest first; None while nothing was spent or budgeted."""
+    if spending is None or not spending.units:
+        return None
+    unit = spending.units[0]
+    days = spending.per_day.get(unit, (0,) * spending.days)
+    return unit, [micros / 1_000_000 for micros in days]
 
 
 class StatusStrip(Vertical):
@@ -94,18 +128,24 @@ class StatusStrip(Vertical):
         self.alarm: str | None = None  # the file is no longer the one opened: standing
         self._shown: dict[str, Text | str] = {}  # what each ticking label shows now
         self.activity: tuple[tuple[int, int, int], ...] = ()  # (minute, runs, failed)
+        self.spending: Spending | None = None
         self._minute: int | None = None
 
     def compose(self) -> ComposeResult:
         yield Label("", id="alarm")
         with Horizontal(classes="status-line"):
             yield Label("", id="lease")
+            # What the inbox spent per day (the last SPEND_DAYS), once it spent anything.
+            yield Label("", id="spend-label")
+            yield Sparkline([0] * SPEND_DAYS, id="spend")
             yield Label("", id="fencing")
         with Horizontal(classes="status-line"):
             # The key that undoes the state is on the badge: p and o left the footer.
             yield Label("PAUSED · p resumes", id="paused", classes="badge")
             yield Label("OUTBOX HELD · o releases", id="held", classes="badge")
             yield Label("READ-ONLY", id="read-only", classes="badge")
+            # A delaying budget used up: runs wait until the window frees or it is raised.
+            yield Label("", id="over-budget", classes="badge")
             yield Label("", id="budgets")
             # Runs of the last hour, as on the inbox's fleet row: a stall or failures show.
             yield Label("runs/h", id="runs-label")
@@ -116,6 +156,8 @@ class StatusStrip(Vertical):
     def on_mount(self) -> None:
         self.query_one("#read-only").display = self.read_only
         self.query_one("#alarm").display = False
+        self.query_one("#spend-label").display = False
+        self.query_one("#spend").display = False
         self.tick(0)
 
     def raise_alarm(self, why: str | None) -> None:
@@ -140,18 +182,34 @@ class StatusStrip(Vertical):
         updated_at: int | None,
         problem: str | None = None,
         activity: tuple[tuple[int, int, int], ...] | None = None,
+        spending: Spending | None = None,
     ) -> None:
-        """Show a fresh overview (attributes down from the app), and the runs of the last
-        hour per minute (`core.fleet.run_activity`) when they were read."""
+        """Show a fresh overview (attributes down from the app), the runs of the last hour
+        per minute (`core.fleet.run_activity`) and the spend per day, when they were read."""
         if activity is not None:
             self.activity = activity
             self._minute = None
+        if spending is not None:
+            self.spending = spending
+            days = spend_days(spending)
+            self.query_one("#spend-label").display = days is not None
+            self.query_one("#spend").display = days is not None
+            if days is not None:
+                unit, amounts = days
+                self.query_one("#spend-label", Label).update(f"{unit}/day")
+                self.query_one("#spend", Sparkline).data = amounts
         self.overview = overview
         self.updated_at = updated_at
         self.problem = problem
         self.query_one("#paused").display = overview.paused
         self.query_one("#held").display = overview.outbox_held
         self.query_one("#budgets", Label).update(budget_line(overview))
+        over = reached(overview)
+        badge = self.query_one("#over-budget", Label)
+        badge.display = bool(over)
+        if over:
+            badge.update("BUDGET REACHED · B raises")
+            badge.tooltip = f"used up: {', '.join(over)}; runs wait until the window frees"
         self.query_one("#fencing", Label).update(fencing_line(overview))
         self.tick(now)
 

@@ -1,8 +1,12 @@
-"""The detail view: one row's whole story — payload pretty-printed, attempts, errors, runs,
-effect journal and operator actions."""
+"""The detail view: one row's whole story — payload pretty-printed, attempts, errors, runs
+(each with what it spent and its transcript), effect journal and operator actions; a running
+event's run followed live."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from rich.text import Text
@@ -10,12 +14,20 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import Label, Static
+from textual.widgets import Label, RichLog, Static
 
-from onwatch.core import Approval, AuditEntry, Event, Inbox, Message, Timer
+from onwatch.core import Approval, AuditEntry, Event, Inbox, InboxError, Message, Spend, Timer
 
-from ..timefmt import WALL, Times, ago, countdown, period
 from ..safe import join, safe_json, safe_text
+from ..timefmt import WALL, Times, ago, countdown, period
+from ..transcript import spend_text, transcript_text, with_gaps
+
+HEAD_LINES = 100  # of a finished run's transcript: its first lines …
+TAIL_LINES = 300  # … and its last ones (`onwatch logs` prints all that is kept)
+LIVE_LINES = 2000  # lines the live transcript keeps on screen
+FOLLOW_PAGE = 500  # lines read at once while following
+FOLLOW_POLL = 0.05  # s: at most this long between looks, whatever wakes the desk or not
+RUN_CHECK = 0.5  # s between two looks at whether the followed run has ended
 
 
 def _field(text: Text, name: str, value: Text | str) -> None:
@@ -48,14 +60,51 @@ def _audit(text: Text, entries: list[AuditEntry], times: Times) -> None:
         text.append("\n")
 
 
+@dataclass(frozen=True, slots=True)
+class Follow:
+    """A running run whose transcript the detail follows live: the event and its run."""
+
+    inbox: Inbox
+    event_id: int
+    run_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Detail:
+    """What a detail screen shows: a title, the body, and the run to follow, if one runs."""
+
+    title: str
+    body: Text
+    follow: Follow | None = None
+
+
 async def event_detail(
     inbox: Inbox, event_id: int, now: int, times: Times = WALL
 ) -> tuple[str, Text]:
     """Read everything about one event; return a title and the body (safe Text)."""
+    detail = await read_event(inbox, event_id, now, times)
+    return detail.title, detail.body
+
+
+async def _transcript(inbox: Inbox, run_id: int) -> Text:
+    """A finished run's transcript: its first lines and, when it has more, its last ones."""
+    head = await inbox.transcript(run_id, limit=HEAD_LINES)
+    tail = None
+    if head.stored > len(head.lines):
+        tail = await inbox.transcript(run_id, newest=True, limit=TAIL_LINES)
+    return transcript_text(head, tail)
+
+
+async def read_event(inbox: Inbox, event_id: int, now: int, times: Times = WALL) -> Detail:
+    """Everything about one event, and its running run to follow, if any."""
     event: Event | None = await inbox.get_event(event_id)
     if event is None:
-        return f"Event #{event_id}", Text("This event no longer exists.")
+        return Detail(f"Event #{event_id}", Text("This event no longer exists."))
     runs = await inbox.runs(event_id)
+    spent: dict[int, list[Spend]] = {}
+    for spend in await inbox.run_spend([run.id for run in runs]) if runs else []:
+        spent.setdefault(spend.run_id, []).append(spend)
+    follow: Follow | None = None
     effects = await inbox.effects(event_id)
     audit = await inbox.audit(target=f"event {event_id}", limit=50)
     text = Text(end="")
@@ -121,6 +170,15 @@ async def event_detail(
                 safe_text(run.traceback.rstrip(), limit=20_000, multiline=True, style="dim")
             )
             text.append("\n")
+        if run.id in spent:
+            text.append(f"   {spend_text(spent[run.id])}\n")
+        if run.outcome is None and event.status == "running" and event.run_id == run.id:
+            follow = Follow(inbox, event.id, run.id)
+            text.append("   transcript: followed live below\n", style="dim")
+        else:
+            # Each attempt's own transcript, beside its traceback: what it did before it
+            # failed, died or was lost.
+            text.append_text(await _transcript(inbox, run.id))
     _section(text, f"Effect journal ({len(effects)})")
     if not effects:
         text.append("no external effects recorded\n", style="dim")
@@ -138,7 +196,7 @@ async def event_detail(
             text.append_text(safe_text(effect.detail, limit=500))
         text.append("\n")
     _audit(text, audit, times)
-    return f"Event #{event.id} · {event.status}", text
+    return Detail(f"Event #{event.id} · {event.status}", text, follow)
 
 
 async def approval_detail(
@@ -219,42 +277,147 @@ def message_detail(message: Message, now: int, times: Times = WALL) -> tuple[str
     return f"Outbox message #{message.id}", text
 
 
-async def load_detail(inbox: Inbox, record: Any, now: int, times: Times = WALL) -> tuple[str, Text]:
-    """The title and body for any pane's row, its instants worded by `times`."""
+async def load_detail(inbox: Inbox, record: Any, now: int, times: Times = WALL) -> Detail:
+    """The detail of any pane's row, its instants worded by `times` (and, for a running
+    event, its run to follow)."""
     if isinstance(record, Event):
-        return await event_detail(inbox, record.id, now, times)
+        return await read_event(inbox, record.id, now, times)
     if isinstance(record, Approval):
-        return await approval_detail(inbox, record.request_id, now, times)
+        return Detail(*await approval_detail(inbox, record.request_id, now, times))
     if isinstance(record, Timer):
-        return timer_detail(record, now, times)
+        return Detail(*timer_detail(record, now, times))
     if isinstance(record, Message):
-        return message_detail(record, now, times)
-    return "Detail", safe_text(record, limit=10_000, multiline=True)
+        return Detail(*message_detail(record, now, times))
+    return Detail("Detail", safe_text(record, limit=10_000, multiline=True))
 
 
 class DetailScreen(ModalScreen[None]):
-    """A scrollable read of one row; Escape, q or Enter closes it."""
+    """A scrollable read of one row; Escape, q or Enter closes it. A running event's detail
+    follows its run's transcript live below, like `kubectl logs -f`: a line the agent logs
+    (in another process) is on screen within one commit and FOLLOW_POLL."""
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="detail-close", key_display="esc"),
         Binding("q", "close", "Close", show=False, id="detail-close-q"),
         Binding("enter", "close", "Close", show=False, id="detail-close-enter"),
+        Binding(
+            "tab",
+            "switch",
+            "Detail/transcript",
+            show=False,
+            id="detail-switch",
+            tooltip="move between the detail and the live transcript (scroll either)",
+        ),
     ]
 
-    def __init__(self, title: str, body: Text) -> None:
+    def __init__(self, title: str, body: Text, follow: Follow | None = None) -> None:
         super().__init__(classes="dialog-screen")
         self.title_text = title
         self.body = body
+        self.follow = follow
+        self.followed = 0  # transcript lines shown live (tests wait on it)
+        self.ended: str | None = None  # how the followed run ended, once it has
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog detail"):
             yield Label(Text(self.title_text), classes="question")
             with VerticalScroll(id="detail-scroll"):
                 yield Static(self.body, id="detail-body")
-            yield Label("↑↓ scroll    esc close", classes="keys")
+            if self.follow is not None:
+                yield Label(
+                    f"Transcript of run #{self.follow.run_id}: following (tab moves here)",
+                    id="live-title",
+                    classes="live-title",
+                )
+                yield RichLog(id="live", wrap=True, markup=False, max_lines=LIVE_LINES)
+            keys = "↑↓ scroll    esc close"
+            yield Label(keys + ("    tab detail/transcript" if self.follow else ""), classes="keys")
 
     def on_mount(self) -> None:
         self.query_one("#detail-scroll").focus()
+        if self.follow is not None:
+            self.run_worker(self._follow(self.follow), group="follow", exit_on_error=False)
+
+    def action_switch(self) -> None:
+        if self.follow is None:
+            return
+        live = self.query_one("#live", RichLog)
+        (self.query_one("#detail-scroll") if live.has_focus else live).focus()
+
+    def _write(self, rows: list[Text]) -> None:
+        live = self.query_one("#live", RichLog)
+        # Wrapped at the log's own width once it is known (RichLog would otherwise wrap at
+        # each line's measured width, or its minimum, before its layout settles).
+        width = live.scrollable_content_region.width or None
+        for row in rows:
+            live.write(row, width=width)
+        self.followed += len(rows)
+
+    async def _follow(self, follow: Follow) -> None:
+        """Show the newest lines, then every line as it is stored, until the run ends: a
+        wake-up from the inbox (another process's commit, on a file) or FOLLOW_POLL,
+        whichever comes first (PostgreSQL tells of new work only, not of lines)."""
+        inbox = follow.inbox
+        wake = inbox.wake
+        seen = wake.seq
+        last = -1
+        first = True
+        ended_seen: str | None = None
+        looked = 0.0
+        while True:
+            try:
+                if first:
+                    page = await inbox.transcript(follow.run_id, newest=True, limit=LIVE_LINES)
+                    rows = []
+                    if page.lines and page.lines[0].seq > 0:
+                        rows.append(
+                            Text(
+                                f"… {page.lines[0].seq:,} earlier line(s): onwatch logs prints "
+                                f"them",
+                                style="italic dim",
+                            )
+                        )
+                    start = page.lines[0].seq - 1 if page.lines else -1
+                    first = False
+                else:
+                    page = await inbox.transcript(follow.run_id, after=last, limit=FOLLOW_PAGE)
+                    rows, start = [], last
+                if page.lines:
+                    self._write(rows + with_gaps(page.lines, start))
+                    last = page.lines[-1].seq
+                    continue  # more may wait
+                if rows:
+                    self._write(rows)
+                if ended_seen is not None:
+                    self.ended = ended_seen
+                    self._write(
+                        [Text(f"── run #{follow.run_id} ended: {ended_seen} ──", style="bold")]
+                    )
+                    self.query_one("#live-title", Label).update(
+                        f"Transcript of run #{follow.run_id}: ended ({ended_seen})"
+                    )
+                    return
+                if time.monotonic() - looked >= RUN_CHECK:
+                    looked = time.monotonic()
+                    ended_seen = await self._ended(inbox, follow)
+                    if ended_seen is not None:
+                        continue  # read what was stored before it ended, then say so
+            except InboxError as exc:
+                self._write([safe_text(f"cannot read the transcript: {exc}", style="bold")])
+                await asyncio.sleep(1.0)
+            if await wake.wait(seen, FOLLOW_POLL):
+                # Another process's commit is reported at its first write to the file,
+                # before it is visible: look again a few times over a few milliseconds
+                # (cut short as soon as a line shows) rather than wait for the next poll.
+                await wake.confirm(lambda: inbox.transcript_last(follow.run_id), last)
+            seen = wake.seq
+
+    async def _ended(self, inbox: Inbox, follow: Follow) -> str | None:
+        """How the followed run ended (done, error, lost), or None while it runs."""
+        for run in await inbox.runs(follow.event_id):
+            if run.id == follow.run_id:
+                return run.outcome
+        return "gone"
 
     def action_close(self) -> None:
         self.dismiss(None)

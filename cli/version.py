@@ -23,8 +23,8 @@ def version_text() -> str:
 
 
 def _backend(what: str, newest: int) -> str:
-    read = f"{OLDEST}" if newest == OLDEST else f"{OLDEST}–{newest}"
+    opens = f"{OLDEST}" if newest == OLDEST else f"{OLDEST}–{newest}"
     return (
-        f"{what}: writes schema {newest}, reads {read} "
-        f"(older ones are brought to {newest}), refuses newer"
+        f"{what}: writes schema {newest}; opens schemas {opens} (`onwatch migrate` brings an "
+        f"older one to {newest}); refuses newer"
     )

@@ -1,7 +1,7 @@
 """`onwatch --version` says the package's version and the schema versions it reads and
 writes, and each figure is what the program does: a new inbox is written at the schema it
-names, an inbox at the oldest it names is opened (and brought forward), and the next one up is
-refused, untouched."""
+names, an inbox at every older schema it names is brought to it by `onwatch migrate`, and
+the next one up is refused, untouched."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from onwatch.core.sqlite import schema as sqlite_schema
 from tests.pg.server import cluster_or_skip
 from tests.worker.helpers import onwatch
 
-LINE = re.compile(r"^(?P<what>.+): writes schema (?P<new>\d+), reads (?P<old>\d+)")
+LINE = re.compile(r"^(?P<what>.+): writes schema (?P<new>\d+); opens schemas? (?P<old>\d+)")
 
 
 def printed() -> dict[str, tuple[int, int]]:
-    """{backend: (oldest read, written)} as `onwatch --version` prints them."""
+    """{backend: (oldest opened, written)} as `onwatch --version` prints them."""
     result = onwatch("--version")
     assert result.returncode == 0, result.stderr
     first, *backends = result.stdout.splitlines()
@@ -40,19 +40,23 @@ def user_version(path) -> int:
         return int(db.execute("PRAGMA user_version").fetchone()[0])
 
 
-def test_a_file_is_written_read_and_refused_at_the_schemas_it_prints(tmp_path):
+def test_a_file_is_written_migrated_and_refused_at_the_schemas_it_prints(tmp_path):
     oldest, newest = printed()["inbox files (SQLite)"]
     new = tmp_path / "new.db"
     assert onwatch("init", new).returncode == 0
     assert user_version(new) == newest
 
-    old = tmp_path / "old.db"  # made by the oldest schema's own migration
-    with closing(sqlite3.connect(old)) as db:
-        db.isolation_level = None
-        sqlite_schema.migrate(db, str(old), target=oldest)
-    assert user_version(old) == oldest
-    status = onwatch("status", old, "--json")
-    assert status.returncode == 0, status.stderr
+    for old in range(oldest, newest):  # each made by its own schema's migrations, in WAL
+        path = tmp_path / f"schema-{old}.db"
+        with closing(sqlite3.connect(path)) as db:
+            db.isolation_level = None
+            db.execute("PRAGMA journal_mode = WAL")
+            sqlite_schema.migrate(db, str(path), target=old)
+        assert user_version(path) == old
+        migrated = onwatch("migrate", path)
+        assert migrated.returncode == 0, migrated.stderr
+        assert user_version(path) == newest
+        assert onwatch("status", path).returncode == 0
 
     newer = tmp_path / "newer.db"
     assert onwatch("init", newer).returncode == 0
@@ -65,7 +69,7 @@ def test_a_file_is_written_read_and_refused_at_the_schemas_it_prints(tmp_path):
     assert newer.read_bytes() == before
 
 
-def test_a_database_is_written_and_refused_at_the_schemas_it_prints():
+def test_a_database_is_written_migrated_and_refused_at_the_schemas_it_prints():
     oldest, newest = printed()["PostgreSQL databases"]
     cluster = cluster_or_skip()
     url = cluster.new_database(schema=False)
@@ -76,9 +80,11 @@ def test_a_database_is_written_and_refused_at_the_schemas_it_prints():
     refused = onwatch("status", url, "--inbox", "support")
     assert refused.returncode == 2 and f"schema {newest + 1}" in refused.stderr, refused.stderr
 
-    old = cluster.new_database(schema=False)  # made by the oldest schema's own migration
-    with psycopg.connect(old, autocommit=True) as conn:
-        pg_schema.migrate(conn, "old", target=oldest)
-    assert onwatch("init", old, "--inbox", "support").returncode == 0
-    with psycopg.connect(old) as conn:
-        assert conn.execute("SELECT version FROM onwatch_schema").fetchone()[0] == newest
+    for old in range(oldest, newest):  # each made by its own schema's migrations
+        at = cluster.new_database(schema=False)
+        with psycopg.connect(at, autocommit=True) as conn:
+            pg_schema.migrate(conn, "old", target=old)
+        migrated = onwatch("migrate", at)
+        assert migrated.returncode == 0, migrated.stderr
+        with psycopg.connect(at) as conn:
+            assert conn.execute("SELECT version FROM onwatch_schema").fetchone()[0] == newest

@@ -8,8 +8,9 @@ system's, as in a reader's activated environment. Its blocks run in order, so on
 files and inboxes are the next one's:
 
 - a ```sh block runs line by line (a line ending in `\\` goes on). A command that ends must
-  exit 0 without a traceback on stderr. `worker`, `serve`, `run` and `web` keep running: each is
-  started in the background, must come up (hold its lease, listen, print its address), and
+  exit 0 without a traceback on stderr. `worker`, `serve`, `run`, `web` and `notify` keep
+  running: each is started in the background, must come up (hold its lease, listen, print
+  its address, say a first notice into the file its command appends to), and
   is stopped with SIGTERM when its block ends (exit 0, lease released). While one runs, a
   later command of the block that fails is tried again for a while: a reader waits for the
   worker too. `tui` and `demo` run in a real terminal (tmux) and must draw and quit on `q`.
@@ -147,6 +148,16 @@ class Background:
             wait_until(lambda: lease_held(str(self.inbox())) or ended() is not None, "a lease")
         elif self.name == "web":
             wait_until(lambda: "open http" in self.output() or ended() is not None, "web")
+        elif self.name == "notify":  # up once its command has said something, into a file
+            said = re.findall(r">>\s*([\w.]+)", self.line)
+            if not said:
+                raise BlockFailed(f"`{self.line}`: name the file its command appends to (>>)")
+            notices = self.folder / said[-1]
+
+            def noticed() -> bool:
+                return notices.exists() and notices.stat().st_size > 0
+
+            wait_until(lambda: noticed() or ended() is not None, f"a notice in {notices.name}")
         elif port is not None:
             wait_until(lambda: listening(port) or ended() is not None, f"port {port}")
         else:

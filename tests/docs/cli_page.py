@@ -27,7 +27,16 @@ the end of each are run as written by `tests/cli/test_help_examples.py`. Inside 
 
 Exit codes, for every command: 0 done; 1 not applied or refused (what stands is printed);
 2 bad usage, bad input or not an inbox; 3 the inbox stayed locked past `--busy-timeout`;
-4 (`worker`, `run`) the worker ended itself for an agent it could not stop.
+4 (`worker`, `run`) the worker ended itself for an agent it could not stop. An operator
+command's exit code follows what the audit log says: 0 when the call changed something, 1
+when it did not (re-approving an approved request, pausing a paused inbox). Each is audited
+under `--actor`, else `$ONWATCH_ACTOR`, else your user name.
+
+Errors are one line on stderr; `--json` output has sorted keys. Every argument either does
+the job or is refused (exit 2) with the inbox byte-identical and no file left behind:
+numbers past a 64-bit integer, seconds past a day, JSON nested too deeply, text that is not
+UTF-8. A long-running command that stops or crashes exits even if a thread it started is
+stuck (a plain-def agent blocked in a call is abandoned after `--grace`).
 """
 
 

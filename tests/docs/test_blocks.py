@@ -10,15 +10,7 @@ from tests.docs.blocks import ROOT, PageError, blocks_of, pages
 from tests.docs import running
 from tests.docs.running import BlockFailed, commands, run_page
 
-# Until the README is rewritten into a short front page (issue #29), its long text still has
-# indented and unmarked blocks: strict, so the mark must go when it is.
-OLD_README = pytest.mark.xfail(
-    strict=True, reason="README.md still has indented and unmarked code blocks"
-)
-PAGES = [
-    pytest.param(page, marks=OLD_README) if page == "README.md" else page
-    for page in (str(path.relative_to(ROOT)) for path in pages())
-]
+PAGES = [str(path.relative_to(ROOT)) for path in pages()]
 
 
 @pytest.mark.parametrize("page", PAGES)

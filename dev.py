@@ -7,6 +7,8 @@
     python3 dev.py test --no-lint -k x
                               pytest only (a quick loop while editing; CI never passes it)
     python3 dev.py bench      the benchmark suite (prints figures)
+    python3 dev.py bench peers [--rounds N] [--quick] [--json PATH]
+                              onwatch against the queues people would pick instead
     python3 dev.py docs       write docs/cli.md from the argument parser
     python3 dev.py onwatch …  any onwatch command
 
@@ -153,6 +155,9 @@ def main(argv: list[str]) -> int:
             print("onwatch: pytest collected no tests; treating that as a failure", file=sys.stderr)
             return 1
         return code
+    if command == "bench" and rest[:1] == ["peers"]:
+        script = ROOT / "tests" / "bench" / "bench_peers.py"
+        return run_child([str(PYTHON), str(script), *rest[1:]], cwd=ROOT, env=env)
     if command == "bench":
         return run_child(
             [str(PYTHON), str(ROOT / "tests" / "bench" / "run_all.py"), *rest], cwd=ROOT, env=env

@@ -107,6 +107,14 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "expire": ("onwatch expire alice.db refund-msg-4 --json",),
     "mark-sent": ("onwatch mark-sent alice.db 1 --reason 'the customer has it'",),
     "send-again": ("onwatch send-again alice.db 2",),
+    "run-now": ("onwatch run-now alice.db 8 --expect pending --reason 'the API is back'",),
+    "fire-timer": ("onwatch fire-timer alice.db nightly-report --expect scheduled",),
+    "pause-timer": ("onwatch pause-timer alice.db nightly-report --reason 'month-end freeze'",),
+    "resume-timer": (
+        "onwatch pause-timer alice.db nightly-report",
+        "onwatch resume-timer alice.db nightly-report --expect paused",
+    ),
+    "delete-timer": ("onwatch delete-timer alice.db nightly-report --reason 'replaced'",),
     "raise-budget": (
         "onwatch config alice.db max_runs_per_day=200 'max_spend_per_day={\"usd\": 5}'",
         "onwatch raise-budget alice.db max_spend_per_day --unit usd --to 10 --reason 'launch day'",
@@ -166,6 +174,8 @@ ACTION_EXITS = {
     "deadline had passed (expired) or there is no such request (unknown): what stands is "
     "printed",
     "delivery": "exit 0 if this call settled the send; 1 if it was no longer uncertain",
+    "timer": "exit 0 if this call changed the timer; 1 if it did not (no such timer, an "
+    "approval's deadline, or not in a state this action applies to, or not in --expect's)",
     "inbox": "exit 0 if this call changed the switch; 1 if it was already so (nothing "
     "changed, as the audit log says)",
     "budget": "exit 0 if this call raised the budget; 1 (and why on stderr) if it is not set, "
@@ -179,6 +189,8 @@ STATUS_EPILOG = """\
                             cancelled
   lease                     {holder, gen, until} or null; until < now means expired
   lease_ttl, on_lost_claim  the lease length (s) and the lost-claim policy
+  workers                   [{holder, host, pid, started, seen, holds, gen, since}]: the
+                            worker processes by their heartbeat; holds marks the lease holder
   takeovers, refused_writes generation changes by takeover; refused stale writes
   paused, outbox_held       operator switches
   held_messages, next_send_at
@@ -739,6 +751,13 @@ def build_parser() -> Parser:
             p.add_argument("request_id", metavar="REQUEST_ID")
         elif action.target == "delivery":
             p.add_argument("delivery_id", type=whole(1), metavar="DELIVERY_ID")
+        elif action.target == "timer":
+            p.add_argument("timer_id", metavar="TIMER_ID")
+            p.add_argument(
+                "--expect",
+                metavar="STATE",
+                help="only act if the timer is in this state (scheduled, paused, set aside)",
+            )
         elif action.target == "budget":
             p.add_argument(
                 "budget",

@@ -35,6 +35,7 @@ from .records import (
 )
 from .engine.spend import Spend, Spending
 from .engine.transcripts import LogLine, Transcript
+from .records import ApprovalTrail, DeadGroup, Worker
 from .runtime.context import RunContext
 from .settings import Settings
 
@@ -83,4 +84,7 @@ __all__ = [
     "Timer",
     "Transcript",
     "UpgradeRefused",
+    "ApprovalTrail",
+    "DeadGroup",
+    "Worker",
 ]

@@ -16,8 +16,8 @@ from .errors import BadInput
 class Action:
     """One operator action. `name` is its one name: the `Inbox.act` name, the audit log's
     action word (where the inbox writes it), the CLI subcommand (`_` shown as `-`) and the
-    desk's action. `target` is what it acts on: "event", "approval", "delivery", "inbox" or
-    "budget" (a delaying budget, raised to a value the operator gives).
+    desk's action. `target` is what it acts on: "event", "approval", "delivery", "timer",
+    "inbox" or "budget" (a delaying budget, raised to a value the operator gives).
     `allowed` are the states it applies to; `after` the state it leaves. An "inbox" action
     sets one of the inbox's switches, `switch` ("paused", "outbox_held"): its states are
     "true" and "false"."""
@@ -83,6 +83,16 @@ ACTIONS: dict[str, Action] = {
             "It stays in Dead until requeued.",
         ),
         Action(
+            "run_now",
+            "event",
+            ("pending",),
+            "pending",
+            "a pending event waiting out its backoff → available now (its attempts kept)",
+            "Run this event now instead of waiting out its backoff?",
+            "Run these {n} events now instead of waiting out their backoff?",
+            "The worker may claim it at once; the attempts it used still count.",
+        ),
+        Action(
             "approve",
             "approval",
             ("waiting",),
@@ -131,6 +141,46 @@ ACTIONS: dict[str, Action] = {
             "Send this delivery again?",
             "Send these {n} deliveries again?",
             "The recipient may get the messages twice.",
+        ),
+        Action(
+            "fire_timer",
+            "timer",
+            ("scheduled", "paused"),
+            "fired",
+            "fire a timer's next occurrence now (a repeating one then moves on)",
+            "Fire this timer's next occurrence now?",
+            "Fire these {n} timers now?",
+            "The agent runs on it as on any occurrence; the scheduler will not fire it again.",
+        ),
+        Action(
+            "pause_timer",
+            "timer",
+            ("scheduled",),
+            "paused",
+            "pause a timer: the scheduler skips it until resumed",
+            "Pause this timer?",
+            "Pause these {n} timers?",
+            "Nothing fires until you resume it; then what it missed catches up by its policy.",
+        ),
+        Action(
+            "resume_timer",
+            "timer",
+            ("paused",),
+            "scheduled",
+            "resume a paused timer (what it missed catches up by its policy)",
+            "Resume this timer?",
+            "Resume these {n} timers?",
+            "Occurrences it missed while paused fire at the next scheduler pass, by its policy.",
+        ),
+        Action(
+            "delete_timer",
+            "timer",
+            ("scheduled", "paused", "set aside"),
+            "deleted",
+            "delete a timer (an agent that registers it again brings it back)",
+            "Delete this timer?",
+            "Delete these {n} timers?",
+            "It never fires again unless the agent registers it again.",
         ),
         Action(
             "raise_budget",

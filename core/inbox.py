@@ -26,6 +26,7 @@ from .clock import (
 from .connection import Connection, Waker
 from .engine import (
     approvals,
+    desk,
     effects,
     intake,
     journal,
@@ -50,7 +51,9 @@ from .records import (
     EVENT_STATES,
     Approval,
     ApprovalRequest,
+    ApprovalTrail,
     AuditEntry,
+    DeadGroup,
     Delivery,
     Effect,
     Event,
@@ -62,8 +65,11 @@ from .records import (
     Reply,
     Run,
     Timer,
+    Worker,
 )
 from .settings import Settings
+
+TIMER_STATES = ("scheduled", "paused", "set aside")  # what a timer action is conditional on
 
 CLOSE_WAIT = 5.0  # seconds close() waits for ingests in flight before closing anyway
 SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
@@ -845,11 +851,12 @@ class Inbox:
         value: Any = None,
     ) -> Outcome:
         """Run the operator action `name` (a row of core.actions.ACTIONS) on `target` (an
-        event id, an approval request id, a delivery id, a budget ("max_spend_per_day usd",
-        "max_runs_per_day") or None for an inbox switch) and return what happened: applied
-        or not, before → after, and why when refused. Read in the action's own transaction,
-        so a second operator acting meanwhile cannot blur it. `expect` (events and
-        deliveries: a state; a budget: its limit) is what the operator saw; `value` is a
+        event id, an approval request id, a delivery id, a timer id, a budget
+        ("max_spend_per_day usd", "max_runs_per_day") or None for an inbox switch) and return
+        what happened: applied or not, before → after, and why when refused. Read in the
+        action's own transaction, so a second operator acting meanwhile cannot blur it.
+        `expect` (events, deliveries, timers: a state; a budget: its limit) is what the
+        operator saw; `value` is a
         budget's new limit. BadInput for an unknown action or a target of the wrong kind;
         nothing changes then."""
         action = ACTIONS.get(name) if isinstance(name, str) else None
@@ -894,7 +901,15 @@ class Inbox:
                 who,
                 why,
             )
+            if name == "run_now":  # the same state before and after: only its backoff ends
+                call = (desk.run_now, event_id, expect, when, who, why)
             audited = f"event {event_id}"
+        elif action.target == "timer":
+            if expect is not None and expect not in TIMER_STATES:
+                raise BadInput(f"expect must be a timer state {TIMER_STATES}, got {show(expect)}")
+            timer_id = checks.text("timer_id", target)
+            call = (desk.timer_action, name, action.allowed, timer_id, expect, when, who, why)
+            audited = f"timer {timer_id}"
         elif action.target == "delivery":
             expect = "uncertain" if expect is None else expect
             if expect not in DELIVERY_STATES:
@@ -922,10 +937,13 @@ class Inbox:
             call = (switches.set_flag, flag, action.after == "true", name, when, who, why)
             audited = flag
         result, entry = await self._write(_acted, audited, *call)
-        applied = result == action.after if action.target == "approval" else bool(result)
         if entry is None:  # every action audits itself; a backend that did not is a bug
             raise AssertionError(f"{name} on {audited} left no audit entry")
-        return Outcome(name, audited, applied, entry.before, entry.after, entry.reason, result)
+        # `applied` is what the audit entry recorded, never re-derived from the result: a
+        # second "approve" of an approved request returns "yes" too, and was not applied.
+        return Outcome(
+            name, audited, entry.applied, entry.before, entry.after, entry.reason, result
+        )
 
     async def pause(
         self, *, now: int | None = None, actor: str = "operator", reason: str | None = None
@@ -1001,7 +1019,83 @@ class Inbox:
         return await self._db.call(reads.lease_history, checks.positive("limit", limit))
 
     async def timers(self, *, limit: int = 1000) -> list[Timer]:
-        return await self._db.call(reads.timers, checks.positive("limit", limit))
+        """Soonest first, each with its state (scheduled, paused, set aside)."""
+        return await self._db.call(desk.timers, checks.positive("limit", limit))
+
+    async def dead_groups(self, *, limit: int = 100) -> list[DeadGroup]:
+        """The dead events grouped by the first line of their error, largest group first
+        (a scan of the dead events: read it when asked for, not on every poll)."""
+        return await self._db.read(desk.dead_groups, checks.positive("limit", limit))
+
+    async def dead_group_ids(self, line: str, *, limit: int = 10_000) -> list[int]:
+        """The ids of the dead events whose error's first line is `line`, oldest first."""
+        return await self._db.read(
+            desk.dead_group_ids, _group_line(line), checks.positive("limit", limit)
+        )
+
+    async def requeue_group(
+        self,
+        line: str,
+        ids: Sequence[int],
+        *,
+        now: int | None = None,
+        actor: str = "operator",
+        reason: str | None = None,
+    ) -> list[Outcome]:
+        """Requeue, in one transaction, the dead events the operator saw in the group of
+        `line` (dead_group_ids): each only if it is still dead with that first line, so an
+        event that joined the group since is never touched. One Outcome per id, in order;
+        each is audited as a `requeue` of its event."""
+        line = _group_line(line)
+        if not isinstance(ids, (list, tuple)) or not ids:
+            raise BadInput("ids must be a non-empty list of event ids")
+        if len(ids) > MAX_BATCH_IDS:
+            raise BadInput(f"{len(ids)} ids; the limit is {MAX_BATCH_IDS}")
+        checked = [checks.event_id(i) for i in ids]
+        if len(set(checked)) != len(checked):
+            raise BadInput("ids must not repeat")
+        entries = await self._write(
+            desk.requeue_group,
+            line,
+            checked,
+            self._now(now),
+            checks.actor(actor),
+            checks.reason(reason),
+        )
+        return [
+            Outcome("requeue", e.target, e.applied, e.before, e.after, e.reason, e.applied)
+            for e in entries
+        ]
+
+    async def worker_seen(
+        self, holder: str, *, host: str, pid: int, now: int | None = None
+    ) -> None:
+        """A worker process's heartbeat (holding the lease or standing by): the desk and
+        `onwatch status` list who watches this inbox, from which host and pid, since when."""
+        await self._write(
+            desk.worker_seen,
+            checks.text("holder", holder, limit=1024),  # a worker's holder name may be long
+            checks.text("host", host, limit=255),
+            check_int(pid, "pid", 0, 1 << 31),
+            self._now(now),
+        )
+
+    async def worker_gone(self, holder: str) -> None:
+        """A worker process stopped: it no longer stands by."""
+        await self._write(desk.worker_gone, checks.text("holder", holder, limit=1024))
+
+    async def workers(self, *, limit: int = 100, now: int | None = None) -> list[Worker]:
+        """The worker processes last seen, oldest first; the lease holder marked."""
+        return await self._db.read(desk.workers, checks.positive("limit", limit), self._now(now))
+
+    async def approval_trail(self, request_id: str) -> ApprovalTrail | None:
+        """The run (and its events) that asked for this approval, and the event its answer
+        became; None for a request never made."""
+        return await self._db.read(desk.approval_trail, checks.text("request_id", request_id))
+
+    async def approvals_asked_by(self, event_id: int) -> list[str]:
+        """The approval requests the runs of this event asked for, oldest first."""
+        return await self._db.read(desk.approvals_asked_by, checks.event_id(event_id))
 
     async def approvals(self, *, limit: int = 1000) -> list[Approval]:
         return await self._db.read(reads.approvals, checks.positive("limit", limit))
@@ -1146,6 +1240,14 @@ class Inbox:
         """Since when the inbox has had work for a worker (its oldest pending event's
         arrival, or a timer's due instant once due); None when it has none."""
         return await self._db.read(reads.work_since, self._now(now))
+
+
+def _group_line(line: object) -> str:
+    """A dead group's line as dead_groups gives it: text (empty for events without an
+    error), without NUL, valid Unicode; BadInput otherwise."""
+    if line == "":
+        return ""
+    return checks.text("line", line, limit=1_000_000)
 
 
 def _ingest_all_or_none(tx: Tx, batch: list[intake.Item]) -> list[bool]:

@@ -63,6 +63,15 @@ class Timer:
     overflow: int = 0  # 'each' occurrences beyond the catch-up limit, counted over the life
     kind: str = "timer"  # 'timer' | 'approval' (an approval's expiry)
     broken: str | None = None  # why the scheduler set this row aside (it no longer fires)
+    paused: bool = False  # an operator paused it: the scheduler skips it until resumed
+
+    @property
+    def state(self) -> str:
+        """What the operator's timer actions are conditional on: 'scheduled', 'paused',
+        or 'set aside' (the scheduler could not process it)."""
+        if self.broken is not None:
+            return "set aside"
+        return "paused" if self.paused else "scheduled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,3 +212,40 @@ class Overview:
     uncertain_deliveries: int = 0  # at-most-once sends cut off mid-send, awaiting an operator
     set_aside: int = 0  # stored rows the engine could not process, set aside with a reason
     lease_released: bool = False  # the current lease was handed back, not left to expire
+
+
+@dataclass(frozen=True, slots=True)
+class DeadGroup:
+    """Dead events that share the first line of their error: how many, and the id range."""
+
+    line: str  # the first line of the error ('' for none)
+    count: int
+    first_id: int
+    last_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """A worker process of this inbox, as its last heartbeat recorded it. `holds` says
+    whether it holds the lease now (generation `gen`, taken at `since`); otherwise it is
+    standing by, or gone when `seen` is older than two lease TTLs."""
+
+    holder: str
+    host: str
+    pid: int
+    started: int
+    seen: int
+    holds: bool = False
+    gen: int | None = None
+    since: int | None = None  # when it took the lease it holds
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalTrail:
+    """Where an approval came from and what it became: the run that asked (and its events)
+    and the event its answer (or expiry) became, None while it waits."""
+
+    request_id: str
+    run_id: int | None
+    asked_by: tuple[int, ...]
+    answer_event: int | None

@@ -1,4 +1,4 @@
-"""The supervisor TUI's composition root: six live panes over one inbox file, and its keys.
+"""The supervisor TUI's composition root: seven live panes over one inbox file, and its keys.
 
 The app owns the inbox connection and the one clock. It reads (`_refresh`), hands each pane
 its window (`pane.show`), ticks countdowns (`tick`), follows the file with a cheap poll of
@@ -35,6 +35,7 @@ from onwatch.core import (
     InboxError,
     Overview,
     SystemClock,
+    Timer,
 )
 from onwatch.core.actions import check_actor, operator_name
 from onwatch.core.fleet import DatabaseFleet, FleetSource, FolderFleet, run_activity
@@ -47,12 +48,14 @@ from .panes import PANES, Pane
 from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
 from .panes.status import SPEND_DAYS, StatusStrip
-from .timefmt import WALL, Times, compact_count
+from .timefmt import WALL, Times, compact_count, period
 from .safe import join, safe_plain, safe_text
 from .screens.budget import BudgetScreen, budgets_set
 from .screens.confirm import ConfirmScreen, Subject
-from .screens.detail import DetailScreen, load_detail
+from .screens.detail import DetailScreen, detail_links, load_detail
 from .screens.filter import FilterScreen
+from .screens.groups import GroupsScreen
+from .screens.workers import WorkersScreen
 from .screens.help import HelpScreen, render_groups
 
 if TYPE_CHECKING:
@@ -72,7 +75,7 @@ LATE = (
 
 
 class OnwatchApp(App[int]):
-    """Watch and steer one inbox: panes 1–6, actions by key, outcomes in words."""
+    """Watch and steer one inbox: panes 1–7, actions by key, outcomes in words."""
 
     CSS_PATH = "app.tcss"
     TITLE = "onwatch"
@@ -107,6 +110,15 @@ class OnwatchApp(App[int]):
             id="send-now",
             tooltip="append every held message to a log file beside the inbox and mark "
             "them sent: nobody receives them, the desk has no channel (confirmed)",
+        ),
+        Binding(
+            "W",
+            "workers",
+            "Workers",
+            show=False,
+            id="workers",
+            tooltip="who watches this inbox: the lease holder and the workers standing by, "
+            "with host, pid and since when",
         ),
         Binding(
             "R",
@@ -199,6 +211,7 @@ class OnwatchApp(App[int]):
         # Below the design width the footer drops its padding so every key still fits.
         footer = self.query_one(Footer)
         footer.compact = event.size.width < 140
+        self.query_one(PaneBar).set_class(event.size.width < 100, "-narrow")
         footer.show_command_palette = True
 
     def on_mount(self) -> None:
@@ -289,6 +302,7 @@ class OnwatchApp(App[int]):
             "approvals": compact_count(overview.waiting_approvals),
             "timers": compact_count(overview.timers),
             "outbox": compact_count(overview.held_messages),
+            "done": compact_count(counts.get("done", 0)),
         }
 
     def _dialog_open(self) -> bool:
@@ -454,10 +468,38 @@ class OnwatchApp(App[int]):
             return
         try:
             detail = await load_detail(self.inbox, record, self.clock.now(), self.times)
+            links = await detail_links(self.inbox, record)
         except InboxError as exc:
             self.active_pane.show_outcome(f"cannot read the detail: {exc}", False)
             return
-        await self.push_screen(DetailScreen(detail.title, detail.body, detail.follow))
+        await self.push_screen(
+            DetailScreen(detail.title, detail.body, detail.follow, links), self._follow_link
+        )
+
+    def _follow_link(self, link: tuple[str, int | str] | None) -> None:
+        """A detail's link was chosen: open the linked row's detail (an approval and the
+        events that asked for it and that its answer became, both ways)."""
+        if link is None or self.inbox is None:
+            return
+        self.run_worker(self._linked(*link), group="dialog", exit_on_error=False)
+
+    async def _linked(self, kind: str, key: int | str) -> None:
+        inbox = self.inbox
+        if inbox is None:
+            return
+        record: Any = None
+        try:
+            if kind == "event" and isinstance(key, int):
+                record = await inbox.get_event(key)
+            elif kind == "approval" and isinstance(key, str):
+                record = await inbox.get_approval(key)
+        except InboxError as exc:
+            self.active_pane.show_outcome(f"cannot read the detail: {exc}", False)
+            return
+        if record is None:
+            self.active_pane.show_outcome(f"{kind} {key} no longer exists", False)
+            return
+        await self._detail(record)
 
     # --- actions --------------------------------------------------------------------------
 
@@ -550,6 +592,18 @@ class OnwatchApp(App[int]):
                     text.append("\n")
                     text.append_text(safe_text(target.error, limit=200, style="italic"))
                 subjects.append(Subject(text))
+            elif isinstance(target, Timer):
+                every = "one-off" if target.every is None else f"every {period(target.every)}"
+                subjects.append(
+                    Subject(
+                        join(
+                            safe_text(target.id, limit=200, style="bold"),
+                            f"  ({target.state}, {every}, next due ",
+                            self.times.clock(target.due) if type(target.due) is int else "?",
+                            ")",
+                        )
+                    )
+                )
             elif isinstance(target, Delivery):
                 subjects.append(
                     Subject(
@@ -613,6 +667,12 @@ class OnwatchApp(App[int]):
                     outcomes.append(
                         await operator.delivery_action(
                             inbox, action, target.id, now=now, actor=self.actor
+                        )
+                    )
+                elif on == "timer":
+                    outcomes.append(
+                        await operator.timer_action(
+                            inbox, action, target, now=now, actor=self.actor
                         )
                     )
                 else:
@@ -730,6 +790,89 @@ class OnwatchApp(App[int]):
                 pane.show_outcome(f"{words}: {outcome.before} → {outcome.after}", True)
             else:
                 pane.show_outcome(f"not raised: {outcome.reason}", False)
+            await self._refresh()
+
+    # --- workers and dead events by error ---------------------------------------------------
+
+    def action_workers(self) -> None:
+        if self.inbox is not None and not self._dialog_open():
+            self.run_worker(self._show_workers(), group="dialog", exit_on_error=False)
+
+    async def _show_workers(self) -> None:
+        inbox = self.inbox
+        if inbox is None:
+            return
+        now = self.clock.now()
+        try:
+            workers = await inbox.workers(now=now)
+            lease = await inbox.lease_info()
+        except InboxError as exc:
+            self.active_pane.show_outcome(f"cannot read the workers: {exc}", False)
+            return
+        ttl = inbox.settings.lease_ttl
+        await self.push_screen(WorkersScreen(workers, lease, now, ttl, self.times))
+
+    def action_dead_groups(self) -> None:
+        if self.inbox is not None and not self._dialog_open():
+            self.run_worker(self._dead_groups(), group="dialog", exit_on_error=False)
+
+    async def _dead_groups(self) -> None:
+        """The dead events by the first line of their error; a group picked is requeued
+        after one confirmation naming how many, and only the events listed then."""
+        inbox, pane = self.inbox, self.pane("dead")
+        if inbox is None:
+            return
+        try:
+            groups = await inbox.dead_groups()
+        except InboxError as exc:
+            pane.show_outcome(f"cannot read the dead events: {exc}", False)
+            return
+        picked = await self.push_screen_wait(GroupsScreen(groups, read_only=self.read_only))
+        if picked is None or self.read_only:
+            return
+        async with self._action_lock:
+            if self._refuse_lost_file(pane):
+                return
+            ids = await inbox.dead_group_ids(picked.line)
+            shown = safe_plain(picked.line or "(no error)", limit=120)
+            if not ids:
+                pane.show_outcome(f"no dead event has the error “{shown}” now", False)
+                return
+            n = len(ids)
+            question = (
+                "Requeue this dead event?"
+                if n == 1
+                else f"Requeue all {n:,} dead events of this group?"
+            )
+            note = (
+                f"{ACTIONS['requeue'].note} Only these {n:,}: an event that dies of this "
+                f"error after now is not touched."
+            )
+            subject = Subject(join(f"{n:,} × ", safe_text(picked.line or "(no error)", limit=400)))
+            confirm = ConfirmScreen(
+                question, [subject], self.clock.now(), note, where=_where(inbox), times=self.times
+            )
+            if not await self.push_screen_wait(confirm):
+                pane.show_outcome("not confirmed: nothing changed", None)
+                return
+            if self._refuse_lost_file(pane):
+                return
+            pane.show_outcome("waiting for the lock…", None)
+            try:
+                outcomes = await inbox.requeue_group(
+                    picked.line, ids, now=self.clock.now(), actor=self.actor
+                )
+            except InboxError as exc:
+                pane.show_outcome(f"not done: {exc}", False)
+                return
+            applied = sum(o.applied for o in outcomes)
+            text = f"requeued {applied:,} of {n:,} with the error “{shown}”"
+            refused = [o for o in outcomes if not o.applied]
+            if refused:
+                first = refused[0]
+                text += f"; #{first.target.removeprefix('event ')}: {first.reason}"
+            pane.acted_on(r for r in pane.records() if r.id in set(ids))
+            pane.show_outcome(text, applied == n)
             await self._refresh()
 
     # --- the fleet desk ---------------------------------------------------------------------

@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Sequence
 
-from onwatch.core import Approval, Event, Inbox, InboxError
+from onwatch.core import Approval, Event, Inbox, InboxError, Timer
 from onwatch.core.pg import is_url
 
 from .actions import KEYS
@@ -66,6 +66,18 @@ async def event_action(inbox: Inbox, action: str, event: Event, *, now: int, act
     return Outcome(False, f"{label}: {why}")
 
 
+async def timer_action(inbox: Inbox, action: str, timer: Timer, *, now: int, actor: str) -> Outcome:
+    """Fire, pause, resume or delete one timer, expecting the state the operator saw."""
+    label = timer.id
+    try:
+        outcome = await inbox.act(action, timer.id, expect=timer.state, now=now, actor=actor)
+    except InboxError as exc:
+        return Outcome(False, f"{label}: not done: {exc}")
+    if outcome:
+        return Outcome(True, KEYS[action].done.format(label=label))
+    return Outcome(False, f"{label}: {outcome.reason or 'refused'}")
+
+
 async def approval_action(
     inbox: Inbox, action: str, approval: Approval, *, now: int, actor: str, times: Times = WALL
 ) -> Outcome:
@@ -76,10 +88,9 @@ async def approval_action(
         outcome = await inbox.act(action, rid, now=now, actor=actor)
     except InboxError as exc:
         return Outcome(False, f"{rid}: not done: {exc}")
-    # Stored by this call only if the request was still waiting: the engine's `applied`
-    # compares the standing answer with this one, so a "yes" given meanwhile by someone
-    # else read as this call's (its audit entry says refused).
-    standing, applied = outcome.result, outcome.applied and outcome.before == "waiting"
+    # Applied is what the audit entry recorded: a "yes" given meanwhile by someone else
+    # stands, but this call stored nothing.
+    standing, applied = outcome.result, outcome.applied
     if standing == "unknown":
         return Outcome(False, f"{rid}: no such request")
     if applied:

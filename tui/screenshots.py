@@ -73,6 +73,8 @@ SHOTS: tuple[tuple[str, tuple[int, int], tuple[str, ...]], ...] = (
     ("approvals", (120, 40), ("4",)),
     ("timers", (120, 40), ("5",)),
     ("outbox", (120, 40), ("6",)),
+    ("done", (120, 40), ("7",)),
+    ("workers", (120, 40), ("W",)),
     ("confirm-approve", (120, 40), ("4", "a")),
     ("detail", (120, 40), ("3", "enter")),
     ("requeued", (120, 40), ("3", "down", "r")),

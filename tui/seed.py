@@ -149,6 +149,11 @@ async def seed(inbox: Inbox, clock: FakeClock, base: int = T0) -> None:
             )
             continue
         await inbox.ingest(source, source_id, payload, now=at(T0 - 15 + i * 3))
+    # Who watches: worker-b holds the lease; worker-c stands by on another machine.
+    await inbox.worker_seen("worker-b", host="box-b", pid=4242, now=T0 - 2390)
+    await inbox.worker_seen("worker-c", host="box-c", pid=77, now=T0 - 600)
+    await inbox.worker_seen("worker-b", host="box-b", pid=4242, now=T0 - 20)
+    await inbox.worker_seen("worker-c", host="box-c", pid=77, now=T0 - 10)
     clock.set(T0)
 
 

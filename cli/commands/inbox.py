@@ -11,7 +11,16 @@ import os
 import sys
 from typing import Any
 
-from onwatch.cli.output import NOT_APPLIED, OK, CliError, emit_json, local_time, one_line, when
+from onwatch.cli.output import (
+    NOT_APPLIED,
+    OK,
+    CliError,
+    clip,
+    emit_json,
+    local_time,
+    one_line,
+    when,
+)
 from onwatch.cli.running import open_inbox
 from onwatch.cli.values import assignments
 from onwatch.core import Settings, backends
@@ -118,6 +127,7 @@ CLOCK_SKEW_SHOWN = 2.0  # seconds between this machine's clock and the server's 
 async def cmd_status(args: argparse.Namespace) -> int:
     async with await open_inbox(args) as inbox:
         view = await inbox.overview()
+        workers = await inbox.workers(now=view.now)
         spending = await inbox.spending(days=SPEND_DAYS, now=view.now)
         settings = inbox.settings
         offset = inbox.clock_offset
@@ -136,6 +146,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
     data["clock_offset_seconds"] = round(offset, 3)
     data["lease_ttl"] = settings.lease_ttl
     data["on_lost_claim"] = settings.on_lost_claim
+    data["workers"] = [dataclasses.asdict(w) for w in workers]
     if args.json:
         emit_json(data)
         return OK
@@ -164,6 +175,18 @@ async def cmd_status(args: argparse.Namespace) -> int:
         f"lease       {lease}; takeovers {view.takeovers}, refused stale writes "
         f"{view.refused_writes}"
     )
+    for worker in sorted(workers, key=lambda w: (not w.holds, w.started)):
+        if worker.holds:
+            since = local_time(worker.since or worker.started, now)
+            role = f"holds the lease (generation {worker.gen}) since {since}"
+        elif now - worker.seen > 2 * settings.lease_ttl:
+            role = f"gone? not seen for {now - worker.seen}s"
+        else:
+            role = f"standing by since {local_time(worker.started, now)}"
+        print(
+            f"worker      {clip(worker.holder, 80)} on {clip(worker.host, 80)} pid {worker.pid}: "
+            f"{role}; seen {now - worker.seen}s ago"
+        )
     print(
         f"execution   {'PAUSED' if view.paused else 'running'}; outbox "
         f"{'HELD' if view.outbox_held else 'sending'}; lost claims → {settings.on_lost_claim}"

@@ -1,8 +1,8 @@
 """The operator's actions from a shell, one subcommand per row of core.actions.ACTIONS
-(requeue, cancel, resolve, bury, approve, deny, expire, mark-sent, send-again,
-raise-budget, pause, resume, hold, release), each audited with --actor and --reason. The
-exit code says what the audit log says: 0 when this call changed something, 1 when it did
-not."""
+(requeue, cancel, resolve, bury, run-now, approve, deny, expire, mark-sent, send-again,
+fire-timer, pause-timer, resume-timer, delete-timer, raise-budget, pause, resume, hold,
+release), each audited with --actor and --reason. The exit code says what the audit log
+says: 0 when this call changed something, 1 when it did not."""
 
 from __future__ import annotations
 
@@ -24,20 +24,19 @@ _SWITCHED = {  # the state that stands after the switch, applied or already so
 
 
 def applied(outcome: Outcome) -> bool:
-    """Whether the action changed anything, as its audit entry says. An approval action
-    counts only when it stored the answer: the engine's `applied` compares the answer that
-    stands with this action's, so approving a request already approved read as applied
-    while its audit entry said refused."""
-    if outcome.action in ("approve", "deny", "expire"):
-        return outcome.applied and outcome.before == "waiting"
+    """Whether the action changed anything, as its audit entry says (`Inbox.act` reports
+    what the entry recorded: approving a request already approved is not applied)."""
     return outcome.applied
 
 
 async def _act(args: argparse.Namespace, name: str) -> int:
     action = ACTIONS[name]
-    target = {"event": "event_id", "approval": "request_id", "delivery": "delivery_id"}.get(
-        action.target
-    )
+    target = {
+        "event": "event_id",
+        "approval": "request_id",
+        "delivery": "delivery_id",
+        "timer": "timer_id",
+    }.get(action.target)
     who = actor_of(args)  # a name the audit log refuses stops here, before the file opens
     async with await open_inbox(args) as inbox:
         if action.target == "budget":

@@ -8,7 +8,7 @@ from typing import Callable
 
 from ..records import Approval
 from .journal import audit
-from .plans import Answering, answering, expiring, resumption
+from .plans import UNANSWERED, Answering, answering, expiring, resumption
 from .timers import add_timer
 from .timing import approval_timer
 from .tx import Tx
@@ -80,7 +80,9 @@ def _decide(
     approval = get_approval(tx, request_id)
     verdict = decide(approval)
     if approval is not None and verdict.write is not None:
-        _store_answer(tx, approval, verdict.write, now, actor)
+        # The agent hears why: the operator's reason, or why a late answer expired it.
+        why = reason if verdict.refused is None else verdict.refused
+        _store_answer(tx, approval, verdict.write, now, actor, why)
     audit(
         tx,
         now,
@@ -100,12 +102,14 @@ def expire_waiting(tx: Tx, request_id: str, now: int, actor: str) -> None:
     the rule, not an action)."""
     approval = get_approval(tx, request_id)
     if approval is not None and approval.answer is None:
-        _store_answer(tx, approval, "expired", now, actor)
+        _store_answer(tx, approval, "expired", now, actor, UNANSWERED)
 
 
-def _store_answer(tx: Tx, approval: Approval, answer: str, now: int, actor: str) -> None:
+def _store_answer(
+    tx: Tx, approval: Approval, answer: str, now: int, actor: str, reason: str | None
+) -> None:
     """Write-once: the answer and its resuming event share one key, ('approval', id)."""
     tx.run("approval_answer", id=approval.request_id, answer=answer, now=now, actor=actor)
-    payload = json.dumps(resumption(approval, answer))
+    payload = json.dumps(resumption(approval, answer, actor, reason))
     tx.insert_events([("approval", approval.request_id, payload, now)])
     tx.run("timers_delete", ids=[approval_timer(approval.request_id)])

@@ -68,10 +68,23 @@ def expiring(approval: Approval | None) -> Answering:
     return Answering("expired", "expired", "waiting", "expired", None)
 
 
-def resumption(approval: Approval, answer: str) -> dict[str, str]:
-    """The payload of the event that resumes the agent with an answer; its key is
+# Why a request expired by itself, in the answer event the agent receives.
+UNANSWERED = "no answer before the deadline"
+
+
+def resumption(
+    approval: Approval, answer: str, answered_by: str, reason: str | None
+) -> dict[str, str | None]:
+    """The payload of the event that resumes the agent with an answer: the request, the
+    answer, who gave it and why (the operator's reason, or why it expired). Its key is
     ('approval', request id), shared with the answer (write-once, deduped)."""
-    return {"request_id": approval.request_id, "answer": answer, "action": approval.action}
+    return {
+        "request_id": approval.request_id,
+        "answer": answer,
+        "action": approval.action,
+        "answered_by": answered_by,
+        "reason": reason,
+    }
 
 
 # --- deliveries -----------------------------------------------------------------------------

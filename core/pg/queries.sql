@@ -224,13 +224,13 @@ DELETE FROM timers WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::text[]);
 
 -- name: timer_due_any
 SELECT 1 FROM timers
-WHERE inbox_id = %(inbox)s AND due <= %(now)s AND broken IS NULL LIMIT 1;
+WHERE inbox_id = %(inbox)s AND due <= %(now)s AND broken IS NULL AND NOT paused LIMIT 1;
 
 -- The last column would say the payload is proven JSON; the engine decodes it here.
 -- name: timers_due
 SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
        overflow, kind, broken, NULL
-FROM timers WHERE inbox_id = %(inbox)s AND due <= %(now)s AND broken IS NULL
+FROM timers WHERE inbox_id = %(inbox)s AND due <= %(now)s AND broken IS NULL AND NOT paused
 ORDER BY due, id LIMIT %(limit)s;
 
 -- name: timers_advance
@@ -246,7 +246,7 @@ UPDATE timers SET broken = %(why)s WHERE inbox_id = %(inbox)s AND id = %(id)s;
 
 -- (The column is bigint: no due can be text here.)
 -- name: timer_next_due
-SELECT min(due) FROM timers WHERE inbox_id = %(inbox)s AND broken IS NULL;
+SELECT min(due) FROM timers WHERE inbox_id = %(inbox)s AND broken IS NULL AND NOT paused;
 
 -- --- approvals ---------------------------------------------------------------------------
 
@@ -306,10 +306,14 @@ INSERT INTO deliveries(inbox_id, status, attempts, paced, at_most_once, created,
 VALUES (%(inbox)s, 'sending', 1, %(paced)s, %(at_most_once)s, %(now)s, %(retry_after)s)
 RETURNING id, NULL::bigint;
 
+-- An urgent send carries every message held before its last urgent one (written order).
 -- name: outbox_assign
 UPDATE outbox SET delivery_id = %(delivery)s
 WHERE inbox_id = %(inbox)s AND status = 'held' AND delivery_id IS NULL
-  AND (NOT %(urgent_only)s OR urgent);
+  AND (NOT %(urgent_only)s
+       OR id <= (SELECT max(id) FROM outbox
+                 WHERE inbox_id = %(inbox)s AND status = 'held' AND delivery_id IS NULL
+                   AND urgent));
 
 -- name: outbox_bodies
 SELECT body FROM outbox WHERE inbox_id = %(inbox)s AND delivery_id = %(delivery)s
@@ -626,6 +630,33 @@ GROUP BY unit ORDER BY unit;
 -- name: spend_totals
 SELECT unit, micros FROM spend_totals WHERE inbox_id = %(inbox)s ORDER BY unit;
 
+-- A database before schema 3 (an older release's, read as it is: reads never migrate) has no
+-- transcripts and no spend: its runs logged and spent nothing, and nothing is pruned.
+-- name: transcript_state before 3
+SELECT NULL WHERE false;
+-- name: transcript_lines_after before 3
+SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE false;
+-- name: transcript_lines_newest before 3
+SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE false;
+-- name: transcript_last_seq before 3
+SELECT NULL;
+-- name: transcripts_prune_mark before 3
+SELECT NULL WHERE false;
+-- name: transcript_lines_delete before 3
+SELECT NULL WHERE false;
+-- name: spend_since before 3
+SELECT NULL::bigint;
+-- name: spend_reaching before 3
+SELECT NULL;
+-- name: spend_of_runs before 3
+SELECT NULL, NULL, NULL WHERE false;
+-- name: spend_per_day before 3
+SELECT NULL, NULL, NULL WHERE false;
+-- name: spend_units_since before 3
+SELECT NULL, NULL WHERE false;
+-- name: spend_totals before 3
+SELECT NULL, NULL WHERE false;
+
 -- --- what needs a person (onwatch notify) -------------------------------------------------
 
 -- name: events_died_since
@@ -637,3 +668,76 @@ ORDER BY updated, id LIMIT %(limit)s;
 -- name: pending_oldest
 SELECT created FROM events WHERE inbox_id = %(inbox)s AND status = 'pending'
 ORDER BY id LIMIT 1;
+
+-- --- the desk, round three: run now, timer actions, dead groups, workers, approval links --
+
+-- name: event_backoff
+SELECT status, available_at FROM events WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: event_run_now
+UPDATE events SET available_at = %(now)s, updated = %(now)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s AND status = 'pending'
+  AND available_at > %(now)s;
+
+-- name: timer_get
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, paused
+FROM timers WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: timer_pause
+UPDATE timers SET paused = %(paused)s
+WHERE inbox_id = %(inbox)s AND id = %(id)s AND paused <> %(paused)s;
+
+-- name: timers_list_paused
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, paused
+FROM timers WHERE inbox_id = %(inbox)s ORDER BY due, id LIMIT %(limit)s;
+
+-- name: dead_groups
+SELECT split_part(coalesce(error, ''), E'\n', 1) AS line, count(*), min(id), max(id)
+FROM events WHERE inbox_id = %(inbox)s AND status = 'dead'
+GROUP BY line ORDER BY count(*) DESC, line LIMIT %(limit)s;
+
+-- name: dead_group_ids
+SELECT id FROM events
+WHERE inbox_id = %(inbox)s AND status = 'dead'
+  AND split_part(coalesce(error, ''), E'\n', 1) = %(line)s
+ORDER BY id LIMIT %(limit)s;
+
+-- name: event_error
+SELECT status, error FROM events WHERE inbox_id = %(inbox)s AND id = %(id)s;
+
+-- name: worker_seen
+INSERT INTO workers(inbox_id, holder, host, pid, started, seen)
+VALUES (%(inbox)s, %(holder)s, %(host)s, %(pid)s, %(now)s, %(now)s)
+ON CONFLICT (inbox_id, holder) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+    seen = excluded.seen,
+    started = CASE WHEN workers.pid = excluded.pid AND workers.host = excluded.host
+                   THEN workers.started ELSE excluded.started END;
+
+-- name: worker_gone
+DELETE FROM workers WHERE inbox_id = %(inbox)s AND holder = %(holder)s;
+
+-- name: workers_list
+SELECT holder, host, pid, started, seen FROM workers WHERE inbox_id = %(inbox)s
+ORDER BY started, holder LIMIT %(limit)s;
+
+-- name: lease_taken_at
+SELECT at FROM lease_history WHERE inbox_id = %(inbox)s AND gen = %(gen)s;
+
+-- name: approval_run
+SELECT run_id FROM approvals WHERE inbox_id = %(inbox)s AND request_id = %(id)s;
+
+-- name: event_by_key
+SELECT id FROM events
+WHERE inbox_id = %(inbox)s AND source = %(source)s AND source_id = %(source_id)s;
+
+-- name: approvals_of_runs
+SELECT request_id FROM approvals
+WHERE inbox_id = %(inbox)s AND run_id = ANY(%(ids)s::bigint[])
+ORDER BY requested, request_id;
+
+-- An operator gave the inbox work without a new pending row (run now, a timer resumed):
+-- its listeners are told at commit, as the events triggers tell them of new work.
+-- name: inbox_notify
+SELECT pg_notify('onwatch', name) FROM inboxes WHERE id = %(inbox)s;

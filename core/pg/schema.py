@@ -325,6 +325,25 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_retry_spent ON events(inbox_id, attempts)
         WHERE status = 'pending' AND attempts > 0;
     """,
+    # (desk round three) an operator may pause a timer: the scheduler skips it until it is
+    # resumed, and a deploy that registers it again does not resume it.
+    """
+    ALTER TABLE timers ADD COLUMN paused boolean NOT NULL DEFAULT false;
+    """,
+    # (desk round three) the worker processes of each inbox, the lease holder and those
+    # standing by, with host, pid, start and last heartbeat; and approvals by run.
+    """
+    CREATE TABLE workers (
+        inbox_id bigint NOT NULL REFERENCES inboxes(id),
+        holder text NOT NULL,
+        host text NOT NULL,
+        pid bigint NOT NULL,
+        started bigint NOT NULL,
+        seen bigint NOT NULL,
+        PRIMARY KEY (inbox_id, holder)
+    );
+    CREATE INDEX approvals_by_run ON approvals(inbox_id, run_id) WHERE run_id IS NOT NULL;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

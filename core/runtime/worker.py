@@ -193,6 +193,7 @@ class Worker:
         self._recover_at: int | None = None  # an abandoned over-budget run becomes claimable
         self._waiting_for: tuple[str, int] | None = None  # the other holder last logged
         self._held_logged: int | None = None  # the paced send a "reply held" line named
+        self._beat_due = 0.0  # (monotonic) when this process next records its heartbeat
         self._stop = asyncio.Event()
         self._force = asyncio.Event()
         self._watch: LoopWatch | None = None  # the loop's, while run() runs
@@ -260,6 +261,7 @@ class Worker:
         try:
             while not self.stopping:
                 self._check_file()
+                await self._heartbeat()
                 if not await self._hold_lease():
                     continue
                 await self._prepare()
@@ -286,6 +288,7 @@ class Worker:
             watch.leave(self)
             await self.transcripts.close(TRANSCRIPT_FLUSH)
             await self._release()
+            await self._leave()
             if self._deadline is not None:
                 self._deadline.cancel()
             self._main = None
@@ -793,6 +796,23 @@ class Worker:
                 printable(f"{type(exc).__name__}: {exc}"),
             )
             raise
+
+    async def _heartbeat(self) -> None:
+        """Record this process (host, pid) in the inbox every third of the lease TTL, holding
+        the lease or standing by, so the desk and `onwatch status` can say who watches."""
+        if time.monotonic() < self._beat_due:
+            return
+        self._beat_due = time.monotonic() + self._renew_period()
+        host, pid = socket.gethostname() or "?", os.getpid()
+        await self._step(lambda: self.inbox.worker_seen(self.holder, host=host, pid=pid))
+
+    async def _leave(self) -> None:
+        """No longer standing by: remove this process's heartbeat (bounded; a database that
+        does not answer leaves it to age, and the desk calls it gone)."""
+        try:
+            await asyncio.wait_for(self.inbox.worker_gone(self.holder), timeout=STOP_SLACK)
+        except (InboxError, asyncio.TimeoutError) as exc:
+            log.debug("could not remove this worker's heartbeat: %s", exc)
 
     async def _release(self) -> None:
         """Hand the lease back; bounded (a database that does not answer leaves it to lapse)."""

@@ -255,15 +255,16 @@ ON CONFLICT(id) DO UPDATE SET kind = excluded.kind, due = excluded.due,
 -- name: timers_delete
 DELETE FROM timers WHERE id IN (SELECT value FROM json_each(:ids));
 
+-- A timer an operator paused is not due until resumed.
 -- name: timer_due_any
-SELECT 1 FROM timers WHERE due <= :now AND broken IS NULL LIMIT 1;
+SELECT 1 FROM timers WHERE due <= :now AND broken IS NULL AND paused = 0 LIMIT 1;
 
 -- The last column says the payload is JSON (strict RFC 8259), so that a one-shot timer
 -- fires without decoding it (core/engine/timing.py `plain_occurrence`).
 -- name: timers_due
 SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
        overflow, kind, broken, json_valid(payload)
-FROM timers WHERE due <= :now AND broken IS NULL
+FROM timers WHERE due <= :now AND broken IS NULL AND paused = 0
 ORDER BY due, id LIMIT :limit;
 
 -- Recurring timers moved on: :rows is a JSON list of [id, due, last_fired, last_skipped,
@@ -280,7 +281,7 @@ UPDATE timers SET broken = :why WHERE id = :id;
 
 -- A due written by hand as text never fires (text sorts after every number): not counted.
 -- name: timer_next_due
-SELECT min(due) FROM timers WHERE broken IS NULL AND typeof(due) = 'integer';
+SELECT min(due) FROM timers WHERE broken IS NULL AND paused = 0 AND typeof(due) = 'integer';
 
 -- --- approvals ---------------------------------------------------------------------------
 
@@ -340,9 +341,13 @@ INSERT INTO deliveries(status, attempts, paced, at_most_once, created, retry_aft
 VALUES ('sending', 1, :paced, :at_most_once, :now, :retry_after)
 RETURNING id, NULL;
 
+-- Messages leave in the order they were written: an urgent send carries every message held
+-- before its last urgent one, so a reply never overtakes what was written ahead of it.
 -- name: outbox_assign
 UPDATE outbox SET delivery_id = :delivery
-WHERE status = 'held' AND delivery_id IS NULL AND (NOT :urgent_only OR urgent = 1);
+WHERE status = 'held' AND delivery_id IS NULL
+  AND (NOT :urgent_only OR id <= (SELECT max(id) FROM outbox
+                                  WHERE status = 'held' AND delivery_id IS NULL AND urgent = 1));
 
 -- name: outbox_bodies
 SELECT body FROM outbox WHERE delivery_id = :delivery ORDER BY id;
@@ -651,6 +656,33 @@ WHERE used > 0 ORDER BY unit;
 -- name: spend_totals
 SELECT unit, micros FROM spend_totals ORDER BY unit;
 
+-- A file before schema 7 (an older release's, read as it is: reads never migrate) has no
+-- transcripts and no spend: its runs logged and spent nothing, and nothing is pruned.
+-- name: transcript_state before 7
+SELECT NULL WHERE 0;
+-- name: transcript_lines_after before 7
+SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
+-- name: transcript_lines_newest before 7
+SELECT NULL, NULL, NULL, NULL, NULL, NULL WHERE 0;
+-- name: transcript_last_seq before 7
+SELECT NULL;
+-- name: transcripts_prune_mark before 7
+SELECT NULL WHERE 0;
+-- name: transcript_lines_delete before 7
+SELECT NULL WHERE 0;
+-- name: spend_since before 7
+SELECT 0.0;
+-- name: spend_reaching before 7
+SELECT NULL;
+-- name: spend_of_runs before 7
+SELECT NULL, NULL, NULL WHERE 0;
+-- name: spend_per_day before 7
+SELECT NULL, NULL, NULL WHERE 0;
+-- name: spend_units_since before 7
+SELECT NULL, NULL WHERE 0;
+-- name: spend_totals before 7
+SELECT NULL, NULL WHERE 0;
+
 -- --- what needs a person (onwatch notify) -------------------------------------------------
 
 -- Events that died at or after :since, oldest first (a partial index: only dead rows).
@@ -661,6 +693,85 @@ FROM events INDEXED BY events_died
 WHERE status = 'dead' AND updated >= :since ORDER BY updated, id LIMIT :limit;
 
 -- When the oldest pending event was stored (by id: the index's first pending row).
+-- name: events_died_since before 7
+SELECT id, source, source_id, NULL, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id
+FROM events WHERE status = 'dead' AND updated >= :since ORDER BY updated, id LIMIT :limit;
+
 -- name: pending_oldest
 SELECT created FROM events INDEXED BY events_by_status WHERE status = 'pending'
 ORDER BY id LIMIT 1;
+
+-- --- the desk, round three: run now, timer actions, dead groups, workers, approval links --
+
+-- name: event_backoff
+SELECT status, available_at FROM events WHERE id = :id;
+
+-- Only a pending event still waiting out its backoff: one claimed meanwhile is left alone.
+-- name: event_run_now
+UPDATE events SET available_at = :now, updated = :now
+WHERE id = :id AND status = 'pending' AND available_at > :now;
+
+-- name: timer_get
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, paused
+FROM timers WHERE id = :id;
+
+-- name: timer_pause
+UPDATE timers SET paused = :paused WHERE id = :id AND paused <> :paused;
+
+-- name: timers_list_paused
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, paused
+FROM timers ORDER BY due, id LIMIT :limit;
+
+-- Dead events grouped by the first line of their error (a scan of the dead events, read
+-- when the operator asks for the groups, never by a poll).
+-- name: dead_groups
+SELECT line, count(*), min(id), max(id) FROM (
+    SELECT id, CASE WHEN instr(coalesce(error, ''), char(10)) > 0
+                    THEN substr(error, 1, instr(error, char(10)) - 1)
+                    ELSE coalesce(error, '') END AS line
+    FROM events INDEXED BY events_by_status WHERE status = 'dead')
+GROUP BY line ORDER BY count(*) DESC, line LIMIT :limit;
+
+-- name: dead_group_ids
+SELECT id FROM events INDEXED BY events_by_status
+WHERE status = 'dead'
+  AND CASE WHEN instr(coalesce(error, ''), char(10)) > 0
+           THEN substr(error, 1, instr(error, char(10)) - 1)
+           ELSE coalesce(error, '') END = :line
+ORDER BY id LIMIT :limit;
+
+-- name: event_error
+SELECT status, error FROM events WHERE id = :id;
+
+-- name: worker_seen
+INSERT INTO workers(holder, host, pid, started, seen) VALUES (:holder, :host, :pid, :now, :now)
+ON CONFLICT(holder) DO UPDATE SET host = excluded.host, pid = excluded.pid, seen = excluded.seen,
+    started = CASE WHEN workers.pid = excluded.pid AND workers.host = excluded.host
+                   THEN workers.started ELSE excluded.started END;
+
+-- name: worker_gone
+DELETE FROM workers WHERE holder = :holder;
+
+-- name: workers_list
+SELECT holder, host, pid, started, seen FROM workers ORDER BY started, holder LIMIT :limit;
+
+-- name: lease_taken_at
+SELECT at FROM lease_history WHERE gen = :gen;
+
+-- name: approval_run
+SELECT run_id FROM approvals WHERE request_id = :id;
+
+-- name: event_by_key
+SELECT id FROM events WHERE source = :source AND source_id = :source_id;
+
+-- name: approvals_of_runs
+SELECT request_id FROM approvals WHERE run_id IN (SELECT value FROM json_each(:ids))
+ORDER BY requested, request_id;
+
+-- An operator gave the inbox work without a new pending row (run now, a timer resumed):
+-- nothing to say on a file, whose watchers wake on any commit.
+-- name: inbox_notify
+SELECT 1;

@@ -7,10 +7,11 @@
     python3 tests/bench/bench_queues.py --quick           a smoke run, figures meaningless
     python3 tests/bench/bench_queues.py --contestants onwatch      onwatch alone
 
-**The peers are never onwatch's dependencies.** On first use the script makes a virtual
-environment of its own, `$XDG_CACHE_HOME/onwatch-bench/peers` (`~/.cache/…` without it),
-with `python -m venv`, and installs into it with pip: pgqueuer, procrastinate, and their
-drivers (asyncpg, psycopg). Their side runs as processes of that environment's Python
+**The peers are never onwatch's dependencies.** On first use the script makes the
+benchmarks' own virtual environment, `$XDG_CACHE_HOME/onwatch-bench/peers` (`~/.cache/…`
+without it; tests/bench/peers_env.py, shared with tests/bench/bench_peers.py), and installs
+into it with pip: pgqueuer, procrastinate, and their drivers (asyncpg, psycopg), among the
+other peers. Their side runs as processes of that environment's Python
 (tests/bench/queue_peers.py). Delete the folder to start over; `--peers-python` names
 another interpreter that has them.
 
@@ -51,7 +52,6 @@ import statistics
 import subprocess
 import sys
 import time
-import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,32 +61,11 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 
 from tests.bench.bench_fleet_worker import _postgres_cpu  # noqa: E402
+from tests.bench.peers_env import peers_python  # noqa: E402
 
-PEER_PACKAGES = ["pgqueuer==1.6.0", "procrastinate==3.10.0", "asyncpg", "psycopg[binary]"]
 CONTESTANTS = ("onwatch", "pgqueuer", "procrastinate")
 PEERS_SCRIPT = ROOT / "tests" / "bench" / "queue_peers.py"
 LEDGER_ENV = "ONWATCH_BENCH_LEDGER"
-
-
-# --- the peers' own environment ----------------------------------------------------------------
-
-
-def peers_python(given: str | None) -> str:
-    """An interpreter with the peers installed: `given`, or the benchmark's own venv, made
-    (and filled with pip) on first use."""
-    if given:
-        return given
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    folder = cache / "onwatch-bench" / "peers"
-    python = folder / "bin" / "python"
-    stamp = folder / ".installed"
-    wanted = " ".join(PEER_PACKAGES)
-    if not (python.exists() and stamp.exists() and stamp.read_text() == wanted):
-        print(f"bench: installing {wanted} into {folder} …", file=sys.stderr)
-        venv.EnvBuilder(with_pip=True, clear=True).create(folder)
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", *PEER_PACKAGES], check=True)
-        stamp.write_text(wanted)
-    return str(python)
 
 
 # --- onwatch's side (also run as processes of this script) --------------------------------

@@ -34,8 +34,9 @@ async def make_alice(path: str) -> None:
     """alice.db, with the ids the examples name:
 
     events 1–6 done (chat; 2, 3 and 4 asked approvals refund-msg-2/3/4, still waiting),
-    7 dead (stripe), 8 pending (chat), 9 interrupted (stripe; its run 4 logged three lines
-    and spent 0.02 usd), 10 pending (chat);
+    7 dead (stripe), 8 pending (chat, failed twice: in a backoff), 9 interrupted (stripe;
+    its run 4 logged three lines and spent 0.02 usd), 10 pending (chat); a daily timer
+    nightly-report;
     deliveries 1 and 2 uncertain (at-most-once sends cut off mid-send); one reply held for
     the next paced send; the lease released, so a worker takes it at once.
     """
@@ -93,6 +94,14 @@ async def make_alice(path: str) -> None:
         assert (await inbox.get_event(9)).status == "interrupted"  # type: ignore[union-attr]
         assert [d.id for d in await inbox.uncertain_deliveries()] == [1, 2]
         assert len(await inbox.held_messages()) == 3  # two bound to the uncertain sends
+        # 8 fails again and waits out a long backoff (run-now), still pending.
+        await inbox.configure(backoff_base=7200, backoff_cap=7200)
+        gen = await inbox.acquire("box-3")
+        assert gen is not None
+        assert [e.id for e in await inbox.claim_batch("box-3", gen)] == [8]  # retried: alone
+        await inbox.finish("box-3", gen, [8], error="TimeoutError: the API did not answer")
+        await inbox.release("box-3", gen)
+        await inbox.add_timer("nightly-report", inbox.now() + 3600, None, every=86_400)
 
 
 async def _flush_cut_off(inbox: Inbox, t: int) -> None:

@@ -205,6 +205,10 @@ VALID = {
     "unit": [None, "usd"],
     "value": [None, 3],
     "since": [T, 0],
+    # the desk's round three: dead events by error, workers
+    "line": ["", "too many attempts (3/3): boom"],
+    "host": ["box-1"],
+    "pid": [1, 4242],
 }
 # Parameters whose value decides nothing about the database (a flag read with bool()).
 FLAGS = {

@@ -151,3 +151,20 @@ async def test_an_inbox_whose_connection_was_cut_reconnects_and_says_so(url, cap
         assert "lost the connection" in caplog.text and "reconnected" in caplog.text
     finally:
         await box.close()
+
+
+async def test_run_now_and_a_resumed_timer_wake_the_inbox(boxes):
+    a, b, listener = boxes
+    await a.configure(backoff_base=3600, backoff_cap=3600)
+    await a.ingest("chat", "m1", None, now=T)
+    gen = await a.acquire("W", now=T)
+    [event] = await a.claim_batch("W", gen, now=T)
+    await a.finish("W", gen, [event.id], error="TimeoutError", now=T)  # an hour's backoff
+    seen = listener.seen("a")
+    assert await a.act("run_now", event.id, expect="pending", now=T + 1)
+    await heard(listener, "a", seen)
+    await a.add_timer("digest", T + 10, None, every=3600)
+    assert await a.act("pause_timer", "digest", now=T + 1)
+    seen = listener.seen("a")
+    assert await a.act("resume_timer", "digest", now=T + 20)  # due meanwhile: work now
+    await heard(listener, "a", seen)

@@ -71,12 +71,13 @@ def test_the_desk_table_names_only_core_actions():
 
 def test_a_pane_writes_exactly_the_actions_on_the_states_it_shows():
     expected = {
-        "pending": {"cancel", "bury"},
+        "pending": {"cancel", "bury", "run_now"},
         "running": set(),
         "dead": {"requeue", "resolve", "bury"},
         "approvals": {"approve", "deny", "expire"},
-        "timers": set(),
+        "timers": {"fire_timer", "pause_timer", "resume_timer", "delete_timer"},
         "outbox": {"mark_sent", "send_again"},
+        "done": set(),
     }
     for pane in PANES:
         assert pane.ACTIONS == expected[pane.PANE_ID], pane.PANE_ID
@@ -225,7 +226,7 @@ async def test_a_new_row_in_the_two_tables_is_offered_by_the_desk(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["pending_actions"] == ["bury", "cancel", "shelve"]
+    assert seen["pending_actions"] == ["bury", "cancel", "run_now", "shelve"]
     assert "shelve" not in seen["dead_actions"]  # it applies to no state the pane shows
     assert "z Shelve" in seen["footer"]
     assert seen["question"], "the confirmation asks the row's question"

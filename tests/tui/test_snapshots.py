@@ -14,7 +14,9 @@ import pytest
 from onwatch.tui.app import OnwatchApp
 from onwatch.tui.screens.confirm import ConfirmScreen
 from onwatch.tui.screens.detail import DetailScreen
+from onwatch.tui.screens.groups import GroupsScreen
 from onwatch.tui.screens.help import HelpScreen
+from onwatch.tui.screens.workers import WorkersScreen
 from onwatch.tui.screenshots import settle
 from onwatch.tui.seed import open_seeded
 
@@ -81,6 +83,9 @@ CASES = {
     "confirm_write_out_narrow": (NARROW, ("6", "s"), ConfirmScreen),
     "detail_narrow": (NARROW, ("3", "enter"), DetailScreen),
     "help_narrow": (NARROW, ("question_mark",), HelpScreen),
+    "done_narrow": (NARROW, ("7",), None),
+    "workers_narrow": (NARROW, ("W",), WorkersScreen),
+    "dead_groups_narrow": (NARROW, ("3", "E"), GroupsScreen),
 }
 
 

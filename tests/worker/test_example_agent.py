@@ -100,3 +100,23 @@ async def test_events_it_does_not_know_end_silently(inbox, start):
 
 async def _done(inbox):
     return (await inbox.counts())["done"] == 1
+
+
+async def test_the_customer_hears_waiting_before_denied(inbox, start):
+    """Inside the outbox gap "waiting for approval" is held; the denial is urgent and carries
+    it along, in the order written: never "denied" before "waiting for approval"."""
+    await inbox.configure(outbox_gap=3600)
+    await inbox.ingest("chat", "m0", {"text": "hello"})
+    sent = []
+    running = await run_until_sent(inbox, start, sent, 1)  # the paced send: the gap starts
+    await inbox.ingest("chat", "m1", {"text": "refund 30"})
+    await until(lambda: inbox.get_approval("refund-m1"), what="the approval request")
+    await until(inbox.held_messages, what="the held reply")  # written inside the gap
+    assert await inbox.act("deny", "refund-m1", actor="ana", reason="duplicate")
+    await until(lambda: len(sent) == 2, what="the denial's send")
+    await running.stop()
+    assert str(sent[1]) == (
+        "refund of 30 is waiting for approval\n\nrefund of 30 was denied; nothing was refunded"
+    )
+    [answer] = [e for e in await inbox.events("done") if e.source == "approval"]
+    assert (answer.payload["answered_by"], answer.payload["reason"]) == ("ana", "duplicate")

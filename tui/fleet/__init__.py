@@ -2,7 +2,7 @@
 
 `onwatch tui DIR` (or `onwatch tui postgresql://…` with no `--inbox`) runs tui/app.py's
 `run_fleet(DIR)`: the supervisor app with a fleet source, which opens on the Fleet view
-(tui/fleet/screen.py) over its six panes; the scanning and the approval alarm live in
+(tui/fleet/screen.py) over its seven panes; the scanning and the approval alarm live in
 tui/fleet/desk.py, the all-approvals queue in tui/fleet/queue.py.
 """
 

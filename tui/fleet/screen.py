@@ -353,7 +353,7 @@ class FleetScreen(ModalScreen[None]):
             "Open",
             id="fleet-open",
             priority=True,
-            tooltip="the highlighted inbox's six panes (esc or 0 comes back)",
+            tooltip="the highlighted inbox's seven panes (esc or 0 comes back)",
         ),
         Binding(
             "A",

@@ -1,10 +1,11 @@
-"""The six panes of the supervisor TUI, one module each, plus the status strip and pane bar."""
+"""The seven panes of the supervisor TUI, one module each, plus the status strip and pane bar."""
 
 from .approvals import ApprovalsPane
 from typing import Any
 
 from .base import Pane, PaneData, Window
 from .dead import DeadPane
+from .done import DonePane
 from .outbox import OutboxPane
 from .pending import PendingPane
 from .running import RunningPane
@@ -17,12 +18,14 @@ PANES: tuple[type[Pane[Any]], ...] = (
     ApprovalsPane,
     TimersPane,
     OutboxPane,
+    DonePane,
 )
 
 __all__ = [
     "PANES",
     "ApprovalsPane",
     "DeadPane",
+    "DonePane",
     "OutboxPane",
     "Pane",
     "PaneData",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 from rich.text import Text
+from textual.binding import Binding
 
 from onwatch.core import Event, Inbox, Overview
 
@@ -18,8 +19,20 @@ class DeadPane(EventPane):
     """Dead events (out of attempts) and interrupted ones (completion uncertain).
 
     `r` requeues with a fresh attempt budget; `m` resolves an interrupted event as done (the
-    operator checked that its effect happened); `D` buries it; each confirmed.
+    operator checked that its effect happened); `D` buries it; each confirmed. `E` groups
+    the dead events by the first line of their error, to requeue a whole group at once.
     """
+
+    BINDINGS = [
+        Binding(
+            "E",
+            "app.dead_groups",
+            "By error",
+            show=False,  # at 80 columns the footer keeps the row actions
+            id="dead-groups",
+            tooltip="group by error; requeue a whole group",
+        ),
+    ]
 
     PANE_ID = "dead"
     TITLE = "Dead & interrupted"

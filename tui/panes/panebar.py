@@ -1,4 +1,4 @@
-"""The pane bar: the six panes with their keys and counts; click or press 1–6 to switch."""
+"""The pane bar: the seven panes with their keys and counts; click or press 1–7 to switch."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ from ..timefmt import duration
 
 
 class PendingPane(EventPane):
-    """Events waiting for the worker; `c` cancels, `D` buries (both confirmed)."""
+    """Events waiting for the worker; `c` cancels, `D` buries, `N` runs one waiting out its
+    backoff now (each confirmed)."""
 
     PANE_ID = "pending"
     TITLE = "Pending"
@@ -49,6 +50,11 @@ class PendingPane(EventPane):
             "attempts": self.attempts_cell(event),
             "error": safe_text(event.error, limit=200, style="italic"),
         }
+
+    def allowed(self, action: str, targets: list[Event]) -> bool | None:
+        if action == "run_now":  # only an event still waiting out its backoff
+            return True if any(t.available_at > self.now for t in targets) else None
+        return super().allowed(action, targets)
 
     def ticking_cells(self, event: Event, now: int) -> dict[str, Text]:
         wait = event.available_at - now

@@ -7,6 +7,7 @@ from typing import Hashable
 
 from rich.text import Text
 
+from onwatch.core import ACTIONS as CORE_ACTIONS
 from onwatch.core import Inbox, Overview, Timer
 
 from ..safe import safe_text
@@ -16,13 +17,20 @@ from ..timefmt import countdown, duration, period
 
 
 class TimersPane(Pane[Timer]):
-    """Durable timers, soonest first; an approval's expiry is a timer too (kind 'expiry')."""
+    """Durable timers, soonest first; an approval's expiry is a timer too (kind 'expiry').
+
+    `f` fires a timer's next occurrence now, `z` pauses it, `Z` resumes it, `X` deletes it:
+    each confirmed and conditional on the state shown (an approval's expiry is answered
+    from Approvals, never here)."""
 
     PANE_ID = "timers"
     TITLE = "Timers"
     TAB = "Timers"
     KEY = "5"
     EMPTY = "No timers."
+    MARKABLE = True
+    TARGET = "timer"
+    STATES = ("scheduled", "paused", "set aside")
     HELP = "timers soonest first: countdown, period, catch-up policy, last fired, skipped"
     COLUMNS = (
         Column("timer", "timer", 24, narrow=13, middle=True),
@@ -57,7 +65,18 @@ class TimersPane(Pane[Timer]):
             record.kind,
             record.key,
             record.broken,
+            record.paused,
         )
+
+    def label(self, key: str) -> str:
+        return key  # a timer is named by its id, digits or not
+
+    def allowed(self, action: str, targets: list[Timer]) -> bool | None:
+        """An action applies to a timer in one of its states; never to an approval's
+        expiry (answered or expired from Approvals)."""
+        wanted = CORE_ACTIONS[action].allowed
+        fits = any(t.kind != "approval" and t.state in wanted for t in targets)
+        return True if fits else None
 
     def cells(self, timer: Timer, now: int) -> dict[str, Text]:
         if timer.broken is not None:
@@ -73,7 +92,7 @@ class TimersPane(Pane[Timer]):
             "period": Text("expiry" if expiry else period(timer.every)),
             "catch_up": Text("" if timer.every is None else timer.catch_up),
             "skipped": Text(skipped),
-            "note": Text(""),
+            "note": Text("paused: nothing fires until resumed (Z)" if timer.paused else ""),
         }
 
     def broken_cells(self, timer: Timer) -> dict[str, Text]:
@@ -98,6 +117,8 @@ class TimersPane(Pane[Timer]):
         if timer.broken is not None:
             return {"due": Text("set aside", style="bold reverse"), "last": Text("")}
         last = "" if timer.last_fired is None else f"{duration(now - timer.last_fired)} ago"
+        if timer.paused:
+            return {"due": Text("paused", style="bold reverse"), "last": Text(last)}
         return {
             "due": Text(countdown(now, timer.due), style="bold" if timer.due <= now else ""),
             "last": Text(last),

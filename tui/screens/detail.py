@@ -291,10 +291,64 @@ async def load_detail(inbox: Inbox, record: Any, now: int, times: Times = WALL) 
     return Detail("Detail", safe_text(record, limit=10_000, multiline=True))
 
 
-class DetailScreen(ModalScreen[None]):
-    """A scrollable read of one row; Escape, q or Enter closes it. A running event's detail
-    follows its run's transcript live below, like `kubectl logs -f`: a line the agent logs
-    (in another process) is on screen within one commit and FOLLOW_POLL."""
+# A link from one detail to another: what it is, and ("event", id) or ("approval", id).
+Link = tuple[str, tuple[str, int | str]]
+MAX_LINKS = 9  # followed by the keys 1–9
+
+
+async def detail_links(inbox: Inbox, record: Any) -> list[Link]:
+    """Where a row leads: from an approval, the event that asked for it and the event its
+    answer became; from an event, the approvals its runs asked for, and, for an answer's
+    event, the approval it answers."""
+    links: list[Link] = []
+    if isinstance(record, Approval):
+        trail = await inbox.approval_trail(record.request_id)
+        if trail is not None:
+            for event_id in trail.asked_by:
+                run = f" (run #{trail.run_id})" if trail.run_id is not None else ""
+                links.append(
+                    (f"event #{event_id}: asked for this approval{run}", ("event", event_id))
+                )
+            if trail.answer_event is not None:
+                links.append(
+                    (
+                        f"event #{trail.answer_event}: what its answer became",
+                        ("event", trail.answer_event),
+                    )
+                )
+    elif isinstance(record, Event):
+        if record.source == "approval":
+            links.append(
+                (
+                    f"approval {record.source_id}: this event answers it",
+                    ("approval", record.source_id),
+                )
+            )
+        for request_id in await inbox.approvals_asked_by(record.id):
+            links.append(
+                (f"approval {request_id}: asked by this event's run", ("approval", request_id))
+            )
+    return links[:MAX_LINKS]
+
+
+def links_text(links: list[Link]) -> Text:
+    """The links section of a detail (inbox text inside: made safe)."""
+    text = Text(end="")
+    if not links:
+        return text
+    _section(text, "Links (press the number to open)")
+    for number, (label, _) in enumerate(links, start=1):
+        text.append(f"{number}  ", style="bold")
+        text.append_text(safe_text(label, limit=300))
+        text.append("\n")
+    return text
+
+
+class DetailScreen(ModalScreen[tuple[str, int | str] | None]):
+    """A scrollable read of one row; Escape, q or Enter closes it; 1–9 open its links (the
+    app opens the linked row's detail). A running event's detail follows its run's
+    transcript live below, like `kubectl logs -f`: a line the agent logs (in another
+    process) is on screen within one commit and FOLLOW_POLL."""
 
     BINDINGS = [
         Binding("escape", "close", "Close", id="detail-close", key_display="esc"),
@@ -308,12 +362,23 @@ class DetailScreen(ModalScreen[None]):
             id="detail-switch",
             tooltip="move between the detail and the live transcript (scroll either)",
         ),
+        *(
+            Binding(str(n), f"open_link({n})", f"Link {n}", show=False, id=f"detail-link-{n}")
+            for n in range(1, MAX_LINKS + 1)
+        ),
     ]
 
-    def __init__(self, title: str, body: Text, follow: Follow | None = None) -> None:
+    def __init__(
+        self,
+        title: str,
+        body: Text,
+        follow: Follow | None = None,
+        links: list[Link] | None = None,
+    ) -> None:
         super().__init__(classes="dialog-screen")
         self.title_text = title
-        self.body = body
+        self.links = links or []
+        self.body = join(body, links_text(self.links)) if self.links else body
         self.follow = follow
         self.followed = 0  # transcript lines shown live (tests wait on it)
         self.ended: str | None = None  # how the followed run ended, once it has
@@ -330,8 +395,17 @@ class DetailScreen(ModalScreen[None]):
                     classes="live-title",
                 )
                 yield RichLog(id="live", wrap=True, markup=False, max_lines=LIVE_LINES)
-            keys = "↑↓ scroll    esc close"
+            keys = "↑↓ scroll" + ("    1–9 open a link" if self.links else "") + "    esc close"
             yield Label(keys + ("    tab detail/transcript" if self.follow else ""), classes="keys")
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "open_link":
+            return bool(parameters) and int(str(parameters[0])) <= len(self.links)
+        return True
+
+    def action_open_link(self, number: int) -> None:
+        if 1 <= number <= len(self.links):
+            self.dismiss(self.links[number - 1][1])
 
     def on_mount(self) -> None:
         self.query_one("#detail-scroll").focus()

@@ -741,3 +741,33 @@ ORDER BY requested, request_id;
 -- its listeners are told at commit, as the events triggers tell them of new work.
 -- name: inbox_notify
 SELECT pg_notify('onwatch', name) FROM inboxes WHERE id = %(inbox)s;
+
+-- --- databases of an older schema, read as they are (reads never migrate) ------------------
+
+-- Before schema 5 no timer could be paused.
+-- name: timer_due_any before 5
+SELECT 1 FROM timers
+WHERE inbox_id = %(inbox)s AND due <= %(now)s AND broken IS NULL LIMIT 1;
+-- name: timers_due before 5
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, NULL
+FROM timers WHERE inbox_id = %(inbox)s AND due <= %(now)s AND broken IS NULL
+ORDER BY due, id LIMIT %(limit)s;
+-- name: timer_next_due before 5
+SELECT min(due) FROM timers WHERE inbox_id = %(inbox)s AND broken IS NULL;
+-- name: timer_get before 5
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, false
+FROM timers WHERE inbox_id = %(inbox)s AND id = %(id)s;
+-- name: timers_list_paused before 5
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, false
+FROM timers WHERE inbox_id = %(inbox)s ORDER BY due, id LIMIT %(limit)s;
+
+-- Before schema 6 no worker was recorded but the lease holder (in the inbox's row).
+-- name: workers_list before 6
+SELECT NULL, NULL, NULL, NULL, NULL WHERE false;
+-- name: worker_seen before 6
+SELECT NULL WHERE false;
+-- name: worker_gone before 6
+SELECT NULL WHERE false;

@@ -325,12 +325,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_retry_spent ON events(inbox_id, attempts)
         WHERE status = 'pending' AND attempts > 0;
     """,
-    # (desk round three) an operator may pause a timer: the scheduler skips it until it is
+    # 5: an operator may pause a timer: the scheduler skips it until it is
     # resumed, and a deploy that registers it again does not resume it.
     """
     ALTER TABLE timers ADD COLUMN paused boolean NOT NULL DEFAULT false;
     """,
-    # (desk round three) the worker processes of each inbox, the lease holder and those
+    # 6: the worker processes of each inbox, the lease holder and those
     # standing by, with host, pid, start and last heartbeat; and approvals by run.
     """
     CREATE TABLE workers (

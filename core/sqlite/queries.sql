@@ -775,3 +775,31 @@ ORDER BY requested, request_id;
 -- nothing to say on a file, whose watchers wake on any commit.
 -- name: inbox_notify
 SELECT 1;
+
+-- --- files of an older schema, read as they are (reads never migrate) ----------------------
+
+-- Before schema 9 no timer could be paused.
+-- name: timer_due_any before 9
+SELECT 1 FROM timers WHERE due <= :now AND broken IS NULL LIMIT 1;
+-- name: timers_due before 9
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, json_valid(payload)
+FROM timers WHERE due <= :now AND broken IS NULL ORDER BY due, id LIMIT :limit;
+-- name: timer_next_due before 9
+SELECT min(due) FROM timers WHERE broken IS NULL AND typeof(due) = 'integer';
+-- name: timer_get before 9
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, 0
+FROM timers WHERE id = :id;
+-- name: timers_list_paused before 9
+SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_skipped,
+       overflow, kind, broken, 0
+FROM timers ORDER BY due, id LIMIT :limit;
+
+-- Before schema 10 no worker was recorded but the lease holder (in the lease row).
+-- name: workers_list before 10
+SELECT NULL, NULL, NULL, NULL, NULL WHERE 0;
+-- name: worker_seen before 10
+SELECT NULL WHERE 0;
+-- name: worker_gone before 10
+SELECT NULL WHERE 0;

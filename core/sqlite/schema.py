@@ -288,12 +288,12 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX events_retry_spent ON events(attempts)
         WHERE status = 'pending' AND attempts > 0;
     """,
-    # (desk round three) an operator may pause a timer: the scheduler skips it until it is
+    # 9: an operator may pause a timer: the scheduler skips it until it is
     # resumed, and a deploy that registers it again does not resume it.
     """
     ALTER TABLE timers ADD COLUMN paused INTEGER NOT NULL DEFAULT 0 CHECK (paused IN (0, 1));
     """,
-    # (desk round three) the worker processes of this inbox, the lease holder and those
+    # 10: the worker processes of this inbox, the lease holder and those
     # standing by, each with its host, pid, when it started and when it was last seen (a
     # heartbeat), so the desk can say who watches; and the approvals a run asked for, by run.
     """

@@ -9,6 +9,7 @@
     python3 dev.py bench      the benchmark suite (prints figures)
     python3 dev.py bench peers [--rounds N] [--quick] [--json PATH]
                               onwatch against the queues people would pick instead
+    python3 dev.py docs       write docs/cli.md from the argument parser
     python3 dev.py onwatch …  any onwatch command
 
 Needs only Python 3.11+. The environment lives in .venv/ and is rebuilt when pyproject.toml
@@ -160,6 +161,10 @@ def main(argv: list[str]) -> int:
     if command == "bench":
         return run_child(
             [str(PYTHON), str(ROOT / "tests" / "bench" / "run_all.py"), *rest], cwd=ROOT, env=env
+        )
+    if command == "docs":
+        return run_child(
+            [str(PYTHON), "-m", "tests.docs.cli_page", "--write", *rest], cwd=ROOT, env=env
         )
     if command == "onwatch":
         return run_onwatch(rest, env)

@@ -26,6 +26,7 @@ from onwatch.cli.commands.runtime import cmd_dispatch, cmd_run, cmd_serve, cmd_w
 from onwatch.cli.output import BAD, PROG, CliError
 from onwatch.cli.running import run_async
 from onwatch.cli.values import amount, inbox_path, port, seconds, whole
+from onwatch.cli.version import version_text
 from onwatch.core import ACTIONS
 
 
@@ -288,7 +289,7 @@ served under a name of its own (http://desk-<random>.localhost:PORT; browsers re
 this machine) and opened with the link printed at start, whose login code works once. The
 login form takes the token: $ONWATCH_WEB_TOKEN (16 characters or more, not guessable), or the
 random one printed at start. Listening beyond 127.0.0.1 needs $ONWATCH_WEB_TOKEN and
---public-url; put a TLS reverse proxy in front (see the README).
+--public-url; put a TLS reverse proxy in front (see docs/operating.md).
 """
 
 
@@ -394,6 +395,12 @@ def build_parser() -> Parser:
         description="A durable inbox and a supervision desk for an always-on AI agent.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_text(),
+        help="print the version and the schema versions it reads and writes",
     )
     subs = parser.add_subparsers(dest="subcommand", metavar="COMMAND", parser_class=Parser)
 
@@ -816,5 +823,5 @@ rotation) or from --config FILE; never from the command line, where ps shows it:
   ONWATCH_HOOK_SECRET_<SOURCE>  POST /hooks/<source> (Standard Webhooks: whsec_ and the
                                 base64 of 16 random bytes or more; <source> lower-cased)
 Without any secret serve refuses to start (exit 2). A delivery is answered 2xx only once
-its event is on disk (202 new, 200 duplicate); see the README's "Receiving webhooks".
+its event is on disk (202 new, 200 duplicate); see docs/operating.md, "Receiving webhooks".
 """

@@ -14,7 +14,7 @@ call (the worker's loop stays free), not `os.chdir`, `sys.exit()`, `os._exit()` 
 the interpreter (the run fails), not a leak (the process goes with it).
 
 The price is a process (its memory, and the start of a fresh one after each kill) and a hop
-per context call; the README's "Running a real agent" gives the measured figures. The agent
+per context call; docs/performance.md gives the measured figures. The agent
 and its context's values cross as JSON: the batch's events, the replies, requests, timers,
 effect details and `ctx.result`, all of which the inbox stores as JSON anyway.
 """

@@ -193,7 +193,7 @@ def _standard_keys(where: str, secrets: tuple[Secret, ...]) -> tuple[Secret, ...
             raise ConfigError(
                 f"{where}: a Standard Webhooks secret is {STANDARD_PREFIX!r} "
                 f"followed by base64 of at least {MIN_STANDARD_KEY} bytes (the "
-                f"body-only X-Onwatch-Signature scheme is gone; see the README)"
+                f"body-only X-Onwatch-Signature scheme is gone; see docs/operating.md)"
             )
         keys.append(Secret(key))
     return tuple(keys)

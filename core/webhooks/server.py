@@ -21,13 +21,13 @@ Nothing is parsed before the signature is verified, and nothing is answered 2xx 
 `Inbox.ingest` has returned, i.e. before the event is committed (concurrent deliveries share
 one commit through the inbox's group commit; each still waits for its own).
 
-What an attacker who can connect cannot do (each bounded here, see the README's "Exposing it
-safely"): make one request cost more than one MAC per secret (signatures.MAX_SIGNATURES), hold
-more than `unverified_budget` bytes of unsigned bodies in memory, hold connections open
-(connections.ConnectionGuard: timeouts, a cap that closes idle connections first), fill the
-log (one line per request, one per limit reached), or read `/metrics` through a DNS-rebound
-name (the Host of anything but a hook must be an address, `localhost`, this machine's name or
-one given with `--allow-host`).
+What an attacker who can connect cannot do (each bounded here, see docs/operating.md,
+"Exposing it safely"): make one request cost more than one MAC per secret
+(signatures.MAX_SIGNATURES), hold more than `unverified_budget` bytes of unsigned bodies in
+memory, hold connections open (connections.ConnectionGuard: timeouts, a cap that closes idle
+connections first), fill the log (one line per request, one per limit reached), or read
+`/metrics` through a DNS-rebound name (the Host of anything but a hook must be an address,
+`localhost`, this machine's name or one given with `--allow-host`).
 """
 
 from __future__ import annotations
@@ -710,7 +710,7 @@ async def _serve(
         if not _is_loopback(host):
             log.warning(
                 "listening beyond this machine (%s): put a TLS reverse proxy in "
-                "front, see the README",
+                "front, see docs/operating.md",
                 host,
             )
         try:

@@ -50,7 +50,7 @@ every round. A rate is the median over rounds with the lowest and highest; a rat
 onwatch's median over the peer's (higher is better; for a wake, the peer's p50 over
 onwatch's). The machine's load (os.getloadavg) is printed before and after: figures taken on
 a loaded machine are noisier, never more flattering. `--json PATH` writes the table as JSON
-(what the README's performance section is kept current from).
+(what docs/performance.md is kept current from).
 """
 
 from __future__ import annotations

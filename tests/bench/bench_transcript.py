@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the run's transcript costs (the README's "What the agent is doing" figures).
+"""What the run's transcript costs (docs/performance.md, "A run's transcript").
 
     python3 dev.py bench                  every benchmark (this one included)
     python3 tests/bench/bench_transcript.py [--quick] [--rounds N]

@@ -249,7 +249,7 @@ async def serve(chosen: Plan) -> int:
         if not is_loopback(chosen.host):
             log.warning(
                 "listening beyond this machine (%s): put a TLS reverse proxy in "
-                "front, see the README",
+                "front, see docs/operating.md",
                 chosen.host,
             )
         # stdout, once: the address to open, with a login code that works once (in the

@@ -1,7 +1,8 @@
 """The locked door of `onwatch web`: one name, one origin, a login, server-side sessions, a
 failure limit, security headers on every answer, and a log that writes no secret.
 
-Who can knock, and what stops each (the README's "In a browser" says it for the operator):
+Who can knock, and what stops each (docs/operating.md, "The browser desk", says it for the
+operator):
 
 - **Another program on this machine** (any local user) can connect to the port. It gets
   nothing without a session cookie or the token: every route but the login answers 401.

@@ -773,7 +773,9 @@ class Worker:
         self._held_logged = next_send
         overview = await self._step(self.inbox.overview)
         if overview is not None and overview.outbox_held:
-            log.info("reply held: the outbox is held by an operator (onwatch release-outbox)")
+            log.info(
+                "reply held: the outbox is held by an operator (onwatch release TARGET lets it go)"
+            )
         elif next_send > now:
             log.info(
                 "reply held: next paced send in %s (outbox_gap %s s; urgent replies skip the gap)",

@@ -619,6 +619,18 @@ class OnwatchApp(App[int]):
             question, subjects, now, note, where=_where(inbox or self.inbox), times=self.times
         )
 
+    async def _go_ahead(self, pane: Pane[Any], confirm: ConfirmScreen | None) -> bool:
+        """Whether an action goes ahead: confirmed (when it asks), and the path still names
+        the file opened. Then, until the core answers (a worker may hold the write lock for a
+        moment), the previous outcome must not stand on screen as if it were this one's."""
+        if confirm is not None and not await self.push_screen_wait(confirm):
+            pane.show_outcome("not confirmed: nothing changed", None)
+            return False
+        if self._refuse_lost_file(pane):
+            return False
+        pane.show_outcome("waiting for the lock…", None)
+        return True
+
     def _refuse_lost_file(self, pane: Pane[Any]) -> bool:
         """Say so and refuse when the path no longer names the opened file."""
         why = self.check_file()
@@ -644,15 +656,10 @@ class OnwatchApp(App[int]):
             inbox = self.inbox
             if inbox is None:  # the fleet desk before an inbox was chosen: no rows to act on
                 return
-            if desk.KEYS[action].confirm:
-                if not await self.push_screen_wait(self._confirmation(action, targets, hidden)):
-                    pane.show_outcome("not confirmed: nothing changed", None)
-                    return
-            if self._refuse_lost_file(pane):
+            asks = desk.KEYS[action].confirm
+            confirm = self._confirmation(action, targets, hidden) if asks else None
+            if not await self._go_ahead(pane, confirm):
                 return
-            # Until the core answers (a worker may hold the write lock for a moment), the
-            # previous outcome must not stand on screen as if it were this one's.
-            pane.show_outcome("waiting for the lock…", None)
             now = self.clock.now()
             outcomes = []
             on = ACTIONS[action].target
@@ -767,12 +774,8 @@ class OnwatchApp(App[int]):
                 f"Raise {choice.name} from {choice.shown(choice.limit)} to {choice.shown(value)}?"
             )
             confirm = ConfirmScreen(question, [], self.clock.now(), note, where=_where(inbox))
-            if not await self.push_screen_wait(confirm):
-                pane.show_outcome("not confirmed: nothing changed", None)
+            if not await self._go_ahead(pane, confirm):
                 return
-            if self._refuse_lost_file(pane):
-                return
-            pane.show_outcome("waiting for the lock…", None)
             try:
                 outcome = await inbox.raise_budget(
                     choice.budget,
@@ -852,12 +855,8 @@ class OnwatchApp(App[int]):
             confirm = ConfirmScreen(
                 question, [subject], self.clock.now(), note, where=_where(inbox), times=self.times
             )
-            if not await self.push_screen_wait(confirm):
-                pane.show_outcome("not confirmed: nothing changed", None)
+            if not await self._go_ahead(pane, confirm):
                 return
-            if self._refuse_lost_file(pane):
-                return
-            pane.show_outcome("waiting for the lock…", None)
             try:
                 outcomes = await inbox.requeue_group(
                     picked.line, ids, now=self.clock.now(), actor=self.actor

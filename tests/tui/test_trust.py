@@ -288,7 +288,16 @@ async def test_a_deleted_and_replaced_file_raises_an_alarm_and_refuses_actions(t
                     os.unlink(path + suffix)
             fresh = await Inbox.open(path, clock=clock)  # a new live.db, filled
             await fresh.ingest("mail", "new-1", {"text": "in the new file"}, now=T0)
-            await wait_for_text(pilot, "was replaced by another file")
+            # Worded by whichever look saw it first: the deletion (the connection's guard,
+            # before the new file came) or the new file at the path.
+            await wait_for(
+                pilot,
+                lambda: (
+                    "was replaced by another file" in screen_text(app)
+                    or "was deleted after it was opened" in screen_text(app)
+                ),
+                what="the alarm",
+            )
             assert "every action is refused" in screen_text(app)
             assert "not the file at the path" in screen_text(app)
             assert "updated 0s ago" not in screen_text(app)

@@ -120,6 +120,8 @@ def checked_timer(row: Sequence[Any]) -> Timer:
         raise ValueError(f"catch_up is {str(timer.catch_up)[:40]!r}")
     if isinstance(row[4], str):
         json.loads(row[4])  # raises if the payload is not JSON
+    elif row[4] is not None:  # a blob or a number stored by hand
+        raise ValueError(f"payload is {type(row[4]).__name__}, not JSON text")
     return timer
 
 

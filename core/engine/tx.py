@@ -139,6 +139,15 @@ class Tx(Protocol):
         stored value; overflow is added)."""
         ...
 
+    def fire_plain_timers(self, now: int, limit: int) -> int:
+        """Fire, with a few set statements, the leading run of plain timers among the next
+        `limit` due ones (what timing.plain_occurrence and plain_recurring would fire, the
+        same events in the same order, the same timers moved on or deleted); return how many.
+        0 when the first is not plain, the database refused the run (nothing of it is
+        written), or the dialect has no such statements: the scheduler plans those rows one
+        by one."""
+        ...
+
     def change_token(self) -> tuple[int, int]:
         """A value that moves whenever anything of this inbox committed (cheap, no table
         scan): what an idle poller compares."""

@@ -267,6 +267,68 @@ SELECT id, due, every, catch_up, payload, key_source, key_id, last_fired, last_s
 FROM timers WHERE due <= :now AND broken IS NULL AND paused = 0
 ORDER BY due, id LIMIT :limit;
 
+-- Plain timers, fired by set statements (SqliteTx.fire_plain_timers): the next :limit due
+-- timers in due order, each with whether it is plain. Plain is what core/engine/timing.py
+-- `plain_occurrence` and `plain_recurring` would fire as one event whose payload splices the
+-- stored JSON text (proven by json_valid, with few enough brackets for Python's decoder):
+-- a valid one-shot timer, or a valid recurring one due once or coalescing what it missed.
+-- Anything else (an approval's expiry, `each` with several occurrences due, a value no valid
+-- call stores) is planned row by row.
+-- name: timers_due_plain
+SELECT due, id,
+       kind = 'timer' AND typeof(id) = 'text'
+       AND typeof(due) = 'integer' AND due BETWEEN 0 AND 9007199254740992
+       AND catch_up IN ('coalesce', 'each')
+       AND typeof(overflow) = 'integer' AND overflow BETWEEN 0 AND 4611686018427387904
+       AND (last_fired IS NULL
+            OR typeof(last_fired) = 'integer' AND last_fired BETWEEN 0 AND 9007199254740992)
+       AND (payload IS NULL
+            OR typeof(payload) = 'text' AND json_valid(payload)
+               AND length(payload) - length(replace(replace(payload, '[', ''), '{', '')) <= 100)
+       AND CASE WHEN every IS NULL
+           THEN key_source IS NULL
+                OR typeof(key_source) = 'text' AND typeof(key_id) = 'text'
+                   AND length(key_source) > 0 AND length(key_id) > 0
+           ELSE typeof(every) = 'integer' AND every BETWEEN 1 AND 9007199254740992
+                AND key_source IS NULL
+                AND (last_fired IS NULL OR due > last_fired)
+                AND (catch_up = 'coalesce' OR :now - due < every) END
+FROM timers WHERE due <= :now AND broken IS NULL AND paused = 0
+ORDER BY due, id LIMIT :limit;
+
+-- The due timers up to (:due, :id) in due order (:due is at most :now; the row value bounds
+-- the index range on both columns, so a chunk of a storm due at one instant reads only its
+-- own rows), all plain (timers_due_plain said so in this transaction): each fires its one
+-- event, as timing.py's plain planners write it. A recurring timer's occurrence is its
+-- latest one due (`at`); how many it missed before that are counted as skipped.
+-- name: timers_fire_plain
+INSERT INTO events(source, source_id, payload, available_at, created, updated, key_salt)
+SELECT CASE WHEN key_source IS NULL THEN 'timer' ELSE key_source END,
+       CASE WHEN key_source IS NULL THEN id || '@' || at ELSE key_id END,
+       '{"timer": ' || json_quote(id) || ', "scheduled_for": ' || at || ', "late_by": '
+           || (:now - at) || ', "skipped": ' || missed || ', "data": '
+           || coalesce(payload, 'null') || '}',
+       :now, :now, :now, random()
+FROM (SELECT id, key_source, key_id, payload, due, due + missed * coalesce(every, 0) AS at,
+             missed
+      FROM (SELECT id, key_source, key_id, payload, due, every,
+                   coalesce((:now - due) / every, 0) AS missed
+            FROM timers WHERE (due, id) <= (:due, :id) AND broken IS NULL AND paused = 0))
+WHERE true ORDER BY due, id
+ON CONFLICT(source, source_id) DO NOTHING;
+
+-- The same recurring timers moved on past :now; the one-shot ones deleted.
+-- name: timers_advance_plain
+UPDATE timers SET due = due + ((:now - due) / every + 1) * every,
+       last_fired = due + (:now - due) / every * every,
+       last_skipped = (:now - due) / every
+WHERE (due, id) <= (:due, :id) AND broken IS NULL AND paused = 0
+  AND every IS NOT NULL;
+
+-- name: timers_delete_plain
+DELETE FROM timers
+WHERE (due, id) <= (:due, :id) AND broken IS NULL AND paused = 0 AND every IS NULL;
+
 -- Recurring timers moved on: :rows is a JSON list of [id, due, last_fired, last_skipped,
 -- overflow]; a null keeps the stored value, overflow is added.
 -- name: timers_advance

@@ -91,6 +91,26 @@ class SqliteTx:
     def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
         self.run("timers_advance", rows=list(rows))
 
+    def fire_plain_timers(self, now: int, limit: int) -> int:
+        # The leading run of plain timers among the next `limit` due ones, fired by three set
+        # statements in a savepoint (queries.sql `timers_fire_plain`); a row the events table
+        # refuses undoes the savepoint, and the planner then takes those rows one by one.
+        last = None
+        run = 0
+        for due, timer_id, plain in self.run("timers_due_plain", now=now, limit=limit).fetchall():
+            if not plain:
+                break
+            last, run = (due, timer_id), run + 1
+        if last is None:
+            return 0
+        try:
+            with self.savepoint("fire_plain"):
+                for name in ("timers_fire_plain", "timers_advance_plain", "timers_delete_plain"):
+                    self.run(name, now=now, due=last[0], id=last[1])
+        except sqlite3.IntegrityError:
+            return 0
+        return run
+
     def change_token(self) -> tuple[int, int]:
         # Another connection's commit moves data_version; this connection's own, its count.
         version: int = self.conn.execute("PRAGMA data_version").fetchone()[0]

@@ -44,6 +44,7 @@ from .engine import (
 from .engine.spend import Spend, Spending
 from .engine.transcripts import NewLine, NewSpend, Transcript
 from .engine.plans import DELIVERY_STATES, SETTLE_OUTCOMES
+from .engine.runs import Claimed
 from .engine.tx import Tx
 from .errors import BadInput
 from .group_commit import GroupCommit
@@ -357,6 +358,34 @@ class Inbox:
             checks.positive("gen", gen),
             self._now(now),
         )
+
+    async def claim_next(
+        self,
+        holder: str,
+        gen: int,
+        *,
+        timers: bool = True,
+        mark: bool = True,
+        now: int | None = None,
+    ) -> Claimed:
+        """A worker's step before each run, in one transaction (engine/runs.py
+        `claim_next`): the change token as it begins (`mark`), due timers fired (`timers`;
+        one bounded slice of a storm, `more_timers` says more are due), the settings read
+        again (this Inbox's `settings` follow them), and the run's events claimed as
+        claim_batch claims them."""
+        for name, flag in (("timers", timers), ("mark", mark)):
+            if not isinstance(flag, bool):
+                raise BadInput(f"{name} must be True or False, got {show(flag)}")
+        claimed = await self._write(
+            runs.claim_next,
+            checks.text("holder", holder),
+            checks.positive("gen", gen),
+            self._now(now),
+            timers,
+            mark,
+        )
+        self._settings = claimed.settings
+        return claimed
 
     async def finish(
         self,

@@ -3,21 +3,47 @@ finishing a run with everything it produced, fenced by lease generation and by r
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..clock import MAX_COUNT
 from ..errors import BadInput
 from ..records import ApprovalRequest, Event, FollowUp, Reply
 from ..settings import Settings
-from . import spend
+from . import scheduler, spend
 from .approvals import request_approval
 from .decoding import event_from_row, is_int, reason
 from .journal import refuse, set_aside
 from .plans import DAY
 from .timers import add_timer
-from .tx import Tx
+from .tx import InboxState, Tx
 
 ROUNDS = 100  # claim rounds in one transaction, each setting aside what it cannot run
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What a worker's step before a run found (claim_next)."""
+
+    events: list[Event]  # the run's events, claimed; [] when there is nothing to run
+    token: tuple[int, int] | None  # the change token as the step began (None: not asked)
+    settings: Settings  # as stored when the claim was made
+    more_timers: bool  # a storm: more timers are due than this step's slice of the pass fired
+
+
+def claim_next(tx: Tx, holder: str, gen: int, now: int | None, timers: bool, mark: bool) -> Claimed:
+    """A worker's whole step before a run, in one transaction: the change token as it
+    begins when `mark` (a commit after a claim that found nothing is news to wait for),
+    one slice of the scheduler's pass when `timers` (the occurrences it fires join this
+    very claim), the settings, and the claim itself (claim_batch). One transaction instead
+    of four calls: what a worker waiting on nothing but its inbox pays per run."""
+    token = tx.change_token() if mark else None
+    now = tx.now(now)
+    state = tx.state()  # the lease, the switches and the settings: no timer changes them
+    more = False
+    if timers and scheduler.nothing_due(tx, now) is None:
+        _, more = scheduler.run_scheduler(tx, now)
+    return Claimed(_claim(tx, state, holder, gen, now), token, state.settings, more)
 
 
 def claim_batch(tx: Tx, holder: str, gen: int, now: int | None) -> list[Event]:
@@ -27,7 +53,10 @@ def claim_batch(tx: Tx, holder: str, gen: int, now: int | None) -> list[Event]:
     together. Attempts are counted here, at claim time: a worker that crashes never
     reports a failure."""
     now = tx.now(now)
-    state = tx.state()
+    return _claim(tx, tx.state(), holder, gen, now)
+
+
+def _claim(tx: Tx, state: InboxState, holder: str, gen: int, now: int) -> list[Event]:
     if not state.holds(holder, gen, now):
         refuse(tx, "claim", holder, gen, now)
         return []

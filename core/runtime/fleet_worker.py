@@ -504,14 +504,17 @@ class _Visit(ListeningWorker):
             self._renew_mono, self._until = kept.renew_mono, kept.until
             self.stats.generations.append(kept.gen)
 
-    async def _prepare(self) -> None:
-        # A visit is short and its inbox was found with work: the scheduler's pass (a
-        # clock read and a look for due timers, two round trips) runs when the visit
-        # begins and then at most once a second, as the settings are read again.
-        if time.monotonic() >= self._scheduled_at:
-            self._scheduled_at = time.monotonic() + SCHEDULER_EVERY
-            await self._step(self.inbox.run_scheduler)
-        await self._reload_settings()
+    # The visit's change mark is the Listener's (_change_mark), not the claim's token.
+    marks_in_claim = False
+
+    def _fires_timers(self) -> bool:
+        # A visit is short and its inbox was found with work: its claims fire due timers
+        # when the visit begins and then at most once a second (a look for due timers is a
+        # round trip of its own on every claim otherwise).
+        if time.monotonic() < self._scheduled_at:
+            return False
+        self._scheduled_at = time.monotonic() + SCHEDULER_EVERY
+        return True
 
     @property
     def productive(self) -> bool:

@@ -9,7 +9,6 @@ the listening connection is down. One Listener may serve many workers (the fleet
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from ..errors import BadInput
@@ -18,28 +17,11 @@ from ..pg.listen import Listener
 from .worker import Worker, WorkerStats
 
 
-# Seconds between two reads of the settings. On PostgreSQL a read is three round trips
-# (a snapshot's BEGIN, the read, its end), more than a claim's share of them; the claim
-# itself reads the settings it decides by from the inbox's locked row, so what waits up to
-# this long is only what the worker itself uses (the lease TTL, max_run_seconds).
-SETTINGS_EVERY = 1.0
-
-
 class ListeningWorker(Worker):
     def __init__(self, *args: Any, listener: Listener | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.listener = listener
         self._own_listener = listener is None
-        self._settings_read = time.monotonic()  # Inbox.open has just read them
-
-    async def _prepare(self) -> None:
-        await self._step(self.inbox.run_scheduler)
-        await self._reload_settings()
-
-    async def _reload_settings(self) -> None:
-        if time.monotonic() - self._settings_read >= SETTINGS_EVERY:
-            self._settings_read = time.monotonic()
-            await self._step(self.inbox.reload_settings)
 
     async def run(self) -> WorkerStats:
         db = self.inbox._db

@@ -6,8 +6,9 @@ One process runs one `Worker`. It takes the inbox's lease and renews it (fenced)
 the TTL; between runs it sleeps until the inbox's next wake-up or until another process
 commits (a new event, an answer), noticed by a file notification (core/sqlite/wake.py) and
 confirmed with `Inbox.change_token()`, one cheap call that reads no table; the token is also
-polled as the fallback. Each run is: scheduler pass, claim, agent call, ONE fenced finish, then a
-dispatch of the outbox. The agent never sees SQL: it gets the batch and a `RunContext`.
+polled as the fallback. Each run is: one step (the change token, due timers fired, the
+settings, the claim: one transaction, `Inbox.claim_next`), the agent call, ONE fenced finish,
+then a dispatch of the outbox. The agent never sees SQL: it gets the batch and a `RunContext`.
 
 What can go wrong and what the runtime does (docs/rules.md#a-misbehaving-agent):
 
@@ -53,6 +54,7 @@ from ..pg import is_url
 from ..records import Event, Lease
 from ..text import printable
 from ..connection import SLOW_POLL
+from ..engine import scheduler
 from .context import Agent, LeaseLost, RunAbandoned, RunContext, _is_async
 from .threads import start_thread
 from .transcript import TranscriptWriter, capture_logging
@@ -191,6 +193,7 @@ class Worker:
         self._deadline: asyncio.TimerHandle | None = None
         self._forced_out = False  # run() was cancelled by _stop_now
         self._recover_at: int | None = None  # an abandoned over-budget run becomes claimable
+        self._more_timers = False  # the last claim fired a slice of a storm: more are due
         self._waiting_for: tuple[str, int] | None = None  # the other holder last logged
         self._held_logged: int | None = None  # the paced send a "reply held" line named
         self._beat_due = 0.0  # (monotonic) when this process next records its heartbeat
@@ -266,10 +269,7 @@ class Worker:
                     continue
                 await self._prepare()
                 claimed_at = self.clock.now()
-                # The change mark is read before the claim: a commit that lands after an
-                # empty claim, before the nap, must still count as news.
-                before_claim = await self._change_mark()
-                batch = await self._claim()
+                before_claim, batch = await self._claim()
                 if batch:
                     await self._run(batch)
                     await self._dispatch()
@@ -277,6 +277,8 @@ class Worker:
                         break
                     continue
                 await self._dispatch()
+                if self._more_timers:
+                    continue  # a storm of due timers: its next slice (after a pause) at once
                 if batch is not None:  # None: the claim hit a locked database, retry soon
                     await self._idle(claimed_at, before_claim)
                 else:
@@ -296,11 +298,19 @@ class Worker:
         log.debug("worker %s stopped: %s", self.holder, self.stats)
         return self.stats
 
+    # What the claim's own transaction does before it claims (Inbox.claim_next): fire due
+    # timers (their events join the claim) and read the change token. A subclass that does
+    # either its own way says so (core/runtime/fleet_worker.py). The settings are read in
+    # it always: an operator's configure applies from the next run.
+    timers_in_claim = True
+    marks_in_claim = True
+
     async def _prepare(self) -> None:
-        """Before each claim: fire due timers (their events join the claim) and read the
-        settings again (an operator's configure applies from the next run)."""
-        await self._step(self.inbox.run_scheduler)
-        await self._step(self.inbox.reload_settings)
+        """Before each claim, what the claim's transaction does not do (here, nothing)."""
+
+    def _fires_timers(self) -> bool:
+        """Whether this claim fires due timers (a subclass may do it less often)."""
+        return self.timers_in_claim
 
     def _watch_loop(self, watch: LoopWatch) -> None:
         """(Re)state this worker's limits to the loop's watch: a stall is worth a warning
@@ -480,25 +490,40 @@ class Worker:
         self._waiting_for = seen
         await self._idle_until(lease.until + 1, renew=False)
 
-    async def _claim(self) -> list[Event] | None:
+    async def _claim(self) -> tuple[tuple[int, int] | None, list[Event] | None]:
+        """The change mark, read before the claim (a commit that lands after an empty claim,
+        before the nap, must still count as news), and the claimed batch: [] for nothing to
+        run, None when the claim hit a locked database (retry soon)."""
+        if self._more_timers:
+            # Between two slices of a storm of due timers, a pause in which another
+            # process waiting to write gets the lock (scheduler.PAUSE_SECONDS).
+            await asyncio.sleep(scheduler.PAUSE_SECONDS)
+        self._more_timers = False
+        mark = None if self.marks_in_claim else await self._change_mark()
         if self._recover_at is not None and self.clock.now() < self._recover_at:
-            return []
+            # Waiting out an abandoned run: nothing is claimed, but timers still fire.
+            if self._fires_timers():
+                await self._step(self.inbox.run_scheduler)
+            return (await self._change_mark() if mark is None else mark), []
         self._recover_at = None
         gen = self.gen
         assert gen is not None  # the loop claims right after _hold_lease took or renewed it
         try:
-            batch = await self.inbox.claim_batch(self.holder, gen)
+            claimed = await self.inbox.claim_next(
+                self.holder, gen, timers=self._fires_timers(), mark=self.marks_in_claim
+            )
         except ConnectionLost as exc:
             self.stats.busy += 1
             self.gen, self._given_up = None, gen  # see _give_up
             await self._lost(exc)
-            return None
+            return mark, None
         except InboxBusy as exc:
             self.stats.busy += 1
             log.warning("%s", exc)
-            return None
+            return mark, None
         self._reached()
-        return batch
+        self._more_timers = claimed.more_timers
+        return (claimed.token if self.marks_in_claim else mark), claimed.events
 
     async def _run(self, batch: list[Event]) -> None:
         """Call the agent on one claimed batch and commit its outcome (or abandon it)."""

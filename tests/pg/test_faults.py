@@ -246,7 +246,7 @@ async def test_a_claim_whose_answer_was_lost_is_recovered_at_once(pg, proxy, tmp
     async def agent(batch, ctx) -> None:
         ran.extend(e.source_id for e in batch)
 
-    real_claim = inbox.claim_batch
+    real_claim = inbox.claim_next
 
     async def claim_cut_once(holder, gen, **kwargs):
         if proxy.commits_cut == 0 and await inbox.counts() != {}:
@@ -254,7 +254,7 @@ async def test_a_claim_whose_answer_was_lost_is_recovered_at_once(pg, proxy, tmp
                 proxy.cut_after_commit()  # the next COMMIT on this connection is the claim's
         return await real_claim(holder, gen, **kwargs)
 
-    inbox.claim_batch = claim_cut_once  # type: ignore[method-assign]
+    inbox.claim_next = claim_cut_once  # type: ignore[method-assign]
     worker = Worker(inbox, agent, holder="w", poll_interval=0.05, grace=1)
     task = asyncio.create_task(worker.run())
     try:

@@ -413,6 +413,60 @@ class Inbox:
         finished), which is safe only for callers that never run past max_run_seconds.
         A failed run may carry the agent's `traceback` (kept with the run, cut to its last
         MAX_TRACEBACK characters)."""
+        return await self._write(
+            runs.finish,
+            *self._outcome(
+                holder, gen, ids, messages, error, now, result, approvals, timers, run, traceback
+            ),
+        )
+
+    async def finish_and_claim(
+        self,
+        holder: str,
+        gen: int,
+        ids: Sequence[int],
+        messages: Iterable[str | Reply] = (),
+        error: str | None = None,
+        *,
+        now: int | None = None,
+        result: Any = None,
+        approvals: Iterable[ApprovalRequest] = (),
+        timers: Iterable[FollowUp] = (),
+        run: int | None = None,
+        traceback: str | None = None,
+        fire_timers: bool = True,
+        mark: bool = True,
+    ) -> tuple[bool, Claimed | None]:
+        """finish, then, if it was accepted, claim_next (`fire_timers` is its `timers`), in
+        the same one transaction: a worker going from one run to the next commits once
+        (half the commits, half the fsyncs of a file). (False, None) when the finish was
+        refused: nothing was written, nothing claimed."""
+        for name, flag in (("fire_timers", fire_timers), ("mark", mark)):
+            if not isinstance(flag, bool):
+                raise BadInput(f"{name} must be True or False, got {show(flag)}")
+        outcome = self._outcome(
+            holder, gen, ids, messages, error, now, result, approvals, timers, run, traceback
+        )
+        accepted, claimed = await self._write(runs.finish_and_claim, outcome, fire_timers, mark)
+        if claimed is not None:
+            self._settings = claimed.settings
+        return accepted, claimed
+
+    def _outcome(
+        self,
+        holder: str,
+        gen: int,
+        ids: Sequence[int],
+        messages: Iterable[str | Reply],
+        error: str | None,
+        now: int | None,
+        result: Any,
+        approvals: Iterable[ApprovalRequest],
+        timers: Iterable[FollowUp],
+        run: int | None,
+        traceback: str | None,
+    ) -> runs.Outcome:
+        """finish's arguments checked (BadInput for any bad one), as runs.finish takes them."""
         holder, gen = checks.text("holder", holder), checks.positive("gen", gen)
         ids = [
             checks.event_id(i)
@@ -448,8 +502,7 @@ class Inbox:
             if result is None
             else checks.encode(result, self._settings.max_payload_bytes, "result")
         )
-        return await self._write(
-            runs.finish,
+        return (
             holder,
             gen,
             ids,

@@ -162,6 +162,34 @@ def runs_since(tx: Tx, since: int) -> int:
     return runs
 
 
+# finish's arguments after tx, as Inbox checked them.
+Outcome = tuple[
+    str,
+    int,
+    Sequence[int],
+    Sequence[Reply],
+    str | None,
+    str | None,
+    Sequence[ApprovalRequest],
+    Sequence[FollowUp],
+    int | None,
+    int | None,
+    str | None,
+]
+
+
+def finish_and_claim(
+    tx: Tx, outcome: Outcome, timers: bool, mark: bool
+) -> tuple[bool, Claimed | None]:
+    """finish, then claim_next for the same holder and generation, in this one transaction:
+    (False, None) when the finish was refused (the claim is not tried: the generation no
+    longer holds)."""
+    if not finish(tx, *outcome):
+        return False, None
+    holder, gen, now = outcome[0], outcome[1], outcome[8]
+    return True, claim_next(tx, holder, gen, now, timers, mark)
+
+
 def finish(
     tx: Tx,
     holder: str,

@@ -194,6 +194,9 @@ class Worker:
         self._forced_out = False  # run() was cancelled by _stop_now
         self._recover_at: int | None = None  # an abandoned over-budget run becomes claimable
         self._more_timers = False  # the last claim fired a slice of a storm: more are due
+        # The next batch, claimed by the last run's finish in its own transaction: (the
+        # generation, the inbox's clock as it claimed, the change mark, the events).
+        self._ahead: tuple[int, int, tuple[int, int] | None, list[Event]] | None = None
         self._waiting_for: tuple[str, int] | None = None  # the other holder last logged
         self._held_logged: int | None = None  # the paced send a "reply held" line named
         self._beat_due = 0.0  # (monotonic) when this process next records its heartbeat
@@ -262,14 +265,18 @@ class Worker:
             else f"polling for changes every {self.poll_interval:g} s",
         )
         try:
-            while not self.stopping:
+            # A batch the last finish claimed (_finish) is run even if a stop came meanwhile:
+            # it is this worker's, as a run in progress is.
+            while not self.stopping or self._ahead is not None:
+                if self._ahead is not None and self._ahead[0] != self.gen:
+                    self._ahead = None  # its generation was lost: a successor recovers it
+                    continue
                 self._check_file()
                 await self._heartbeat()
                 if not await self._hold_lease():
                     continue
                 await self._prepare()
-                claimed_at = self.clock.now()
-                before_claim, batch = await self._claim()
+                claimed_at, before_claim, batch = await self._claim()
                 if batch:
                     await self._run(batch)
                     await self._dispatch()
@@ -490,21 +497,26 @@ class Worker:
         self._waiting_for = seen
         await self._idle_until(lease.until + 1, renew=False)
 
-    async def _claim(self) -> tuple[tuple[int, int] | None, list[Event] | None]:
-        """The change mark, read before the claim (a commit that lands after an empty claim,
-        before the nap, must still count as news), and the claimed batch: [] for nothing to
-        run, None when the claim hit a locked database (retry soon)."""
+    async def _claim(self) -> tuple[int, tuple[int, int] | None, list[Event] | None]:
+        """The inbox's clock as the claim began; the change mark, read before the claim (a
+        commit that lands after an empty claim, before the nap, must still count as news);
+        and the claimed batch: [] for nothing to run, None when the claim hit a locked
+        database (retry soon)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # the loop checked it is this generation's
+            return ahead[1], ahead[2], ahead[3]
         if self._more_timers:
             # Between two slices of a storm of due timers, a pause in which another
             # process waiting to write gets the lock (scheduler.PAUSE_SECONDS).
             await asyncio.sleep(scheduler.PAUSE_SECONDS)
         self._more_timers = False
+        at = self.clock.now()
         mark = None if self.marks_in_claim else await self._change_mark()
         if self._recover_at is not None and self.clock.now() < self._recover_at:
             # Waiting out an abandoned run: nothing is claimed, but timers still fire.
             if self._fires_timers():
                 await self._step(self.inbox.run_scheduler)
-            return (await self._change_mark() if mark is None else mark), []
+            return at, (await self._change_mark() if mark is None else mark), []
         self._recover_at = None
         gen = self.gen
         assert gen is not None  # the loop claims right after _hold_lease took or renewed it
@@ -516,14 +528,14 @@ class Worker:
             self.stats.busy += 1
             self.gen, self._given_up = None, gen  # see _give_up
             await self._lost(exc)
-            return mark, None
+            return at, mark, None
         except InboxBusy as exc:
             self.stats.busy += 1
             log.warning("%s", exc)
-            return mark, None
+            return at, mark, None
         self._reached()
         self._more_timers = claimed.more_timers
-        return (claimed.token if self.marks_in_claim else mark), claimed.events
+        return at, (claimed.token if self.marks_in_claim else mark), claimed.events
 
     async def _run(self, batch: list[Event]) -> None:
         """Call the agent on one claimed batch and commit its outcome (or abandon it)."""
@@ -707,39 +719,64 @@ class Worker:
         except (KeyboardInterrupt, SystemExit) as exc:
             raise _AgentExited(exc) from exc
 
+    def _may_claim_ahead(self) -> bool:
+        """Whether a finish may claim the next run in its own transaction: the worker goes
+        on to another run (no stop asked, runs left), nothing waits to be recovered first,
+        and the lease needs no renewal before it (the loop renews it, then claims)."""
+        return (
+            not self.stopping
+            and (self.max_runs is None or self.stats.runs < self.max_runs)
+            and self._recover_at is None
+            and self._given_up is None
+            and not self._renew_due()
+        )
+
     async def _finish(
         self, ctx: RunContext, ids: list[int], *, error: str | None, trace: str | None = None
     ) -> None:
-        """One fenced finish; a locked database is retried while the lease can still hold."""
+        """One fenced finish, which also claims the next run when it may (_may_claim_ahead);
+        a locked database is retried while the lease can still hold."""
+        unknown = False  # a finish that also claimed lost its answer: the claim's fate unknown
         while True:
+            ahead = not unknown and self._may_claim_ahead()
+            at = self.clock.now()
+            mark = None if self.marks_in_claim or not ahead else await self._change_mark()
+            outcome: dict[str, Any] = (
+                {
+                    "messages": ctx.messages,
+                    "result": ctx.result,
+                    "approvals": ctx.approvals,
+                    "timers": ctx.timers,
+                }
+                if error is None
+                else {"error": error[:4000], "traceback": trace}
+            )
+            claimed = None
             try:
-                if error is None:
-                    try:
-                        accepted = await self.inbox.finish(
+                try:
+                    if ahead:
+                        accepted, claimed = await self.inbox.finish_and_claim(
                             self.holder,
                             ctx.gen,
                             ids,
-                            messages=ctx.messages,
-                            result=ctx.result,
-                            approvals=ctx.approvals,
-                            timers=ctx.timers,
                             run=ctx.run_id,
+                            fire_timers=self._fires_timers(),
+                            mark=self.marks_in_claim,
+                            **outcome,
                         )
-                    except BadInput as exc:  # e.g. over the follow-up budget: a failed run
-                        self.stats.failed += 1
-                        log.warning("run %s: outcome refused: %s", ctx.run_id, exc)
-                        error = f"BadInput: {exc}"
-                        continue
-                else:
-                    accepted = await self.inbox.finish(
-                        self.holder,
-                        ctx.gen,
-                        ids,
-                        error=error[:4000],
-                        run=ctx.run_id,
-                        traceback=trace,
-                    )
+                    else:
+                        accepted = await self.inbox.finish(
+                            self.holder, ctx.gen, ids, run=ctx.run_id, **outcome
+                        )
+                except BadInput as exc:  # e.g. over the follow-up budget: a failed run
+                    if error is not None:
+                        raise
+                    self.stats.failed += 1
+                    log.warning("run %s: outcome refused: %s", ctx.run_id, exc)
+                    error = f"BadInput: {exc}"
+                    continue
             except InboxBusy as exc:
+                unknown = unknown or (ahead and isinstance(exc, ConnectionLost))
                 self.stats.busy += 1
                 lease = await self._step(self.inbox.lease_info)
                 if lease is not None and (lease.gen != ctx.gen or lease.until < self.clock.now()):
@@ -750,6 +787,15 @@ class Worker:
                 await self._sleep(min(self.poll_interval, 0.5))
                 continue
             break
+        if claimed is not None:
+            self._more_timers = claimed.more_timers
+            token = claimed.token if self.marks_in_claim else mark
+            self._ahead = (ctx.gen, at, token, claimed.events)
+        if accepted and unknown:
+            # A finish that also claimed, cut off: if that attempt committed, its claim's
+            # events are running under this generation, which no claim of its own
+            # recovers. Handed back, the next generation recovers them (see _give_up).
+            self.gen, self._given_up = None, ctx.gen
         if accepted:
             if error is None:
                 self.stats.done += 1

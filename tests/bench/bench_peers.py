@@ -300,6 +300,7 @@ async def onwatch_drain(backend: str, where: str, jobs: int, batching: str) -> d
 # --- where onwatch's time goes -----------------------------------------------------------------
 
 STEPS = (
+    "finish_and_claim",
     "claim_next",
     "run_scheduler",
     "reload_settings",

@@ -18,7 +18,7 @@ from onwatch.core import FakeClock, Inbox, InboxError
 from onwatch.core.pg.connect import IDLE_IN_TRANSACTION
 from tests.pg.proxy import Proxy
 from tests.terminal import Terminal
-from tests.waiting import until_sync
+from tests.waiting import until, until_sync
 from tests.worker.helpers import ROOT
 
 pytestmark = pytest.mark.slow
@@ -272,6 +272,53 @@ async def test_a_claim_whose_answer_was_lost_is_recovered_at_once(pg, proxy, tmp
             await asyncio.sleep(0.05)
         assert event.status == "done" and event.attempts == 2  # claimed twice, run once
         assert [c.how for c in await inbox.lease_history()] == ["released", "first"]
+    finally:
+        worker.request_stop()
+        await asyncio.wait_for(task, 30)
+        await inbox.close()
+
+
+async def test_a_finish_that_claimed_and_lost_its_answer_hands_its_generation_back(
+    pg, proxy, tmp_path
+):
+    """The finish of run 1 also claimed run 2 in its transaction, which committed, and its
+    answer never came back: the worker cannot know it claimed m2, so once the finish is
+    confirmed (the same finish again is answered as done) it hands its generation back,
+    and the next generation recovers m2 and runs it, instead of leaving it 'running' under
+    a generation no claim of its own recovers."""
+    from onwatch.core.runtime.worker import Worker
+
+    url = proxy.url(pg.new_schema())
+    inbox = await Inbox.open(url)
+    await inbox.configure(lease_ttl=30, max_batch=1)
+    ran: list[str] = []
+
+    async def agent(batch, ctx) -> None:
+        ran.extend(e.source_id for e in batch)
+
+    real = inbox.finish_and_claim
+
+    async def cut_once(*args, **kwargs):
+        if proxy.commits_cut == 0:
+            proxy.cut_after_commit()  # the next COMMIT on this connection is this one's
+        return await real(*args, **kwargs)
+
+    inbox.finish_and_claim = cut_once  # type: ignore[method-assign]
+    await inbox.ingest_batch([("chat", "m1", {}), ("chat", "m2", {})])
+    worker = Worker(inbox, agent, holder="w", poll_interval=0.05, grace=1)
+    task = asyncio.create_task(worker.run())
+    try:
+        await until(lambda: ran == ["m1", "m2"], what="m2 recovered and run", timeout=20)
+        assert proxy.commits_cut == 1
+
+        async def m2_done() -> bool:
+            return (await inbox.get_event(2)).status == "done"
+
+        await until(m2_done, what="m2 done", timeout=20)
+        m1, m2 = await inbox.get_event(1), await inbox.get_event(2)
+        assert (m1.status, m1.attempts) == ("done", 1)
+        assert (m2.status, m2.attempts) == ("done", 2)  # claimed twice, run once
+        assert [c.how for c in await inbox.lease_history()][:2] == ["released", "first"]
     finally:
         worker.request_stop()
         await asyncio.wait_for(task, 30)

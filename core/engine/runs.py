@@ -209,22 +209,18 @@ def finish(
     run's messages, approval requests and follow-up timers in this one transaction; failure
     puts the events back to pending after a backoff, or to dead once out of attempts."""
     now = tx.now(now)
-    if run is not None:
+    # The run's generation and outcome (None: still open), read once for both questions.
+    known = None if run is None else tx.run("run_outcome", id=run).fetchone()
+    if known is not None and known[0] == gen and known[1] == ("done" if error is None else "error"):
         # The same finish again, after an answer lost on the way back (a connection cut
         # after its COMMIT): the run is closed already, by this generation, as asked. That
         # is the truth to report, not a stale write to audit against the worker.
-        closed = tx.run("run_outcome", id=run).fetchone()
-        if (
-            closed is not None
-            and closed[0] == gen
-            and closed[1] == ("done" if error is None else "error")
-        ):
-            return True
+        return True
     state = tx.state()
     if not state.holds(holder, gen, now):
         refuse(tx, "finish", holder, gen, now)
         return False
-    if run is not None and tx.run("run_open", id=run, gen=gen).fetchone() is None:
+    if run is not None and (known is None or known[0] != gen or known[1] is not None):
         refuse(
             tx,
             "finish",

@@ -105,7 +105,8 @@ except ImportError:  # pragma: no cover - psycopg is a dependency; say so if it 
 Runner = Callable[[Tx, Callable[..., T], Args], T]
 
 # The inbox row's columns a write transaction reads as it locks the row (see Tx.row).
-INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused"  # as queries.sql inbox_state
+# As queries.sql inbox_state, and the change count as the transaction began (Tx.change_token).
+INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused, changes"
 
 
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
@@ -146,6 +147,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     try:
         cursor.nextset()
         tx.row = cursor.fetchone()
+        tx.begun_changes = None if tx.row is None else tx.row[5]
         cursor.nextset()
         tx.saw_server_time(one(cursor)[0])
         result = fn(tx, *args)
@@ -158,7 +160,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
         _rollback(conn)
         raise
     finally:
-        tx.row = None
+        tx.row = tx.begun_changes = None
     return result
 
 

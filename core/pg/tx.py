@@ -46,6 +46,7 @@ class Tx:
         "name",
         "changed",
         "row",
+        "begun_changes",
         "server_time",
         "offset",
         "statements",
@@ -66,6 +67,8 @@ class Tx:
         self.name = name
         self.changed = False
         self.row: Row | None = None
+        # The change count as this write transaction began (None outside one).
+        self.begun_changes: int | None = None
         # The server's clock, as read in the current transaction (None until read), and the
         # server's time minus this process's, as last seen (what Inbox.clock follows).
         self.server_time: float | None = None
@@ -109,7 +112,7 @@ class Tx:
 
     def state(self) -> InboxState:
         row = self.row if self.row is not None else self.one("inbox_state")
-        holder, gen, until, settings, paused = row
+        holder, gen, until, settings, paused = row[:5]
         return InboxState(holder, gen, until, settings, bool(paused))
 
     def meta(self, key: str) -> Any:
@@ -159,7 +162,11 @@ class Tx:
         return 0
 
     def change_token(self) -> tuple[int, int]:
-        """The inbox's change counter: one more for every commit that changed a row of it."""
+        """The inbox's change counter: one more for every commit that changed a row of it.
+        In a write transaction, the count as it began (read with its lock, no round trip),
+        one more if it has changed anything so far: its own commit adds that one."""
+        if self.begun_changes is not None:
+            return self.begun_changes + (1 if self.changed else 0), 0
         changes: int = one(
             self.execute("SELECT changes FROM inboxes WHERE id = %s", (self.inbox,))
         )[0]

@@ -9,6 +9,7 @@ the listening connection is down. One Listener may serve many workers (the fleet
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..errors import BadInput
@@ -17,11 +18,28 @@ from ..pg.listen import Listener
 from .worker import Worker, WorkerStats
 
 
+# Seconds between two looks for due timers by the claims a finish makes (each look is a
+# round trip of its own): while runs follow one another, a timer fires at most this late.
+TIMERS_AHEAD_EVERY = 1.0
+
+
 class ListeningWorker(Worker):
     def __init__(self, *args: Any, listener: Listener | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.listener = listener
         self._own_listener = listener is None
+        self._timers_looked = 0.0  # (monotonic) when a claim last fired due timers
+
+    def _fires_timers(self) -> bool:
+        fires = super()._fires_timers()
+        if fires:
+            self._timers_looked = time.monotonic()
+        return fires
+
+    def _fires_timers_ahead(self) -> bool:
+        if time.monotonic() - self._timers_looked < TIMERS_AHEAD_EVERY:
+            return False
+        return self._fires_timers()
 
     async def run(self) -> WorkerStats:
         db = self.inbox._db

@@ -319,6 +319,12 @@ class Worker:
         """Whether this claim fires due timers (a subclass may do it less often)."""
         return self.timers_in_claim
 
+    def _fires_timers_ahead(self) -> bool:
+        """Whether a finish's claim of the next run fires due timers. One that does not,
+        and finds nothing to run, is not taken as the loop's claim: the loop claims again,
+        firing them, so a timer due is never left waiting on an idle worker."""
+        return self._fires_timers()
+
     def _watch_loop(self, watch: LoopWatch) -> None:
         """(Re)state this worker's limits to the loop's watch: a stall is worth a warning
         past a quarter of the lease TTL (the renewal is due every third), and past the TTL
@@ -739,6 +745,7 @@ class Worker:
         unknown = False  # a finish that also claimed lost its answer: the claim's fate unknown
         while True:
             ahead = not unknown and self._may_claim_ahead()
+            fired = ahead and self._fires_timers_ahead()
             at = self.clock.now()
             mark = None if self.marks_in_claim or not ahead else await self._change_mark()
             outcome: dict[str, Any] = (
@@ -760,7 +767,7 @@ class Worker:
                             ctx.gen,
                             ids,
                             run=ctx.run_id,
-                            fire_timers=self._fires_timers(),
+                            fire_timers=fired,
                             mark=self.marks_in_claim,
                             **outcome,
                         )
@@ -787,7 +794,7 @@ class Worker:
                 await self._sleep(min(self.poll_interval, 0.5))
                 continue
             break
-        if claimed is not None:
+        if claimed is not None and (claimed.events or fired):
             self._more_timers = claimed.more_timers
             token = claimed.token if self.marks_in_claim else mark
             self._ahead = (ctx.gen, at, token, claimed.events)

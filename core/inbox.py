@@ -364,16 +364,16 @@ class Inbox:
         holder: str,
         gen: int,
         *,
-        timers: bool = True,
+        fire_timers: bool = True,
         mark: bool = True,
         now: int | None = None,
     ) -> Claimed:
         """A worker's step before each run, in one transaction (engine/runs.py
-        `claim_next`): the change token as it begins (`mark`), due timers fired (`timers`;
+        `claim_next`): the change token as it begins (`mark`), due timers fired (`fire_timers`;
         one bounded slice of a storm, `more_timers` says more are due), the settings read
         again (this Inbox's `settings` follow them), and the run's events claimed as
         claim_batch claims them."""
-        for name, flag in (("timers", timers), ("mark", mark)):
+        for name, flag in (("fire_timers", fire_timers), ("mark", mark)):
             if not isinstance(flag, bool):
                 raise BadInput(f"{name} must be True or False, got {show(flag)}")
         claimed = await self._write(
@@ -381,7 +381,7 @@ class Inbox:
             checks.text("holder", holder),
             checks.positive("gen", gen),
             self._now(now),
-            timers,
+            fire_timers,
             mark,
         )
         self._settings = claimed.settings
@@ -437,10 +437,10 @@ class Inbox:
         fire_timers: bool = True,
         mark: bool = True,
     ) -> tuple[bool, Claimed | None]:
-        """finish, then, if it was accepted, claim_next (`fire_timers` is its `timers`), in
-        the same one transaction: a worker going from one run to the next commits once
-        (half the commits, half the fsyncs of a file). (False, None) when the finish was
-        refused: nothing was written, nothing claimed."""
+        """finish, then, if it was accepted, claim_next, in the same one transaction: a
+        worker going from one run to the next commits once (half the commits, half the
+        fsyncs of a file). (False, None) when the finish was refused: nothing was written,
+        nothing claimed."""
         for name, flag in (("fire_timers", fire_timers), ("mark", mark)):
             if not isinstance(flag, bool):
                 raise BadInput(f"{name} must be True or False, got {show(flag)}")

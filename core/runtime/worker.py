@@ -528,7 +528,7 @@ class Worker:
         assert gen is not None  # the loop claims right after _hold_lease took or renewed it
         try:
             claimed = await self.inbox.claim_next(
-                self.holder, gen, timers=self._fires_timers(), mark=self.marks_in_claim
+                self.holder, gen, fire_timers=self._fires_timers(), mark=self.marks_in_claim
             )
         except ConnectionLost as exc:
             self.stats.busy += 1

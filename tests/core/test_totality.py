@@ -193,6 +193,8 @@ VALID = {
     "target": [None, "event 1"],
     "send": [_send_ok, _send_fails, _send_async],
     "fresh": [False, True],
+    "fire_timers": [True, False],
+    "mark": [True, False],
     # the run's transcript and spend, raising a budget, what needs a person
     "lines": [[(0, T, "log", None, "x", None)], [(0, T, "info", "lib", "y", '{"a": 1}')], []],
     "upto": [None, 1, 5],

@@ -73,9 +73,11 @@ def _claim(tx: Tx, state: InboxState, holder: str, gen: int, now: int) -> list[E
     if settings.max_spend_per_day and spend.over_budget(tx, settings, now) is not None:
         return []  # budget: a unit's spend of the last 24 hours reached max_spend_per_day
     for _ in range(ROUNDS):
-        rows = tx.run("claimable_retried", now=now).fetchall()
-        if not rows:
-            rows = tx.run("claimable", now=now, limit=settings.max_batch).fetchall()
+        # The oldest retried event that may run (tagged 1) and the oldest fresh ones (0),
+        # read together: a retried one runs alone, else the fresh ones run together.
+        found = tx.run("claimable_next", now=now, limit=settings.max_batch).fetchall()
+        retried = [row[:-1] for row in found if row[-1] == 1]
+        rows = retried[:1] or sorted((row[:-1] for row in found if row[-1] != 1), key=_by_id)
         if not rows:
             return []
         runnable = _runnable(tx, rows, now)
@@ -102,6 +104,11 @@ def _claim(tx: Tx, state: InboxState, holder: str, gen: int, now: int) -> list[E
         )
         for e in runnable
     ]
+
+
+def _by_id(row: Sequence[Any]) -> int:
+    event_id: int = row[0]
+    return event_id
 
 
 def _runnable(tx: Tx, rows: Sequence[Any], now: int) -> list[Event]:

@@ -110,27 +110,26 @@ WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
 -- name: runs_since
 SELECT count(*) FROM runs WHERE inbox_id = %(inbox)s AND claimed_at > %(since)s;
 
--- The oldest retried event whose backoff is over. `id + 0`: no index gives this order, so
--- the planner takes the range of events_retry_due (those whose backoff is over) rather than
--- walking every retried event by id, which is what it would do while its statistics still
--- say that most of them may run.
--- name: claimable_retried
-SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
-       available_at, claimed_at, run_id
-FROM events
-WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
-  AND available_at <= %(now)s
-ORDER BY id + 0 LIMIT 1;
-
--- Only asked when no retried event may run: then every pending event that may run now has
--- never been attempted (events_fresh holds those, by id).
--- name: claimable
-SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
-       available_at, claimed_at, run_id
-FROM events
-WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts = 0
-  AND available_at <= %(now)s
-ORDER BY id LIMIT %(limit)s;
+-- What the next run may take, in one statement (one round trip): the oldest retried event
+-- whose backoff is over, tagged 1, and the oldest never-attempted events that may run now
+-- (events_fresh holds those, by id), tagged 0. A retried one, if any, runs alone
+-- (core/engine/runs.py). `id + 0`: no index gives this order, so the planner takes the range
+-- of events_retry_due (those whose backoff is over) rather than walking every retried event
+-- by id, which is what it would do while its statistics still say that most of them may run.
+-- name: claimable_next
+(SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id, 1
+ FROM events
+ WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
+   AND available_at <= %(now)s
+ ORDER BY id + 0 LIMIT 1)
+UNION ALL
+(SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id, 0
+ FROM events
+ WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts = 0
+   AND available_at <= %(now)s
+ ORDER BY id LIMIT %(limit)s);
 
 -- name: event_set_aside
 UPDATE events SET status = 'dead', error = %(error)s, updated = %(now)s

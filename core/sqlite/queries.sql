@@ -149,37 +149,39 @@ WHERE status = 'pending' AND typeof(attempts) = 'integer' AND attempts > 0
 -- name: runs_since
 SELECT count(*) FROM runs WHERE claimed_at > :since;
 
--- The oldest retried event whose backoff is over: a range of the index by availability,
--- so the events still waiting out theirs are never read.
--- name: claimable_retried
-SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
-       available_at, claimed_at, run_id
-FROM events INDEXED BY events_retry_due
-WHERE status = 'pending' AND attempts > 0 AND available_at <= :now
-ORDER BY id LIMIT 1;
+-- What the next run may take, in one statement: the oldest retried event whose backoff is
+-- over (a range of the index by availability, so the events still waiting out theirs are
+-- never read), tagged 1; and the oldest never-attempted events that may run now (their own
+-- index, in id order), tagged 0. A retried one, if any, runs alone (core/engine/runs.py).
+-- name: claimable_next
+SELECT * FROM (
+    SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id, 1
+    FROM events INDEXED BY events_retry_due
+    WHERE status = 'pending' AND attempts > 0 AND available_at <= :now
+    ORDER BY id LIMIT 1)
+UNION ALL
+SELECT * FROM (
+    SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id, 0
+    FROM events INDEXED BY events_fresh
+    WHERE status = 'pending' AND attempts = 0 AND available_at <= :now
+    ORDER BY id LIMIT :limit);
 
--- name: claimable_retried before 8
-SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
-       available_at, claimed_at, run_id
-FROM events INDEXED BY events_retried
-WHERE status = 'pending' AND attempts > 0 AND available_at <= :now
-ORDER BY id LIMIT 1;
-
--- Only asked when no retried event may run: then every pending event that may run now has
--- never been attempted, and the index of those is read in id order.
--- name: claimable
-SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
-       available_at, claimed_at, run_id
-FROM events INDEXED BY events_fresh
-WHERE status = 'pending' AND attempts = 0 AND available_at <= :now
-ORDER BY id LIMIT :limit;
-
--- name: claimable before 8
-SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
-       available_at, claimed_at, run_id
-FROM events INDEXED BY events_by_status
-WHERE status = 'pending' AND available_at <= :now
-ORDER BY id LIMIT :limit;
+-- name: claimable_next before 8
+SELECT * FROM (
+    SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id, 1
+    FROM events INDEXED BY events_retried
+    WHERE status = 'pending' AND attempts > 0 AND available_at <= :now
+    ORDER BY id LIMIT 1)
+UNION ALL
+SELECT * FROM (
+    SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id, 0
+    FROM events INDEXED BY events_by_status
+    WHERE status = 'pending' AND attempts = 0 AND available_at <= :now
+    ORDER BY id LIMIT :limit);
 
 -- name: event_set_aside
 UPDATE events SET status = 'dead', error = :error, updated = :now WHERE id = :id;

@@ -100,7 +100,7 @@ async def claim_rows_read(target: str, waiting: int) -> int:
     params = {"inbox": inbox_id, "now": T, "limit": 20, "max_attempts": 3}
     total = 0
     with psycopg.connect(target) as conn:
-        for name in ("bury_exhausted", "claimable_retried", "claimable"):
+        for name in ("bury_exhausted", "claimable_next"):
             plan = conn.execute(
                 "EXPLAIN (ANALYZE, FORMAT JSON) " + STATEMENTS[name], params
             ).fetchone()[0]
@@ -137,7 +137,7 @@ def test_the_claim_statements_use_the_indexes_made_for_them():
     for step in schema.MIGRATIONS:
         for statement in schema._split(step):
             db.execute(statement)
-    for name in ("claimable", "claimable_retried", "bury_exhausted"):
+    for name in ("claimable_next", "bury_exhausted"):
         plan = db.execute(
             "EXPLAIN QUERY PLAN " + STATEMENTS[name],
             {"now": T, "limit": 20, "max_attempts": 3},

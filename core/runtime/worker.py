@@ -274,6 +274,10 @@ class Worker:
                 self._check_file()
                 await self._heartbeat()
                 if not await self._hold_lease():
+                    if self.stopping:
+                        # Stopping, and the lease cannot be held now (a locked database):
+                        # the batch claimed ahead is left to the successor's recovery.
+                        self._ahead = None
                     continue
                 await self._prepare()
                 claimed_at, before_claim, batch = await self._claim()

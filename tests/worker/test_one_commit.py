@@ -107,3 +107,44 @@ async def test_timers_due_join_the_claim_that_fires_them(inbox, start, clock):
     await until(lambda: ran == ["chat", "timer"], what="the timer run right after")
     await running.stop()
     assert await inbox.timers() == []
+
+
+async def test_a_stop_with_the_lease_unheld_leaves_the_claimed_batch_to_recovery(inbox, start):
+    """Stopping, with a batch claimed by the last finish, while the lease cannot be renewed
+    (the database stays locked): the worker stops rather than wait on the lock, and the
+    batch stays claimed under its generation for a successor to recover."""
+    from onwatch.core import InboxBusy
+
+    await inbox.configure(max_batch=1)
+    await inbox.ingest_batch([("chat", "m1", {}), ("chat", "m2", {})])
+    ran: list[str] = []
+    running: list = []
+
+    async def agent(batch, ctx) -> None:
+        ran.extend(e.source_id for e in batch)
+
+    real = inbox.finish_and_claim
+
+    async def locked_after_commit(*args, **kwargs):
+        outcome = await real(*args, **kwargs)
+        worker = running[0].worker
+        worker._renew_due = lambda: True  # the renewal is due now ...
+        tries = 0
+
+        async def busy(*args, **kwargs):
+            nonlocal tries
+            tries += 1
+            # A stopping worker that kept on trying would never yield the loop: end it.
+            assert tries < 50, "the stopping worker keeps trying to renew its lease"
+            raise InboxBusy("inbox stayed locked by another process for more than 5 s")
+
+        inbox.renew = busy  # ... and the database stays locked
+        worker.request_stop()
+        return outcome
+
+    inbox.finish_and_claim = locked_after_commit
+    running.append(start(agent))
+    stats = await asyncio.wait_for(running[0].task, 10)
+    assert ran == ["m1"] and stats.done == 1
+    m2 = await inbox.get_event(2)
+    assert (m2.status, m2.attempts) == ("running", 1)  # the successor's claim recovers it

@@ -89,7 +89,9 @@ class RowWindow(Widget, can_focus=True):
 
     def show(self, items: Sequence[Any], now: int) -> None:
         """Show `items` (sorted, filtered); the cursor stays on its item if it is still
-        there, else at the same position."""
+        there, else at the same position. The cursor landing on another item (the first
+        one shown, or none left) is a move: the screen's keys that need a row follow it."""
+        before = self.cursor_key
         self.items = items
         self.index = {self.key_of(item): i for i, item in enumerate(items)}
         self.now = now
@@ -100,6 +102,8 @@ class RowWindow(Widget, can_focus=True):
             self.cursor_key = self.key_of(items[self.cursor]) if items else None
         self._scroll_to_cursor()
         self.repaint()
+        if self.cursor_key != before:
+            self.post_message(self.Moved(self, self.cursor_key))
 
     def tick(self, now: int) -> None:
         self.now = now

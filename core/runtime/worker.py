@@ -279,7 +279,6 @@ class Worker:
                         # the batch claimed ahead is left to the successor's recovery.
                         self._ahead = None
                     continue
-                await self._prepare()
                 claimed_at, before_claim, batch = await self._claim()
                 if batch:
                     await self._run(batch)
@@ -310,18 +309,14 @@ class Worker:
         return self.stats
 
     # What the claim's own transaction does before it claims (Inbox.claim_next): fire due
-    # timers (their events join the claim) and read the change token. A subclass that does
-    # either its own way says so (core/runtime/fleet_worker.py). The settings are read in
-    # it always: an operator's configure applies from the next run.
-    timers_in_claim = True
+    # timers (their events join the claim), read the settings (an operator's configure
+    # applies from the next run) and the change token. A subclass that reads its change
+    # mark its own way says so (core/runtime/fleet_worker.py).
     marks_in_claim = True
-
-    async def _prepare(self) -> None:
-        """Before each claim, what the claim's transaction does not do (here, nothing)."""
 
     def _fires_timers(self) -> bool:
         """Whether this claim fires due timers (a subclass may do it less often)."""
-        return self.timers_in_claim
+        return True
 
     def _fires_timers_ahead(self) -> bool:
         """Whether a finish's claim of the next run fires due timers. One that does not,

@@ -47,9 +47,16 @@ class GroupCommit:
         # connection can), which remembers here the settings it checks against.
         self._alone = functools.partial(intake.ingest_alone, seen={})
 
+    def known_duplicate(self, source: str, source_id: str) -> bool:
+        """True if this key was committed through this inbox before and one read confirms it
+        is still stored: the ingest is answered False (a duplicate) with no transaction and
+        no task. False means "not known", not "new": the caller then submits the event."""
+        return (source, source_id) in self._known and self._db.peek(
+            intake.key_stored, source, source_id
+        ) is True
+
     async def submit(self, item: Item) -> bool:
-        if (item[0], item[1]) in self._known and self._stored(item[0], item[1]):
-            return False
+        """Store one checked event (the caller has asked known_duplicate first)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[bool] = loop.create_future()
         queue = self._queue
@@ -61,9 +68,6 @@ class GroupCommit:
                 self._flush_soon = True
                 loop.call_soon(self._flush)
         return await future
-
-    def _stored(self, source: str, source_id: str) -> bool:
-        return self._db.peek(intake.key_stored, source, source_id) is True
 
     def _flush(self) -> None:
         self._flush_soon = False

@@ -271,6 +271,8 @@ class Inbox:
             checks.encode(payload, self._settings.max_payload_bytes),
             self._now(now),
         )
+        if self._intake.known_duplicate(item[0], item[1]):
+            return False  # answered here: no task, no hop to the connection's thread
         return await self._intake.submit(item)
 
     async def ingest_batch(

@@ -292,11 +292,12 @@ class _Folder:
         self.version = 0
         self.users = 0
         self.lock = threading.Lock()
+        self._size = array.array("i", [0])  # FIONREAD's answer (written under the lock)
 
     def look(self) -> int:
         """Read what is queued, if anything; return `version`. Under the lock: a look from
         another thread meanwhile waits until what was read is counted."""
-        size = array.array("i", [0])
+        size = self._size
         with self.lock:
             try:
                 fcntl.ioctl(self.fd, termios.FIONREAD, size, True)

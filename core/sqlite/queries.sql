@@ -286,7 +286,9 @@ SELECT due, id,
             OR typeof(last_fired) = 'integer' AND last_fired BETWEEN 0 AND 9007199254740992)
        AND (payload IS NULL
             OR typeof(payload) = 'text' AND json_valid(payload)
-               AND length(payload) - length(replace(replace(payload, '[', ''), '{', '')) <= 100)
+               AND CASE WHEN length(payload) <= 100 THEN 1  -- too short for 101 brackets
+                   ELSE length(payload) - length(replace(replace(payload, '[', ''), '{', ''))
+                        <= 100 END)
        AND CASE WHEN every IS NULL
            THEN key_source IS NULL
                 OR typeof(key_source) = 'text' AND typeof(key_id) = 'text'

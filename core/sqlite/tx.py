@@ -103,12 +103,21 @@ class SqliteTx:
             last, run = (due, timer_id), run + 1
         if last is None:
             return 0
+        # CHECK constraints are left out while these run (only the insert writes a column one
+        # names): each new event's values are true by construction (status and attempts by
+        # default, a source and source id the select proved non-empty), and SQLite builds
+        # the lookup table of `status IN (...)` again for every row it checks, a quarter of
+        # the insert's work. NOT NULL and the key still hold.
+        execute = self.conn.execute
+        execute("PRAGMA ignore_check_constraints = ON")
         try:
             with self.savepoint("fire_plain"):
                 for name in ("timers_fire_plain", "timers_advance_plain", "timers_delete_plain"):
                     self.run(name, now=now, due=last[0], id=last[1])
         except sqlite3.IntegrityError:
             return 0
+        finally:
+            execute("PRAGMA ignore_check_constraints = OFF")
         return run
 
     def change_token(self) -> tuple[int, int]:

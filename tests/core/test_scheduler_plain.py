@@ -15,6 +15,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -178,6 +179,7 @@ def test_plain_timers_take_the_set_statements(tmp_path):
         db.execute("BEGIN IMMEDIATE")
         assert tx.fire_plain_timers(NOW, 100) == 18
         assert db.execute("SELECT count(*) FROM timers WHERE due <= ?", (NOW,)).fetchone() == (0,)
+        _assert_checks_on(db)
         db.execute("COMMIT")
     finally:
         db.close()
@@ -192,6 +194,17 @@ def test_plain_timers_take_the_set_statements(tmp_path):
         "skipped": 0,
         "data": {"i": 1},
     }
+
+
+def _assert_checks_on(db: sqlite3.Connection) -> None:
+    """The set statements run with CHECK constraints off; they are back on after, whether
+    the run was written or refused: a row the checks refuse is refused again."""
+    assert db.execute("PRAGMA ignore_check_constraints").fetchone() == (0,)
+    with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+        db.execute(
+            "INSERT INTO events(source, source_id, status, available_at, created, updated) "
+            "VALUES ('s', 'k', 'limbo', 0, 0, 0)"
+        )
 
 
 def test_a_run_the_database_refuses_writes_nothing_and_the_planner_sets_its_row_aside(tmp_path):
@@ -212,6 +225,7 @@ def test_a_run_the_database_refuses_writes_nothing_and_the_planner_sets_its_row_
         tx = SqliteTx(db)
         db.execute("BEGIN IMMEDIATE")
         assert tx.fire_plain_timers(NOW, 100) == 0
+        _assert_checks_on(db)
         assert db.execute("SELECT count(*) FROM events").fetchone() == (0,)
         assert db.execute("SELECT count(*) FROM timers").fetchone() == (5,)
         db.execute("ROLLBACK")

@@ -4,6 +4,7 @@ anything is written, and refused with BadInput saying what was wrong."""
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable, Iterable, Sequence
 
 from .clock import MAX_COUNT, MAX_ID, check_duration, check_int, check_time, show
@@ -115,6 +116,44 @@ def json_text(value: object) -> str:
     if _ENCODE_ONCE is None or type(value) is str:
         return _JSON.encode(value)
     return "".join(_ENCODE_ONCE(value, 0))
+
+
+# The most characters the standard encoder writes for an int of at most 64 bits, a float
+# (repr: "-2.2250738585072014e-308"), and true, false or null.
+_INT_CHARS, _FLOAT_CHARS, _WORD_CHARS = 20, 24, 5
+_CHAR_MOST = 12  # the bytes one character of text can take: "\ud834\udd1e"
+
+
+def surely_encodable(payload: object, limit: int) -> bool:
+    """True when `encode(payload, limit)` certainly accepts the payload, decided without
+    encoding it: a flat object of text keys and plain values whose encoding cannot pass
+    `limit` bytes even if every character took twelve (a character beyond the BMP escaped
+    as a surrogate pair, when a lone surrogate makes the payload ASCII). False means only "not
+    decided here": encode then decides. For a duplicate, whose payload is never stored,
+    but which is refused like any other if it is bad."""
+    if type(payload) is not dict or len(payload) >= limit:
+        return False
+    size = 2
+    for key, value in payload.items():
+        if type(key) is not str:
+            return False
+        kind = type(value)
+        if kind is str:
+            size += _CHAR_MOST * len(value) + 2
+        elif kind is int:
+            if value.bit_length() > 63:
+                return False
+            size += _INT_CHARS
+        elif kind is bool or value is None:
+            size += _WORD_CHARS
+        elif kind is float:
+            if value != value or value in (math.inf, -math.inf):
+                return False
+            size += _FLOAT_CHARS
+        else:
+            return False
+        size += _CHAR_MOST * len(key) + 6  # the key's quotes, ": " and ", "
+    return size <= limit
 
 
 def encode(payload: object, limit: int, what: str = "payload") -> str:

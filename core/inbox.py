@@ -265,15 +265,18 @@ class Inbox:
         source/source_id or a payload that is not JSON or too large, BudgetExceeded when
         max_pending is reached.
         """
-        item = (
-            checks.source("source", source),
-            checks.text("source_id", source_id),
-            checks.encode(payload, self._settings.max_payload_bytes),
-            self._now(now),
+        source, source_id = checks.source("source", source), checks.text("source_id", source_id)
+        limit = self._settings.max_payload_bytes
+        if self._intake.known_duplicate(source, source_id):
+            # Answered here: no task, no hop to the connection's thread, and the payload,
+            # which is not stored, checked without encoding it where that is certain.
+            if not checks.surely_encodable(payload, limit):
+                checks.encode(payload, limit)
+            self._now(now)
+            return False
+        return await self._intake.submit(
+            (source, source_id, checks.encode(payload, limit), self._now(now))
         )
-        if self._intake.known_duplicate(item[0], item[1]):
-            return False  # answered here: no task, no hop to the connection's thread
-        return await self._intake.submit(item)
 
     async def ingest_batch(
         self, items: Iterable[tuple[str, str, Any]], *, now: int | None = None

@@ -127,6 +127,31 @@ async def test_a_known_duplicate_is_answered_without_a_write_transaction(box, pa
     assert event.payload == {"v": 1}
 
 
+@pytest.mark.parametrize(
+    "payload, now, message",
+    [
+        ({"when": object()}, T, "JSON-serialisable"),
+        ({"ratio": float("nan")}, T, "JSON-serialisable"),
+        ({"text": "x" * 200}, T, "the limit is 100"),
+        ({"items": ["x" * 30] * 5}, T, "the limit is 100"),
+        ({"v": 1}, 1.5, "now must be an integer"),
+    ],
+)
+async def test_a_known_duplicate_with_bad_input_is_refused_like_a_new_event(
+    box, payload, now, message
+):
+    """The duplicate is answered without a transaction, and its payload (never stored) is
+    checked without encoding where that is certain; bad input is still refused."""
+    await box.configure(max_payload_bytes=100)
+    assert await box.ingest("hook", "d1", {"v": 1}, now=T) is True
+    with pytest.raises(BadInput, match=message):
+        await box.ingest("hook", "d1", payload, now=now)
+    with pytest.raises(BadInput, match=message):
+        await box.ingest("hook", "new", payload, now=now)
+    assert await box.ingest("hook", "d1", {"v": 2}, now=T) is False
+    assert [e.payload for e in await box.events("pending")] == [{"v": 1}]
+
+
 async def test_the_duplicate_fast_path_checks_the_file_not_a_memory(box, path):
     """If the row went away (another process), the key is stored again, not refused."""
     assert await box.ingest("hook", "d1", None, now=T) is True

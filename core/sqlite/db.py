@@ -31,7 +31,7 @@ _OLDER_SCHEMA_TEXTS = ("no such column", "no such table", "no such index")
 
 # How often a job waiting for another connection's write lock looks again (at most): see
 # Database._patiently.
-LOCK_POLL = 0.002
+LOCK_POLL = 0.001
 
 
 def _locked(exc: sqlite3.Error) -> bool:
@@ -421,7 +421,7 @@ class Database:
         sleeps longer and longer between its looks (25, 50, then 100 ms), so a writer
         waiting behind a long job of another process (a storm of timers fired in
         transactions of TX_SECONDS with short pauses between them) would keep missing the
-        pauses. Looking every 2 ms, it gets in at the first one. `run` is a whole job that
+        pauses. Looking every LOCK_POLL (1 ms), it gets in at the first one. `run` is a whole job that
         changed nothing when it was refused (a write is refused at BEGIN IMMEDIATE, or as
         the autocommit statement it is), so it is simply run again."""
         deadline = None

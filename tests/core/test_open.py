@@ -42,7 +42,7 @@ async def test_every_connection_commits_with_full_durability_and_a_busy_timeout(
             )
         )
     # 2 = FULL. SQLite's own busy timeout is 0: the connection waits for another's write
-    # lock itself, looking every 2 ms up to busy_timeout (core/sqlite/db.py `_patiently`).
+    # lock itself, looking every millisecond up to busy_timeout (core/sqlite/db.py `_patiently`).
     assert pragmas == (2, 0, "wal")
     assert box._db.busy_timeout == 2.5
 

@@ -107,7 +107,9 @@ class SqliteTx:
         # names): each new event's values are true by construction (status and attempts by
         # default, a source and source id the select proved non-empty), and SQLite builds
         # the lookup table of `status IN (...)` again for every row it checks, a quarter of
-        # the insert's work. NOT NULL and the key still hold.
+        # the insert's work. NOT NULL and the key still hold. (SQLite compiles the checks
+        # into a statement; setting the pragma expires every prepared statement, so each is
+        # compiled again for the setting in force when it next runs.)
         execute = self.conn.execute
         execute("PRAGMA ignore_check_constraints = ON")
         try:

@@ -207,6 +207,25 @@ def _assert_checks_on(db: sqlite3.Connection) -> None:
         )
 
 
+def test_the_check_pragma_applies_to_statements_prepared_before_it():
+    """What fire_plain_timers relies on: setting ignore_check_constraints expires prepared
+    statements, so a statement cached under one setting obeys the other when it next runs."""
+    db = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        db.execute("CREATE TABLE t (status TEXT CHECK (status IN ('a', 'b')))")
+        insert = "INSERT INTO t VALUES (?)"
+        with pytest.raises(sqlite3.IntegrityError):
+            db.execute(insert, ("c",))
+        db.execute("PRAGMA ignore_check_constraints = ON")
+        db.execute(insert, ("c",))  # the same cached statement, the checks left out
+        db.execute("PRAGMA ignore_check_constraints = OFF")
+        with pytest.raises(sqlite3.IntegrityError):
+            db.execute(insert, ("d",))
+        assert db.execute("SELECT status FROM t").fetchall() == [("c",)]
+    finally:
+        db.close()
+
+
 def test_a_run_the_database_refuses_writes_nothing_and_the_planner_sets_its_row_aside(tmp_path):
     """The set statements are all or nothing: when the database refuses one row of the run
     (here a trigger written by hand refuses one event), nothing of it is written, and the

@@ -421,9 +421,9 @@ class Database:
         sleeps longer and longer between its looks (25, 50, then 100 ms), so a writer
         waiting behind a long job of another process (a storm of timers fired in
         transactions of TX_SECONDS with short pauses between them) would keep missing the
-        pauses. Looking every LOCK_POLL (1 ms), it gets in at the first one. `run` is a whole job that
-        changed nothing when it was refused (a write is refused at BEGIN IMMEDIATE, or as
-        the autocommit statement it is), so it is simply run again."""
+        pauses. Looking every LOCK_POLL (1 ms), it gets in at the first one. `run` is a
+        whole job that changed nothing when it was refused (a write is refused at BEGIN
+        IMMEDIATE, or as the autocommit statement it is), so it is simply run again."""
         deadline = None
         pause = LOCK_POLL / 4
         while True:

@@ -201,6 +201,7 @@ class Worker:
         self._held_logged: int | None = None  # the paced send a "reply held" line named
         self._beat_due = 0.0  # (monotonic) when this process next records its heartbeat
         self._stop = asyncio.Event()
+        self._stop_waiter: asyncio.Future[bool] | None = None  # _stop_wait's, while run() runs
         self._force = asyncio.Event()
         self._watch: LoopWatch | None = None  # the loop's, while run() runs
         # Writes the runs' transcripts and spends, off the loop (core/runtime/transcript.py).
@@ -239,6 +240,14 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    def _stop_wait(self) -> asyncio.Future[bool]:
+        """A future done once a stop is requested: one for every run until then (a task
+        made and cancelled per run costs more loop turns than a no-op run's own work).
+        run() cancels it when it returns."""
+        if self._stop_waiter is None:
+            self._stop_waiter = asyncio.ensure_future(self._stop.wait())
+        return self._stop_waiter
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -297,6 +306,9 @@ class Worker:
             if not self._forced_out:
                 raise
         finally:
+            if self._stop_waiter is not None:
+                self._stop_waiter.cancel()
+                self._stop_waiter = None
             watch.leave(self)
             await self.transcripts.close(TRANSCRIPT_FLUSH)
             await self._release()
@@ -566,7 +578,7 @@ class Worker:
             self._watch.label(task, f"run {ctx.run_id} (events {ids}, gen {gen})")
         abandon_why: str | None = None
         stop_seen: float | None = None
-        stop_wait = asyncio.ensure_future(self._stop.wait())
+        stop_wait = self._stop_wait()
         try:
             while not task.done():
                 await asyncio.wait(
@@ -594,7 +606,6 @@ class Worker:
                 if abandon_why is not None:
                     break
         finally:
-            stop_wait.cancel()
             if not task.done() and abandon_why is None:
                 # The worker itself was cancelled: its run must not go on.
                 ctx.close("the worker was cancelled")
@@ -1008,11 +1019,9 @@ class Worker:
         if self.stopping:
             return False
         waiting = asyncio.ensure_future(self.inbox.wake.wait(seen, seconds))
-        stop_wait = asyncio.ensure_future(self._stop.wait())
         try:
-            await asyncio.wait({waiting, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiting, self._stop_wait()}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stop_wait.cancel()
             if not waiting.done():
                 waiting.cancel()
         return not waiting.cancelled() and waiting.done() and waiting.result()

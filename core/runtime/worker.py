@@ -201,7 +201,7 @@ class Worker:
         self._held_logged: int | None = None  # the paced send a "reply held" line named
         self._beat_due = 0.0  # (monotonic) when this process next records its heartbeat
         self._stop = asyncio.Event()
-        self._stop_waiter: asyncio.Future[bool] | None = None  # _stop_wait's, while run() runs
+        self._stop_waiter: asyncio.Task[Any] | None = None  # _stop_wait's, while run() runs
         self._force = asyncio.Event()
         self._watch: LoopWatch | None = None  # the loop's, while run() runs
         # Writes the runs' transcripts and spends, off the loop (core/runtime/transcript.py).
@@ -241,13 +241,14 @@ class Worker:
     def stopping(self) -> bool:
         return self._stop.is_set()
 
-    def _stop_wait(self) -> asyncio.Future[bool]:
+    def _stop_wait(self) -> asyncio.Task[Any]:
         """A future done once a stop is requested: one for every run until then (a task
         made and cancelled per run costs more loop turns than a no-op run's own work).
         run() cancels it when it returns."""
-        if self._stop_waiter is None:
-            self._stop_waiter = asyncio.ensure_future(self._stop.wait())
-        return self._stop_waiter
+        waiter = self._stop_waiter
+        if waiter is None:
+            waiter = self._stop_waiter = asyncio.ensure_future(self._stop.wait())
+        return waiter
 
     # --- the loop -------------------------------------------------------------------------
 

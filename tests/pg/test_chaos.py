@@ -155,6 +155,13 @@ def test_four_fleets_over_two_hundred_inboxes_under_chaos(pg, tmp_path):
         wait_for(lambda: runs_so_far() >= 150, 30, what="the fleet under way")
         fleets[0].send_signal(signal.SIGKILL)  # mid-run: its claims are left running
         fleets[4] = start_fleet(url, tmp_path, "fleet-4", concurrency=25, agent="chaos_agent")
+        # The others may make the first runs alone while this one is still starting (a
+        # loaded machine): it is frozen only once it runs, so that it holds leases to lose.
+        wait_for(
+            lambda: ": events [" in (tmp_path / "fleet-1.err").read_text(),
+            30,
+            what="fleet-1 running",
+        )
         stopped = fleets[1]
         stopped.send_signal(signal.SIGSTOP)  # frozen mid-run, holding up to 25 leases
         frozen_at = time.monotonic()

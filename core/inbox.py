@@ -1304,9 +1304,11 @@ class Inbox:
         is the limit the operator saw (None: as it is now); refused, and audited with why,
         if it changed meanwhile, is not set, or `to` would not raise it. Returns the Outcome
         (raise_budget in the audit log)."""
+        if unit is not None:  # both checked before they are joined (a 10**5000 has no text)
+            budget = f"{checks.text('budget', budget)} {checks.text('unit', unit)}"
         return await self.act(
             "raise_budget",
-            budget if unit is None else f"{budget} {unit}",
+            budget,
             expect=expect,
             value=to,
             now=now,

@@ -32,6 +32,11 @@ CASES = [
     ("oversized", lambda b: b.ingest("chat", "x", "a" * (1 << 20)), "limit is 1048576"),
     ("float now", lambda b: b.ingest("chat", "x", None, now=T + 0.5), "integer number"),
     ("bool now", lambda b: b.acquire("W", now=True), "integer number"),
+    (
+        "a unit with no text",  # found by test_totality: str() of 10**5000 raises ValueError
+        lambda b: b.raise_budget("max_spend_per_day", 2, unit=10**5000),
+        "unit must be a string",
+    ),
     ("float due", lambda b: b.add_timer("t", T + 0.5, None), "integer number"),
     ("zero every", lambda b: b.add_timer("t", T, None, every=0), "every must be a positive"),
     (

@@ -7,10 +7,11 @@ import os
 
 import pytest
 from rich.console import Console
+from rich.text import Text
 
 from onwatch.core import Inbox, Reply
 from onwatch.tui.app import OnwatchApp
-from onwatch.tui.screens.confirm import ConfirmScreen
+from onwatch.tui.screens.confirm import ConfirmScreen, Subject
 from onwatch.tui.screens.detail import DetailScreen
 from onwatch.tui.screens.help import HelpScreen
 
@@ -528,6 +529,21 @@ async def test_countdowns_tick_from_the_one_clock(seeded):
         app.tick()
         await pilot.pause()
         assert "lease worker-b gen 2 · expired 1m21s ago" in screen_text(app)
+
+
+async def test_a_clock_tick_before_the_dialog_is_composed_is_kept_not_fatal(seeded):
+    # The app's clock may fire between `push_screen` and the dialog's compose (a loaded
+    # machine): the tick finds no countdown yet, and the dialog shows that tick's `now`.
+    inbox, clock, _ = seeded
+    app = OnwatchApp(inbox)
+    async with app.run_test(size=SIZE) as pilot:
+        await started(app, pilot)
+        subject = Subject(Text("refund-ord-991"), due=clock.now() + 120)
+        app.push_screen(ConfirmScreen("Approve?", [subject], clock.now()))
+        clock.advance(61)
+        app.tick()
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="confirm")
+        await wait_for_text(pilot, "time left 59s")
 
 
 async def test_the_outbox_countdowns_and_send_times_tick(seeded):

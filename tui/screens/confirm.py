@@ -81,12 +81,12 @@ class ConfirmScreen(ModalScreen[bool]):
 
     def tick(self, now: int) -> None:
         """Count the deadlines down while the operator thinks (the app's clock drives it)."""
-        self.now = now
+        self.now = now  # kept for `on_mount`: the clock may tick between push and compose
         for index, subject in enumerate(self.subjects[: self.SHOWN]):
             if subject.due is not None:
-                label = self.query_one(f"#left-{index}", Label)
-                label.update(time_left(subject.due, now, self.times))
-                label.set_class(subject.due <= now, "-late")
+                for label in self.query(f"#left-{index}").results(Label):
+                    label.update(time_left(subject.due, now, self.times))
+                    label.set_class(subject.due <= now, "-late")
 
     def action_confirm(self) -> None:
         self.dismiss(True)

@@ -16,15 +16,16 @@ from .timing import firing, plain_occurrence, plain_recurring
 from .tx import NewEvent, TimerAdvance, Tx
 
 # Due timers read and fired together (one statement each way). A transaction fires
-# chunks of them until it has held the write lock for TX_SECONDS, then commits, and the
-# pass pauses PAUSE_SECONDS before the next one: a storm of timers due at once (150,000
-# daily ones at 09:00) is fired in transactions of a few tens of milliseconds, each atomic,
-# and an ingest from another process, which looks for the lock every millisecond while it
-# waits (core/sqlite/db.py `_patiently`), gets in at the next pause instead of waiting
-# behind the whole storm. (The pauses are what the pass pays for that: the shorter, the
-# faster the pass, as long as a waiting writer's look lands in one.)
+# chunks of them while the next chunk, taking as long as the last one, would end within
+# TX_SECONDS of its start, then commits, and the pass pauses PAUSE_SECONDS before the
+# next one: a storm of timers due at once (150,000 daily ones at 09:00) is fired in
+# transactions of a few tens of milliseconds, each atomic, and an ingest from another
+# process, which looks for the lock every millisecond while it waits (core/sqlite/db.py
+# `_patiently`), gets in at the next pause instead of waiting behind the whole storm.
+# (The pauses are what the pass pays for that: the shorter, the faster the pass, as long
+# as a waiting writer's look lands in one.)
 CHUNK = 500
-TX_SECONDS = 0.025
+TX_SECONDS = 0.035  # the bound, not overshot by a chunk
 PAUSE_SECONDS = 0.0015
 
 
@@ -40,7 +41,8 @@ def run_scheduler(
 ) -> tuple[int, bool]:
     """Turn due timers into inbox events and move them on, all in this one transaction (a
     second pass at the same instant finds them not due), in due order: chunks of `limit`
-    until none is left or the transaction has run for `seconds` (None: one chunk). Returns
+    until none is left or the next one would end more than `seconds` after the transaction
+    began, judged by the last one's time (None: one chunk; the first one always fires). Returns
     how many were due and handled, and whether more are due (the caller runs another
     transaction).
 
@@ -55,7 +57,8 @@ def run_scheduler(
     """
     now = tx.now(now)
     catch_up_limit = load_settings(tx).catch_up_limit
-    started, fired = time.monotonic(), 0
+    started = chunk_started = time.monotonic()
+    fired = 0
     while True:
         # The leading plain ones in set statements where the dialect can; the rest of the
         # chunk (from the first row that is not plain) planned here.
@@ -74,8 +77,13 @@ def run_scheduler(
         fired += plain + len(due)
         # Each chunk moved every timer it read past `now` (or set it aside), so the next
         # read finds the next ones.
-        if not more or seconds is None or time.monotonic() - started >= seconds:
+        if not more or seconds is None:
             return fired, more
+        # Another chunk only if it should end within the bound, judged by the one just fired.
+        ended = time.monotonic()
+        if ended + (ended - chunk_started) - started > seconds:
+            return fired, more
+        chunk_started = ended
 
 
 class _Batch:

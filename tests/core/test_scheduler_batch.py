@@ -7,10 +7,15 @@ of runs longer than one insert statement carries, so that the batch path meets t
 
 from __future__ import annotations
 
+import itertools
 import json
 import sqlite3
 
-from onwatch.core.sqlite.tx import INSERT_ROWS
+import pytest
+
+from onwatch.core.engine import scheduler
+from onwatch.core.sqlite.db import write_transaction
+from onwatch.core.sqlite.tx import INSERT_ROWS, SqliteTx
 
 from .conftest import T
 
@@ -113,3 +118,26 @@ async def test_recurring_and_approval_timers_between_batches_keep_their_place(in
         ("timer", f"b@{T - 5}"),
     ]
     assert [t.id for t in await inbox.timers()] == ["every"]
+
+
+@pytest.mark.parametrize("chunk_ms, chunks", [(10, 3), (5, 7), (40, 1)])
+async def test_a_transaction_stops_before_a_chunk_would_take_it_past_its_bound(
+    inbox, path, monkeypatch, chunk_ms, chunks
+):
+    # A chunk of the pass takes `chunk_ms` on the monotonic clock (one tick per look). Another
+    # chunk is fired only if, taking as long as the last one, it would end within the 35 ms
+    # bound: so no transaction holds the lock past it by a chunk (measured from the start
+    # alone, 10 ms chunks would make a transaction of 40 ms). The first chunk always fires.
+    for i in range(60):
+        await inbox.add_timer(f"t-{i:02d}", T - 100 + i, None)
+    ticks = itertools.count()
+    db = sqlite3.connect(path, isolation_level=None)
+    try:
+        with monkeypatch.context() as patch:  # only while the synchronous pass runs
+            patch.setattr(scheduler.time, "monotonic", lambda: next(ticks) * chunk_ms / 1000)
+            fired, more = write_transaction(SqliteTx(db), scheduler.run_scheduler, (T, 5, 0.035))
+    finally:
+        db.close()
+    assert (fired, more) == (5 * chunks, True)
+    assert len(await inbox.events("pending", limit=100)) == 5 * chunks
+    assert await inbox.run_scheduler(now=T) == 60 - 5 * chunks  # the rest, in later ones

@@ -242,7 +242,7 @@ class Worker:
         return self._stop.is_set()
 
     def _stop_wait(self) -> asyncio.Task[Any]:
-        """A future done once a stop is requested: one for every run until then (a task
+        """A task done once a stop is requested: one for every run and nap until then (a task
         made and cancelled per run costs more loop turns than a no-op run's own work).
         run() cancels it when it returns."""
         waiter = self._stop_waiter

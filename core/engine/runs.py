@@ -31,15 +31,25 @@ class Claimed:
     more_timers: bool  # a storm: more timers are due than this step's slice of the pass fired
 
 
-def claim_next(tx: Tx, holder: str, gen: int, now: int | None, timers: bool, mark: bool) -> Claimed:
+def claim_next(
+    tx: Tx,
+    holder: str,
+    gen: int,
+    now: int | None,
+    timers: bool,
+    mark: bool,
+    state: InboxState | None = None,
+) -> Claimed:
     """A worker's whole step before a run, in one transaction: the change token as it
     begins when `mark` (a commit after a claim that found nothing is news to wait for),
     one slice of the scheduler's pass when `timers` (the occurrences it fires join this
     very claim), the settings, and the claim itself (claim_batch). One transaction instead
-    of four calls: what a worker waiting on nothing but its inbox pays per run."""
+    of four calls: what a worker waiting on nothing but its inbox pays per run. `state` is
+    the transaction's own read of it, when it made one already (finish_and_claim)."""
     token = tx.change_token() if mark else None
     now = tx.now(now)
-    state = tx.state()  # the lease, the switches and the settings: no timer changes them
+    if state is None:
+        state = tx.state()  # the lease, the switches and the settings: no timer changes them
     more = False
     if timers and scheduler.nothing_due(tx, now) is None:
         _, more = scheduler.run_scheduler(tx, now)
@@ -190,11 +200,13 @@ def finish_and_claim(
 ) -> tuple[bool, Claimed | None]:
     """finish, then claim_next for the same holder and generation, in this one transaction:
     (False, None) when the finish was refused (the claim is not tried: the generation no
-    longer holds)."""
-    if not finish(tx, *outcome):
+    longer holds). The claim decides on the finish's read of the lease, the settings and
+    the pause switch: a finish changes none of them."""
+    accepted, state = _finish(tx, *outcome)
+    if not accepted:
         return False, None
     holder, gen, now = outcome[0], outcome[1], outcome[8]
-    return True, claim_next(tx, holder, gen, now, timers, mark)
+    return True, claim_next(tx, holder, gen, now, timers, mark, state)
 
 
 def finish(
@@ -215,6 +227,27 @@ def finish(
     when `run` is given), all or nothing: success marks the events done and queues the
     run's messages, approval requests and follow-up timers in this one transaction; failure
     puts the events back to pending after a backoff, or to dead once out of attempts."""
+    accepted, _ = _finish(
+        tx, holder, gen, ids, replies, error, result, approvals, followups, now, run, traceback
+    )
+    return accepted
+
+
+def _finish(
+    tx: Tx,
+    holder: str,
+    gen: int,
+    ids: Sequence[int],
+    replies: Sequence[Reply],
+    error: str | None,
+    result: str | None,
+    approvals: Sequence[ApprovalRequest],
+    followups: Sequence[FollowUp],
+    now: int | None,
+    run: int | None = None,
+    traceback: str | None = None,
+) -> tuple[bool, InboxState | None]:
+    """finish's work; also the state it read (None where it read none)."""
     now = tx.now(now)
     # The run's generation and outcome (None: still open), read once for both questions.
     known = None if run is None else tx.run("run_outcome", id=run).fetchone()
@@ -222,11 +255,11 @@ def finish(
         # The same finish again, after an answer lost on the way back (a connection cut
         # after its COMMIT): the run is closed already, by this generation, as asked. That
         # is the truth to report, not a stale write to audit against the worker.
-        return True
+        return True, None
     state = tx.state()
     if not state.holds(holder, gen, now):
         refuse(tx, "finish", holder, gen, now)
-        return False
+        return False, None
     if run is not None and (known is None or known[0] != gen or known[1] is not None):
         refuse(
             tx,
@@ -236,7 +269,7 @@ def finish(
             now,
             f"run {run} is not an open run of this generation (recovered or finished)",
         )
-        return False
+        return False, None
     settings = state.settings
     if (
         settings.max_followups_per_run is not None
@@ -260,7 +293,7 @@ def finish(
             now,
             "none of these events is still claimed by this generation",
         )
-        return False
+        return False, None
     run_ids = sorted({r[2] for r in rows if r[2] is not None})
     if error is None:
         run_id = run_ids[0] if run_ids else None
@@ -303,4 +336,4 @@ def finish(
             error=error,
             traceback=traceback,
         )
-    return True
+    return True, state

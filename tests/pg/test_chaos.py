@@ -32,6 +32,13 @@ async def fill(url: str) -> None:
         await box.close()
 
 
+def ran(folder, /) -> set[int]:
+    """The processes the agents' ledger has a run of."""
+    ledger = folder / "ledger"
+    lines = ledger.read_text().splitlines() if ledger.exists() else []
+    return {json.loads(line)["pid"] for line in lines if line.endswith("}")}
+
+
 def test_sigkill_and_a_server_restart_lose_nothing_and_fence_the_rest(pg, tmp_path):
     if pg.owned is None:
         pytest.skip("needs a server the tests started (it is restarted)")
@@ -43,10 +50,18 @@ def test_sigkill_and_a_server_restart_lose_nothing_and_fence_the_rest(pg, tmp_pa
         wait_for(lambda: done(url) >= total // 4, 60, what="a quarter done")
         fleets[0].send_signal(signal.SIGKILL)  # mid-run: its claims are left running
         wait_for(lambda: done(url) >= total // 2, 60, what="half done")
+        # The survivor is held still from here until the killed one's successor has run
+        # something: on a loaded machine it could otherwise finish the rest while the
+        # successor is still starting, and the successor's part would go unchecked. (Held
+        # before the restart, so that its runs are cut once, by the hold or the restart.)
+        fleets[1].send_signal(signal.SIGSTOP)
         pg.pg_ctl("-w", "-m", "immediate", "restart")  # every connection cut at once
-        fleets.append(start_fleet(url, tmp_path, "fleet-2"))  # the killed one's successor
+        fleets.append(start_fleet(url, tmp_path, "fleet-2"))
+        wait_for(lambda: fleets[2].pid in ran(tmp_path), 60, what="the successor's first run")
+        fleets[1].send_signal(signal.SIGCONT)
         wait_for(lambda: done(url) == total, 120, what="every event done after the chaos")
     finally:
+        fleets[1].send_signal(signal.SIGCONT)
         for fleet in fleets[1:]:
             fleet.send_signal(signal.SIGTERM)
         codes = [fleet.wait(timeout=60) for fleet in fleets[1:]]

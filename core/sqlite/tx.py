@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -17,6 +18,31 @@ _dumps = json.JSONEncoder(separators=(",", ":")).encode
 # Rows per multi-row insert: well inside SQLite's limit on bound parameters. (One statement
 # for many rows: each statement that fires a trigger keeps its own statement journal.)
 INSERT_ROWS = 150
+
+# A list parameter read only as `x IN (SELECT value FROM json_each(:p))`, given one element,
+# is bound to it as `x = :p` (the same rows): SQLite builds a temporary table for such an
+# IN on every run of the statement, and a drained job's finish and claim ran three of them.
+_IN_LIST = re.compile(r"IN \(SELECT value FROM json_each\(:(\w+)\)\)")
+_ONE_FORMS: dict[str, tuple[str, str] | None] = {}  # by statement text
+
+
+def _one_form(statement: str) -> tuple[str, str] | None:
+    """(parameter, the statement for a one-element list), where the statement has one."""
+    try:
+        return _ONE_FORMS[statement]
+    except KeyError:
+        pass
+    found = _IN_LIST.findall(statement)
+    form = None
+    if len(found) == 1 and len(re.findall(rf":{found[0]}\b", statement)) == 1:
+        form = (found[0], _IN_LIST.sub(r"= :\1", statement))
+    _ONE_FORMS[statement] = form
+    return form
+
+
+def _bound_alone(value: Any) -> bool:
+    """Whether a list's one element compares alike bound directly and read from JSON."""
+    return type(value) is str or (type(value) is int and -(2**63) <= value < 2**63)
 
 
 class SqliteTx:
@@ -36,10 +62,17 @@ class SqliteTx:
         self.statements = statements
 
     def run(self, name: str, /, **params: Any) -> sqlite3.Cursor:
+        statement = self.statements[name]
+        form = _one_form(statement)
+        if form is not None:
+            key, alone = form
+            value = params.get(key)
+            if type(value) is list and len(value) == 1 and _bound_alone(value[0]):
+                statement, params[key] = alone, value[0]
         for key, value in params.items():
             if type(value) is list:  # read with json_each
                 params[key] = _dumps(value)
-        return self.conn.execute(self.statements[name], params)
+        return self.conn.execute(statement, params)
 
     def one(self, name: str, /, **params: Any) -> Row:
         row: Row = self.run(name, **params).fetchone()

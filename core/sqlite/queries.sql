@@ -186,9 +186,9 @@ SELECT * FROM (
 -- name: event_set_aside
 UPDATE events SET status = 'dead', error = :error, updated = :now WHERE id = :id;
 
+-- Its id is the connection's last inserted rowid (RETURNING would build a temporary table).
 -- name: run_insert
-INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (:holder, :gen, :ids, :now)
-RETURNING id;
+INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (:holder, :gen, :ids, :now);
 
 -- name: run_events_link
 INSERT INTO run_events(event_id, run_id) SELECT value, :run FROM json_each(:ids);

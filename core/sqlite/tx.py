@@ -116,7 +116,8 @@ class SqliteTx:
 
     def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
         listed = list(ids)
-        run: int = self.one("run_insert", holder=holder, gen=gen, ids=_dumps(listed), now=now)[0]
+        run = self.run("run_insert", holder=holder, gen=gen, ids=_dumps(listed), now=now).lastrowid
+        assert run is not None  # an INSERT that returned has a rowid
         self.run("run_events_link", ids=listed, run=run)
         self.run("events_claim", ids=listed, gen=gen, now=now, run=run)
         return run

@@ -202,8 +202,8 @@ def finish_and_claim(
     (False, None) when the finish was refused (the claim is not tried: the generation no
     longer holds). The claim decides on the finish's read of the lease, the settings and
     the pause switch: a finish changes none of them."""
-    accepted, state = _finish(tx, *outcome)
-    if not accepted:
+    state = tx.state()
+    if not finish(tx, *outcome, state=state):
         return False, None
     holder, gen, now = outcome[0], outcome[1], outcome[8]
     return True, claim_next(tx, holder, gen, now, timers, mark, state)
@@ -222,32 +222,13 @@ def finish(
     now: int | None,
     run: int | None = None,
     traceback: str | None = None,
+    state: InboxState | None = None,
 ) -> bool:
     """Commit a run's outcome and everything it produced, fenced (by generation, and by run
     when `run` is given), all or nothing: success marks the events done and queues the
     run's messages, approval requests and follow-up timers in this one transaction; failure
-    puts the events back to pending after a backoff, or to dead once out of attempts."""
-    accepted, _ = _finish(
-        tx, holder, gen, ids, replies, error, result, approvals, followups, now, run, traceback
-    )
-    return accepted
-
-
-def _finish(
-    tx: Tx,
-    holder: str,
-    gen: int,
-    ids: Sequence[int],
-    replies: Sequence[Reply],
-    error: str | None,
-    result: str | None,
-    approvals: Sequence[ApprovalRequest],
-    followups: Sequence[FollowUp],
-    now: int | None,
-    run: int | None = None,
-    traceback: str | None = None,
-) -> tuple[bool, InboxState | None]:
-    """finish's work; also the state it read (None where it read none)."""
+    puts the events back to pending after a backoff, or to dead once out of attempts.
+    `state` is the transaction's own read of the lease and settings, when it made one."""
     now = tx.now(now)
     # The run's generation and outcome (None: still open), read once for both questions.
     known = None if run is None else tx.run("run_outcome", id=run).fetchone()
@@ -255,11 +236,12 @@ def _finish(
         # The same finish again, after an answer lost on the way back (a connection cut
         # after its COMMIT): the run is closed already, by this generation, as asked. That
         # is the truth to report, not a stale write to audit against the worker.
-        return True, None
-    state = tx.state()
+        return True
+    if state is None:
+        state = tx.state()
     if not state.holds(holder, gen, now):
         refuse(tx, "finish", holder, gen, now)
-        return False, None
+        return False
     if run is not None and (known is None or known[0] != gen or known[1] is not None):
         refuse(
             tx,
@@ -269,7 +251,7 @@ def _finish(
             now,
             f"run {run} is not an open run of this generation (recovered or finished)",
         )
-        return False, None
+        return False
     settings = state.settings
     if (
         settings.max_followups_per_run is not None
@@ -293,7 +275,7 @@ def _finish(
             now,
             "none of these events is still claimed by this generation",
         )
-        return False, None
+        return False
     run_ids = sorted({r[2] for r in rows if r[2] is not None})
     if error is None:
         run_id = run_ids[0] if run_ids else None
@@ -336,4 +318,4 @@ def _finish(
             error=error,
             traceback=traceback,
         )
-    return True, state
+    return True

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 import sqlite3
+from typing import Callable
 
 import pytest
 
@@ -34,7 +36,7 @@ VALUES = [
     "",
     "x' OR 1 --",
 ]
-# The other parameters, as the engine binds them (the seeded lease is generation 2).
+# The other parameters, as the engine binds them (`gen`: the open run's, found below).
 OTHERS = {"run": None, "now": T0, "outcome": "done", "error": "e", "limit": 100}
 # Run inside each probe first: a run closes only once none of its events is running.
 PREPARE = {"runs_close": "UPDATE events SET status = 'done' WHERE status = 'running'"}
@@ -58,12 +60,14 @@ def snapshot(db: sqlite3.Connection) -> dict[str, list]:
     return {t: db.execute(f'SELECT * FROM "{t}" ORDER BY 1').fetchall() for t in tables}
 
 
-def outcome(db: sqlite3.Connection, name: str, statement: str, params: dict) -> tuple:
+def outcome(db: sqlite3.Connection, name: str, execute: Callable[[], sqlite3.Cursor]) -> tuple:
+    """What `execute()` returns and changes (the rows back, the rows changed, every table),
+    undone after: each probe starts from the same inbox."""
     db.execute("SAVEPOINT probe")
     db.execute(PREPARE.get(name, "SELECT 1"))
     before = db.total_changes
     try:
-        rows = sorted(db.execute(statement, params).fetchall(), key=repr)
+        rows = sorted(execute().fetchall(), key=repr)
         return rows, db.total_changes - before, snapshot(db)
     finally:
         db.execute("ROLLBACK TO probe")
@@ -95,25 +99,15 @@ async def test_a_one_element_list_does_what_the_list_does(tmp_path, monkeypatch,
         others = {p: OTHERS.get(p) for p in re.findall(r":(\w+)", listed) if p != key}
         if "gen" in others:  # the open run's
             others["gen"] = gen
+        tx = SqliteTx(db)
         changed = 0
         for value in VALUES:
-            as_list = outcome(db, name, listed, {**others, key: json.dumps([value])})
-            assert outcome_via_tx(db, name, others, key, value) == as_list, (name, value)
+            listed_params = {**others, key: json.dumps([value])}
+            as_list = outcome(db, name, partial(db.execute, listed, listed_params))
+            # As the engine runs it: through SqliteTx.run, given a one-element list.
+            through_tx = outcome(db, name, partial(tx.run, name, **others, **{key: [value]}))
+            assert through_tx == as_list, (name, value)
             changed += as_list[1] + len(as_list[0])
         assert changed, f"{name}: no value found a row, so nothing was compared"
     finally:
         db.close()
-
-
-def outcome_via_tx(db: sqlite3.Connection, name: str, others: dict, key: str, value) -> tuple:
-    """The statement as the engine runs it: through SqliteTx.run with a one-element list."""
-    tx = SqliteTx(db)
-    db.execute("SAVEPOINT probe")
-    db.execute(PREPARE.get(name, "SELECT 1"))
-    before = db.total_changes
-    try:
-        rows = sorted(tx.run(name, **others, **{key: [value]}).fetchall(), key=repr)
-        return rows, db.total_changes - before, snapshot(db)
-    finally:
-        db.execute("ROLLBACK TO probe")
-        db.execute("RELEASE probe")

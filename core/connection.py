@@ -60,7 +60,11 @@ class Connection(Protocol):
     async def read(self, fn: Callable[..., T], *args: Any) -> T: ...
     async def write(self, fn: Callable[..., T], *args: Any) -> T: ...
     async def write_unless(
-        self, precheck: Callable[..., T | None], fn: Callable[..., T], *args: Any
+        self,
+        precheck: Callable[..., T | None],
+        fn: Callable[..., T],
+        *args: Any,
+        bounded: bool = False,  # what each savepoint of `fn` changes is bounded by its caller
     ) -> T: ...
     def write_soon(
         self,

@@ -642,7 +642,7 @@ class Inbox:
         when, fired = self._now(now), 0
         while True:
             count, more = await self._db.write_unless(
-                scheduler.nothing_due, scheduler.run_scheduler, when
+                scheduler.nothing_due, scheduler.run_scheduler, when, bounded=True
             )
             fired += count
             if not more:

@@ -510,10 +510,15 @@ class Database:
         return result
 
     async def write_unless(
-        self, precheck: Callable[..., T | None], fn: Callable[..., T], *args: Any
+        self,
+        precheck: Callable[..., T | None],
+        fn: Callable[..., T],
+        *args: Any,
+        bounded: bool = False,
     ) -> T:
         """`precheck(tx, *args)` outside a transaction; its answer when it has one (nothing
-        to write), else `fn` in one transaction holding the inbox's lock."""
+        to write), else `fn` in one transaction holding the inbox's lock. (`bounded` is
+        SQLite's: where its statement journals are kept. PostgreSQL keeps none.)"""
         self._writable()
         result = await self._await(write_unless(precheck), fn, args)
         self.wake.notify()

@@ -53,10 +53,11 @@ class SqliteTx:
     # refusal of a value (a CHECK, a key).
     row_errors: tuple[type[BaseException], ...] = DECODE_ERRORS + (sqlite3.IntegrityError,)
 
-    __slots__ = ("conn", "statements")
+    __slots__ = ("conn", "statements", "journal_in_memory")
 
     def __init__(self, conn: sqlite3.Connection, statements: dict[str, str] = STATEMENTS) -> None:
         self.conn = conn
+        self.journal_in_memory = False  # PRAGMA temp_store = MEMORY set (db.write_transaction)
         # The newest schema's statements, or a file's of an older schema that was opened
         # without migrating (STATEMENTS.for_schema).
         self.statements = statements

@@ -7,13 +7,15 @@ of runs longer than one insert statement carries, so that the batch path meets t
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import sqlite3
 
 import pytest
 
-from onwatch.core.engine import scheduler
+from onwatch.core.engine import intake, scheduler
 from onwatch.core.sqlite.db import write_transaction
 from onwatch.core.sqlite.tx import INSERT_ROWS, SqliteTx
 
@@ -141,3 +143,59 @@ async def test_a_transaction_stops_before_a_chunk_would_take_it_past_its_bound(
     assert (fired, more) == (5 * chunks, True)
     assert len(await inbox.events("pending", limit=100)) == 5 * chunks
     assert await inbox.run_scheduler(now=T) == 60 - 5 * chunks  # the rest, in later ones
+
+
+def _temporary_files() -> list[str]:
+    """The temporary files SQLite holds open in this process (created and unlinked at once:
+    only the process's open files name them)."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if "etilqs_" in os.readlink(f"/proc/self/fd/{fd}"):
+                found.append(fd)
+    return found
+
+
+@pytest.mark.skipif(
+    not os.path.isdir("/proc/self/fd"), reason="needs /proc to see a process's open files"
+)
+async def test_a_pass_keeps_its_undo_pages_in_memory_and_a_prune_does_not(inbox, path, monkeypatch):
+    # What a chunk's savepoint may have to undo is bounded (CHUNK timers), so the pass keeps
+    # it in memory instead of a temporary file per chunk. A write nobody bounds (a prune of a
+    # million payloads) must still journal to a file: the setting ends with the pass, also
+    # when the pass fails.
+    for i in range(2 * scheduler.CHUNK):
+        await inbox.add_timer(f"t-{i:04d}", T - i, {"i": i})
+    seen = []
+    fire = scheduler.run_scheduler
+
+    def watched(tx, *args):
+        fired = fire(tx, *args)
+        seen.append((tx.conn.execute("PRAGMA temp_store").fetchone()[0], _temporary_files()))
+        return fired
+
+    monkeypatch.setattr(scheduler, "run_scheduler", watched)
+    assert await inbox.run_scheduler(now=T) == 2 * scheduler.CHUNK
+    assert seen and all(setting == 2 and files == [] for setting, files in seen)  # 2: MEMORY
+
+    def failing(tx, *args):
+        seen.append(tx.conn.execute("PRAGMA temp_store").fetchone()[0])
+        raise RuntimeError("the pass broke")
+
+    await inbox.add_timer("late", T, None)
+    monkeypatch.setattr(scheduler, "run_scheduler", failing)
+    with pytest.raises(RuntimeError):
+        await inbox.run_scheduler(now=T)
+    assert seen[-1] == 2
+
+    # The next write nobody bounds (a prune: its UPDATE journals what it changes) after the
+    # pass and after the failed one: on a file again (0: the default, FILE).
+    prune = intake.prune_payloads
+
+    def pruning(tx, *args):
+        seen.append(tx.conn.execute("PRAGMA temp_store").fetchone()[0])
+        return prune(tx, *args)
+
+    monkeypatch.setattr(intake, "prune_payloads", pruning)
+    assert await inbox.prune_payloads(T, now=T) == 0
+    assert seen[-1] == 0

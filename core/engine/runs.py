@@ -16,7 +16,7 @@ from .decoding import event_from_row, is_int, reason
 from .journal import refuse, set_aside
 from .plans import DAY
 from .timers import add_timer
-from .tx import InboxState, Tx
+from .tx import InboxState, Row, Tx
 
 ROUNDS = 100  # claim rounds in one transaction, each setting aside what it cannot run
 
@@ -71,8 +71,16 @@ def _claim(tx: Tx, state: InboxState, holder: str, gen: int, now: int) -> list[E
         refuse(tx, "claim", holder, gen, now)
         return []
     settings = state.settings
-    recover_lost_claims(tx, gen, now, settings)
-    bury_exhausted(tx, now, settings)
+    # Exhausted events buried, lost claims and what may run read, in one look where the
+    # dialect can (tx.claim_look); the claimable rows are looked at again after a recovery.
+    found: list[Row] | None
+    lost, found = tx.claim_look(gen, now, settings.max_attempts, settings.max_batch)
+    if settings.max_run_seconds is not None:
+        lost += tx.run("overdue_claims", gen=gen, before=now - settings.max_run_seconds).fetchall()
+    if lost:
+        recover_lost_claims(tx, gen, now, settings, lost)
+        bury_exhausted(tx, now, settings)  # the recovered ones out of attempts
+        found = None
     if state.paused:  # paused: recovery above still ran, nothing is claimed
         return []
     if (
@@ -85,7 +93,8 @@ def _claim(tx: Tx, state: InboxState, holder: str, gen: int, now: int) -> list[E
     for _ in range(ROUNDS):
         # The oldest retried event that may run (tagged 1) and the oldest fresh ones (0),
         # read together: a retried one runs alone, else the fresh ones run together.
-        found = tx.run("claimable_next", now=now, limit=settings.max_batch).fetchall()
+        if found is None:
+            found = tx.run("claimable_next", now=now, limit=settings.max_batch).fetchall()
         retried = [row[:-1] for row in found if row[-1] == 1]
         rows = retried[:1] or sorted((row[:-1] for row in found if row[-1] != 1), key=_by_id)
         if not rows:
@@ -93,6 +102,7 @@ def _claim(tx: Tx, state: InboxState, holder: str, gen: int, now: int) -> list[E
         runnable = _runnable(tx, rows, now)
         if runnable:
             break
+        found = None  # every row was set aside: look again
     else:
         return []
     run_id = tx.claim(holder, gen, [event.id for event in runnable], now)
@@ -142,13 +152,12 @@ def _runnable(tx: Tx, rows: Sequence[Any], now: int) -> list[Event]:
     return runnable
 
 
-def recover_lost_claims(tx: Tx, gen: int, now: int, settings: Settings) -> int:
-    """Rows running under an older generation (or past the run budget) were lost: they go
-    back to pending (not backed off: the lease expiry already delayed them) or, under the
-    interrupt policy, to interrupted; their runs close as lost."""
-    lost = tx.run("lost_claims", gen=gen).fetchall()
-    if settings.max_run_seconds is not None:
-        lost += tx.run("overdue_claims", gen=gen, before=now - settings.max_run_seconds).fetchall()
+def recover_lost_claims(
+    tx: Tx, gen: int, now: int, settings: Settings, lost: Sequence[Sequence[Any]]
+) -> None:
+    """The `lost` rows (id, source, claim_gen, run_id: running under an older generation, or
+    past the run budget) go back to pending (not backed off: the lease expiry already
+    delayed them) or, under the interrupt policy, to interrupted; their runs close as lost."""
     for event_id, source, claim_gen, run_id in lost:
         why = (
             f"generation {claim_gen} lost its lease"
@@ -166,7 +175,6 @@ def recover_lost_claims(tx: Tx, gen: int, now: int, settings: Settings) -> int:
         else:
             tx.run("event_requeue_lost", id=event_id, error="run lost: " + why, now=now)
         tx.run("run_lost", id=run_id, error="run lost: " + why, now=now)
-    return len(lost)
 
 
 def bury_exhausted(tx: Tx, now: int, settings: Settings) -> int:

@@ -131,6 +131,43 @@ UNION ALL
    AND available_at <= %(now)s
  ORDER BY id LIMIT %(limit)s);
 
+-- A claim's first look, in one statement (one round trip where it was three): bury_exhausted
+-- (in its WITH; the rows it buried counted in the row tagged 3), claimable_next (tagged 1 and
+-- 0), and lost_claims (tagged 2: id, source, claim_gen and run_id in claimable_next's columns
+-- 0, 1, 6 and 12). Every part reads the rows as they were before the statement, so the
+-- retried part leaves out the rows the WITH buries; a claim that finds lost claims recovers
+-- them and looks again (core/engine/runs.py). (The typed parts come first: a UNION resolves
+-- its types pair by pair, and two untyped NULLs would make a column text.)
+-- name: claim_look
+WITH buried AS (
+    UPDATE events SET status = 'dead', updated = %(now)s,
+        error = 'too many attempts (' || attempts || '/' || %(max_attempts)s::bigint || ')'
+                || coalesce(': ' || error, '')
+    WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
+      AND attempts >= %(max_attempts)s
+    RETURNING 1
+)
+(SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id, 1
+ FROM events
+ WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
+   AND attempts < %(max_attempts)s AND available_at <= %(now)s
+ ORDER BY id + 0 LIMIT 1)
+UNION ALL
+(SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+       available_at, claimed_at, run_id, 0
+ FROM events
+ WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts = 0
+   AND available_at <= %(now)s
+ ORDER BY id LIMIT %(limit)s)
+UNION ALL
+(SELECT id, source, NULL, NULL, NULL, NULL, claim_gen, NULL, NULL, NULL, NULL, NULL, run_id, 2
+ FROM events
+ WHERE inbox_id = %(inbox)s AND status = 'running' AND claim_gen < %(gen)s)
+UNION ALL
+(SELECT count(*), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 3
+ FROM buried);
+
 -- name: event_set_aside
 UPDATE events SET status = 'dead', error = %(error)s, updated = %(now)s
 WHERE inbox_id = %(inbox)s AND id = %(id)s;

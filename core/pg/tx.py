@@ -149,6 +149,23 @@ class Tx:
         self.changed = True  # the claim's writes are inside its WITH
         return run
 
+    def claim_look(
+        self, gen: int, now: int, max_attempts: int, limit: int
+    ) -> tuple[list[Row], list[Row]]:
+        # One statement (queries.sql `claim_look`): its rows tagged in the last column.
+        found = self.run(
+            "claim_look", gen=gen, now=now, max_attempts=max_attempts, limit=limit
+        ).fetchall()
+        lost, claimable = [], []
+        for row in found:
+            if row[-1] == 3:
+                self.changed = self.changed or row[0] > 0  # the rows it buried
+            elif row[-1] == 2:
+                lost.append((row[0], row[1], row[6], row[12]))
+            else:
+                claimable.append(row)
+        return lost, claimable
+
     def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
         ids, dues, fired, skipped, overflows = (list(column) for column in zip(*rows, strict=True))
         self.run(

@@ -123,6 +123,16 @@ class SqliteTx:
         self.run("events_claim", ids=listed, gen=gen, now=now, run=run)
         return run
 
+    def claim_look(
+        self, gen: int, now: int, max_attempts: int, limit: int
+    ) -> tuple[list[Row], list[Row]]:
+        # Three statements (SQLite has no writes inside a WITH), each a call, not a round trip.
+        lost = self.run("lost_claims", gen=gen).fetchall()
+        self.run("bury_exhausted", now=now, max_attempts=max_attempts)
+        if lost:
+            return lost, []  # the caller looks again once they are recovered
+        return lost, self.run("claimable_next", now=now, limit=limit).fetchall()
+
     def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
         self.run("timers_advance", rows=list(rows))
 

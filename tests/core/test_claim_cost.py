@@ -97,10 +97,11 @@ async def claim_rows_read(target: str, waiting: int) -> int:
         await box.configure(max_attempts=3)
         await fill(box, target, waiting)
         inbox_id = box._db.inbox  # type: ignore[attr-defined]
-    params = {"inbox": inbox_id, "now": T, "limit": 20, "max_attempts": 3}
+    params = {"inbox": inbox_id, "now": T, "limit": 20, "max_attempts": 3, "gen": 2}
     total = 0
     with psycopg.connect(target) as conn:
-        for name in ("bury_exhausted", "claimable_next"):
+        # The first look, and the statements a claim runs again after recovering lost claims.
+        for name in ("claim_look", "bury_exhausted", "claimable_next"):
             plan = conn.execute(
                 "EXPLAIN (ANALYZE, FORMAT JSON) " + STATEMENTS[name], params
             ).fetchone()[0]

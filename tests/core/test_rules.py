@@ -185,6 +185,21 @@ async def test_failed_run_backs_off_exponentially_and_dies_after_max_attempts(in
     assert dead.status == "dead" and dead.error == "too many attempts (3/3): boom 2"
 
 
+async def test_a_lowered_attempt_budget_buries_the_waiting_events_it_leaves_spent(inbox):
+    await inbox.configure(backoff_base=10, backoff_cap=10)
+    await inbox.ingest("chat", "flaky", None, now=T)
+    gen = await inbox.acquire("W", now=T)
+    for attempt in range(2):
+        [event] = await inbox.claim_batch("W", gen, now=T + 10 * attempt)
+        assert await inbox.finish("W", gen, [event.id], error=f"boom {attempt}", now=T)
+    await inbox.configure(max_attempts=2)  # its two attempts are now all it had
+    await inbox.ingest("chat", "fresh", None, now=T + 20)
+    [claimed] = await inbox.claim_batch("W", gen, now=T + 20)
+    assert claimed.source_id == "fresh"
+    dead = await inbox.get_event(event.id)
+    assert dead.status == "dead" and dead.error == "too many attempts (2/2): boom 1"
+
+
 async def test_lost_claims_follow_the_per_source_policy(inbox):
     await inbox.configure(on_lost_claim="retry", lost_claim_by_source={"stripe": "interrupt"})
     await inbox.ingest("chat", "c1", None, now=T)
@@ -196,6 +211,24 @@ async def test_lost_claims_follow_the_per_source_policy(inbox):
     assert retried.source == "chat" and retried.attempts == 2
     [stuck] = await inbox.events("interrupted")
     assert stuck.source == "stripe" and "generation 1" in stuck.error
+
+
+async def test_a_lost_claim_out_of_attempts_is_buried_not_run_again(inbox):
+    # Three workers in turn claim the same event and vanish (max_attempts 3, lease 120 s).
+    # The fourth recovers it out of attempts: buried with why, and the fresh one runs.
+    await inbox.ingest("chat", "worn", None, now=T)
+    now = T
+    for attempt in range(1, 4):
+        gen = await inbox.acquire(f"W{attempt}", now=now)
+        [claimed] = await inbox.claim_batch(f"W{attempt}", gen, now=now)
+        assert (claimed.source_id, claimed.attempts) == ("worn", attempt)
+        now += 121
+    await inbox.ingest("chat", "fresh", None, now=now)
+    gen = await inbox.acquire("W4", now=now)
+    [claimed] = await inbox.claim_batch("W4", gen, now=now)
+    assert claimed.source_id == "fresh"
+    [dead] = await inbox.events("dead")
+    assert dead.source_id == "worn" and dead.error.startswith("too many attempts (3/3): run lost")
 
 
 async def test_run_longer_than_its_budget_is_treated_as_lost(inbox):

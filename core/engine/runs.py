@@ -238,15 +238,29 @@ def finish(
     puts the events back to pending after a backoff, or to dead once out of attempts.
     `state` is the transaction's own read of the lease and settings, when it made one."""
     now = tx.now(now)
-    # The run's generation and outcome (None: still open), read once for both questions.
-    known = None if run is None else tx.run("run_outcome", id=run).fetchone()
+    if state is None:
+        state = tx.state()
+    settings = state.settings
+    # The common case (a worker's run done, within its lease and budget) reads the run and
+    # writes its rows in one step (tx.finish_done: one round trip on PostgreSQL), which
+    # writes nothing unless the run is this generation's open run; every other case reads
+    # the run first and decides below, in the same order.
+    rows: list[Row] | None = None
+    if (
+        run is not None
+        and error is None
+        and state.holds(holder, gen, now)
+        and not _too_many_followups(settings, followups)
+    ):
+        known, rows = tx.finish_done(ids, gen, run, now, result, traceback)
+    else:
+        # The run's generation and outcome (None: still open), read once for both questions.
+        known = None if run is None else tx.run("run_outcome", id=run).fetchone()
     if known is not None and known[0] == gen and known[1] == ("done" if error is None else "error"):
         # The same finish again, after an answer lost on the way back (a connection cut
         # after its COMMIT): the run is closed already, by this generation, as asked. That
         # is the truth to report, not a stale write to audit against the worker.
         return True
-    if state is None:
-        state = tx.state()
     if not state.holds(holder, gen, now):
         refuse(tx, "finish", holder, gen, now)
         return False
@@ -260,20 +274,18 @@ def finish(
             f"run {run} is not an open run of this generation (recovered or finished)",
         )
         return False
-    settings = state.settings
-    if (
-        settings.max_followups_per_run is not None
-        and len(followups) > settings.max_followups_per_run
-    ):
+    if _too_many_followups(settings, followups):
         raise BadInput(
             f"run asks for {len(followups)} follow-up timers; the budget "
             f"max_followups_per_run allows {settings.max_followups_per_run}"
         )
-    fence = {"ids": list(ids), "gen": gen, "run": run}
-    if error is None:  # marked done and read back in one statement: the rows still held
-        rows = tx.run("events_finish_done", now=now, **fence).fetchall()
-    else:
-        rows = tx.run("events_still_claimed", **fence).fetchall()
+    closed = rows is not None  # finish_done closed the run where it could
+    if rows is None:
+        fence = {"ids": list(ids), "gen": gen, "run": run}
+        if error is None:  # marked done and read back in one statement: the rows still held
+            rows = tx.run("events_finish_done", now=now, **fence).fetchall()
+        else:
+            rows = tx.run("events_still_claimed", **fence).fetchall()
     if not rows:
         refuse(
             tx,
@@ -314,7 +326,7 @@ def finish(
                 later = now + settings.backoff(attempts)
                 tx.run("event_retry_later", id=event_id, error=error, available_at=later, now=now)
         outcome = "error"
-    if run_ids:
+    if run_ids and not closed:
         # A run closes when its last event is finished (a run may be finished in parts);
         # until then a lost-claim recovery can still close it as lost.
         tx.run(
@@ -327,3 +339,10 @@ def finish(
             traceback=traceback,
         )
     return True
+
+
+def _too_many_followups(settings: Settings, followups: Sequence[FollowUp]) -> bool:
+    return (
+        settings.max_followups_per_run is not None
+        and len(followups) > settings.max_followups_per_run
+    )

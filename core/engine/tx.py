@@ -134,6 +134,22 @@ class Tx(Protocol):
         counted); return the run's id."""
         ...
 
+    def finish_done(
+        self,
+        ids: Sequence[int],
+        gen: int,
+        run: int,
+        now: int,
+        result: str | None,
+        traceback: str | None,
+    ) -> tuple[Row | None, list[Row]]:
+        """A run's successful finish, in as few round trips as the dialect can: the run's
+        (gen, outcome) as it was (run_outcome; None: no such run), and only if it was this
+        generation's open run, its events among `ids` still running under it marked done
+        (events_finish_done's rows) and the run closed once none of its events is left
+        running (runs_close)."""
+        ...
+
     def claim_look(
         self, gen: int, now: int, max_attempts: int, limit: int
     ) -> tuple[list[Row], list[Row]]:

@@ -149,6 +149,30 @@ class Tx:
         self.changed = True  # the claim's writes are inside its WITH
         return run
 
+    def finish_done(
+        self,
+        ids: Sequence[int],
+        gen: int,
+        run: int,
+        now: int,
+        result: str | None,
+        traceback: str | None,
+    ) -> tuple[Row | None, list[Row]]:
+        # One statement (queries.sql `finish_done`): its rows tagged in the last column.
+        found = self.run(
+            "finish_done",
+            ids=list(ids),
+            gen=gen,
+            run=run,
+            now=now,
+            result=result,
+            traceback=traceback,
+        ).fetchall()
+        rows = [row[:3] for row in found if row[-1] == 0]
+        known = next(((row[0], row[3]) for row in found if row[-1] == 1), None)
+        self.changed = self.changed or bool(rows)
+        return known, rows
+
     def claim_look(
         self, gen: int, now: int, max_attempts: int, limit: int
     ) -> tuple[list[Row], list[Row]]:

@@ -123,6 +123,31 @@ class SqliteTx:
         self.run("events_claim", ids=listed, gen=gen, now=now, run=run)
         return run
 
+    def finish_done(
+        self,
+        ids: Sequence[int],
+        gen: int,
+        run: int,
+        now: int,
+        result: str | None,
+        traceback: str | None,
+    ) -> tuple[Row | None, list[Row]]:
+        known = self.run("run_outcome", id=run).fetchone()
+        if known is None or known[0] != gen or known[1] is not None:
+            return known, []
+        rows = self.run("events_finish_done", ids=list(ids), gen=gen, run=run, now=now).fetchall()
+        if rows:
+            self.run(
+                "runs_close",
+                runs=[run],
+                outcome="done",
+                now=now,
+                result=result,
+                error=None,
+                traceback=traceback,
+            )
+        return known, rows
+
     def claim_look(
         self, gen: int, now: int, max_attempts: int, limit: int
     ) -> tuple[list[Row], list[Row]]:

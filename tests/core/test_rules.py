@@ -548,6 +548,33 @@ async def test_a_run_finished_in_parts_closes_with_its_last_event(inbox):
     assert run.outcome == "lost"
 
 
+async def test_a_run_finished_in_parts_by_its_run_closes_done_with_its_last_part(inbox):
+    await inbox.ingest("chat", "a", None, now=T)
+    await inbox.ingest("chat", "b", None, now=T)
+    gen = await inbox.acquire("W", now=T)
+    a, b = await inbox.claim_batch("W", gen, now=T)
+    assert await inbox.finish("W", gen, [a.id], now=T, run=a.run_id, result="first")
+    [run] = await inbox.runs(a.id)
+    assert run.outcome is None and (await inbox.get_event(a.id)).status == "done"
+    assert await inbox.finish("W", gen, [b.id], now=T + 1, run=a.run_id, result="last")
+    [run] = await inbox.runs(b.id)
+    assert (run.outcome, run.result, run.finished_at) == ("done", "last", T + 1)
+    # The same finish again (its answer lost): reported done, nothing written or audited.
+    audited = len(await inbox.audit(limit=100))
+    assert await inbox.finish("W", gen, [b.id], now=T + 2, run=a.run_id, result="again")
+    [run] = await inbox.runs(b.id)
+    assert (run.result, run.finished_at) == ("last", T + 1)
+    assert len(await inbox.audit(limit=100)) == audited
+    # A run id that names no run: refused, nothing changed.
+    await inbox.ingest("chat", "c", None, now=T)
+    [c] = await inbox.claim_batch("W", gen, now=T + 3)
+    assert not await inbox.finish("W", gen, [c.id], now=T + 3, run=c.run_id + 1000)
+    assert (await inbox.get_event(c.id)).status == "running"
+    assert (await inbox.audit(limit=1))[0].reason == (
+        f"run {c.run_id + 1000} is not an open run of this generation (recovered or finished)"
+    )
+
+
 async def test_default_effect_keys_survive_a_retry_of_the_same_batch(inbox):
     await inbox.ingest("stripe", "refund", None, now=T)
     gen = await inbox.acquire("A", now=T)

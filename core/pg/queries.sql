@@ -131,22 +131,16 @@ UNION ALL
    AND available_at <= %(now)s
  ORDER BY id LIMIT %(limit)s);
 
--- A claim's first look, in one statement (one round trip where it was three): bury_exhausted
--- (in its WITH; the rows it buried counted in the row tagged 3), claimable_next (tagged 1 and
--- 0), and lost_claims (tagged 2: id, source, claim_gen and run_id in claimable_next's columns
--- 0, 1, 6 and 12). Every part reads the rows as they were before the statement, so the
--- retried part leaves out the rows the WITH buries; a claim that finds lost claims recovers
--- them and looks again (core/engine/runs.py). (The typed parts come first: a UNION resolves
--- its types pair by pair, and two untyped NULLs would make a column text.)
+-- A claim's first look, in one statement (one round trip where it was three): claimable_next
+-- (tagged 1 and 0), lost_claims (tagged 2: id, source, claim_gen and run_id in
+-- claimable_next's columns 0, 1, 6 and 12), and whether any pending event is out of
+-- attempts (tagged 3: 1 or 0 in column 0; events_retry_spent answers it). The retried part
+-- leaves those out; only when there are any does the claim bury them (bury_exhausted: an
+-- UPDATE, which runs the events table's statement triggers even when it changes nothing).
+-- A claim that finds lost claims recovers them, buries, and looks again
+-- (core/engine/runs.py). (The typed parts come first: a UNION resolves its types pair by
+-- pair, and two untyped NULLs would make a column text.)
 -- name: claim_look
-WITH buried AS (
-    UPDATE events SET status = 'dead', updated = %(now)s,
-        error = 'too many attempts (' || attempts || '/' || %(max_attempts)s::bigint || ')'
-                || coalesce(': ' || error, '')
-    WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
-      AND attempts >= %(max_attempts)s
-    RETURNING 1
-)
 (SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
        available_at, claimed_at, run_id, 1
  FROM events
@@ -166,7 +160,10 @@ UNION ALL
  WHERE inbox_id = %(inbox)s AND status = 'running' AND claim_gen < %(gen)s)
 UNION ALL
 (SELECT count(*), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 3
- FROM buried);
+ FROM (SELECT 1 FROM events
+       WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
+         AND attempts >= %(max_attempts)s
+       LIMIT 1) AS spent);
 
 -- name: event_set_aside
 UPDATE events SET status = 'dead', error = %(error)s, updated = %(now)s

@@ -176,18 +176,21 @@ class Tx:
     def claim_look(
         self, gen: int, now: int, max_attempts: int, limit: int
     ) -> tuple[list[Row], list[Row]]:
-        # One statement (queries.sql `claim_look`): its rows tagged in the last column.
+        # One statement (queries.sql `claim_look`): its rows tagged in the last column. The
+        # burial is a second one, only when there is anything to bury.
         found = self.run(
             "claim_look", gen=gen, now=now, max_attempts=max_attempts, limit=limit
         ).fetchall()
-        lost, claimable = [], []
+        lost, claimable, spent = [], [], False
         for row in found:
             if row[-1] == 3:
-                self.changed = self.changed or row[0] > 0  # the rows it buried
+                spent = row[0] > 0
             elif row[-1] == 2:
                 lost.append((row[0], row[1], row[6], row[12]))
             else:
                 claimable.append(row)
+        if spent:
+            self.run("bury_exhausted", now=now, max_attempts=max_attempts)
         return lost, claimable
 
     def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:

@@ -71,10 +71,14 @@ def _claim(tx: Tx, state: InboxState, holder: str, gen: int, now: int) -> list[E
         refuse(tx, "claim", holder, gen, now)
         return []
     settings = state.settings
-    # Exhausted events buried, lost claims and what may run read, in one look where the
-    # dialect can (tx.claim_look); the claimable rows are looked at again after a recovery.
+
+    def look() -> tuple[list[Row], list[Row]]:
+        # Exhausted events buried, lost claims and what may run read, in one round trip
+        # where the dialect can; what may run is looked at again after a recovery.
+        return tx.claim_look(gen, now, settings.max_attempts, settings.max_batch)
+
     found: list[Row] | None
-    lost, found = tx.claim_look(gen, now, settings.max_attempts, settings.max_batch)
+    lost, found = look()
     if settings.max_run_seconds is not None:
         lost += tx.run("overdue_claims", gen=gen, before=now - settings.max_run_seconds).fetchall()
     if lost:
@@ -94,7 +98,7 @@ def _claim(tx: Tx, state: InboxState, holder: str, gen: int, now: int) -> list[E
         # The oldest retried event that may run (tagged 1) and the oldest fresh ones (0),
         # read together: a retried one runs alone, else the fresh ones run together.
         if found is None:
-            found = tx.run("claimable_next", now=now, limit=settings.max_batch).fetchall()
+            found = look()[1]  # its lost claims were recovered: none is left
         retried = [row[:-1] for row in found if row[-1] == 1]
         rows = retried[:1] or sorted((row[:-1] for row in found if row[-1] != 1), key=_by_id)
         if not rows:

@@ -153,11 +153,12 @@ class Tx(Protocol):
     def claim_look(
         self, gen: int, now: int, max_attempts: int, limit: int
     ) -> tuple[list[Row], list[Row]]:
-        """A claim's first look, in as few round trips as the dialect can: bury the pending
+        """A claim's look, in as few round trips as the dialect can: bury the pending
         events out of attempts (bury_exhausted), and read the claims lost by an older
-        generation (lost_claims: id, source, claim_gen, run_id) and what the next run may
-        take (claimable_next's rows). The claimable rows are as they were before any lost
-        claim is recovered: a caller that recovers one looks again."""
+        generation (id, source, claim_gen, run_id) and what the next run may take (the
+        oldest retried event that may run, tagged 1 in the last column, and up to `limit`
+        fresh ones, tagged 0). What may run is read as it was before any lost claim is
+        recovered: a caller that recovers one looks again."""
         ...
 
     def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:

@@ -77,10 +77,6 @@ SELECT coalesce(max(gen), 0) FROM lease_history WHERE inbox_id = %(inbox)s;
 
 -- --- claiming ----------------------------------------------------------------------------
 
--- name: lost_claims
-SELECT id, source, claim_gen, run_id FROM events
-WHERE inbox_id = %(inbox)s AND status = 'running' AND claim_gen < %(gen)s;
-
 -- name: overdue_claims
 SELECT id, source, claim_gen, run_id FROM events
 WHERE inbox_id = %(inbox)s AND status = 'running' AND claim_gen = %(gen)s
@@ -110,36 +106,23 @@ WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
 -- name: runs_since
 SELECT count(*) FROM runs WHERE inbox_id = %(inbox)s AND claimed_at > %(since)s;
 
--- What the next run may take, in one statement (one round trip): the oldest retried event
--- whose backoff is over, tagged 1, and the oldest never-attempted events that may run now
--- (events_fresh holds those, by id), tagged 0. A retried one, if any, runs alone
--- (core/engine/runs.py). `id + 0`: no index gives this order, so the planner takes the range
--- of events_retry_due (those whose backoff is over) rather than walking every retried event
--- by id, which is what it would do while its statistics still say that most of them may run.
--- name: claimable_next
-(SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
-       available_at, claimed_at, run_id, 1
- FROM events
- WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts > 0
-   AND available_at <= %(now)s
- ORDER BY id + 0 LIMIT 1)
-UNION ALL
-(SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
-       available_at, claimed_at, run_id, 0
- FROM events
- WHERE inbox_id = %(inbox)s AND status = 'pending' AND attempts = 0
-   AND available_at <= %(now)s
- ORDER BY id LIMIT %(limit)s);
-
--- A claim's first look, in one statement (one round trip where it was three): claimable_next
--- (tagged 1 and 0), lost_claims (tagged 2: id, source, claim_gen and run_id in
--- claimable_next's columns 0, 1, 6 and 12), and whether any pending event is out of
--- attempts (tagged 3: 1 or 0 in column 0; events_retry_spent answers it). The retried part
--- leaves those out; only when there are any does the claim bury them (bury_exhausted: an
--- UPDATE, which runs the events table's statement triggers even when it changes nothing).
--- A claim that finds lost claims recovers them, buries, and looks again
--- (core/engine/runs.py). (The typed parts come first: a UNION resolves its types pair by
--- pair, and two untyped NULLs would make a column text.)
+-- A claim's look, in one statement (one round trip where it was three): what the next run
+-- may take, the claims lost by an older generation, and whether any pending event is out of
+-- attempts. Tagged in the last column:
+--   1: the oldest retried event whose backoff is over and that has attempts left (a retried
+--      one, if any, runs alone: core/engine/runs.py). `id + 0`: no index gives this order,
+--      so the planner takes the range of events_retry_due (those whose backoff is over)
+--      rather than walking every retried event by id, which is what it would do while its
+--      statistics still say that most of them may run;
+--   0: the oldest never-attempted events that may run now (events_fresh holds them, by id);
+--   2: a claim lost by an older generation (id, source, claim_gen and run_id in columns 0,
+--      1, 6 and 12);
+--   3: 1 if any pending event is out of attempts, else 0 (column 0; events_retry_spent
+--      answers it). Only then does the claim bury them (bury_exhausted: an UPDATE, which
+--      runs the events table's statement triggers even when it changes nothing).
+-- A claim that finds lost claims recovers them, buries, and looks again (core/engine/runs.py).
+-- (The typed parts come first: a UNION resolves its types pair by pair, and two untyped
+-- NULLs would make a column text.)
 -- name: claim_look
 (SELECT id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
        available_at, claimed_at, run_id, 1

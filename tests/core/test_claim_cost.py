@@ -100,8 +100,8 @@ async def claim_rows_read(target: str, waiting: int) -> int:
     params = {"inbox": inbox_id, "now": T, "limit": 20, "max_attempts": 3, "gen": 2}
     total = 0
     with psycopg.connect(target) as conn:
-        # The first look, and the statements a claim runs again after recovering lost claims.
-        for name in ("claim_look", "bury_exhausted", "claimable_next"):
+        # The look, and the burial a claim runs when an event is out of attempts.
+        for name in ("claim_look", "bury_exhausted"):
             plan = conn.execute(
                 "EXPLAIN (ANALYZE, FORMAT JSON) " + STATEMENTS[name], params
             ).fetchone()[0]

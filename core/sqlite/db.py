@@ -4,7 +4,6 @@ watch on the files beside it (core/sqlite/files.py)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import sqlite3
@@ -72,9 +71,11 @@ def write_transaction(
     statement journal: the pages as they were, a temporary file once past 64 KiB) then
     stays in memory: about 450 KiB for a chunk of 500 timers, which was a temporary file
     created, written and unlinked for every chunk (20 files and 8 MiB of writes in a pass
-    of 10,000 timers). SQLite reads the setting as the transaction begins; it is put back
-    at the end, so that a transaction nobody bounds (a prune of a million payloads)
-    journals to a file as before."""
+    of 10,000 timers). SQLite reads the setting as a transaction begins, so it is set before
+    the BEGIN of a bounded transaction and set back before the BEGIN of the next one nobody
+    bounds (a prune of a million payloads journals to a file as before): one statement,
+    only when the setting changes, and never after a COMMIT (what fails there would be
+    reported for a transaction that committed)."""
     db = tx.conn
     if bounded != tx.journal_in_memory:
         db.execute("PRAGMA temp_store = MEMORY" if bounded else "PRAGMA temp_store = DEFAULT")
@@ -87,11 +88,6 @@ def write_transaction(
         if db.in_transaction:
             db.execute("ROLLBACK")
         raise
-    finally:
-        if bounded:  # a connection this broke keeps the flag: the next write sets it again
-            with contextlib.suppress(sqlite3.Error):
-                db.execute("PRAGMA temp_store = DEFAULT")
-                tx.journal_in_memory = False
     return result
 
 

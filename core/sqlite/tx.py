@@ -57,7 +57,7 @@ class SqliteTx:
 
     def __init__(self, conn: sqlite3.Connection, statements: dict[str, str] = STATEMENTS) -> None:
         self.conn = conn
-        self.journal_in_memory = False  # PRAGMA temp_store = MEMORY set (db.write_transaction)
+        self.journal_in_memory = False  # temp_store = MEMORY is set (db.write_transaction)
         # The newest schema's statements, or a file's of an older schema that was opened
         # without migrating (STATEMENTS.for_schema).
         self.statements = statements

@@ -162,8 +162,8 @@ def _temporary_files() -> list[str]:
 async def test_a_pass_keeps_its_undo_pages_in_memory_and_a_prune_does_not(inbox, path, monkeypatch):
     # What a chunk's savepoint may have to undo is bounded (CHUNK timers), so the pass keeps
     # it in memory instead of a temporary file per chunk. A write nobody bounds (a prune of a
-    # million payloads) must still journal to a file: the setting ends with the pass, also
-    # when the pass fails.
+    # million payloads) must still journal to a file: the next such write sets the default
+    # again before it begins, also after a pass that failed.
     for i in range(2 * scheduler.CHUNK):
         await inbox.add_timer(f"t-{i:04d}", T - i, {"i": i})
     seen = []

@@ -50,15 +50,16 @@ def ingest_alone(
 ) -> list[bool | Exception] | None:
     """One new event in one autocommit statement (no BEGIN, no COMMIT of its own), or None
     when that statement cannot decide: the caller then runs ingest_many in a write
-    transaction. Called outside any transaction, by a connection that declares it can
-    (core/sqlite/db.py); `seen` is the caller's memory of the settings text (one per Inbox).
+    transaction. Called outside any transaction (a connection's `write_soon_alone`); `seen`
+    is the caller's memory of the settings text (one per Inbox).
 
     The statement stores the event only if the stored settings are still the ones in `seen`
     and those allow it (no max_pending budget to count, the payload within
     max_payload_bytes): the same rule as ingest_many, checked at the statement's own instant
-    (an autocommit INSERT takes the write lock, with the busy timeout, before it reads). A
-    duplicate or settings changed elsewhere store nothing: `seen` is forgotten (read again
-    next time) and the full rule answers.
+    (it takes the write lock, with the busy timeout, before it decides: SQLite's autocommit
+    INSERT, PostgreSQL's lock of the inbox's row). A duplicate, settings changed elsewhere,
+    or on PostgreSQL an id another writer took meanwhile, store nothing: `seen` is forgotten
+    (read again next time) and the full rule answers.
     """
     if len(items) != 1:
         return None
@@ -75,7 +76,7 @@ def ingest_alone(
         source=source,
         source_id=source_id,
         payload=payload,
-        now=tx.now(now),
+        now=tx.statement_now(now),
         settings=text,
     ).rowcount
     if stored == 1:

@@ -110,6 +110,12 @@ class Tx(Protocol):
         (the process's wall clock on SQLite, the database server's on PostgreSQL)."""
         ...
 
+    def statement_now(self, now: int | None) -> int | None:
+        """`now` for one autocommit statement, which no transaction of ours timed: SQLite's
+        as `now` above; PostgreSQL's None when not given, for the statement to read the
+        server's clock itself (no round trip of its own)."""
+        ...
+
     def state(self) -> InboxState:
         """The lease, settings and pause switch, as of this transaction (one read)."""
         ...

@@ -165,9 +165,9 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
 
 
 def write_unless(precheck: Callable[..., T | None]) -> Runner[T]:
-    """A runner: `precheck(tx, *args)` outside any transaction (one statement is its own
-    snapshot), its answer when it has one (nothing to write), else `fn` in a write
-    transaction."""
+    """A runner: `precheck(tx, *args)` outside any transaction (each statement its own
+    snapshot, and its own commit), its answer when it has one (it decided: nothing to
+    write, or a lone statement wrote it), else `fn` in a write transaction."""
 
     def run(tx: Tx, fn: Callable[..., T], args: Args) -> T:
         answer = precheck(tx, *args)
@@ -543,6 +543,7 @@ class Database:
         fn: Callable[..., T],
         args: Args,
         done: Callable[[T | None, BaseException | None], None],
+        runner: Runner[T] = write_transaction,
     ) -> None:
         self._writable()
 
@@ -551,7 +552,7 @@ class Database:
                 self.wake.notify()
             done(result, error)
 
-        self._submit(write_transaction, fn, args, committed, asyncio.get_running_loop())
+        self._submit(runner, fn, args, committed, asyncio.get_running_loop())
 
     def write_soon_alone(
         self,
@@ -560,9 +561,11 @@ class Database:
         args: Args,
         done: Callable[[T | None, BaseException | None], None],
     ) -> None:
-        """`write_soon`: no lone statement here (`alone` is not tried), an event's id is
-        numbered under the inbox's row lock, in a transaction."""
-        self._queue_write(fn, args, done)
+        """`write_soon`, trying `alone(tx, *args)` first: one autocommit statement that
+        locks the inbox's row itself (no BEGIN or COMMIT of its own: one round trip where a
+        transaction takes four). Only if it returns None does `fn` run in its own write
+        transaction."""
+        self._queue_write(fn, args, done, runner=write_unless(alone))
 
     def file_replaced(self) -> str | None:
         """Always None: an inbox in a database server has no file to be deleted or swapped."""

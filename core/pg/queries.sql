@@ -28,6 +28,33 @@ VALUES (%(inbox)s, %(at)s, %(actor)s, %(action)s, %(target)s, %(before)s, %(afte
 
 -- --- intake ------------------------------------------------------------------------------
 
+-- A lone new event in one autocommit statement (core/engine/intake.py `ingest_alone`): it
+-- locks the inbox's row as a write transaction does, stores the event only while the
+-- settings are still the ones the caller checked against, and counts the change. Its id is
+-- the last id + 1 as of the statement's snapshot, which was taken before the lock: a writer
+-- that committed in between makes that id (or the key) conflict, and the statement then
+-- stores nothing and changes nothing (the caller's transaction decides). `now` NULL: the
+-- server's clock, read once the lock is held.
+-- name: event_insert_alone
+WITH locked AS (
+    SELECT id FROM inboxes
+    WHERE id = %(inbox)s AND settings IS NOT DISTINCT FROM %(settings)s::text
+    FOR UPDATE
+), stored AS (
+    INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created,
+                       updated)
+    SELECT l.id, (SELECT coalesce(max(id), 0) + 1 FROM events WHERE inbox_id = %(inbox)s),
+           %(source)s::text, %(source_id)s::text, %(payload)s::text, t.now, t.now, t.now
+    FROM locked AS l,  -- t names l: the clock is read per locked row, so after the lock
+         LATERAL (SELECT l.id, coalesce(%(now)s::bigint,
+                                        floor(extract(epoch FROM clock_timestamp()))::bigint)
+                  AS now) AS t
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+UPDATE inboxes SET changes = changes + 1
+WHERE id = %(inbox)s AND EXISTS (SELECT FROM stored);
+
 -- Many new events in one statement, numbered on from the inbox's last id in the order
 -- given; a key already stored, or repeated in the arrays, is a duplicate of its first copy.
 -- name: events_insert

@@ -105,6 +105,11 @@ class Tx:
         assert self.server_time is not None
         return int(self.server_time)
 
+    def statement_now(self, now: int | None) -> int | None:
+        """`now`, or None: a statement outside any transaction of ours reads the server's
+        clock itself (`server_time` is the last transaction's, not this statement's)."""
+        return now
+
     def saw_server_time(self, seconds: Any) -> None:
         """The server's clock, read in this transaction (Unix seconds, with a fraction)."""
         self.server_time = float(seconds)

@@ -85,6 +85,9 @@ class SqliteTx:
     def now(self, now: int | None) -> int:
         return int(time.time()) if now is None else now
 
+    def statement_now(self, now: int | None) -> int | None:
+        return self.now(now)
+
     def state(self) -> InboxState:
         holder, gen, until, settings, paused = self.one("inbox_state")
         return InboxState(holder, gen, until, settings, bool(paused))

@@ -1,0 +1,117 @@
+"""A lone ingest on PostgreSQL is one autocommit statement that locks the inbox's row itself
+(core/pg/queries.sql `event_insert_alone`). Its snapshot is taken before that lock: these
+tests commit another writer while the statement waits for it, and show that the statement
+then stores nothing, and the write transaction that follows decides by the whole rule."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import psycopg
+import pytest
+
+from onwatch.core import BudgetExceeded, Inbox
+from onwatch.core.settings import Settings
+
+T = 1_000_000
+
+
+def _rows(url: str, statement: str, params: tuple = ()) -> list[tuple]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        return conn.execute(statement, params).fetchall()
+
+
+async def _until_waiting_for_a_lock(url: str) -> None:
+    """Until some backend of this database waits for a row lock (the lone statement)."""
+    deadline = time.monotonic() + 30
+    while not _rows(
+        url,
+        "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock'",
+    ):
+        assert time.monotonic() < deadline, "the ingest never waited for the inbox's lock"
+        await asyncio.sleep(0.01)
+
+
+@pytest.fixture
+async def box(url):
+    inbox = await Inbox.open(url)
+    yield inbox
+    await inbox.close()
+
+
+async def test_a_lone_ingest_is_one_round_trip_and_counts_a_change(box, url, monkeypatch):
+    assert await box.ingest("hook", "a", None, now=T)  # the first also reads the settings
+    before = await box.change_token()
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counted(self, query, *args, **kwargs):
+        sent.append(str(query).split()[0])
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    assert await box.ingest("hook", "b", {"n": 2}, now=T)
+    assert sent == ["WITH"]  # no BEGIN, no lock of its own, no COMMIT
+    monkeypatch.undo()
+    assert await box.change_token() != before  # an idle worker's look sees the news
+    assert _rows(url, "SELECT id, source_id, payload, created FROM events ORDER BY id") == [
+        (1, "a", "null", T),
+        (2, "b", '{"n": 2}', T),
+    ]
+
+
+async def test_without_a_given_time_the_event_takes_the_servers_clock(box, url):
+    assert await box.ingest("hook", "a")
+    [(created, server)] = _rows(
+        url, "SELECT created, extract(epoch FROM clock_timestamp())::bigint FROM events"
+    )
+    assert 0 <= server - created <= 5
+
+
+async def test_a_duplicate_stores_nothing_and_counts_no_change(box, url):
+    assert await box.ingest("hook", "a", "first", now=T)
+    before = await box.change_token()
+    assert await box.ingest("hook", "a", "second", now=T) is False
+    assert await box.change_token() == before
+    assert _rows(url, "SELECT source_id, payload FROM events") == [("a", '"first"')]
+
+
+async def test_an_event_another_writer_numbered_meanwhile_keeps_its_id(box, url):
+    """The statement's snapshot predates the writer's commit, so the id it would number
+    (the last + 1) is taken: it stores nothing, and the transaction numbers the next."""
+    assert await box.ingest("hook", "a", None, now=T)
+    [(inbox,)] = _rows(url, "SELECT id FROM inboxes")
+    with psycopg.connect(url) as other:
+        other.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (inbox,))
+        other.execute(
+            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
+            "created, updated) VALUES (%s, 2, 'hook', 'theirs', '\"theirs\"', %s, %s, %s)",
+            (inbox, T, T, T),
+        )
+        ours = asyncio.create_task(box.ingest("hook", "ours", "ours", now=T))
+        await _until_waiting_for_a_lock(url)
+        other.commit()
+    assert await ours is True
+    assert _rows(url, "SELECT id, source_id, payload FROM events ORDER BY id") == [
+        (1, "a", "null"),
+        (2, "theirs", '"theirs"'),
+        (3, "ours", '"ours"'),
+    ]
+
+
+async def test_a_budget_another_writer_set_meanwhile_is_kept(box, url):
+    """Settings changed while the statement waits: it stores nothing, the rule refuses."""
+    assert await box.ingest("hook", "a", None, now=T)
+    [(inbox,)] = _rows(url, "SELECT id FROM inboxes")
+    tight = Settings().replace({"max_pending": 1}).to_json()
+    with psycopg.connect(url) as other:
+        other.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (inbox,))
+        other.execute("UPDATE inboxes SET settings = %s WHERE id = %s", (tight, inbox))
+        over = asyncio.create_task(box.ingest("hook", "b", None, now=T))
+        await _until_waiting_for_a_lock(url)
+        other.commit()
+    with pytest.raises(BudgetExceeded):
+        await over
+    assert _rows(url, "SELECT source_id FROM events") == [("a",)]

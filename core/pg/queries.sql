@@ -57,6 +57,9 @@ WHERE id = %(inbox)s AND EXISTS (SELECT FROM stored);
 
 -- Many new events in one statement, numbered on from the inbox's last id in the order
 -- given; a key already stored, or repeated in the arrays, is a duplicate of its first copy.
+-- Each key is looked up in the key's index (a lateral probe, LIMIT 1): as NOT EXISTS, the
+-- planner may join the keys against all the inbox's events, a sort of every one of them at
+-- each ingest while the table has no statistics.
 -- name: events_insert
 INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, updated)
 SELECT %(inbox)s, last.id + row_number() OVER (ORDER BY k.o), k.s, k.i, k.p, k.n, k.n, k.n
@@ -65,8 +68,10 @@ FROM (SELECT DISTINCT ON (s, i) s, i, p, n, o
                   %(nows)s::bigint[]) WITH ORDINALITY AS u(s, i, p, n, o)
       ORDER BY s, i, o) AS k
 CROSS JOIN (SELECT coalesce(max(id), 0) AS id FROM events WHERE inbox_id = %(inbox)s) AS last
-WHERE NOT EXISTS (SELECT 1 FROM events e
-                  WHERE e.inbox_id = %(inbox)s AND e.source = k.s AND e.source_id = k.i)
+LEFT JOIN LATERAL (SELECT true AS stored FROM events e
+                   WHERE e.inbox_id = %(inbox)s AND e.source = k.s AND e.source_id = k.i
+                   LIMIT 1) AS seen ON true
+WHERE seen.stored IS NULL
 ORDER BY k.o
 RETURNING source, source_id;
 

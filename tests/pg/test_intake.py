@@ -1,7 +1,10 @@
-"""A lone ingest on PostgreSQL is one autocommit statement that locks the inbox's row itself
-(core/pg/queries.sql `event_insert_alone`). Its snapshot is taken before that lock: these
-tests commit another writer while the statement waits for it, and show that the statement
-then stores nothing, and the write transaction that follows decides by the whole rule."""
+"""Intake on PostgreSQL (core/pg/queries.sql `event_insert_alone`, `events_insert`).
+
+A lone ingest is one autocommit statement that locks the inbox's row itself. Its snapshot
+is taken before that lock: these tests commit another writer while the statement waits for
+it, and show that the statement then stores nothing, and the write transaction that follows
+decides by the whole rule. A batch's cost does not grow with the events the inbox holds.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ import psycopg
 import pytest
 
 from onwatch.core import BudgetExceeded, Inbox
+from onwatch.core.pg.tx import STATEMENTS
 from onwatch.core.settings import Settings
+from tests.core.test_claim_cost import rows_read
 
 T = 1_000_000
 
@@ -115,3 +120,38 @@ async def test_a_budget_another_writer_set_meanwhile_is_kept(box, url):
     with pytest.raises(BudgetExceeded):
         await over
     assert _rows(url, "SELECT source_id FROM events") == [("a",)]
+
+
+async def _batch_rows_read(url: str, stored: int, analyzed: bool) -> int:
+    """The rows a batch of 100 new keys reads (EXPLAIN ANALYZE, rolled back), in an inbox
+    that holds `stored` events, with or without the table's statistics."""
+    async with await Inbox.open(url) as box:
+        for start in range(0, stored, 5000):
+            chunk = range(start, min(stored, start + 5000))
+            await box.ingest_batch([("hook", f"old{k}", None) for k in chunk], now=T)
+        inbox = box._db.inbox  # type: ignore[attr-defined]
+    keys = [f"new{k}" for k in range(100)]
+    params = {
+        "inbox": inbox,
+        "sources": ["hook"] * 100,
+        "source_ids": keys,
+        "payloads": ["null"] * 100,
+        "nows": [T] * 100,
+    }
+    with psycopg.connect(url) as conn:
+        if analyzed:
+            conn.execute("ANALYZE events")
+        plan = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + STATEMENTS["events_insert"], params
+        ).fetchone()[0]
+        conn.rollback()
+    return rows_read(plan[0]["Plan"])
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no statistics", "analyzed"])
+async def test_a_batch_reads_the_keys_it_names_not_the_events_stored(pg, analyzed):
+    """Ten times the events stored: a join against all of them would read ten times more
+    (it did, on a table without statistics: every event of the inbox, sorted)."""
+    small = await _batch_rows_read(pg.new_database(schema=False), 2_000, analyzed)
+    large = await _batch_rows_read(pg.new_database(schema=False), 20_000, analyzed)
+    assert large < small * 1.5 + 50, (small, large)

@@ -215,7 +215,11 @@ def finish_and_claim(
     longer holds). The claim decides on the finish's read of the lease, the settings and
     the pause switch: a finish changes none of them."""
     state = tx.state()
-    if not finish(tx, *outcome, state=state):
+    # A claim that fires no timers looks at what the finish left, and a finish changes no
+    # pending event: the dialect may read the claim's look with the finish.
+    settings = state.settings
+    look = None if timers else (settings.max_attempts, settings.max_batch)
+    if not finish(tx, *outcome, state=state, look=look):
         return False, None
     holder, gen, now = outcome[0], outcome[1], outcome[8]
     return True, claim_next(tx, holder, gen, now, timers, mark, state)
@@ -235,12 +239,14 @@ def finish(
     run: int | None = None,
     traceback: str | None = None,
     state: InboxState | None = None,
+    look: tuple[int, int] | None = None,
 ) -> bool:
     """Commit a run's outcome and everything it produced, fenced (by generation, and by run
     when `run` is given), all or nothing: success marks the events done and queues the
     run's messages, approval requests and follow-up timers in this one transaction; failure
     puts the events back to pending after a backoff, or to dead once out of attempts.
-    `state` is the transaction's own read of the lease and settings, when it made one."""
+    `state` is the transaction's own read of the lease and settings, when it made one;
+    `look`, the claim's look that follows (Tx.finish_done)."""
     now = tx.now(now)
     if state is None:
         state = tx.state()
@@ -256,7 +262,7 @@ def finish(
         and state.holds(holder, gen, now)
         and not _too_many_followups(settings, followups)
     ):
-        known, rows = tx.finish_done(ids, gen, run, now, result, traceback)
+        known, rows = tx.finish_done(ids, gen, run, now, result, traceback, look)
     else:
         # The run's generation and outcome (None: still open), read once for both questions.
         known = None if run is None else tx.run("run_outcome", id=run).fetchone()

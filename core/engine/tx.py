@@ -148,12 +148,18 @@ class Tx(Protocol):
         now: int,
         result: str | None,
         traceback: str | None,
+        look: tuple[int, int] | None = None,
     ) -> tuple[Row | None, list[Row]]:
         """A run's successful finish, in as few round trips as the dialect can: the run's
         (gen, outcome) as it was (run_outcome; None: no such run), and only if it was this
         generation's open run, its events among `ids` still running under it marked done
         (events_finish_done's rows) and the run closed once none of its events is left
-        running (runs_close)."""
+        running (runs_close).
+
+        `look` (max_attempts, limit): a claim_look with these, this generation and `now`
+        comes next; a dialect may read it together with the finish (a finish changes no
+        pending event and no other generation's claim) and answer that claim_look from it,
+        if no other statement runs in between."""
         ...
 
     def claim_look(

@@ -160,7 +160,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
         _rollback(conn)
         raise
     finally:
-        tx.row = tx.begun_changes = None
+        tx.row = tx.begun_changes = tx.looked = None
     return result
 
 

@@ -50,6 +50,7 @@ class Tx:
         "server_time",
         "offset",
         "statements",
+        "looked",
     )
 
     def __init__(
@@ -73,9 +74,13 @@ class Tx:
         # server's time minus this process's, as last seen (what Inbox.clock follows).
         self.server_time: float | None = None
         self.offset = 0.0
+        # A claim's look read with a finish (finish_done's `look`): its arguments and rows,
+        # good for the claim_look that comes next, until any other statement runs.
+        self.looked: tuple[tuple[int, ...], list[Row]] | None = None
 
     def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor[Row]":
         """One statement of this dialect's own (the switches, the counters)."""
+        self.looked = None
         cursor = self.conn.execute(sql, params)
         # A read's rowcount counts the rows it returned. (A statement that changes rows
         # inside a WITH says so itself: see `claim`.)
@@ -162,17 +167,24 @@ class Tx:
         now: int,
         result: str | None,
         traceback: str | None,
+        look: tuple[int, int] | None = None,
     ) -> tuple[Row | None, list[Row]]:
         # One statement (queries.sql `finish_done`): its rows tagged in the last column.
-        found = self.run(
-            "finish_done",
-            ids=list(ids),
-            gen=gen,
-            run=run,
-            now=now,
-            result=result,
-            traceback=traceback,
-        ).fetchall()
+        # With `look`, the claim's look is sent behind it in one pipeline: one round trip
+        # for both (each still runs on its own, after the finish).
+        params = {"ids": list(ids), "gen": gen, "run": run, "now": now}
+        params.update(result=result, traceback=traceback)
+        if look is None:
+            found = self.run("finish_done", **params).fetchall()
+        else:
+            max_attempts, limit = look
+            with self.conn.pipeline():
+                finished = self.run("finish_done", **params)
+                looking = self.run(
+                    "claim_look", gen=gen, now=now, max_attempts=max_attempts, limit=limit
+                )
+            found = finished.fetchall()
+            self.looked = ((gen, now, max_attempts, limit), looking.fetchall())
         rows = [row[:3] for row in found if row[-1] == 0]
         known = next(((row[0], row[3]) for row in found if row[-1] == 1), None)
         self.changed = self.changed or bool(rows)
@@ -182,10 +194,15 @@ class Tx:
         self, gen: int, now: int, max_attempts: int, limit: int
     ) -> tuple[list[Row], list[Row]]:
         # One statement (queries.sql `claim_look`): its rows tagged in the last column. The
-        # burial is a second one, only when there is anything to bury.
-        found = self.run(
-            "claim_look", gen=gen, now=now, max_attempts=max_attempts, limit=limit
-        ).fetchall()
+        # burial is a second one, only when there is anything to bury. A look read with the
+        # finish just before (finish_done's `look`) answers for it.
+        looked, self.looked = self.looked, None
+        if looked is not None and looked[0] == (gen, now, max_attempts, limit):
+            found = looked[1]
+        else:
+            found = self.run(
+                "claim_look", gen=gen, now=now, max_attempts=max_attempts, limit=limit
+            ).fetchall()
         lost, claimable, spent = [], [], False
         for row in found:
             if row[-1] == 3:

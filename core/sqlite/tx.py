@@ -134,7 +134,9 @@ class SqliteTx:
         now: int,
         result: str | None,
         traceback: str | None,
+        look: tuple[int, int] | None = None,
     ) -> tuple[Row | None, list[Row]]:
+        # `look` is not read ahead: a statement costs no round trip here.
         known = self.run("run_outcome", id=run).fetchone()
         if known is None or known[0] != gen or known[1] is not None:
             return known, []

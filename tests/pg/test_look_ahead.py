@@ -1,0 +1,89 @@
+"""A claim's look read together with the finish before it (core/pg/tx.py `finish_done` with
+`look`, one pipeline): the rows are the look the claim would read itself after the finish,
+and they answer only the claim_look that comes next in the same transaction."""
+
+from __future__ import annotations
+
+import psycopg
+
+from onwatch.core import Inbox
+from onwatch.core.engine import intake
+
+T = 1_000_000
+LOOK = (3, 5)  # max_attempts, limit
+
+
+def _sql(url: str, statement: str, params: tuple = ()) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(statement, params)
+
+
+async def _running_run(url: str) -> tuple[Inbox, int, int, list[int]]:
+    """An inbox with one run of generation 2 to finish, and beside it every kind of row a
+    look reads: fresh events, a retried one whose backoff is over, one out of attempts, and
+    a claim lost by generation 1."""
+    box = await Inbox.open(url)
+    await box.configure(max_attempts=3, max_batch=1)
+    await box.ingest_batch([("hook", f"e{k}", None) for k in range(6)], now=T)
+    gen = await box.acquire("W", now=T)
+    [lost] = await box.claim_batch("W", gen, now=T)  # e0, left running by generation 1
+    await box.release("W", gen)
+    gen = await box.acquire("W", now=T + 1)
+    _sql(url, "UPDATE events SET attempts = 1, error = 'timeout' WHERE source_id = 'e1'")
+    _sql(url, "UPDATE events SET attempts = 3, error = 'timeout' WHERE source_id = 'e2'")
+    _sql(url, "UPDATE events SET status = 'pending' WHERE source_id = 'e3'")
+    claimed = await box.claim_batch("W", gen, now=T + 1)  # recovers e0; takes e1 (retried)
+    assert claimed, "the inbox had nothing to claim"
+    run = claimed[0].run_id
+    assert run is not None and lost.id != claimed[0].id
+    return box, gen, run, [e.id for e in claimed]
+
+
+async def test_the_look_read_with_the_finish_is_the_look_after_it(url):
+    box, gen, run, ids = await _running_run(url)
+
+    def finish_then_look(tx):
+        known, done = tx.finish_done(ids, gen, run, T + 2, None, None, look=LOOK)
+        ahead = tx.looked[1]
+        after = tx.run("claim_look", gen=gen, now=T + 2, max_attempts=3, limit=5).fetchall()
+        return known, done, ahead, after
+
+    try:
+        known, done, ahead, after = await box._db.write(finish_then_look)
+    finally:
+        await box.close()
+    assert known == (gen, None) and [row[0] for row in done] == ids
+    assert ahead == after
+    assert {row[-1] for row in ahead} >= {0, 3}  # fresh ones, and the out-of-attempts probe
+
+
+async def test_a_statement_between_the_finish_and_the_claim_makes_it_look_again(url):
+    box, gen, run, ids = await _running_run(url)
+
+    def finish_ingest_look(tx):
+        tx.finish_done(ids, gen, run, T + 2, None, None, look=LOOK)
+        intake.ingest_many(tx, [("hook", "late", "null", T + 2)])
+        return tx.claim_look(gen, T + 2, *LOOK)[1]
+
+    try:
+        claimable = await box._db.write(finish_ingest_look)
+    finally:
+        await box.close()
+    assert "late" in {row[2] for row in claimable}
+
+
+async def test_a_look_read_ahead_does_not_outlive_its_transaction(url):
+    box, gen, run, ids = await _running_run(url)
+    try:
+        await box._db.write(lambda tx: tx.finish_done(ids, gen, run, T + 2, None, None, look=LOOK))
+        _sql(
+            url,
+            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
+            "created, updated) SELECT inbox_id, max(id) + 1, 'hook', 'other', 'null', %s, %s, %s "
+            "FROM events GROUP BY inbox_id",
+            (T, T, T),
+        )
+        claimable = await box._db.write(lambda tx: tx.claim_look(gen, T + 2, *LOOK)[1])
+    finally:
+        await box.close()
+    assert "other" in {row[2] for row in claimable}

@@ -606,6 +606,18 @@ class Bench:
         )
 
 
+def _stolen() -> float:
+    """CPU seconds the hypervisor has given this virtual machine's CPUs to other machines
+    so far (/proc/stat's steal; 0 where there is none). A measurement during which many
+    were stolen ran on a slower machine: its CPU time a job rises with its wall time."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = stat.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def _percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -781,10 +793,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     folder = Path(tempfile.mkdtemp(prefix="onwatch-bench-peers-"))
     bench = Bench(peers, folder, pg)
+    steal = 0.0  # CPU seconds the hypervisor took during the measurements (_stolen)
     try:
         for n in range(rounds):
             for row, who in schedule(rows, n):
+                stolen = _stolen()
                 figures = bench.measure(row, who, sizes[row.key], seed=n)
+                figures["steal_s"] = _stolen() - stolen
+                steal += figures["steal_s"]
                 results[row.key][who].append(figures)
                 shown = {k: round(v, 2) for k, v in figures.items() if k != "waits"}
                 print(f"round {n + 1} {row.key:22} {who:17} {json.dumps(shown)}", flush=True)
@@ -797,6 +813,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     print(
         f"\nload {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f} (1/5/15 min) after; "
+        f"{steal:.1f} CPU s stolen by the hypervisor during the measurements (each round's "
+        f"line says its own); "
         f"peers: {', '.join(PEER_PACKAGES)}"
     )
     if args.json:
@@ -806,6 +824,7 @@ def main(argv: list[str] | None = None) -> int:
             "cores": os.cpu_count(),
             "load_before": load_before,
             "load_after": load_after,
+            "steal_s": steal,
             "peers": PEER_PACKAGES,
             "rows": [
                 {

@@ -172,8 +172,14 @@ class Tx:
         # One statement (queries.sql `finish_done`): its rows tagged in the last column.
         # With `look`, the claim's look is sent behind it in one pipeline: one round trip
         # for both (each still runs on its own, after the finish).
-        params = {"ids": list(ids), "gen": gen, "run": run, "now": now}
-        params.update(result=result, traceback=traceback)
+        params = {
+            "ids": list(ids),
+            "gen": gen,
+            "run": run,
+            "now": now,
+            "result": result,
+            "traceback": traceback,
+        }
         if look is None:
             found = self.run("finish_done", **params).fetchall()
         else:

@@ -39,22 +39,7 @@ except ImportError:  # pragma: no cover - other platforms
 
 log = logging.getLogger("onwatch.wake")
 
-# See confirm: about 2 s in all, the later steps for a commit whose fsync is slow.
-CONFIRM_DELAYS = (
-    0,
-    0.0005,
-    0.001,
-    0.002,
-    0.004,
-    0.008,
-    0.016,
-    0.032,
-    0.064,
-    0.128,
-    0.256,
-    0.512,
-    1.024,
-)
+CONFIRM_DELAYS = (0, 0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064)  # see confirm
 CONFIRM_READS = 64  # at most this many token reads per confirm, whatever the folder does
 
 T = TypeVar("T")
@@ -119,11 +104,9 @@ class Wake(WaiterCounts):
 
         The OS reports another process's commit at its first write to the WAL, before the
         commit is visible (the fsync and the WAL index update come after, and the index is
-        shared memory, which sends no notification). So an unchanged token is read again,
-        at doubling intervals over about 2 s, before the wake-up is called spurious: a
-        commit whose fsync takes a second on a loaded disk is still seen when it lands (over
-        about 0.1 s, such a commit waited for the next poll). Our own writes and a
-        checkpoint cost those 13 reads and nothing more. A notification that arrives
+        shared memory, which sends no notification). So an unchanged token is read again a
+        few times over about 0.1 s before the wake-up is called spurious: our own writes and
+        a checkpoint cost those reads and nothing more. A notification that arrives
         meanwhile cuts the wait short, so a real commit is not kept behind a spurious one.
         """
         seen, step, reads = self.seq, 0, 0

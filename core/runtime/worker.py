@@ -67,6 +67,10 @@ TRANSCRIPT_FLUSH = 5.0  # seconds a finish waits for its run's transcript to be 
 STOP_SLACK = 5.0
 OUTAGE_BACKOFF = 5.0  # seconds between two tries of a database that does not answer, at most
 OUTAGE_LOG_EVERY = 60.0  # seconds between two log lines of one outage
+# After a wake-up the change token did not confirm, the idle worker reads it again after
+# these naps (seconds): a commit is announced at its first write, and on a loaded disk it
+# may become visible only after confirm has given up (see core/sqlite/wake.py confirm).
+RECHECKS = (0.25, 0.5, 1.0, 2.0)
 
 
 def ctx_run_id(batch: list[Event]) -> int | None:
@@ -972,6 +976,7 @@ class Worker:
         elif await self._change_mark() != version:
             return  # a commit since the claim looked: its event may be runnable now
         checked = time.monotonic()
+        rechecks: tuple[float, ...] = ()  # naps before the token is read again anyway
         while not self.stopping:
             now = self.clock.now()
             if wake is not None and now >= wake:
@@ -980,14 +985,19 @@ class Worker:
                 return
             if self._recover_at is not None and now >= self._recover_at:
                 return
-            woke = await self._nap(seen, self._nap_seconds(wake, renew))
+            seconds = self._nap_seconds(wake, renew)
+            woke = await self._nap(seen, min((seconds, *rechecks[:1])))
             seen = notifier.seq
             try:
                 if woke:
                     if await notifier.confirm(self._changes, version):
                         return
+                    # Not visible yet, or nothing: the nap goes on, briefly, between reads.
+                    rechecks = RECHECKS
                     continue
-                if notifier.watching and time.monotonic() - checked < max(
+                if rechecks:
+                    rechecks = rechecks[1:]
+                elif notifier.watching and time.monotonic() - checked < max(
                     self.poll_interval, SLOW_POLL
                 ):
                     continue  # the notifier would have said so; the poll is its insurance

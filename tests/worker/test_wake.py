@@ -16,6 +16,7 @@ import time
 import pytest
 
 from onwatch.core import Inbox
+from onwatch.core.runtime.worker import Worker
 from onwatch.core.sqlite import wake as wake_module
 from tests.waiting import until
 from tests.worker.helpers import (
@@ -140,6 +141,49 @@ async def test_a_notifier_that_fails_falls_back_to_the_poll(tmp_path, monkeypatc
         started = time.monotonic()
         assert not await wake.wait(seen, 0.2)  # a plain timeout now, no notifier behind it
         assert time.monotonic() - started >= 0.19
+
+
+@needs_inotify
+async def test_a_commit_that_becomes_visible_after_confirm_gave_up_still_wakes_the_worker(
+    tmp_path, monkeypatch
+):
+    """The OS announces a commit at its first write to the WAL; on a loaded disk the fsync
+    can keep it invisible for longer than confirm's reads (about 0.1 s). The idle worker
+    then reads the token again after short naps instead of sleeping until its slow poll."""
+    lag = 0.6  # seconds a changed token stays invisible, once armed
+    async with await Inbox.open(str(tmp_path / "inbox.db")) as box:
+        real = box.change_token
+        armed, shown, first_seen = False, None, {}
+
+        async def lagging():
+            nonlocal shown
+            token = await real()
+            if not armed or shown is None:
+                shown = token
+            elif token != shown and time.monotonic() - first_seen.setdefault(
+                token, time.monotonic()
+            ) >= lag:
+                shown = token
+            return shown
+
+        monkeypatch.setattr(box, "change_token", lagging)
+        ran = []
+
+        async def agent(batch, ctx):
+            ran.extend(event.source_id for event in batch)
+
+        worker = Worker(box, agent, poll_interval=30)  # the poll alone would take 30 s
+        running = asyncio.create_task(worker.run())
+        try:
+            await until(lambda: worker.stats.idle >= 1 and box.wake.waiting, what="an idle worker")
+            await lagging()
+            armed = True
+            async with await Inbox.open(str(tmp_path / "inbox.db"), create=False) as other:
+                await other.ingest("chat", "late", {"text": "late"})
+            await until(lambda: ran == ["late"], timeout=lag + 2.0, what="the run, soon after")
+        finally:
+            worker.request_stop()
+            await running
 
 
 async def test_in_process_commit_wakes_a_waiter_directly(tmp_path, monkeypatch):

@@ -186,15 +186,16 @@ class Tx:
             max_attempts, limit = look
             with self.conn.pipeline():
                 finished = self.run("finish_done", **params)
-                looking = self.run(
-                    "claim_look", gen=gen, now=now, max_attempts=max_attempts, limit=limit
-                )
+                looking = self._look(gen, now, max_attempts, limit)
             found = finished.fetchall()
             self.looked = ((gen, now, max_attempts, limit), looking.fetchall())
         rows = [row[:3] for row in found if row[-1] == 0]
         known = next(((row[0], row[3]) for row in found if row[-1] == 1), None)
         self.changed = self.changed or bool(rows)
         return known, rows
+
+    def _look(self, gen: int, now: int, max_attempts: int, limit: int) -> "psycopg.Cursor[Row]":
+        return self.run("claim_look", gen=gen, now=now, max_attempts=max_attempts, limit=limit)
 
     def claim_look(
         self, gen: int, now: int, max_attempts: int, limit: int
@@ -206,9 +207,7 @@ class Tx:
         if looked is not None and looked[0] == (gen, now, max_attempts, limit):
             found = looked[1]
         else:
-            found = self.run(
-                "claim_look", gen=gen, now=now, max_attempts=max_attempts, limit=limit
-            ).fetchall()
+            found = self._look(gen, now, max_attempts, limit).fetchall()
         lost, claimable, spent = [], [], False
         for row in found:
             if row[-1] == 3:

@@ -511,10 +511,15 @@ class _Visit(ListeningWorker):
         # A visit is short and its inbox was found with work: its claims fire due timers
         # when the visit begins and then at most once a second (a look for due timers is a
         # round trip of its own on every claim otherwise).
-        if time.monotonic() < self._scheduled_at:
+        if not self._claim_fires_timers():
             return False
         self._scheduled_at = time.monotonic() + SCHEDULER_EVERY
         return True
+
+    def _claim_fires_timers(self) -> bool:
+        # A finish's claim that found nothing is the visit's last (claiming again at once
+        # would fire nothing either, and look at the same events).
+        return time.monotonic() >= self._scheduled_at
 
     @property
     def productive(self) -> bool:

@@ -337,9 +337,14 @@ class Worker:
 
     def _fires_timers_ahead(self) -> bool:
         """Whether a finish's claim of the next run fires due timers. One that does not,
-        and finds nothing to run, is not taken as the loop's claim: the loop claims again,
-        firing them, so a timer due is never left waiting on an idle worker."""
+        and finds nothing to run, is not taken as the loop's claim when the loop's would
+        fire them (`_claim_fires_timers`): the loop claims again, so a timer due is never
+        left waiting on an idle worker."""
         return self._fires_timers()
+
+    def _claim_fires_timers(self) -> bool:
+        """Whether the loop's claim, if made now, would fire due timers (no side effect)."""
+        return True
 
     def _watch_loop(self, watch: LoopWatch) -> None:
         """(Re)state this worker's limits to the loop's watch: a stall is worth a warning
@@ -809,7 +814,7 @@ class Worker:
                 await self._sleep(min(self.poll_interval, 0.5))
                 continue
             break
-        if claimed is not None and (claimed.events or fired):
+        if claimed is not None and (claimed.events or fired or not self._claim_fires_timers()):
             self._more_timers = claimed.more_timers
             token = claimed.token if self.marks_in_claim else mark
             self._ahead = (ctx.gen, at, token, claimed.events)

@@ -332,6 +332,49 @@ def test_a_lost_answer_to_its_own_release_neither_spins_nor_delays_the_next_even
     asyncio.run(main())
 
 
+def test_a_visit_that_runs_its_inbox_dry_looks_for_work_once_per_run_and_once_more(pg):
+    """Each finish claims the next run in its own transaction; the one that finds nothing
+    ends the visit. The visit does not claim again at once (that would fire no timer
+    either: its claims fire them at most once a second), so a visit of N runs reads the
+    inbox's events N + 1 times."""
+    from onwatch.core.runtime.fleet_worker import FleetWorker
+
+    url = pg.new_database()
+    ran: list[str] = []
+    looks: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counted(self, query, *args, **kwargs):
+        text = str(query)
+        if text.lstrip().startswith("(SELECT") and "status = 'pending'" in text:
+            looks.append(text)  # a claim's look (queries.sql claim_look)
+        return execute(self, query, *args, **kwargs)
+
+    async def agent(batch, ctx) -> None:
+        ran.extend(e.source_id for e in batch)
+
+    async def main() -> None:
+        box = await make_inbox(url, max_batch=1)
+        await box.ingest_batch([("chat", f"m{k}", None) for k in range(3)])
+        fleet = FleetWorker(url, agent, holder="fleet", concurrency=1)
+        psycopg.Connection.execute = counted
+        task = asyncio.create_task(fleet.run())
+        try:
+            for _ in range(200):
+                if len(ran) == 3 and fleet.visits == 1 and not fleet._workers:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            psycopg.Connection.execute = execute
+            fleet.request_stop()
+            await task
+            await box.close()
+        assert ran == ["m0", "m1", "m2"] and fleet.visits == 1
+        assert len(looks) == 4, f"{len(looks)} looks for 3 runs"
+
+    asyncio.run(main())
+
+
 def test_a_database_migrated_by_a_newer_onwatch_under_a_running_fleet_stops_it(pg, tmp_path):
     url = pg.new_database()
 

@@ -231,10 +231,13 @@ WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]) AND status = 'running
 RETURNING id, attempts, run_id;
 
 -- A run's successful finish, in one statement (one round trip where it was three): the run's
--- generation and outcome (run_outcome, tagged 1), its events marked done
--- (events_finish_done, tagged 0) only while it is this generation's open run, and the run
--- closed (runs_close) once none of its events is still running. Its parts read the rows as
--- they were before it: the run's events it marks done are left out of the last check.
+-- generation and outcome (run_outcome, tagged 11: gen in column 0, outcome in column 4),
+-- its events marked done (events_finish_done, tagged 10: id, attempts in column 5, run_id in
+-- column 12) only while it is this generation's open run, and the run closed (runs_close)
+-- once none of its events is still running. Its parts read the rows as they were before it:
+-- the run's events it marks done are left out of the last check. Its rows have claim_look's
+-- columns: a finish that claims next reads that look in this same statement, its rows
+-- ahead of these (core/pg/tx.py `FINISH_THEN_LOOK`).
 -- name: finish_done
 WITH known AS (
     SELECT gen, outcome FROM runs WHERE inbox_id = %(inbox)s AND id = %(run)s
@@ -255,9 +258,11 @@ closed AS (
                       AND e.run_id = r.id AND e.status = 'running'
                       AND e.id NOT IN (SELECT id FROM done))
 )
-(SELECT id, attempts, run_id, NULL, 0 FROM done ORDER BY id)
+(SELECT id, NULL, NULL, NULL, NULL, attempts, NULL, NULL, NULL, NULL, NULL, NULL, run_id, 10
+ FROM done ORDER BY id)
 UNION ALL
-(SELECT gen, NULL, NULL, outcome, 1 FROM known);
+(SELECT gen, NULL, NULL, NULL, outcome, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 11
+ FROM known);
 
 -- name: events_still_claimed
 SELECT id, attempts, run_id FROM events

@@ -346,8 +346,8 @@ def test_a_visit_that_runs_its_inbox_dry_looks_for_work_once_per_run_and_once_mo
 
     def counted(self, query, *args, **kwargs):
         text = str(query)
-        if text.lstrip().startswith("(SELECT") and "status = 'pending'" in text:
-            looks.append(text)  # a claim's look (queries.sql claim_look)
+        if "status = 'pending' AND attempts = 0" in text:
+            looks.append(text)  # a claim's look (claim_look, alone or with a finish)
         return execute(self, query, *args, **kwargs)
 
     async def agent(batch, ctx) -> None:

@@ -274,6 +274,35 @@ def test_no_spin_while_the_runs_per_day_budget_is_used_up(pg, tmp_path):
     assert query(url, "SELECT count(*) FROM events WHERE status = 'pending'") == [(2,)]
 
 
+def test_the_look_reads_the_runs_per_day_budget_as_the_claim_does(pg):
+    """No budget (the stored null), a budget with room left, a budget used up: the look
+    returns the first two (read with and without its regular expression), not the third."""
+    from onwatch.core.pg.fleet import Looker
+
+    url = pg.new_database()
+
+    async def setup() -> None:
+        for name, budget in (("free", None), ("room", 2), ("spent", 1)):
+            box = await make_inbox(url, name)
+            if budget is not None:
+                await box.configure(max_runs_per_day=budget)
+            await box.ingest("chat", "m1")
+            gen = await box.acquire("setup")
+            batch = await box.claim_batch("setup", gen)
+            assert await box.finish("setup", gen, [e.id for e in batch])
+            await box.release("setup", gen)
+            await box.ingest("chat", "m2")
+            await box.close()
+
+    asyncio.run(setup())
+    looker = Looker(url)
+    try:
+        found = looker.with_work(10, taken=[], resting={}, sends=False)
+    finally:
+        looker.close()
+    assert sorted(candidate.name for candidate in found) == ["free", "room"]
+
+
 @pytest.mark.parametrize("committed", [False, True], ids=["not committed", "committed"])
 def test_a_lost_answer_to_its_own_release_neither_spins_nor_delays_the_next_event(pg, committed):
     """The release is cut off (the connection lost under it, before or after its commit):

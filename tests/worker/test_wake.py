@@ -160,9 +160,10 @@ async def test_a_commit_that_becomes_visible_after_confirm_gave_up_still_wakes_t
             token = await real()
             if not armed or shown is None:
                 shown = token
-            elif token != shown and time.monotonic() - first_seen.setdefault(
-                token, time.monotonic()
-            ) >= lag:
+            elif (
+                token != shown
+                and time.monotonic() - first_seen.setdefault(token, time.monotonic()) >= lag
+            ):
                 shown = token
             return shown
 

@@ -53,10 +53,12 @@ def connect(url: str, **settings: str) -> "psycopg.Connection[Row]":
     if "connect_timeout" not in given:
         options["connect_timeout"] = CONNECT_TIMEOUT
     conn = psycopg.connect(url, autocommit=True, **options)
+    session = {**SERVER_SETTINGS, **settings}
     try:
-        for name, value in {**SERVER_SETTINGS, **settings}.items():
-            # set_config, not SET: the value is a parameter, never SQL text.
-            conn.execute("SELECT set_config(%s, %s, false)", (name, value))
+        # set_config, not SET: each name and value is a parameter, never SQL text; all of
+        # them in one statement, one round trip (a fleet opens a connection per inbox).
+        calls = ", ".join(["set_config(%s, %s, false)"] * len(session))
+        conn.execute(f"SELECT {calls}", [part for pair in session.items() for part in pair])
     except BaseException:
         conn.close()
         raise

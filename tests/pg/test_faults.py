@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from onwatch.core import FakeClock, Inbox, InboxError
-from onwatch.core.pg.connect import IDLE_IN_TRANSACTION
+from onwatch.core.pg.connect import IDLE_IN_TRANSACTION, STATEMENT_TIMEOUT, connect
 from tests.pg.proxy import Proxy
 from tests.terminal import Terminal
 from tests.waiting import until, until_sync
@@ -107,6 +107,38 @@ def proxy(pg):
     proxied = Proxy(pg.owned.port)
     yield proxied
     proxied.close()
+
+
+def test_every_connection_carries_the_bounds_that_notice_a_silent_server(pg, monkeypatch):
+    # Both sides of the socket give up on a peer that stopped answering, and a statement or
+    # an idle transaction has a limit on the server; set in one statement at connect, each
+    # value a parameter (a quote in one is text, never SQL).
+    url = pg.new_database(schema=False)
+    sent = []
+    execute = psycopg.Connection.execute
+    monkeypatch.setattr(
+        psycopg.Connection,
+        "execute",
+        lambda self, q, p=None, **k: sent.append(q) or execute(self, q, p, **k),
+    )
+    with connect(url, application_name="it's; SELECT 1 --") as conn:
+        assert len(sent) == 1  # one round trip for every setting
+        shown = conn.execute(
+            "SELECT current_setting('statement_timeout'), "
+            "current_setting('idle_in_transaction_session_timeout'), "
+            "current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), "
+            "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout'), "
+            "current_setting('application_name')"
+        ).fetchone()
+    assert shown == (
+        f"{STATEMENT_TIMEOUT // 60}min",
+        f"{IDLE_IN_TRANSACTION}s",
+        "10",
+        "5",
+        "3",
+        "30000",  # milliseconds
+        "it's; SELECT 1 --",
+    )
 
 
 async def test_closing_an_inbox_whose_server_stopped_answering_returns(pg, proxy):

@@ -130,13 +130,12 @@ def test_every_connection_carries_the_bounds_that_notice_a_silent_server(pg, mon
             "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout'), "
             "current_setting('application_name')"
         ).fetchone()
+        # The server shows its TCP settings as 0 on a Unix socket (a server given by URL).
+        tcp = not conn.info.host.startswith("/")
     assert shown == (
         f"{STATEMENT_TIMEOUT // 60}min",
         f"{IDLE_IN_TRANSACTION}s",
-        "10",
-        "5",
-        "3",
-        "30000",  # milliseconds
+        *(("10", "5", "3", "30000") if tcp else ("0", "0", "0", "0")),  # the last in ms
         "it's; SELECT 1 --",
     )
 

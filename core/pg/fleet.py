@@ -58,10 +58,10 @@ WITH clock AS (SELECT extract(epoch FROM clock_timestamp()) AS exact,
 found AS (
 SELECT i.name, i.changes, coalesce(i.lease_until + 1, 0) AS since, random() AS shuffled
 FROM clock, inboxes i
-LEFT JOIN unnest(%(resting)s::text[], %(resting_changes)s::bigint[]) AS r(name, changes)
+LEFT JOIN unnest(%(resting)b::text[], %(resting_changes)b::bigint[]) AS r(name, changes)
        ON r.name = i.name
 WHERE (i.lease_until IS NULL OR i.lease_until < clock.now)
-  AND NOT (i.name = ANY(%(taken)s::text[]))
+  AND NOT (i.name = ANY(%(taken)b::text[]))
   AND (r.name IS NULL OR r.changes <> i.changes)
   AND ((NOT i.paused
         AND EXISTS (SELECT 1 FROM events e WHERE e.inbox_id = i.id AND e.status = 'pending'
@@ -96,13 +96,13 @@ ORDER BY found.since, found.shuffled
 _MISSING_PRIVILEGES = """
 SELECT c.relname FROM pg_class c
 WHERE c.relnamespace = current_schema()::regnamespace
-  AND ((c.relkind = 'r' AND c.relname = ANY(%(tables)s::text[])
+  AND ((c.relkind = 'r' AND c.relname = ANY(%(tables)b::text[])
         AND NOT (has_table_privilege(c.oid, 'SELECT')
                  AND (c.relname = 'onwatch_schema'  -- only read, once migrated
                       OR (has_table_privilege(c.oid, 'INSERT')
                           AND has_table_privilege(c.oid, 'UPDATE')
                           AND has_table_privilege(c.oid, 'DELETE')))))
-       OR (c.relkind = 'S' AND split_part(c.relname, '_', 1) = ANY(%(tables)s::text[])
+       OR (c.relkind = 'S' AND split_part(c.relname, '_', 1) = ANY(%(tables)b::text[])
            AND NOT has_sequence_privilege(c.oid, 'USAGE')))
 ORDER BY 1
 """

@@ -64,8 +64,8 @@ WHERE id = %(inbox)s AND EXISTS (SELECT FROM stored);
 INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, created, updated)
 SELECT %(inbox)s, last.id + row_number() OVER (ORDER BY k.o), k.s, k.i, k.p, k.n, k.n, k.n
 FROM (SELECT DISTINCT ON (s, i) s, i, p, n, o
-      FROM unnest(%(sources)s::text[], %(source_ids)s::text[], %(payloads)s::text[],
-                  %(nows)s::bigint[]) WITH ORDINALITY AS u(s, i, p, n, o)
+      FROM unnest(%(sources)b::text[], %(source_ids)b::text[], %(payloads)b::text[],
+                  %(nows)b::bigint[]) WITH ORDINALITY AS u(s, i, p, n, o)
       ORDER BY s, i, o) AS k
 CROSS JOIN (SELECT coalesce(max(id), 0) AS id FROM events WHERE inbox_id = %(inbox)s) AS last
 LEFT JOIN LATERAL (SELECT true AS stored FROM events e
@@ -192,14 +192,14 @@ WITH run AS (
     VALUES (%(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s) RETURNING id),
 linked AS (
     INSERT INTO run_events(inbox_id, event_id, run_id)
-    SELECT %(inbox)s, unnest(%(ids)s::bigint[]), run.id FROM run),
+    SELECT %(inbox)s, unnest(%(ids)b::bigint[]), run.id FROM run),
 claimed AS (
     UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = %(gen)s,
            claimed_at = %(now)s, run_id = (SELECT id FROM run), updated = %(now)s,
            key_salt = coalesce(key_salt, CASE WHEN run_id IS NULL
                                          THEN floor(random() * 9007199254740992)::bigint
                                          END)
-    WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]))
+    WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)b::bigint[]))
 SELECT id FROM run;
 
 -- name: claim before 4
@@ -208,11 +208,11 @@ WITH run AS (
     VALUES (%(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s) RETURNING id),
 linked AS (
     INSERT INTO run_events(inbox_id, event_id, run_id)
-    SELECT %(inbox)s, unnest(%(ids)s::bigint[]), run.id FROM run),
+    SELECT %(inbox)s, unnest(%(ids)b::bigint[]), run.id FROM run),
 claimed AS (
     UPDATE events SET status = 'running', attempts = attempts + 1, claim_gen = %(gen)s,
            claimed_at = %(now)s, run_id = (SELECT id FROM run), updated = %(now)s
-    WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]))
+    WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)b::bigint[]))
 SELECT id FROM run;
 
 -- --- finishing ---------------------------------------------------------------------------
@@ -226,7 +226,7 @@ SELECT gen, outcome FROM runs WHERE inbox_id = %(inbox)s AND id = %(id)s;
 
 -- name: events_finish_done
 UPDATE events SET status = 'done', error = NULL, updated = %(now)s
-WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]) AND status = 'running'
+WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)b::bigint[]) AND status = 'running'
   AND claim_gen = %(gen)s AND (%(run)s::bigint IS NULL OR run_id = %(run)s)
 RETURNING id, attempts, run_id;
 
@@ -244,7 +244,7 @@ WITH known AS (
 ),
 done AS (
     UPDATE events SET status = 'done', error = NULL, updated = %(now)s
-    WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]) AND status = 'running'
+    WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)b::bigint[]) AND status = 'running'
       AND claim_gen = %(gen)s AND run_id = %(run)s
       AND EXISTS (SELECT 1 FROM known WHERE gen = %(gen)s AND outcome IS NULL)
     RETURNING id, attempts, run_id
@@ -266,7 +266,7 @@ UNION ALL
 
 -- name: events_still_claimed
 SELECT id, attempts, run_id FROM events
-WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]) AND status = 'running'
+WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)b::bigint[]) AND status = 'running'
   AND claim_gen = %(gen)s AND (%(run)s::bigint IS NULL OR run_id = %(run)s)
 ORDER BY id;
 
@@ -287,7 +287,7 @@ WHERE inbox_id = %(inbox)s AND id = %(id)s;
 -- name: runs_close
 UPDATE runs r SET outcome = %(outcome)s, finished_at = %(now)s, result = %(result)s,
        error = %(error)s, traceback = %(traceback)s
-WHERE r.inbox_id = %(inbox)s AND r.id = ANY(%(runs)s::bigint[]) AND r.outcome IS NULL
+WHERE r.inbox_id = %(inbox)s AND r.id = ANY(%(runs)b::bigint[]) AND r.outcome IS NULL
   AND NOT EXISTS (SELECT 1 FROM events e WHERE e.inbox_id = r.inbox_id
                   AND e.run_id = r.id AND e.status = 'running');
 
@@ -302,7 +302,7 @@ ON CONFLICT (inbox_id, id) DO UPDATE SET kind = excluded.kind, due = excluded.du
     key_source = excluded.key_source, key_id = excluded.key_id, broken = NULL;
 
 -- name: timers_delete
-DELETE FROM timers WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::text[]);
+DELETE FROM timers WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)b::text[]);
 
 -- name: timer_due_any
 SELECT 1 FROM timers
@@ -318,8 +318,8 @@ ORDER BY due, id LIMIT %(limit)s;
 -- name: timers_advance
 UPDATE timers t SET due = u.due, last_fired = coalesce(u.fired, t.last_fired),
        last_skipped = coalesce(u.skipped, t.last_skipped), overflow = t.overflow + u.overflow
-FROM unnest(%(ids)s::text[], %(dues)s::bigint[], %(fired)s::bigint[],
-            %(skipped)s::bigint[], %(overflows)s::bigint[])
+FROM unnest(%(ids)b::text[], %(dues)b::bigint[], %(fired)b::bigint[],
+            %(skipped)b::bigint[], %(overflows)b::bigint[])
      AS u(id, due, fired, skipped, overflow)
 WHERE t.inbox_id = %(inbox)s AND t.id = u.id;
 
@@ -448,7 +448,7 @@ SELECT d.id, d.status, d.attempts, d.created,
        (SELECT count(*) FROM outbox o WHERE o.inbox_id = d.inbox_id AND o.delivery_id = d.id),
        d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken,
        d.key_salt
-FROM deliveries d WHERE d.inbox_id = %(inbox)s AND d.id = ANY(%(ids)s::bigint[])
+FROM deliveries d WHERE d.inbox_id = %(inbox)s AND d.id = ANY(%(ids)b::bigint[])
 ORDER BY d.id LIMIT %(limit)s;
 
 -- name: deliveries_by_ids before 4
@@ -456,7 +456,7 @@ SELECT d.id, d.status, d.attempts, d.created,
        (SELECT count(*) FROM outbox o WHERE o.inbox_id = d.inbox_id AND o.delivery_id = d.id),
        d.sent_at, d.last_error, NOT d.paced, d.at_most_once, d.retry_after, d.broken,
        NULL::bigint
-FROM deliveries d WHERE d.inbox_id = %(inbox)s AND d.id = ANY(%(ids)s::bigint[])
+FROM deliveries d WHERE d.inbox_id = %(inbox)s AND d.id = ANY(%(ids)b::bigint[])
 ORDER BY d.id LIMIT %(limit)s;
 
 -- name: deliveries_uncertain
@@ -506,7 +506,7 @@ WHERE id = (SELECT max(id) FROM effects WHERE inbox_id = %(inbox)s AND key = %(k
 
 -- name: effects_for_runs
 SELECT id, run_id, name, key, state, detail, intended_at, settled_at FROM effects
-WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)s::bigint[]) ORDER BY id;
+WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)b::bigint[]) ORDER BY id;
 
 -- --- reads -------------------------------------------------------------------------------
 
@@ -584,7 +584,7 @@ WHERE inbox_id = %(inbox)s AND target = %(target)s ORDER BY id DESC LIMIT %(limi
 
 -- name: runs_by_ids
 SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, traceback
-FROM runs WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)s::bigint[]) ORDER BY id;
+FROM runs WHERE inbox_id = %(inbox)s AND id = ANY(%(ids)b::bigint[]) ORDER BY id;
 
 -- name: runs_of_event
 SELECT id, holder, gen, event_ids, claimed_at, finished_at, outcome, result, error, traceback
@@ -674,7 +674,7 @@ WHERE t.inbox_id = %(inbox)s AND NOT t.pruned AND NOT EXISTS (
 RETURNING run_id;
 
 -- name: transcript_lines_delete
-DELETE FROM transcript_lines WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)s::bigint[]);
+DELETE FROM transcript_lines WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)b::bigint[]);
 
 -- name: spend_insert
 INSERT INTO spend(inbox_id, run_id, seq, at, unit, micros, note)
@@ -698,7 +698,7 @@ WHERE s >= %(limit)s;
 
 -- name: spend_of_runs
 SELECT run_id, unit, sum(micros) FROM spend
-WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)s::bigint[])
+WHERE inbox_id = %(inbox)s AND run_id = ANY(%(runs)b::bigint[])
 GROUP BY run_id, unit ORDER BY run_id, unit;
 
 -- name: spend_per_day
@@ -816,7 +816,7 @@ WHERE inbox_id = %(inbox)s AND source = %(source)s AND source_id = %(source_id)s
 
 -- name: approvals_of_runs
 SELECT request_id FROM approvals
-WHERE inbox_id = %(inbox)s AND run_id = ANY(%(ids)s::bigint[])
+WHERE inbox_id = %(inbox)s AND run_id = ANY(%(ids)b::bigint[])
 ORDER BY requested, request_id;
 
 -- An operator gave the inbox work without a new pending row (run now, a timer resumed):

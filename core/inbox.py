@@ -305,7 +305,7 @@ class Inbox:
             )
         if not batch:
             return []
-        return await self._write(_ingest_all_or_none, batch)
+        return await self._write(intake.ingest_all_or_none, batch)
 
     async def prune_payloads(self, older_than: int, *, now: int | None = None) -> int:
         """Drop payloads of done/cancelled events last changed before `older_than`; the
@@ -1337,15 +1337,6 @@ def _group_line(line: object) -> str:
     if line == "":
         return ""
     return checks.text("line", line, limit=1_000_000)
-
-
-def _ingest_all_or_none(tx: Tx, batch: list[intake.Item]) -> list[bool]:
-    stored: list[bool] = []
-    for result in intake.ingest_many(tx, batch):
-        if isinstance(result, Exception):
-            raise result  # rolls the whole batch back
-        stored.append(result)
-    return stored
 
 
 def _acted(tx: Tx, target: str, fn: Callable[..., T], *args: Any) -> tuple[T, AuditEntry | None]:

@@ -45,6 +45,22 @@ def ingest_many(tx: Tx, items: Sequence[Item]) -> list[bool | Exception]:
     return results
 
 
+def ingest_all_or_none(tx: Tx, items: Sequence[Item]) -> list[bool]:
+    """Store each new event, report duplicates as False; or raise the first item's refusal,
+    which rolls the whole transaction back (`Inbox.ingest_batch`). No savepoint: nothing
+    of this transaction outlives a refusal, so no item needs isolating from the others."""
+    try:
+        results = _ingest_items(tx, items)
+    except tx.row_errors as exc:  # a value the database refuses: the group's statement
+        raise BadInput(f"event not stored: {reason(exc)}") from exc
+    stored: list[bool] = []
+    for result in results:
+        if isinstance(result, Exception):
+            raise result
+        stored.append(result)
+    return stored
+
+
 def ingest_alone(
     tx: Tx, items: Sequence[Item], seen: dict[str, str | None]
 ) -> list[bool | Exception] | None:
@@ -64,8 +80,7 @@ def ingest_alone(
     if len(items) != 1:
         return None
     if "settings" not in seen:
-        row = tx.run("settings_load").fetchone()
-        seen["settings"] = None if row is None else row[0]
+        seen["settings"] = tx.settings_text()
     text = seen["settings"]
     settings = Settings() if text is None else settings_from(text)
     [(source, source_id, payload, now)] = items

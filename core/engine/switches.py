@@ -11,10 +11,8 @@ FLAGS = ("paused", "outbox_held")
 
 
 def load_settings(tx: Tx) -> Settings:
-    row = tx.run("settings_load").fetchone()
-    if row is None or row[0] is None:
-        return Settings()
-    return settings_from(row[0])
+    text = tx.settings_text()
+    return Settings() if text is None else settings_from(text)
 
 
 def store_settings(tx: Tx, settings: Settings) -> None:

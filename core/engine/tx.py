@@ -120,6 +120,10 @@ class Tx(Protocol):
         """The lease, settings and pause switch, as of this transaction (one read)."""
         ...
 
+    def settings_text(self) -> str | None:
+        """The stored settings (JSON), as of this transaction (None: never set)."""
+        ...
+
     def meta(self, key: str) -> Any:
         """One of META_KEYS."""
         ...

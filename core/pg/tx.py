@@ -137,6 +137,14 @@ class Tx:
         holder, gen, until, settings, paused = row[:5]
         return InboxState(holder, gen, until, settings, bool(paused))
 
+    def settings_text(self) -> str | None:
+        # The row the write transaction locked holds them: no round trip.
+        if self.row is not None:
+            text: str | None = self.row[3]
+            return text
+        row = self.run("settings_load").fetchone()
+        return None if row is None else row[0]
+
     def meta(self, key: str) -> Any:
         if key not in META_KEYS:
             raise KeyError(key)
@@ -162,7 +170,7 @@ class Tx:
         stored = self.run(
             "events_insert", sources=sources, source_ids=source_ids, payloads=payloads, nows=nows
         )
-        return {(s, i) for s, i in stored}
+        return {(s, i) for s, i in stored.fetchall()}  # fetchall: one call, not one a row
 
     def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
         listed = list(ids)

@@ -92,6 +92,10 @@ class SqliteTx:
         holder, gen, until, settings, paused = self.one("inbox_state")
         return InboxState(holder, gen, until, settings, bool(paused))
 
+    def settings_text(self) -> str | None:
+        row = self.run("settings_load").fetchone()
+        return None if row is None else row[0]
+
     def meta(self, key: str) -> Any:
         if key not in META_KEYS:
             raise KeyError(key)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from onwatch.core import BadInput, BudgetExceeded, FakeClock, FollowUp, Inbox, Reply
 
-from .conftest import DAY, T
+from .conftest import DAY, T, is_postgresql
 
 pytestmark = pytest.mark.backends  # the conformance suite: once per backend
 
@@ -645,3 +646,41 @@ async def test_a_batch_is_stored_all_or_none(inbox):
     with pytest.raises(BadInput):
         await inbox.ingest_batch([("chat", "e", None), ("chat", "", None)])
     assert await inbox.ingest("chat", "e", None) is True
+
+
+async def test_a_batch_the_database_refuses_stores_nothing_and_says_why(inbox, path):
+    """A value the database itself refuses (here a rule another program added to the file or
+    schema): the batch raises BadInput with the database's reason, none of it is kept, and
+    the inbox goes on."""
+    await inbox.ingest("chat", "before", None)
+    _refuse_source_id(path, "poison")
+    with pytest.raises(BadInput, match="event not stored: .*no poison here"):
+        await inbox.ingest_batch([("chat", "ok", None), ("chat", "poison", None)])
+    assert (await inbox.counts())["pending"] == 1
+    assert await inbox.ingest_batch([("chat", "ok", None), ("chat", "fine", None)]) == [True, True]
+    assert (await inbox.counts())["pending"] == 3
+
+
+def _refuse_source_id(path: str, source_id: str) -> None:
+    """Make the database refuse an event with this source id, as a CHECK would."""
+    if is_postgresql(path):
+        import psycopg
+
+        with psycopg.connect(path, autocommit=True) as conn:
+            conn.execute(
+                "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+                "RAISE EXCEPTION 'no poison here' USING ERRCODE = 'check_violation'; END $$"
+            )
+            conn.execute(
+                "CREATE TRIGGER refuse BEFORE INSERT ON events FOR EACH ROW "
+                f"WHEN (NEW.source_id = '{source_id}') EXECUTE FUNCTION refuse()"
+            )
+        return
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute(
+            f"CREATE TRIGGER refuse BEFORE INSERT ON events WHEN NEW.source_id = '{source_id}' "
+            "BEGIN SELECT RAISE(ABORT, 'no poison here'); END"
+        )
+        conn.commit()

@@ -67,6 +67,36 @@ async def test_a_lone_ingest_is_one_round_trip_and_counts_a_change(box, url, mon
     ]
 
 
+async def test_a_batch_is_three_round_trips_the_lock_the_insert_and_the_commit(
+    box, url, monkeypatch
+):
+    """The settings come with the locked inbox row, and an all-or-none batch needs no
+    savepoint: nothing else goes to the server."""
+    assert await box.ingest_batch([("hook", "a", None)], now=T) == [True]
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def counted(self, query, *args, **kwargs):
+        sent.append(" ".join(str(query).split()[:2]))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    assert await box.ingest_batch(
+        [("hook", "b", 1), ("hook", "a", 2), ("hook", "c", 3)], now=T
+    ) == [
+        True,
+        False,
+        True,
+    ]
+    assert sent == ["BEGIN; SELECT", "INSERT INTO", "UPDATE inboxes"]  # its COMMIT rides along
+    monkeypatch.undo()
+    assert _rows(url, "SELECT id, source_id, payload FROM events ORDER BY id") == [
+        (1, "a", "null"),
+        (2, "b", "1"),
+        (3, "c", "3"),
+    ]
+
+
 async def test_without_a_given_time_the_event_takes_the_servers_clock(box, url):
     assert await box.ingest("hook", "a")
     [(created, server)] = _rows(

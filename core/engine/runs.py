@@ -50,10 +50,13 @@ def claim_next(
     now = tx.now(now)
     if state is None:
         state = tx.state()  # the lease, the switches and the settings: no timer changes them
-    more = False
-    if timers and scheduler.nothing_due(tx, now) is None:
+    settings, more = state.settings, False
+    # The claim's look goes with the probe for due timers (one round trip where the
+    # dialect can); a timer that fires changes what it would read, and it is read again.
+    look = (gen, settings.max_attempts, settings.max_batch)
+    if timers and scheduler.nothing_due(tx, now, look) is None:
         _, more = scheduler.run_scheduler(tx, now)
-    return Claimed(_claim(tx, state, holder, gen, now), token, state.settings, more)
+    return Claimed(_claim(tx, state, holder, gen, now), token, settings, more)
 
 
 def claim_batch(tx: Tx, holder: str, gen: int, now: int | None) -> list[Event]:

@@ -29,11 +29,13 @@ TX_SECONDS = 0.035  # the bound, not overshot by a chunk
 PAUSE_SECONDS = 0.0015
 
 
-def nothing_due(tx: Tx, now: int | None) -> tuple[int, bool] | None:
+def nothing_due(
+    tx: Tx, now: int | None, look: tuple[int, int, int] | None = None
+) -> tuple[int, bool] | None:
     """A scheduler pass's answer without a write transaction when no timer is due (most
-    passes of a busy worker): nothing fired, nothing more; None when there is."""
-    found = tx.run("timer_due_any", now=tx.now(now)).fetchone()
-    return None if found else (0, False)
+    passes of a busy worker): nothing fired, nothing more; None when there is. `look`: a
+    claim's look comes next (Tx.timer_due)."""
+    return None if tx.timer_due(tx.now(now), look) else (0, False)
 
 
 def run_scheduler(

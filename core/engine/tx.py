@@ -177,6 +177,14 @@ class Tx(Protocol):
         recovered: a caller that recovers one looks again."""
         ...
 
+    def timer_due(self, now: int, look: tuple[int, int, int] | None = None) -> bool:
+        """Whether any timer that may fire is due at `now` (timer_due_any).
+
+        `look` (gen, max_attempts, limit): a claim_look with these and `now` comes next if
+        none is due; a dialect may read it in the same round trip (as with finish_done's)
+        and answer that claim_look from it, if no other statement runs in between."""
+        ...
+
     def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
         """Move recurring timers on after firing (a None last_fired/last_skipped keeps the
         stored value; overflow is added)."""

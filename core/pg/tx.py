@@ -27,6 +27,18 @@ def _finish_then_look(finish: str, look: str) -> str:
 
 
 FINISH_THEN_LOOK = _finish_then_look(STATEMENTS["finish_done"], STATEMENTS["claim_look"])
+
+
+def _look_and_probe(look: str, probe: str) -> str:
+    """claim_look's rows, then one row tagged 20 whose first column counts the due timers
+    timer_due_any finds (0 or 1), in one statement. The probe's row comes last: a UNION
+    resolves its types pair by pair, and the look's typed rows come first."""
+    nulls = ", ".join(["NULL"] * 12)
+    return f"{look}\nUNION ALL\n(SELECT count(*), {nulls}, 20 FROM ({probe}) AS due)"
+
+
+_LOOK_AND_PROBE: dict[tuple[str, str], str] = {}  # by (look, probe): a schema's own texts
+
 SERVER_TIME = "SELECT extract(epoch FROM clock_timestamp())"
 # The statements that change the inbox's own row (its lease, switches or settings): after
 # one, the row a write transaction locked and read (`Tx.row`) is no longer current.
@@ -210,6 +222,29 @@ class Tx:
         known = next(((row[0], row[4]) for row in found if row[-1] == 11), None)
         self.changed = self.changed or bool(rows)
         return known, rows
+
+    def timer_due(self, now: int, look: tuple[int, int, int] | None = None) -> bool:
+        if look is None:
+            return self.run("timer_due_any", now=now).fetchone() is not None
+        gen, max_attempts, limit = look
+        texts = (self.statements["claim_look"], self.statements["timer_due_any"])
+        sql = _LOOK_AND_PROBE.get(texts)
+        if sql is None:
+            sql = _LOOK_AND_PROBE[texts] = _look_and_probe(*texts)
+        found = self.execute(
+            sql,
+            {
+                "inbox": self.inbox,
+                "gen": gen,
+                "now": now,
+                "max_attempts": max_attempts,
+                "limit": limit,
+            },
+        ).fetchall()
+        due = any(row[-1] == 20 and row[0] > 0 for row in found)
+        if not due:  # nothing fires: the claim's look comes next, and this is it
+            self.looked = ((gen, now, max_attempts, limit), [r for r in found if r[-1] != 20])
+        return due
 
     def _look(self, gen: int, now: int, max_attempts: int, limit: int) -> "psycopg.Cursor[Row]":
         return self.run("claim_look", gen=gen, now=now, max_attempts=max_attempts, limit=limit)

@@ -167,6 +167,9 @@ class SqliteTx:
             return lost, []  # the caller looks again once they are recovered
         return lost, self.run("claimable_next", now=now, limit=limit).fetchall()
 
+    def timer_due(self, now: int, look: tuple[int, int, int] | None = None) -> bool:
+        return self.run("timer_due_any", now=now).fetchone() is not None
+
     def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
         self.run("timers_advance", rows=list(rows))
 

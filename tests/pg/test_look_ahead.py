@@ -1,4 +1,4 @@
-"""A claim's look read together with the finish before it (core/pg/tx.py `finish_done` with
+"""A claim's look read together with the statement before it (core/pg/tx.py: `finish_done` with
 `look`, one pipeline): the rows are the look the claim would read itself after the finish,
 and they answer only the claim_look that comes next in the same transaction."""
 
@@ -87,3 +87,56 @@ async def test_a_look_read_ahead_does_not_outlive_its_transaction(url):
     finally:
         await box.close()
     assert "other" in {row[2] for row in claimable}
+
+
+# --- the look read with the probe for due timers (Tx.timer_due with `look`) ------------------
+
+
+async def test_the_look_read_with_the_timer_probe_is_the_look_itself(url):
+    box, gen, run, ids = await _running_run(url)
+
+    def probe_then_look(tx):
+        due = tx.timer_due(T + 2, (gen, *LOOK))
+        ahead = tx.looked[1]
+        after = tx.run("claim_look", gen=gen, now=T + 2, max_attempts=3, limit=5).fetchall()
+        return due, ahead, after
+
+    try:
+        due, ahead, after = await box._db.write(probe_then_look)
+    finally:
+        await box.close()
+    assert due is False
+    assert ahead == after
+    assert {row[-1] for row in ahead} >= {0, 3}  # fresh ones, and the out-of-attempts probe
+
+
+async def test_a_wake_ups_claim_is_four_round_trips_and_a_due_timer_still_joins_it(
+    url, monkeypatch
+):
+    """The lock, the look with the probe, the claim, the commit. A timer that is due makes
+    the probe say so: it fires, and its event is in what the claim looks at again."""
+    box = await Inbox.open(url)
+    try:
+        await box.configure(max_batch=10)
+        gen = await box.acquire("W", now=T)
+        await box.ingest("hook", "a", None, now=T)
+        sent: list[str] = []
+        execute = psycopg.Connection.execute
+
+        def counted(self, query, *args, **kwargs):
+            sent.append(" ".join(str(query).split()[:2]))
+            return execute(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", counted)
+        claimed = await box.claim_next("W", gen, mark=False, now=T)
+        assert [e.source_id for e in claimed.events] == ["a"]
+        assert sent == ["BEGIN; SELECT", "(SELECT id,", "WITH run", "UPDATE inboxes"]
+        monkeypatch.undo()
+
+        await box.finish("W", gen, [e.id for e in claimed.events], now=T)
+        await box.add_timer("tick", T + 5, None)
+        await box.ingest("hook", "b", None, now=T + 5)
+        claimed = await box.claim_next("W", gen, mark=False, now=T + 5)
+        assert sorted(e.source for e in claimed.events) == ["hook", "timer"]
+    finally:
+        await box.close()

@@ -3,6 +3,8 @@ that says why there is no server."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import pytest
 
 from tests.pg.server import Cluster, cluster_or_skip
@@ -11,6 +13,28 @@ from tests.pg.server import Cluster, cluster_or_skip
 @pytest.fixture
 def pg() -> Cluster:
     return cluster_or_skip()
+
+
+@pytest.fixture
+def record_statements(monkeypatch) -> Callable[[], list[str]]:
+    """`record_statements()` starts recording what every psycopg connection of this process
+    sends, each statement as its first two words, into the list it returns (until the test
+    ends, or monkeypatch.undo())."""
+
+    def start() -> list[str]:
+        import psycopg
+
+        sent: list[str] = []
+        execute = psycopg.Connection.execute
+
+        def recorded(self, query, *args, **kwargs):
+            sent.append(" ".join(str(query).split()[:2]))
+            return execute(self, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Connection, "execute", recorded)
+        return sent
+
+    return start
 
 
 @pytest.fixture

@@ -46,19 +46,14 @@ async def box(url):
     await inbox.close()
 
 
-async def test_a_lone_ingest_is_one_round_trip_and_counts_a_change(box, url, monkeypatch):
+async def test_a_lone_ingest_is_one_round_trip_and_counts_a_change(
+    box, url, monkeypatch, record_statements
+):
     assert await box.ingest("hook", "a", None, now=T)  # the first also reads the settings
     before = await box.change_token()
-    sent: list[str] = []
-    execute = psycopg.Connection.execute
-
-    def counted(self, query, *args, **kwargs):
-        sent.append(str(query).split()[0])
-        return execute(self, query, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    sent = record_statements()
     assert await box.ingest("hook", "b", {"n": 2}, now=T)
-    assert sent == ["WITH"]  # no BEGIN, no lock of its own, no COMMIT
+    assert sent == ["WITH locked"]  # no BEGIN, no lock of its own, no COMMIT
     monkeypatch.undo()
     assert await box.change_token() != before  # an idle worker's look sees the news
     assert _rows(url, "SELECT id, source_id, payload, created FROM events ORDER BY id") == [
@@ -68,19 +63,12 @@ async def test_a_lone_ingest_is_one_round_trip_and_counts_a_change(box, url, mon
 
 
 async def test_a_batch_is_three_round_trips_the_lock_the_insert_and_the_commit(
-    box, url, monkeypatch
+    box, url, monkeypatch, record_statements
 ):
     """The settings come with the locked inbox row, and an all-or-none batch needs no
     savepoint: nothing else goes to the server."""
     assert await box.ingest_batch([("hook", "a", None)], now=T) == [True]
-    sent: list[str] = []
-    execute = psycopg.Connection.execute
-
-    def counted(self, query, *args, **kwargs):
-        sent.append(" ".join(str(query).split()[:2]))
-        return execute(self, query, *args, **kwargs)
-
-    monkeypatch.setattr(psycopg.Connection, "execute", counted)
+    sent = record_statements()
     assert await box.ingest_batch(
         [("hook", "b", 1), ("hook", "a", 2), ("hook", "c", 3)], now=T
     ) == [

@@ -111,7 +111,7 @@ async def test_the_look_read_with_the_timer_probe_is_the_look_itself(url):
 
 
 async def test_a_wake_ups_claim_is_four_round_trips_and_a_due_timer_still_joins_it(
-    url, monkeypatch
+    url, monkeypatch, record_statements
 ):
     """The lock, the look with the probe, the claim, the commit. A timer that is due makes
     the probe say so: it fires, and its event is in what the claim looks at again."""
@@ -120,14 +120,7 @@ async def test_a_wake_ups_claim_is_four_round_trips_and_a_due_timer_still_joins_
         await box.configure(max_batch=10)
         gen = await box.acquire("W", now=T)
         await box.ingest("hook", "a", None, now=T)
-        sent: list[str] = []
-        execute = psycopg.Connection.execute
-
-        def counted(self, query, *args, **kwargs):
-            sent.append(" ".join(str(query).split()[:2]))
-            return execute(self, query, *args, **kwargs)
-
-        monkeypatch.setattr(psycopg.Connection, "execute", counted)
+        sent = record_statements()
         claimed = await box.claim_next("W", gen, mark=False, now=T)
         assert [e.source_id for e in claimed.events] == ["a"]
         assert sent == ["BEGIN; SELECT", "(SELECT id,", "WITH run", "UPDATE inboxes"]

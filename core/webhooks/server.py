@@ -661,6 +661,16 @@ async def _serve(
     name: str = "default",
     allow_hosts: tuple[str, ...] = (),
 ) -> int:
+    # Stop signals are this loop's from its start: one that comes while the inbox opens or
+    # the port binds is kept, and the server then stops at once and cleanly (the signal's
+    # default would end the process with the port bound and the inbox open).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError):  # Windows: Ctrl-C raises instead
+            pass
     try:
         inbox = await Inbox.open(path, name=name, create=False, busy_timeout=busy_timeout)
     except InboxError as exc:
@@ -676,6 +686,9 @@ async def _serve(
         )
         return 2
     try:
+        if stop.is_set():  # stopped while the inbox opened: never listen
+            log.info("stopped before listening")
+            return 0
         try:
             server = await start_server(
                 inbox,
@@ -692,13 +705,6 @@ async def _serve(
                 file=sys.stderr,
             )
             return 1
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(signum, stop.set)
-            except (NotImplementedError, RuntimeError):  # Windows: Ctrl-C raises instead
-                pass
         log.info(
             "inbox %s; listening on %s; max body %d bytes; at most %d connections",
             os.path.abspath(path),

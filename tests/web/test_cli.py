@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -170,3 +172,36 @@ def children(pid: int) -> list[int]:
             found += kids
             queue += kids
     return found
+
+
+# `onwatch web` whose server signals its own process the moment its port is bound: the
+# narrowest window between listening and serving, made certain instead of raced.
+SIGNALLED_AT_BIND = """
+import os, signal, sys
+from onwatch.core.webhooks import connections
+from onwatch.cli import main
+
+start = connections.GuardedSite.start
+
+async def bound_then_signalled(self):
+    await start(self)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+connections.GuardedSite.start = bound_then_signalled
+sys.exit(main(["web", os.environ["INBOX"], "--port", "0"]))
+"""
+
+
+def test_a_stop_signal_the_moment_the_port_is_bound_stops_it_cleanly(tmp_path):
+    path = tmp_path / "inbox.db"
+    assert main(["init", str(path)]) == 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ONWATCH_")}
+    done = subprocess.run(
+        [sys.executable, "-c", SIGNALLED_AT_BIND],
+        env={**env, "INBOX": str(path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr  # not -15: the signal's default never ran
+    assert "stopping: ending 0 desk(s)" in done.stderr

@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import sqlite3
+import sys
 import time
 
 import aiohttp
@@ -23,6 +24,7 @@ from .helpers import (
     standard_headers,
     github_headers,
     percentile,
+    secrets_env,
     stored,
 )
 
@@ -205,3 +207,42 @@ async def test_missing_inbox_is_refused_with_status_2(tmp_path):
     assert proc.returncode == 2
     assert err.decode().count("\n") == 1 and "onwatch init" in err.decode(), err
     assert not (tmp_path / "typo.db").exists()
+
+
+# A receiver whose server signals its own process the moment its port is bound: the
+# narrowest window between listening and serving, made certain instead of raced.
+SIGNALLED_AT_BIND = """
+import os, signal, sys
+from onwatch.core.webhooks import main, server
+
+start = server.start_server
+
+async def bound_then_signalled(*args, **kwargs):
+    started = await start(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+    return started
+
+server.start_server = bound_then_signalled
+
+class Args:
+    path, host, port, config, max_body = os.environ["INBOX"], "127.0.0.1", 0, None, None
+
+sys.exit(main(Args))
+"""
+
+
+async def test_a_stop_signal_the_moment_the_port_is_bound_stops_it_cleanly(tmp_path):
+    path = str(tmp_path / "inbox.db")
+    await (await Inbox.open(path)).close()
+    env = dict(secrets_env(), INBOX=path)
+    done = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SIGNALLED_AT_BIND,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output = (await asyncio.wait_for(done.communicate(), 60))[0].decode()
+    assert done.returncode == 0, output  # not -15: the signal's default never ran
+    assert "stopping: finishing requests in flight" in output

@@ -197,6 +197,16 @@ async def serve(chosen: Plan) -> int:
     from .serving import desk_app
     from .sessions import Sessions
 
+    # Stop signals are this loop's from its start: one that comes while the server starts
+    # is kept, and it then stops at once and cleanly (the signal's default would end the
+    # process with the port bound and the desks' processes left behind).
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
     name = os.path.basename(chosen.target.rstrip(os.sep)) or chosen.target
     title = f"{name} · onwatch"
     guard = ConnectionGuard(log)
@@ -257,13 +267,6 @@ async def serve(chosen: Plan) -> int:
         print(f"open {origin}/#code={sessions.issue_code()}", flush=True)
         if chosen.token_generated:
             print(f"token (login form, Authorization: Bearer): {chosen.token}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            try:
-                loop.add_signal_handler(signum, stop.set)
-            except (NotImplementedError, RuntimeError):
-                pass
 
         async def sweep() -> None:
             while True:

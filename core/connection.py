@@ -35,7 +35,9 @@ class Connection(Protocol):
     whole on the connection's thread, given the backend's Tx, in the order called.
 
     `call` runs it outside a transaction (a one-statement read is its own snapshot), `read`
-    in one read snapshot, `write` in one write transaction (the inbox's write lock held);
+    in one read snapshot, `write` in one write transaction (the inbox's write lock held),
+    `write_alone` a write of one statement that commits by itself (on PostgreSQL it locks
+    the inbox's row and counts its change itself);
     `write_unless` first runs a precheck outside a transaction and writes only when the
     precheck has no answer (nothing to write: no transaction at all). `write_soon` is the
     callback form of `write` for group commit; `write_soon_alone` first tries `alone`, one
@@ -59,6 +61,7 @@ class Connection(Protocol):
     async def call(self, fn: Callable[..., T], *args: Any) -> T: ...
     async def read(self, fn: Callable[..., T], *args: Any) -> T: ...
     async def write(self, fn: Callable[..., T], *args: Any) -> T: ...
+    async def write_alone(self, fn: Callable[..., T], *args: Any) -> T: ...
     async def write_unless(
         self,
         precheck: Callable[..., T | None],

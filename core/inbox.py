@@ -144,7 +144,7 @@ class Inbox:
             read_only=read_only,
         )
         try:
-            settings = await db.read(switches.load_settings)
+            settings = await db.call(switches.load_settings)  # one statement: its own snapshot
         except BaseException:
             await db.close()
             raise
@@ -1159,7 +1159,7 @@ class Inbox:
     ) -> None:
         """A worker process's heartbeat (holding the lease or standing by): the desk and
         `onwatch status` list who watches this inbox, from which host and pid, since when."""
-        await self._write(
+        await self._db.write_alone(
             desk.worker_seen,
             checks.text("holder", holder, limit=1024),  # a worker's holder name may be long
             checks.text("host", host, limit=255),
@@ -1169,7 +1169,7 @@ class Inbox:
 
     async def worker_gone(self, holder: str) -> None:
         """A worker process stopped: it no longer stands by."""
-        await self._write(desk.worker_gone, checks.text("holder", holder, limit=1024))
+        await self._db.write_alone(desk.worker_gone, checks.text("holder", holder, limit=1024))
 
     async def workers(self, *, limit: int = 100, now: int | None = None) -> list[Worker]:
         """The worker processes last seen, oldest first; the lease holder marked."""

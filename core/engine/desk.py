@@ -194,9 +194,12 @@ def requeue_group(
 # --- workers --------------------------------------------------------------------------------
 
 
+# Each is one statement that commits by itself (a connection's `write_alone`).
+
+
 def worker_seen(tx: Tx, holder: str, host: str, pid: int, now: int | None) -> None:
     """A worker's heartbeat: it runs on `host` as `pid` (a new pid restarts its `started`)."""
-    tx.run("worker_seen", holder=holder, host=host, pid=pid, now=tx.now(now))
+    tx.run("worker_seen", holder=holder, host=host, pid=pid, now=tx.statement_now(now))
 
 
 def worker_gone(tx: Tx, holder: str) -> None:

@@ -106,7 +106,7 @@ Runner = Callable[[Tx, Callable[..., T], Args], T]
 
 # The inbox row's columns a write transaction reads as it locks the row (see Tx.row).
 # As queries.sql inbox_state, and the change count as the transaction began (Tx.change_token).
-INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused, changes"
+INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused, changes, released_gen"
 
 
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
@@ -226,6 +226,7 @@ class Database:
         busy_timeout: float,
         conn: "psycopg.Connection[Row]",
         version: int = schema.SCHEMA_VERSION,
+        server_time: float | None = None,
     ) -> None:
         self.url = url
         # The database's schema as opened (older only when opened without migrating), the
@@ -240,11 +241,14 @@ class Database:
         self.path = f"{printable(redact(url))} inbox {printable(name)}"
         self.busy_timeout = busy_timeout
         self._tx = Tx(conn, inbox, name, STATEMENTS.for_schema(version))
+        self._skew_logged = 0.0  # (monotonic) when a clock skew was last logged
+        if server_time is not None:  # the server's clock as the open read it
+            self._tx.saw_server_time(server_time)
+            self._check_skew(self._tx.offset)
         self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._closed = False
         self._backoff = 0.0  # after a failed reconnection: how long until the next try
         self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
-        self._skew_logged = 0.0  # (monotonic) when a clock skew was last logged
         self._outage_said = 0.0  # (monotonic) when a failed reconnection was last logged
         self._running_since: float | None = None  # (monotonic) since the job in hand began
         # Jobs handed to the thread (counted on the loop) and done (counted on the thread):
@@ -280,12 +284,13 @@ class Database:
             raise InboxError("PostgreSQL inboxes need psycopg 3: pip install 'psycopg[binary]'")
         where = redact(url)
 
-        def prepare() -> tuple[psycopg.Connection, int, int, int]:
+        def prepare() -> tuple[psycopg.Connection, int, int, int, float]:
             conn = _pooled(url, busy_timeout)
-            if conn is not None:  # kept idle: check it survived (a server restart meanwhile)
-                try:
-                    conn.execute("SELECT 1")
-                except psycopg.Error:
+            if conn is not None:  # kept idle, from an inbox of this database
+                found = _open_known(conn, name)
+                if found is not None:
+                    return conn, found[0], schema.SCHEMA_VERSION, schema.SCHEMA_VERSION, found[1]
+                if conn.closed or conn.broken:  # it did not survive (a restart meanwhile)
                     conn.close()
                     conn = None
             try:
@@ -315,16 +320,17 @@ class Database:
                         f"{where} --inbox {name}` to create one)"
                     )
                 inbox = _find_inbox(conn, name, create, where)
+                server_time = float(one(conn.execute(SERVER_TIME))[0])
             except psycopg.Error as exc:
                 conn.close()
                 raise _map_error(exc, where, busy_timeout) from None
             except BaseException:
                 conn.close()
                 raise
-            return conn, inbox, before, version
+            return conn, inbox, before, version, server_time
 
-        conn, inbox, before, version = await asyncio.to_thread(prepare)
-        db = cls(url, name, inbox, busy_timeout, conn, version)
+        conn, inbox, before, version, server_time = await asyncio.to_thread(prepare)
+        db = cls(url, name, inbox, busy_timeout, conn, version, server_time)
         if 0 < before < version:
             db.migrated_from = before
         if read_only:
@@ -509,6 +515,14 @@ class Database:
         self.wake.notify()
         return result
 
+    async def write_alone(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn`, one statement that commits by itself (it locks the inbox's row and
+        counts its change itself): one round trip where a write transaction takes three."""
+        self._writable()
+        result = await self._await(_plain, fn, args)
+        self.wake.notify()
+        return result
+
     async def write_unless(
         self,
         precheck: Callable[..., T | None],
@@ -616,6 +630,33 @@ async def migrate_database(url: str, *, busy_timeout: float = 5.0) -> tuple[int,
         return before, schema.SCHEMA_VERSION
 
     return await asyncio.to_thread(run)
+
+
+# What opening an inbox reads on a connection kept from an inbox of the same database (see
+# _pooled), in one round trip where the full path takes four: the schema as this release
+# writes it, the inbox's id, and the server's clock.
+_OPEN_KNOWN = (
+    "SELECT s.application, s.version, (SELECT id FROM inboxes WHERE name = %s), "
+    f"({SERVER_TIME}) FROM onwatch_schema s WHERE s.id = 1"
+)
+
+
+def _open_known(conn: "psycopg.Connection[Row]", name: str) -> tuple[int, float] | None:
+    """(the inbox's id, the server's time) when the database is of this release's schema
+    and holds the inbox `name`; None for anything else (a schema changed since, no such
+    inbox, a connection that did not survive), which the full path then decides."""
+    try:
+        row = conn.execute(_OPEN_KNOWN, (name,)).fetchone()
+    except psycopg.Error:
+        return None
+    if (
+        row is None
+        or row[0] != schema.APPLICATION
+        or row[1] != schema.SCHEMA_VERSION
+        or row[2] is None
+    ):
+        return None
+    return int(row[2]), float(row[3])
 
 
 def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where: str) -> int:

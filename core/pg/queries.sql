@@ -789,16 +789,37 @@ ORDER BY id LIMIT %(limit)s;
 -- name: event_error
 SELECT status, error FROM events WHERE inbox_id = %(inbox)s AND id = %(id)s;
 
+-- A worker's heartbeat and its goodbye are one autocommit statement each (a connection's
+-- `write_alone`: one round trip where a transaction takes three). Each locks the inbox's
+-- row first, as a write transaction does, and counts its change itself. `now` NULL: the
+-- server's clock, read once the lock is held.
 -- name: worker_seen
-INSERT INTO workers(inbox_id, holder, host, pid, started, seen)
-VALUES (%(inbox)s, %(holder)s, %(host)s, %(pid)s, %(now)s, %(now)s)
-ON CONFLICT (inbox_id, holder) DO UPDATE SET host = excluded.host, pid = excluded.pid,
-    seen = excluded.seen,
-    started = CASE WHEN workers.pid = excluded.pid AND workers.host = excluded.host
-                   THEN workers.started ELSE excluded.started END;
+WITH locked AS (
+    SELECT id FROM inboxes WHERE id = %(inbox)s FOR UPDATE
+), seen AS (
+    INSERT INTO workers(inbox_id, holder, host, pid, started, seen)
+    SELECT l.id, %(holder)s, %(host)s, %(pid)s, t.now, t.now
+    FROM locked AS l,
+         LATERAL (SELECT l.id, coalesce(%(now)s::bigint,
+                                        floor(extract(epoch FROM clock_timestamp()))::bigint)
+                  AS now) AS t
+    ON CONFLICT (inbox_id, holder) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+        seen = excluded.seen,
+        started = CASE WHEN workers.pid = excluded.pid AND workers.host = excluded.host
+                       THEN workers.started ELSE excluded.started END
+    RETURNING 1
+)
+UPDATE inboxes SET changes = changes + 1 WHERE id = %(inbox)s AND EXISTS (SELECT FROM seen);
 
 -- name: worker_gone
-DELETE FROM workers WHERE inbox_id = %(inbox)s AND holder = %(holder)s;
+WITH locked AS (
+    SELECT id FROM inboxes WHERE id = %(inbox)s FOR UPDATE
+), gone AS (
+    DELETE FROM workers w USING locked AS l
+    WHERE w.inbox_id = l.id AND w.holder = %(holder)s
+    RETURNING 1
+)
+UPDATE inboxes SET changes = changes + 1 WHERE id = %(inbox)s AND EXISTS (SELECT FROM gone);
 
 -- name: workers_list
 SELECT holder, host, pid, started, seen FROM workers WHERE inbox_id = %(inbox)s

@@ -40,6 +40,8 @@ def _look_and_probe(look: str, probe: str) -> str:
 _LOOK_AND_PROBE: dict[tuple[str, str], str] = {}  # by (look, probe): a schema's own texts
 
 SERVER_TIME = "SELECT extract(epoch FROM clock_timestamp())"
+# The columns of the locked row (core/pg/db.py INBOX_ROW) that `meta` reads from it.
+_IN_ROW = {"paused": 4, "released_gen": 6}
 # The statements that change the inbox's own row (its lease, switches or settings): after
 # one, the row a write transaction locked and read (`Tx.row`) is no longer current.
 _CHANGE_INBOX_ROW = frozenset(
@@ -160,8 +162,8 @@ class Tx:
     def meta(self, key: str) -> Any:
         if key not in META_KEYS:
             raise KeyError(key)
-        if key == "paused" and self.row is not None:
-            return self.row[4]
+        if self.row is not None and key in _IN_ROW:  # read with the lock: no round trip
+            return self.row[_IN_ROW[key]]
         return one(self.execute(f"SELECT {key} FROM inboxes WHERE id = %s", (self.inbox,)))[0]
 
     def set_meta(self, key: str, value: Any) -> None:

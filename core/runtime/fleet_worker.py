@@ -506,6 +506,9 @@ class _Visit(ListeningWorker):
 
     # The visit's change mark is the Listener's (_change_mark), not the claim's token.
     marks_in_claim = False
+    # The look found the lease free a moment ago: the visit asks for it at once (taken
+    # meanwhile, the acquire says so, and the lease is read then).
+    looks_before_acquiring = False
 
     def _fires_timers(self) -> bool:
         # A visit is short and its inbox was found with work: its claims fire due timers

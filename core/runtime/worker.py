@@ -330,6 +330,10 @@ class Worker:
     # applies from the next run) and the change token. A subclass that reads its change
     # mark its own way says so (core/runtime/fleet_worker.py).
     marks_in_claim = True
+    # Whether a worker without the lease reads who holds it before it asks for it: a
+    # standby's wake-up then costs a read only (a fleet's visit was sent by a look that
+    # found the lease free, and asks at once).
+    looks_before_acquiring = True
 
     def _fires_timers(self) -> bool:
         """Whether this claim fires due timers (a subclass may do it less often)."""
@@ -429,12 +433,13 @@ class Worker:
                 return False
             log.warning("lease generation %s lost (renewal refused)", self.gen)
             self.gen = None
-        lease = await self._step(self.inbox.lease_info)
+        lease = await self._step(self.inbox.lease_info) if self.looks_before_acquiring else None
         if lease is not None and lease.until >= now:
-            if lease.holder == self.holder and lease.gen in self.stats.generations:
+            mine = lease.gen
+            if lease.holder == self.holder and mine in self.stats.generations:
                 # A generation this worker took, still live: take it up again, fenced.
-                if await self._step(lambda: self.inbox.renew(self.holder, lease.gen)):
-                    self.gen = lease.gen
+                if await self._step(lambda: self.inbox.renew(self.holder, mine)):
+                    self.gen = mine
                     self._renewed()
                     return True
                 return False

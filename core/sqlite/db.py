@@ -567,6 +567,15 @@ class Database:
         self.wake.notify()
         return result
 
+    async def write_alone(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn`, one statement that commits by itself (SQLite's autocommit: the file's
+        write lock for that statement alone), outside any transaction."""
+        self._writable()
+        tx = self._handle()
+        result: T = await self._hop(self._write_job, lambda: fn(tx, *args))
+        self.wake.notify()
+        return result
+
     async def write_unless(
         self,
         precheck: Callable[..., T | None],

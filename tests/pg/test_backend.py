@@ -3,11 +3,12 @@ the fleet listing. (The rules themselves are the conformance suite in tests/core
 
 from __future__ import annotations
 
+import time
 
 import psycopg
 import pytest
 
-from onwatch.core import BadInput, FakeClock, Inbox, NotAnInbox
+from onwatch.core import BadInput, FakeClock, Inbox, InboxBusy, NotAnInbox
 from onwatch.core.pg import schema
 from onwatch.core.pg.db import _find_inbox
 from onwatch.core.fleet import DatabaseFleet
@@ -168,3 +169,71 @@ async def test_migration_2_renames_the_old_audit_words_of_a_version_1_database(u
     with psycopg.connect(url) as conn:
         version = conn.execute("SELECT version FROM onwatch_schema").fetchone()[0]
         assert version == schema.SCHEMA_VERSION >= 2
+
+
+# --- what an open and a worker's heartbeat cost (a fleet pays them on every visit) --------
+
+
+async def test_an_inbox_opened_again_on_a_kept_connection_is_two_statements(url, record_statements):
+    await (await Inbox.open(url, name="a")).close()  # its connection is kept for the next
+    sent = record_statements()
+    box = await Inbox.open(url, name="a", create=False)
+    try:
+        # The schema, the inbox's id and the server's clock; then the settings.
+        assert sent == ["SELECT s.application,", "SELECT settings"]
+        assert box.clock.now() == pytest.approx(time.time(), abs=5)
+        await box.ingest("chat", "m1", None)
+        assert (await box.counts())["pending"] == 1
+    finally:
+        await box.close()
+
+
+async def test_a_kept_connection_the_server_dropped_is_replaced_at_the_next_open(url):
+    await (await Inbox.open(url, name="a")).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        dropped = conn.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()[0]
+    assert dropped >= 1
+    box = await Inbox.open(url, name="a", create=False)
+    try:
+        await box.ingest("chat", "m1", None)
+        assert (await box.counts())["pending"] == 1
+    finally:
+        await box.close()
+
+
+async def test_a_heartbeat_and_a_goodbye_are_one_statement_each_and_count_as_changes(
+    url, record_statements
+):
+    box = await Inbox.open(url, name="a")
+    try:
+        before = await box.change_token()
+        sent = record_statements()
+        await box.worker_seen("w1", host="h", pid=7)
+        assert sent == ["WITH locked"]
+        seen = await box.change_token()
+        assert seen != before
+        assert [(w.holder, w.host, w.pid) for w in await box.workers()] == [("w1", "h", 7)]
+        del sent[:]
+        await box.worker_gone("w1")
+        assert sent == ["WITH locked"]
+        assert await box.change_token() != seen
+        assert await box.workers() == []
+    finally:
+        await box.close()
+
+
+async def test_a_heartbeat_waits_for_the_inbox_lock_and_changes_nothing_when_refused(url):
+    box = await Inbox.open(url, name="a", busy_timeout=0.2)
+    try:
+        with psycopg.connect(url) as holder:  # a write transaction of another process
+            holder.execute("SELECT 1 FROM inboxes WHERE name = 'a' FOR UPDATE")
+            with pytest.raises(InboxBusy):
+                await box.worker_seen("w1", host="h", pid=7)
+        assert await box.workers() == []
+        await box.worker_seen("w1", host="h", pid=7)  # the lock is free again
+        assert [w.holder for w in await box.workers()] == ["w1"]
+    finally:
+        await box.close()

@@ -345,7 +345,8 @@ class Inbox:
 
     async def release(self, holder: str, gen: int, *, now: int | None = None) -> bool:
         """Hand the lease back; a successor may take over at once (next generation)."""
-        return await self._write(
+        return await self._db.write_unless(
+            lease.release_alone,
             lease.release,
             checks.text("holder", holder),
             checks.positive("gen", gen),

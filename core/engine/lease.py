@@ -80,6 +80,13 @@ def renew(tx: Tx, holder: str, gen: int, now: int | None) -> bool:
     return True
 
 
+def release_alone(tx: Tx, holder: str, gen: int, now: int | None) -> bool | None:
+    """`release` in one autocommit statement where the dialect has one (PostgreSQL keeps
+    the lease in the inbox's row): True once handed back, None when `release` must decide
+    in a write transaction (a generation that does not hold gets its answer there)."""
+    return tx.release_alone(holder, gen, tx.statement_now(now))
+
+
 def release(tx: Tx, holder: str, gen: int, now: int | None) -> bool:
     """Hand the lease back so a successor need not wait for the TTL.
 

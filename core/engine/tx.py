@@ -139,6 +139,13 @@ class Tx(Protocol):
         repeated in `rows` is a duplicate of its first copy); return the keys stored."""
         ...
 
+    def release_alone(self, holder: str, gen: int, now: int | None) -> bool | None:
+        """`lease.release` as one autocommit statement (outside any transaction) that locks
+        the inbox's row and counts its change itself, where the dialect has one: True once it
+        handed the lease back; None when it has none or released nothing (a write
+        transaction then decides). `now` as from `statement_now`."""
+        ...
+
     def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
         """Record a run of these events for this generation and mark them running (attempts
         counted); return the run's id."""

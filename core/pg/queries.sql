@@ -100,6 +100,26 @@ UPDATE inboxes SET lease_until = %(until)s WHERE id = %(inbox)s;
 UPDATE inboxes SET lease_holder = %(holder)s, lease_gen = %(gen)s, lease_until = %(until)s
 WHERE id = %(inbox)s;
 
+-- A holder handing its live generation back, as one autocommit statement (`lease.release`
+-- decided in a write transaction: four round trips). The inbox's row is locked first, and
+-- `now` (NULL: the server's clock) read once the lock is held, as a write transaction
+-- orders them; the lease is in that row, so the decision reads it as it is. It writes
+-- nothing when the generation does not hold: the write transaction then answers.
+-- name: lease_release_alone
+WITH locked AS (
+    SELECT id, lease_holder, lease_gen, lease_until FROM inboxes
+    WHERE id = %(inbox)s FOR UPDATE
+), t AS (
+    SELECT l.*, coalesce(%(now)s::bigint, floor(extract(epoch FROM clock_timestamp()))::bigint)
+           AS now
+    FROM locked AS l
+)
+UPDATE inboxes AS i
+SET lease_until = t.now - 1, released_gen = t.lease_gen, changes = i.changes + 1
+FROM t
+WHERE i.id = t.id AND t.lease_holder = %(holder)s AND t.lease_gen = %(gen)s
+  AND t.lease_until >= t.now;
+
 -- name: lease_history_insert
 INSERT INTO lease_history(inbox_id, gen, holder, previous_holder, at, how)
 VALUES (%(inbox)s, %(gen)s, %(holder)s, %(previous)s, %(at)s, %(how)s);

@@ -186,6 +186,10 @@ class Tx:
         )
         return {(s, i) for s, i in stored.fetchall()}  # fetchall: one call, not one a row
 
+    def release_alone(self, holder: str, gen: int, now: int | None) -> bool | None:
+        released = self.run("lease_release_alone", holder=holder, gen=gen, now=now).rowcount
+        return True if released == 1 else None
+
     def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
         listed = list(ids)
         json = "[" + ", ".join(map(str, listed)) + "]"

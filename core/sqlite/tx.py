@@ -122,6 +122,11 @@ class SqliteTx:
             stored.update((s, i) for s, i in self.conn.execute(sql, values))
         return stored
 
+    def release_alone(self, holder: str, gen: int, now: int | None) -> bool | None:
+        # The lease and the released generation are two tables here: one statement cannot
+        # write both, and a write transaction costs no round trip.
+        return None
+
     def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
         listed = list(ids)
         run = self.run("run_insert", holder=holder, gen=gen, ids=_dumps(listed), now=now).lastrowid

@@ -3,12 +3,13 @@ the fleet listing. (The rules themselves are the conformance suite in tests/core
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import psycopg
 import pytest
 
-from onwatch.core import BadInput, FakeClock, Inbox, InboxBusy, NotAnInbox
+from onwatch.core import BadInput, FakeClock, Inbox, InboxBusy, Lease, NotAnInbox
 from onwatch.core.pg import schema
 from onwatch.core.pg.db import _find_inbox
 from onwatch.core.fleet import DatabaseFleet
@@ -235,5 +236,70 @@ async def test_a_heartbeat_waits_for_the_inbox_lock_and_changes_nothing_when_ref
         assert await box.workers() == []
         await box.worker_seen("w1", host="h", pid=7)  # the lock is free again
         assert [w.holder for w in await box.workers()] == ["w1"]
+    finally:
+        await box.close()
+
+
+async def test_a_release_is_one_statement_and_its_successor_takes_over_as_released(
+    url, record_statements
+):
+    box = await Inbox.open(url, name="a")
+    try:
+        gen = await box.acquire("w1", now=T)
+        before = await box.change_token()
+        sent = record_statements()
+        assert await box.release("w1", gen, now=T + 5) is True
+        assert sent == ["WITH locked"]
+        assert await box.change_token() != before
+        assert await box.lease_info() == Lease("w1", gen, T + 4)
+        assert await box.acquire("w2", now=T + 5) == gen + 1
+        assert [(c.gen, c.holder, c.how) for c in await box.lease_history()] == [
+            (gen + 1, "w2", "released"),
+            (gen, "w1", "first"),
+        ]
+        assert (await box.overview(now=T + 5)).takeovers == 0
+    finally:
+        await box.close()
+
+
+@pytest.mark.parametrize(
+    ("holder", "gen_offset", "at"),
+    [("w1", 1, T), ("w2", 0, T), ("w1", 0, T + 31)],
+    ids=["another generation", "another holder", "expired"],
+)
+async def test_a_release_that_does_not_hold_changes_nothing(url, holder, gen_offset, at):
+    box = await Inbox.open(url, name="a")
+    try:
+        await box.configure(lease_ttl=30)
+        gen = await box.acquire("w1", now=T)
+        before = await box.change_token()
+        assert await box.release(holder, gen + gen_offset, now=at) is False
+        assert await box.change_token() == before
+        assert await box.lease_info() == Lease("w1", gen, T + 30)
+        assert await box.acquire("w2", now=T + 1) is None  # still w1's, not handed back
+    finally:
+        await box.close()
+
+
+async def test_a_release_waits_for_the_inbox_lock_and_decides_on_the_lease_as_it_is_then(url):
+    """A takeover committed while the release waits for the row: the release sees the new
+    generation (not the one its statement's snapshot began with) and hands nothing back."""
+    box = await Inbox.open(url, name="a")
+    try:
+        gen = await box.acquire("w1", now=T)
+        with psycopg.connect(url) as other:  # a write transaction of another process
+            other.execute("SELECT 1 FROM inboxes WHERE name = 'a' FOR UPDATE")
+            release = asyncio.create_task(box.release("w1", gen, now=T + 1))
+            await asyncio.sleep(0.3)
+            assert not release.done()  # waiting for the row
+            other.execute(
+                "UPDATE inboxes SET lease_holder = 'w2', lease_gen = lease_gen + 1,"
+                " lease_until = %s WHERE name = 'a'",
+                (T + 100,),
+            )
+            other.commit()
+            assert await release is False
+        assert await box.lease_info() == Lease("w2", gen + 1, T + 100)
+        assert await box.acquire("w3", now=T + 2) is None
     finally:
         await box.close()

@@ -30,6 +30,7 @@ import queue
 import socket
 import threading
 import time
+import weakref
 from typing import Any, Callable, TypeVar, cast
 
 from ..errors import ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
@@ -108,6 +109,18 @@ Runner = Callable[[Tx, Callable[..., T], Args], T]
 # As queries.sql inbox_state, and the change count as the transaction began (Tx.change_token).
 INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused, changes, released_gen"
 
+# What every transaction sends around the engine's statements, prepared once per session
+# and run with EXECUTE: they travel in one simple-protocol message with BEGIN or COMMIT (a
+# round trip each saved), and a statement sent as text is planned at every call (measured on
+# a fleet: the lock 65 µs and the change count 38 µs of the server's time a transaction; a
+# prepared one settles on its generic plan after five calls).
+SESSION_STATEMENTS = {
+    "onwatch_lock(bigint)": f"SELECT {INBOX_ROW} FROM inboxes WHERE id = $1 FOR UPDATE",
+    "onwatch_count(bigint)": "UPDATE inboxes SET changes = changes + 1 WHERE id = $1",
+    "onwatch_now": SERVER_TIME,
+}
+_prepared: "weakref.WeakSet[psycopg.Connection[Row]]" = weakref.WeakSet()  # sessions that have them
+
 
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
     if isinstance(exc, (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction)):
@@ -129,6 +142,34 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
     return InboxError(f"inbox {where}: {said(exc)}")
 
 
+def _prepare(conn: "psycopg.Connection[Row]") -> None:
+    """Prepare the session statements this session lacks."""
+    have = {row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements")}
+    missing = [
+        f"PREPARE {signature} AS {sql}"
+        for signature, sql in SESSION_STATEMENTS.items()
+        if signature.split("(")[0] not in have
+    ]
+    if missing:
+        conn.execute("; ".join(missing))
+    _prepared.add(conn)
+
+
+def _begin(conn: "psycopg.Connection[Row]", text: str) -> "psycopg.Cursor[Row]":
+    """Send `text` (BEGIN, then statements that EXECUTE the session's statements), preparing
+    them first on a session that does not have them yet. One that lost them (DEALLOCATE or
+    DISCARD ALL, as a pooler between client and server may send) gets them again, and `text`
+    is sent again: the failed message ended in an aborted transaction that changed nothing."""
+    if conn not in _prepared:
+        _prepare(conn)
+    try:
+        return conn.execute(text)
+    except pg_errors.InvalidSqlStatementName:
+        _rollback(conn)
+        _prepare(conn)
+        return conn.execute(text)
+
+
 def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     """`fn(tx, *args)` inside BEGIN … COMMIT holding the inbox's row lock, rolled back on any
     exception. The lock is what BEGIN IMMEDIATE is on SQLite: one writer per inbox.
@@ -141,9 +182,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     inbox = int(tx.inbox)
     # The server's time is read after the lock is granted (in the same message): "now" for
     # every decision of the transaction, however long the lock took.
-    cursor = conn.execute(
-        f"BEGIN; SELECT {INBOX_ROW} FROM inboxes WHERE id = {inbox} FOR UPDATE; {SERVER_TIME}"
-    )
+    cursor = _begin(conn, f"BEGIN; EXECUTE onwatch_lock({inbox}); EXECUTE onwatch_now")
     try:
         cursor.nextset()
         tx.row = cursor.fetchone()
@@ -151,11 +190,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
         cursor.nextset()
         tx.saw_server_time(one(cursor)[0])
         result = fn(tx, *args)
-        conn.execute(
-            f"UPDATE inboxes SET changes = changes + 1 WHERE id = {inbox}; COMMIT"
-            if tx.changed
-            else "COMMIT"
-        )
+        conn.execute(f"EXECUTE onwatch_count({inbox}); COMMIT" if tx.changed else "COMMIT")
     except BaseException:
         _rollback(conn)
         raise
@@ -179,7 +214,7 @@ def write_unless(precheck: Callable[..., T | None]) -> Runner[T]:
 def read_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     """`fn(tx, *args)` inside one read-only snapshot."""
     conn = tx.conn
-    cursor = conn.execute(f"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; {SERVER_TIME}")
+    cursor = _begin(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; EXECUTE onwatch_now")
     try:
         cursor.nextset()
         tx.saw_server_time(one(cursor)[0])

@@ -3,6 +3,8 @@ that says why there is no server."""
 
 from __future__ import annotations
 
+import re
+
 from typing import Callable
 
 import pytest
@@ -28,7 +30,9 @@ def record_statements(monkeypatch) -> Callable[[], list[str]]:
         execute = psycopg.Connection.execute
 
         def recorded(self, query, *args, **kwargs):
-            sent.append(" ".join(str(query).split()[:2]))
+            # A session statement's argument is left out: "EXECUTE onwatch_count(7)" is
+            # recorded as "EXECUTE onwatch_count".
+            sent.append(re.sub(r"(?<=\w)\(.*", "", " ".join(str(query).split()[:2])))
             return execute(self, query, *args, **kwargs)
 
         monkeypatch.setattr(psycopg.Connection, "execute", recorded)

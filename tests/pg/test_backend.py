@@ -240,6 +240,65 @@ async def test_a_heartbeat_waits_for_the_inbox_lock_and_changes_nothing_when_ref
         await box.close()
 
 
+def _session(box: Inbox, sql: str) -> list[tuple]:
+    """Rows of `sql` run in the inbox's own session (on its connection's thread)."""
+
+    def run(tx) -> list[tuple]:
+        cursor = tx.conn.execute(sql)
+        return cursor.fetchall() if cursor.description else []
+
+    return box._db.call(run)
+
+
+async def test_a_transaction_begins_and_ends_with_statements_its_session_prepared(
+    url, record_statements
+):
+    box = await Inbox.open(url, name="a")
+    try:
+        sent = record_statements()
+        for k in range(12):
+            await box.ingest_batch([("chat", f"m{k}", None)])  # a write transaction each
+        await box.counts()  # a read snapshot
+        # Prepared once (the session's first transaction), then only EXECUTEd: sent as
+        # text, the lock and the change count were planned again at every transaction.
+        assert sent.count("SELECT name") == sent.count("PREPARE onwatch_lock") == 1
+        assert sent.count("BEGIN; EXECUTE") == 12
+        assert sent.count("EXECUTE onwatch_count") == 12
+        assert not any(s.startswith("UPDATE inboxes") for s in sent)  # the count, as text
+        plans = {
+            name: (generic, custom)
+            for name, generic, custom in await _session(
+                box,
+                "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
+                "WHERE name LIKE 'onwatch%' ORDER BY name",
+            )
+        }
+        assert set(plans) == {"onwatch_count", "onwatch_lock", "onwatch_now"}
+        lock_generic, lock_custom = plans["onwatch_lock"]
+        assert lock_generic + lock_custom >= 12 and lock_custom <= 5  # the plan was kept
+        assert (await box.counts())["pending"] == 12
+    finally:
+        await box.close()
+
+
+@pytest.mark.parametrize("lost", ["DEALLOCATE ALL", "DISCARD ALL", "DEALLOCATE onwatch_lock"])
+async def test_a_session_that_lost_its_prepared_statements_prepares_them_again(url, lost):
+    box = await Inbox.open(url, name="a")
+    try:
+        await box.ingest_batch([("chat", "m0", None)])  # the session has them now
+        await _session(box, lost)  # what a pooler between us and the server may send
+        await box.ingest_batch([("chat", "m1", None)])  # a write transaction
+        assert (await box.counts())["pending"] == 2  # a read snapshot
+        await _session(box, lost)
+        assert (await box.counts())["pending"] == 2  # a read first
+        await box.ingest_batch([("chat", "m2", None)])
+        names = [row[0] for row in await _session(box, "SELECT name FROM pg_prepared_statements")]
+        assert {"onwatch_count", "onwatch_lock", "onwatch_now"} <= set(names)
+        assert [e.source_id for e in await box.events("pending")] == ["m0", "m1", "m2"]
+    finally:
+        await box.close()
+
+
 async def test_a_release_is_one_statement_and_its_successor_takes_over_as_released(
     url, record_statements
 ):

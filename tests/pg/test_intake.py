@@ -76,7 +76,11 @@ async def test_a_batch_is_three_round_trips_the_lock_the_insert_and_the_commit(
         False,
         True,
     ]
-    assert sent == ["BEGIN; SELECT", "INSERT INTO", "UPDATE inboxes"]  # its COMMIT rides along
+    assert sent == [
+        "BEGIN; EXECUTE",
+        "INSERT INTO",
+        "EXECUTE onwatch_count",
+    ]  # its COMMIT rides along
     monkeypatch.undo()
     assert _rows(url, "SELECT id, source_id, payload FROM events ORDER BY id") == [
         (1, "a", "null"),

@@ -123,7 +123,7 @@ async def test_a_wake_ups_claim_is_four_round_trips_and_a_due_timer_still_joins_
         sent = record_statements()
         claimed = await box.claim_next("W", gen, mark=False, now=T)
         assert [e.source_id for e in claimed.events] == ["a"]
-        assert sent == ["BEGIN; SELECT", "(SELECT id,", "WITH run", "UPDATE inboxes"]
+        assert sent == ["BEGIN; EXECUTE", "(SELECT id,", "WITH run", "EXECUTE onwatch_count"]
         monkeypatch.undo()
 
         await box.finish("W", gen, [e.id for e in claimed.events], now=T)

@@ -382,13 +382,16 @@ class Inbox:
         for name, flag in (("fire_timers", fire_timers), ("mark", mark)):
             if not isinstance(flag, bool):
                 raise BadInput(f"{name} must be True or False, got {show(flag)}")
-        claimed = await self._write(
-            runs.claim_next,
+        holder, gen, now = (
             checks.text("holder", holder),
             checks.positive("gen", gen),
             self._now(now),
-            fire_timers,
-            mark,
+        )
+        # The look the claim will read first, as these settings ask for it (read with the
+        # lock where the backend can; settings changed meanwhile are read again).
+        look = (gen, self._settings.max_attempts, self._settings.max_batch, now)
+        claimed = await self._db.write_looking(
+            look, runs.claim_next, holder, gen, now, fire_timers, mark
         )
         self._settings = claimed.settings
         return claimed

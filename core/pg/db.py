@@ -39,7 +39,7 @@ from . import redact, said, schema
 from .connect import STATEMENT_TIMEOUT, connect
 from .listen import ListenWake
 from .rows import Row, one
-from .tx import SERVER_TIME, STATEMENTS, Tx
+from .tx import LOOK_WITH_LOCK, SERVER_TIME, STATEMENTS, Tx
 
 T = TypeVar("T")
 Args = tuple[Any, ...]  # a store function's arguments after the Tx: whatever it declares
@@ -104,6 +104,9 @@ except ImportError:  # pragma: no cover - psycopg is a dependency; say so if it 
 
 # How a job runs its store function: write_transaction, read_transaction or _plain.
 Runner = Callable[[Tx, Callable[..., T], Args], T]
+# A claim's look to read with a write transaction's lock: the generation, max_attempts, the
+# batch's limit, and the caller's `now` (None: the server's clock).
+Look = tuple[int, int, int, "int | None"]
 
 # The inbox row's columns a write transaction reads as it locks the row (see Tx.row).
 # As queries.sql inbox_state, and the change count as the transaction began (Tx.change_token).
@@ -113,13 +116,20 @@ INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused, changes, re
 # and run with EXECUTE: they travel in one simple-protocol message with BEGIN or COMMIT (a
 # round trip each saved), and a statement sent as text is planned at every call (measured on
 # a fleet: the lock 65 µs and the change count 38 µs of the server's time a transaction; a
-# prepared one settles on its generic plan after five calls).
+# prepared one settles on its generic plan after five calls). `onwatch_look`, a claim's look
+# sent with the lock (write_transaction's `look`), is prepared by the first transaction that
+# sends it: it names the newest schema's columns.
 SESSION_STATEMENTS = {
     "onwatch_lock(bigint)": f"SELECT {INBOX_ROW} FROM inboxes WHERE id = $1 FOR UPDATE",
     "onwatch_count(bigint)": "UPDATE inboxes SET changes = changes + 1 WHERE id = $1",
     "onwatch_now": SERVER_TIME,
 }
-_prepared: "weakref.WeakSet[psycopg.Connection[Row]]" = weakref.WeakSet()  # sessions that have them
+LOOK_PARTS = ("claim_look", "timer_due_any")  # its parts: a schema with other texts sends them
+LOOK_STATEMENT = {"onwatch_look(bigint, bigint, bigint, bigint, bigint)": LOOK_WITH_LOCK}
+# The session statements each session has prepared, as far as this process knows.
+_prepared: "weakref.WeakKeyDictionary[psycopg.Connection[Row], set[str]]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
@@ -142,60 +152,81 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
     return InboxError(f"inbox {where}: {said(exc)}")
 
 
-def _prepare(conn: "psycopg.Connection[Row]") -> None:
-    """Prepare the session statements this session lacks."""
+def _prepare(conn: "psycopg.Connection[Row]", statements: dict[str, str]) -> None:
+    """Prepare those of `statements` this session lacks."""
     have = {row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements")}
     missing = [
         f"PREPARE {signature} AS {sql}"
-        for signature, sql in SESSION_STATEMENTS.items()
+        for signature, sql in statements.items()
         if signature.split("(")[0] not in have
     ]
     if missing:
         conn.execute("; ".join(missing))
-    _prepared.add(conn)
+    _prepared.setdefault(conn, set()).update(statements)
 
 
-def _begin(conn: "psycopg.Connection[Row]", text: str) -> "psycopg.Cursor[Row]":
-    """Send `text` (BEGIN, then statements that EXECUTE the session's statements), preparing
-    them first on a session that does not have them yet. One that lost them (DEALLOCATE or
-    DISCARD ALL, as a pooler between client and server may send) gets them again, and `text`
-    is sent again: the failed message ended in an aborted transaction that changed nothing."""
-    if conn not in _prepared:
-        _prepare(conn)
+def _begin(
+    conn: "psycopg.Connection[Row]", text: str, statements: dict[str, str] = SESSION_STATEMENTS
+) -> "psycopg.Cursor[Row]":
+    """Send `text` (BEGIN, then statements that EXECUTE the session's `statements`),
+    preparing them first on a session that does not have them yet. One that lost them
+    (DEALLOCATE or DISCARD ALL, as a pooler between client and server may send) gets them
+    again, and `text` is sent again: the failed message ended in an aborted transaction that
+    changed nothing."""
+    if not _prepared.get(conn, set()).issuperset(statements):
+        _prepare(conn, statements)
     try:
         return conn.execute(text)
     except pg_errors.InvalidSqlStatementName:
         _rollback(conn)
-        _prepare(conn)
+        _prepare(conn, statements)
         return conn.execute(text)
 
 
-def write_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
+def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, look: Look | None = None) -> T:
     """`fn(tx, *args)` inside BEGIN … COMMIT holding the inbox's row lock, rolled back on any
     exception. The lock is what BEGIN IMMEDIATE is on SQLite: one writer per inbox.
 
     Round trips are what a transaction costs here, so BEGIN travels with the lock and the
-    change count with COMMIT (one simple-protocol message each; the inbox id is an integer
-    of ours, never outside text)."""
+    change count with COMMIT (one simple-protocol message each; the inbox id and `look`'s
+    values are integers of ours, never outside text). With `look` (a claim's generation,
+    max_attempts, batch limit and `now` or None, as the caller expects them), the claim's
+    look and its probe for due timers travel with the lock too (Tx.saw_look): read after the
+    lock is granted, as they would be a round trip later, and used only where the
+    transaction's own decision asks for exactly them."""
     conn = tx.conn
     tx.changed = False
     inbox = int(tx.inbox)
     # The server's time is read after the lock is granted (in the same message): "now" for
     # every decision of the transaction, however long the lock took.
-    cursor = _begin(conn, f"BEGIN; EXECUTE onwatch_lock({inbox}); EXECUTE onwatch_now")
+    text = f"BEGIN; EXECUTE onwatch_lock({inbox}); EXECUTE onwatch_now"
+    statements = SESSION_STATEMENTS
+    if look is not None and all(tx.statements[n] == STATEMENTS[n] for n in LOOK_PARTS):
+        gen, max_attempts, limit, now = look
+        at = "NULL" if now is None else int(now)
+        text += (
+            f"; EXECUTE onwatch_look({inbox}, {int(gen)}, {int(max_attempts)}, {int(limit)}, {at})"
+        )
+        statements = {**SESSION_STATEMENTS, **LOOK_STATEMENT}
+    else:
+        look = None
+    cursor = _begin(conn, text, statements)
     try:
         cursor.nextset()
         tx.row = cursor.fetchone()
         tx.begun_changes = None if tx.row is None else tx.row[5]
         cursor.nextset()
         tx.saw_server_time(one(cursor)[0])
+        if look is not None:
+            cursor.nextset()
+            tx.saw_look(look[0], look[1], look[2], cursor.fetchall())
         result = fn(tx, *args)
         conn.execute(f"EXECUTE onwatch_count({inbox}); COMMIT" if tx.changed else "COMMIT")
     except BaseException:
         _rollback(conn)
         raise
     finally:
-        tx.row = tx.begun_changes = tx.looked = None
+        tx.row = tx.begun_changes = tx.looked = tx.probed = None
     return result
 
 
@@ -547,6 +578,16 @@ class Database:
         """Run `fn` in one transaction holding the inbox's lock; roll back on any exception."""
         self._writable()
         result = await self._await(write_transaction, fn, args)
+        self.wake.notify()
+        return result
+
+    async def write_looking(self, look: Look, fn: Callable[..., T], *args: Any) -> T:
+        """write, with the claim's look that `fn` reads first sent with the lock (one round
+        trip fewer; see write_transaction)."""
+        self._writable()
+        result = await self._await(
+            lambda tx, fn, args: write_transaction(tx, fn, args, look), fn, args
+        )
         self.wake.notify()
         return result
 

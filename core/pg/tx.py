@@ -39,6 +39,29 @@ def _look_and_probe(look: str, probe: str) -> str:
 
 _LOOK_AND_PROBE: dict[tuple[str, str], str] = {}  # by (look, probe): a schema's own texts
 
+
+def _look_with_lock(look: str, probe: str) -> str:
+    """_look_and_probe as a statement a session prepares (core/pg/db.py `onwatch_look`), for
+    a write transaction to send with its lock: $1 the inbox, $2 the generation, $3
+    max_attempts, $4 the batch's limit, $5 the caller's `now` or NULL for the server's clock
+    as the statement runs; one more row, tagged 21, says which `now` it read by. The
+    transaction uses its rows only where they match its own decision (`Tx.saw_look`)."""
+    named = {"inbox": "$1", "gen": "$2", "max_attempts": "$3", "limit": "$4"}
+    text = _look_and_probe(look, probe)
+    for name, number in named.items():
+        text = text.replace(f"%({name})s", number)
+    text = text.replace("%(now)s", "(SELECT now FROM clock)")
+    assert "%(" not in text, "a parameter of the look left unnumbered"
+    nulls = ", ".join(["NULL"] * 12)
+    return (
+        "WITH clock AS MATERIALIZED (SELECT coalesce($5, "
+        "floor(extract(epoch FROM clock_timestamp()))::bigint) AS now)\n"
+        f"{text}\nUNION ALL\n(SELECT now, {nulls}, 21 FROM clock)"
+    )
+
+
+LOOK_WITH_LOCK = _look_with_lock(STATEMENTS["claim_look"], STATEMENTS["timer_due_any"])
+
 SERVER_TIME = "SELECT extract(epoch FROM clock_timestamp())"
 # The columns of the locked row (core/pg/db.py INBOX_ROW) that `meta` reads from it.
 _IN_ROW = {"paused": 4, "released_gen": 6}
@@ -77,6 +100,7 @@ class Tx:
         "offset",
         "statements",
         "looked",
+        "probed",
     )
 
     def __init__(
@@ -103,10 +127,13 @@ class Tx:
         # A claim's look read with a finish (finish_done's `look`): its arguments and rows,
         # good for the claim_look that comes next, until any other statement runs.
         self.looked: tuple[tuple[int, ...], list[Row]] | None = None
+        # The probe for due timers read with the lock (`saw_look`): its arguments and
+        # whether one is due, good for the timer_due that comes next, as `looked` is.
+        self.probed: tuple[tuple[int, ...], bool] | None = None
 
     def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor[Row]":
         """One statement of this dialect's own (the switches, the counters)."""
-        self.looked = None
+        self.looked = self.probed = None
         cursor = self.conn.execute(sql, params)
         # A read's rowcount counts the rows it returned. (A statement that changes rows
         # inside a WITH says so itself: see `claim`.)
@@ -229,10 +256,24 @@ class Tx:
         self.changed = self.changed or bool(rows)
         return known, rows
 
+    def saw_look(self, gen: int, max_attempts: int, limit: int, rows: list[Row]) -> None:
+        """The rows of LOOK_WITH_LOCK, read with the lock: they answer the probe and the
+        claim's look that come next if asked with these arguments at the `now` it read by
+        (the transaction's own, unless a second began between the two clock readings)."""
+        now = next(row[0] for row in rows if row[-1] == 21)
+        key = (gen, now, max_attempts, limit)
+        self.probed = (key, any(row[-1] == 20 and row[0] > 0 for row in rows))
+        self.looked = (key, [row for row in rows if row[-1] < 20])
+
     def timer_due(self, now: int, look: tuple[int, int, int] | None = None) -> bool:
         if look is None:
             return self.run("timer_due_any", now=now).fetchone() is not None
         gen, max_attempts, limit = look
+        probed, self.probed = self.probed, None
+        if probed is not None and probed[0] == (gen, now, max_attempts, limit):
+            if probed[1]:  # a timer fires: the look is read again after it
+                self.looked = None
+            return probed[1]
         texts = (self.statements["claim_look"], self.statements["timer_due_any"])
         sql = _LOOK_AND_PROBE.get(texts)
         if sql is None:

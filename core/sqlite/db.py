@@ -567,6 +567,12 @@ class Database:
         self.wake.notify()
         return result
 
+    async def write_looking(
+        self, look: tuple[int, int, int, int | None], fn: Callable[..., T], *args: Any
+    ) -> T:
+        """write: a file has no round trip to save by reading a claim's look early."""
+        return await self.write(fn, *args)
+
     async def write_alone(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn`, one statement that commits by itself (SQLite's autocommit: the file's
         write lock for that statement alone), outside any transaction."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import psycopg
 
 from onwatch.core import Inbox
-from onwatch.core.engine import intake
+from onwatch.core.engine import intake, runs
 
 T = 1_000_000
 LOOK = (3, 5)  # max_attempts, limit
@@ -110,11 +110,12 @@ async def test_the_look_read_with_the_timer_probe_is_the_look_itself(url):
     assert {row[-1] for row in ahead} >= {0, 3}  # fresh ones, and the out-of-attempts probe
 
 
-async def test_a_wake_ups_claim_is_four_round_trips_and_a_due_timer_still_joins_it(
+async def test_a_wake_ups_claim_is_three_round_trips_and_a_due_timer_still_joins_it(
     url, monkeypatch, record_statements
 ):
-    """The lock, the look with the probe, the claim, the commit. A timer that is due makes
-    the probe say so: it fires, and its event is in what the claim looks at again."""
+    """The lock with the look and the probe (prepared by the session's first claim), the
+    claim, the commit. A timer that is due makes the probe say so: it fires, and its event
+    is in what the claim looks at again."""
     box = await Inbox.open(url)
     try:
         await box.configure(max_batch=10)
@@ -123,13 +124,53 @@ async def test_a_wake_ups_claim_is_four_round_trips_and_a_due_timer_still_joins_
         sent = record_statements()
         claimed = await box.claim_next("W", gen, mark=False, now=T)
         assert [e.source_id for e in claimed.events] == ["a"]
-        assert sent == ["BEGIN; EXECUTE", "(SELECT id,", "WITH run", "EXECUTE onwatch_count"]
+        claim = ["BEGIN; EXECUTE", "WITH run", "EXECUTE onwatch_count"]
+        assert sent == ["SELECT name", "PREPARE onwatch_look", *claim]
+        await box.finish("W", gen, [e.id for e in claimed.events], now=T)
+        await box.ingest("hook", "b", None, now=T)
+        del sent[:]
+        claimed = await box.claim_next("W", gen, mark=False, now=T)
+        assert [e.source_id for e in claimed.events] == ["b"]
+        assert sent == claim
         monkeypatch.undo()
 
         await box.finish("W", gen, [e.id for e in claimed.events], now=T)
         await box.add_timer("tick", T + 5, None)
-        await box.ingest("hook", "b", None, now=T + 5)
+        await box.ingest("hook", "c", None, now=T + 5)
         claimed = await box.claim_next("W", gen, mark=False, now=T + 5)
         assert sorted(e.source for e in claimed.events) == ["hook", "timer"]
     finally:
+        await box.close()
+
+
+async def test_a_look_read_with_the_lock_for_other_settings_or_another_time_is_read_again(
+    url, record_statements
+):
+    """The look sent with the lock asks with what the caller expects; the transaction
+    decides by the locked row's settings and its own clock. Where they differ, it looks
+    again (one more round trip) and claims what those settings and that time allow."""
+    box = await Inbox.open(url)
+    other = await Inbox.open(url)
+    try:
+        await box.configure(max_batch=1)
+        await box.ingest_batch([("hook", f"e{k}", None) for k in range(5)], now=T)
+        gen = await box.acquire("W", now=T)
+        await other.configure(max_batch=3)  # this Inbox's settings are stale now
+        assert box.settings.max_batch == 1
+        sent = record_statements()
+        claimed = await box.claim_next("W", gen, mark=False, now=T)
+        assert [e.source_id for e in claimed.events] == ["e0", "e1", "e2"]
+        assert "(SELECT id," in sent and box.settings.max_batch == 3
+        await box.finish("W", gen, [e.id for e in claimed.events], now=T)
+
+        # A look read at another time than the transaction decides by (a second that
+        # began between the two clock readings) is not used either.
+        del sent[:]
+        claimed = await box._db.write_looking(
+            (gen, 3, 3, T + 60), runs.claim_next, "W", gen, T, True, False
+        )
+        assert [e.source_id for e in claimed.events] == ["e3", "e4"]
+        assert "(SELECT id," in sent
+    finally:
+        await other.close()
         await box.close()

@@ -606,7 +606,7 @@ class Bench:
         )
 
 
-def _stolen() -> float:
+def stolen() -> float:
     """CPU seconds the hypervisor has given this virtual machine's CPUs to other machines
     so far (/proc/stat's steal; 0 where there is none). A measurement during which many
     were stolen ran on a slower machine: its CPU time a job rises with its wall time."""
@@ -793,13 +793,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     folder = Path(tempfile.mkdtemp(prefix="onwatch-bench-peers-"))
     bench = Bench(peers, folder, pg)
-    steal = 0.0  # CPU seconds the hypervisor took during the measurements (_stolen)
+    steal = 0.0  # CPU seconds the hypervisor took during the measurements (stolen)
     try:
         for n in range(rounds):
             for row, who in schedule(rows, n):
-                stolen = _stolen()
+                taken = stolen()
                 figures = bench.measure(row, who, sizes[row.key], seed=n)
-                figures["steal_s"] = _stolen() - stolen
+                figures["steal_s"] = stolen() - taken
                 steal += figures["steal_s"]
                 results[row.key][who].append(figures)
                 shown = {k: round(v, 2) for k, v in figures.items() if k != "waits"}

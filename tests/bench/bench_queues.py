@@ -27,7 +27,10 @@ start until every job is done:
   backend of the database server, from /proc);
 - per job, from the server's own counters: statements (pg_stat_statements, loaded into the
   throwaway server this script starts), commits (pg_stat_database.xact_commit) and WAL
-  records (pg_stat_wal); the script's own progress polls are subtracted.
+  records (pg_stat_wal); the script's own progress polls are subtracted;
+- the CPU seconds the hypervisor gave this virtual machine's CPUs to other machines during
+  the run (/proc/stat's steal; a round with many ran on a slower machine), and the load
+  average before and after, printed with the table.
 
 **A wake** (each contestant, each round): one queue, its worker idle; another process
 enqueues a job every 60–120 ms and notes the time each enqueue returned (committed); the
@@ -61,6 +64,7 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 
 from tests.bench.bench_fleet_worker import _postgres_cpu  # noqa: E402
+from tests.bench.bench_peers import stolen  # noqa: E402
 from tests.bench.peers_env import peers_python  # noqa: E402
 
 CONTESTANTS = ("onwatch", "pgqueuer", "procrastinate")
@@ -200,7 +204,7 @@ def run_throughput(
     before = counters(server.admin, url)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     pg_before = _postgres_cpu(data)
-    started = time.perf_counter()
+    started, taken = time.perf_counter(), stolen()
     worker = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
     polls = 0
     try:
@@ -219,7 +223,7 @@ def run_throughput(
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{kind} did not finish in 10 minutes")
                 time.sleep(0.1)
-        elapsed = time.perf_counter() - started
+        elapsed, steal = time.perf_counter() - started, stolen() - taken
         pg_cpu = _postgres_cpu(data)
     finally:
         if worker.poll() is None and kind == "onwatch":
@@ -237,6 +241,7 @@ def run_throughput(
         "rate": jobs / elapsed,
         "worker_cpu": worker_cpu / jobs * 1000,
         "server_cpu": float("nan") if pg_cpu is None else (pg_cpu - pg_before) / jobs * 1000,
+        "steal_s": steal,  # CPU seconds the hypervisor gave to other machines meanwhile
         **per_job,
     }
 
@@ -323,9 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     peers = peers_python(args.peers_python) if set(contestants) - {"onwatch"} else ""
     server = Server()
+    load_before = os.getloadavg()
     print(
         f"queues: {queues} queues, {jobs} jobs, a {50} ms handler, concurrency {concurrency}, "
-        f"{rounds} round(s), {os.cpu_count()} cores; wake: {samples} samples",
+        f"{rounds} round(s), {os.cpu_count()} cores; wake: {samples} samples; load average "
+        f"{load_before[0]:.1f}",
         flush=True,
     )
     results: dict[str, list[dict[str, float]]] = {c: [] for c in contestants}
@@ -364,6 +371,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{m['total_cpu']:7.2f} {m['statements']:11.2f} {m['commits']:8.2f} "
             f"{m['wal']:9.2f} {m['p50']:9.1f} {m['p99']:7.1f}"
         )
+    steal = {kind: sum(f["steal_s"] for f in results[kind]) for kind in contestants}
+    print(
+        "CPU s stolen by the hypervisor during the throughput runs (a round with many ran on "
+        "a slower machine): "
+        + ", ".join(f"{kind} {seconds:.1f}" for kind, seconds in steal.items())
+        + f"; load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after"
+    )
     if "onwatch" in medians:
         for peer in [c for c in contestants if c != "onwatch"]:
             o, p = medians["onwatch"], medians[peer]

@@ -52,3 +52,4 @@ def test_queue_benchmark_runs_quick_for_onwatch(pg):
     assert result.returncode == 0, result.stderr
     table = [line for line in result.stdout.splitlines() if line.startswith("onwatch ")]
     assert len(table) == 1 and float(table[0].split()[1]) > 0, result.stdout
+    assert "CPU s stolen by the hypervisor" in result.stdout and "load average" in result.stdout

@@ -39,7 +39,7 @@ from . import redact, said, schema
 from .connect import STATEMENT_TIMEOUT, connect
 from .listen import ListenWake
 from .rows import Row, one
-from .tx import LOOK_WITH_LOCK, SERVER_TIME, STATEMENTS, Tx
+from .tx import CLAIM_WITH_COMMIT, LOOK_WITH_LOCK, SERVER_TIME, STATEMENTS, Tx
 
 T = TypeVar("T")
 Args = tuple[Any, ...]  # a store function's arguments after the Tx: whatever it declares
@@ -126,6 +126,8 @@ SESSION_STATEMENTS = {
 }
 LOOK_PARTS = ("claim_look", "timer_due_any")  # its parts: a schema with other texts sends them
 LOOK_STATEMENT = {"onwatch_look(bigint, bigint, bigint, bigint, bigint)": LOOK_WITH_LOCK}
+# A claim sent with its transaction's COMMIT (Tx.claim), on a schema whose claim it is.
+CLAIM_STATEMENT = {"onwatch_claim(bigint, bigint, bigint, bigint[])": CLAIM_WITH_COMMIT}
 # The session statements each session has prepared, as far as this process knows.
 _prepared: "weakref.WeakKeyDictionary[psycopg.Connection[Row], set[str]]" = (
     weakref.WeakKeyDictionary()
@@ -201,13 +203,16 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, look: Look | Non
     # every decision of the transaction, however long the lock took.
     text = f"BEGIN; EXECUTE onwatch_lock({inbox}); EXECUTE onwatch_now"
     statements = SESSION_STATEMENTS
+    if tx.statements["claim"] == STATEMENTS["claim"]:
+        tx.commit_tail = f"EXECUTE onwatch_count({inbox}); COMMIT"
+        statements = {**statements, **CLAIM_STATEMENT}
     if look is not None and all(tx.statements[n] == STATEMENTS[n] for n in LOOK_PARTS):
         gen, max_attempts, limit, now = look
         at = "NULL" if now is None else int(now)
         text += (
             f"; EXECUTE onwatch_look({inbox}, {int(gen)}, {int(max_attempts)}, {int(limit)}, {at})"
         )
-        statements = {**SESSION_STATEMENTS, **LOOK_STATEMENT}
+        statements = {**statements, **LOOK_STATEMENT}
     else:
         look = None
     cursor = _begin(conn, text, statements)
@@ -221,12 +226,14 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, look: Look | Non
             cursor.nextset()
             tx.saw_look(look[0], look[1], look[2], cursor.fetchall())
         result = fn(tx, *args)
-        conn.execute(f"EXECUTE onwatch_count({inbox}); COMMIT" if tx.changed else "COMMIT")
+        if not tx.committed:  # a claim commits with its own message (Tx.claim)
+            conn.execute(f"EXECUTE onwatch_count({inbox}); COMMIT" if tx.changed else "COMMIT")
     except BaseException:
         _rollback(conn)
         raise
     finally:
-        tx.row = tx.begun_changes = tx.looked = tx.probed = None
+        tx.row = tx.begun_changes = tx.looked = tx.probed = tx.commit_tail = None
+        tx.committed = False
     return result
 
 

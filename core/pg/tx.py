@@ -62,6 +62,24 @@ def _look_with_lock(look: str, probe: str) -> str:
 
 LOOK_WITH_LOCK = _look_with_lock(STATEMENTS["claim_look"], STATEMENTS["timer_due_any"])
 
+
+def _claim_with_commit(claim: str) -> str:
+    """`claim` as a statement a session prepares (core/pg/db.py `onwatch_claim`), for a
+    write transaction to send with its COMMIT: $1 the inbox, $2 the generation, $3 now, $4
+    the events' ids. Every value is an integer: the run's holder is the locked lease's (the
+    claim is made only for the holder of the live lease, and nothing in its transaction
+    changes it), its list of ids the same text `Tx.claim` writes."""
+    text = claim.replace("%(inbox)s", "$1").replace("%(gen)s", "$2").replace("%(now)s", "$3")
+    text = text.replace("%(ids)b", "$4").replace(
+        "%(holder)s", "(SELECT lease_holder FROM inboxes WHERE id = $1)"
+    )
+    text = text.replace("%(json)s", "'[' || array_to_string($4, ', ') || ']'")
+    assert "%(" not in text, "a parameter of the claim left unnumbered"
+    return text
+
+
+CLAIM_WITH_COMMIT = _claim_with_commit(STATEMENTS["claim"])
+
 SERVER_TIME = "SELECT extract(epoch FROM clock_timestamp())"
 # The columns of the locked row (core/pg/db.py INBOX_ROW) that `meta` reads from it.
 _IN_ROW = {"paused": 4, "released_gen": 6}
@@ -101,6 +119,8 @@ class Tx:
         "statements",
         "looked",
         "probed",
+        "commit_tail",
+        "committed",
     )
 
     def __init__(
@@ -130,9 +150,16 @@ class Tx:
         # The probe for due timers read with the lock (`saw_look`): its arguments and
         # whether one is due, good for the timer_due that comes next, as `looked` is.
         self.probed: tuple[tuple[int, ...], bool] | None = None
+        # What a write transaction ends with (the change count, COMMIT), when its claim may
+        # carry it (`claim`: a claim is its transaction's last statement); and whether it
+        # has: the transaction is over.
+        self.commit_tail: str | None = None
+        self.committed = False
 
     def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor[Row]":
         """One statement of this dialect's own (the switches, the counters)."""
+        if self.committed:
+            raise RuntimeError("a statement after the claim that committed its transaction")
         self.looked = self.probed = None
         cursor = self.conn.execute(sql, params)
         # A read's rowcount counts the rows it returned. (A statement that changes rows
@@ -219,6 +246,18 @@ class Tx:
 
     def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
         listed = list(ids)
+        row = self.row  # as locked: the lease this claim was decided on (None: changed since)
+        if self.commit_tail is not None and row is not None and row[:2] == (holder, gen):
+            # The claim and the commit in one message (CLAIM_WITH_COMMIT): one round trip
+            # where there were two. Every value is an integer of ours.
+            numbers = ", ".join(str(int(i)) for i in listed)
+            cursor = self.execute(
+                f"EXECUTE onwatch_claim({int(self.inbox)}, {int(gen)}, {int(now)}, "
+                f"ARRAY[{numbers}]::bigint[]); {self.commit_tail}"
+            )
+            self.committed = self.changed = True
+            claimed: int = one(cursor)[0]
+            return claimed
         json = "[" + ", ".join(map(str, listed)) + "]"
         run: int = self.one("claim", holder=holder, gen=gen, json=json, now=now, ids=listed)[0]
         self.changed = True  # the claim's writes are inside its WITH

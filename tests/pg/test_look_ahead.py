@@ -5,8 +5,9 @@ and they answer only the claim_look that comes next in the same transaction."""
 from __future__ import annotations
 
 import psycopg
+import pytest
 
-from onwatch.core import Inbox
+from onwatch.core import Inbox, InboxError
 from onwatch.core.engine import intake, runs
 
 T = 1_000_000
@@ -110,12 +111,12 @@ async def test_the_look_read_with_the_timer_probe_is_the_look_itself(url):
     assert {row[-1] for row in ahead} >= {0, 3}  # fresh ones, and the out-of-attempts probe
 
 
-async def test_a_wake_ups_claim_is_three_round_trips_and_a_due_timer_still_joins_it(
+async def test_a_wake_ups_claim_is_two_round_trips_and_a_due_timer_still_joins_it(
     url, monkeypatch, record_statements
 ):
-    """The lock with the look and the probe (prepared by the session's first claim), the
-    claim, the commit. A timer that is due makes the probe say so: it fires, and its event
-    is in what the claim looks at again."""
+    """The lock with the look and the probe (prepared by the session's first claim), then
+    the claim with the change count and COMMIT. A timer that is due makes the probe say so:
+    it fires, and its event is in what the claim looks at again."""
     box = await Inbox.open(url)
     try:
         await box.configure(max_batch=10)
@@ -124,7 +125,7 @@ async def test_a_wake_ups_claim_is_three_round_trips_and_a_due_timer_still_joins
         sent = record_statements()
         claimed = await box.claim_next("W", gen, mark=False, now=T)
         assert [e.source_id for e in claimed.events] == ["a"]
-        claim = ["BEGIN; EXECUTE", "WITH run", "EXECUTE onwatch_count"]
+        claim = ["BEGIN; EXECUTE", "EXECUTE onwatch_claim"]
         assert sent == ["SELECT name", "PREPARE onwatch_look", *claim]
         await box.finish("W", gen, [e.id for e in claimed.events], now=T)
         await box.ingest("hook", "b", None, now=T)
@@ -173,4 +174,58 @@ async def test_a_look_read_with_the_lock_for_other_settings_or_another_time_is_r
         assert "(SELECT id," in sent
     finally:
         await other.close()
+        await box.close()
+
+
+async def test_a_claim_commits_with_its_transaction_and_records_the_run_as_before(url):
+    """The claim and COMMIT in one message: the run's holder is the lease's, its list of
+    ids the text a claim sent alone writes, and its events run under it."""
+    box = await Inbox.open(url)
+    try:
+        await box.configure(max_batch=5)
+        await box.ingest_batch([("hook", f"e{k}", None) for k in range(3)], now=T)
+        gen = await box.acquire("W", now=T)
+        claimed = await box.claim_next("W", gen, mark=False, now=T)
+        ids = [e.id for e in claimed.events]
+        assert len(ids) == 3 and {e.run_id for e in claimed.events} == {claimed.events[0].run_id}
+        with psycopg.connect(url) as conn:
+            run = conn.execute(
+                "SELECT holder, gen, event_ids, claimed_at FROM runs WHERE id = %s",
+                (claimed.events[0].run_id,),
+            ).fetchone()
+            running = conn.execute(
+                "SELECT count(*) FROM events WHERE status = 'running' AND run_id = %s",
+                (claimed.events[0].run_id,),
+            ).fetchone()[0]
+        assert run == ("W", gen, "[" + ", ".join(map(str, ids)) + "]", T)
+        assert running == 3
+    finally:
+        await box.close()
+
+
+async def test_a_claim_that_fails_with_its_commit_rolls_back_its_whole_transaction(url):
+    """What the transaction wrote before its claim commits with the claim or not at all; a
+    statement after a claim that committed is a programming error, said at once."""
+    box = await Inbox.open(url)
+    try:
+        await box.ingest_batch([("hook", f"e{k}", None) for k in range(2)], now=T)
+        gen = await box.acquire("W", now=T)
+        first, second = (e.id for e in await box.events("pending"))
+
+        def set_aside_then_claim_twice(tx) -> int:
+            tx.run("event_set_aside", id=second, error="x", now=T)
+            return tx.claim("W", gen, [first, first], T)  # one link twice: refused
+
+        with pytest.raises(InboxError):
+            await box._db.write(set_aside_then_claim_twice)
+        assert [e.id for e in await box.events("pending")] == [first, second]  # nothing kept
+
+        def claim_then_read(tx) -> None:
+            tx.claim("W", gen, [first], T)
+            tx.execute("SELECT 1")
+
+        with pytest.raises(RuntimeError, match="after the claim"):
+            await box._db.write(claim_then_read)
+        assert [e.id for e in await box.events("running")] == [first]  # the claim committed
+    finally:
         await box.close()

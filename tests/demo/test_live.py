@@ -23,7 +23,7 @@ async def test_kill_the_active_worker_under_both_policies(tmp_path):
     inbox = await open_scratch_inbox(str(tmp_path))
     # A run long enough to be seen running (and killed) on a loaded machine: pressing i
     # returns only after the desk has re-read every pane, which can take seconds there.
-    app = LiveDemoApp(inbox, str(tmp_path), workers=2, agent_seconds=4)
+    app = LiveDemoApp(inbox, str(tmp_path), workers=2, agent_seconds=6)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
 
@@ -40,7 +40,7 @@ async def test_kill_the_active_worker_under_both_policies(tmp_path):
             async def running(n=3):
                 return (await inbox.counts()).get("running", 0) == n
 
-            await wait_for(pilot, running, seconds=10, what="the run of three messages")
+            await wait_for(pilot, running, seconds=20, what="the run of three messages")
             await pilot.press("K")
             await wait_for(
                 pilot,
@@ -73,7 +73,7 @@ async def test_kill_the_active_worker_under_both_policies(tmp_path):
                 what="the policy switch",
             )
             await pilot.press("i")
-            await wait_for(pilot, running, seconds=10, what="the second run")
+            await wait_for(pilot, running, seconds=20, what="the second run")
             await pilot.press("K")
             await wait_for(
                 pilot,

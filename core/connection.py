@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
+from .engine.tx import Ahead
+
 T = TypeVar("T")
 # How often a waiter looks for changes itself although a notifier runs (its insurance), and
 # how often everyone polls where nothing notifies (Waker.watching is False).
@@ -61,11 +63,9 @@ class Connection(Protocol):
     async def call(self, fn: Callable[..., T], *args: Any) -> T: ...
     async def read(self, fn: Callable[..., T], *args: Any) -> T: ...
     async def write(self, fn: Callable[..., T], *args: Any) -> T: ...
-    # write, with the claim's look that `fn` reads first (generation, max_attempts, batch
-    # limit, now) read with the lock where that saves a round trip (PostgreSQL).
-    async def write_looking(
-        self, look: tuple[int, int, int, int | None], fn: Callable[..., T], *args: Any
-    ) -> T: ...
+    # write, told what `fn` does first (a claim's look, or a finish and the look after it;
+    # None: nothing said): sent with the lock where that saves a round trip (PostgreSQL).
+    async def write_ahead(self, ahead: Ahead | None, fn: Callable[..., T], *args: Any) -> T: ...
     async def write_alone(self, fn: Callable[..., T], *args: Any) -> T: ...
     async def write_unless(
         self,

@@ -45,7 +45,7 @@ from .engine.spend import Spend, Spending
 from .engine.transcripts import NewLine, NewSpend, Transcript
 from .engine.plans import DELIVERY_STATES, SETTLE_OUTCOMES
 from .engine.runs import Claimed
-from .engine.tx import Tx
+from .engine.tx import FinishAhead, LookAhead, Tx
 from .errors import BadInput
 from .group_commit import GroupCommit
 from .records import (
@@ -389,8 +389,8 @@ class Inbox:
         )
         # The look the claim will read first, as these settings ask for it (read with the
         # lock where the backend can; settings changed meanwhile are read again).
-        look = (gen, self._settings.max_attempts, self._settings.max_batch, now)
-        claimed = await self._db.write_looking(
+        look = LookAhead(gen, self._settings.max_attempts, self._settings.max_batch, now)
+        claimed = await self._db.write_ahead(
             look, runs.claim_next, holder, gen, now, fire_timers, mark
         )
         self._settings = claimed.settings
@@ -422,12 +422,10 @@ class Inbox:
         finished), which is safe only for callers that never run past max_run_seconds.
         A failed run may carry the agent's `traceback` (kept with the run, cut to its last
         MAX_TRACEBACK characters)."""
-        return await self._write(
-            runs.finish,
-            *self._outcome(
-                holder, gen, ids, messages, error, now, result, approvals, timers, run, traceback
-            ),
+        outcome = self._outcome(
+            holder, gen, ids, messages, error, now, result, approvals, timers, run, traceback
         )
+        return await self._db.write_ahead(self._finish_ahead(outcome), runs.finish, *outcome)
 
     async def finish_and_claim(
         self,
@@ -456,10 +454,24 @@ class Inbox:
         outcome = self._outcome(
             holder, gen, ids, messages, error, now, result, approvals, timers, run, traceback
         )
-        accepted, claimed = await self._write(runs.finish_and_claim, outcome, fire_timers, mark)
+        accepted, claimed = await self._db.write_ahead(
+            self._finish_ahead(outcome), runs.finish_and_claim, outcome, fire_timers, mark
+        )
         if claimed is not None:
             self._settings = claimed.settings
         return accepted, claimed
+
+    def _finish_ahead(self, outcome: runs.Outcome) -> FinishAhead | None:
+        """What runs.finish does first for `outcome` where it is the common finish (a run's
+        success, no follow-up timers: Tx.finish_done), said before its transaction begins,
+        with the look a claim after it would read by this Inbox's settings; None otherwise."""
+        holder, gen, ids, _, error, result, _, followups, now, run, _ = outcome
+        if run is None or error is not None or followups:
+            return None
+        settings = self._settings
+        return FinishAhead(
+            holder, gen, run, tuple(ids), result, settings.max_attempts, settings.max_batch, now
+        )
 
     def _outcome(
         self,

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager, Iterator, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Iterator, NamedTuple, Protocol, Sequence
 
 from ..settings import Settings
 from .decoding import settings_from
@@ -45,6 +45,40 @@ META_KEYS = (
     "uid",
 )
 COUNTERS = ("refused_writes", "takeovers", "set_aside")
+
+
+class LookAhead(NamedTuple):
+    """What a write transaction reads first, said before it begins: a claim's look
+    (Tx.claim_look's arguments; `now` None for the backend's clock). A backend may read it
+    with the transaction's lock (one round trip fewer on PostgreSQL); the transaction uses
+    those rows only if its own decision asks for exactly this look."""
+
+    gen: int
+    max_attempts: int
+    limit: int
+    now: int | None
+
+
+class FinishAhead(NamedTuple):
+    """What a write transaction does first, said before it begins: a run's successful
+    finish (Tx.finish_done's arguments; `now` None for the backend's clock), then the
+    claim's look with `max_attempts` and `limit`. A backend may send it with the
+    transaction's lock, fenced in the statement as the engine fences (this holder, this
+    generation, a lease not expired): it writes only where the engine would have asked for
+    exactly this finish, and its rows answer only that."""
+
+    holder: str
+    gen: int
+    run: int
+    ids: tuple[int, ...]
+    result: str | None
+    max_attempts: int
+    limit: int
+    now: int | None
+
+
+# What a write transaction says it does first (Connection.write_ahead).
+Ahead = LookAhead | FinishAhead
 
 
 class Rows(Protocol):

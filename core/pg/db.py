@@ -33,13 +33,14 @@ import time
 import weakref
 from typing import Any, Callable, TypeVar, cast
 
+from ..engine.tx import Ahead, FinishAhead, LookAhead
 from ..errors import ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
 from ..text import printable
 from . import redact, said, schema
 from .connect import STATEMENT_TIMEOUT, connect
 from .listen import ListenWake
 from .rows import Row, one
-from .tx import CLAIM_WITH_COMMIT, LOOK_WITH_LOCK, SERVER_TIME, STATEMENTS, Tx
+from .tx import CLAIM_WITH_COMMIT, FINISH_WITH_LOCK, LOOK_WITH_LOCK, SERVER_TIME, STATEMENTS, Tx
 
 T = TypeVar("T")
 Args = tuple[Any, ...]  # a store function's arguments after the Tx: whatever it declares
@@ -98,15 +99,13 @@ def _give_back(url: str, busy_timeout: float, conn: "psycopg.Connection[Row]") -
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg import sql as pg_sql
 except ImportError:  # pragma: no cover - psycopg is a dependency; say so if it is missing
     psycopg = None  # type: ignore[assignment]
 
 
 # How a job runs its store function: write_transaction, read_transaction or _plain.
 Runner = Callable[[Tx, Callable[..., T], Args], T]
-# A claim's look to read with a write transaction's lock: the generation, max_attempts, the
-# batch's limit, and the caller's `now` (None: the server's clock).
-Look = tuple[int, int, int, "int | None"]
 
 # The inbox row's columns a write transaction reads as it locks the row (see Tx.row).
 # As queries.sql inbox_state, and the change count as the transaction began (Tx.change_token).
@@ -117,8 +116,9 @@ INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused, changes, re
 # round trip each saved), and a statement sent as text is planned at every call (measured on
 # a fleet: the lock 65 µs and the change count 38 µs of the server's time a transaction; a
 # prepared one settles on its generic plan after five calls). `onwatch_look`, a claim's look
-# sent with the lock (write_transaction's `look`), is prepared by the first transaction that
-# sends it: it names the newest schema's columns.
+# sent with the lock, and `onwatch_finish`, a finish and the look after it sent so
+# (write_transaction's `ahead`), are prepared by the first transaction that sends each: they
+# name the newest schema's columns.
 SESSION_STATEMENTS = {
     "onwatch_lock(bigint)": f"SELECT {INBOX_ROW} FROM inboxes WHERE id = $1 FOR UPDATE",
     "onwatch_count(bigint)": "UPDATE inboxes SET changes = changes + 1 WHERE id = $1",
@@ -126,6 +126,12 @@ SESSION_STATEMENTS = {
 }
 LOOK_PARTS = ("claim_look", "timer_due_any")  # its parts: a schema with other texts sends them
 LOOK_STATEMENT = {"onwatch_look(bigint, bigint, bigint, bigint, bigint)": LOOK_WITH_LOCK}
+FINISH_PARTS = ("finish_done", "claim_look")
+FINISH_STATEMENT = {
+    "onwatch_finish(bigint, bigint, bigint, bigint[], bigint, bigint, text, text, bigint)": (
+        FINISH_WITH_LOCK
+    )
+}
 # A claim sent with its transaction's COMMIT (Tx.claim), on a schema whose claim it is.
 CLAIM_STATEMENT = {"onwatch_claim(bigint, bigint, bigint, bigint[])": CLAIM_WITH_COMMIT}
 # The session statements each session has prepared, as far as this process knows.
@@ -185,56 +191,90 @@ def _begin(
         return conn.execute(text)
 
 
-def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, look: Look | None = None) -> T:
+def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | None = None) -> T:
     """`fn(tx, *args)` inside BEGIN … COMMIT holding the inbox's row lock, rolled back on any
     exception. The lock is what BEGIN IMMEDIATE is on SQLite: one writer per inbox.
 
     Round trips are what a transaction costs here, so BEGIN travels with the lock and the
-    change count with COMMIT (one simple-protocol message each; the inbox id and `look`'s
-    values are integers of ours, never outside text). With `look` (a claim's generation,
-    max_attempts, batch limit and `now` or None, as the caller expects them), the claim's
-    look and its probe for due timers travel with the lock too (Tx.saw_look): read after the
-    lock is granted, as they would be a round trip later, and used only where the
-    transaction's own decision asks for exactly them."""
+    change count with COMMIT (one simple-protocol message each). `ahead` (what `fn` does
+    first) travels with the lock too, where the schema's statements are the newest: a
+    claim's look and the probe for due timers (Tx.saw_look), or a finish and the look after
+    it (Tx.saw_finish). Both run after the lock is granted, as they would a round trip later;
+    their rows are used only where the transaction's own decision asks for exactly them, and
+    the finish writes only where the engine would have asked for it (fenced in the statement
+    as the engine fences). Every value in these messages is an integer of ours, or a text
+    quoted by psycopg (`Literal`)."""
     conn = tx.conn
     tx.changed = False
     inbox = int(tx.inbox)
-    # The server's time is read after the lock is granted (in the same message): "now" for
-    # every decision of the transaction, however long the lock took.
-    text = f"BEGIN; EXECUTE onwatch_lock({inbox}); EXECUTE onwatch_now"
+    text = f"BEGIN; EXECUTE onwatch_lock({inbox})"
     statements = SESSION_STATEMENTS
     if tx.statements["claim"] == STATEMENTS["claim"]:
         tx.commit_tail = f"EXECUTE onwatch_count({inbox}); COMMIT"
         statements = {**statements, **CLAIM_STATEMENT}
-    if look is not None and all(tx.statements[n] == STATEMENTS[n] for n in LOOK_PARTS):
-        gen, max_attempts, limit, now = look
-        at = "NULL" if now is None else int(now)
-        text += (
-            f"; EXECUTE onwatch_look({inbox}, {int(gen)}, {int(max_attempts)}, {int(limit)}, {at})"
-        )
-        statements = {**statements, **LOOK_STATEMENT}
+    if isinstance(ahead, FinishAhead) and _newest(tx, FINISH_PARTS):
+        text += f"; {_execute_finish(conn, inbox, ahead)}"
+        statements = {**statements, **FINISH_STATEMENT}
     else:
-        look = None
+        # The server's time is read after the lock is granted (in the same message): "now"
+        # for every decision of the transaction, however long the lock took. (The finish
+        # above reads it itself.)
+        text += "; EXECUTE onwatch_now"
+        if isinstance(ahead, LookAhead) and _newest(tx, LOOK_PARTS):
+            gen, max_attempts, limit, now = map(_number, ahead)
+            text += f"; EXECUTE onwatch_look({inbox}, {gen}, {max_attempts}, {limit}, {now})"
+            statements = {**statements, **LOOK_STATEMENT}
+        else:
+            ahead = None
     cursor = _begin(conn, text, statements)
     try:
         cursor.nextset()
         tx.row = cursor.fetchone()
         tx.begun_changes = None if tx.row is None else tx.row[5]
         cursor.nextset()
-        tx.saw_server_time(one(cursor)[0])
-        if look is not None:
-            cursor.nextset()
-            tx.saw_look(look[0], look[1], look[2], cursor.fetchall())
+        if isinstance(ahead, FinishAhead):
+            tx.saw_finish(ahead, cursor.fetchall())
+        else:
+            tx.saw_server_time(one(cursor)[0])
+            if ahead is not None:
+                cursor.nextset()
+                tx.saw_look(ahead.gen, ahead.max_attempts, ahead.limit, cursor.fetchall())
         result = fn(tx, *args)
+        tx.unasked()  # a finish sent with the lock that fn never asked for: raises if it wrote
         if not tx.committed:  # a claim commits with its own message (Tx.claim)
             conn.execute(f"EXECUTE onwatch_count({inbox}); COMMIT" if tx.changed else "COMMIT")
     except BaseException:
         _rollback(conn)
         raise
     finally:
-        tx.row = tx.begun_changes = tx.looked = tx.probed = tx.commit_tail = None
+        tx.row = tx.begun_changes = tx.looked = tx.probed = tx.finished = tx.commit_tail = None
         tx.committed = False
     return result
+
+
+def _newest(tx: Tx, names: tuple[str, ...]) -> bool:
+    """Whether the transaction's statements `names` are the newest schema's (a session
+    statement is built from those)."""
+    return all(tx.statements[name] == STATEMENTS[name] for name in names)
+
+
+def _number(value: int | None) -> str:
+    return "NULL" if value is None else str(int(value))
+
+
+def _execute_finish(conn: "psycopg.Connection[Row]", inbox: int, ahead: FinishAhead) -> str:
+    """EXECUTE onwatch_finish for `ahead`: its integers written as integers, its texts (the
+    holder, the result) quoted by psycopg for this connection."""
+    ids = ", ".join(str(int(i)) for i in ahead.ids)
+    holder = pg_sql.Literal(ahead.holder).as_string(conn)
+    result = "NULL" if ahead.result is None else pg_sql.Literal(ahead.result).as_string(conn)
+    gen, run, max_attempts, limit, now = map(
+        _number, (ahead.gen, ahead.run, ahead.max_attempts, ahead.limit, ahead.now)
+    )
+    return (
+        f"EXECUTE onwatch_finish({inbox}, {gen}, {run}, ARRAY[{ids}]::bigint[], "
+        f"{max_attempts}, {limit}, {holder}, {result}, {now})"
+    )
 
 
 def write_unless(precheck: Callable[..., T | None]) -> Runner[T]:
@@ -588,12 +628,12 @@ class Database:
         self.wake.notify()
         return result
 
-    async def write_looking(self, look: Look, fn: Callable[..., T], *args: Any) -> T:
-        """write, with the claim's look that `fn` reads first sent with the lock (one round
-        trip fewer; see write_transaction)."""
+    async def write_ahead(self, ahead: Ahead | None, fn: Callable[..., T], *args: Any) -> T:
+        """write, with what `fn` does first sent with the lock (one round trip fewer; see
+        write_transaction)."""
         self._writable()
         result = await self._await(
-            lambda tx, fn, args: write_transaction(tx, fn, args, look), fn, args
+            lambda tx, fn, args: write_transaction(tx, fn, args, ahead), fn, args
         )
         self.wake.notify()
         return result

@@ -11,7 +11,15 @@ import psycopg
 
 from ..engine.decoding import DECODE_ERRORS
 from ..engine.queries import load
-from ..engine.tx import COUNTERS, META_KEYS, InboxState, NewEvent, TimerAdvance, savepoint
+from ..engine.tx import (
+    COUNTERS,
+    META_KEYS,
+    FinishAhead,
+    InboxState,
+    NewEvent,
+    TimerAdvance,
+    savepoint,
+)
 from .rows import Row, one
 
 STATEMENTS = load(Path(__file__).with_name("queries.sql"))
@@ -80,6 +88,44 @@ def _claim_with_commit(claim: str) -> str:
 
 CLAIM_WITH_COMMIT = _claim_with_commit(STATEMENTS["claim"])
 
+# The finish's write, as the engine fences it (InboxState.holds): only while this holder's
+# lease of this generation has not expired at the statement's `now`.
+_LEASE_HELD = (
+    "EXISTS (SELECT 1 FROM inboxes WHERE id = $1 AND lease_holder = $7 AND lease_gen = $2\n"
+    "                      AND lease_until >= (SELECT now FROM clock))"
+)
+
+
+def _finish_with_lock(finish_then_look: str) -> str:
+    """FINISH_THEN_LOOK as a statement a session prepares (core/pg/db.py `onwatch_finish`),
+    for a write transaction to send with its lock: $1 the inbox, $2 the generation, $3 the
+    run, $4 the events' ids, $5 max_attempts, $6 the batch's limit, $7 the holder, $8 the
+    result, $9 the caller's `now` or NULL for the server's clock as the statement runs
+    (which one more row, tagged 21, reports: the `now` it wrote by and the clock's reading).
+    The events are marked done only while the holder's lease of this generation holds: the
+    statement writes exactly where the engine, deciding on the same locked row at the same
+    `now`, would have asked for it."""
+    named = {"inbox": "$1", "gen": "$2", "run": "$3", "max_attempts": "$5", "limit": "$6"}
+    text = finish_then_look.replace("%(ids)b", "$4").replace("%(result)s", "$8")
+    for name, number in named.items():
+        text = text.replace(f"%({name})s", number)
+    text = text.replace("%(traceback)s", "NULL").replace("%(now)s", "(SELECT now FROM clock)")
+    assert "%(" not in text, "a parameter of the finish left unnumbered"
+    known_open = "AND EXISTS (SELECT 1 FROM known WHERE gen = $2 AND outcome IS NULL)"
+    assert text.count(known_open) == 1, "the finish's fence has moved"
+    text = text.replace(known_open, f"AND {_LEASE_HELD}\n      {known_open}")
+    assert text.startswith("WITH "), "the finish no longer begins with its CTEs"
+    nulls = ", ".join(["NULL"] * 11)
+    return (
+        "WITH clock AS MATERIALIZED (SELECT coalesce($9, floor(extract(epoch FROM t))::bigint)"
+        " AS now, extract(epoch FROM t)::text AS at FROM clock_timestamp() AS t),\n"
+        f"{text[len('WITH ') :].rstrip().rstrip(';')}\n"
+        f"UNION ALL\n(SELECT now, at, {nulls}, 21 FROM clock)"
+    )
+
+
+FINISH_WITH_LOCK = _finish_with_lock(FINISH_THEN_LOOK)
+
 SERVER_TIME = "SELECT extract(epoch FROM clock_timestamp())"
 # The columns of the locked row (core/pg/db.py INBOX_ROW) that `meta` reads from it.
 _IN_ROW = {"paused": 4, "released_gen": 6}
@@ -119,6 +165,7 @@ class Tx:
         "statements",
         "looked",
         "probed",
+        "finished",
         "commit_tail",
         "committed",
     )
@@ -150,6 +197,10 @@ class Tx:
         # The probe for due timers read with the lock (`saw_look`): its arguments and
         # whether one is due, good for the timer_due that comes next, as `looked` is.
         self.probed: tuple[tuple[int, ...], bool] | None = None
+        # A finish sent with the lock (`saw_finish`): its arguments, the look it read after
+        # it (max_attempts, limit) and its rows, for the finish_done that must come first
+        # (another statement first is an error if the finish wrote: see `unasked`).
+        self.finished: tuple[tuple[Any, ...], tuple[int, int], list[Row]] | None = None
         # What a write transaction ends with (the change count, COMMIT), when its claim may
         # carry it (`claim`: a claim is its transaction's last statement); and whether it
         # has: the transaction is over.
@@ -160,6 +211,8 @@ class Tx:
         """One statement of this dialect's own (the switches, the counters)."""
         if self.committed:
             raise RuntimeError("a statement after the claim that committed its transaction")
+        if self.finished is not None:
+            self.unasked()
         self.looked = self.probed = None
         cursor = self.conn.execute(sql, params)
         # A read's rowcount counts the rows it returned. (A statement that changes rows
@@ -275,6 +328,16 @@ class Tx:
     ) -> tuple[Row | None, list[Row]]:
         # One statement (queries.sql `finish_done`): its rows tagged in the last column.
         # With `look`, the claim's look is read in that same statement (FINISH_THEN_LOOK).
+        # The same finish sent with the lock (`saw_finish`) has read both already.
+        finished, self.finished = self.finished, None
+        if finished is not None and finished[0] == (tuple(ids), gen, run, now, result, traceback):
+            looked, found = finished[1:]
+            if look is not None and look == looked:
+                self.looked = ((gen, now, *look), [r for r in found if r[-1] < 10])
+            return self._finished(found)
+        if finished is not None:
+            self.finished = finished
+            self.unasked()
         params = {
             "ids": list(ids),
             "gen": gen,
@@ -290,10 +353,31 @@ class Tx:
             params.update(inbox=self.inbox, max_attempts=max_attempts, limit=limit)
             found = self.execute(FINISH_THEN_LOOK, params).fetchall()
             self.looked = ((gen, now, max_attempts, limit), [r for r in found if r[-1] < 10])
+        return self._finished(found)
+
+    def _finished(self, found: list[Row]) -> tuple[Row | None, list[Row]]:
         rows = [(row[0], row[5], row[12]) for row in found if row[-1] == 10]
         known = next(((row[0], row[4]) for row in found if row[-1] == 11), None)
         self.changed = self.changed or bool(rows)
         return known, rows
+
+    def saw_finish(self, ahead: FinishAhead, rows: list[Row]) -> None:
+        """The rows of FINISH_WITH_LOCK, sent with the lock: the server's clock it read,
+        and the finish and the look that answer the transaction's first finish_done if it
+        asks with these arguments at the `now` it wrote by."""
+        now, at = next((row[0], row[1]) for row in rows if row[-1] == 21)
+        self.saw_server_time(at)
+        key = (ahead.ids, ahead.gen, ahead.run, now, ahead.result, None)
+        self.finished = (key, (ahead.max_attempts, ahead.limit), rows)
+
+    def unasked(self) -> None:
+        """The finish sent with the lock was not the statement the transaction asked for
+        first. It wrote nothing where the engine would not have asked for it (its fence is
+        the engine's), and is dropped; if it wrote, the transaction cannot go on (and rolls
+        back: nothing it did is kept)."""
+        finished, self.finished = self.finished, None
+        if finished is not None and any(row[-1] == 10 for row in finished[2]):
+            raise RuntimeError("the finish sent with the lock was not the transaction's first")
 
     def saw_look(self, gen: int, max_attempts: int, limit: int, rows: list[Row]) -> None:
         """The rows of LOOK_WITH_LOCK, read with the lock: they answer the probe and the

@@ -14,6 +14,7 @@ from typing import Any, Callable, TypeVar
 
 import aiosqlite
 
+from ..engine.tx import Ahead
 from ..errors import FileLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
 from . import files, schema
 from .tx import STATEMENTS, SqliteTx
@@ -567,10 +568,8 @@ class Database:
         self.wake.notify()
         return result
 
-    async def write_looking(
-        self, look: tuple[int, int, int, int | None], fn: Callable[..., T], *args: Any
-    ) -> T:
-        """write: a file has no round trip to save by reading a claim's look early."""
+    async def write_ahead(self, ahead: Ahead | None, fn: Callable[..., T], *args: Any) -> T:
+        """write: a file has no round trip to save by sending a statement early."""
         return await self.write(fn, *args)
 
     async def write_alone(self, fn: Callable[..., T], *args: Any) -> T:

@@ -375,8 +375,12 @@ def test_a_visit_that_runs_its_inbox_dry_looks_for_work_once_per_run_and_once_mo
 
     def counted(self, query, *args, **kwargs):
         text = str(query)
-        if "status = 'pending' AND attempts = 0" in text:
-            looks.append(text)  # a claim's look (claim_look, alone or with a finish)
+        if text.startswith("PREPARE"):
+            pass  # a session statement prepared, not run
+        elif "status = 'pending' AND attempts = 0" in text or any(
+            f"EXECUTE {name}(" in text for name in ("onwatch_look", "onwatch_finish")
+        ):
+            looks.append(text)  # a claim's look (alone, with the lock, or with a finish)
         return execute(self, query, *args, **kwargs)
 
     async def agent(batch, ctx) -> None:

@@ -4,11 +4,15 @@ and they answer only the claim_look that comes next in the same transaction."""
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 
 from onwatch.core import Inbox, InboxError
 from onwatch.core.engine import intake, runs
+from onwatch.core.engine.runs import Claimed
+from onwatch.core.engine.tx import FinishAhead, LookAhead
 
 T = 1_000_000
 LOOK = (3, 5)  # max_attempts, limit
@@ -167,8 +171,8 @@ async def test_a_look_read_with_the_lock_for_other_settings_or_another_time_is_r
         # A look read at another time than the transaction decides by (a second that
         # began between the two clock readings) is not used either.
         del sent[:]
-        claimed = await box._db.write_looking(
-            (gen, 3, 3, T + 60), runs.claim_next, "W", gen, T, True, False
+        claimed = await box._db.write_ahead(
+            LookAhead(gen, 3, 3, T + 60), runs.claim_next, "W", gen, T, True, False
         )
         assert [e.source_id for e in claimed.events] == ["e3", "e4"]
         assert "(SELECT id," in sent
@@ -227,5 +231,153 @@ async def test_a_claim_that_fails_with_its_commit_rolls_back_its_whole_transacti
         with pytest.raises(RuntimeError, match="after the claim"):
             await box._db.write(claim_then_read)
         assert [e.id for e in await box.events("running")] == [first]  # the claim committed
+    finally:
+        await box.close()
+
+
+def _record_messages(monkeypatch) -> list[str]:
+    """What every psycopg connection of this process sends, whole, from now on."""
+    sent: list[str] = []
+    execute = psycopg.Connection.execute
+
+    def recorded(self, query, *args, **kwargs):
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.Connection, "execute", recorded)
+    return sent
+
+
+async def _claimed_run(box: Inbox, events: int = 3) -> tuple[int, Claimed]:
+    """An inbox whose worker W runs one event at a time, with `events` pending and the
+    first claimed (by the server's clock, as a worker claims)."""
+    await box.configure(max_batch=1, max_attempts=3)
+    await box.ingest_batch([("hook", f"e{k}", None) for k in range(events)], now=T)
+    gen = await box.acquire("W")
+    return gen, await box.claim_next("W", gen, mark=False)
+
+
+def _outcome(url: str, event_id: int) -> tuple:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "SELECT e.status, r.outcome, r.finished_at, r.result FROM events e "
+            "JOIN runs r ON r.inbox_id = e.inbox_id AND r.id = e.run_id WHERE e.id = %s",
+            (event_id,),
+        ).fetchone()
+
+
+async def test_a_finish_that_claims_next_is_two_round_trips_and_writes_as_before(url, monkeypatch):
+    """The finish and the claim's look travel with the lock (prepared by the session's
+    first such finish), the claim with the COMMIT: the run is closed, its result stored
+    (quoted by the driver, whatever it holds), and the next event claimed."""
+    box = await Inbox.open(url)
+    try:
+        gen, claimed = await _claimed_run(box)
+        hostile = {"q": 'it\'s \\ "$1" ); DROP TABLE events; --', "u": "\u202e\x1b[2J é"}
+        for result in (None, hostile):
+            sent = _record_messages(monkeypatch)
+            [event] = claimed.events
+            accepted, claimed = await box.finish_and_claim(
+                "W",
+                gen,
+                [event.id],
+                run=event.run_id,
+                result=result,
+                fire_timers=False,
+                mark=False,
+            )
+            monkeypatch.undo()
+            assert accepted and claimed is not None and len(claimed.events) == 1
+            messages = [m for m in sent if not m.startswith(("SELECT name", "PREPARE"))]
+            assert len(messages) == 2, messages
+            assert messages[0].startswith("BEGIN; EXECUTE onwatch_lock(")
+            assert "EXECUTE onwatch_finish(" in messages[0]
+            assert messages[1].startswith("EXECUTE onwatch_claim(")
+            status, outcome, finished_at, stored = _outcome(url, event.id)
+            assert (status, outcome) == ("done", "done") and finished_at is not None
+            assert (None if stored is None else json.loads(stored)) == result
+        assert claimed.events[0].source_id == "e2"
+    finally:
+        await box.close()
+
+
+async def test_a_finish_sent_with_the_lock_writes_only_where_the_engine_would(url):
+    """The statement is fenced as the engine fences: another holder naming this generation,
+    a lease that expired, a run that is not this generation's open run are refused (nothing
+    written, the refusal counted); the same finish again after its answer was lost is
+    accepted and writes nothing more."""
+    box = await Inbox.open(url)
+    try:
+        gen, claimed = await _claimed_run(box)
+        [event] = claimed.events
+        run = event.run_id
+        assert run is not None
+
+        async def finish(holder: str = "W", run: int = run, now: int | None = None):
+            return await box.finish_and_claim(
+                holder, gen, [event.id], run=run, now=now, fire_timers=False, mark=False
+            )
+
+        assert await finish("X") == (False, None)
+        assert await finish(run=run + 1000) == (False, None)
+        lease = await box.lease_info()
+        assert lease is not None
+        assert await finish(now=lease.until + 1) == (False, None)
+        assert _outcome(url, event.id)[:2] == ("running", None)
+        assert (await box.overview()).refused_writes == 3
+
+        accepted, next_claim = await finish()
+        assert accepted and next_claim is not None
+        assert _outcome(url, event.id)[:2] == ("done", "done")
+        finished_at = _outcome(url, event.id)[2]
+        accepted, _ = await finish()  # the answer lost, the finish sent again
+        assert accepted and _outcome(url, event.id) == ("done", "done", finished_at, None)
+    finally:
+        await box.close()
+
+
+async def test_a_finish_sent_with_the_lock_for_other_settings_claims_by_the_locked_ones(url):
+    """The look sent with the finish asks with this Inbox's settings; another process
+    changed them meanwhile. The finish stands, the look is read again, and the claim
+    takes what the locked settings allow."""
+    box = await Inbox.open(url)
+    other = await Inbox.open(url)
+    try:
+        gen, claimed = await _claimed_run(box, events=5)
+        await other.configure(max_batch=3)
+        [event] = claimed.events
+        accepted, claimed = await box.finish_and_claim(
+            "W", gen, [event.id], run=event.run_id, fire_timers=False, mark=False
+        )
+        assert accepted and claimed is not None
+        assert [e.source_id for e in claimed.events] == ["e1", "e2", "e3"]
+        assert _outcome(url, event.id)[:2] == ("done", "done")
+    finally:
+        await other.close()
+        await box.close()
+
+
+async def test_a_finish_sent_with_the_lock_and_not_asked_for_first_rolls_back(url):
+    """A transaction whose first statement is not the finish it said it would make: if the
+    finish wrote, the transaction raises and keeps nothing; if its fence stopped it, it
+    wrote nothing and the transaction goes on."""
+    box = await Inbox.open(url)
+    try:
+        gen, claimed = await _claimed_run(box)
+        [event] = claimed.events
+        assert event.run_id is not None
+
+        def ahead(holder: str) -> FinishAhead:
+            return FinishAhead(holder, gen, event.run_id, (event.id,), None, 3, 1, None)
+
+        def read_first(tx) -> int:
+            return len(tx.run("claim_look", gen=gen, now=T, max_attempts=3, limit=1).fetchall())
+
+        for first in (read_first, lambda tx: None):  # another statement; none at all
+            with pytest.raises(RuntimeError, match="not the transaction's first"):
+                await box._db.write_ahead(ahead("W"), first)
+            assert _outcome(url, event.id)[:2] == ("running", None)
+        assert await box._db.write_ahead(ahead("X"), read_first) > 0
+        assert _outcome(url, event.id)[:2] == ("running", None)
     finally:
         await box.close()

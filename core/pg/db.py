@@ -161,8 +161,11 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
 
 
 def _prepare(conn: "psycopg.Connection[Row]", statements: dict[str, str]) -> None:
-    """Prepare those of `statements` this session lacks."""
-    have = {row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements")}
+    """Prepare those of `statements` this session lacks. (The question is never itself a
+    statement psycopg prepares: it is asked when a session lost what it had prepared.)"""
+    have = {
+        row[0] for row in conn.execute("SELECT name FROM pg_prepared_statements", prepare=False)
+    }
     missing = [
         f"PREPARE {signature} AS {sql}"
         for signature, sql in statements.items()
@@ -180,7 +183,9 @@ def _begin(
     preparing them first on a session that does not have them yet. One that lost them
     (DEALLOCATE or DISCARD ALL, as a pooler between client and server may send) gets them
     again, and `text` is sent again: the failed message ended in an aborted transaction that
-    changed nothing."""
+    changed nothing. A message that fails otherwise (a lock not granted in time, a lost
+    connection) is rolled back too: its BEGIN left a transaction open, in which every later
+    statement of the session would fail."""
     if not _prepared.get(conn, set()).issuperset(statements):
         _prepare(conn, statements)
     try:
@@ -188,7 +193,14 @@ def _begin(
     except pg_errors.InvalidSqlStatementName:
         _rollback(conn)
         _prepare(conn, statements)
+    except BaseException:
+        _rollback(conn)
+        raise
+    try:
         return conn.execute(text)
+    except BaseException:
+        _rollback(conn)
+        raise
 
 
 def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | None = None) -> T:
@@ -316,7 +328,7 @@ def _rollback(conn: "psycopg.Connection[Row]") -> None:
         and not conn.broken
         and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
     ):
-        conn.execute("ROLLBACK")
+        conn.execute("ROLLBACK", prepare=False)
 
 
 def _plain(tx: Tx, fn: Callable[..., T], args: Args) -> T:
@@ -502,6 +514,17 @@ class Database:
         tx.server_time = None  # read again by each job that needs it
         try:
             return runner(tx, fn, args)
+        except pg_errors.InvalidSqlStatementName:
+            # A statement psycopg prepared by itself is gone from the session (DEALLOCATE or
+            # DISCARD ALL sent by something between us and the server; ours are prepared
+            # again by _begin), and psycopg cannot know which: every later use would fail.
+            # A new session for the next job; this one stopped at the statement that failed
+            # (in a transaction, rolled back with it).
+            tx.conn.close()
+            raise ConnectionLost(
+                f"inbox {self.path}: the PostgreSQL session lost statements prepared in it "
+                f"(reset by a pooler?); reconnecting, try again"
+            ) from None
         except psycopg.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout) from None
         finally:

@@ -10,6 +10,7 @@ import psycopg
 import pytest
 
 from onwatch.core import BadInput, FakeClock, Inbox, InboxBusy, Lease, NotAnInbox
+from onwatch.core.errors import ConnectionLost
 from onwatch.core.pg import schema
 from onwatch.core.pg.db import _find_inbox
 from onwatch.core.fleet import DatabaseFleet
@@ -295,6 +296,81 @@ async def test_a_session_that_lost_its_prepared_statements_prepares_them_again(u
         names = [row[0] for row in await _session(box, "SELECT name FROM pg_prepared_statements")]
         assert {"onwatch_count", "onwatch_lock", "onwatch_now"} <= set(names)
         assert [e.source_id for e in await box.events("pending")] == ["m0", "m1", "m2"]
+
+        # A worker's claim, its finish with the next claim and a finish alone, each sent
+        # with the lock.
+        await box.configure(max_batch=1)
+        gen = await box.acquire("w")
+        [first] = (await box.claim_next("w", gen)).events
+        await _session(box, lost)
+        accepted, after = await box.finish_and_claim("w", gen, [first.id], run=first.run_id)
+        assert accepted and after is not None
+        [second] = after.events
+        await _session(box, lost)
+        assert await box.finish("w", gen, [second.id], run=second.run_id)
+        assert (await box.counts())["done"] == 2
+    finally:
+        await box.close()
+
+
+async def test_a_lock_not_granted_in_time_leaves_the_session_usable(url):
+    """A write transaction's first message (BEGIN and the lock) that fails on a lock held
+    past busy_timeout is refused as busy, and rolled back: the session's next write and
+    read work (they failed for good while that aborted transaction stayed open)."""
+    box = await Inbox.open(url, name="a", busy_timeout=1)
+    try:
+        await box.configure(max_batch=1)
+        await box.ingest_batch([("chat", f"m{k}", None) for k in range(2)])
+        gen = await box.acquire("w")
+        with psycopg.connect(url) as holder:
+            holder.execute("SELECT 1 FROM inboxes WHERE name = 'a' FOR UPDATE")
+            with pytest.raises(InboxBusy, match="stayed locked"):
+                await box.configure(max_batch=2)
+            with pytest.raises(InboxBusy, match="stayed locked"):
+                await box.claim_next("w", gen)  # the lock with the look
+        [event] = (await box.claim_next("w", gen)).events
+        assert await box.finish("w", gen, [event.id], run=event.run_id)
+        assert (await box.counts())["done"] == 1 and box.settings.max_batch == 1
+    finally:
+        await box.close()
+
+
+async def test_a_session_that_lost_what_psycopg_prepared_recovers_at_the_next_job(url):
+    """psycopg prepares a statement it sent five times, and cannot know when something
+    between it and the server (a pooler's DISCARD ALL) drops it: the job that meets the loss
+    fails as a lost connection (try again: it committed nothing), the session is opened
+    anew, and the same call again succeeds; every event is done once."""
+    box = await Inbox.open(url, name="a")
+    lost = 0
+
+    async def again_if_lost(call, *args, **kwargs):
+        nonlocal lost
+        try:
+            return await call(*args, **kwargs)
+        except ConnectionLost:
+            lost += 1
+            return await call(*args, **kwargs)
+
+    try:
+        await box.configure(max_batch=1)
+        await box.ingest_batch([("chat", f"m{k}", None) for k in range(40)])
+        gen = await box.acquire("w")
+        [event] = (await box.claim_next("w", gen)).events
+        for k in range(39):
+            if k % 4 == 0:
+                await _session(box, "DEALLOCATE ALL")
+            accepted, claimed = await again_if_lost(
+                box.finish_and_claim,
+                "w",
+                gen,
+                [event.id],
+                run=event.run_id,
+                fire_timers=k % 2 == 0,
+            )
+            assert accepted and claimed is not None
+            [event] = claimed.events
+            assert (await again_if_lost(box.counts))["done"] == k + 1
+        assert 1 <= lost <= 10  # once psycopg had prepared something, once a loss at most
     finally:
         await box.close()
 

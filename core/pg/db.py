@@ -238,8 +238,8 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | N
             statements = {**statements, **LOOK_STATEMENT}
         else:
             ahead = None
-    cursor = _begin(conn, text, statements)
     try:
+        cursor = _begin(conn, text, statements)
         cursor.nextset()
         tx.row = cursor.fetchone()
         tx.begun_changes = None if tx.row is None else tx.row[5]
@@ -254,9 +254,13 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | N
         result = fn(tx, *args)
         tx.unasked()  # a finish sent with the lock that fn never asked for: raises if it wrote
         if not tx.committed:  # a claim commits with its own message (Tx.claim)
-            conn.execute(f"EXECUTE onwatch_count({inbox}); COMMIT" if tx.changed else "COMMIT")
+            if tx.changed:
+                conn.execute(f"EXECUTE onwatch_count({inbox}); COMMIT")
+            else:
+                conn.execute("COMMIT", prepare=False)
     except BaseException:
         _rollback(conn)
+        tx.undone = True
         raise
     finally:
         tx.row = tx.begun_changes = tx.looked = tx.probed = tx.finished = tx.commit_tail = None
@@ -304,19 +308,22 @@ def write_unless(precheck: Callable[..., T | None]) -> Runner[T]:
 def read_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     """`fn(tx, *args)` inside one read-only snapshot."""
     conn = tx.conn
-    cursor = _begin(conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; EXECUTE onwatch_now")
     try:
+        cursor = _begin(
+            conn, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; EXECUTE onwatch_now"
+        )
         cursor.nextset()
         tx.saw_server_time(one(cursor)[0])
         result = fn(tx, *args)
     except BaseException:
         _rollback(conn)
+        tx.undone = True
         raise
     # A read-only snapshot ends the same either way, but psycopg forgets every statement it
     # prepared when it sees a ROLLBACK (the server may have dropped those prepared inside
     # the transaction): ending with COMMIT keeps them for the next read (measured: a fleet's
     # server CPU per job -16 %).
-    conn.execute("COMMIT")
+    conn.execute("COMMIT", prepare=False)
     return result
 
 
@@ -477,7 +484,7 @@ class Database:
                 self._finished += 1
         _give_back(self.url, self.busy_timeout, self._tx.conn)
 
-    def _run(self, runner: Runner[T], fn: Callable[..., T], args: Args) -> T:
+    def _run(self, runner: Runner[T], fn: Callable[..., T], args: Args, again: bool = False) -> T:
         """On the thread: run one job, reconnecting first if the connection was lost.
 
         Reconnection backs off (0.1 s doubling to MAX_BACKOFF) while the server stays
@@ -512,15 +519,18 @@ class Database:
             log.warning("inbox %s: reconnected to PostgreSQL", self.path)
             self._backoff = self._retry_at = self._outage_said = 0.0
         tx.server_time = None  # read again by each job that needs it
+        tx.undone = False
         try:
             return runner(tx, fn, args)
         except pg_errors.InvalidSqlStatementName:
             # A statement psycopg prepared by itself is gone from the session (DEALLOCATE or
             # DISCARD ALL sent by something between us and the server; ours are prepared
             # again by _begin), and psycopg cannot know which: every later use would fail.
-            # A new session for the next job; this one stopped at the statement that failed
-            # (in a transaction, rolled back with it).
+            # A new session, then: a job whose transaction rolled back (it changed nothing)
+            # runs once more in it; any other stopped at the statement that failed.
             tx.conn.close()
+            if tx.undone and not again:
+                return self._run(runner, fn, args, again=True)
             raise ConnectionLost(
                 f"inbox {self.path}: the PostgreSQL session lost statements prepared in it "
                 f"(reset by a pooler?); reconnecting, try again"

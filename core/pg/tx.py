@@ -168,6 +168,7 @@ class Tx:
         "finished",
         "commit_tail",
         "committed",
+        "undone",
     )
 
     def __init__(
@@ -206,6 +207,9 @@ class Tx:
         # has: the transaction is over.
         self.commit_tail: str | None = None
         self.committed = False
+        # Whether the job's transaction rolled back on an error: the job changed nothing
+        # (core/pg/db.py may then run it once more).
+        self.undone = False
 
     def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor[Row]":
         """One statement of this dialect's own (the switches, the counters)."""

@@ -335,21 +335,22 @@ async def test_a_lock_not_granted_in_time_leaves_the_session_usable(url):
         await box.close()
 
 
-async def test_a_session_that_lost_what_psycopg_prepared_recovers_at_the_next_job(url):
+async def test_a_session_that_lost_what_psycopg_prepared_is_opened_anew(url):
     """psycopg prepares a statement it sent five times, and cannot know when something
-    between it and the server (a pooler's DISCARD ALL) drops it: the job that meets the loss
-    fails as a lost connection (try again: it committed nothing), the session is opened
-    anew, and the same call again succeeds; every event is done once."""
+    between it and the server (a pooler's DISCARD ALL) drops it. A transaction that meets
+    the loss rolled back: it runs once more in a new session, and its caller never knows. A
+    call outside a transaction fails as a lost connection (try again), and the same call
+    again succeeds. Every event is done once."""
     box = await Inbox.open(url, name="a")
     lost = 0
 
-    async def again_if_lost(call, *args, **kwargs):
+    async def counts() -> dict[str, int]:  # a read of its own statements, no transaction
         nonlocal lost
         try:
-            return await call(*args, **kwargs)
+            return await box.counts()
         except ConnectionLost:
             lost += 1
-            return await call(*args, **kwargs)
+            return await box.counts()
 
     try:
         await box.configure(max_batch=1)
@@ -359,18 +360,15 @@ async def test_a_session_that_lost_what_psycopg_prepared_recovers_at_the_next_jo
         for k in range(39):
             if k % 4 == 0:
                 await _session(box, "DEALLOCATE ALL")
-            accepted, claimed = await again_if_lost(
-                box.finish_and_claim,
-                "w",
-                gen,
-                [event.id],
-                run=event.run_id,
-                fire_timers=k % 2 == 0,
+            await box.ingest_batch([("late", f"n{k}", None)])  # a write transaction
+            accepted, claimed = await box.finish_and_claim(
+                "w", gen, [event.id], run=event.run_id, fire_timers=k % 2 == 0
             )
             assert accepted and claimed is not None
             [event] = claimed.events
-            assert (await again_if_lost(box.counts))["done"] == k + 1
-        assert 1 <= lost <= 10  # once psycopg had prepared something, once a loss at most
+            assert (await counts())["done"] == k + 1
+            assert [e.id for e in await box.events("running")] == [event.id]  # a snapshot
+        assert (await counts())["pending"] == 39 and lost <= 10
     finally:
         await box.close()
 

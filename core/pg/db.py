@@ -183,9 +183,9 @@ def _begin(
     preparing them first on a session that does not have them yet. One that lost them
     (DEALLOCATE or DISCARD ALL, as a pooler between client and server may send) gets them
     again, and `text` is sent again: the failed message ended in an aborted transaction that
-    changed nothing. A message that fails otherwise (a lock not granted in time, a lost
-    connection) is rolled back too: its BEGIN left a transaction open, in which every later
-    statement of the session would fail."""
+    changed nothing. Called inside its transaction's `try`: a message that fails otherwise (a
+    lock not granted in time, a lost connection) left its BEGIN's transaction open, and the
+    caller rolls it back, as every later statement of the session would fail in it."""
     if not _prepared.get(conn, set()).issuperset(statements):
         _prepare(conn, statements)
     try:
@@ -193,14 +193,7 @@ def _begin(
     except pg_errors.InvalidSqlStatementName:
         _rollback(conn)
         _prepare(conn, statements)
-    except BaseException:
-        _rollback(conn)
-        raise
-    try:
         return conn.execute(text)
-    except BaseException:
-        _rollback(conn)
-        raise
 
 
 def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | None = None) -> T:
@@ -656,10 +649,7 @@ class Database:
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` in one transaction holding the inbox's lock; roll back on any exception."""
-        self._writable()
-        result = await self._await(write_transaction, fn, args)
-        self.wake.notify()
-        return result
+        return await self.write_ahead(None, fn, *args)
 
     async def write_ahead(self, ahead: Ahead | None, fn: Callable[..., T], *args: Any) -> T:
         """write, with what `fn` does first sent with the lock (one round trip fewer; see

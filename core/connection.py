@@ -123,6 +123,24 @@ class Waiters:
                 future.set_result(True)
 
 
+async def until_set(future: asyncio.Future[Any], timeout: float | None) -> bool:
+    """Await `future` (a waiter's) for at most `timeout` seconds: True once it is set (to
+    anything but False), False when the time ran out first. One future and one timer, no
+    task: a wake-up reaches its waiter in one turn of the loop."""
+    if timeout is None:
+        return bool(await future)
+    timer = asyncio.get_running_loop().call_later(timeout, _expire, future)
+    try:
+        return bool(await future)
+    finally:
+        timer.cancel()
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_result(False)
+
+
 class WaiterCounts:
     """What both backends' wakers report of their waits (a base class)."""
 

@@ -28,7 +28,7 @@ from typing import Awaitable, Callable, TypeVar
 
 import psycopg
 
-from ..connection import WaiterCounts
+from ..connection import WaiterCounts, until_set
 from . import redact, said
 from .connect import connect
 
@@ -56,7 +56,7 @@ class Listener:
         self._loop = loop
         self._counts: dict[str, int] = defaultdict(int)
         self._generation = 0  # moves on every loss and every reconnection: wake everyone
-        self._waiters: dict[str, set[asyncio.Future[None]]] = defaultdict(set)
+        self._waiters: dict[str, set[asyncio.Future[bool]]] = defaultdict(set)
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._listen, name="onwatch-pg-listen", daemon=True)
         self._thread.start()
@@ -100,15 +100,22 @@ class Listener:
                 self.poll_interval if timeout is None else min(timeout, self.poll_interval)
             )
             return True
-        future: asyncio.Future[None] = self._loop.create_future()
-        self._waiters[name].add(future)
+        future: asyncio.Future[bool] = self._loop.create_future()
+        self.watch(name, future)
         try:
-            await asyncio.wait_for(future, timeout)
-            return True
-        except asyncio.TimeoutError:
-            return False
+            return await until_set(future, timeout)
         finally:
-            self._waiters[name].discard(future)
+            self.unwatch(name, future)
+
+    def watch(self, name: str, future: asyncio.Future[bool]) -> None:
+        """Set `future` (to True) once `name` is notified, or the connection is lost or
+        regained; `unwatch` it when the wait ends. A waiter that also waits on something
+        else adds its own future here rather than a task around `wait` (fewer turns of
+        the loop between a NOTIFY and the claim it starts)."""
+        self._waiters[name].add(future)
+
+    def unwatch(self, name: str, future: asyncio.Future[bool]) -> None:
+        self._waiters[name].discard(future)
 
     async def wait_any(self, timeout: float | None) -> bool:
         """Wait until any inbox is notified, or the connection is lost or regained (True),
@@ -121,7 +128,7 @@ class Listener:
         for key in (name, ""):
             for future in self._waiters.get(key, ()):
                 if not future.done():
-                    future.set_result(None)
+                    future.set_result(True)
 
     def _wake_all(self, connected: bool) -> None:
         self.connected = connected
@@ -129,7 +136,7 @@ class Listener:
         for futures in self._waiters.values():
             for future in futures:
                 if not future.done():
-                    future.set_result(None)
+                    future.set_result(True)
 
     async def close(self) -> None:
         self._stopping.set()
@@ -239,22 +246,19 @@ class ListenWake(WaiterCounts):
         self._heard_before = -1 if listener is None else listener.seen(self.name)[0]
         if self.seq != since:
             return True
-        loop = asyncio.get_running_loop()
-        own = self._waiters.add(loop)
-        waits: set[asyncio.Future[bool]] = {own}
+        # One future, set by this process's own commits (notify) and by the listener (this
+        # inbox named, the connection lost or regained).
+        future = self._waiters.add(asyncio.get_running_loop())
         if listener is not None:
-            waits.add(
-                asyncio.ensure_future(listener.wait(self.name, listener.seen(self.name), timeout))
-            )
+            if not listener.connected:
+                timeout = min(timeout, listener.poll_interval)  # polling meanwhile
+            listener.watch(self.name, future)
         try:
-            finished, _ = await asyncio.wait(
-                waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
+            await until_set(future, timeout)
         finally:
-            for future in waits:
-                if not future.done():
-                    future.cancel()
-            self._waiters.discard(own)
+            self._waiters.discard(future)
+            if listener is not None:
+                listener.unwatch(self.name, future)
         return self.seq != since
 
     async def confirm(self, read_token: Callable[[], Awaitable[T]], old: T) -> bool:

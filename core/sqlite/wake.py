@@ -29,7 +29,7 @@ import logging
 import os
 from typing import Any, Awaitable, Callable, TypeVar
 
-from ..connection import WaiterCounts
+from ..connection import WaiterCounts, until_set
 
 try:  # Linux only; elsewhere the waiters poll
     from inotify_simple import INotify, flags
@@ -90,11 +90,9 @@ class Wake(WaiterCounts):
             self._start(loop)
         future = self._waiters.add(loop)
         self._arm()
-        timer = loop.call_later(timeout, _expire, future)
         try:
-            return await future
+            return await until_set(future, timeout)
         finally:
-            timer.cancel()
             self._waiters.discard(future)
             if not self._waiters:
                 self._disarm()
@@ -192,8 +190,3 @@ class Wake(WaiterCounts):
     def _fail(self, why: str) -> None:
         log.warning("%s; polling %s instead", why, self.path)
         self.close()
-
-
-def _expire(future: asyncio.Future[bool]) -> None:
-    if not future.done():
-        future.set_result(False)

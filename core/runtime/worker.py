@@ -595,6 +595,9 @@ class Worker:
         stop_seen: float | None = None
         stop_wait = self._stop_wait()
         try:
+            # One turn of the loop first: the agent's first step runs in it, and a run that
+            # ends there (one that awaits nothing slow) needs no wait set up around it.
+            await asyncio.sleep(0)
             while not task.done():
                 await asyncio.wait(
                     {task} if stop_wait.done() else {task, stop_wait},

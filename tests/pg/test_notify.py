@@ -169,3 +169,33 @@ async def test_run_now_and_a_resumed_timer_wake_the_inbox(boxes):
     seen = listener.seen("a")
     assert await a.act("resume_timer", "digest", now=T + 20)  # due meanwhile: work now
     await heard(listener, "a", seen)
+
+
+async def test_an_idle_wait_ends_when_its_listener_reconnects_not_at_its_next_poll(pg, url):
+    """While the listening connection is down an idle worker polls (every poll_interval);
+    the listener's reconnection ends its wait at once, since what was sent meanwhile was
+    lost: the worker looks now, not a poll later."""
+    from onwatch.core.pg.listen import ListenWake
+
+    from .proxy import Proxy
+
+    if pg.owned is None:
+        pytest.skip("needs the server the tests started (its port is proxied)")
+    await (await Inbox.open(url, name="a")).close()
+    proxy = Proxy(pg.owned.port)
+    proxy.refuse()
+    listener = await Listener.open(proxy.url(url), poll_interval=60, max_backoff=0.2)
+    wake = ListenWake("a")
+    try:
+        assert not listener.connected
+        wake.attach(listener)
+        waiting = asyncio.ensure_future(wake.wait(wake.seq, 60))
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # polling, every 60 s
+        proxy.relay()
+        assert await asyncio.wait_for(waiting, 10)  # woken by the reconnection
+        assert listener.connected and listener.reconnects == 1
+    finally:
+        wake.close()
+        await listener.close()
+        proxy.close()

@@ -95,15 +95,13 @@ class Listener:
         return True after at most `poll_interval` (polling, the fallback)."""
         if self.seen(name) != seen:
             return True
-        if not self.connected:
-            await asyncio.sleep(
-                self.poll_interval if timeout is None else min(timeout, self.poll_interval)
-            )
-            return True
+        polling = not self.connected  # True after the poll, or sooner at the reconnection
+        if polling:
+            timeout = self.poll_interval if timeout is None else min(timeout, self.poll_interval)
         future: asyncio.Future[bool] = self._loop.create_future()
         self.watch(name, future)
         try:
-            return await until_set(future, timeout)
+            return await until_set(future, timeout) or polling
         finally:
             self.unwatch(name, future)
 

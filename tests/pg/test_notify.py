@@ -190,10 +190,12 @@ async def test_an_idle_wait_ends_when_its_listener_reconnects_not_at_its_next_po
         assert not listener.connected
         wake.attach(listener)
         waiting = asyncio.ensure_future(wake.wait(wake.seq, 60))
+        anything = asyncio.ensure_future(listener.wait_any(None))  # the fleet's wait
         await asyncio.sleep(0.5)
-        assert not waiting.done()  # polling, every 60 s
+        assert not waiting.done() and not anything.done()  # polling, every 60 s
         proxy.relay()
         assert await asyncio.wait_for(waiting, 10)  # woken by the reconnection
+        assert await asyncio.wait_for(anything, 1)
         assert listener.connected and listener.reconnects == 1
     finally:
         wake.close()

@@ -214,7 +214,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | N
     inbox = int(tx.inbox)
     text = f"BEGIN; EXECUTE onwatch_lock({inbox})"
     statements = SESSION_STATEMENTS
-    if tx.statements["claim"] == STATEMENTS["claim"]:
+    if _newest(tx, ("claim",)):
         tx.commit_tail = f"EXECUTE onwatch_count({inbox}); COMMIT"
         statements = {**statements, **CLAIM_STATEMENT}
     if isinstance(ahead, FinishAhead) and _newest(tx, FINISH_PARTS):

@@ -45,7 +45,7 @@ from .engine.spend import Spend, Spending
 from .engine.transcripts import NewLine, NewSpend, Transcript
 from .engine.plans import DELIVERY_STATES, SETTLE_OUTCOMES
 from .engine.runs import Claimed
-from .engine.tx import FinishAhead, LookAhead, Tx
+from .engine.tx import ClaimAhead, FinishAhead, Tx
 from .errors import BadInput
 from .group_commit import GroupCommit
 from .records import (
@@ -387,11 +387,13 @@ class Inbox:
             checks.positive("gen", gen),
             self._now(now),
         )
-        # The look the claim will read first, as these settings ask for it (read with the
-        # lock where the backend can; settings changed meanwhile are read again).
-        look = LookAhead(gen, self._settings.max_attempts, self._settings.max_batch, now)
+        # What the transaction is, said before it begins: the backend may read the claim's
+        # look with the lock, or make the claim itself where it is plain (ClaimAhead), as
+        # these settings ask; settings changed meanwhile are read again.
+        settings = self._settings
+        ahead = ClaimAhead(holder, gen, settings.max_attempts, settings.max_batch, fire_timers, now)
         claimed = await self._db.write_ahead(
-            look, runs.claim_next, holder, gen, now, fire_timers, mark
+            ahead, runs.claim_next, holder, gen, now, fire_timers, mark
         )
         self._settings = claimed.settings
         return claimed

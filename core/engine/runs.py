@@ -59,6 +59,17 @@ def claim_next(
     return Claimed(_claim(tx, state, holder, gen, now), token, settings, more)
 
 
+def plain_claim(settings: Settings) -> bool:
+    """Whether a claim under `settings` is decided by the inbox's rows alone: no run deadline
+    (max_run_seconds), no runs or spend budget to count. A backend may then make it in one
+    statement (ClaimAhead). Every setting `_claim` checks beyond the rows belongs here."""
+    return (
+        settings.max_run_seconds is None
+        and settings.max_runs_per_day is None
+        and not settings.max_spend_per_day
+    )
+
+
 def claim_batch(tx: Tx, holder: str, gen: int, now: int | None) -> list[Event]:
     """Claim the next run's events for the holder of exactly this generation: lost claims
     are recovered and exhausted events buried first; a previously attempted event runs

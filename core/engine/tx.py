@@ -77,8 +77,30 @@ class FinishAhead(NamedTuple):
     now: int | None
 
 
+class ClaimAhead(NamedTuple):
+    """What a write transaction is, said before it begins: a worker's step before a run
+    (runs.claim_next) for this holder and generation, due timers fired if `timers`; `now`
+    None for the backend's clock. A backend may make the claim in a statement sent with the
+    lock, and commit it in that same message, only where it proves the engine would claim
+    exactly that (runs.plain_claim's settings, unchanged; this generation's live lease; not
+    paused; no claim lost, no event out of attempts, no timer due when `timers`; every event
+    it takes one the engine can run). Anywhere else that statement changes nothing and the
+    transaction runs as it would have. The engine's own decision is made all the same, on
+    the rows the statement read, and must be that claim."""
+
+    holder: str
+    gen: int
+    max_attempts: int  # as the caller's settings say: the look read where the claim is not
+    limit: int  # made with the lock (LookAhead's)
+    timers: bool
+    now: int | None
+
+    def look(self) -> LookAhead:
+        return LookAhead(self.gen, self.max_attempts, self.limit, self.now)
+
+
 # What a write transaction says it does first (Connection.write_ahead).
-Ahead = LookAhead | FinishAhead
+Ahead = LookAhead | FinishAhead | ClaimAhead
 
 
 class Rows(Protocol):

@@ -28,19 +28,32 @@ import logging
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 import weakref
 from typing import Any, Callable, TypeVar, cast
 
-from ..engine.tx import Ahead, FinishAhead, LookAhead
+from ..engine.decoding import settings_from
+from ..engine.runs import plain_claim
+from ..engine.tx import Ahead, ClaimAhead, FinishAhead, LookAhead
 from ..errors import ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
+from ..settings import Settings
 from ..text import printable
 from . import redact, said, schema
 from .connect import STATEMENT_TIMEOUT, connect
 from .listen import ListenWake
 from .rows import Row, one
-from .tx import CLAIM_WITH_COMMIT, FINISH_WITH_LOCK, LOOK_WITH_LOCK, SERVER_TIME, STATEMENTS, Tx
+from .tx import (
+    CLAIM_WITH_COMMIT,
+    FINISH_WITH_LOCK,
+    LOOK_WITH_LOCK,
+    SERVER_TIME,
+    STATEMENTS,
+    TAKE_WITH_LOCK,
+    UNSEEN,
+    Tx,
+)
 
 T = TypeVar("T")
 Args = tuple[Any, ...]  # a store function's arguments after the Tx: whatever it declares
@@ -134,6 +147,15 @@ FINISH_STATEMENT = {
 }
 # A claim sent with its transaction's COMMIT (Tx.claim), on a schema whose claim it is.
 CLAIM_STATEMENT = {"onwatch_claim(bigint, bigint, bigint, bigint[])": CLAIM_WITH_COMMIT}
+# A plain claim decided and made with the lock, and committed in the same message (`_take`).
+TAKE_PARTS = ("claim_look", "timer_due_any", "claim")
+TAKE_STATEMENT = {
+    "onwatch_take(bigint, bigint, bigint, bigint, bigint, text, text, boolean, bigint)": (
+        TAKE_WITH_LOCK
+    )
+}
+# The server's JSON check that the take's statement needs (IS JSON) came with version 16.
+TAKE_SERVER = 160000
 # The session statements each session has prepared, as far as this process knows.
 _prepared: "weakref.WeakKeyDictionary[psycopg.Connection[Row], set[str]]" = (
     weakref.WeakKeyDictionary()
@@ -209,6 +231,11 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | N
     the finish writes only where the engine would have asked for it (fenced in the statement
     as the engine fences). Every value in these messages is an integer of ours, or a text
     quoted by psycopg (`Literal`)."""
+    if isinstance(ahead, ClaimAhead):
+        taken = _take(tx, fn, args, ahead)
+        if taken is not _NOT_TAKEN:
+            return cast(T, taken)
+        ahead = ahead.look()
     conn = tx.conn
     tx.changed = False
     inbox = int(tx.inbox)
@@ -234,8 +261,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | N
     try:
         cursor = _begin(conn, text, statements)
         cursor.nextset()
-        tx.row = cursor.fetchone()
-        tx.begun_changes = None if tx.row is None else tx.row[5]
+        _locked(tx, cursor.fetchone())
         cursor.nextset()
         if isinstance(ahead, FinishAhead):
             tx.saw_finish(ahead, cursor.fetchall())
@@ -259,6 +285,82 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | N
         tx.row = tx.begun_changes = tx.looked = tx.probed = tx.finished = tx.commit_tail = None
         tx.committed = False
     return result
+
+
+_NOT_TAKEN = object()
+
+
+def _take(tx: Tx, fn: Callable[..., T], args: Args, ahead: ClaimAhead) -> T | object:
+    """A woken worker's claim (runs.claim_next) in one round trip where it is plain: BEGIN,
+    the lock, TAKE_WITH_LOCK and COMMIT in one message. The statement makes the claim only
+    where the engine, deciding on the rows it read, makes exactly that claim; `fn` then runs
+    on those rows (no statement of its own: any would fail, the transaction being over) and
+    its claim must be the one made, or it raises. Where the case was not plain the message
+    changed nothing, and _NOT_TAKEN says to run the transaction as before; so does a claim
+    that cannot be plain (settings with a budget or a run deadline, by the settings the last
+    lock read: the statement checks they are still those), a server without IS JSON, a
+    schema whose statements are not the newest, and the claim just after one not plain (a
+    timer due, claims lost: the next may be the same, and costs no round trip more)."""
+    conn = tx.conn
+    seen = tx.seen_settings
+    missed, tx.take_missed = tx.take_missed, False
+    if (
+        missed
+        or seen is UNSEEN
+        or conn.info.server_version < TAKE_SERVER
+        or not _newest(tx, TAKE_PARTS)
+    ):
+        return _NOT_TAKEN
+    text = cast("str | None", seen)
+    settings = Settings() if text is None else settings_from(text)
+    if not plain_claim(settings):
+        return _NOT_TAKEN
+    inbox = int(tx.inbox)
+    gen, max_attempts, limit, now = map(
+        _number, (ahead.gen, settings.max_attempts, settings.max_batch, ahead.now)
+    )
+    holder = pg_sql.Literal(ahead.holder).as_string(conn)
+    stored = "NULL" if text is None else pg_sql.Literal(text).as_string(conn)
+    # A payload may nest no deeper than this thread's stack lets Python read it: its count
+    # of `[` and `{` bounds its depth (the statement checks it).
+    depth = sys.getrecursionlimit() // 2
+    tx.changed = False
+    try:
+        cursor = _begin(
+            conn,
+            f"BEGIN; EXECUTE onwatch_lock({inbox}); EXECUTE onwatch_take({inbox}, {gen}, "
+            f"{max_attempts}, {limit}, {now}, {holder}, {stored}, "
+            f"{'true' if ahead.timers else 'false'}, {depth}); COMMIT",
+            {**SESSION_STATEMENTS, **TAKE_STATEMENT},
+        )
+        cursor.nextset()
+        _locked(tx, cursor.fetchone())
+        cursor.nextset()
+        if not tx.saw_take(
+            ahead.holder, ahead.gen, settings.max_attempts, settings.max_batch, cursor.fetchall()
+        ):
+            tx.take_missed = True
+            return _NOT_TAKEN
+        tx.committed = True
+        result = fn(tx, *args)
+        if tx.taken is not None:
+            raise RuntimeError(f"the claim made with the lock {tx.taken} was not the engine's")
+    except BaseException:
+        _rollback(conn)
+        tx.undone = not tx.committed  # a committed claim is not undone by an error after it
+        raise
+    finally:
+        tx.row = tx.begun_changes = tx.looked = tx.probed = tx.taken = None
+        tx.committed = False
+    return result
+
+
+def _locked(tx: Tx, row: Row | None) -> None:
+    """The inbox's row as a write transaction's lock read it (INBOX_ROW's columns)."""
+    tx.row = row
+    tx.begun_changes = None if row is None else row[5]
+    if row is not None:
+        tx.seen_settings = row[3]
 
 
 def _newest(tx: Tx, names: tuple[str, ...]) -> bool:

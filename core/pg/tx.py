@@ -9,6 +9,7 @@ from typing import Any, ContextManager, Sequence
 
 import psycopg
 
+from ..clock import MAX_COUNT
 from ..engine.decoding import DECODE_ERRORS
 from ..engine.queries import load
 from ..engine.tx import (
@@ -48,18 +49,25 @@ def _look_and_probe(look: str, probe: str) -> str:
 _LOOK_AND_PROBE: dict[tuple[str, str], str] = {}  # by (look, probe): a schema's own texts
 
 
-def _look_with_lock(look: str, probe: str) -> str:
-    """_look_and_probe as a statement a session prepares (core/pg/db.py `onwatch_look`), for
-    a write transaction to send with its lock: $1 the inbox, $2 the generation, $3
-    max_attempts, $4 the batch's limit, $5 the caller's `now` or NULL for the server's clock
-    as the statement runs; one more row, tagged 21, says which `now` it read by. The
-    transaction uses its rows only where they match its own decision (`Tx.saw_look`)."""
+def _numbered_look(look: str, probe: str) -> str:
+    """_look_and_probe with numbered parameters: $1 the inbox, $2 the generation, $3
+    max_attempts, $4 the batch's limit; its `now` read from a CTE named `clock`."""
     named = {"inbox": "$1", "gen": "$2", "max_attempts": "$3", "limit": "$4"}
     text = _look_and_probe(look, probe)
     for name, number in named.items():
         text = text.replace(f"%({name})s", number)
     text = text.replace("%(now)s", "(SELECT now FROM clock)")
     assert "%(" not in text, "a parameter of the look left unnumbered"
+    return text
+
+
+def _look_with_lock(look: str, probe: str) -> str:
+    """_look_and_probe as a statement a session prepares (core/pg/db.py `onwatch_look`), for
+    a write transaction to send with its lock: $1 the inbox, $2 the generation, $3
+    max_attempts, $4 the batch's limit, $5 the caller's `now` or NULL for the server's clock
+    as the statement runs; one more row, tagged 21, says which `now` it read by. The
+    transaction uses its rows only where they match its own decision (`Tx.saw_look`)."""
+    text = _numbered_look(look, probe)
     nulls = ", ".join(["NULL"] * 12)
     return (
         "WITH clock AS MATERIALIZED (SELECT coalesce($5, "
@@ -87,6 +95,91 @@ def _claim_with_commit(claim: str) -> str:
 
 
 CLAIM_WITH_COMMIT = _claim_with_commit(STATEMENTS["claim"])
+
+# A run of digits this long in a payload takes the engine's own path: Python refuses to read
+# an integer of more than sys.get_int_max_str_digits() digits (4,300, at least 640 where
+# set), which the server's JSON check accepts. (A regular expression's bound is 255 at most.)
+TAKE_DIGITS = 255
+
+
+def _take_with_lock(look: str, probe: str, claim: str) -> str:
+    """The claim of runs.claim_next's plain case, decided and made in one statement, for a
+    write transaction to send with its lock and its COMMIT (core/pg/db.py `onwatch_take`):
+    $1 the inbox, $2 the generation, $3 max_attempts, $4 the batch's limit, $5 the caller's
+    `now` or NULL for the server's clock, $6 the holder, $7 the settings' stored text the
+    caller decided by (runs.plain_claim's), $8 whether due timers fire, $9 how many `[` and
+    `{` a payload may hold (fewer than Python's recursion limit lets it read nested).
+
+    Its rows are LOOK_WITH_LOCK's (the look, the probe tagged 20, the clock tagged 21) and
+    two more: 22, the run it made (its id, and its events' ids as text; no row when it
+    claimed nothing), and 23, whether the case was plain (1) or not (0). It claims only
+    where the engine, deciding on those same rows, claims exactly these events: this
+    holder's live lease of this generation, the inbox not paused, the stored settings the
+    caller's, no claim lost by an older generation, no pending event out of attempts, no
+    timer due when they fire, and every event it would take one the engine can run (a
+    payload the server reads as JSON, with none of what the server's check passes and Python
+    cannot read: deep nesting, an integer of TAKE_DIGITS digits or more; a count of attempts
+    below MAX_COUNT). The events: the oldest retried one alone, else the fresh ones, as
+    `runs._claim` picks them. Where the case is not plain it writes nothing (the
+    transaction then runs as the engine decides)."""
+    text = _numbered_look(look, probe)
+    values = "VALUES (%(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s) RETURNING id"
+    assert claim.count(values) == 1 and claim.startswith("WITH "), "the claim has changed"
+    claim = claim.replace(
+        values,
+        "SELECT %(inbox)s, %(holder)s, %(gen)s, %(json)s, %(now)s FROM taking\n"
+        "    WHERE ids IS NOT NULL RETURNING id",
+    )
+    claim = claim.replace("%(inbox)s", "$1").replace("%(gen)s", "$2").replace("%(holder)s", "$6")
+    claim = claim.replace("%(now)s", "(SELECT now FROM clock)")
+    claim = claim.replace("%(ids)b", "(SELECT ids FROM taking)")
+    claim = claim.replace("%(json)s", "'[' || array_to_string(ids, ', ') || ']'")
+    assert "%(" not in claim, "a parameter of the claim left unnumbered"
+    ctes, tail = claim[len("WITH ") :].rsplit("\nSELECT id FROM run", 1)
+    assert tail.strip() in ("", ";"), "the claim no longer ends with its run"
+    nulls = ", ".join(["NULL"] * 12)
+    return f"""WITH clock AS MATERIALIZED (
+    SELECT coalesce($5, floor(extract(epoch FROM t))::bigint) AS now,
+           extract(epoch FROM t)::text AS at
+    FROM clock_timestamp() AS t),
+look(id, source, source_id, payload, status, attempts, claim_gen, error, created, updated,
+     available_at, claimed_at, run_id, tag) AS MATERIALIZED (
+{text}),
+candidates AS MATERIALIZED (
+    SELECT id, payload, attempts FROM look WHERE tag = 1
+    UNION ALL
+    SELECT id, payload, attempts FROM look
+    WHERE tag = 0 AND NOT EXISTS (SELECT FROM look WHERE tag = 1)),
+plain AS MATERIALIZED (
+    SELECT EXISTS (SELECT FROM inboxes i
+                   WHERE i.id = $1 AND i.lease_holder = $6 AND i.lease_gen = $2
+                     AND i.lease_until >= (SELECT now FROM clock) AND NOT i.paused
+                     AND i.settings IS NOT DISTINCT FROM $7)
+       AND NOT EXISTS (SELECT FROM look WHERE tag = 2)
+       AND NOT EXISTS (SELECT FROM look WHERE tag = 3 AND id > 0)
+       AND NOT ($8 AND EXISTS (SELECT FROM look WHERE tag = 20 AND id > 0))
+       AND NOT EXISTS (
+           SELECT FROM candidates
+           WHERE payload IS NULL OR payload IS NOT JSON OR attempts >= {MAX_COUNT}
+              OR length(payload) - length(translate(payload, '[{{', '')) > $9
+              OR payload ~ '[0-9]{{{TAKE_DIGITS}}}') AS yes),
+taking AS MATERIALIZED (
+    SELECT array_agg(id ORDER BY id) AS ids FROM candidates WHERE (SELECT yes FROM plain)),
+{ctes},
+counted AS (
+    UPDATE inboxes SET changes = changes + 1 WHERE id = $1 AND EXISTS (SELECT FROM run))
+(SELECT * FROM look)
+UNION ALL
+(SELECT now, at, {", ".join(["NULL"] * 11)}, 21 FROM clock)
+UNION ALL
+(SELECT id, (SELECT array_to_string(ids, ',') FROM taking), {nulls[6:]}, 22 FROM run)
+UNION ALL
+(SELECT yes::int, {nulls}, 23 FROM plain)"""
+
+
+TAKE_WITH_LOCK = _take_with_lock(
+    STATEMENTS["claim_look"], STATEMENTS["timer_due_any"], STATEMENTS["claim"]
+)
 
 # The finish's write, as the engine fences it (InboxState.holds): only while this holder's
 # lease of this generation has not expired at the statement's `now`.
@@ -127,6 +220,7 @@ def _finish_with_lock(finish_then_look: str) -> str:
 FINISH_WITH_LOCK = _finish_with_lock(FINISH_THEN_LOOK)
 
 SERVER_TIME = "SELECT extract(epoch FROM clock_timestamp())"
+UNSEEN = object()  # Tx.seen_settings before any write transaction read them
 # The columns of the locked row (core/pg/db.py INBOX_ROW) that `meta` reads from it.
 _IN_ROW = {"paused": 4, "released_gen": 6}
 # The statements that change the inbox's own row (its lease, switches or settings): after
@@ -167,6 +261,9 @@ class Tx:
         "probed",
         "finished",
         "commit_tail",
+        "taken",
+        "seen_settings",
+        "take_missed",
         "committed",
         "undone",
     )
@@ -206,6 +303,14 @@ class Tx:
         # carry it (`claim`: a claim is its transaction's last statement); and whether it
         # has: the transaction is over.
         self.commit_tail: str | None = None
+        # The claim a statement sent with the lock made and committed (`saw_take`): the
+        # claim_next's claim it must be, (holder, generation, ids, now), and its run.
+        self.taken: tuple[tuple[str, int, tuple[int, ...], int], int] | None = None
+        # The settings' stored text as the last write transaction locked the inbox's row
+        # (UNSEEN before any), and whether the last claim sent with the lock found a case
+        # that was not plain (the next claim then reads its look instead: core/pg/db.py).
+        self.seen_settings: str | None | object = UNSEEN
+        self.take_missed = False
         self.committed = False
         # Whether the job's transaction rolled back on an error: the job changed nothing
         # (core/pg/db.py may then run it once more).
@@ -303,6 +408,15 @@ class Tx:
 
     def claim(self, holder: str, gen: int, ids: Sequence[int], now: int) -> int:
         listed = list(ids)
+        if self.taken is not None:  # made and committed with the lock (`saw_take`)
+            (made, made_run), self.taken = self.taken, None
+            if made != (holder, gen, tuple(listed), now):
+                raise RuntimeError(
+                    f"the claim made with the lock {made} is not the engine's "
+                    f"{(holder, gen, tuple(listed), now)}"
+                )
+            self.changed = True
+            return made_run
         row = self.row  # as locked: the lease this claim was decided on (None: changed since)
         if self.commit_tail is not None and row is not None and row[:2] == (holder, gen):
             # The claim and the commit in one message (CLAIM_WITH_COMMIT): one round trip
@@ -391,6 +505,21 @@ class Tx:
         key = (gen, now, max_attempts, limit)
         self.probed = (key, any(row[-1] == 20 and row[0] > 0 for row in rows))
         self.looked = (key, [row for row in rows if row[-1] < 20])
+
+    def saw_take(
+        self, holder: str, gen: int, max_attempts: int, limit: int, rows: list[Row]
+    ) -> bool:
+        """The rows of TAKE_WITH_LOCK, sent with the lock and the COMMIT: whether the case
+        was plain (if not, it wrote nothing). They answer the probe and the look as
+        LOOK_WITH_LOCK's do, and the claim it made answers the engine's claim."""
+        self.saw_look(gen, max_attempts, limit, [row for row in rows if row[-1] <= 21])
+        now = next(row[0] for row in rows if row[-1] == 21)
+        self.saw_server_time(next(row[1] for row in rows if row[-1] == 21))
+        made = next(((row[0], row[1]) for row in rows if row[-1] == 22), None)
+        if made is not None:
+            ids = tuple(int(i) for i in made[1].split(","))
+            self.taken = ((holder, gen, ids, now), made[0])
+        return any(row[-1] == 23 and row[0] == 1 for row in rows)
 
     def timer_due(self, now: int, look: tuple[int, int, int] | None = None) -> bool:
         if look is None:

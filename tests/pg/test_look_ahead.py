@@ -118,9 +118,13 @@ async def test_the_look_read_with_the_timer_probe_is_the_look_itself(url):
 async def test_a_wake_ups_claim_is_two_round_trips_and_a_due_timer_still_joins_it(
     url, monkeypatch, record_statements
 ):
-    """The lock with the look and the probe (prepared by the session's first claim), then
-    the claim with the change count and COMMIT. A timer that is due makes the probe say so:
-    it fires, and its event is in what the claim looks at again."""
+    """Where the claim is not made with the lock (tests/pg/test_take.py; switched off here):
+    the lock with the look and the probe (prepared by the session's first claim), then the
+    claim with the change count and COMMIT. A timer that is due makes the probe say so: it
+    fires, and its event is in what the claim looks at again."""
+    import onwatch.core.pg.db as pg_db
+
+    monkeypatch.setattr(pg_db, "TAKE_SERVER", 10**9)
     box = await Inbox.open(url)
     try:
         await box.configure(max_batch=10)

@@ -68,9 +68,11 @@ def not_fired(exc: BaseException) -> str:
 _settings_cache: dict[str, Settings] = {}
 
 
-def settings_from(text: str) -> Settings:
-    """The settings stored as `text` (decoded once per distinct text: every transaction
-    reads them)."""
+def settings_from(text: str | None) -> Settings:
+    """The settings stored as `text`, None meaning the defaults (decoded once per distinct
+    text: every transaction reads them)."""
+    if text is None:
+        return Settings()
     cached = _settings_cache.get(text)
     if cached is None:
         cached = _settings_cache[text] = Settings.from_json(text)

@@ -82,7 +82,7 @@ def ingest_alone(
     if "settings" not in seen:
         seen["settings"] = tx.settings_text()
     text = seen["settings"]
-    settings = Settings() if text is None else settings_from(text)
+    settings = settings_from(text)
     [(source, source_id, payload, now)] = items
     if settings.max_pending is not None or len(payload) > settings.max_payload_bytes:
         return None

@@ -12,7 +12,7 @@ FLAGS = ("paused", "outbox_held")
 
 def load_settings(tx: Tx) -> Settings:
     text = tx.settings_text()
-    return Settings() if text is None else settings_from(text)
+    return settings_from(text)
 
 
 def store_settings(tx: Tx, settings: Settings) -> None:

@@ -128,7 +128,7 @@ class InboxState:
     @property
     def settings(self) -> Settings:
         text = self.settings_text
-        return Settings() if text is None else settings_from(text)
+        return settings_from(text)
 
     def holds(self, holder: str, gen: int, now: int) -> bool:
         """The fencing rule: exactly this holder and generation, not expired (an expiry

@@ -38,7 +38,6 @@ from ..engine.decoding import settings_from
 from ..engine.runs import plain_claim
 from ..engine.tx import Ahead, ClaimAhead, FinishAhead, LookAhead
 from ..errors import ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
-from ..settings import Settings
 from ..text import printable
 from . import redact, said, schema
 from .connect import STATEMENT_TIMEOUT, connect
@@ -312,7 +311,7 @@ def _take(tx: Tx, fn: Callable[..., T], args: Args, ahead: ClaimAhead) -> T | ob
     ):
         return _NOT_TAKEN
     text = cast("str | None", seen)
-    settings = Settings() if text is None else settings_from(text)
+    settings = settings_from(text)
     if not plain_claim(settings):
         return _NOT_TAKEN
     inbox = int(tx.inbox)

@@ -231,6 +231,20 @@ class Inbox:
         another process's commit through the OS's file notification, ours directly."""
         return self._db.wake
 
+    @property
+    def loop_writes(self) -> bool:
+        """True: claims and finishes (the transactions between two runs) may commit on the
+        event loop's own thread where that is safe and quick, sparing the hand-off to the
+        connection's thread (SQLite only; Connection.loop_writes). A Worker sets it while it
+        runs; never set it on a loop that must not wait for a disk (a desk's)."""
+        return self._db.loop_writes
+
+    @loop_writes.setter
+    def loop_writes(self, on: bool) -> None:
+        if not isinstance(on, bool):
+            raise BadInput(f"loop_writes must be True or False, got {show(on)}")
+        self._db.loop_writes = on
+
     # --- settings -------------------------------------------------------------------------
 
     @property

@@ -460,6 +460,7 @@ class Database:
         self.version = version
         self.migrated_from: int | None = None
         self.read_only: str | None = None
+        self.loop_writes = False  # ignored: a statement waits on the network (Connection)
         self.name = name
         self.inbox = inbox
         # What messages and logs call it: no password, and a name with control characters

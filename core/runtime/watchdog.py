@@ -94,6 +94,9 @@ class LoopWatch:
             self._heartbeat()
 
     def leave(self, user: object) -> None:
+        """Stop watching for `user` (on the loop: which has turned, so a stall it was in has
+        ended, and the log says so even if no heartbeat came between)."""
+        self._turned()
         with self._lock:
             self._users.pop(id(user), None)
             last = not self._users
@@ -118,13 +121,16 @@ class LoopWatch:
             limits = [u[0] for u in self._users.values()]
         return max(MIN_TICK, min(limits, default=1.0) / 4)
 
-    def _heartbeat(self) -> None:
-        """On the loop: the loop turned. Says so if a stall had been reported."""
+    def _turned(self) -> None:
+        """On the loop: it turned. Says so if a stall had been reported."""
         now = time.monotonic()
         if self._reported is not None and self._reported == self._beat:
             log.warning("the event loop turned again after %.1f s blocked", now - self._beat)
         self._reported = None
         self._beat = now
+
+    def _heartbeat(self) -> None:
+        self._turned()
         self._timer = None
         if not self._closing.is_set():
             self._timer = self._loop.call_later(self._tick(), self._heartbeat)

@@ -144,6 +144,7 @@ class Worker:
         max_runs: int | None = None,
         metrics: Any = None,
         on_stuck: Callable[[str], None] | None = None,
+        loop_writes: bool = True,
     ) -> None:
         if not callable(agent):
             raise BadInput("agent must be callable: async def agent(batch, ctx)")
@@ -170,6 +171,8 @@ class Worker:
             raise BadInput("setup must be callable (or None)")
         if on_stuck is not None and not callable(on_stuck):
             raise BadInput("on_stuck must be callable (or None)")
+        if not isinstance(loop_writes, bool):
+            raise BadInput(f"loop_writes must be True or False, got {show(loop_writes)}")
         self.inbox = inbox
         self.agent = agent
         self.holder = holder or default_holder()
@@ -183,6 +186,9 @@ class Worker:
         # Called (from another thread) with the reason when the event loop stays blocked past
         # the lease TTL plus the grace; the command line ends the process there.
         self.on_stuck = on_stuck
+        # Its claims and finishes commit on its own loop's thread where safe and quick
+        # (Inbox.loop_writes, SQLite): False for a loop that must never wait for a disk.
+        self.loop_writes = loop_writes
         self.stats = WorkerStats()
         self.gen: int | None = None
         # When the lease is next renewed: a monotonic instant (a step of the wall clock moves
@@ -270,6 +276,7 @@ class Worker:
         self._watch_loop(watch)
         capture_logging()
         self.transcripts.start()
+        loop_writes, self.inbox.loop_writes = self.inbox.loop_writes, self.loop_writes
         log.info(
             "worker %s started on %s (%s)",
             self.holder,
@@ -315,6 +322,7 @@ class Worker:
                 self._stop_waiter.cancel()
                 self._stop_waiter = None
             watch.leave(self)
+            self.inbox.loop_writes = loop_writes
             await self.transcripts.close(TRANSCRIPT_FLUSH)
             await self._release()
             if not self._forced_out:  # forced out: the database does not answer, let it age

@@ -10,7 +10,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, TypeVar, cast
 
 import aiosqlite
 
@@ -33,6 +33,10 @@ _OLDER_SCHEMA_TEXTS = ("no such column", "no such table", "no such index")
 # How often a job waiting for another connection's write lock looks again (at most): see
 # Database._patiently.
 LOCK_POLL = 0.001
+# A worker's own write on the loop's thread (Database.write_ahead) that took longer than this
+# (seconds) sends its writes back to the connection's thread for LOOP_WRITE_REST seconds.
+LOOP_WRITE_SLOW = 0.1
+LOOP_WRITE_REST = 60.0
 
 
 def _locked(exc: sqlite3.Error) -> bool:
@@ -162,6 +166,12 @@ class Database:
         self._guard: files.Guard | None = None
         self._stopped: FileLost | None = None  # set once the files are lost, for good
         self._stop_lock = threading.Lock()
+        # Jobs handed to the connection's thread (counted on the loop) and the ones it ended
+        # (counted on that thread): equal when the thread holds and waits for nothing.
+        self._sent = 0
+        self._ended = 0
+        self.loop_writes = False  # see write_ahead
+        self._thread_until = 0.0  # write_ahead stays on the thread until then (monotonic)
 
     @classmethod
     async def open(
@@ -323,7 +333,7 @@ class Database:
         if why is not None:
             conn = self._conn
             if conn._running and conn._connection is not None:
-                conn._tx.put_nowait((None, self._check))  # stops it, on its thread
+                self._send(None, self._check)  # stops it, on its thread
         return why
 
     def _check(self) -> None:
@@ -413,12 +423,28 @@ class Database:
         return await self._hop(self._read_job, _plain, fn, self._handle(), args)
 
     async def _hop(self, fn: Callable[..., T], *args: Any) -> T:
+        conn = self._conn
+        if not conn._running or conn._connection is None:
+            raise InboxError(f"inbox {self.path} is closed")
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._send(future, lambda: fn(*args))
         try:
-            # aiosqlite's private hop is untyped; it returns what fn returns
-            result: T = await self._conn._execute(fn, *args)  # type: ignore[no-untyped-call]
-            return result
+            return await future
         except sqlite3.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout, self.version) from None
+
+    def _send(self, future: asyncio.Future[Any] | None, job: Callable[[], Any]) -> None:
+        """Queue `job` on the connection's thread (aiosqlite's queue: its result or error
+        goes to `future`), counted so that write_ahead knows when the thread is idle."""
+
+        def counted() -> Any:
+            try:
+                return job()
+            finally:
+                self._ended += 1  # only this thread writes it
+
+        self._sent += 1
+        self._conn._tx.put_nowait((future, counted))
 
     def _read_job(
         self, runner: Callable[..., T], fn: Callable[..., Any], tx: SqliteTx, args: Any
@@ -427,11 +453,11 @@ class Database:
         self._check()
         return self._patiently(lambda: runner(tx, fn, args))
 
-    def _write_job(self, run: Callable[[], T]) -> T:
-        """On the connection's thread: a write, acknowledged only if its commit went to the
-        files at the path."""
+    def _write_job(self, run: Callable[[], T], patient: bool = True) -> T:
+        """On the connection's thread (or the loop's: write_ahead): a write, acknowledged
+        only if its commit went to the files at the path; `patient`: see _patiently."""
         self._check()
-        result = self._patiently(run)
+        result = self._patiently(run) if patient else run()
         self._committed()
         return result
 
@@ -524,7 +550,7 @@ class Database:
             self.wake.notify()
             done(result, None)
 
-        conn._tx.put_nowait((None, job))
+        self._send(None, job)
 
     def peek(self, fn: Callable[..., T], *args: Any) -> T | None:
         """Run a tiny read-only `fn(tx, *args)` right here, on the event loop's thread,
@@ -569,8 +595,59 @@ class Database:
         return result
 
     async def write_ahead(self, ahead: Ahead | None, fn: Callable[..., T], *args: Any) -> T:
-        """write: a file has no round trip to save by sending a statement early."""
+        """write (a file has no round trip to save by sending a statement early), on the
+        event loop's own thread where `loop_writes` allows it.
+
+        These are a worker's transactions between two runs (a claim, a finish, a finish
+        that claims next), and the hand-off to the connection's thread and back costs about
+        a third of such a transaction's time. A Worker sets `loop_writes` for its inbox (its
+        loop is its own: no desk on it; docs/rules.md, The worker runtime). The write then
+        runs here, whole, when nothing is queued on the connection's thread (the order of
+        calls is kept) and the last such write was quick. It never waits on the loop: a
+        write lock held by another connection refuses it at BEGIN IMMEDIATE, having changed
+        nothing, and it goes to the thread, which waits as every write does. One that took
+        longer than LOOP_WRITE_SLOW (a slow disk, a checkpoint, a storm of timers) sends the
+        next ones to the thread for LOOP_WRITE_REST seconds."""
+        if (
+            self.loop_writes
+            and self._sent == self._ended
+            and time.monotonic() >= self._thread_until
+        ):
+            started = time.monotonic()
+            try:
+                done, result = self._write_here(fn, args)
+            finally:
+                self._rest_if_slow(started)
+            if done:
+                self.wake.notify()
+                return cast(T, result)
         return await self.write(fn, *args)
+
+    def _rest_if_slow(self, started: float) -> None:
+        """After a write on the loop that began at `started`: if it was slow, the next ones
+        go to the connection's thread for LOOP_WRITE_REST seconds, and the log says so."""
+        now = time.monotonic()
+        if now - started > LOOP_WRITE_SLOW:
+            self._thread_until = now + LOOP_WRITE_REST
+            log.warning(
+                "inbox %s: a write on the worker's loop took %.3f s; its writes go through "
+                "the connection's thread for %g s",
+                self.path,
+                now - started,
+                LOOP_WRITE_REST,
+            )
+
+    def _write_here(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, T | None]:
+        """`fn` in a write transaction on this thread, tried once: (True, its result), or
+        (False, None) when another connection holds the write lock (nothing was written)."""
+        self._writable()
+        tx = self._handle()
+        try:
+            return True, self._write_job(lambda: write_transaction(tx, fn, args), patient=False)
+        except sqlite3.Error as exc:
+            if _locked(exc):
+                return False, None
+            raise _map_error(exc, self.path, self.busy_timeout, self.version) from None
 
     async def write_alone(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn`, one statement that commits by itself (SQLite's autocommit: the file's
@@ -611,7 +688,7 @@ class Database:
             # On the connection's thread, after every job queued before: a connection whose
             # files are lost is set aside there, never closed (SQLite's close would
             # checkpoint its log over the file and unlink the others' log by name).
-            orphaned = await conn._execute(self._close_job)  # type: ignore[no-untyped-call]
+            orphaned = await self._hop(self._close_job)
         elif self._stopped is None and conn._connection is None:
             orphaned = False
         self._conn._connection = None

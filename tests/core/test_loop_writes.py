@@ -1,0 +1,275 @@
+"""A worker's claims and finishes commit on its own loop's thread (`Inbox.loop_writes`,
+core/sqlite/db.py `Database.write_ahead`) only where that is safe: nothing queued on the
+connection's thread before them, the write lock free, the last such write quick. Each test
+creates the case where it would not be safe and shows the write going to the connection's
+thread instead, in order, with nothing written twice or lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import threading
+import time
+import types
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from onwatch.core import BadInput, FakeClock, FileLost, Inbox, InboxError
+from onwatch.core.engine import runs
+from onwatch.core.runtime import Worker
+from onwatch.core.sqlite import db as sqlite_db
+
+from .conftest import T
+
+MAIN = threading.get_ident()
+
+
+@pytest.fixture
+async def box(tmp_path):
+    inbox = await Inbox.open(str(tmp_path / "inbox.db"), clock=FakeClock(T))
+    yield inbox
+    await inbox.close()
+
+
+def where(threads: list[str]):
+    """An engine function for write_ahead that notes which thread ran it."""
+
+    def fn(tx) -> str:
+        threads.append("loop" if threading.get_ident() == MAIN else "connection")
+        return threads[-1]
+
+    return fn
+
+
+def spy_on(monkeypatch, name: str, threads: list[str]) -> None:
+    """Note the thread every call of the engine's runs.<name> runs on."""
+    real = getattr(runs, name)
+
+    def spied(*args, **kwargs):
+        threads.append("loop" if threading.get_ident() == MAIN else "connection")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runs, name, spied)
+
+
+async def drain(box: Inbox, count: int, **options) -> Worker:
+    done: list[int] = []
+
+    async def agent(batch, ctx):
+        done.extend(e.id for e in batch)
+        if len(done) >= count:
+            worker.request_stop()
+
+    worker = Worker(box, agent, holder="w", poll_interval=0.05, **options)
+    await worker.run()
+    assert sorted(done) == list(range(1, count + 1))  # each once
+    return worker
+
+
+async def test_a_worker_claims_and_finishes_on_its_loop_and_gives_the_setting_back(
+    box, monkeypatch
+):
+    threads: list[str] = []
+    spy_on(monkeypatch, "claim_next", threads)
+    spy_on(monkeypatch, "finish_and_claim", threads)
+    await box.configure(max_batch=1)
+    await box.ingest_batch([("chat", f"e{k}", None) for k in range(5)])
+    assert box.loop_writes is False  # an inbox's own default: off the loop
+    worker = await drain(box, 5)
+    assert worker.stats.done == 5
+    assert threads and set(threads) == {"loop"}
+    assert box.loop_writes is False  # set while the worker ran only
+
+
+async def test_a_worker_told_not_to_keeps_every_commit_off_its_loop(box, monkeypatch):
+    threads: list[str] = []
+    spy_on(monkeypatch, "claim_next", threads)
+    spy_on(monkeypatch, "finish_and_claim", threads)
+    await box.configure(max_batch=1)
+    await box.ingest_batch([("chat", f"e{k}", None) for k in range(5)])
+    await drain(box, 5, loop_writes=False)
+    assert threads and set(threads) == {"connection"}
+
+
+async def test_the_setting_takes_only_true_or_false(box):
+    with pytest.raises(BadInput, match="loop_writes must be True or False"):
+        box.loop_writes = 1
+    with pytest.raises(BadInput, match="loop_writes must be True or False"):
+        Worker(box, lambda batch, ctx: None, loop_writes="yes")
+    assert box.loop_writes is False
+
+
+async def test_a_write_queued_before_keeps_its_place(box):
+    db = box._db
+    db.loop_writes = True
+    order: list[str] = []
+    threads: list[str] = []
+    committed = asyncio.Event()
+
+    def slow_first(tx) -> None:
+        time.sleep(0.05)  # still on the connection's thread when write_ahead is called
+        order.append("queued")
+
+    def second(tx) -> None:
+        where(threads)(tx)
+        order.append("ahead")
+
+    db.write_soon(slow_first, (), lambda result, error: committed.set())
+    await db.write_ahead(None, second)
+    assert order == ["queued", "ahead"] and threads == ["connection"]
+    assert committed.is_set()
+    await db.write_ahead(None, where(threads))  # nothing queued now: on the loop
+    assert threads == ["connection", "loop"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(["soon", "ahead", "write"]), min_size=1, max_size=25))
+def test_writes_commit_in_the_order_called_whichever_thread_runs_them(tmp_path_factory, kinds):
+    """Whatever the mix of queued writes (group commit), awaited writes and a worker's
+    writes: each commits once, in the order called."""
+
+    async def scenario() -> list[int]:
+        path = str(tmp_path_factory.mktemp("order") / "inbox.db")
+        inbox = await Inbox.open(path, clock=FakeClock(T))
+        try:
+            db = inbox._db
+            db.loop_writes = True
+            db_conn = sqlite3.connect(path)
+            db_conn.execute("CREATE TABLE IF NOT EXISTS probe(k INTEGER)")
+            db_conn.close()
+
+            def put(tx, k: int) -> None:
+                tx.conn.execute("INSERT INTO probe(k) VALUES (?)", (k,))
+
+            pending: list[asyncio.Future[None]] = []
+            loop = asyncio.get_running_loop()
+            for k, kind in enumerate(kinds):
+                if kind == "soon":
+                    future = loop.create_future()
+                    pending.append(future)
+                    db.write_soon(put, (k,), lambda r, e, f=future: f.set_result(None))
+                elif kind == "ahead":
+                    await db.write_ahead(None, put, k)
+                else:  # a write another task awaits: queued once that task first runs
+                    pending.append(asyncio.ensure_future(db.write(put, k)))
+                    await asyncio.sleep(0)
+            await asyncio.gather(*pending)
+            rows = await db.call(lambda tx: tx.conn.execute("SELECT k FROM probe").fetchall())
+            return [k for (k,) in rows]
+        finally:
+            await inbox.close()
+
+    assert asyncio.run(scenario()) == list(range(len(kinds)))
+
+
+async def test_a_write_lock_held_elsewhere_sends_it_to_the_thread_without_holding_the_loop(
+    box, monkeypatch
+):
+    db = box._db
+    db.loop_writes = True
+    naps: list[str] = []  # where the wait for the lock slept
+
+    def nap(seconds: float) -> None:
+        naps.append("loop" if threading.get_ident() == MAIN else "connection")
+        time.sleep(seconds)
+
+    monkeypatch.setattr(
+        sqlite_db, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=nap)
+    )
+    other = sqlite3.connect(box.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    threads: list[str] = []
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.005)
+
+    ticking = asyncio.ensure_future(ticker())
+    try:
+        write = asyncio.ensure_future(db.write_ahead(None, where(threads)))
+        await asyncio.sleep(0.1)
+        assert not write.done() and threads == []  # waiting, having written nothing
+        before = ticks
+        await asyncio.sleep(0.05)
+        assert ticks > before  # the loop turns meanwhile
+        other.execute("COMMIT")
+        assert await write == "connection"
+        assert threads == ["connection"]  # run once, once the lock was free
+        assert "connection" in naps and "loop" not in naps  # the loop never waited
+    finally:
+        ticking.cancel()
+        other.close()
+
+
+async def test_a_slow_write_sends_the_next_ones_to_the_thread_for_a_while(box, monkeypatch, caplog):
+    db = box._db
+    db.loop_writes = True
+    now = [1000.0]
+    fake = types.SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep)
+    monkeypatch.setattr(sqlite_db, "time", fake)
+    threads: list[str] = []
+
+    def slow(tx) -> None:
+        now[0] += sqlite_db.LOOP_WRITE_SLOW * 2  # a disk that took its time
+        where(threads)(tx)
+
+    with caplog.at_level(logging.WARNING, logger="onwatch.sqlite"):
+        await db.write_ahead(None, slow)
+    assert threads == ["loop"]
+    assert "a write on the worker's loop took 0.200 s" in caplog.text
+    await db.write_ahead(None, where(threads))
+    now[0] += sqlite_db.LOOP_WRITE_REST - 1
+    await db.write_ahead(None, where(threads))
+    assert threads == ["loop", "connection", "connection"]
+    now[0] += 2  # the rest is over
+    await db.write_ahead(None, where(threads))
+    assert threads[-1] == "loop"
+
+
+async def test_a_failed_write_on_the_loop_rolls_back_and_says_why(box):
+    db = box._db
+    db.loop_writes = True
+    await box.ingest("chat", "e1", None)
+
+    def broken(tx) -> None:
+        tx.conn.execute("UPDATE events SET status = 'done'")
+        tx.conn.execute("SELECT no_such_column FROM events")
+
+    with pytest.raises(InboxError, match="no such column"):
+        await db.write_ahead(None, broken)
+    assert (await box.counts())["pending"] == 1  # rolled back
+
+    def refuses(tx) -> None:
+        tx.conn.execute("UPDATE events SET status = 'done'")
+        raise ValueError("the engine refused")
+
+    with pytest.raises(ValueError, match="the engine refused"):
+        await db.write_ahead(None, refuses)
+    assert (await box.counts())["pending"] == 1
+    threads: list[str] = []
+    assert await db.write_ahead(None, where(threads)) == "loop"  # not left in a transaction
+
+
+async def test_a_claim_on_the_loop_after_the_log_was_deleted_stops_as_on_the_thread(box):
+    box.loop_writes = True
+    await box.ingest("chat", "e1", None)
+    gen = await box.acquire("W")
+    for side in ("-wal", "-shm"):
+        os.unlink(box.path + side)
+    with pytest.raises(FileLost, match="copied into the inbox file"):
+        await box.claim_next("W", gen)
+    with pytest.raises(FileLost):
+        await box.claim_next("W", gen)
+    db = sqlite3.connect(box.path)
+    try:
+        assert db.execute("SELECT status FROM events").fetchall() == [("pending",)]
+    finally:
+        db.close()

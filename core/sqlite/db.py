@@ -127,10 +127,11 @@ class Database:
     aiosqlite hops to its thread for every statement, which halves throughput against plain
     sqlite3. Here each transaction is one synchronous function of the engine
     (core/engine/), given this file's Tx, run whole on the connection's thread with a single
-    hop (aiosqlite's private `_execute` and `_tx`
-    queue, used only in this class; the version is pinned in pyproject.toml, and
-    tests/core/test_open.py checks what we rely on: one thread, not the loop's, the order
-    kept between `call` and `write_soon`, results and errors handed back).
+    hop (aiosqlite's private `_tx` queue, used only in `_send`; the version is pinned in
+    pyproject.toml, and tests/core/test_open.py checks what we rely on: one thread, not the
+    loop's, the order kept between `call` and `write_soon`, results and errors handed back).
+    A worker's claims and finishes may run on the loop's own thread instead, while the
+    connection's thread is idle: see write_ahead.
 
     Every job looks first, and every write looks again after its commit, whether the
     inbox file, its -wal and its -shm are still the ones this connection uses (core/sqlite/

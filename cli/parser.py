@@ -363,6 +363,13 @@ def build_parser() -> Parser:
     )
     agent.add_argument("--max-runs", type=whole(1), metavar="N", help="stop after N runs")
     agent.add_argument(
+        "--commits-off-loop",
+        action="store_true",
+        help="commit every claim and finish on the connection's thread, never on the "
+        "worker's event loop (SQLite; by default they commit on the loop while that is "
+        "quick and the file is not locked: for a loop that must never wait for a disk)",
+    )
+    agent.add_argument(
         "--isolate",
         action="store_true",
         help="run the agent in a process of its own, ended with SIGKILL when the worker "

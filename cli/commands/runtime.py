@@ -137,6 +137,7 @@ def _worker(
         max_runs=args.max_runs,
         metrics=metrics,
         on_stuck=_stuck,
+        loop_writes=not args.commits_off_loop,
     )
 
 

@@ -532,3 +532,28 @@ def test_a_failing_setup_is_reported_as_the_setups_failure(path, tmp_path):
     )
     assert result.returncode == 2 and one_line_error(result.stderr), result.stderr
     assert f"--setup {agent}:setup failed: KeyError: 'timers'" in result.stderr
+
+
+@pytest.mark.parametrize("flag, where", [((), "loop"), (("--commits-off-loop",), "connection")])
+def test_commits_off_loop_keeps_a_workers_claims_and_finishes_off_its_loop(
+    capsys, path, monkeypatch, flag, where
+):
+    import threading
+
+    from onwatch.core.engine import runs
+
+    main, seen = threading.get_ident(), []
+    for name in ("claim_next", "finish", "finish_and_claim"):
+        real = getattr(runs, name)
+
+        def spied(*args, real=real, **kwargs):
+            seen.append("loop" if threading.get_ident() == main else "connection")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(runs, name, spied)
+    assert run(capsys, "ingest", path, "chat", "m1", "{}")[0] == 0
+    agent = ("--agent", "tests.worker.agents:echo", "--poll", "0.05", "--max-runs", "1")
+    code, _, err = run(capsys, "worker", path, *agent, "--no-dispatch", *flag)
+    assert code == 0, err
+    assert "1 run(s), 1 done" in err
+    assert seen and set(seen) == {where}

@@ -13,8 +13,7 @@ from .errors import BadInput
 
 
 def _check_options(create: object, busy_timeout: object) -> float:
-    if not isinstance(create, bool):
-        raise BadInput(f"create must be True or False, got {show(create)}")
+    checks.flag("create", create)
     if (
         isinstance(busy_timeout, bool)
         or not isinstance(busy_timeout, (int, float))
@@ -37,9 +36,8 @@ async def connect(
     read_only: bool = False,
 ) -> Connection:
     """The connection to the inbox `target` names (see `Inbox.open`)."""
-    for option, value in (("migrate", migrate), ("read_only", read_only)):
-        if not isinstance(value, bool):
-            raise BadInput(f"{option} must be True or False, got {show(value)}")
+    checks.flag("migrate", migrate)
+    checks.flag("read_only", read_only)
     if read_only and migrate:
         raise BadInput("an inbox opened read_only cannot be migrated")
     if pg.is_url(target):

@@ -41,6 +41,13 @@ def text(name: str, value: object, *, limit: int = MAX_TEXT) -> str:
     return value
 
 
+def flag(name: str, value: object) -> bool:
+    """True or False, nothing else (not 0 or 1, not a truthy string)."""
+    if not isinstance(value, bool):
+        raise BadInput(f"{name} must be True or False, got {show(value)}")
+    return value
+
+
 def positive(name: str, value: object, high: int = MAX_ID) -> int:
     return check_int(value, name, 1, high)
 

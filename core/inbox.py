@@ -241,9 +241,7 @@ class Inbox:
 
     @loop_writes.setter
     def loop_writes(self, on: bool) -> None:
-        if not isinstance(on, bool):
-            raise BadInput(f"loop_writes must be True or False, got {show(on)}")
-        self._db.loop_writes = on
+        self._db.loop_writes = checks.flag("loop_writes", on)
 
     # --- settings -------------------------------------------------------------------------
 
@@ -338,8 +336,7 @@ class Inbox:
         `fresh=True` is a worker starting: it never continues a live lease, not even one
         under its own holder name (another process started under that name may hold it);
         it takes only a free or expired lease, as a new generation."""
-        if not isinstance(fresh, bool):
-            raise BadInput(f"fresh must be True or False, got {show(fresh)}")
+        checks.flag("fresh", fresh)
         holder, when = checks.text("holder", holder), self._now(now)
         # The holder renewing to the expiry it already has changes nothing: one read of
         # committed state answers it on this thread, without a write transaction.
@@ -393,9 +390,8 @@ class Inbox:
         one bounded slice of a storm, `more_timers` says more are due), the settings read
         again (this Inbox's `settings` follow them), and the run's events claimed as
         claim_batch claims them."""
-        for name, flag in (("fire_timers", fire_timers), ("mark", mark)):
-            if not isinstance(flag, bool):
-                raise BadInput(f"{name} must be True or False, got {show(flag)}")
+        checks.flag("fire_timers", fire_timers)
+        checks.flag("mark", mark)
         holder, gen, now = (
             checks.text("holder", holder),
             checks.positive("gen", gen),
@@ -464,9 +460,8 @@ class Inbox:
         worker going from one run to the next commits once (half the commits, half the
         fsyncs of a file). (False, None) when the finish was refused: nothing was written,
         nothing claimed."""
-        for name, flag in (("fire_timers", fire_timers), ("mark", mark)):
-            if not isinstance(flag, bool):
-                raise BadInput(f"{name} must be True or False, got {show(flag)}")
+        checks.flag("fire_timers", fire_timers)
+        checks.flag("mark", mark)
         outcome = self._outcome(
             holder, gen, ids, messages, error, now, result, approvals, timers, run, traceback
         )
@@ -693,8 +688,7 @@ class Inbox:
         window frees a slot; sends=False leaves the outbox out (a worker with no channel to
         send through). So the answer is never a past instant that nothing will act on.
         """
-        if not isinstance(sends, bool):
-            raise BadInput(f"sends must be True or False, got {show(sends)}")
+        checks.flag("sends", sends)
         return await self._db.read(reads.next_wake, self._now(now), sends)
 
     # --- approvals ------------------------------------------------------------------------

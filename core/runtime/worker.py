@@ -46,6 +46,7 @@ import traceback as tb
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from .. import checks
 from ..clock import BackendClock, Clock, SystemClock, show
 from ..errors import BadInput, ConnectionLost, InboxBusy, InboxError
 from ..humanize import duration
@@ -171,8 +172,7 @@ class Worker:
             raise BadInput("setup must be callable (or None)")
         if on_stuck is not None and not callable(on_stuck):
             raise BadInput("on_stuck must be callable (or None)")
-        if not isinstance(loop_writes, bool):
-            raise BadInput(f"loop_writes must be True or False, got {show(loop_writes)}")
+        checks.flag("loop_writes", loop_writes)
         self.inbox = inbox
         self.agent = agent
         self.holder = holder or default_holder()

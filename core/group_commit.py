@@ -62,17 +62,48 @@ class GroupCommit:
         queue = self._queue
         queue.append((item, future))
         if not self._in_flight:
-            if not self._storm:
+            if not self._storm and not self._db.may_write_here():
                 self._send()
-            elif not self._flush_soon:
+            elif not self._flush_soon:  # callers of this loop iteration go together
                 self._flush_soon = True
                 loop.call_soon(self._flush)
         return await future
 
     def _flush(self) -> None:
         self._flush_soon = False
-        if not self._in_flight and self._queue:
+        if self._in_flight or not self._queue:
+            return
+        if len(self._queue) > 1 or not self._write_here():
             self._send()
+
+    def _write_here(self) -> bool:
+        """A lone caller's ingest committed on the event loop's own thread, where the
+        connection allows it (a Worker's inbox: Connection.write_here_alone); False if it
+        does not (nothing was written: the caller's item is still queued)."""
+        batch = self._queue
+        items = ([item for item, _ in batch],)
+        try:
+            done, results = self._db.write_here_alone(self._alone, intake.ingest_many, items)
+        except BaseException as exc:  # noqa: B036 - handed to the caller, then raised on
+            self._queue = []
+            self._settle(batch, None, exc)
+            self._now_idle()
+            if not isinstance(exc, Exception):
+                raise
+            return True
+        if not done:
+            return False
+        self._queue, self._storm = [], False
+        self._settle(batch, results, None)
+        self._now_idle()
+        return True
+
+    def _now_idle(self) -> None:
+        """Nothing queued or in flight any more: wake wait_idle."""
+        if self._idle is not None:
+            if not self._idle.done():
+                self._idle.set_result(None)
+            self._idle = None
 
     def _send(self) -> None:
         batch, self._queue = self._queue, []
@@ -108,10 +139,8 @@ class GroupCommit:
                 if not self._flush_soon:
                     self._flush_soon = True
                     asyncio.get_running_loop().call_soon(self._flush)
-            elif self._idle is not None:
-                if not self._idle.done():
-                    self._idle.set_result(None)
-                self._idle = None
+            else:
+                self._now_idle()
 
     def _settle(
         self,

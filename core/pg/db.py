@@ -829,6 +829,16 @@ class Database:
         transaction."""
         self._queue_write(fn, args, done, runner=write_unless(alone))
 
+    def may_write_here(self) -> bool:
+        """False: a statement waits on the network, which must never hold the event loop."""
+        return False
+
+    def write_here_alone(
+        self, alone: Callable[..., T | None], fn: Callable[..., T], args: Args
+    ) -> tuple[bool, T | None]:
+        """(False, None): never on the event loop's thread (may_write_here)."""
+        return False, None
+
     def file_replaced(self) -> str | None:
         """Always None: an inbox in a database server has no file to be deleted or swapped."""
         return None

@@ -4,6 +4,7 @@ watch on the files beside it (core/sqlite/files.py)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sqlite3
@@ -108,6 +109,15 @@ def write_unless(
     write_transaction)."""
     answer = precheck(tx, *args)
     return write_transaction(tx, fn, args, bounded) if answer is None else answer
+
+
+def _alone_or_transaction(
+    tx: SqliteTx, alone: Callable[..., T | None], fn: Callable[..., T], args: tuple[Any, ...]
+) -> T:
+    """`alone(tx, *args)`, one autocommit statement; only if it returns None, `fn` in its
+    own write transaction (write_soon_alone)."""
+    result = alone(tx, *args)
+    return write_transaction(tx, fn, args) if result is None else result
 
 
 def read_transaction(tx: SqliteTx, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
@@ -434,15 +444,28 @@ class Database:
         except sqlite3.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout, self.version) from None
 
-    def _send(self, future: asyncio.Future[Any] | None, job: Callable[[], Any]) -> None:
+    def _send(
+        self,
+        future: asyncio.Future[Any] | None,
+        job: Callable[[], Any],
+        answer: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
         """Queue `job` on the connection's thread (aiosqlite's queue: its result or error
-        goes to `future`), counted so that write_ahead knows when the thread is idle."""
+        goes to `future`), counted so that may_write_here knows when the thread is idle.
+        With `answer` (and no future), `job` returns a callable that is called on that loop.
+
+        A job is counted as ended before its answer reaches the loop (aiosqlite sets the
+        future after the job returns; `answer` is posted after the count), so a caller that
+        has its answer and writes again finds the thread idle."""
 
         def counted() -> Any:
             try:
-                return job()
+                outcome = job()
             finally:
                 self._ended += 1  # only this thread writes it
+            if answer is not None:
+                answer.call_soon_threadsafe(outcome)
+            return outcome
 
         self._sent += 1
         self._conn._tx.put_nowait((future, counted))
@@ -515,11 +538,7 @@ class Database:
         outside any transaction (a commit that needs no BEGIN or COMMIT statement of its
         own). Only if it returns None does `fn` run in its own write transaction."""
 
-        def alone_or_transaction(tx: SqliteTx) -> T:
-            result = alone(tx, *args)
-            return write_transaction(tx, fn, args) if result is None else result
-
-        self._queue_write(alone_or_transaction, done)
+        self._queue_write(lambda tx: _alone_or_transaction(tx, alone, fn, args), done)
 
     def _queue_write(
         self,
@@ -536,22 +555,20 @@ class Database:
         loop = asyncio.get_running_loop()
         path, busy_timeout, version = self.path, self.busy_timeout, self.version
 
-        def job() -> None:  # on the connection's thread
+        def job() -> Callable[[], None]:  # on the connection's thread: what the loop calls
             try:
                 result = self._write_job(lambda: run(tx))
             except sqlite3.Error as exc:
-                error = _map_error(exc, path, busy_timeout, version)
-                loop.call_soon_threadsafe(done, None, error)
+                return functools.partial(done, None, _map_error(exc, path, busy_timeout, version))
             except BaseException as exc:  # noqa: B036 - handed to the callers, not lost
-                loop.call_soon_threadsafe(done, None, exc)
-            else:
-                loop.call_soon_threadsafe(committed, result)
+                return functools.partial(done, None, exc)
+            return functools.partial(committed, result)
 
         def committed(result: T) -> None:  # on the loop
             self.wake.notify()
             done(result, None)
 
-        self._send(None, job)
+        self._send(None, job, answer=loop)
 
     def peek(self, fn: Callable[..., T], *args: Any) -> T | None:
         """Run a tiny read-only `fn(tx, *args)` right here, on the event loop's thread,
@@ -609,20 +626,34 @@ class Database:
         nothing, and it goes to the thread, which waits as every write does. One that took
         longer than LOOP_WRITE_SLOW (a slow disk, a checkpoint, a storm of timers) sends the
         next ones to the thread for LOOP_WRITE_REST seconds."""
-        if (
+        if self.may_write_here():
+            tx = self._handle()
+            done, result = self._write_here(lambda: write_transaction(tx, fn, args))
+            if done:
+                return cast(T, result)
+        return await self.write(fn, *args)
+
+    def may_write_here(self) -> bool:
+        """True if a write may run on the event loop's own thread now (write_ahead,
+        write_here_alone): `loop_writes` is set, nothing is queued on the connection's
+        thread, and the last such write was quick."""
+        return (
             self.loop_writes
             and self._sent == self._ended
             and time.monotonic() >= self._thread_until
-        ):
-            started = time.monotonic()
-            try:
-                done, result = self._write_here(fn, args)
-            finally:
-                self._rest_if_slow(started)
-            if done:
-                self.wake.notify()
-                return cast(T, result)
-        return await self.write(fn, *args)
+        )
+
+    def write_here_alone(
+        self, alone: Callable[..., T | None], fn: Callable[..., T], args: tuple[Any, ...]
+    ) -> tuple[bool, T | None]:
+        """write_soon_alone's work on the event loop's own thread, now, where
+        `may_write_here` allows it: (True, its result), or (False, None) when it may not or
+        another connection holds the write lock (nothing was written; the caller then
+        queues it on the connection's thread). An error is raised, mapped."""
+        if not self.may_write_here():
+            return False, None
+        tx = self._handle()
+        return self._write_here(lambda: _alone_or_transaction(tx, alone, fn, args))
 
     def _rest_if_slow(self, started: float) -> None:
         """After a write on the loop that began at `started`: if it was slow, the next ones
@@ -638,17 +669,22 @@ class Database:
                 LOOP_WRITE_REST,
             )
 
-    def _write_here(self, fn: Callable[..., T], args: tuple[Any, ...]) -> tuple[bool, T | None]:
-        """`fn` in a write transaction on this thread, tried once: (True, its result), or
-        (False, None) when another connection holds the write lock (nothing was written)."""
+    def _write_here(self, run: Callable[[], T]) -> tuple[bool, T | None]:
+        """`run()`, a write that commits by itself, on this thread, tried once: (True, its
+        result), or (False, None) when another connection holds the write lock (nothing was
+        written). A slow one sends the next ones to the thread for a while (_rest_if_slow)."""
         self._writable()
-        tx = self._handle()
+        started = time.monotonic()
         try:
-            return True, self._write_job(lambda: write_transaction(tx, fn, args), patient=False)
+            result = self._write_job(run, patient=False)
         except sqlite3.Error as exc:
             if _locked(exc):
                 return False, None
             raise _map_error(exc, self.path, self.busy_timeout, self.version) from None
+        finally:
+            self._rest_if_slow(started)
+        self.wake.notify()
+        return True, result
 
     async def write_alone(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn`, one statement that commits by itself (SQLite's autocommit: the file's

@@ -18,9 +18,18 @@ pytestmark = pytest.mark.backends  # the conformance suite: once per backend
 T = 1_000_000
 
 
+@pytest.fixture(params=[False, True], ids=["thread", "loop_writes"])
+def on_loop(request) -> bool:
+    """Every test runs with Inbox.loop_writes off (the default) and on (a lone ingest then
+    commits on the event loop's thread, a storm still as one group on the connection's;
+    PostgreSQL ignores it)."""
+    return bool(request.param)
+
+
 @pytest.fixture
-async def box(path):
+async def box(path, on_loop):
     inbox = await Inbox.open(path)
+    inbox.loop_writes = on_loop
     yield inbox
     await inbox.close()
 
@@ -42,6 +51,15 @@ def _count_transactions(box: Inbox) -> list[int]:
         return real_alone(alone, fn, args, done)
 
     box._db.write_soon_alone = spy_alone
+    real_here = box._db.write_here_alone  # a lone ingest on the loop's thread (loop_writes)
+
+    def spy_here(alone, fn, args):
+        done, result = real_here(alone, fn, args)
+        if done:
+            sizes.append(len(args[0]))
+        return done, result
+
+    box._db.write_here_alone = spy_here
     return sizes
 
 
@@ -84,9 +102,12 @@ async def test_a_cancelled_caller_does_not_disturb_the_others(box):
     assert (await box.counts())["pending"] >= 19  # a cancelled ingest may have committed
 
 
-async def test_a_failed_transaction_reaches_every_caller_in_it_and_intake_recovers(tmp_path):
+async def test_a_failed_transaction_reaches_every_caller_in_it_and_intake_recovers(
+    tmp_path, on_loop
+):
     path = str(tmp_path / "inbox.db")
     box = await Inbox.open(path, busy_timeout=0.2)
+    box.loop_writes = on_loop
     try:
         blocker = sqlite3.connect(path, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")  # another process holds the write lock
@@ -102,9 +123,10 @@ async def test_a_failed_transaction_reaches_every_caller_in_it_and_intake_recove
         await box.close()
 
 
-async def test_close_waits_for_ingests_in_flight_and_later_ones_are_refused(tmp_path):
+async def test_close_waits_for_ingests_in_flight_and_later_ones_are_refused(tmp_path, on_loop):
     path = str(tmp_path / "inbox.db")
     box = await Inbox.open(path)
+    box.loop_writes = on_loop
     tasks = [asyncio.create_task(box.ingest("hook", f"k{i}", None, now=T)) for i in range(30)]
     await asyncio.sleep(0)
     await box.close()
@@ -160,9 +182,10 @@ async def test_the_duplicate_fast_path_checks_the_file_not_a_memory(box, path):
     assert (await box.counts())["pending"] == 1
 
 
-async def test_the_duplicate_fast_path_never_waits_for_a_writer(tmp_path):
+async def test_the_duplicate_fast_path_never_waits_for_a_writer(tmp_path, on_loop):
     path = str(tmp_path / "inbox.db")
     box = await Inbox.open(path, busy_timeout=2)
+    box.loop_writes = on_loop
     try:
         assert await box.ingest("hook", "d1", None, now=T) is True
         blocker = sqlite3.connect(path, isolation_level=None)

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onwatch.core import BadInput, FakeClock, FileLost, Inbox, InboxError
-from onwatch.core.engine import runs
+from onwatch.core import BadInput, BudgetExceeded, FakeClock, FileLost, Inbox, InboxError
+from onwatch.core.engine import intake, runs
 from onwatch.core.runtime import Worker
 from onwatch.core.sqlite import db as sqlite_db
 
@@ -273,3 +273,202 @@ async def test_a_claim_on_the_loop_after_the_log_was_deleted_stops_as_on_the_thr
         assert db.execute("SELECT status FROM events").fetchall() == [("pending",)]
     finally:
         db.close()
+
+
+# --- ingests: a lone one on the loop, a storm on the thread (core/group_commit.py) ----------
+
+
+def spy_ingests(monkeypatch) -> list[tuple[str, int]]:
+    """(thread, items) for every ingest transaction or statement from now on; call before
+    the inbox opens (its group commit binds the one-statement form then)."""
+    calls: list[tuple[str, int]] = []
+    for name in ("ingest_alone", "ingest_many"):
+        real = getattr(intake, name)
+
+        def spied(tx, items, *rest, real=real, **named):
+            calls.append(("loop" if threading.get_ident() == MAIN else "connection", len(items)))
+            return real(tx, items, *rest, **named)
+
+        monkeypatch.setattr(intake, name, spied)
+    return calls
+
+
+async def test_a_lone_ingest_commits_on_the_loop_and_a_storm_goes_to_the_thread_as_a_group(
+    tmp_path, monkeypatch
+):
+    calls = spy_ingests(monkeypatch)
+    async with await Inbox.open(str(tmp_path / "inbox.db"), clock=FakeClock(T)) as inbox:
+        assert await inbox.ingest("chat", "off", None) is True
+        assert calls == [("connection", 1)]  # an inbox's default: off the loop
+        inbox.loop_writes = True
+        calls.clear()
+        for k in range(3):
+            assert await inbox.ingest("chat", f"lone{k}", None) is True
+        assert calls == [("loop", 1)] * 3
+        calls.clear()
+        results = await asyncio.gather(*(inbox.ingest("chat", f"s{k}", None) for k in range(40)))
+        assert results == [True] * 40
+        assert calls and {thread for thread, _ in calls} == {"connection"}
+        assert calls[0][1] == 40  # callers of one turn of the loop share one transaction
+        assert await inbox.ingest("chat", "lone0", None) is False  # a duplicate, as ever
+        assert (await inbox.counts())["pending"] == 44
+
+
+async def test_a_lone_ingest_behind_a_queued_write_keeps_its_place(box):
+    box.loop_writes = True
+    db = box._db
+    order: list[str] = []
+
+    def slow_first(tx) -> None:
+        time.sleep(0.05)  # still on the connection's thread when the ingest comes
+        order.append("queued")
+
+    db.write_soon(slow_first, (), lambda result, error: order.append("settled"))
+    assert await box.ingest("chat", "e1", None) is True
+    assert order[0] == "queued"
+    rows = await db.call(lambda tx: tx.conn.execute("SELECT source_id FROM events").fetchall())
+    assert rows == [("e1",)]
+
+
+async def test_a_lone_ingest_waits_for_a_lock_held_elsewhere_on_the_thread_not_the_loop(
+    box, monkeypatch
+):
+    box.loop_writes = True
+    naps: list[str] = []
+
+    def nap(seconds: float) -> None:
+        naps.append("loop" if threading.get_ident() == MAIN else "connection")
+        time.sleep(seconds)
+
+    monkeypatch.setattr(
+        sqlite_db, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=nap)
+    )
+    other = sqlite3.connect(box.path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        ingest = asyncio.ensure_future(box.ingest("chat", "e1", None))
+        await asyncio.sleep(0.1)
+        assert not ingest.done()  # waiting on the thread, the loop free to run this
+        other.execute("COMMIT")
+        assert await ingest is True
+        assert "connection" in naps and "loop" not in naps
+        assert (await box.counts())["pending"] == 1  # stored once
+    finally:
+        other.close()
+
+
+async def test_a_lone_ingest_refused_on_the_loop_raises_and_stores_nothing(box, tmp_path):
+    box.loop_writes = True
+    await box.configure(max_pending=1)
+    assert await box.ingest("chat", "e1", None) is True
+    with pytest.raises(BudgetExceeded):
+        await box.ingest("chat", "e2", None)
+    other = await Inbox.open(box.path)  # lowers the limit behind this inbox's back
+    await other.configure(max_pending=None, max_payload_bytes=100)
+    await other.close()
+    with pytest.raises(BadInput, match="over 100 bytes"):  # found in the transaction
+        await box.ingest("chat", "big", "x" * 500)
+    assert [e.source_id for e in await box.events("pending")] == ["e1"]
+    assert await box.ingest("chat", "e3", None) is True  # no transaction left open
+
+
+async def test_a_slow_lone_ingest_sends_the_next_writes_to_the_thread(
+    tmp_path, monkeypatch, caplog
+):
+    calls = spy_ingests(monkeypatch)
+    now = [1000.0]
+    monkeypatch.setattr(
+        sqlite_db, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=time.sleep)
+    )
+    real = intake.ingest_alone
+    slow = [True]
+
+    def slow_once(*args, **kwargs):
+        if slow.pop() if slow else False:
+            now[0] += sqlite_db.LOOP_WRITE_SLOW * 2  # a disk that took its time
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(intake, "ingest_alone", slow_once)  # bound when the inbox opens
+    async with await Inbox.open(str(tmp_path / "inbox.db"), clock=FakeClock(T)) as inbox:
+        inbox.loop_writes = True
+        with caplog.at_level(logging.WARNING, logger="onwatch.sqlite"):
+            assert await inbox.ingest("chat", "slow", None) is True
+        assert "a write on the worker's loop took 0.200 s" in caplog.text
+        assert await inbox.ingest("chat", "next", None) is True
+        assert [thread for thread, _ in calls] == ["loop", "connection"]
+
+
+async def test_close_waits_for_a_lone_ingest_not_yet_written(tmp_path):
+    path = str(tmp_path / "inbox.db")
+    inbox = await Inbox.open(path, clock=FakeClock(T))
+    inbox.loop_writes = True
+    ingest = asyncio.ensure_future(inbox.ingest("chat", "e1", None))
+    await asyncio.sleep(0)  # queued, to be written at the end of this turn of the loop
+    await inbox.close()
+    assert await ingest is True
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("SELECT source_id FROM events").fetchall() == [("e1",)]
+    finally:
+        db.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["lone", "burst", "soon", "ahead"]), st.integers(2, 6)),
+        min_size=1,
+        max_size=20,
+    )
+)
+def test_ingests_mixed_with_other_writes_each_commit_once(tmp_path_factory, steps):
+    """Lone ingests (on the loop), bursts (one group on the thread), queued and worker's
+    writes in any mix: every ingest answered True and stored once, nothing else lost."""
+
+    async def scenario() -> tuple[list[str], int, int]:
+        path = str(tmp_path_factory.mktemp("mix") / "inbox.db")
+        inbox = await Inbox.open(path, clock=FakeClock(T))
+        try:
+            inbox.loop_writes = True
+            db = inbox._db
+            keys: list[str] = []
+            pending: list[asyncio.Future[object]] = []
+
+            def touch(tx) -> None:
+                tx.conn.execute("UPDATE event_counts SET n = n WHERE 0")
+
+            loop = asyncio.get_running_loop()
+            for k, (kind, size) in enumerate(steps):
+                if kind == "lone":
+                    keys.append(f"k{k}")
+                    pending.append(asyncio.ensure_future(inbox.ingest("chat", keys[-1], None)))
+                elif kind == "burst":
+                    batch = [f"k{k}.{j}" for j in range(size)]
+                    keys.extend(batch)
+                    pending.extend(
+                        asyncio.ensure_future(inbox.ingest("chat", key, None)) for key in batch
+                    )
+                elif kind == "soon":
+                    future = loop.create_future()
+                    pending.append(future)
+                    db.write_soon(touch, (), lambda r, e, f=future: f.set_result(e))
+                else:
+                    await db.write_ahead(None, touch)
+                if k % 2:
+                    await asyncio.sleep(0)
+            answers = await asyncio.gather(*pending)
+            stored = [e.source_id for e in await inbox.events("pending")]
+            trues = sum(answer is True for answer in answers)
+            settled = sum(answer is None for answer in answers)  # write_soon's error: None
+            return sorted(stored), trues, settled + sum(kind == "ahead" for kind, _ in steps)
+        finally:
+            await inbox.close()
+
+    keys = [f"k{k}" for k, (kind, _) in enumerate(steps) if kind == "lone"] + [
+        f"k{k}.{j}" for k, (kind, size) in enumerate(steps) if kind == "burst" for j in range(size)
+    ]
+    writes = sum(kind in ("soon", "ahead") for kind, _ in steps)
+    stored, trues, settled = asyncio.run(scenario())
+    assert stored == sorted(keys)
+    assert trues == len(keys)
+    assert settled == writes  # every queued write committed (error None)

@@ -365,8 +365,8 @@ def build_parser() -> Parser:
     agent.add_argument(
         "--commits-off-loop",
         action="store_true",
-        help="commit every claim and finish on the connection's thread, never on the "
-        "worker's event loop (SQLite; by default they commit on the loop while that is "
+        help="commit every claim, finish and ingest on the connection's thread, never on "
+        "the worker's event loop (SQLite; by default they commit on the loop while that is "
         "quick and the file is not locked: for a loop that must never wait for a disk)",
     )
     agent.add_argument(

@@ -59,9 +59,9 @@ class Connection(Protocol):
     # and the one it had before this open migrated it (None: not migrated now).
     version: int
     migrated_from: int | None
-    # True (set by a Worker for its inbox): write_ahead may run on the event loop's own
-    # thread where that is safe and quick (SQLite: Database.write_ahead). PostgreSQL ignores
-    # it: its statements wait on a network, which must never hold the loop.
+    # True (set by a Worker for its inbox): write_ahead and write_here_alone may run on the
+    # event loop's own thread where that is safe and quick (SQLite: Database.may_write_here).
+    # PostgreSQL ignores it: its statements wait on a network, which must never hold the loop.
     loop_writes: bool
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T: ...

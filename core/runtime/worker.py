@@ -186,8 +186,9 @@ class Worker:
         # Called (from another thread) with the reason when the event loop stays blocked past
         # the lease TTL plus the grace; the command line ends the process there.
         self.on_stuck = on_stuck
-        # Its claims and finishes commit on its own loop's thread where safe and quick
-        # (Inbox.loop_writes, SQLite): False for a loop that must never wait for a disk.
+        # Its claims, finishes and lone ingests commit on its own loop's thread where safe
+        # and quick (Inbox.loop_writes, SQLite): False for a loop that must never wait for a
+        # disk.
         self.loop_writes = loop_writes
         self.stats = WorkerStats()
         self.gen: int | None = None

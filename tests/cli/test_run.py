@@ -143,3 +143,67 @@ def test_run_refuses_a_missing_inbox_or_no_secrets_in_one_line(tmp_path):
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
         assert not os.path.exists(missing)
+
+
+def test_run_stores_each_acknowledged_webhook_once_while_another_process_holds_the_lock(
+    tmp_path,
+):
+    """Under `onwatch run` the receiver shares the worker's loop, where a lone ingest may
+    commit (Inbox.loop_writes). Deliveries from eight clients at once and one at a time,
+    while another process takes the file's write lock on and off: every 2xx is stored
+    once, every event runs once, and the process stops cleanly."""
+    import sqlite3
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = str(tmp_path / "inbox.db")
+    assert onwatch("init", path, "outbox_gap=0").returncode == 0
+    process = start_run(path, tmp_path)
+    stop = threading.Event()
+
+    def hold_the_lock() -> None:
+        other = sqlite3.connect(path, isolation_level=None, timeout=10)
+        try:
+            while not stop.is_set():
+                other.execute("BEGIN IMMEDIATE")
+                time.sleep(0.02)
+                other.execute("COMMIT")
+                time.sleep(0.01)
+        finally:
+            other.close()
+
+    try:
+        url = wait_for(
+            lambda: re.search(r"listening on (http://\S+)", (tmp_path / "run.err").read_text()),
+            timeout=20,
+            what="the server",
+        ).group(1)
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+
+        def deliver(key: str) -> tuple[str, int]:
+            body = json.dumps({"text": key}).encode()
+            return key, post(f"{url}/hooks/ci", body, standard_headers(body, key))
+
+        try:
+            with ThreadPoolExecutor(8) as pool:
+                answers = list(pool.map(deliver, [f"c{k}" for k in range(120)]))
+            answers += [deliver(f"s{k}") for k in range(40)]
+        finally:
+            stop.set()
+            holder.join()
+        assert {code for _, code in answers} == {202}, answers
+        keys = [key for key, _ in answers]
+        stored = scalar(path, "SELECT count(*) FROM events WHERE source = 'ci'")
+        assert stored == len(keys) == 160  # each acknowledged delivery, once
+        wait_for(
+            lambda: scalar(path, "SELECT count(*) FROM events WHERE status = 'done'") == 160,
+            timeout=60,
+            what="every run",
+        )
+        assert scalar(path, "SELECT count(*) FROM run_events") == 160  # each event ran once
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        code = process.wait(20)
+    assert code == 0, (tmp_path / "run.err").read_text()

@@ -4,7 +4,9 @@ A child process ingests in a loop and prints each key only after `await inbox.in
 returned — that print is the acknowledgement a webhook sender would get. The parent SIGKILLs
 the child mid-stream (commits in flight), then checks that every printed key is in the inbox
 and the file is intact. Run for one writer at a time and for many concurrent writers (the
-group-commit path), and repeated on the same file so a kill also lands in a reopened inbox.
+group-commit path), with each commit on the connection's thread and, with `loop_writes`, a
+lone ingest's on the event loop's own, and repeated on the same file so a kill also lands in
+a reopened inbox.
 
 SIGKILL proves the engine acknowledges only after COMMIT returned; power loss additionally
 needs the fsync that `synchronous = FULL` performs (tests/core checks that pragma).
@@ -33,8 +35,9 @@ CHILD = r"""
 import asyncio, sys
 from onwatch.core import Inbox
 
-async def main(path, prefix, writers):
+async def main(path, prefix, writers, loop_writes):
     box = await Inbox.open(path)
+    box.loop_writes = loop_writes == "loop"
     out = sys.stdout
 
     async def writer(w):
@@ -49,16 +52,21 @@ async def main(path, prefix, writers):
     print("ready", flush=True)
     await asyncio.gather(*(writer(w) for w in range(writers)))
 
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]))
 """
 
 
 def _kill_mid_stream(
-    path: str, prefix: str, writers: int, acks_before_kill: int, rng: random.Random
+    path: str,
+    prefix: str,
+    writers: int,
+    acks_before_kill: int,
+    rng: random.Random,
+    commits: str = "thread",
 ) -> list[str]:
     acked: list[str] = []
     with subprocess.Popen(
-        [sys.executable, "-c", CHILD, path, prefix, str(writers)],
+        [sys.executable, "-c", CHILD, path, prefix, str(writers), commits],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.PIPE,
@@ -93,13 +101,14 @@ def _stored_keys(path: str) -> set[str]:
         db.close()
 
 
+@pytest.mark.parametrize("commits", ["thread", "loop"])
 @pytest.mark.parametrize("writers", [1, 32], ids=["sequential", "32-concurrent"])
-def test_acknowledged_ingest_survives_sigkill(tmp_path, writers):
+def test_acknowledged_ingest_survives_sigkill(tmp_path, writers, commits):
     path = str(tmp_path / "inbox.db")
     rng = random.Random(writers)
     all_acked: list[str] = []
     for attempt in range(3):
-        acked = _kill_mid_stream(path, f"run{attempt}", writers, 150 + 50 * attempt, rng)
+        acked = _kill_mid_stream(path, f"run{attempt}", writers, 150 + 50 * attempt, rng, commits)
         stored = _stored_keys(path)
         lost = [key for key in acked if key not in stored]
         assert not lost, f"attempt {attempt}: {len(lost)} acknowledged events lost: {lost[:5]}"

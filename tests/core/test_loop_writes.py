@@ -472,3 +472,19 @@ def test_ingests_mixed_with_other_writes_each_commit_once(tmp_path_factory, step
     assert stored == sorted(keys)
     assert trues == len(keys)
     assert settled == writes  # every queued write committed (error None)
+
+
+async def test_a_lone_ingest_on_the_loop_after_the_log_was_deleted_stops_as_on_the_thread(box):
+    box.loop_writes = True
+    assert await box.ingest("chat", "e1", None) is True
+    for side in ("-wal", "-shm"):
+        os.unlink(box.path + side)
+    with pytest.raises(FileLost, match="copied into the inbox file"):
+        await box.ingest("chat", "e2", None)
+    with pytest.raises(FileLost):
+        await box.ingest("chat", "e3", None)
+    db = sqlite3.connect(box.path)
+    try:
+        assert db.execute("SELECT source_id FROM events").fetchall() == [("e1",)]
+    finally:
+        db.close()

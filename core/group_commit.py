@@ -23,7 +23,11 @@ class GroupCommit:
     Once a transaction carried more than one ingest (a storm), the next one is sent at the
     end of the loop iteration instead, so that every caller woken by a commit can join it:
     one big group, the loop and the connection thread taking turns. (Two groups overlapping
-    measured slower: the two threads then fight for the GIL at every SQLite step.) A
+    measured slower: the two threads then fight for the GIL at every SQLite step.) Where
+    the connection may write on the loop's own thread (Connection.may_write_here: a
+    Worker's SQLite inbox), a caller waits for the end of its loop iteration instead; one
+    still alone then commits right there, with no hand-off; two or more go to the thread
+    as one group. A
     cancelled caller's event is still committed (it may already be); nobody else is
     affected.
 

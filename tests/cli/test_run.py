@@ -61,16 +61,21 @@ def start_run(path: str, tmp_path, *extra: str) -> subprocess.Popen:
         err.close()
 
 
+def server_url(tmp_path) -> str:
+    """The URL `onwatch run` logs once it listens."""
+    return wait_for(
+        lambda: re.search(r"listening on (http://\S+)", (tmp_path / "run.err").read_text()),
+        timeout=20,
+        what="the server",
+    ).group(1)
+
+
 def test_run_receives_a_signed_webhook_calls_the_agent_replies_and_stops_on_sigterm(tmp_path):
     path = str(tmp_path / "inbox.db")
     assert onwatch("init", path, "outbox_gap=0").returncode == 0
     process = start_run(path, tmp_path)
     try:
-        url = wait_for(
-            lambda: re.search(r"listening on (http://\S+)", (tmp_path / "run.err").read_text()),
-            timeout=20,
-            what="the server",
-        ).group(1)
+        url = server_url(tmp_path)
         # the worker takes the lease right after the server logs that it listens
         wait_for(
             lambda: scalar(path, "SELECT holder FROM lease"), timeout=20, what="the worker's lease"
@@ -173,11 +178,7 @@ def test_run_stores_each_acknowledged_webhook_once_while_another_process_holds_t
             other.close()
 
     try:
-        url = wait_for(
-            lambda: re.search(r"listening on (http://\S+)", (tmp_path / "run.err").read_text()),
-            timeout=20,
-            what="the server",
-        ).group(1)
+        url = server_url(tmp_path)
         holder = threading.Thread(target=hold_the_lock)
         holder.start()
 

@@ -57,6 +57,20 @@ def spy_on(monkeypatch, name: str, threads: list[str]) -> None:
     monkeypatch.setattr(runs, name, spied)
 
 
+def record_naps(monkeypatch) -> list[str]:
+    """The thread of every sleep of a write waiting for the lock, from now on."""
+    naps: list[str] = []
+
+    def nap(seconds: float) -> None:
+        naps.append("loop" if threading.get_ident() == MAIN else "connection")
+        time.sleep(seconds)
+
+    monkeypatch.setattr(
+        sqlite_db, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=nap)
+    )
+    return naps
+
+
 async def drain(box: Inbox, count: int, **options) -> Worker:
     done: list[int] = []
 
@@ -172,15 +186,7 @@ async def test_a_write_lock_held_elsewhere_sends_it_to_the_thread_without_holdin
 ):
     db = box._db
     db.loop_writes = True
-    naps: list[str] = []  # where the wait for the lock slept
-
-    def nap(seconds: float) -> None:
-        naps.append("loop" if threading.get_ident() == MAIN else "connection")
-        time.sleep(seconds)
-
-    monkeypatch.setattr(
-        sqlite_db, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=nap)
-    )
+    naps = record_naps(monkeypatch)
     other = sqlite3.connect(box.path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     threads: list[str] = []
@@ -334,15 +340,7 @@ async def test_a_lone_ingest_waits_for_a_lock_held_elsewhere_on_the_thread_not_t
     box, monkeypatch
 ):
     box.loop_writes = True
-    naps: list[str] = []
-
-    def nap(seconds: float) -> None:
-        naps.append("loop" if threading.get_ident() == MAIN else "connection")
-        time.sleep(seconds)
-
-    monkeypatch.setattr(
-        sqlite_db, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=nap)
-    )
+    naps = record_naps(monkeypatch)
     other = sqlite3.connect(box.path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     try:

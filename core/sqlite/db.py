@@ -34,8 +34,8 @@ _OLDER_SCHEMA_TEXTS = ("no such column", "no such table", "no such index")
 # How often a job waiting for another connection's write lock looks again (at most): see
 # Database._patiently.
 LOCK_POLL = 0.001
-# A worker's own write on the loop's thread (Database.write_ahead) that took longer than this
-# (seconds) sends its writes back to the connection's thread for LOOP_WRITE_REST seconds.
+# A write on the loop's own thread (Database.may_write_here) that took longer than this
+# (seconds) sends the writes back to the connection's thread for LOOP_WRITE_REST seconds.
 LOOP_WRITE_SLOW = 0.1
 LOOP_WRITE_REST = 60.0
 
@@ -140,8 +140,8 @@ class Database:
     hop (aiosqlite's private `_tx` queue, used only in `_send`; the version is pinned in
     pyproject.toml, and tests/core/test_open.py checks what we rely on: one thread, not the
     loop's, the order kept between `call` and `write_soon`, results and errors handed back).
-    A worker's claims and finishes may run on the loop's own thread instead, while the
-    connection's thread is idle: see write_ahead.
+    A worker's claims and finishes, and a lone ingest, may run on the loop's own thread
+    instead, while the connection's thread is idle: see may_write_here.
 
     Every job looks first, and every write looks again after its commit, whether the
     inbox file, its -wal and its -shm are still the ones this connection uses (core/sqlite/
@@ -181,8 +181,8 @@ class Database:
         # (counted on that thread): equal when the thread holds and waits for nothing.
         self._sent = 0
         self._ended = 0
-        self.loop_writes = False  # see write_ahead
-        self._thread_until = 0.0  # write_ahead stays on the thread until then (monotonic)
+        self.loop_writes = False  # see may_write_here
+        self._thread_until = 0.0  # no write on the loop's thread until then (monotonic)
 
     @classmethod
     async def open(
@@ -478,7 +478,7 @@ class Database:
         return self._patiently(lambda: runner(tx, fn, args))
 
     def _write_job(self, run: Callable[[], T], patient: bool = True) -> T:
-        """On the connection's thread (or the loop's: write_ahead): a write, acknowledged
+        """On the connection's thread (or the loop's: _write_here): a write, acknowledged
         only if its commit went to the files at the path; `patient`: see _patiently."""
         self._check()
         result = self._patiently(run) if patient else run()
@@ -626,11 +626,9 @@ class Database:
         nothing, and it goes to the thread, which waits as every write does. One that took
         longer than LOOP_WRITE_SLOW (a slow disk, a checkpoint, a storm of timers) sends the
         next ones to the thread for LOOP_WRITE_REST seconds."""
-        if self.may_write_here():
-            tx = self._handle()
-            done, result = self._write_here(lambda: write_transaction(tx, fn, args))
-            if done:
-                return cast(T, result)
+        done, result = self._write_here(lambda tx: write_transaction(tx, fn, args))
+        if done:
+            return cast(T, result)
         return await self.write(fn, *args)
 
     def may_write_here(self) -> bool:
@@ -650,10 +648,7 @@ class Database:
         `may_write_here` allows it: (True, its result), or (False, None) when it may not or
         another connection holds the write lock (nothing was written; the caller then
         queues it on the connection's thread). An error is raised, mapped."""
-        if not self.may_write_here():
-            return False, None
-        tx = self._handle()
-        return self._write_here(lambda: _alone_or_transaction(tx, alone, fn, args))
+        return self._write_here(lambda tx: _alone_or_transaction(tx, alone, fn, args))
 
     def _rest_if_slow(self, started: float) -> None:
         """After a write on the loop that began at `started`: if it was slow, the next ones
@@ -669,14 +664,18 @@ class Database:
                 LOOP_WRITE_REST,
             )
 
-    def _write_here(self, run: Callable[[], T]) -> tuple[bool, T | None]:
-        """`run()`, a write that commits by itself, on this thread, tried once: (True, its
-        result), or (False, None) when another connection holds the write lock (nothing was
-        written). A slow one sends the next ones to the thread for a while (_rest_if_slow)."""
+    def _write_here(self, run: Callable[[SqliteTx], T]) -> tuple[bool, T | None]:
+        """`run(tx)`, a write that commits by itself, on this thread, tried once where
+        may_write_here allows it: (True, its result), or (False, None) when it may not or
+        another connection holds the write lock (nothing was written). A slow one sends the
+        next ones to the thread for a while (_rest_if_slow)."""
+        if not self.may_write_here():
+            return False, None
         self._writable()
+        tx = self._handle()
         started = time.monotonic()
         try:
-            result = self._write_job(run, patient=False)
+            result = self._write_job(lambda: run(tx), patient=False)
         except sqlite3.Error as exc:
             if _locked(exc):
                 return False, None

@@ -657,8 +657,8 @@ class Database:
         if now - started > LOOP_WRITE_SLOW:
             self._thread_until = now + LOOP_WRITE_REST
             log.warning(
-                "inbox %s: a write on the worker's loop took %.3f s; its writes go through "
-                "the connection's thread for %g s",
+                "inbox %s: a write on the event loop took %.3f s; the inbox's writes go "
+                "through the connection's thread for %g s",
                 self.path,
                 now - started,
                 LOOP_WRITE_REST,

@@ -230,7 +230,7 @@ async def test_a_slow_write_sends_the_next_ones_to_the_thread_for_a_while(box, m
     with caplog.at_level(logging.WARNING, logger="onwatch.sqlite"):
         await db.write_ahead(None, slow)
     assert threads == ["loop"]
-    assert "a write on the worker's loop took 0.200 s" in caplog.text
+    assert "a write on the event loop took 0.200 s" in caplog.text
     await db.write_ahead(None, where(threads))
     now[0] += sqlite_db.LOOP_WRITE_REST - 1
     await db.write_ahead(None, where(threads))
@@ -391,7 +391,7 @@ async def test_a_slow_lone_ingest_sends_the_next_writes_to_the_thread(
         inbox.loop_writes = True
         with caplog.at_level(logging.WARNING, logger="onwatch.sqlite"):
             assert await inbox.ingest("chat", "slow", None) is True
-        assert "a write on the worker's loop took 0.200 s" in caplog.text
+        assert "a write on the event loop took 0.200 s" in caplog.text
         assert await inbox.ingest("chat", "next", None) is True
         assert [thread for thread, _ in calls] == ["loop", "connection"]
 

@@ -66,13 +66,15 @@ def not_fired(exc: BaseException) -> str:
 
 
 _settings_cache: dict[str, Settings] = {}
+# Shared, as the decoded ones are: a Settings is frozen and its mappings are never written.
+_DEFAULT_SETTINGS = Settings()
 
 
 def settings_from(text: str | None) -> Settings:
     """The settings stored as `text`, None meaning the defaults (decoded once per distinct
     text: every transaction reads them)."""
     if text is None:
-        return Settings()
+        return _DEFAULT_SETTINGS
     cached = _settings_cache.get(text)
     if cached is None:
         cached = _settings_cache[text] = Settings.from_json(text)

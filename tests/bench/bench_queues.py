@@ -6,6 +6,7 @@
     python3 tests/bench/bench_queues.py --rounds 1
     python3 tests/bench/bench_queues.py --quick           a smoke run, figures meaningless
     python3 tests/bench/bench_queues.py --contestants onwatch      onwatch alone
+    python3 tests/bench/bench_queues.py --statements 12   and each run's 12 costliest statements
 
 **The peers are never onwatch's dependencies.** On first use the script makes the
 benchmarks' own virtual environment, `$XDG_CACHE_HOME/onwatch-bench/peers` (`~/.cache/…`
@@ -28,6 +29,10 @@ start until every job is done:
 - per job, from the server's own counters: statements (pg_stat_statements, loaded into the
   throwaway server this script starts), commits (pg_stat_database.xact_commit) and WAL
   records (pg_stat_wal); the script's own progress polls are subtracted;
+- with `--statements N`, after each run: its N statements with the most server time
+  (pg_stat_statements: calls and microseconds of execution per job, microseconds a call;
+  `nested` for those a trigger or a foreign key ran). Execution time is the server's wall
+  clock, so it holds waits for locks and for a CPU too, not only work;
 - the CPU seconds the hypervisor gave this virtual machine's CPUs to other machines during
   the run (/proc/stat's steal; a round with many ran on a slower machine), and the load
   average before and after, printed with the table.
@@ -153,6 +158,51 @@ def counters(admin: str, url: str) -> dict[str, float]:
     return {"commits": commits, "wal": wal, "statements": float(statements)}
 
 
+# One pg_stat_statements entry: (calls, milliseconds of execution, the statement's text).
+Entry = tuple[int, float, str]
+
+
+def statement_times(admin: str, url: str) -> dict[tuple[int, bool], Entry] | None:
+    """pg_stat_statements' entries for the database of `url`, by (queryid, toplevel), summed
+    over roles; None where the view cannot be read (not loaded on a server of
+    ONWATCH_TEST_DATABASE_URL)."""
+    database = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(admin, autocommit=True) as conn:
+        try:
+            rows = conn.execute(
+                "SELECT s.queryid, s.toplevel, s.calls, s.total_exec_time, s.query "
+                "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
+                "WHERE d.datname = %s AND s.query NOT LIKE '%%onwatch-bench%%'",
+                (database,),
+            ).fetchall()
+        except psycopg.Error:
+            return None
+    entries: dict[tuple[int, bool], Entry] = {}
+    for queryid, toplevel, calls, ms, query in rows:
+        was_calls, was_ms, _ = entries.get((queryid, toplevel), (0, 0.0, ""))
+        entries[queryid, toplevel] = (was_calls + calls, was_ms + ms, query)
+    return entries
+
+
+def busiest(
+    before: dict[tuple[int, bool], Entry], after: dict[tuple[int, bool], Entry], jobs: int, n: int
+) -> list[str]:
+    """The `n` statements with the most execution time between two readings of
+    statement_times, a line each, per job (a statement prepared with PREPARE is shown by
+    that text: the server counts its EXECUTEs there)."""
+    spent = []
+    for key, (calls, ms, query) in after.items():
+        was_calls, was_ms, _ = before.get(key, (0, 0.0, ""))
+        if calls > was_calls:
+            spent.append((ms - was_ms, calls - was_calls, key[1], " ".join(query.split())))
+    spent.sort(reverse=True)
+    return [
+        f"  {calls / jobs:6.2f} a job {ms * 1000 / jobs:8.1f} µs a job {ms * 1000 / calls:9.1f} "
+        f"µs a call  {'top   ' if toplevel else 'nested'}  {query[:100]}"
+        for ms, calls, toplevel, query in spent[:n]
+    ]
+
+
 DONE = {
     "onwatch": "SELECT coalesce(sum(n), 0) FROM event_counts WHERE status = 'done'",
     "pgqueuer": "SELECT %(total)s - count(*) FROM pgqueuer",
@@ -161,8 +211,16 @@ DONE = {
 
 
 def run_throughput(
-    kind: str, server: Server, peers: str, queues: int, jobs: int, concurrency: int
-) -> dict[str, float]:
+    kind: str,
+    server: Server,
+    peers: str,
+    queues: int,
+    jobs: int,
+    concurrency: int,
+    statements: int = 0,
+) -> tuple[dict[str, float], list[str]]:
+    """One contestant's run: its figures, and the lines of its `statements` costliest
+    statements (busiest; none when 0, one line saying why when the server cannot tell)."""
     url, data = server.database(), server.data
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if kind == "onwatch":
@@ -202,6 +260,7 @@ def run_throughput(
         ]
     time.sleep(1.0)  # let the fill's backends report their counters first
     before = counters(server.admin, url)
+    times_before = statement_times(server.admin, url) if statements else None
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     pg_before = _postgres_cpu(data)
     started, taken = time.perf_counter(), stolen()
@@ -237,13 +296,20 @@ def run_throughput(
     after = counters(server.admin, url)
     per_job = {k: (after[k] - before[k]) / jobs for k in after}
     per_job["commits"] -= polls / jobs  # the polls' own (one statement each)
+    lines: list[str] = []
+    if statements:
+        times_after = statement_times(server.admin, url)
+        if times_before is None or times_after is None:
+            lines = ["  (no statements: pg_stat_statements is not loaded on this server)"]
+        else:
+            lines = busiest(times_before, times_after, jobs, statements)
     return {
         "rate": jobs / elapsed,
         "worker_cpu": worker_cpu / jobs * 1000,
         "server_cpu": float("nan") if pg_cpu is None else (pg_cpu - pg_before) / jobs * 1000,
         "steal_s": steal,  # CPU seconds the hypervisor gave to other machines meanwhile
         **per_job,
-    }
+    }, lines
 
 
 def run_wake(kind: str, url: str, peers: str, samples: int, folder: Path) -> list[float]:
@@ -318,6 +384,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contestants", default=",".join(CONTESTANTS))
     parser.add_argument("--peers-python")
     parser.add_argument("--no-wake", action="store_true")
+    parser.add_argument(
+        "--statements",
+        type=int,
+        default=0,
+        metavar="N",
+        help="after each run, its N statements with the most server time, per job",
+    )
     args = parser.parse_args(argv)
     contestants = [c for c in args.contestants.split(",") if c]
     unknown = set(contestants) - set(CONTESTANTS)
@@ -342,10 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(rounds):
         order = contestants[r % len(contestants) :] + contestants[: r % len(contestants)]
         for kind in order:
-            figures = run_throughput(kind, server, peers, queues, jobs, concurrency)
+            figures, busy = run_throughput(
+                kind, server, peers, queues, jobs, concurrency, args.statements
+            )
             results[kind].append(figures)
             shown = json.dumps({k: round(v, 3) for k, v in figures.items()})
             print(f"round {r + 1} {kind:13} {shown}", flush=True)
+            if busy:
+                print(f"round {r + 1} {kind:13} the costliest statements:", *busy, sep="\n")
             if not args.no_wake:
                 waits = run_wake(kind, server.database(), peers, samples, folder)
                 wakes[kind] += waits

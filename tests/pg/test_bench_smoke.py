@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,8 @@ def test_queue_benchmark_runs_quick_for_onwatch(pg):
             "--quick",
             "--contestants",
             "onwatch",
+            "--statements",
+            "3",
         ],
         cwd=ROOT,
         env=dict(os.environ, ONWATCH_TEST_DATABASE_URL=pg.base_url),
@@ -53,3 +56,31 @@ def test_queue_benchmark_runs_quick_for_onwatch(pg):
     table = [line for line in result.stdout.splitlines() if line.startswith("onwatch ")]
     assert len(table) == 1 and float(table[0].split()[1]) > 0, result.stdout
     assert "CPU s stolen by the hypervisor" in result.stdout and "load average" in result.stdout
+    # --statements: under the round's line, its costliest statements, or why there are none
+    # (the tests' server may not have pg_stat_statements loaded).
+    lines = result.stdout.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.endswith("the costliest statements:"))
+    listed = list(itertools.takewhile(lambda line: line.startswith("  "), lines[at + 1 :]))
+    none = ["  (no statements: pg_stat_statements is not loaded on this server)"]
+    assert listed == none or (listed and all("µs a call" in line for line in listed)), listed
+
+
+def test_the_costliest_statements_are_what_ran_between_two_readings():
+    from tests.bench.bench_queues import busiest
+
+    before = {
+        (1, True): (10, 5.0, "SELECT 1"),
+        (2, False): (4, 1.0, "UPDATE  t\n   SET x = 1"),
+        (4, True): (7, 3.0, "SELECT 4"),  # did not run again: not listed
+    }
+    after = {
+        (1, True): (20, 7.0, "SELECT 1"),
+        (2, False): (8, 9.0, "UPDATE  t\n   SET x = 1"),
+        (3, True): (5, 0.5, "INSERT 3"),  # new, but third by time
+        (4, True): (7, 3.0, "SELECT 4"),
+    }
+    assert busiest(before, after, jobs=4, n=2) == [
+        "    1.00 a job   2000.0 µs a job    2000.0 µs a call  nested  UPDATE t SET x = 1",
+        "    2.50 a job    500.0 µs a job     200.0 µs a call  top     SELECT 1",
+    ]
+    assert len(busiest(before, after, jobs=4, n=10)) == 3

@@ -138,31 +138,12 @@ class Server:
         return self.cluster.new_database(schema=False)
 
 
-def counters(admin: str, url: str) -> dict[str, float]:
-    """The server's counters for the database of `url`, read from the `admin` database."""
-    database = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-    with psycopg.connect(admin, autocommit=True) as conn:
-        commits = conn.execute(
-            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)
-        ).fetchone()[0]
-        wal = conn.execute("SELECT wal_records FROM pg_stat_wal").fetchone()[0]
-        try:
-            statements = conn.execute(
-                "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s "
-                "JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = %s "
-                "AND s.query NOT LIKE '%%onwatch-bench%%'",
-                (database,),
-            ).fetchone()[0]
-        except psycopg.Error:
-            statements = float("nan")
-    return {"commits": commits, "wal": wal, "statements": float(statements)}
-
-
 # One pg_stat_statements entry: (calls, milliseconds of execution, the statement's text).
 Entry = tuple[int, float, str]
+Times = dict[tuple[int, bool], Entry]  # by (queryid, toplevel)
 
 
-def statement_times(admin: str, url: str) -> dict[tuple[int, bool], Entry] | None:
+def statement_times(admin: str, url: str) -> Times | None:
     """pg_stat_statements' entries for the database of `url`, by (queryid, toplevel), summed
     over roles; None where the view cannot be read (not loaded on a server of
     ONWATCH_TEST_DATABASE_URL)."""
@@ -177,16 +158,28 @@ def statement_times(admin: str, url: str) -> dict[tuple[int, bool], Entry] | Non
             ).fetchall()
         except psycopg.Error:
             return None
-    entries: dict[tuple[int, bool], Entry] = {}
+    entries: Times = {}
     for queryid, toplevel, calls, ms, query in rows:
         was_calls, was_ms, _ = entries.get((queryid, toplevel), (0, 0.0, ""))
         entries[queryid, toplevel] = (was_calls + calls, was_ms + ms, query)
     return entries
 
 
-def busiest(
-    before: dict[tuple[int, bool], Entry], after: dict[tuple[int, bool], Entry], jobs: int, n: int
-) -> list[str]:
+def counters(admin: str, url: str) -> tuple[dict[str, float], Times | None]:
+    """The server's counters for the database of `url`, read from the `admin` database, and
+    the statement_times they count the statements from (None where unreadable)."""
+    database = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(admin, autocommit=True) as conn:
+        commits = conn.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)
+        ).fetchone()[0]
+        wal = conn.execute("SELECT wal_records FROM pg_stat_wal").fetchone()[0]
+    times = statement_times(admin, url)
+    statements = float("nan") if times is None else float(sum(c for c, _, _ in times.values()))
+    return {"commits": commits, "wal": wal, "statements": statements}, times
+
+
+def busiest(before: Times, after: Times, jobs: int, n: int) -> list[str]:
     """The `n` statements with the most execution time between two readings of
     statement_times, a line each, per job (a statement prepared with PREPARE is shown by
     that text: the server counts its EXECUTEs there)."""
@@ -259,8 +252,7 @@ def run_throughput(
             str(concurrency),
         ]
     time.sleep(1.0)  # let the fill's backends report their counters first
-    before = counters(server.admin, url)
-    times_before = statement_times(server.admin, url) if statements else None
+    before, times_before = counters(server.admin, url)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     pg_before = _postgres_cpu(data)
     started, taken = time.perf_counter(), stolen()
@@ -293,12 +285,11 @@ def run_throughput(
         children.ru_utime + children.ru_stime
     )
     time.sleep(1.0)
-    after = counters(server.admin, url)
+    after, times_after = counters(server.admin, url)
     per_job = {k: (after[k] - before[k]) / jobs for k in after}
     per_job["commits"] -= polls / jobs  # the polls' own (one statement each)
     lines: list[str] = []
     if statements:
-        times_after = statement_times(server.admin, url)
         if times_before is None or times_after is None:
             lines = ["  (no statements: pg_stat_statements is not loaded on this server)"]
         else:

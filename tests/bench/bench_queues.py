@@ -26,6 +26,9 @@ start until every job is done:
 - jobs/s;
 - CPU seconds per 1,000 jobs: the worker process (start-up included) and the server (every
   backend of the database server, from /proc);
+- the worker's context switches per job, over all its threads (getrusage of the finished
+  child): `switches` where a thread waited (for the server, a queue, Python's lock),
+  `preempted` where the kernel took its CPU;
 - per job, from the server's own counters: statements (pg_stat_statements, loaded into the
   throwaway server this script starts), commits (pg_stat_database.xact_commit) and WAL
   records (pg_stat_wal); the script's own progress polls are subtracted;
@@ -297,6 +300,10 @@ def run_throughput(
     return {
         "rate": jobs / elapsed,
         "worker_cpu": worker_cpu / jobs * 1000,
+        # The kernel's context switches over all the worker's threads: each hand-off between
+        # a thread and the event loop, each wait for a reply or for Python's lock, is one.
+        "switches": (after_children.ru_nvcsw - children.ru_nvcsw) / jobs,
+        "preempted": (after_children.ru_nivcsw - children.ru_nivcsw) / jobs,
         "server_cpu": float("nan") if pg_cpu is None else (pg_cpu - pg_before) / jobs * 1000,
         "steal_s": steal,  # CPU seconds the hypervisor gave to other machines meanwhile
         **per_job,
@@ -422,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     header = (
         f"{'':14} {'jobs/s':>8} {'CPU s/1000 jobs: worker':>24} {'server':>7} {'total':>7}"
-        f" {'statements':>11} {'commits':>8} {'WAL rec.':>9} {'wake p50':>9} {'p99':>7}"
+        f" {'switches':>9} {'statements':>11} {'commits':>8} {'WAL rec.':>9} {'wake p50':>9}"
+        f" {'p99':>7}"
     )
     print(header)
     medians = {}
@@ -436,7 +444,8 @@ def main(argv: list[str] | None = None) -> int:
         medians[kind] = m
         print(
             f"{kind:14} {m['rate']:8.0f} {m['worker_cpu']:24.2f} {m['server_cpu']:7.2f} "
-            f"{m['total_cpu']:7.2f} {m['statements']:11.2f} {m['commits']:8.2f} "
+            f"{m['total_cpu']:7.2f} {m['switches'] + m['preempted']:9.1f} "
+            f"{m['statements']:11.2f} {m['commits']:8.2f} "
             f"{m['wal']:9.2f} {m['p50']:9.1f} {m['p99']:7.1f}"
         )
     steal = {kind: sum(f["steal_s"] for f in results[kind]) for kind in contestants}

@@ -55,6 +55,9 @@ def test_queue_benchmark_runs_quick_for_onwatch(pg):
     assert result.returncode == 0, result.stderr
     table = [line for line in result.stdout.splitlines() if line.startswith("onwatch ")]
     assert len(table) == 1 and float(table[0].split()[1]) > 0, result.stdout
+    # The worker's context switches a job (its column after the CPU's): a worker that waited
+    # for the server at all switched.
+    assert float(table[0].split()[5]) > 0, result.stdout
     assert "CPU s stolen by the hypervisor" in result.stdout and "load average" in result.stdout
     # --statements: under the round's line, its costliest statements, or why there are none
     # (the tests' server may not have pg_stat_statements loaded).

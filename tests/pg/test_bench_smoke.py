@@ -31,6 +31,31 @@ def test_backend_benchmark_runs_quick_and_prints_both_backends(pg):
     assert any(line.startswith("wake latency") for line in lines)
 
 
+def test_round_trip_benchmark_runs_quick_and_prints_both_paths(pg):
+    """The round trip's client cost through the connection's thread and on the loop: a line
+    for each path at each width, every figure a number, the CPU and the rate above zero."""
+    import os
+
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "bench" / "bench_pg_hops.py"), "--quick"],
+        cwd=ROOT,
+        env=dict(os.environ, ONWATCH_TEST_DATABASE_URL=pg.base_url),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()[2:]]
+    assert [row[:2] for row in rows] == [
+        ["1", "thread"],
+        ["1", "async"],
+        ["5", "thread"],
+        ["5", "async"],
+    ], result.stdout
+    for _, _, cpu, waits, preempted, rate in rows:
+        assert float(cpu) > 0 and float(rate) > 0 and float(waits) >= 0 <= float(preempted)
+
+
 def test_queue_benchmark_runs_quick_for_onwatch(pg):
     """The comparison with the job queues, onwatch's side only (the peers would need their
     own environment installed): it runs and prints its table."""

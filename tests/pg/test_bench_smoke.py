@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,20 +32,24 @@ def test_backend_benchmark_runs_quick_and_prints_both_backends(pg):
     assert any(line.startswith("wake latency") for line in lines)
 
 
-def test_round_trip_benchmark_runs_quick_and_prints_both_paths(pg):
-    """The round trip's client cost through the connection's thread and on the loop: a line
-    for each path at each width, every figure a number, the CPU and the rate above zero."""
-    import os
-
+def _bench(pg, script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run tests/bench/`script` with `args` against the tests' server; it must exit 0."""
     result = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "bench" / "bench_pg_hops.py"), "--quick"],
+        [sys.executable, str(ROOT / "tests" / "bench" / script), *args],
         cwd=ROOT,
         env=dict(os.environ, ONWATCH_TEST_DATABASE_URL=pg.base_url),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_round_trip_benchmark_runs_quick_and_prints_both_paths(pg):
+    """The round trip's client cost through the connection's thread and on the loop: a line
+    for each path at each width, every figure a number, the CPU and the rate above zero."""
+    result = _bench(pg, "bench_pg_hops.py", "--quick")
     rows = [line.split() for line in result.stdout.splitlines()[2:]]
     assert [row[:2] for row in rows] == [
         ["1", "thread"],
@@ -59,25 +64,9 @@ def test_round_trip_benchmark_runs_quick_and_prints_both_paths(pg):
 def test_queue_benchmark_runs_quick_for_onwatch(pg):
     """The comparison with the job queues, onwatch's side only (the peers would need their
     own environment installed): it runs and prints its table."""
-    import os
-
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tests" / "bench" / "bench_queues.py"),
-            "--quick",
-            "--contestants",
-            "onwatch",
-            "--statements",
-            "3",
-        ],
-        cwd=ROOT,
-        env=dict(os.environ, ONWATCH_TEST_DATABASE_URL=pg.base_url),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = _bench(
+        pg, "bench_queues.py", "--quick", "--contestants", "onwatch", "--statements", "3"
     )
-    assert result.returncode == 0, result.stderr
     table = [line for line in result.stdout.splitlines() if line.startswith("onwatch ")]
     assert len(table) == 1 and float(table[0].split()[1]) > 0, result.stdout
     # The worker's context switches a job (its column after the CPU's): a worker that waited

@@ -27,8 +27,8 @@ start until every job is done:
 - CPU seconds per 1,000 jobs: the worker process (start-up included) and the server (every
   backend of the database server, from /proc);
 - the worker's context switches per job, over all its threads (getrusage of the finished
-  child): `switches` where a thread waited (for the server, a queue, Python's lock),
-  `preempted` where the kernel took its CPU;
+  child): in each round's line `switches` where a thread waited (for the server, a queue,
+  Python's lock) and `preempted` where the kernel took its CPU; the table shows their sum;
 - per job, from the server's own counters: statements (pg_stat_statements, loaded into the
   throwaway server this script starts), commits (pg_stat_database.xact_commit) and WAL
   records (pg_stat_wal); the script's own progress polls are subtracted;

@@ -146,21 +146,19 @@ Entry = tuple[int, float, str]
 Times = dict[tuple[int, bool], Entry]  # by (queryid, toplevel)
 
 
-def statement_times(admin: str, url: str) -> Times | None:
-    """pg_stat_statements' entries for the database of `url`, by (queryid, toplevel), summed
-    over roles; None where the view cannot be read (not loaded on a server of
-    ONWATCH_TEST_DATABASE_URL)."""
-    database = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-    with psycopg.connect(admin, autocommit=True) as conn:
-        try:
-            rows = conn.execute(
-                "SELECT s.queryid, s.toplevel, s.calls, s.total_exec_time, s.query "
-                "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
-                "WHERE d.datname = %s AND s.query NOT LIKE '%%onwatch-bench%%'",
-                (database,),
-            ).fetchall()
-        except psycopg.Error:
-            return None
+def statement_times(conn: psycopg.Connection, database: str) -> Times | None:
+    """pg_stat_statements' entries for `database`, by (queryid, toplevel), summed over
+    roles, read on `conn` (autocommit); None where the view cannot be read (not loaded on a
+    server of ONWATCH_TEST_DATABASE_URL)."""
+    try:
+        rows = conn.execute(
+            "SELECT s.queryid, s.toplevel, s.calls, s.total_exec_time, s.query "
+            "FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid "
+            "WHERE d.datname = %s AND s.query NOT LIKE '%%onwatch-bench%%'",
+            (database,),
+        ).fetchall()
+    except psycopg.Error:
+        return None
     entries: Times = {}
     for queryid, toplevel, calls, ms, query in rows:
         was_calls, was_ms, _ = entries.get((queryid, toplevel), (0, 0.0, ""))
@@ -177,7 +175,7 @@ def counters(admin: str, url: str) -> tuple[dict[str, float], Times | None]:
             "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)
         ).fetchone()[0]
         wal = conn.execute("SELECT wal_records FROM pg_stat_wal").fetchone()[0]
-    times = statement_times(admin, url)
+        times = statement_times(conn, database)
     statements = float("nan") if times is None else float(sum(c for c, _, _ in times.values()))
     return {"commits": commits, "wal": wal, "statements": statements}, times
 

@@ -585,8 +585,18 @@ class Database:
         Reconnection backs off (0.1 s doubling to MAX_BACKOFF) while the server stays
         unreachable; a job that comes meanwhile fails at once with ConnectionLost rather
         than wait, so a receiver answers 503 and a worker retries later. The loss and the
-        reconnection are logged once each."""
+        reconnection are logged once each.
+
+        Every job begins and ends its own transactions, so a session found not idle was
+        left by a job that met an error mid-reply (a command still in progress that nobody
+        reads) or mid-transaction: every statement on it would fail at once ("another
+        command is already in progress") without psycopg ever calling it broken, and the
+        inbox would refuse every write until restarted. It is closed and reopened as a lost
+        one (the server rolls back whatever it held)."""
         tx = self._tx
+        conn = tx.conn
+        if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.close()
         if tx.conn.closed or tx.conn.broken:
             if time.monotonic() < self._retry_at:
                 raise ConnectionLost(

@@ -335,6 +335,32 @@ async def test_a_lock_not_granted_in_time_leaves_the_session_usable(url):
         await box.close()
 
 
+@pytest.mark.parametrize(
+    "left",
+    [
+        lambda conn: conn.pgconn.send_query(b"SELECT 1"),  # a reply nobody read
+        lambda conn: conn.execute("BEGIN"),  # a transaction nobody ended
+    ],
+    ids=["command-in-progress", "transaction-open"],
+)
+async def test_a_session_left_not_idle_is_reopened_not_reused(url, left, caplog):
+    """A job that meets an error mid-reply can leave its session with a command in
+    progress: every later statement on it fails at once ("another command is already in
+    progress") while psycopg never calls it broken, so the inbox refused every write (503
+    from a receiver) until it was restarted. The next job now reopens the session; what was
+    stored before is there, and writes and reads go on."""
+    box = await Inbox.open(url, name="a")
+    try:
+        assert await box.ingest("chat", "before", None)
+        await box._db.call(lambda tx: left(tx.conn))
+        with caplog.at_level("WARNING", logger="onwatch.pg"):
+            assert await box.ingest("chat", "after", None)
+        assert "reconnecting" in caplog.text and "reconnected" in caplog.text
+        assert (await box.counts())["pending"] == 2
+    finally:
+        await box.close()
+
+
 async def test_a_session_that_lost_what_psycopg_prepared_is_opened_anew(url):
     """psycopg prepares a statement it sent five times, and cannot know when something
     between it and the server (a pooler's DISCARD ALL) drops it. A transaction that meets

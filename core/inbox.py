@@ -45,7 +45,7 @@ from .engine.spend import Spend, Spending
 from .engine.transcripts import NewLine, NewSpend, Transcript
 from .engine.plans import DELIVERY_STATES, SETTLE_OUTCOMES
 from .engine.runs import Claimed
-from .engine.tx import ClaimAhead, FinishAhead, Tx
+from .engine.tx import ClaimAhead, FinishAhead, FinishClaimAhead, Tx
 from .errors import BadInput
 from .group_commit import GroupCommit
 from .records import (
@@ -468,8 +468,15 @@ class Inbox:
         outcome = self._outcome(
             holder, gen, ids, messages, error, now, result, approvals, timers, run, traceback
         )
+        finish = self._finish_ahead(outcome)
+        ahead: FinishAhead | FinishClaimAhead | None = finish
+        replies, approvals, traceback = outcome[3], outcome[6], outcome[10]
+        if finish is not None and not replies and not approvals and traceback is None:
+            # The finish writes only its own rows: the backend may make it and the claim
+            # after it in one statement where both are plain.
+            ahead = FinishClaimAhead(finish, fire_timers)
         accepted, claimed = await self._db.write_ahead(
-            self._finish_ahead(outcome), runs.finish_and_claim, outcome, fire_timers, mark
+            ahead, runs.finish_and_claim, outcome, fire_timers, mark
         )
         if claimed is not None:
             self._settings = claimed.settings

@@ -99,8 +99,28 @@ class ClaimAhead(NamedTuple):
         return LookAhead(self.gen, self.max_attempts, self.limit, self.now)
 
 
+class FinishClaimAhead(NamedTuple):
+    """What a write transaction is, said before it begins: a run's successful finish that
+    writes nothing but its own rows (no message, no approval request, no traceback), then
+    a worker's claim_next for the same holder and generation (runs.finish_and_claim), due
+    timers fired if `timers`. A backend may make both in a statement sent with the lock,
+    and commit them in that same message, only where it proves the engine would write
+    exactly that: `finish` as FinishAhead fences it, the run this generation's open run,
+    and the claim ClaimAhead's plain case. Anywhere else that statement changes nothing and
+    the transaction runs as `finish` says."""
+
+    finish: FinishAhead
+    timers: bool
+
+    def claim(self) -> ClaimAhead:
+        finish = self.finish
+        return ClaimAhead(
+            finish.holder, finish.gen, finish.max_attempts, finish.limit, self.timers, finish.now
+        )
+
+
 # What a write transaction says it does first (Connection.write_ahead).
-Ahead = LookAhead | FinishAhead | ClaimAhead
+Ahead = LookAhead | FinishAhead | ClaimAhead | FinishClaimAhead
 
 
 class Rows(Protocol):

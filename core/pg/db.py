@@ -36,7 +36,7 @@ from typing import Any, Callable, TypeVar, cast
 
 from ..engine.decoding import settings_from
 from ..engine.runs import plain_claim
-from ..engine.tx import Ahead, ClaimAhead, FinishAhead, LookAhead
+from ..engine.tx import Ahead, ClaimAhead, FinishAhead, FinishClaimAhead, LookAhead
 from ..errors import ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
 from ..text import printable
 from . import redact, said, schema
@@ -45,6 +45,7 @@ from .listen import ListenWake
 from .rows import Row, one
 from .tx import (
     CLAIM_WITH_COMMIT,
+    FINISH_AND_TAKE_WITH_LOCK,
     FINISH_WITH_LOCK,
     LOOK_WITH_LOCK,
     SERVER_TIME,
@@ -153,6 +154,13 @@ TAKE_STATEMENT = {
         TAKE_WITH_LOCK
     )
 }
+# A run's finish and the plain claim after it, made with the lock and committed in the same
+# message (`_take`).
+FINISH_TAKE_PARTS = ("finish_done", *TAKE_PARTS)
+FINISH_TAKE_STATEMENT = {
+    "onwatch_finish_take(bigint, bigint, bigint, bigint, bigint, text, text, boolean, bigint, "
+    "bigint, bigint[], text)": FINISH_AND_TAKE_WITH_LOCK
+}
 # The server's JSON check that the take's statement needs (IS JSON) came with version 16.
 TAKE_SERVER = 160000
 # The session statements each session has prepared, as far as this process knows.
@@ -230,11 +238,11 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | N
     the finish writes only where the engine would have asked for it (fenced in the statement
     as the engine fences). Every value in these messages is an integer of ours, or a text
     quoted by psycopg (`Literal`)."""
-    if isinstance(ahead, ClaimAhead):
+    if isinstance(ahead, (ClaimAhead, FinishClaimAhead)):
         taken = _take(tx, fn, args, ahead)
         if taken is not _NOT_TAKEN:
             return cast(T, taken)
-        ahead = ahead.look()
+        ahead = ahead.look() if isinstance(ahead, ClaimAhead) else ahead.finish
     conn = tx.conn
     tx.changed = False
     inbox = int(tx.inbox)
@@ -289,25 +297,31 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | N
 _NOT_TAKEN = object()
 
 
-def _take(tx: Tx, fn: Callable[..., T], args: Args, ahead: ClaimAhead) -> T | object:
-    """A woken worker's claim (runs.claim_next) in one round trip where it is plain: BEGIN,
-    the lock, TAKE_WITH_LOCK and COMMIT in one message. The statement makes the claim only
-    where the engine, deciding on the rows it read, makes exactly that claim; `fn` then runs
-    on those rows (no statement of its own: any would fail, the transaction being over) and
-    its claim must be the one made, or it raises. Where the case was not plain the message
-    changed nothing, and _NOT_TAKEN says to run the transaction as before; so does a claim
-    that cannot be plain (settings with a budget or a run deadline, by the settings the last
-    lock read: the statement checks they are still those), a server without IS JSON, a
-    schema whose statements are not the newest, and the claim just after one not plain (a
-    timer due, claims lost: the next may be the same, and costs no round trip more)."""
+def _take(
+    tx: Tx, fn: Callable[..., T], args: Args, ahead: ClaimAhead | FinishClaimAhead
+) -> T | object:
+    """A woken worker's claim (runs.claim_next), or a run's finish and the claim after it
+    (runs.finish_and_claim), in one round trip where it is plain: BEGIN, the lock,
+    TAKE_WITH_LOCK (or FINISH_AND_TAKE_WITH_LOCK) and COMMIT in one message. The statement
+    writes only where the engine, deciding on the rows it read, writes exactly that; `fn`
+    then runs on those rows (no statement of its own: any would fail, the transaction being
+    over), and its finish and claim must be the ones made, or it raises. Where the case was
+    not plain the message changed nothing, and _NOT_TAKEN says to run the transaction as
+    before; so does a claim that cannot be plain (settings with a budget or a run deadline,
+    by the settings the last lock read: the statement checks they are still those), a
+    server without IS JSON, a schema whose statements are not the newest, and the claim
+    just after one not plain (a timer due, claims lost: the next may be the same, and costs
+    no round trip more)."""
     conn = tx.conn
     seen = tx.seen_settings
     missed, tx.take_missed = tx.take_missed, False
+    finish = ahead.finish if isinstance(ahead, FinishClaimAhead) else None
+    claim = ahead.claim() if isinstance(ahead, FinishClaimAhead) else ahead
     if (
         missed
         or seen is UNSEEN
         or conn.info.server_version < TAKE_SERVER
-        or not _newest(tx, TAKE_PARTS)
+        or not _newest(tx, TAKE_PARTS if finish is None else FINISH_TAKE_PARTS)
     ):
         return _NOT_TAKEN
     text = cast("str | None", seen)
@@ -316,40 +330,58 @@ def _take(tx: Tx, fn: Callable[..., T], args: Args, ahead: ClaimAhead) -> T | ob
         return _NOT_TAKEN
     inbox = int(tx.inbox)
     gen, max_attempts, limit, now = map(
-        _number, (ahead.gen, settings.max_attempts, settings.max_batch, ahead.now)
+        _number, (claim.gen, settings.max_attempts, settings.max_batch, claim.now)
     )
-    holder = pg_sql.Literal(ahead.holder).as_string(conn)
+    holder = pg_sql.Literal(claim.holder).as_string(conn)
     stored = "NULL" if text is None else pg_sql.Literal(text).as_string(conn)
     # A payload may nest no deeper than this thread's stack lets Python read it: its count
     # of `[` and `{` bounds its depth (the statement checks it).
     depth = sys.getrecursionlimit() // 2
+    take = (
+        f"{inbox}, {gen}, {max_attempts}, {limit}, {now}, {holder}, {stored}, "
+        f"{'true' if claim.timers else 'false'}, {depth}"
+    )
+    statements = {**SESSION_STATEMENTS, **TAKE_STATEMENT}
+    if finish is None:
+        take = f"EXECUTE onwatch_take({take})"
+    else:
+        ids = ", ".join(str(int(i)) for i in finish.ids)
+        outcome = "NULL" if finish.result is None else pg_sql.Literal(finish.result).as_string(conn)
+        take = (
+            f"EXECUTE onwatch_finish_take({take}, {int(finish.run)}, "
+            f"ARRAY[{ids}]::bigint[], {outcome})"
+        )
+        statements = {**SESSION_STATEMENTS, **FINISH_TAKE_STATEMENT}
     tx.changed = False
     try:
-        cursor = _begin(
-            conn,
-            f"BEGIN; EXECUTE onwatch_lock({inbox}); EXECUTE onwatch_take({inbox}, {gen}, "
-            f"{max_attempts}, {limit}, {now}, {holder}, {stored}, "
-            f"{'true' if ahead.timers else 'false'}, {depth}); COMMIT",
-            {**SESSION_STATEMENTS, **TAKE_STATEMENT},
-        )
+        cursor = _begin(conn, f"BEGIN; EXECUTE onwatch_lock({inbox}); {take}; COMMIT", statements)
         cursor.nextset()
         _locked(tx, cursor.fetchone())
         cursor.nextset()
+        rows = cursor.fetchall()
+        looked = [row for row in rows if row[-1] not in (10, 11)]  # the finish's own rows
         if not tx.saw_take(
-            ahead.holder, ahead.gen, settings.max_attempts, settings.max_batch, cursor.fetchall()
+            claim.holder, claim.gen, settings.max_attempts, settings.max_batch, looked
         ):
             tx.take_missed = True
             return _NOT_TAKEN
+        if finish is not None:  # its look is the one the statement read, by these settings
+            tx.saw_finish(
+                finish._replace(max_attempts=settings.max_attempts, limit=settings.max_batch),
+                rows,
+            )
         tx.committed = True
         result = fn(tx, *args)
         if tx.taken is not None:
             raise RuntimeError(f"the claim made with the lock {tx.taken} was not the engine's")
+        if tx.finished is not None:
+            raise RuntimeError("the finish made with the lock was not the engine's")
     except BaseException:
         _rollback(conn)
         tx.undone = not tx.committed  # a committed claim is not undone by an error after it
         raise
     finally:
-        tx.row = tx.begun_changes = tx.looked = tx.probed = tx.taken = None
+        tx.row = tx.begun_changes = tx.looked = tx.probed = tx.taken = tx.finished = None
         tx.committed = False
     return result
 

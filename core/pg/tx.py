@@ -219,6 +219,55 @@ def _finish_with_lock(finish_then_look: str) -> str:
 
 FINISH_WITH_LOCK = _finish_with_lock(FINISH_THEN_LOOK)
 
+
+def _finish_and_take_with_lock(take: str, finish: str) -> str:
+    """A run's successful finish and the claim after it (runs.finish_and_claim's plain case),
+    decided and made in one statement, for a write transaction to send with its lock and its
+    COMMIT (core/pg/db.py `onwatch_finish_take`): TAKE_WITH_LOCK's parameters ($1–$9), and
+    $10 the run, $11 its events' ids, $12 its result.
+
+    Its rows are TAKE_WITH_LOCK's and finish_done's (10: an event it marked done, 11: the
+    run as it was). It writes only where the engine, deciding on those rows, writes exactly
+    this: the take's plain case (its `plain`), and the finish the engine's common one, the
+    run this generation's and open, at least one of its events still claimed by it. It then
+    marks them done, closes the run as finish_done does and claims as the take does, all at
+    the statement's `now`: every part reads the rows as they were before the statement, and
+    a finish changes no pending event and no other generation's claim, so the claim's look
+    is the one it would read after the finish (FINISH_THEN_LOOK's argument). The change
+    count moves once, as a transaction's COMMIT moves it. Anywhere else it writes nothing."""
+    named = {"inbox": "$1", "gen": "$2", "run": "$10", "result": "$12"}
+    finish = finish.replace("%(ids)b", "$11").replace("%(traceback)s", "NULL")
+    for name, number in named.items():
+        finish = finish.replace(f"%({name})s", number)
+    finish = finish.replace("%(now)s", "(SELECT now FROM clock)")
+    assert "%(" not in finish and finish.startswith("WITH "), "the finish has changed"
+    ctes, rows = finish[len("WITH ") :].split("\n(SELECT", 1)
+    known, writes = ctes.split("\ndone AS (", 1)
+    open_run = "AND EXISTS (SELECT 1 FROM known WHERE gen = $2 AND outcome IS NULL)"
+    assert writes.count(open_run) == 1, "the finish's fence has moved"
+    # What `done` would mark, read first: the case is plain only if it marks something.
+    still = writes.split("UPDATE events SET status = 'done', error = NULL, updated = ", 1)[1]
+    still = still.split("\n", 1)[1].split("\n    RETURNING", 1)[0]
+    writes = writes.replace(open_run, f"{open_run}\n      AND (SELECT yes FROM plain)")
+    prefix = "WITH clock AS MATERIALIZED ("
+    assert take.startswith(prefix) and take.count("\nplain AS MATERIALIZED (\n") == 1
+    text = take.replace("\nlook(id,", f"\n{known.rstrip().rstrip(',')},\nlook(id,", 1)
+    plain_yes = " AS yes),\ntaking AS MATERIALIZED ("
+    assert text.count(plain_yes) == 1, "the take's plain case has moved"
+    text = text.replace(
+        plain_yes, f"\n       AND EXISTS (SELECT FROM events\n    {still.strip()}){plain_yes}"
+    )
+    counted = "WHERE id = $1 AND EXISTS (SELECT FROM run))"
+    assert text.count(counted) == 1, "the take's change count has moved"
+    text = text.replace(counted, "WHERE id = $1 AND EXISTS (SELECT FROM done))")
+    taking_end = "FROM candidates WHERE (SELECT yes FROM plain)),\n"
+    assert text.count(taking_end) == 1, "the take's claim has moved"
+    text = text.replace(taking_end, f"{taking_end}done AS ({writes.rstrip().rstrip(',')},\n")
+    return f"{text}\nUNION ALL\n(SELECT{rows.rstrip().rstrip(';')}"
+
+
+FINISH_AND_TAKE_WITH_LOCK = _finish_and_take_with_lock(TAKE_WITH_LOCK, STATEMENTS["finish_done"])
+
 SERVER_TIME = "SELECT extract(epoch FROM clock_timestamp())"
 UNSEEN = object()  # Tx.seen_settings before any write transaction read them
 # The columns of the locked row (core/pg/db.py INBOX_ROW) that `meta` reads from it.

@@ -379,10 +379,10 @@ def test_a_visit_that_runs_its_inbox_dry_looks_for_work_once_per_run_and_once_mo
             pass  # a session statement prepared, not run
         elif "status = 'pending' AND attempts = 0" in text or any(
             f"EXECUTE {name}(" in text
-            for name in ("onwatch_look", "onwatch_finish", "onwatch_take")
+            for name in ("onwatch_look", "onwatch_finish", "onwatch_take", "onwatch_finish_take")
         ):
             # A claim's look: alone, with the lock, with a finish, or with the claim made
-            # with the lock.
+            # with the lock (after a finish or not).
             looks.append(text)
         return execute(self, query, *args, **kwargs)
 

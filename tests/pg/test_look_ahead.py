@@ -9,6 +9,7 @@ import json
 import psycopg
 import pytest
 
+import onwatch.core.pg.db as pg_db
 from onwatch.core import Inbox, InboxError
 from onwatch.core.engine import intake, runs
 from onwatch.core.engine.runs import Claimed
@@ -270,15 +271,20 @@ def _outcome(url: str, event_id: int) -> tuple:
         ).fetchone()
 
 
-async def test_a_finish_that_claims_next_is_two_round_trips_and_writes_as_before(url, monkeypatch):
-    """The finish and the claim's look travel with the lock (prepared by the session's
-    first such finish), the claim with the COMMIT: the run is closed, its result stored
-    (quoted by the driver, whatever it holds), and the next event claimed."""
+@pytest.mark.parametrize("take", [True, False], ids=["one message", "two round trips"])
+async def test_a_finish_that_claims_next_writes_as_before(url, monkeypatch, take):
+    """Where the claim is plain, the finish and the claim are made with the lock and
+    committed in that message (FINISH_AND_TAKE_WITH_LOCK); without that statement (a server
+    before version 16), the finish and the claim's look travel with the lock, the claim
+    with the COMMIT. Either way the run is closed, its result stored (quoted by the driver,
+    whatever it holds), and the next event claimed."""
     box = await Inbox.open(url)
     try:
         gen, claimed = await _claimed_run(box)
         hostile = {"q": 'it\'s \\ "$1" ); DROP TABLE events; --', "u": "\u202e\x1b[2J é"}
         for result in (None, hostile):
+            if not take:
+                monkeypatch.setattr(pg_db, "TAKE_SERVER", 10**9)
             sent = _record_messages(monkeypatch)
             [event] = claimed.events
             accepted, claimed = await box.finish_and_claim(
@@ -293,10 +299,15 @@ async def test_a_finish_that_claims_next_is_two_round_trips_and_writes_as_before
             monkeypatch.undo()
             assert accepted and claimed is not None and len(claimed.events) == 1
             messages = [m for m in sent if not m.startswith(("SELECT name", "PREPARE"))]
-            assert len(messages) == 2, messages
             assert messages[0].startswith("BEGIN; EXECUTE onwatch_lock(")
-            assert "EXECUTE onwatch_finish(" in messages[0]
-            assert messages[1].startswith("EXECUTE onwatch_claim(")
+            if take:
+                assert len(messages) == 1, messages
+                assert "EXECUTE onwatch_finish_take(" in messages[0]
+                assert messages[0].endswith("; COMMIT")
+            else:
+                assert len(messages) == 2, messages
+                assert "EXECUTE onwatch_finish(" in messages[0]
+                assert messages[1].startswith("EXECUTE onwatch_claim(")
             status, outcome, finished_at, stored = _outcome(url, event.id)
             assert (status, outcome) == ("done", "done") and finished_at is not None
             assert (None if stored is None else json.loads(stored)) == result

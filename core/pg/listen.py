@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
+import socket
 import threading
 import time
 from collections import defaultdict
@@ -35,6 +37,9 @@ from .connect import connect
 T = TypeVar("T")
 log = logging.getLogger("onwatch.pg.listen")
 CHANNEL = "onwatch"
+# Seconds the listening thread waits on its socket at most before it looks again; a close
+# wakes it at once (its own socket pair), as a notification or a lost connection does.
+IDLE_WAIT = 1.0
 
 
 class Listener:
@@ -58,6 +63,8 @@ class Listener:
         self._generation = 0  # moves on every loss and every reconnection: wake everyone
         self._waiters: dict[str, set[asyncio.Future[bool]]] = defaultdict(set)
         self._stopping = threading.Event()
+        # Written to by close(): the listening thread waits on it beside its connection.
+        self._bell, self._bell_rung = socket.socketpair()
         self._thread = threading.Thread(target=self._listen, name="onwatch-pg-listen", daemon=True)
         self._thread.start()
 
@@ -137,8 +144,15 @@ class Listener:
                     future.set_result(True)
 
     async def close(self) -> None:
+        """Stop listening: the thread notices at once and ends, closing its connection."""
         self._stopping.set()
+        try:
+            self._bell.send(b"\0")
+        except OSError:  # closed already (a second close)
+            pass
         await asyncio.to_thread(self._thread.join)
+        self._bell.close()
+        self._bell_rung.close()
 
     # --- on the listening thread ----------------------------------------------------------
 
@@ -177,8 +191,11 @@ class Listener:
                 )
                 self._post(self._wake_all, True)
             try:
-                for notify in conn.notifies(timeout=0.2):
+                # What has come (read without waiting), then a wait for more on the socket,
+                # or for close()'s bell.
+                for notify in conn.notifies(timeout=0):
                     self._post(self._heard, notify.payload)
+                select.select([conn.fileno(), self._bell_rung.fileno()], [], [], IDLE_WAIT)
             except psycopg.Error as exc:
                 log.warning(
                     "listener: lost the connection to %s (%s); polling until it is back",

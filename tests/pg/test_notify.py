@@ -201,3 +201,29 @@ async def test_an_idle_wait_ends_when_its_listener_reconnects_not_at_its_next_po
         wake.close()
         await listener.close()
         proxy.close()
+
+
+async def test_the_listening_thread_waits_on_its_socket_and_a_close_ends_it_at_once(
+    boxes, url, monkeypatch
+):
+    """With the thread's own look-again interval an hour long, what wakes it is its socket
+    (a notification, two in one packet) and close()'s bell: a close that had to wait for
+    the interval would not end within the 30 s given here."""
+    import onwatch.core.pg.listen as listen
+
+    monkeypatch.setattr(listen, "IDLE_WAIT", 3600.0)
+    a, b, _ = boxes
+    listener = await Listener.open(url)
+    try:
+        await asyncio.sleep(0.2)  # the thread is now waiting on its socket
+        seen_a, seen_b = listener.seen("a"), listener.seen("b")
+        await a.ingest("chat", "m1", None)
+        await heard(listener, "a", seen_a)
+        seen_a = listener.seen("a")
+        with psycopg.connect(url, autocommit=True) as conn:  # one message, one packet
+            conn.execute("NOTIFY onwatch, 'a'; NOTIFY onwatch, 'b'")
+        await heard(listener, "a", seen_a)
+        await heard(listener, "b", seen_b)
+    finally:
+        await asyncio.wait_for(listener.close(), 30)
+    assert not listener._thread.is_alive()

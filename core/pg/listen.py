@@ -37,9 +37,10 @@ from .connect import connect
 T = TypeVar("T")
 log = logging.getLogger("onwatch.pg.listen")
 CHANNEL = "onwatch"
-# Seconds the listening thread waits on its socket at most before it looks again; a close
-# wakes it at once (its own socket pair), as a notification or a lost connection does.
-IDLE_WAIT = 1.0
+# Seconds the listening thread waits on its socket at most before it reads again: a
+# notification wakes it at once, a close too (its own socket pair). The bound is for what
+# the socket may not show: a notification already read into a TLS layer's buffer.
+IDLE_WAIT = 0.2
 
 
 class Listener:

@@ -12,22 +12,19 @@ transaction). Both must answer the same and leave the same rows behind.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import time
 from typing import Any
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import onwatch.core.pg.db as pg_db
 from onwatch.core import Inbox
 from onwatch.core.engine import runs
 from onwatch.core.records import Reply
-from tests.pg.test_take import _rows
+from tests.pg.test_take import _rows, answered, hold, opened, twins_agree
 
 T = 1_000_000
 
@@ -320,52 +317,23 @@ _STATE = st.fixed_dictionaries(
 
 
 async def _finish_in(url: str, name: str, state: dict, one_message: bool, at: int) -> tuple:
-    box = await Inbox.open(url, name=name)
+    """finish_and_claim by generation GEN of holder W in a new inbox `name` holding
+    `state`'s rows (its run's own among them), its times counted from `at` (the finish made
+    at `at` + 10, or by the server's clock)."""
+    box = await opened(url, name, state, at)
     try:
-        await box.configure(max_batch=state["max_batch"], max_attempts=3)
-        await box.acquire("W", now=T)  # the connection reads the settings with a lock
-        if state["timer"] is not None:
-            await box.add_timer("tick", at + state["timer"], None)
-        named = []
         with psycopg.connect(url, autocommit=True) as conn:
             [inbox] = conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)).fetchone()
-            conn.execute(
-                "UPDATE inboxes SET lease_holder = %s, lease_gen = %s, lease_until = %s, "
-                "paused = %s WHERE id = %s",
-                (state["holder"], state["gen"], at + state["until"], state["paused"], inbox),
-            )
             [(run,)] = conn.execute(
                 "INSERT INTO runs(inbox_id, holder, gen, event_ids, claimed_at, outcome) "
                 "VALUES (%s, 'W', %s, '[]', %s, %s) RETURNING id",
                 (inbox, state["run_gen"], at, state["run_outcome"]),
             ).fetchall()
-            for n, event in enumerate(state["events"]):
-                status, attempts, gen, available, payload, in_run, finished = event
-                conn.execute(
-                    "INSERT INTO events(inbox_id, id, source, source_id, payload, status, "
-                    "attempts, claim_gen, claimed_at, available_at, created, updated, run_id) "
-                    "VALUES (%s, %s, 'hook', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (
-                        inbox,
-                        n + 1,
-                        f"e{n}",
-                        payload,
-                        status,
-                        attempts,
-                        gen,
-                        None if gen is None else at,
-                        at + available,
-                        at,
-                        at,
-                        run if in_run else None,
-                    ),
-                )
-                if finished:
-                    named.append(n + 1)
-        saved = pg_db.TAKE_SERVER
-        pg_db.TAKE_SERVER = saved if one_message else 10**9
-        try:
-            accepted, claimed = await box.finish_and_claim(
+            hold(conn, inbox, state, at, run)
+        named = [n + 1 for n, event in enumerate(state["events"]) if event[6]]
+        answer = await answered(
+            one_message,
+            box.finish_and_claim(
                 "W",
                 GEN,
                 named,
@@ -374,11 +342,11 @@ async def _finish_in(url: str, name: str, state: dict, one_message: bool, at: in
                 fire_timers=state["timers"],
                 mark=state["mark"],
                 now=None if state["server_clock"] else at + 10,
-            )
-        except Exception as exc:  # noqa: BLE001 - compared between the twins
-            return ("raised", type(exc).__name__, str(exc))
-        finally:
-            pg_db.TAKE_SERVER = saved
+            ),
+        )
+        if answer[0] == "raised":
+            return answer
+        accepted, claimed = answer
         if claimed is None:
             return (accepted, None)
         events = [(e.source_id, e.status, e.attempts) for e in claimed.events]
@@ -388,18 +356,4 @@ async def _finish_in(url: str, name: str, state: dict, one_message: bool, at: in
 
 
 def test_any_state_a_finish_meets_is_decided_the_same_with_or_without_the_one_message(pg):
-    url = pg.new_database()
-    names = iter(range(10**6))
-
-    @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(_STATE)
-    def same(state: dict) -> None:
-        n = next(names)
-        at = int(time.time()) - 5 if state["server_clock"] else T
-        one = asyncio.run(_finish_in(url, f"o{n}", state, True, at))
-        two = asyncio.run(_finish_in(url, f"t{n}", state, False, at))
-        assert one == two
-        if not state["server_clock"]:  # by the server's clock the twins' times may differ
-            assert _same_rows(url, f"o{n}") == _same_rows(url, f"t{n}")
-
-    same()
+    twins_agree(pg, _STATE, _finish_in, 200, rows=_same_rows)

@@ -15,7 +15,7 @@ import asyncio
 import json
 import sys
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import psycopg
 import pytest
@@ -424,55 +424,85 @@ _STATE = st.fixed_dictionaries(
 )
 
 
-async def _claim_in(url: str, name: str, state: dict, take: bool, at: int) -> tuple:
-    """claim_next in a new inbox `name` holding `state`'s rows, its times counted from `at`
-    (the claim is made at `at` + 10, or by the server's clock)."""
+async def opened(url: str, name: str, state: dict, at: int) -> Inbox:
+    """A new inbox `name` with `state`'s max_batch (max_attempts 3) and timer (due at `at`
+    plus its value), whose connection has read its settings with a lock."""
     box = await Inbox.open(url, name=name)
     try:
         await box.configure(max_batch=state["max_batch"], max_attempts=3)
-        await box.acquire("W", now=T)  # the connection reads the settings with a lock
+        await box.acquire("W", now=T)
         if state["timer"] is not None:
             await box.add_timer("tick", at + state["timer"], None)
+    except BaseException:
+        await box.close()
+        raise
+    return box
+
+
+async def answered(one: bool, call: Awaitable[Any]) -> Any:
+    """`call`'s answer, made with the one-message statements (`one`) or without them (as
+    on a server before version 16); an error it raised as ("raised", its type, its text)."""
+    saved = pg_db.TAKE_SERVER
+    pg_db.TAKE_SERVER = saved if one else 10**9
+    try:
+        return await call
+    except Exception as exc:  # noqa: BLE001 - compared between the twins
+        return ("raised", type(exc).__name__, str(exc))
+    finally:
+        pg_db.TAKE_SERVER = saved
+
+
+def hold(conn, inbox: int, state: dict, at: int, run: int | None = None) -> None:
+    """Give inbox `inbox` the lease and pause switch of `state` and its events: status,
+    attempts, claim_gen, available_at (counted from `at`), payload, and (optionally) whether
+    it belongs to run `run`."""
+    conn.execute(
+        "UPDATE inboxes SET lease_holder = %s, lease_gen = %s, lease_until = %s, "
+        "paused = %s WHERE id = %s",
+        (state["holder"], state["gen"], at + state["until"], state["paused"], inbox),
+    )
+    for n, (status, attempts, gen, available, payload, *more) in enumerate(state["events"]):
+        conn.execute(
+            "INSERT INTO events(inbox_id, id, source, source_id, payload, status, "
+            "attempts, claim_gen, claimed_at, available_at, created, updated, run_id) "
+            "VALUES (%s, %s, 'hook', %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            (
+                inbox,
+                n + 1,
+                f"e{n}",
+                payload,
+                status,
+                attempts,
+                gen,
+                None if gen is None else at,
+                at + available,
+                at,
+                at,
+                run if more and more[0] else None,
+            ),
+        )
+
+
+async def _claim_in(url: str, name: str, state: dict, take: bool, at: int) -> tuple:
+    """claim_next in a new inbox `name` holding `state`'s rows, its times counted from `at`
+    (the claim is made at `at` + 10, or by the server's clock)."""
+    box = await opened(url, name, state, at)
+    try:
         with psycopg.connect(url, autocommit=True) as conn:
             [inbox] = conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)).fetchone()
-            conn.execute(
-                "UPDATE inboxes SET lease_holder = %s, lease_gen = %s, lease_until = %s, "
-                "paused = %s WHERE id = %s",
-                (state["holder"], state["gen"], at + state["until"], state["paused"], inbox),
-            )
-            for n, (status, attempts, gen, available, payload) in enumerate(state["events"]):
-                conn.execute(
-                    "INSERT INTO events(inbox_id, id, source, source_id, payload, status, "
-                    "attempts, claim_gen, claimed_at, available_at, created, updated) "
-                    "VALUES (%s, %s, 'hook', %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                    (
-                        inbox,
-                        n + 1,
-                        f"e{n}",
-                        payload,
-                        status,
-                        attempts,
-                        gen,
-                        None if gen is None else at,
-                        at + available,
-                        at,
-                        at,
-                    ),
-                )
-        saved = pg_db.TAKE_SERVER
-        pg_db.TAKE_SERVER = saved if take else 10**9
-        try:
-            claimed = await box.claim_next(
+            hold(conn, inbox, state, at)
+        claimed = await answered(
+            take,
+            box.claim_next(
                 "W",
                 state["claim_gen"],
                 fire_timers=state["timers"],
                 mark=state["mark"],
                 now=None if state["server_clock"] else at + 10,
-            )
-        except Exception as exc:  # noqa: BLE001 - compared between the twins
-            return ("raised", type(exc).__name__, str(exc))
-        finally:
-            pg_db.TAKE_SERVER = saved
+            ),
+        )
+        if isinstance(claimed, tuple):
+            return claimed
         return (
             [(e.source_id, e.status, e.attempts, e.payload) for e in claimed.events],
             claimed.token,
@@ -489,23 +519,31 @@ def _timeless(answer: tuple) -> tuple:
     return ([event[:3] for event in answer[0]], *answer[1:])
 
 
-def test_any_state_a_claim_meets_is_decided_the_same_with_or_without_the_take(pg):
+def twins_agree(pg, states, twin, examples: int, rows=_rows, timeless=lambda a: a) -> None:
+    """For each of `examples` states drawn from `states`, `twin(url, name, state, one, at)`
+    run on two new inboxes, once with the one-message statement (`one` True) and once
+    without, must answer the same and leave the same `rows`. By the server's clock
+    (`state["server_clock"]`) the state's times are counted from a few seconds before it
+    (both twins act within them) and the twins' times may differ by a second: their
+    answers are compared `timeless`, their rows not at all."""
     url = pg.new_database()
     names = iter(range(10**6))
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(_STATE)
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(states)
     def same(state: dict) -> None:
         n = next(names)
-        # By the server's clock, the state's times are counted from a few seconds before
-        # it (both twins claim within them).
         at = int(time.time()) - 5 if state["server_clock"] else T
-        taken = asyncio.run(_claim_in(url, f"t{n}", state, True, at))
-        engine = asyncio.run(_claim_in(url, f"e{n}", state, False, at))
-        if state["server_clock"]:  # the twins' times may differ by a second: not compared
-            taken, engine = _timeless(taken), _timeless(engine)
-        assert taken == engine
+        one = asyncio.run(twin(url, f"o{n}", state, True, at))
+        two = asyncio.run(twin(url, f"t{n}", state, False, at))
+        if state["server_clock"]:
+            one, two = timeless(one), timeless(two)
+        assert one == two
         if not state["server_clock"]:
-            assert _rows(url, f"t{n}") == _rows(url, f"e{n}")
+            assert rows(url, f"o{n}") == rows(url, f"t{n}")
 
     same()
+
+
+def test_any_state_a_claim_meets_is_decided_the_same_with_or_without_the_take(pg):
+    twins_agree(pg, _STATE, _claim_in, 150, timeless=_timeless)

@@ -129,7 +129,14 @@ class Model:
         return ids
 
     def finish(
-        self, holder: str, gen: int, ids: list[int], ok: bool, now: int, run: int | None = None
+        self,
+        holder: str,
+        gen: int,
+        ids: list[int],
+        ok: bool,
+        now: int,
+        run: int | None = None,
+        reply: bool = True,
     ) -> bool:
         if run is not None:
             # The same finish again (its answer lost): the run is closed as asked, by this
@@ -166,8 +173,8 @@ class Model:
             else:
                 event.status = "pending"
                 event.available_at = now + min(CAP, BASE * 2 ** (event.attempts - 1))
-        self.messages += ok
-        if ok:
+        if ok and reply:
+            self.messages += 1
             self.outbox.append(["held", None])
         for run_id in {self.events[i].run for i in live}:
             if not any(e.status == "running" and e.run == run_id for e in self.events.values()):
@@ -354,6 +361,45 @@ class InboxMachine(RuleBasedStateMachine):
             )
         )
         assert accepted == self.model.finish(holder, gen, ids, ok, self.clock.now(), run)
+
+    @precondition(lambda self: self.claims)
+    @rule(
+        data=st.data(),
+        ok=st.sampled_from([True, True, True, False]),
+        reply=st.sampled_from([False, False, False, True]),
+    )
+    def finish_and_claim(self, data, ok, reply):
+        """A worker's step from one run to the next: the finish (by run) and, if it was
+        accepted, the next claim, in one transaction (on PostgreSQL, one message where the
+        finish writes only its own rows and the claim is plain). The lease's holder is
+        drawn more often than the others (theirs are refused)."""
+        holders = sorted(self.claims)
+        live = [h for h in holders if (h, self.claims[h][0]) == (self.model.holder, self.model.gen)]
+        holder = data.draw(st.sampled_from(live * 3 + holders))
+        gen, ids, run_id = self.claims[holder]
+        accepted, claimed = self.run(
+            self.box.finish_and_claim(
+                holder,
+                gen,
+                ids,
+                ["reply"] if ok and reply else (),
+                error=None if ok else "agent failed",
+                run=run_id,
+                fire_timers=False,
+                mark=False,
+            )
+        )
+        now = self.clock.now()
+        assert accepted == self.model.finish(holder, gen, ids, ok, now, run_id, reply)
+        if not accepted:
+            assert claimed is None
+            return
+        assert claimed is not None
+        expected = self.model.claim(holder, gen, now)
+        assert [e.id for e in claimed.events] == expected
+        if expected:
+            assert {e.run_id for e in claimed.events} == {len(self.model.runs)}
+            self.claims[holder] = (gen, expected, claimed.events[0].run_id)
 
     @rule(holder=st.sampled_from(HOLDERS))
     def a_whole_run_that_replies(self, holder):

@@ -470,8 +470,8 @@ class Inbox:
         )
         finish = self._finish_ahead(outcome)
         ahead: FinishAhead | FinishClaimAhead | None = finish
-        replies, approvals, traceback = outcome[3], outcome[6], outcome[10]
-        if finish is not None and not replies and not approvals and traceback is None:
+        replies, approvals = outcome[3], outcome[6]
+        if finish is not None and not replies and not approvals:
             # The finish writes only its own rows: the backend may make it and the claim
             # after it in one statement where both are plain.
             ahead = FinishClaimAhead(finish, fire_timers)

@@ -101,7 +101,7 @@ class ClaimAhead(NamedTuple):
 
 class FinishClaimAhead(NamedTuple):
     """What a write transaction is, said before it begins: a run's successful finish that
-    writes nothing but its own rows (no message, no approval request, no traceback), then
+    writes nothing but its own rows (no message, no approval request), then
     a worker's claim_next for the same holder and generation (runs.finish_and_claim), due
     timers fired if `timers`. A backend may make both in a statement sent with the lock,
     and commit them in that same message, only where it proves the engine would write

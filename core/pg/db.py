@@ -341,9 +341,9 @@ def _take(
         f"{inbox}, {gen}, {max_attempts}, {limit}, {now}, {holder}, {stored}, "
         f"{'true' if claim.timers else 'false'}, {depth}"
     )
-    statements = {**SESSION_STATEMENTS, **TAKE_STATEMENT}
     if finish is None:
         take = f"EXECUTE onwatch_take({take})"
+        statements = {**SESSION_STATEMENTS, **TAKE_STATEMENT}
     else:
         ids = ", ".join(str(int(i)) for i in finish.ids)
         outcome = "NULL" if finish.result is None else pg_sql.Literal(finish.result).as_string(conn)

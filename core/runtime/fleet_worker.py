@@ -24,8 +24,11 @@ docs/rules.md#the-fleet-worker:
   make it visit again and again.
 - **A lease outlives a visit where that is cheaper and safe.** A visit that gave its slot
   back keeps its lease for its next turn (no acquire, no release, no new generation), up
-  to `concurrency` kept leases (each keeps its inbox's connection); a kept lease not taken
-  up again before it is due for renewal is released. A release whose
+  to `concurrency` kept leases; a kept lease not taken up again before it is due for
+  renewal is released. A kept lease is a generation remembered, not an open inbox: the
+  visit's connection goes back to the pool (core/pg/db.py) for the next visit, whichever
+  inbox it serves (idle sessions held beside the busy ones cost the server more than the
+  acquires and releases they would save; docs/performance.md). A release whose
   answer was lost leaves a generation this process may still hold: it is remembered, and
   the next visit takes it up again (fenced) instead of waiting for it to lapse.
 """
@@ -74,7 +77,6 @@ class _Rest:
 class _Kept:
     """A lease this process holds on an inbox no visit is serving."""
 
-    inbox: Any  # the open Inbox (its connection is the next visit's)
     gen: int
     since: float  # its place in the queue: the server time it gave its slot back
     renew_at: int  # server time: when the worker's renewal is due
@@ -332,7 +334,7 @@ class FleetWorker:
 
     async def _release_kept(self, name: str, kept: _Kept) -> None:
         try:
-            await kept.inbox.release(self.holder, kept.gen)
+            await self._release_now(name, kept.gen)
         except InboxError as exc:
             now = self._looker.now()
             if not self._stop.is_set() and now < kept.expires:
@@ -347,8 +349,17 @@ class FleetWorker:
                 printable(name),
                 printable(str(exc)),
             )
-        await kept.inbox.close()
         self._changed.set()
+
+    async def _release_now(self, name: str, gen: int) -> None:
+        """Release a kept generation on the inbox opened for it (a pooled connection)."""
+        from ..inbox import Inbox
+
+        inbox = await Inbox.open(self.url, name=name, create=False, clock=self.clock)
+        try:
+            await inbox.release(self.holder, gen)
+        finally:
+            await inbox.close()
 
     async def _release_all_kept(self) -> None:
         kept, self._kept = self._kept, {}
@@ -363,14 +374,14 @@ class FleetWorker:
 
         listener = self._listener
         assert listener is not None
-        if kept is not None and not kept.uncertain:
-            inbox = kept.inbox
-        else:
-            try:
-                inbox = await Inbox.open(self.url, name=name, create=False, clock=self.clock)
-            except InboxError as exc:
-                await self._cannot_open(name, exc)
-                return
+        try:
+            inbox = await Inbox.open(self.url, name=name, create=False, clock=self.clock)
+        except InboxError as exc:
+            if kept is not None:  # released as soon as it can be (or left to lapse)
+                kept.release_at = self._looker.now()
+                self._kept[name] = kept
+            await self._cannot_open(name, exc)
+            return
         self.visits += 1
         log.debug("fleet: visiting inbox %s", printable(name))
         worker = _Visit(
@@ -411,8 +422,7 @@ class FleetWorker:
             self._rest(name, worker, None)
         finally:
             del self._workers[name]
-            if not keep:
-                await inbox.close()
+            await inbox.close()
             self._changed.set()
 
     async def _cannot_open(self, name: str, exc: InboxError) -> None:
@@ -437,7 +447,8 @@ class FleetWorker:
 
     def may_keep(self) -> bool:
         """Whether a visit giving its slot back may keep its lease: not while stopping,
-        and not past `concurrency` kept leases (each holds a connection to the server)."""
+        and not past `concurrency` kept leases (each keeps its inbox from another fleet
+        process until it is taken up again or released)."""
         kept = sum(1 for k in self._kept.values() if not k.uncertain)
         return not self._stop.is_set() and kept < self.concurrency
 
@@ -452,7 +463,6 @@ class FleetWorker:
         now = self._looker.now()
         uncertain = worker.release_lost
         self._kept[name] = _Kept(
-            inbox,
             gen,
             since=now,
             renew_at=worker.renew_at,

@@ -361,6 +361,122 @@ def test_a_lost_answer_to_its_own_release_neither_spins_nor_delays_the_next_even
     asyncio.run(main())
 
 
+def test_a_kept_lease_is_taken_up_again_and_holds_no_connection_meanwhile(pg):
+    """Five inboxes, two slots, a share of nothing: every visit gives its slot back after
+    one run and keeps its lease. The next visit of the inbox takes the generation up again
+    (fewer lease history rows than visits, every event run once), and while the lease is
+    kept its inbox is not open: no connection thread of it lives (its connection went back
+    to the pool for whichever visit comes next). Sampled every 10 ms; a lease kept for
+    less than KEPT_FOR seconds may still be closing its inbox."""
+    import threading
+
+    from onwatch.core.runtime.fleet_worker import FleetWorker
+
+    kept_for = 0.3
+    url = pg.new_database()
+    names = [f"k{n}" for n in range(5)]
+    ran: list[tuple[str, str]] = []
+
+    async def agent(batch, ctx) -> None:
+        ran.extend((e.source_id.split("/")[0], e.source_id) for e in batch)
+        await asyncio.sleep(0.1)
+
+    async def main() -> None:
+        for name in names:
+            box = await make_inbox(url, name, max_batch=1)
+            await box.ingest_batch([("chat", f"{name}/{k}", None) for k in range(3)])
+            await box.close()
+        fleet = FleetWorker(url, agent, holder="fleet", concurrency=2, share=0.0)
+        task = asyncio.create_task(fleet.run())
+        kept_seen: set[str] = set()
+        open_while_kept: list[str] = []
+        try:
+            for _ in range(3000):
+                if len(ran) == 15 or task.done():
+                    break
+                alive = {t.name for t in threading.enumerate()}
+                now = fleet._looker.now()
+                for name, kept in list(fleet._kept.items()):
+                    kept_seen.add(name)
+                    if (
+                        name not in fleet._workers
+                        and now - kept.since > kept_for
+                        and f"onwatch-pg-{name}" in alive
+                    ):
+                        open_while_kept.append(name)
+                await asyncio.sleep(0.01)
+        finally:
+            fleet.request_stop()
+            await task
+        history = query(url, "SELECT count(*) FROM lease_history")[0][0]
+        print(
+            f"\n{fleet.visits} visits, {history} lease history rows, kept: {sorted(kept_seen)}; "
+            f"samples of a kept lease's inbox still open: {len(open_while_kept)}"
+        )
+        assert sorted(ran) == sorted((n, f"{n}/{k}") for n in names for k in range(3))
+        assert kept_seen and history < fleet.visits
+        assert open_while_kept == []
+
+    asyncio.run(main())
+
+
+def test_a_kept_lease_whose_inbox_cannot_be_opened_again_is_released_not_left_to_lapse(pg):
+    """The visit that would take a kept lease up cannot open its inbox (the server refused
+    the connection, say): the generation is released as soon as an open succeeds, not
+    left for the lease's TTL (120 s) to end, and every event is run once."""
+    from onwatch.core.errors import InboxError
+    from onwatch.core.runtime.fleet_worker import FleetWorker
+
+    url = pg.new_database()
+    ran: list[str] = []
+
+    async def agent(batch, ctx) -> None:
+        ran.extend(e.source_id for e in batch)
+        await asyncio.sleep(0.1)
+
+    async def main() -> None:
+        for name in ("a", "b"):
+            box = await make_inbox(url, name, max_batch=1)
+            await box.ingest_batch([("chat", f"{name}/{k}", None) for k in range(2)])
+            await box.close()
+        fleet = FleetWorker(url, agent, holder="fleet", concurrency=1, share=0.0)
+        original = Inbox.open.__func__
+        kept: list[tuple[str, int]] = []  # the first lease kept: (inbox, generation)
+        refused: list[str] = []
+
+        async def open_(cls, *args, **kwargs):
+            if kept and kwargs.get("name") == kept[0][0] and not refused:
+                refused.append(kept[0][0])  # the open that would take it up
+                raise InboxError("cannot connect (test)")
+            return await original(cls, *args, **kwargs)
+
+        def released() -> int | None:
+            return query(url, "SELECT released_gen FROM inboxes WHERE name = %s", kept[0][0])[0][0]
+
+        Inbox.open = classmethod(open_)
+        task = asyncio.create_task(fleet.run())
+        try:
+            for _ in range(1000):
+                if not kept and fleet._kept:
+                    kept.append(next((n, k.gen) for n, k in fleet._kept.items()))
+                if refused and released() == kept[0][1]:
+                    break
+                await asyncio.sleep(0.01)
+            assert refused and released() == kept[0][1], (kept, refused)
+            print(f"\nkept {kept[0]}, its take-up refused, released")
+            for _ in range(600):  # the refused inbox rests (10 s at most), then is served
+                if len(ran) == 4:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            Inbox.open = classmethod(original)
+            fleet.request_stop()
+            await task
+        assert sorted(ran) == ["a/0", "a/1", "b/0", "b/1"]
+
+    asyncio.run(main())
+
+
 def test_a_visit_that_runs_its_inbox_dry_looks_for_work_once_per_run_and_once_more(pg):
     """Each finish claims the next run in its own transaction; the one that finds nothing
     ends the visit. The visit does not claim again at once (that would fire no timer

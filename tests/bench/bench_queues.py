@@ -48,12 +48,17 @@ The server is a throwaway cluster of tests/pg/server.py (fsync off, as for the t
 restarted once with pg_stat_statements loaded; ONWATCH_TEST_DATABASE_URL names another
 (then no server CPU, and statements only if it has pg_stat_statements). The contestants
 take turns in an order rotated each round, and each figure is the median over rounds.
+Before each throughput run the server settles (`settle`: the filled tables vacuumed and
+analysed, a CHECKPOINT, no autovacuum worker left running), so that no contestant is
+charged the server's clean-up after the one before it; each run's database is dropped
+once it is measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -70,6 +75,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
+import psycopg.sql  # noqa: E402
 
 from tests.bench.bench_fleet_worker import _postgres_cpu  # noqa: E402
 from tests.bench.bench_peers import stolen  # noqa: E402
@@ -140,6 +146,18 @@ class Server:
     def database(self) -> str:
         return self.cluster.new_database(schema=False)
 
+    def drop(self, url: str) -> None:
+        """Drop a run's database once measured (its sessions ended, this process's pooled
+        ones too): nothing of it is left for autovacuum to clean up while a later
+        contestant is measured."""
+        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    psycopg.sql.Identifier(name)
+                )
+            )
+
 
 # One pg_stat_statements entry: (calls, milliseconds of execution, the statement's text).
 Entry = tuple[int, float, str]
@@ -204,6 +222,27 @@ DONE = {
 }
 
 
+def settle(url: str, admin: str) -> None:
+    """Start each run from the same server state: the fill's tables vacuumed and analysed
+    (what autovacuum would do at some moment of the run, with plans changing then), the
+    dirty pages written (CHECKPOINT), and no autovacuum worker still cleaning up after an
+    earlier contestant (its CPU would be counted as this one's). A server that refuses
+    CHECKPOINT (not a superuser's, with ONWATCH_TEST_DATABASE_URL) is only vacuumed."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+        with contextlib.suppress(psycopg.Error):
+            conn.execute("CHECKPOINT")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        for _ in range(300):  # 30 s at most
+            busy = conn.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'autovacuum worker'"
+            ).fetchone()[0]
+            if not busy:
+                break
+            time.sleep(0.1)
+    time.sleep(1.0)  # let the fill's backends report their counters first
+
+
 def run_throughput(
     kind: str,
     server: Server,
@@ -252,7 +291,7 @@ def run_throughput(
             str(jobs),
             str(concurrency),
         ]
-    time.sleep(1.0)  # let the fill's backends report their counters first
+    settle(url, server.admin)
     before, times_before = counters(server.admin, url)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
     pg_before = _postgres_cpu(data)
@@ -289,6 +328,7 @@ def run_throughput(
     after, times_after = counters(server.admin, url)
     per_job = {k: (after[k] - before[k]) / jobs for k in after}
     per_job["commits"] -= polls / jobs  # the polls' own (one statement each)
+    server.drop(url)
     lines: list[str] = []
     if statements:
         if times_before is None or times_after is None:
@@ -420,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
             if busy:
                 print(f"round {r + 1} {kind:13} the costliest statements:", *busy, sep="\n")
             if not args.no_wake:
-                waits = run_wake(kind, server.database(), peers, samples, folder)
+                url = server.database()
+                waits = run_wake(kind, url, peers, samples, folder)
+                server.drop(url)
                 wakes[kind] += waits
                 print(f"round {r + 1} {kind:13} wake p50 {percentile(waits, 0.5):.1f} ms, "
                       f"p99 {percentile(waits, 0.99):.1f} ms", flush=True)  # fmt: skip

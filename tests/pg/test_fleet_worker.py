@@ -367,7 +367,7 @@ def test_a_kept_lease_is_taken_up_again_and_holds_no_connection_meanwhile(pg):
     (fewer lease history rows than visits, every event run once), and while the lease is
     kept its inbox is not open: no connection thread of it lives (its connection went back
     to the pool for whichever visit comes next). Sampled every 10 ms; a lease kept for
-    less than KEPT_FOR seconds may still be closing its inbox."""
+    less than `kept_for` seconds may still be closing its inbox."""
     import threading
 
     from onwatch.core.runtime.fleet_worker import FleetWorker

@@ -32,10 +32,28 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """parse_args, except that KEY=VALUE settings may also come after an option
+    (`onwatch config URL --inbox a max_batch=1`): argparse ends a list of positionals at
+    the first option, and would refuse those as unrecognized. Anything else left over is
+    refused as parse_args refuses it."""
+    args, extra = parser.parse_known_args(argv)
+    settings = getattr(args, "settings", None)
+    if extra and isinstance(settings, list) and all(_a_setting(a) for a in extra):
+        settings.extend(extra)
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def _a_setting(argument: str) -> bool:
+    return "=" in argument and not argument.startswith("-")
+
+
 def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         if getattr(args, "handler", None) is None:
             parser.print_help(sys.stderr)
             return BAD

@@ -166,6 +166,18 @@ def with_examples(command: str, epilog: str | None = None) -> str | None:
 
 JSON_OBJECT = "print one JSON object (sorted keys) instead of text"
 
+
+def add_settings(p: argparse.ArgumentParser) -> None:
+    """The KEY=VALUE settings of init and config (cli/entry.py also takes them after an
+    option)."""
+    p.add_argument(
+        "settings",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="settings to store (before or after options)",
+    )
+
+
 # What an operator action's exit code says, by what it acts on.
 ACTION_EXITS = {
     "event": "exit 0 if this call changed the event; 1 if it did not (it was not in a state "
@@ -450,7 +462,7 @@ def build_parser() -> Parser:
         run_async(cmd_init),
         json=JSON_OBJECT,
     )
-    p.add_argument("settings", nargs="*", metavar="KEY=VALUE", help="settings to store")
+    add_settings(p)
 
     p = sub(
         "migrate",
@@ -794,7 +806,7 @@ def build_parser() -> Parser:
         epilog=CONFIG_EPILOG,
         json="print the settings as one JSON object (sorted keys) instead of text",
     )
-    p.add_argument("settings", nargs="*", metavar="KEY=VALUE")
+    add_settings(p)
 
     sub(
         "serve",

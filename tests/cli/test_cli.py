@@ -189,6 +189,24 @@ def test_config_shows_sets_and_validates(capsys, path):
         assert code == 2 and one_line_error(err), bad
 
 
+def test_settings_may_come_after_an_option(capsys, tmp_path):
+    """`onwatch config URL --inbox a max_batch=1` is how people type it: argparse ends the
+    positionals at the first option, so the settings after it are taken here. Anything
+    else left over is refused as before, and nothing is stored."""
+    path = str(tmp_path / "after.db")
+    assert run(capsys, "init", path, "--busy-timeout", "2", "max_batch=4")[0] == 0
+    code, out, _ = run(capsys, "config", path, "--json", "max_pending=7", "outbox_gap=60")
+    assert code == 0
+    stored = json.loads(out)
+    assert (stored["max_batch"], stored["max_pending"], stored["outbox_gap"]) == (4, 7, 60)
+    for stray in ("stray", "--stray", "-x=1"):
+        code, _, err = run(capsys, "config", path, "--json", "max_pending=9", stray)
+        assert code == 2 and one_line_error(err) and "unrecognized arguments" in err, stray
+    code, _, err = run(capsys, "status", path, "--json", "max_pending=9")
+    assert code == 2 and "unrecognized arguments: max_pending=9" in err  # no settings here
+    assert json.loads(run(capsys, "config", path, "--json")[1])["max_pending"] == 7
+
+
 def test_budget_max_pending_refusal_exits_1(capsys, path):
     run(capsys, "config", path, "max_pending=1")
     assert run(capsys, "ingest", path, "chat", "m1", "{}")[0] == 0

@@ -653,6 +653,13 @@ def build_parser() -> Parser:
         help="with --all-inboxes: inboxes served at once (default 10)",
     )
     p.add_argument(
+        "--connections",
+        type=whole(1),
+        metavar="N",
+        help="with --all-inboxes: sessions on the server the inboxes served share, one per "
+        "transaction in flight (default --concurrency, at most 8)",
+    )
+    p.add_argument(
         "--metrics-port",
         type=port,
         metavar="N",

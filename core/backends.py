@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from typing import TYPE_CHECKING
 
 from . import checks, pg
 from .clock import show
 from .connection import Connection
 from .errors import BadInput
+
+if TYPE_CHECKING:
+    from .pg.shared import Connections  # psycopg only when asked for
 
 
 def _check_options(create: object, busy_timeout: object) -> float:
@@ -34,12 +38,15 @@ async def connect(
     connection_factory: type[sqlite3.Connection] | None,
     migrate: bool = False,
     read_only: bool = False,
+    connections: Connections | None = None,
 ) -> Connection:
     """The connection to the inbox `target` names (see `Inbox.open`)."""
     checks.flag("migrate", migrate)
     checks.flag("read_only", read_only)
     if read_only and migrate:
         raise BadInput("an inbox opened read_only cannot be migrated")
+    if connections is not None and not pg.is_url(target):
+        raise BadInput("connections are shared by inboxes of a PostgreSQL database, not a file")
     if pg.is_url(target):
         timeout = _check_options(create, busy_timeout)
         from .pg.db import Database as Postgres  # psycopg only when asked for
@@ -51,6 +58,7 @@ async def connect(
             busy_timeout=timeout,
             migrate=migrate,
             read_only=read_only,
+            connections=connections,
         )
     if name != "default":
         raise BadInput(

@@ -8,7 +8,7 @@ import dataclasses
 import inspect
 import os
 import sqlite3
-from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from . import backends, checks
 from .actions import ACTIONS, Outcome
@@ -70,6 +70,9 @@ from .records import (
 )
 from .settings import Settings
 
+if TYPE_CHECKING:
+    from .pg.shared import Connections  # psycopg only when asked for
+
 TIMER_STATES = ("scheduled", "paused", "set aside")  # what a timer action is conditional on
 
 CLOSE_WAIT = 5.0  # seconds close() waits for ingests in flight before closing anyway
@@ -118,6 +121,7 @@ class Inbox:
         connection_factory: type[sqlite3.Connection] | None = None,
         migrate: bool = False,
         read_only: bool = False,
+        connections: Connections | None = None,
     ) -> "Inbox":
         """Open the inbox at `path`, creating its schema if it is new.
 
@@ -133,6 +137,8 @@ class Inbox:
         A migration is refused (UpgradeRefused, nothing changed) while a worker holds the
         inbox's lease. `read_only=True` never writes (every write raises ReadOnlyInbox); a
         file this process cannot write is opened so by itself, saying why (`read_only`).
+        `connections` (PostgreSQL): connections shared by the inboxes this process serves at
+        once (core/pg/shared.py); the inbox then holds none of its own between its jobs.
         """
         db = await backends.connect(
             path,
@@ -142,6 +148,7 @@ class Inbox:
             connection_factory=connection_factory,
             migrate=migrate,
             read_only=read_only,
+            connections=connections,
         )
         try:
             settings = await db.call(switches.load_settings)  # one statement: its own snapshot

@@ -219,6 +219,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from onwatch.core.runtime.listening_worker import ListeningWorker as Worker
     if args.all_inboxes:
         return _fleet_worker(args, agent, early)
+    if args.connections is not None:
+        raise CliError("--connections is for --all-inboxes (one inbox holds one connection)")
 
     async def main() -> int:
         # A worker of this release migrates (refused while an older one holds the lease).
@@ -290,6 +292,7 @@ def _fleet_worker(args: argparse.Namespace, agent: Callable[..., Any], early: li
             agent,
             holder=args.holder or default_holder(),
             concurrency=args.concurrency,
+            connections=args.connections,
             send=_channel(args),
             poll_interval=args.poll,
             grace=args.grace,

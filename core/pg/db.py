@@ -37,12 +37,13 @@ from typing import Any, Callable, TypeVar, cast
 from ..engine.decoding import settings_from
 from ..engine.runs import plain_claim
 from ..engine.tx import Ahead, ClaimAhead, FinishAhead, FinishClaimAhead, LookAhead
-from ..errors import ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
+from ..errors import BadInput, ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
 from ..text import printable
 from . import redact, said, schema
 from .connect import STATEMENT_TIMEOUT, connect
 from .listen import ListenWake
 from .rows import Row, one
+from .shared import Connections
 from .tx import (
     CLAIM_WITH_COMMIT,
     FINISH_AND_TAKE_WITH_LOCK,
@@ -80,6 +81,23 @@ _pool: list[tuple[tuple[str, float], "psycopg.Connection[Row]"]] = []  # oldest 
 _pool_lock = threading.Lock()
 
 
+class _Unheld:
+    """What an inbox opened with shared connections holds between two jobs: nothing (a
+    closed connection, to every check that looks)."""
+
+    closed = broken = True
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def pgconn(self) -> Any:
+        raise psycopg.OperationalError("no connection held between jobs")
+
+
+UNHELD = cast("psycopg.Connection[Row]", _Unheld())
+
+
 def _pooled(url: str, busy_timeout: float) -> "psycopg.Connection | None":
     key = (url, busy_timeout)
     with _pool_lock:
@@ -89,6 +107,19 @@ def _pooled(url: str, busy_timeout: float) -> "psycopg.Connection | None":
                 if not conn.closed and not conn.broken:
                     return conn
     return None
+
+
+def _shared_take(connections: Connections, where: str) -> "psycopg.Connection[Row] | None":
+    """`connections.take`, waiting as long as for the inbox's lock."""
+    try:
+        return connections.take(connections.busy_timeout)
+    except TimeoutError:
+        raise InboxBusy(
+            f"{where}: all {connections.limit} connections to PostgreSQL stayed busy for "
+            f"more than {connections.busy_timeout:g} s; nothing was changed, try again"
+        ) from None
+    except psycopg.Error as exc:
+        raise ConnectionLost(f"{where}: {said(exc)}") from None
 
 
 def _give_back(url: str, busy_timeout: float, conn: "psycopg.Connection[Row]") -> None:
@@ -485,8 +516,11 @@ class Database:
         conn: "psycopg.Connection[Row]",
         version: int = schema.SCHEMA_VERSION,
         server_time: float | None = None,
+        shared: Connections | None = None,
     ) -> None:
         self.url = url
+        # Shared: each job takes a connection from these for its duration (core/pg/shared.py).
+        self._shared = shared
         # The database's schema as opened (older only when opened without migrating), the
         # one it had before this open migrated it, and why writes are refused (read-only).
         self.version = version
@@ -533,18 +567,21 @@ class Database:
         busy_timeout: float = 5.0,
         migrate: bool = False,
         read_only: bool = False,
+        connections: Connections | None = None,
     ) -> "Database":
         """Open one inbox (creating the schema in an empty database, and the inbox `name`,
         unless create=False); raise NotAnInbox and leave the database untouched if it is
         foreign or newer, or the inbox is missing with create=False. A database of an older
         schema is migrated only with `migrate` (UpgradeRefused while any inbox's lease is
-        held); `read_only` creates, migrates and writes nothing."""
+        held); `read_only` creates, migrates and writes nothing. With `connections` (of this
+        URL and busy timeout) the inbox holds none of its own: each job takes one of those."""
         if psycopg is None:
             raise InboxError("PostgreSQL inboxes need psycopg 3: pip install 'psycopg[binary]'")
         where = redact(url)
 
-        def prepare() -> tuple[psycopg.Connection, int, int, int, float]:
-            conn = _pooled(url, busy_timeout)
+        def prepare(
+            conn: "psycopg.Connection[Row] | None",
+        ) -> tuple[psycopg.Connection, int, int, int, float]:
             if conn is not None:  # kept idle, from an inbox of this database
                 found = _open_known(conn, name)
                 if found is not None:
@@ -553,7 +590,10 @@ class Database:
                     conn.close()
                     conn = None
             try:
-                conn = conn or cls._connect(url, busy_timeout)
+                if conn is None:
+                    conn = cls._connect(url, busy_timeout)
+                    if connections is not None:
+                        connections.opened_one()
             except psycopg.Error as exc:
                 raise InboxError(f"cannot connect to {where}: {said(exc)}") from None
             try:
@@ -588,8 +628,20 @@ class Database:
                 raise
             return conn, inbox, before, version, server_time
 
-        conn, inbox, before, version, server_time = await asyncio.to_thread(prepare)
-        db = cls(url, name, inbox, busy_timeout, conn, version, server_time)
+        def opened() -> tuple[psycopg.Connection, int, int, int, float]:
+            if connections is None:
+                return prepare(_pooled(url, busy_timeout))
+            if (connections.url, connections.busy_timeout) != (url, busy_timeout):
+                raise BadInput("connections shared by inboxes of another URL or busy timeout")
+            found = None
+            try:
+                found = prepare(_shared_take(connections, f"{where} inbox {name}"))
+                return (UNHELD, *found[1:])
+            finally:
+                connections.give(None if found is None else found[0])
+
+        conn, inbox, before, version, server_time = await asyncio.to_thread(opened)
+        db = cls(url, name, inbox, busy_timeout, conn, version, server_time, connections)
         if 0 < before < version:
             db.migrated_from = before
         if read_only:
@@ -609,9 +661,26 @@ class Database:
             finally:
                 self._running_since = None
                 self._finished += 1
-        _give_back(self.url, self.busy_timeout, self._tx.conn)
+        if self._shared is None:
+            _give_back(self.url, self.busy_timeout, self._tx.conn)
 
-    def _run(self, runner: Runner[T], fn: Callable[..., T], args: Args, again: bool = False) -> T:
+    def _run(self, runner: Runner[T], fn: Callable[..., T], args: Args) -> T:
+        """On the thread: run one job on this inbox's connection, or on one taken from the
+        shared connections for the job's duration (opened first if none is idle)."""
+        shared = self._shared
+        if shared is None:
+            return self._run_held(runner, fn, args)
+        tx = self._tx
+        tx.conn = _shared_take(shared, f"inbox {self.path}") or UNHELD
+        try:
+            return self._run_held(runner, fn, args)
+        finally:
+            conn, tx.conn = tx.conn, UNHELD
+            shared.give(None if conn is UNHELD else conn)
+
+    def _run_held(
+        self, runner: Runner[T], fn: Callable[..., T], args: Args, again: bool = False
+    ) -> T:
         """On the thread: run one job, reconnecting first if the connection was lost.
 
         Reconnection backs off (0.1 s doubling to MAX_BACKOFF) while the server stays
@@ -630,13 +699,15 @@ class Database:
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.close()
         if tx.conn.closed or tx.conn.broken:
+            # UNHELD: a shared connection to open (none idle), not a loss, unless it fails.
+            lost = tx.conn is not UNHELD
             if time.monotonic() < self._retry_at:
                 raise ConnectionLost(
                     f"inbox {self.path}: lost the connection to PostgreSQL; "
                     f"reconnecting (next try in at most "
                     f"{self._backoff:.1f} s), try again"
                 )
-            if self._backoff == 0.0:
+            if self._backoff == 0.0 and lost:
                 log.warning("inbox %s: lost the connection to PostgreSQL; reconnecting", self.path)
             try:
                 tx.conn = self._connect(self.url, self.busy_timeout)
@@ -653,8 +724,11 @@ class Database:
                         MAX_BACKOFF,
                     )
                 raise _map_error(exc, self.path, self.busy_timeout) from None
-            log.warning("inbox %s: reconnected to PostgreSQL", self.path)
+            if lost or self._backoff:
+                log.warning("inbox %s: reconnected to PostgreSQL", self.path)
             self._backoff = self._retry_at = self._outage_said = 0.0
+            if self._shared is not None:
+                self._shared.opened_one()
         tx.server_time = None  # read again by each job that needs it
         tx.undone = False
         try:
@@ -667,7 +741,7 @@ class Database:
             # runs once more in it; any other stopped at the statement that failed.
             tx.conn.close()
             if tx.undone and not again:
-                return self._run(runner, fn, args, again=True)
+                return self._run_held(runner, fn, args, again=True)
             raise ConnectionLost(
                 f"inbox {self.path}: the PostgreSQL session lost statements prepared in it "
                 f"(reset by a pooler?); reconnecting, try again"

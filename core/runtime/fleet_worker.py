@@ -31,6 +31,11 @@ docs/rules.md#the-fleet-worker:
   acquires and releases they would save; docs/performance.md). A release whose
   answer was lost leaves a generation this process may still hold: it is remembered, and
   the next visit takes it up again (fenced) instead of waiting for it to lapse.
+- **The visits share a few sessions.** Each visit's inbox is opened with the fleet's
+  `Connections` (core/pg/shared.py): its transactions take one for their duration, so the
+  server keeps `connections` sessions for the fleet, not one per inbox served (a fresh
+  session costs the server some 20 ms of CPU before its caches are warm, and idle ones
+  slow the busy ones).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from ..errors import InboxError, NotAnInbox
 from ..pg import redact
 from ..pg.fleet import Candidate, Looker, Unreachable
 from ..pg.listen import Listener
+from ..pg.shared import Connections
 from ..text import printable
 from .listening_worker import ListeningWorker
 from .worker import STOP_SLACK, AgentWedged
@@ -61,6 +67,10 @@ LOOK_WHEN_FULL = 0.25  # seconds between looks while every slot is taken (is any
 SCHEDULER_EVERY = 1.0  # seconds between scheduler passes within one visit
 REST_AFTER_WORK = 1.0  # seconds an inbox rests after a visit that ran or sent something
 REST_FIRST, REST_MAX = 5.0, 3600.0  # the rest after a visit that did nothing, doubling
+# Sessions on the server the visits share at most, one per transaction in flight, unless
+# told (`connections`): a visit holds one only for a transaction, a few milliseconds of a
+# run, and every session costs the server (docs/performance.md, "Shared connections").
+CONNECTIONS = 8
 
 
 @dataclass
@@ -105,6 +115,7 @@ class FleetWorker:
         clock: Any = None,
         on_stuck: Callable[[str], None] | None = None,
         share: float = SHARE,
+        connections: int | None = None,
     ) -> None:
         self.url = url
         self.agent = agent
@@ -118,6 +129,9 @@ class FleetWorker:
         self.clock = clock
         self.on_stuck = on_stuck  # see Worker: the event loop held past the lease
         self.share = share
+        # Sessions on the server that the visits share, one per transaction in flight.
+        self.connections = connections or min(concurrency, CONNECTIONS)
+        self._shared = Connections(url, limit=self.connections)  # opened as jobs need them
         self.runs = 0
         self.visits = 0
         self.served: dict[str, int] = {}  # inbox name → runs served here
@@ -182,6 +196,7 @@ class FleetWorker:
         if not await self._checked():
             return 0
         listener = self._listener = await Listener.open(self.url, poll_interval=self.poll_interval)
+        self._shared = Connections(self.url, limit=self.connections)  # a run's own
         tasks: set[asyncio.Task[None]] = set()
         backoff = 0.0
         try:
@@ -216,6 +231,7 @@ class FleetWorker:
                 await asyncio.gather(*self._chores, return_exceptions=True)
             await listener.close()
             await asyncio.to_thread(self._looker.close)
+            await asyncio.to_thread(self._shared.close)
         if self._wedged is not None:
             raise self._wedged
         if self._refused is not None:
@@ -355,7 +371,9 @@ class FleetWorker:
         """Release a kept generation on the inbox opened for it (a pooled connection)."""
         from ..inbox import Inbox
 
-        inbox = await Inbox.open(self.url, name=name, create=False, clock=self.clock)
+        inbox = await Inbox.open(
+            self.url, name=name, create=False, clock=self.clock, connections=self._shared
+        )
         try:
             await inbox.release(self.holder, gen)
         finally:
@@ -375,7 +393,9 @@ class FleetWorker:
         listener = self._listener
         assert listener is not None
         try:
-            inbox = await Inbox.open(self.url, name=name, create=False, clock=self.clock)
+            inbox = await Inbox.open(
+                self.url, name=name, create=False, clock=self.clock, connections=self._shared
+            )
         except InboxError as exc:
             if kept is not None:  # released as soon as it can be (or left to lapse)
                 kept.release_at = self._looker.now()

@@ -420,6 +420,45 @@ def test_a_kept_lease_is_taken_up_again_and_holds_no_connection_meanwhile(pg):
     asyncio.run(main())
 
 
+def test_the_visits_share_a_few_sessions_whatever_the_concurrency(pg):
+    """Ten inboxes served ten at once over two shared connections: every event runs once,
+    and the server never has more than four sessions of the fleet (the two shared, the
+    look's and the listener's), where each visit held one of its own before."""
+    from onwatch.core.runtime.fleet_worker import FleetWorker
+    from tests.pg.test_shared import Sampler
+
+    url = pg.new_database()
+    names = [f"c{n}" for n in range(10)]
+    ran: list[str] = []
+
+    async def agent(batch, ctx) -> None:
+        ran.extend(e.source_id for e in batch)
+        await asyncio.sleep(0.02)
+
+    async def main() -> None:
+        for name in names:
+            box = await make_inbox(url, name, max_batch=1)
+            await box.ingest_batch([("chat", f"{name}/{k}", None) for k in range(8)])
+            await box.close()
+        fleet = FleetWorker(url, agent, holder="fleet", concurrency=10, connections=2)
+        with Sampler(url) as sampler:
+            task = asyncio.create_task(fleet.run())
+            try:
+                for _ in range(3000):
+                    if len(ran) == 80 or task.done():
+                        break
+                    await asyncio.sleep(0.01)
+            finally:
+                fleet.request_stop()
+                await task
+        print(f"\nsessions at most {sampler.most}; {fleet.visits} visits")
+        assert sorted(ran) == sorted(f"{n}/{k}" for n in names for k in range(8))
+        assert fleet.visits >= 10
+        assert sampler.most <= 4
+
+    asyncio.run(main())
+
+
 def test_a_kept_lease_whose_inbox_cannot_be_opened_again_is_released_not_left_to_lapse(pg):
     """The visit that would take a kept lease up cannot open its inbox (the server refused
     the connection, say): the generation is released as soon as an open succeeds, not

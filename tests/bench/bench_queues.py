@@ -7,6 +7,7 @@
     python3 tests/bench/bench_queues.py --quick           a smoke run, figures meaningless
     python3 tests/bench/bench_queues.py --contestants onwatch      onwatch alone
     python3 tests/bench/bench_queues.py --statements 12   and each run's 12 costliest statements
+    python3 tests/bench/bench_queues.py --concurrency 100 100 jobs at once (default 25)
 
 **The peers are never onwatch's dependencies.** On first use the script makes the
 benchmarks' own virtual environment, `$XDG_CACHE_HOME/onwatch-bench/peers` (`~/.cache/…`
@@ -19,9 +20,9 @@ another interpreter that has them.
 **The workload** (each contestant, each round, a fresh database): QUEUES queues — an inbox
 each for onwatch, a queue (entrypoint / task) each for the peers — holding JOBS jobs in all,
 spread evenly; the handler waits 50 ms (a model call, an HTTP request); one worker process
-runs CONCURRENCY jobs at once (onwatch: `--concurrency`, one event per run, max_batch 1;
-pgqueuer: max_concurrent_tasks; procrastinate: concurrency). Measured from the worker's
-start until every job is done:
+runs CONCURRENCY jobs at once, 25 unless `--concurrency` says (onwatch: `--concurrency`,
+one event per run, max_batch 1; pgqueuer: max_concurrent_tasks; procrastinate:
+concurrency). Measured from the worker's start until every job is done:
 
 - jobs/s;
 - CPU seconds per 1,000 jobs: the worker process (start-up included) and the server (every
@@ -421,6 +422,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peers-python")
     parser.add_argument("--no-wake", action="store_true")
     parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=25,
+        metavar="N",
+        help="jobs each worker runs at once (default 25)",
+    )
+    parser.add_argument(
         "--statements",
         type=int,
         default=0,
@@ -433,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown contestants {sorted(unknown)}; known: {', '.join(CONTESTANTS)}")
     queues, jobs, concurrency, samples, rounds = (
-        (20, 200, 10, 20, 1) if args.quick else (200, 5000, 25, 200, args.rounds)
+        (20, 200, 10, 20, 1) if args.quick else (200, 5000, args.concurrency, 200, args.rounds)
     )
     peers = peers_python(args.peers_python) if set(contestants) - {"onwatch"} else ""
     server = Server()

@@ -4,9 +4,9 @@ An inbox opened with `Connections` (`Inbox.open(url, name=…, connections=…)`
 connection of its own: each job on its thread (one transaction, or one statement that
 commits by itself) takes one for its duration and gives it back (core/pg/db.py
 `Database._run`). A fleet serving N inboxes at once then keeps as many sessions on the
-server as it has transactions in flight, at most `limit`, not N: each session costs the
-server of its own (a fresh one some 20 ms of its CPU before its caches are warm; idle ones
-beside the busy ones slow those; docs/performance.md). Nothing of an inbox lives in a
+server as it has transactions in flight, at most `limit`, not N: every session costs the
+server (a fresh one some 20 ms of its CPU before its caches are warm; idle ones beside the
+busy ones slow those; docs/performance.md). Nothing of an inbox lives in a
 session between two jobs (each job begins and ends its own transactions), so which session
 a job gets changes nothing but the cost.
 

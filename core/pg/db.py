@@ -671,7 +671,11 @@ class Database:
         if shared is None:
             return self._run_held(runner, fn, args)
         tx = self._tx
+        # The overdue watch times the job from when it has a connection: a wait for one (all
+        # taken by busy inboxes, up to the busy timeout) is no sign of a silent server.
+        self._running_since = None
         tx.conn = _shared_take(shared, f"inbox {self.path}") or UNHELD
+        self._running_since = time.monotonic()
         try:
             return self._run_held(runner, fn, args)
         finally:

@@ -160,3 +160,46 @@ def test_shared_connections_are_refused_for_a_file_and_another_url(pg, tmp_path)
 
     asyncio.run(main())
     shared.close()
+
+
+def test_a_wait_for_a_shared_connection_is_not_taken_for_a_silent_server(pg, monkeypatch, caplog):
+    """The watch that cuts a connection to a server that stopped answering times a job from
+    when it has a connection, not from when it began to wait for one. Here its deadline is
+    2 s; an ingest waits 3 s for the only shared connection, then waits for its inbox's row,
+    which another session holds. The watch, run then, leaves it alone (no "did not answer",
+    no cut), and the ingest commits once the row is free."""
+    from onwatch.core.pg import db as pg_db
+
+    busy = 5.0
+    monkeypatch.setattr(pg_db, "JOB_GRACE", 2.0 - busy)  # the deadline: busy + JOB_GRACE
+    url = pg.new_database()
+    shared = Connections(url, limit=1, busy_timeout=busy)
+
+    async def main() -> None:
+        box = await Inbox.open(url, name="w", busy_timeout=busy, connections=shared)
+        held = shared.take(0)  # the only slot (None: reserved, not opened)
+        ingest = asyncio.ensure_future(box.ingest("chat", "waited"))
+        await asyncio.sleep(3.0)
+        assert not ingest.done()
+        with psycopg.connect(url) as locker:  # a transaction, holding the inbox's row
+            locker.execute("SELECT 1 FROM inboxes WHERE name = 'w' FOR UPDATE")
+            shared.give(held)
+            for _ in range(400):  # the ingest now holds the connection, waiting for the row
+                waiting = locker.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                    " AND datname = current_database()"
+                ).fetchone()[0]
+                if waiting:
+                    break
+                await asyncio.sleep(0.025)
+            assert waiting, "the ingest never waited for the row"
+            box._db._check_overdue()  # the watch, as its timer would run it now
+            locker.rollback()
+        assert await ingest
+        assert (await box.overview()).counts["pending"] == 1
+        await box.close()
+        shared.close()
+
+    with caplog.at_level("WARNING", logger="onwatch"):
+        asyncio.run(main())
+    assert not [r for r in caplog.records if "did not answer" in r.getMessage()]

@@ -181,11 +181,13 @@ def test_a_wait_for_a_shared_connection_is_not_taken_for_a_silent_server(pg, mon
         ingest = asyncio.ensure_future(box.ingest("chat", "waited"))
         await asyncio.sleep(3.0)
         assert not ingest.done()
-        with psycopg.connect(url) as locker:  # a transaction, holding the inbox's row
+        locker = psycopg.connect(url)  # a transaction, holding the inbox's row
+        watcher = psycopg.connect(url, autocommit=True)  # each look a fresh snapshot
+        with locker, watcher:
             locker.execute("SELECT 1 FROM inboxes WHERE name = 'w' FOR UPDATE")
             shared.give(held)
             for _ in range(400):  # the ingest now holds the connection, waiting for the row
-                waiting = locker.execute(
+                waiting = watcher.execute(
                     "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
                     " AND datname = current_database()"
                 ).fetchone()[0]

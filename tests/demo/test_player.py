@@ -6,6 +6,8 @@ from __future__ import annotations
 from tests import waiting
 import pytest
 
+from textual.widgets import Footer
+
 from onwatch.tui.demo.player import SPEEDS, DemoApp, ScenarioPicker
 from onwatch.tui.demo.scenarios import SCENARIOS, START, scenario
 from onwatch.tui.screens.confirm import ConfirmScreen
@@ -292,3 +294,17 @@ async def test_screenshot_script_captures_the_key_moment(tmp_path):
     svg = path.read_text()
     assert path.name == "demo-poison.svg"
     assert "mail-poison" in svg and "dead" in svg and "Scenario&#160;5" in svg
+
+
+async def test_at_80_columns_no_key_shows_through_beside_the_command_palette_key(demo):
+    """The player's keys run past 80 columns, under the command palette's key docked at the
+    footer's right end. Its last column is the palette key's own: a key beneath it once
+    showed through there ("^p palettee")."""
+    async with demo.run_test(size=(80, 24)) as pilot:
+        await demo.loaded.wait()
+        await pilot.press("g")  # autoplay: the footer's longest set of keys
+        await pilot.pause()
+        footer = demo.screen.query_one(Footer)
+        palette = footer.query_one("FooterKey.-command-palette")
+        widget, _ = demo.get_widget_at(footer.region.right - 1, footer.region.y)
+        assert widget is palette

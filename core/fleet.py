@@ -122,6 +122,9 @@ class FleetScan:
     summaries: dict[str, InboxSummary]
     read: frozenset[str]
     removed: frozenset[str]
+    # Fleet workers connected to the source (a PostgreSQL database's `--all-inboxes`
+    # workers; none for a folder, whose inboxes each have a worker of their own).
+    workers: int = 0
 
 
 class FleetSource(Protocol):
@@ -456,6 +459,7 @@ class DatabaseFleet:
                 else []
             )
             spent = sql.spend(conn, stale, now - DAY) if stale else {}
+            workers = sql.fleet_workers(conn)
         except (psycopg.Error, InboxError, OSError) as exc:
             self.close()
             raise InboxError(
@@ -469,7 +473,7 @@ class DatabaseFleet:
             if name in fresh or name in known
         }
         removed = frozenset(set(known) - set(summaries))
-        return FleetScan(summaries, frozenset(fresh), removed)
+        return FleetScan(summaries, frozenset(fresh), removed, workers)
 
     def _summary(
         self, row: tuple[Any, ...], now: int, spent: Sequence[tuple[str, Any]] = ()

@@ -16,7 +16,14 @@ from ..settings import Settings
 from . import redact, schema
 from .connect import CONNECT_TIMEOUT, connect
 
-__all__ = ["Looker", "Candidate", "Unreachable", "WITH_WORK"]
+__all__ = ["Looker", "Candidate", "Unreachable", "WITH_WORK", "FLEET_WORKER_LOCK"]
+
+# Every fleet worker holds this advisory lock, shared, on its look's connection for as long
+# as that connection lives: a process that ends, or is killed, lets go of it with its
+# session. The fleet desk counts its holders (core/pg/summaries.py), so that an inbox
+# between two of a fleet worker's visits is not taken for one that nobody serves. Any fixed
+# number below 2**31 (pg_locks then shows it whole in `objid`), apart from schema.py's.
+FLEET_WORKER_LOCK = 0x6F6E7766
 
 # The onwatch tables (and the sequences behind their ids), named once by the migrations.
 TABLES = tuple(dict.fromkeys(re.findall(r"CREATE TABLE (\w+)", "".join(schema.MIGRATIONS))))
@@ -126,7 +133,8 @@ class Candidate:
 
 class Looker:
     """The fleet's look for inboxes with work, on one connection kept between looks (a new
-    connection is a new server process each time); reopened after it broke."""
+    connection is a new server process each time); reopened after it broke. The connection
+    holds FLEET_WORKER_LOCK: this process is a fleet worker of the database while it lives."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -209,7 +217,13 @@ class Looker:
     def _connection(self) -> psycopg.Connection:
         conn = self.conn
         if conn is None or conn.closed or conn.broken:
-            conn = self.conn = connect(self.url)
+            conn = connect(self.url)
+            try:
+                conn.execute("SELECT pg_advisory_lock_shared(%s)", (FLEET_WORKER_LOCK,))
+            except BaseException:
+                conn.close()
+                raise
+            self.conn = conn
         return conn
 
     def close(self) -> None:

@@ -13,12 +13,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from .fleet import FLEET_WORKER_LOCK
 from .rows import Row, one
 
 if TYPE_CHECKING:
     import psycopg
 
 CHANGES = "SELECT id, name, changes FROM inboxes"
+
+# The fleet workers connected to this database: each holds FLEET_WORKER_LOCK, shared
+# (pg_locks lists every session's locks to every role).
+FLEET_WORKERS = """
+SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND classid = 0 AND objsubid = 1
+  AND objid::bigint = %(key)s
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+"""
 
 SUMMARIES = """
 SELECT i.id, i.name, i.changes, i.lease_holder, i.lease_gen, i.lease_until, i.released_gen,
@@ -58,6 +68,11 @@ CROSS JOIN LATERAL (
     FROM outbox WHERE inbox_id = i.id AND status = 'held') o
 WHERE i.id = ANY(%(ids)s)
 """
+
+
+def fleet_workers(conn: psycopg.Connection[Row]) -> int:
+    """How many fleet workers (`onwatch worker URL --all-inboxes`) are connected now."""
+    return int(one(conn.execute(FLEET_WORKERS, {"key": FLEET_WORKER_LOCK}))[0])
 
 
 def changes(conn: psycopg.Connection[Row]) -> list[tuple[int, str, int]]:

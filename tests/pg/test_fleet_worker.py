@@ -303,6 +303,37 @@ def test_the_look_reads_the_runs_per_day_budget_as_the_claim_does(pg):
     assert sorted(candidate.name for candidate in found) == ["free", "room"]
 
 
+def test_the_look_holds_the_fleet_workers_lock_while_its_connection_lives(pg):
+    """What the fleet desk counts as a connected fleet worker (core/pg/summaries.py): each
+    Looker's connection holds the lock, shared; a closed one lets go; one cut under it takes
+    the lock again with the connection it opens at the next look; a fleet worker of another
+    database is not counted."""
+    from onwatch.core.pg.fleet import Looker
+    from onwatch.core.pg.summaries import fleet_workers
+
+    url, other = pg.new_database(), pg.new_database()
+    first, second, elsewhere = Looker(url), Looker(url), Looker(other)
+    try:
+        with psycopg.connect(url, autocommit=True) as desk:
+            assert fleet_workers(desk) == 0
+            first.check()
+            second.with_work(10, taken=[], resting={}, sends=False)
+            elsewhere.check()
+            assert fleet_workers(desk) == 2
+            second.close()
+            assert fleet_workers(desk) == 1
+            assert first.conn is not None
+            desk.execute("SELECT pg_terminate_backend(%s)", (first.conn.info.backend_pid,))
+            wait_for(lambda: fleet_workers(desk) == 0, timeout=10, what="the cut session gone")
+            with pytest.raises(psycopg.OperationalError):  # the look that finds it cut
+                first.with_work(10, taken=[], resting={}, sends=False)
+            first.with_work(10, taken=[], resting={}, sends=False)
+            assert fleet_workers(desk) == 1
+    finally:
+        for looker in (first, second, elsewhere):
+            looker.close()
+
+
 @pytest.mark.parametrize("committed", [False, True], ids=["not committed", "committed"])
 def test_a_lost_answer_to_its_own_release_neither_spins_nor_delays_the_next_event(pg, committed):
     """The release is cut off (the connection lost under it, before or after its commit):

@@ -596,3 +596,18 @@ async def test_escape_from_an_inbox_opened_from_all_approvals_goes_back_to_that_
         await wait_for(pilot, lambda: app.screen is fleet_screen, what="0: the fleet")
         assert len(app.screen_stack) == 2
         await close(app)
+
+
+def test_a_connected_fleet_worker_answers_for_waiting_approvals_not_for_waiting_work():
+    """needs_worker with `watched` (a fleet worker connected): approvals alone wait on their
+    answer, which the fleet worker visits for; events or a due timer with nobody holding the
+    lease still wait on a worker, and are still said to."""
+    from onwatch.core.fleet import InboxSummary
+    from onwatch.tui.fleet.desk import needs_worker
+
+    asks = InboxSummary("asks", "asks", "asks", T0, waiting=1)
+    assert needs_worker(asks, T0) and not needs_worker(asks, T0, watched=True)
+    busy = InboxSummary("busy", "busy", "busy", T0, pending=1, oldest_pending=T0 - 5)
+    assert needs_worker(busy, T0) and needs_worker(busy, T0, watched=True)
+    due = InboxSummary("due", "due", "due", T0, waiting=1, next_timer_due=T0 - 1)
+    assert needs_worker(due, T0, watched=True)

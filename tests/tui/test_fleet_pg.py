@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from onwatch.core import Inbox, SystemClock
 from onwatch.core.fleet import DatabaseFleet
 from tests.pg.server import cluster_or_skip
+from tests.worker.helpers import env
 from onwatch.tui.app import OnwatchApp
 from onwatch.tui.fleet import FleetScreen
 from onwatch.tui.fleet.queue import ApprovalQueueScreen
@@ -261,3 +264,53 @@ async def test_summaries_say_how_long_work_waits_for_a_worker(database):
     assert not summary.served(first.created + 600)
     idle = scan.summaries["agent-04"]
     assert idle.next_timer_due is None and idle.oldest_pending is not None
+
+
+def lease_of(app, name: str) -> str:
+    """The lease cell of inbox `name`'s row, as on screen."""
+    line = next(line for line in screen_text(app).splitlines() if line.split()[:1] == [name])
+    start = screen_text(app).splitlines()[2].index("lease")
+    return line[start : start + 26].strip()
+
+
+async def test_an_inbox_between_a_fleet_workers_visits_is_not_taken_for_one_nobody_serves(
+    tmp_path,
+):
+    """A fleet worker lets go of an inbox's lease between visits. An inbox whose approval
+    waits (nothing to run until the answer or the deadline) is then unleased, yet served: while
+    a fleet worker is connected the desk says so, and does not count the inbox as needing a
+    worker. A fleet worker killed with SIGKILL stops counting with its session, and the inbox
+    is flagged again."""
+    url = cluster_or_skip().new_database()
+    async with await Inbox.open(url, name="asks") as inbox:
+        await inbox.request_approval("refund-1", 3600, "refund 40")
+    source = DatabaseFleet(url, label="fleet-db")
+    app = OnwatchApp(None, clock=SystemClock(), fleet=source)
+    fleet = None
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await loaded(app, pilot)
+            await wait_for_text(pilot, "1 needs a worker")
+            assert lease_of(app, "asks") == "no worker · never started"
+            fleet = subprocess.Popen(
+                [sys.executable, "-m", "onwatch", "worker", url, "--all-inboxes"]
+                + ["--agent", "tests.pg.actors:io_bound", "--holder", "fleet-1"],
+                cwd=ROOT,
+                env=env(tmp_path),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            await wait_for_text(pilot, "1 fleet worker", timeout=30)
+            text = screen_text(app)
+            assert "need" not in text.splitlines()[0]
+            assert lease_of(app, "asks") == "none"
+            fleet.send_signal(signal.SIGKILL)
+            fleet.wait(timeout=10)
+            await wait_for_text(pilot, "1 needs a worker", timeout=15)
+            assert "fleet worker" not in screen_text(app).splitlines()[0]
+            assert lease_of(app, "asks") == "no worker · never started"
+    finally:
+        if fleet is not None and fleet.poll() is None:
+            fleet.kill()
+            fleet.wait(timeout=10)
+        source.close()

@@ -71,12 +71,14 @@ def unserved_since(summary: InboxSummary, now: int) -> int | None:
     return summary.waiting_since(now)
 
 
-def needs_worker(summary: InboxSummary, now: int) -> bool:
+def needs_worker(summary: InboxSummary, now: int, watched: bool = False) -> bool:
     """Nobody holds the lease while something waits on a worker: events or a due timer to
-    run, or approvals whose answers (or expiry) only a worker will act on."""
+    run, or approvals whose answers (or expiry) only a worker will act on, unless the fleet
+    is `watched` (a fleet worker is connected: it visits the inbox when the answer comes or
+    the deadline passes)."""
     if summary.problem or summary.served(now):
         return False
-    return bool(summary.waiting) or summary.waiting_since(now) is not None
+    return (bool(summary.waiting) and not watched) or summary.waiting_since(now) is not None
 
 
 def health(summary: InboxSummary, now: int) -> str:
@@ -168,6 +170,7 @@ class FleetDesk:
         self.source = source
         self.read_only = read_only
         self.summaries: dict[str, InboxSummary] = {}
+        self.workers = 0  # fleet workers connected to the source, as of the last scan
         self.loaded = False  # the first scan has been applied
         self.scans = 0
         self.bells = 0
@@ -228,11 +231,12 @@ class FleetDesk:
             self.app.notify("the fleet is read again", severity="information")
         first = not self.loaded
         self.summaries = scan.summaries
+        workers_moved, self.workers = scan.workers != self.workers, scan.workers
         self.loaded = True
         self.scans += 1
         now = self.now()
         arrived = self._arrivals(scan, first)
-        if scan.read or scan.removed or first:
+        if scan.read or scan.removed or first or workers_moved:
             self._deadlines = sorted(
                 (a.due, s.key, a.request_id) for s in self.summaries.values() for a in s.approvals
             )

@@ -133,14 +133,14 @@ def approvals_cell(summary: InboxSummary, now: int, narrow: bool = False) -> str
     return f"{summary.waiting:,}{left}"
 
 
-def lease_cell(summary: InboxSummary, now: int, narrow: bool) -> Text:
+def lease_cell(summary: InboxSummary, now: int, narrow: bool, watched: bool = False) -> Text:
     lease = summary.lease
     since = unserved_since(summary, now)
     if since is not None:
         # Nobody holds the lease and work waits: say so, with how long it has waited.
         waited = coarse(now - since)
         return Text(f"no worker {waited}" if narrow else f"no worker · waiting {waited}")
-    if needs_worker(summary, now) and (narrow or lease is None):
+    if needs_worker(summary, now, watched) and (narrow or lease is None):
         # Approvals wait, and no worker will act on their answers.
         return Text("no worker" if narrow else "no worker · never started")
     if lease is None:
@@ -157,7 +157,7 @@ def lease_cell(summary: InboxSummary, now: int, narrow: bool) -> Text:
         )
     if narrow:
         return Text(f"g{lease.gen} {state}")
-    if needs_worker(summary, now):  # approvals wait: who last held it, in short
+    if needs_worker(summary, now, watched):  # approvals wait: who last held it, in short
         short = "released" if summary.lease_released else f"lost {coarse(now - lease.until)} ago"
         return Text(f"no worker · g{lease.gen} {short}")
     # The state first: a long holder name is what gets cut.
@@ -201,11 +201,14 @@ def count_cells(summary: InboxSummary) -> dict[str, str]:
     }
 
 
-def ticking_cells(summary: InboxSummary, now: int, narrow: bool) -> dict[str, Text | str]:
-    """The cells the clock moves: countdowns and ages (and the spend, beside them)."""
+def ticking_cells(
+    summary: InboxSummary, now: int, narrow: bool, watched: bool = False
+) -> dict[str, Text | str]:
+    """The cells the clock moves: countdowns and ages (and the spend, beside them);
+    `watched`: a fleet worker is connected (needs_worker)."""
     return {
         "approvals": approvals_cell(summary, now, narrow),
-        "lease": lease_cell(summary, now, narrow),
+        "lease": lease_cell(summary, now, narrow, watched),
         "last run": last_run_cell(summary, now, narrow),
         "outbox": outbox_cell(summary, now),
         "spend": spend_cell(summary),
@@ -258,6 +261,7 @@ class RowPainter:
     def __init__(self) -> None:
         self.narrow = False
         self.spend = False  # a spend column is shown
+        self.watched = False  # a fleet worker is connected to the source (needs_worker)
         self._fixed: dict[str, tuple[InboxSummary, bool, tuple[Text, ...]]] = {}
         self._ticking: dict[tuple[str, str], tuple[Text | str, Text]] = {}
         self._sparks: dict[str, tuple[InboxSummary, int, bool, Text, bool]] = {}
@@ -324,7 +328,7 @@ class RowPainter:
             blank = Text(" " * spark.cell_len)
             return Row((*fixed[2], reason, blank), "problem")
         cells = list(fixed[2])
-        for name, value in ticking_cells(summary, now, narrow).items():
+        for name, value in ticking_cells(summary, now, narrow, self.watched).items():
             if not shown[name]:
                 continue
             kept = self._ticking.get((summary.key, name))
@@ -458,6 +462,7 @@ class FleetScreen(ModalScreen[None]):
             summaries = [s for s in summaries if needle in s.name.lower()]
         self.order = sorted(summaries, key=lambda s: needs_a_human_first(s, now))
         self.painter.forget(set(self.desk.summaries))
+        self.painter.watched = self.desk.workers > 0
         spend = any(s.spend for s in self.desk.summaries.values())
         if spend != self.painter.spend:  # the first spend, or the last gone: columns change
             self.painter.spend = spend
@@ -487,14 +492,25 @@ class FleetScreen(ModalScreen[None]):
             approvals_phrase(waiting, soon),  # the title's very words
         ]
         dead = "dead" if short else "with dead events"
+        watched = self.desk.workers > 0
         for count, one, many in (
-            (sum(1 for s in every if needs_worker(s, now)), "needs a worker", "need a worker"),
+            (
+                sum(1 for s in every if needs_worker(s, now, watched)),
+                "needs a worker",
+                "need a worker",
+            ),
             (sum(1 for s in every if s.dead or s.interrupted), dead, dead),
             (sum(1 for s in every if lease_lost(s, now)), "lost lease", "lost leases"),
             (sum(1 for s in every if s.problem), "unreadable", "unreadable"),
         ):
             if count:
                 parts.append(f"{count:,} {one if count == 1 else many}")
+        if watched:  # what serves the inboxes between their visits (needs_worker)
+            workers = self.desk.workers
+            parts.append(
+                f"{workers:,} fleet worker{'s' if workers != 1 else ''}"
+                + ("" if short else " connected")
+            )
         return parts
 
     def _figures(self, now: int) -> None:

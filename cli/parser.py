@@ -597,7 +597,8 @@ def build_parser() -> Parser:
         "target",
         type=inbox_path,
         metavar="TARGET",
-        help="an inbox file, or a folder of inbox files (the fleet desk)",
+        help="an inbox file; a folder of inbox files (the fleet desk); or a postgresql:// "
+        "URL (the fleet desk over every inbox in it, or --inbox NAME for one)",
     )
     p.add_argument(
         "--inbox",

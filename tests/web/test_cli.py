@@ -64,11 +64,12 @@ def test_refusals(db, capsys, monkeypatch, argv, env, message):
     assert message in err and err.count("\n") == 1
 
 
-def test_missing_target_and_postgres_are_refused(tmp_path, capsys):
+def test_a_missing_target_and_an_unreachable_database_are_refused(tmp_path, capsys):
     assert main(["web", str(tmp_path / "nope.db")]) == 2
     assert "no inbox at" in capsys.readouterr().err
-    assert main(["web", "postgresql://localhost/agents"]) == 2
-    assert "PostgreSQL targets are not available" in capsys.readouterr().err
+    assert main(["web", "postgresql://127.0.0.1:1/agents"]) == 2  # nothing listens there
+    err = capsys.readouterr().err
+    assert "connection failed" in err and err.count("\n") == 1
 
 
 def test_a_folder_is_served_as_the_fleet_desk(tmp_path):
@@ -205,3 +206,49 @@ def test_a_stop_signal_the_moment_the_port_is_bound_stops_it_cleanly(tmp_path):
     )
     assert done.returncode == 0, done.stderr  # not -15: the signal's default never ran
     assert "stopping: ending 0 desk(s)" in done.stderr
+
+
+def test_a_database_is_served_as_its_fleet_desk_or_one_of_its_inboxes(capsys):
+    """A postgresql:// target: the fleet desk over the database, or `--inbox NAME`; checked
+    before anything listens, with the desk's own words; a password in the URL is in the
+    desk's command but neither in what is printed nor in the page's name."""
+    import asyncio
+
+    from onwatch.core import Inbox
+    from onwatch.tui.web import plan
+    from tests.pg.server import cluster_or_skip
+
+    url = cluster_or_skip().new_database()
+
+    async def make() -> None:
+        async with await Inbox.open(url, name="alpha"):
+            pass
+
+    asyncio.run(make())
+    secret = url + "?password=sekrit"
+
+    class Args:
+        target, inbox, host, port, read_only, public_url = (
+            secret,
+            None,
+            "127.0.0.1",
+            0,
+            False,
+            None,
+        )
+
+    fleet = plan(Args, {})
+    assert fleet.argv[-2:] == ("tui", secret)
+    Args.inbox = "alpha"
+    one = plan(Args, {})
+    assert one.argv[-4:] == ("tui", secret, "--inbox", "alpha")
+    database = url.rsplit("/", 1)[1]
+    assert (fleet.name, one.name) == (database, f"{database} inbox alpha")
+    for chosen in (fleet, one):
+        assert "sekrit" not in chosen.command + chosen.name + chosen.shown
+    assert main(["web", url, "--inbox", "nobody"]) == 2
+    err = capsys.readouterr().err
+    assert "no inbox 'nobody'" in err and err.count("\n") == 1
+    assert main(["web", url.rsplit("/", 1)[0] + "/no_such_database"]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and err.count("\n") == 1

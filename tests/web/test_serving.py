@@ -160,3 +160,40 @@ async def wait_gone(desks) -> None:
 def no_leftovers():
     yield
     gc.collect()
+
+
+async def test_a_database_url_is_served_as_its_fleet_desk(tmp_path):
+    """`onwatch web postgresql://…`: each tab's desk process is the fleet desk over every
+    inbox of the database, in the browser as in the terminal (against a real server)."""
+    from types import SimpleNamespace
+
+    from onwatch.tui.web import plan
+    from tests.pg.server import cluster_or_skip
+
+    url = cluster_or_skip().new_database()
+    for name in ("billing-agent", "support-agent"):
+        async with await Inbox.open(url, name=name) as inbox:
+            await inbox.ingest("chat", "m-1", {"text": "hello"})
+    args = SimpleNamespace(
+        target=url, inbox=None, host="127.0.0.1", port=0, read_only=True, public_url=None
+    )
+    chosen = await asyncio.to_thread(plan, args, {})
+    app, desks = await desk_app(list(chosen.argv), title="t", websocket_url=lambda: WS)
+    async with TestClient(TestServer(app)) as client:
+        ws = await client.ws_connect("/ws?width=120&height=30")
+        screen = b""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            text = CSI.sub(b"", screen)
+            if b"billing-agent" in text and b"support-agent" in text:
+                break
+            try:
+                message = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
+            if isinstance(message.data, bytes):
+                screen += message.data
+        text = CSI.sub(b"", screen).decode("utf-8", "replace")
+        assert "Fleet" in text and "billing-agent" in text and "support-agent" in text
+        await ws.close()
+        await wait_gone(desks)

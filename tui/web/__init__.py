@@ -1,10 +1,11 @@
 """`onwatch web TARGET`: the supervisor desk in a browser, behind a locked door.
 
-Each browser tab gets its own `onwatch tui TARGET [--read-only]` process (textual-serve runs it
-under Textual's web driver), so the browser shows exactly the terminal app, the fleet desk
-when TARGET is a folder. `door.py` locks it (one name, one origin, login, sessions),
-`sessions.py` keeps the logins, `pages.py` writes the pages, `serving.py` is the only module
-that knows textual-serve and owns the desk processes.
+Each browser tab gets its own `onwatch tui TARGET [--inbox NAME] [--read-only]` process
+(textual-serve runs it under Textual's web driver), so the browser shows exactly the terminal
+app: the fleet desk when TARGET is a folder or a PostgreSQL database, one inbox otherwise.
+`door.py` locks it (one name, one origin, login, sessions), `sessions.py` keeps the logins,
+`pages.py` writes the pages, `serving.py` is the only module that knows textual-serve and owns
+the desk processes.
 
 On this machine the desk is served under a host name of its own, a random
 `desk-<20 hex digits>.localhost`: browsers resolve every `*.localhost` name to the loopback
@@ -43,7 +44,7 @@ class WebConfigError(Exception):
 class Plan:
     """What `onwatch web` will serve, checked before anything listens."""
 
-    command: str  # the desk command, for a person to read
+    command: str  # the desk command, for a person to read (a database URL's secrets hidden)
     target: str
     host: str
     port: int
@@ -53,6 +54,8 @@ class Plan:
     public_url: str | None
     argv: tuple[str, ...] = ()  # the desk command, as run (no shell)
     desk_host: str = ""  # the *.localhost name served under, without --public-url
+    name: str = ""  # what the page calls the target
+    shown: str = ""  # the target as the log says it (a database URL's secrets hidden)
 
 
 def is_loopback(host: str) -> bool:
@@ -66,19 +69,29 @@ def is_loopback(host: str) -> bool:
 
 def plan(args: Any, environ: dict[str, str]) -> Plan:
     """Check the arguments and the environment; raises WebConfigError."""
+    from onwatch.core.pg import is_url, redact
+
     target = os.fspath(args.target)
-    if target.startswith(("postgresql://", "postgres://")):
-        raise WebConfigError(
-            "PostgreSQL targets are not available in this build; serve an "
-            "inbox file or a folder of them"
-        )
-    if getattr(args, "inbox", None) is not None:
-        raise WebConfigError(
-            "--inbox picks an inbox inside a PostgreSQL database; a file is "
-            "one inbox and a folder shows all of its inboxes"
-        )
-    if not os.path.exists(target):
-        raise WebConfigError(f"no inbox at {target} (run `onwatch init {target}` first)")
+    inbox = getattr(args, "inbox", None)
+    if is_url(target):
+        _check_database(target, inbox, bool(args.read_only))
+        shown = redact(target)
+        name = urlsplit(shown).path.strip("/") or shown
+        if inbox is not None:
+            name += f" inbox {inbox}"
+        desk = [target, *(["--inbox", inbox] if inbox is not None else [])]
+        readable = [shown, *desk[1:]]
+    else:
+        if inbox is not None:
+            raise WebConfigError(
+                "--inbox picks an inbox inside a PostgreSQL database; a file is "
+                "one inbox and a folder shows all of its inboxes"
+            )
+        if not os.path.exists(target):
+            raise WebConfigError(f"no inbox at {target} (run `onwatch init {target}` first)")
+        target = os.path.abspath(target)
+        name = os.path.basename(target.rstrip(os.sep)) or target
+        desk = readable = [target]
     host, port = args.host, args.port
     if not host:
         raise WebConfigError("--host must name an interface, e.g. 127.0.0.1")
@@ -113,12 +126,12 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
             f"listening on {host} needs --public-url, the address browsers will use "
             f"(e.g. https://desk.example.org): the desk answers under that name only"
         )
-    argv = [sys.executable, "-m", "onwatch", "tui", os.path.abspath(target)]
+    argv = [sys.executable, "-m", "onwatch", "tui", *desk]
     if args.read_only:
         argv.append("--read-only")
     return Plan(
-        command=shlex.join(argv),
-        target=os.path.abspath(target),
+        command=shlex.join([*argv[:4], *readable, *argv[4 + len(desk) :]]),
+        target=target,
         host=host,
         port=port,
         token=token or secrets.token_urlsafe(32),
@@ -127,7 +140,34 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
         public_url=public_url,
         argv=tuple(argv),
         desk_host="" if public_url else f"desk-{secrets.token_hex(10)}.localhost",
+        name=name,
+        shown=shlex.join(readable),
     )
+
+
+def _check_database(url: str, inbox: str | None, read_only: bool) -> None:
+    """What the desk will open, opened once as it will be, before anything listens: a
+    database that cannot be reached, is not onwatch's, or has no inbox `inbox`, is refused
+    in one line (the desk's own words)."""
+    from onwatch.core import Inbox
+    from onwatch.core.errors import InboxError
+    from onwatch.core.fleet import DatabaseFleet
+
+    async def open_inbox(name: str) -> None:
+        box = await Inbox.open(url, name=name, create=False, read_only=read_only)
+        await box.close()
+
+    try:
+        if inbox is None:
+            fleet = DatabaseFleet(url)
+            try:
+                fleet.check()
+            finally:
+                fleet.close()
+        else:
+            asyncio.run(open_inbox(inbox))
+    except InboxError as exc:
+        raise WebConfigError(str(exc)) from None
 
 
 def _origin(url: str) -> str:
@@ -207,7 +247,7 @@ async def serve(chosen: Plan) -> int:
             loop.add_signal_handler(signum, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
-    name = os.path.basename(chosen.target.rstrip(os.sep)) or chosen.target
+    name = chosen.name
     title = f"{name} · onwatch"
     guard = ConnectionGuard(log)
     websocket_url = ""
@@ -253,7 +293,7 @@ async def serve(chosen: Plan) -> int:
             shown,
             port,
             origin,
-            chosen.target,
+            chosen.shown,
             " read-only" if chosen.read_only else "",
         )
         if not is_loopback(chosen.host):

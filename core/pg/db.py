@@ -1037,6 +1037,20 @@ def _open_known(conn: "psycopg.Connection[Row]", name: str) -> tuple[int, float]
     return int(row[2]), float(row[3])
 
 
+NAMES_SHOWN = 5  # of a database's inboxes, named when the one asked for is not there
+
+
+def _inbox_names(conn: "psycopg.Connection[Row]") -> str:
+    """The database's first inboxes by name, quoted and escaped (a name is anyone's text),
+    for a person choosing one: "'alpha', 'beta' and 3 more"; "" when it has none."""
+    count = int(one(conn.execute("SELECT count(*) FROM inboxes"))[0])
+    rows = conn.execute(
+        "SELECT name FROM inboxes ORDER BY name LIMIT %s", (NAMES_SHOWN,)
+    ).fetchall()
+    names = ", ".join(f"'{printable(row[0])}'" for row in rows)
+    return names + (f" and {count - len(rows):,} more" if count > len(rows) else "")
+
+
 def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where: str) -> int:
     """The inbox's id, creating it (one insert) unless create=False."""
     import time
@@ -1046,8 +1060,15 @@ def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where:
         found: int = row[0]
         return found
     if not create:
+        others = _inbox_names(conn)
+        if not others:
+            raise NotAnInbox(
+                f"no inbox {name!r} in {where} "
+                f"(run `onwatch init {where} --inbox {name}` to create it)"
+            )
         raise NotAnInbox(
-            f"no inbox {name!r} in {where} (run `onwatch init {where} --inbox {name}` to create it)"
+            f"no inbox {name!r} in {where}; it holds {others} (name one with --inbox NAME, "
+            f"or run `onwatch init {where} --inbox {name}` to create this one)"
         )
     with conn.transaction():
         row = conn.execute(

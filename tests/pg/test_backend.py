@@ -62,6 +62,20 @@ async def test_create_false_refuses_a_missing_database_schema_or_inbox(url):
     assert list(listing(url)) == ["a"]
 
 
+async def test_a_missing_inbox_is_refused_with_the_names_the_database_holds(url):
+    """`--inbox` missing or mistyped: the refusal names the inboxes there are (the first
+    five, escaped: a name is anyone's text), and creates nothing."""
+    hostile = "evil\x1b[2Jname"
+    for name in ("alpha", "beta", "delta", "gamma", hostile, "zeta", "zulu"):
+        await (await Inbox.open(url, name=name)).close()
+    with pytest.raises(NotAnInbox) as refused:
+        await Inbox.open(url, name="default", create=False)
+    message = str(refused.value)
+    assert "it holds 'alpha', 'beta', 'delta', 'evil\\x1b[2Jname', 'gamma' and 2 more" in message
+    assert "\x1b" not in message and "--inbox NAME" in message
+    assert "default" not in listing(url)
+
+
 async def test_a_file_is_one_inbox_so_a_name_is_bad_input(tmp_path):
     path = str(tmp_path / "inbox.db")
     with pytest.raises(BadInput, match="a file is one inbox"):

@@ -74,7 +74,6 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
     target = os.fspath(args.target)
     inbox = getattr(args, "inbox", None)
     if is_url(target):
-        _check_database(target, inbox, bool(args.read_only))
         shown = redact(target)
         name = urlsplit(shown).path.strip("/") or shown
         if inbox is not None:
@@ -126,6 +125,8 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
             f"listening on {host} needs --public-url, the address browsers will use "
             f"(e.g. https://desk.example.org): the desk answers under that name only"
         )
+    if is_url(target):  # last: the checks above need no server
+        _check_database(target, inbox, bool(args.read_only))
     argv = [sys.executable, "-m", "onwatch", "tui", *desk]
     if args.read_only:
         argv.append("--read-only")

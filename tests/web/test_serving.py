@@ -24,6 +24,24 @@ from .helpers import CSI, alive, descendants
 WS = "ws://desk.test/ws"
 
 
+async def screen_until(ws, *words: str, seconds: float) -> str:
+    """What the desk drew on websocket `ws` (escape codes removed), read until every one of
+    `words` shows or `seconds` pass."""
+    screen = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = CSI.sub(b"", screen)
+        if all(word.encode() in text for word in words):
+            break
+        try:
+            message = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            break
+        if isinstance(message.data, bytes):
+            screen += message.data
+    return CSI.sub(b"", screen).decode("utf-8", "replace")
+
+
 async def test_the_page_names_the_inbox_fits_a_phone_and_points_at_the_desks_own_websocket():
     app, _ = await desk_app(["true"], title="alice <b> · onwatch", websocket_url=lambda: WS)
     async with TestClient(TestServer(app)) as client:
@@ -49,16 +67,7 @@ async def test_each_websocket_runs_the_desk_under_textuals_web_driver(tmp_path):
     app, desks = await desk_app(argv, title="t", websocket_url=lambda: WS)
     async with TestClient(TestServer(app)) as client:
         ws = await client.ws_connect("/ws?width=100&height=30")
-        screen = b""
-        deadline = time.monotonic() + 20
-        while b"msg-42" not in CSI.sub(b"", screen) and time.monotonic() < deadline:
-            try:
-                message = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                break
-            if isinstance(message.data, bytes):
-                screen += message.data
-        text = CSI.sub(b"", screen).decode("utf-8", "replace")
+        text = await screen_until(ws, "msg-42", seconds=20)
         assert "msg-42" in text and "Pending" in text
         assert re.search(r"read.only", text, re.IGNORECASE)
         (desk,) = desks.processes
@@ -181,19 +190,7 @@ async def test_a_database_url_is_served_as_its_fleet_desk(tmp_path):
     app, desks = await desk_app(list(chosen.argv), title="t", websocket_url=lambda: WS)
     async with TestClient(TestServer(app)) as client:
         ws = await client.ws_connect("/ws?width=120&height=30")
-        screen = b""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            text = CSI.sub(b"", screen)
-            if b"billing-agent" in text and b"support-agent" in text:
-                break
-            try:
-                message = await ws.receive(timeout=max(0.1, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                break
-            if isinstance(message.data, bytes):
-                screen += message.data
-        text = CSI.sub(b"", screen).decode("utf-8", "replace")
+        text = await screen_until(ws, "billing-agent", "support-agent", seconds=30)
         assert "Fleet" in text and "billing-agent" in text and "support-agent" in text
         await ws.close()
         await wait_gone(desks)

@@ -127,11 +127,11 @@ def plan(args: Any, environ: dict[str, str]) -> Plan:
         )
     if is_url(target):  # last: the checks above need no server
         _check_database(target, inbox, bool(args.read_only))
-    argv = [sys.executable, "-m", "onwatch", "tui", *desk]
-    if args.read_only:
-        argv.append("--read-only")
+    tui = [sys.executable, "-m", "onwatch", "tui"]
+    options = ["--read-only"] if args.read_only else []
+    argv = [*tui, *desk, *options]
     return Plan(
-        command=shlex.join([*argv[:4], *readable, *argv[4 + len(desk) :]]),
+        command=shlex.join([*tui, *readable, *options]),
         target=target,
         host=host,
         port=port,

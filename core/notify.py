@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import os
-import signal
 import sqlite3
 import time
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from .fleet import DatabaseFleet, FleetSource, FolderFleet, InboxSummary
 from .inbox import Inbox
 from .pg import is_url, redact
 from .records import Approval, Event, Lease
+from .shell import run_shell
 from .text import printable
 
 log = logging.getLogger("onwatch.notify")
@@ -724,30 +724,16 @@ class Notifier:
         )
         self.runs += 1
         try:
-            process = await asyncio.create_subprocess_exec(
-                self.shell,
-                "-c",
-                self.command,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                env=env,
-                start_new_session=True,  # its own group: a timeout ends what it started too
+            finished = await run_shell(
+                self.command, document, timeout=self.timeout, env=env, shell=self.shell
             )
         except OSError as exc:
             return Outcome(False, f"cannot start it: {exc.strerror or exc}")
-        try:
-            _, err = await asyncio.wait_for(process.communicate(document.encode()), self.timeout)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
+        if finished.code is None:
             return Outcome(False, f"it ran past {self.timeout:g} s and was killed")
-        if process.returncode != 0:
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
-            return Outcome(
-                False, f"exit {process.returncode}" + (f": {tail[0][:300]}" if tail[0] else "")
-            )
+        if not finished.ok:
+            line = finished.last_line[:300]
+            return Outcome(False, f"exit {finished.code}" + (f": {line}" if line else ""))
         return Outcome(True)
 
     # --- the loop -----------------------------------------------------------------------

@@ -7,15 +7,13 @@ next dispatch.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from typing import Any, Awaitable, Callable
 
+from ..shell import run_shell
 from ..text import printable
 
 
@@ -70,31 +68,13 @@ def command_channel(command: str, *, timeout: float = 60.0) -> Callable[[str], A
             ONWATCH_DELIVERY_KEY=str(getattr(text, "key", "")),
             ONWATCH_MESSAGE_COUNT=str(getattr(text, "count", 1)),
         )
-        # Its own process group, so that a timeout can stop what the shell started too
-        # (a child left holding the stderr pipe would keep the wait below going).
-        process = await asyncio.create_subprocess_shell(
-            command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            cwd=folder,
-            start_new_session=True,
-        )
-        try:
-            _, err = await asyncio.wait_for(process.communicate(str(text).encode("utf-8")), timeout)
-        except BaseException as exc:  # timed out, or the dispatch was cancelled
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            await process.wait()
-            if isinstance(exc, asyncio.TimeoutError):
-                raise RuntimeError(f"command took longer than {timeout:g} s") from None
-            raise
-        if process.returncode != 0:
-            tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+        finished = await run_shell(command, str(text), timeout=timeout, env=env, cwd=folder)
+        if finished.code is None:
+            raise RuntimeError(f"command took longer than {timeout:g} s")
+        if not finished.ok:
             raise RuntimeError(
-                f"command exited with {process.returncode}"
-                + (f": {tail[0][:200]}" if tail[0] else "")
+                f"command exited with {finished.code}"
+                + (f": {finished.last_line[:200]}" if finished.last_line else "")
             )
 
     return send

@@ -5,7 +5,9 @@ a fleet folder; the command's document and environment."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -143,6 +145,32 @@ async def test_a_failing_command_is_logged_and_retried_with_backoff(tmp_path):
     assert "\x1b" not in log
     assert "trying again in 1 s (attempt 2 of 8)" in log
     assert "trying again in 2 s (attempt 3 of 8)" in log
+
+
+async def test_a_command_is_waited_for_not_what_it_left_running(tmp_path):
+    """Each try starts a daemon that leaves the command's process group and keeps its
+    stderr (as a session bus started by `notify-send` may). The first try then hangs: it is
+    killed at the timeout and the notifier goes on; the second exits 0 and has said it.
+    (Reading stderr through a pipe, the notifier waited for the daemon after the kill, and
+    said nothing more meanwhile.)"""
+    path = str(tmp_path / "alice.db")
+    async with await Inbox.open(path) as inbox:
+        await inbox.request_approval("r-1", 7200, "pay")
+    command = (
+        "n=$(cat tries 2>/dev/null || echo 0); echo $((n + 1)) > tries; "
+        "setsid sleep 60 & echo $! >> daemons; "
+        'if [ "$n" -lt 1 ]; then exec sleep 60; fi; ' + RECORD
+    )
+    notifier = start(path, tmp_path, "--timeout", "1", "--retry-base", "1", command=command)
+    try:
+        wait_for(lambda: len(said(tmp_path)) == 1, timeout=30, what="the second try to succeed")
+    finally:
+        assert stop(notifier) == 0, notify_log(tmp_path)
+        for pid in (tmp_path / "daemons").read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    assert (tmp_path / "tries").read_text().strip() == "2"
+    assert notify_log(tmp_path).count("the command failed (it ran past 1 s and was killed)") == 1
 
 
 async def test_more_things_than_the_rate_allows_come_as_one_digest(tmp_path):

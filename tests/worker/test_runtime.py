@@ -530,6 +530,35 @@ async def test_command_channel_never_leaves_its_command_running(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
+async def test_command_channel_waits_for_its_command_not_for_what_it_left_running(tmp_path):
+    """A command that starts a daemon (one that leaves its process group and keeps the
+    command's stderr, as a session bus started by `notify-send` may) and exits 0 has sent:
+    the send succeeds when the command exits. (Reading its stderr through a pipe, the send
+    waited for the daemon, ran past its timeout and failed: the reply was sent again.)"""
+    daemons, got = tmp_path / "daemons", tmp_path / "got.txt"
+    send = command_channel(f"setsid sleep 60 & echo $! >> {daemons}; cat > {got}", timeout=30)
+    try:
+        await send("hello")
+        assert got.read_text() == "hello"
+    finally:
+        _kill_listed(daemons)
+    failing = command_channel(f"setsid sleep 60 & echo $! >> {daemons}; echo no >&2; exit 4")
+    try:
+        with pytest.raises(RuntimeError, match="command exited with 4: no"):
+            await failing("hello")
+    finally:
+        _kill_listed(daemons)
+
+
+def _kill_listed(pid_file):
+    """Kill the processes whose pids a test's command wrote to `pid_file`, one a line."""
+    if pid_file.exists():
+        for pid in pid_file.read_text().split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        pid_file.unlink()
+
+
 # --- a misbehaving agent, in-process (docs/rules.md#a-misbehaving-agent) -------------------
 # The real-process tests are in test_misbehaving.py; these pin the runtime's own decisions.
 

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
@@ -123,8 +124,12 @@ class _Child:
         return message
 
     async def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            self.process.kill()
+        """SIGKILL to the process's whole group (it runs in a session of its own): a helper
+        it forked shares the line to the worker, and the wait below lasts until every holder
+        of that line has closed it."""
+        if self.process.returncode is None:  # not yet reaped: its id is still its group's
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
         await self.process.wait()  # SIGKILL: this wait is short
 
 

@@ -7,6 +7,7 @@ Real worker processes, real agent files (tests/worker/unruly.py); core/runtime/i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -66,6 +67,30 @@ def test_a_run_stuck_in_a_call_costs_its_process_not_the_worker(tmp_path):
     assert sorted(e["called"] for e in ledger(tmp_path) if "called" in e) == ["ok-1", "ok-2"]
     assert scalar(path, "SELECT count(*) FROM lease_history") == 1  # one generation for all
     assert lease_released(path)
+
+
+def test_a_helper_the_agent_forked_goes_with_its_process(tmp_path):
+    """A helper forked by the agent holds the line to the worker: a run given up kills the
+    agent's whole process group, and the worker goes on. (Killing the agent's process alone,
+    the worker waited for the helper to close that line: 60 s here, forever for a helper
+    that serves.)"""
+    path = init(tmp_path, lease_ttl=30, max_run_seconds=2, max_attempts=1, max_batch=1)
+    for source_id in ("stuck-1", "ok-1"):
+        ingest(path, source_id)
+    process = worker(tmp_path, path, "forks_a_helper", "--isolate", "--grace", "0.2")
+    helpers = []
+    try:
+        wait_for(lambda: settled(path, "stuck-1", "ok-1"), timeout=30, what="both settled")
+        helpers = [e["helper"] for e in ledger(tmp_path) if "helper" in e]
+        assert process.poll() is None, log(tmp_path)
+    finally:
+        assert stop(process) == 0, log(tmp_path)
+        for pid in helpers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert len(helpers) == 1
+    wait_for(lambda: not alive(helpers[0]), what="the helper killed with the agent")
+    assert [event_status(path, s) for s in ("stuck-1", "ok-1")] == ["dead", "done"]
 
 
 def test_an_agent_that_swallows_cancellation_is_killed_and_the_worker_goes_on(tmp_path):

@@ -65,6 +65,24 @@ def hangs_in_a_call(batch, ctx) -> None:
         ctx.reply(f"ok {event.source_id}")
 
 
+def forks_a_helper(batch, ctx) -> None:
+    """For the events named stuck-*, starts a helper by fork (as multiprocessing's default
+    start method does on Linux), which shares every descriptor of the agent's process, the
+    line to the worker too, and then hangs; the others get a reply."""
+    for event in batch:
+        if event.source_id.startswith("stuck"):
+            helper = os.fork()
+            if helper == 0:
+                time.sleep(60)
+                os._exit(0)
+            _ledger(helper=helper)
+            _mark(event.source_id)
+            while True:
+                time.sleep(0.05)
+        _ledger(called=event.source_id)
+        ctx.reply(f"ok {event.source_id}")
+
+
 async def swallows_cancellation(batch, ctx) -> None:
     """A retry loop with a bare except: CancelledError is retried like any error."""
     _mark(batch[0].source_id)

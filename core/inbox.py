@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import os
 import sqlite3
@@ -106,6 +107,9 @@ class Inbox:
         self.clock: Clock = BackendClock(lambda: db.clock_offset) if clock is None else clock
         self._settings = settings
         self._intake = GroupCommit(db)
+        # A batch may be one autocommit statement (intake.ingest_batch_alone), which
+        # remembers here the settings it checks against.
+        self._batch_alone = functools.partial(intake.ingest_batch_alone, seen={})
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -327,7 +331,7 @@ class Inbox:
             )
         if not batch:
             return []
-        return await self._write(intake.ingest_all_or_none, batch)
+        return await self._db.write_unless(self._batch_alone, intake.ingest_all_or_none, batch)
 
     async def prune_payloads(self, older_than: int, *, now: int | None = None) -> int:
         """Drop payloads of done/cancelled events last changed before `older_than`; the

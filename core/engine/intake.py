@@ -100,6 +100,44 @@ def ingest_alone(
     return None
 
 
+def ingest_batch_alone(
+    tx: Tx, items: Sequence[Item], seen: dict[str, str | None]
+) -> list[bool] | None:
+    """ingest_all_or_none in one autocommit statement (`Tx.insert_events_alone`), or None
+    when that statement cannot decide: the caller then runs ingest_all_or_none in a write
+    transaction. As ingest_alone, against the settings in `seen` (read once, forgotten when
+    they no longer match): with no max_pending budget to count and every payload within
+    max_payload_bytes, the batch is stored all or none by that one statement, with the
+    same answers (a key stored, or repeated in the batch after its first copy, is a
+    duplicate). A value the database refuses stores nothing and is left to the write
+    transaction, which says which."""
+    if not tx.batch_alone:
+        return None
+    if "settings" not in seen:
+        seen["settings"] = tx.settings_text()
+    text = seen["settings"]
+    settings = settings_from(text)
+    if settings.max_pending is not None or any(
+        len(payload) > settings.max_payload_bytes for _, _, payload, _ in items
+    ):
+        return None
+    rows = [
+        (source, source_id, payload, tx.statement_now(now))
+        for source, source_id, payload, now in items
+    ]
+    try:
+        stored = tx.insert_events_alone(rows, text)
+    except tx.row_errors:
+        return None
+    if stored is None:
+        seen.clear()
+        return None
+    results = [False] * len(items)
+    for position in stored:
+        results[position] = True
+    return results
+
+
 def _too_big(settings: Settings) -> BadInput:
     return BadInput(f"payload is over {settings.max_payload_bytes} bytes (max_payload_bytes)")
 

@@ -168,6 +168,11 @@ class Tx(Protocol):
     # refusals of a value), beyond core/engine/decoding.py's DECODE_ERRORS.
     row_errors: tuple[type[BaseException], ...]
 
+    @property
+    def batch_alone(self) -> bool:
+        """Whether `insert_events_alone` can store a batch (PostgreSQL from schema 7)."""
+        ...
+
     def run(self, name: str, /, **params: Any) -> Rows:
         """Run the named statement of this dialect with these parameters."""
         ...
@@ -213,6 +218,16 @@ class Tx(Protocol):
     def insert_events(self, rows: Sequence[NewEvent]) -> set[tuple[str, str]]:
         """Store each row whose (source, source_id) is not stored yet, in order (a key
         repeated in `rows` is a duplicate of its first copy); return the keys stored."""
+        ...
+
+    def insert_events_alone(
+        self, rows: Sequence[tuple[str, str, str, int | None]], settings: str | None
+    ) -> list[int] | None:
+        """`insert_events` as one autocommit statement (outside any transaction) that locks
+        the inbox's row, stores the rows only while the stored settings are still
+        `settings`, and counts its change itself (where `batch_alone`): the positions (from
+        0) of the rows stored. None when the settings changed (a write transaction then
+        decides). Each row's `now` as from `statement_now`."""
         ...
 
     def release_alone(self, holder: str, gen: int, now: int | None) -> bool | None:

@@ -75,6 +75,19 @@ WHERE seen.stored IS NULL
 ORDER BY k.o
 RETURNING source, source_id;
 
+-- A batch of new events in one round trip (core/engine/intake.py `ingest_batch_alone`): the
+-- server function of schema 7 locks the inbox's row, stores the batch as `events_insert`
+-- does, and counts the change. NULL: the settings changed since the caller read them, or
+-- the schema has no such function (the caller's write transaction decides); else the
+-- positions (from 1) of the items stored. `nows` NULL: the server's clock, read once the
+-- lock is held.
+-- name: events_insert_alone
+SELECT onwatch_ingest_many(%(inbox)s, %(settings)s::text, %(sources)b::text[],
+                           %(source_ids)b::text[], %(payloads)b::text[], %(nows)b::bigint[])
+
+-- name: events_insert_alone before 7
+SELECT NULL::integer[]
+
 -- name: pending_count
 SELECT n FROM event_counts WHERE inbox_id = %(inbox)s AND status = 'pending';
 

@@ -344,6 +344,55 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX approvals_by_run ON approvals(inbox_id, run_id) WHERE run_id IS NOT NULL;
     """,
+    # 7: a batch of events stored in one round trip (queries.sql `events_insert_alone`): the
+    # inbox's row locked, then the rows inserted as `events_insert` inserts them, by a
+    # statement that sees every commit made before the lock was granted (one SQL statement
+    # cannot: its snapshot is taken before its lock). NULL when the stored settings are no
+    # longer `settings` (the caller's write transaction decides); else the positions (from
+    # 1) of the items it stored. The text is this migration's own: a later change to
+    # `events_insert` comes with a migration of its own. Additive.
+    """
+    CREATE FUNCTION onwatch_ingest_many(inbox bigint, settings text, sources text[],
+                                        source_ids text[], payloads text[], nows bigint[])
+    RETURNS integer[] LANGUAGE plpgsql AS $$
+    #variable_conflict use_variable
+    DECLARE
+        now bigint;
+        stored integer[];
+    BEGIN
+        PERFORM FROM inboxes i
+        WHERE i.id = inbox AND i.settings IS NOT DISTINCT FROM onwatch_ingest_many.settings
+        FOR UPDATE;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+        now := floor(extract(epoch FROM clock_timestamp()))::bigint;  -- after the lock
+        WITH fresh AS MATERIALIZED (
+            SELECT last.id + row_number() OVER (ORDER BY k.o) AS id, k.s, k.i, k.p,
+                   coalesce(k.n, now) AS n, k.o
+            FROM (SELECT DISTINCT ON (s, i) s, i, p, n, o
+                  FROM unnest(sources, source_ids, payloads, nows)
+                       WITH ORDINALITY AS u(s, i, p, n, o)
+                  ORDER BY s, i, o) AS k
+            CROSS JOIN (SELECT coalesce(max(e.id), 0) AS id FROM events e
+                        WHERE e.inbox_id = inbox) AS last
+            LEFT JOIN LATERAL (SELECT true AS stored FROM events e
+                               WHERE e.inbox_id = inbox AND e.source = k.s
+                                 AND e.source_id = k.i
+                               LIMIT 1) AS seen ON true
+            WHERE seen.stored IS NULL
+        ), kept AS (
+            INSERT INTO events(inbox_id, id, source, source_id, payload, available_at,
+                               created, updated)
+            SELECT inbox, f.id, f.s, f.i, f.p, f.n, f.n, f.n FROM fresh AS f
+        )
+        SELECT coalesce(array_agg(f.o::integer ORDER BY f.o), '{}') INTO stored FROM fresh AS f;
+        IF cardinality(stored) > 0 THEN
+            UPDATE inboxes i SET changes = i.changes + 1 WHERE i.id = inbox;
+        END IF;
+        RETURN stored;
+    END $$;
+    """,
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -450,6 +450,29 @@ class Tx:
         )
         return {(s, i) for s, i in stored.fetchall()}  # fetchall: one call, not one a row
 
+    @property
+    def batch_alone(self) -> bool:
+        return self.statements["events_insert_alone"] == STATEMENTS["events_insert_alone"]
+
+    def insert_events_alone(
+        self, rows: Sequence[tuple[str, str, str, int | None]], settings: str | None
+    ) -> list[int] | None:
+        sources, source_ids, payloads, nows = (list(column) for column in zip(*rows, strict=True))
+        params = dict(
+            inbox=self.inbox,
+            settings=settings,
+            sources=sources,
+            source_ids=source_ids,
+            payloads=payloads,
+            nows=nows,
+        )
+        # Never prepared by psycopg (planning a function's call costs next to nothing): a
+        # statement it prepared and a pooler dropped fails outside a transaction, which
+        # nothing would run again for the caller.
+        cursor = self.conn.execute(self.statements["events_insert_alone"], params, prepare=False)
+        stored: list[int] | None = one(cursor)[0]
+        return None if stored is None else [position - 1 for position in stored]
+
     def release_alone(self, holder: str, gen: int, now: int | None) -> bool | None:
         released = self.run("lease_release_alone", holder=holder, gen=gen, now=now).rowcount
         return True if released == 1 else None

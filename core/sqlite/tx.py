@@ -122,6 +122,15 @@ class SqliteTx:
             stored.update((s, i) for s, i in self.conn.execute(sql, values))
         return stored
 
+    @property
+    def batch_alone(self) -> bool:
+        return False  # a write transaction costs no round trip here
+
+    def insert_events_alone(
+        self, rows: Sequence[tuple[str, str, str, int | None]], settings: str | None
+    ) -> list[int] | None:
+        return None
+
     def release_alone(self, holder: str, gen: int, now: int | None) -> bool | None:
         # The lease and the released generation are two tables here: one statement cannot
         # write both, and a write transaction costs no round trip.

@@ -12,6 +12,7 @@ import pytest
 from onwatch.core import BadInput, FakeClock, Inbox, InboxBusy, Lease, NotAnInbox
 from onwatch.core.errors import ConnectionLost
 from onwatch.core.pg import schema
+from onwatch.core.settings import Settings
 from onwatch.core.pg.db import _find_inbox
 from onwatch.core.fleet import DatabaseFleet
 from onwatch.core.pg.summaries import CHANGES, SUMMARIES
@@ -270,6 +271,11 @@ async def test_a_transaction_begins_and_ends_with_statements_its_session_prepare
 ):
     box = await Inbox.open(url, name="a")
     try:
+        # A budget to count: each batch below is a write transaction (set from another
+        # connection: this session's first transaction is the first batch).
+        budget = Settings().replace({"max_pending": 1000}).to_json()
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("UPDATE inboxes SET settings = %s WHERE name = 'a'", (budget,))
         sent = record_statements()
         for k in range(12):
             await box.ingest_batch([("chat", f"m{k}", None)])  # a write transaction each
@@ -300,6 +306,7 @@ async def test_a_transaction_begins_and_ends_with_statements_its_session_prepare
 async def test_a_session_that_lost_its_prepared_statements_prepares_them_again(url, lost):
     box = await Inbox.open(url, name="a")
     try:
+        await box.configure(max_pending=1000)  # a budget to count: each batch a transaction
         await box.ingest_batch([("chat", "m0", None)])  # the session has them now
         await _session(box, lost)  # what a pooler between us and the server may send
         await box.ingest_batch([("chat", "m1", None)])  # a write transaction

@@ -1,9 +1,12 @@
-"""Intake on PostgreSQL (core/pg/queries.sql `event_insert_alone`, `events_insert`).
+"""Intake on PostgreSQL (core/pg/queries.sql `event_insert_alone`, `events_insert_alone`,
+`events_insert`).
 
 A lone ingest is one autocommit statement that locks the inbox's row itself. Its snapshot
 is taken before that lock: these tests commit another writer while the statement waits for
 it, and show that the statement then stores nothing, and the write transaction that follows
-decides by the whole rule. A batch's cost does not grow with the events the inbox holds.
+decides by the whole rule. A batch is one call of a server function (schema 7), whose
+statements see that writer's commit. A batch's cost does not grow with the events the
+inbox holds.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import psycopg
 import pytest
 
 from onwatch.core import BudgetExceeded, Inbox
+from onwatch.core.pg import schema as pg_schema
 from onwatch.core.pg.tx import STATEMENTS
 from onwatch.core.settings import Settings
 from tests.core.test_claim_cost import rows_read
@@ -62,31 +66,92 @@ async def test_a_lone_ingest_is_one_round_trip_and_counts_a_change(
     ]
 
 
-async def test_a_batch_is_three_round_trips_the_lock_the_insert_and_the_commit(
+async def test_a_batch_is_one_round_trip_and_counts_a_change(
     box, url, monkeypatch, record_statements
 ):
-    """The settings come with the locked inbox row, and an all-or-none batch needs no
-    savepoint: nothing else goes to the server."""
+    """Schema 7's function locks the inbox's row, stores the batch and counts the change:
+    nothing else goes to the server (the first batch also reads the settings)."""
     assert await box.ingest_batch([("hook", "a", None)], now=T) == [True]
+    before = await box.change_token()
     sent = record_statements()
     assert await box.ingest_batch(
-        [("hook", "b", 1), ("hook", "a", 2), ("hook", "c", 3)], now=T
-    ) == [
-        True,
-        False,
-        True,
-    ]
-    assert sent == [
-        "BEGIN; EXECUTE",
-        "INSERT INTO",
-        "EXECUTE onwatch_count",
-    ]  # its COMMIT rides along
+        [("hook", "b", 1), ("hook", "a", 2), ("hook", "c", 3), ("hook", "b", 4)], now=T
+    ) == [True, False, True, False]  # a key stored, or repeated after its first copy
+    assert sent == ["SELECT onwatch_ingest_many"]
     monkeypatch.undo()
+    assert await box.change_token() != before
+    assert _rows(url, "SELECT id, source_id, payload, created FROM events ORDER BY id") == [
+        (1, "a", "null", T),
+        (2, "b", "1", T),
+        (3, "c", "3", T),
+    ]
+    before = await box.change_token()
+    assert await box.ingest_batch([("hook", "a", 5), ("hook", "c", 6)]) == [False, False]
+    assert await box.change_token() == before  # nothing stored, no change counted
+
+
+async def test_a_batch_on_a_database_of_schema_6_is_one_write_transaction(
+    pg, monkeypatch, record_statements
+):
+    """Opening never migrates: a database the previous release wrote has no function, and
+    its batch goes as it went there, the lock, the insert and the count with the commit."""
+    url = pg.new_database(schema=False)
+    with psycopg.connect(url, autocommit=True) as conn:
+        pg_schema.migrate(conn, "test", target=6)
+    async with await Inbox.open(url, create=True) as box:
+        assert await box.ingest_batch([("hook", "a", None)], now=T) == [True]
+        sent = record_statements()
+        assert await box.ingest_batch([("hook", "b", 1), ("hook", "a", 2)], now=T) == [
+            True,
+            False,
+        ]
+        assert sent == ["BEGIN; EXECUTE", "INSERT INTO", "EXECUTE onwatch_count"]
+    monkeypatch.undo()
+    assert _rows(url, "SELECT id, source_id FROM events ORDER BY id") == [(1, "a"), (2, "b")]
+
+
+async def test_a_batch_waiting_for_another_writer_numbers_after_it_and_sees_its_keys(box, url):
+    """The function reads the events after the lock is granted: the other writer's event
+    keeps its id, and a key it stored meanwhile is a duplicate of the batch."""
+    assert await box.ingest_batch([("hook", "a", None)], now=T) == [True]
+    [(inbox,)] = _rows(url, "SELECT id FROM inboxes")
+    with psycopg.connect(url) as other:
+        other.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (inbox,))
+        other.execute(
+            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
+            "created, updated) VALUES (%s, 2, 'hook', 'theirs', '\"theirs\"', %s, %s, %s)",
+            (inbox, T, T, T),
+        )
+        ours = asyncio.create_task(
+            box.ingest_batch([("hook", "x", 1), ("hook", "theirs", 2), ("hook", "y", 3)], now=T)
+        )
+        await _until_waiting_for_a_lock(url)
+        other.commit()
+    assert await ours == [True, False, True]
     assert _rows(url, "SELECT id, source_id, payload FROM events ORDER BY id") == [
         (1, "a", "null"),
-        (2, "b", "1"),
-        (3, "c", "3"),
+        (2, "theirs", '"theirs"'),
+        (3, "x", "1"),
+        (4, "y", "3"),
     ]
+
+
+async def test_a_budget_another_writer_set_before_a_batch_is_kept(box, url):
+    """Settings changed while the function waits for the lock: it stores nothing, and the
+    write transaction refuses the whole batch by the rule."""
+    assert await box.ingest_batch([("hook", "a", None)], now=T) == [True]
+    [(inbox,)] = _rows(url, "SELECT id FROM inboxes")
+    tight = Settings().replace({"max_pending": 2}).to_json()
+    with psycopg.connect(url) as other:
+        other.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (inbox,))
+        other.execute("UPDATE inboxes SET settings = %s WHERE id = %s", (tight, inbox))
+        over = asyncio.create_task(box.ingest_batch([("hook", "b", 1), ("hook", "c", 2)]))
+        await _until_waiting_for_a_lock(url)
+        other.commit()
+    with pytest.raises(BudgetExceeded):
+        await over
+    assert _rows(url, "SELECT source_id FROM events") == [("a",)]
+    assert await box.ingest_batch([("hook", "b", 1)]) == [True]  # within the new budget
 
 
 async def test_without_a_given_time_the_event_takes_the_servers_clock(box, url):

@@ -43,6 +43,17 @@ async def _until_waiting_for_a_lock(url: str) -> None:
         await asyncio.sleep(0.01)
 
 
+def _insert_holding_the_lock(conn, inbox: int, event_id: int, source_id: str, payload: str):
+    """In `conn`'s open transaction: the inbox's row lock, as a writer takes it, and one
+    event inserted under it (not committed)."""
+    conn.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (inbox,))
+    conn.execute(
+        "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
+        "created, updated) VALUES (%s, %s, 'hook', %s, %s, %s, %s, %s)",
+        (inbox, event_id, source_id, payload, T, T, T),
+    )
+
+
 @pytest.fixture
 async def box(url):
     inbox = await Inbox.open(url)
@@ -116,12 +127,7 @@ async def test_a_batch_waiting_for_another_writer_numbers_after_it_and_sees_its_
     assert await box.ingest_batch([("hook", "a", None)], now=T) == [True]
     [(inbox,)] = _rows(url, "SELECT id FROM inboxes")
     with psycopg.connect(url) as other:
-        other.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (inbox,))
-        other.execute(
-            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
-            "created, updated) VALUES (%s, 2, 'hook', 'theirs', '\"theirs\"', %s, %s, %s)",
-            (inbox, T, T, T),
-        )
+        _insert_holding_the_lock(other, inbox, 2, "theirs", '"theirs"')
         ours = asyncio.create_task(
             box.ingest_batch([("hook", "x", 1), ("hook", "theirs", 2), ("hook", "y", 3)], now=T)
         )
@@ -176,12 +182,7 @@ async def test_an_event_another_writer_numbered_meanwhile_keeps_its_id(box, url)
     assert await box.ingest("hook", "a", None, now=T)
     [(inbox,)] = _rows(url, "SELECT id FROM inboxes")
     with psycopg.connect(url) as other:
-        other.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (inbox,))
-        other.execute(
-            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
-            "created, updated) VALUES (%s, 2, 'hook', 'theirs', '\"theirs\"', %s, %s, %s)",
-            (inbox, T, T, T),
-        )
+        _insert_holding_the_lock(other, inbox, 2, "theirs", '"theirs"')
         ours = asyncio.create_task(box.ingest("hook", "ours", "ours", now=T))
         await _until_waiting_for_a_lock(url)
         other.commit()
@@ -220,12 +221,7 @@ async def test_an_inbox_with_events_keeps_its_row(box, url):
         "AND confrelid = 'inboxes'::regclass",
     )
     with psycopg.connect(url) as writer, psycopg.connect(url) as person:
-        writer.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (inbox,))
-        writer.execute(
-            "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
-            "created, updated) VALUES (%s, 1, 'hook', 'a', 'null', %s, %s, %s)",
-            (inbox, T, T, T),
-        )
+        _insert_holding_the_lock(writer, inbox, 1, "a", "null")
         deleting = asyncio.create_task(
             asyncio.to_thread(person.execute, "DELETE FROM inboxes WHERE id = %s", (inbox,))
         )

@@ -548,6 +548,12 @@ async def test_command_channel_waits_for_its_command_not_for_what_it_left_runnin
             await failing("hello")
     finally:
         _kill_listed(daemons)
+    # Five megabytes on stderr, then the line that says why: only the end is kept.
+    chatty = command_channel(
+        r"head -c 5000000 /dev/zero | tr '\0' x >&2; printf '\nwhy\n' >&2; exit 6"
+    )
+    with pytest.raises(RuntimeError, match="command exited with 6: why$"):
+        await chatty("hello")
 
 
 def _kill_listed(pid_file):

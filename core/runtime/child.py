@@ -293,6 +293,18 @@ def main(argv: list[str]) -> int:
     outgoing = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.dup2(2, 1)
+
+    def off_the_line() -> None:
+        # In a process the agent forks (multiprocessing's default start on Linux): the
+        # line's descriptors point at /dev/null, so that it can neither keep the worker
+        # waiting for the line to close (it may leave the process group, which a given-up
+        # run's kill takes) nor write into it what this process had buffered.
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, incoming.fileno())
+        os.dup2(null, outgoing.fileno())
+        os.close(null)
+
+    os.register_at_fork(after_in_child=off_the_line)
     logging.basicConfig(
         level=os.environ.get("ONWATCH_LOG_LEVEL", "INFO").upper(),
         stream=sys.stderr,

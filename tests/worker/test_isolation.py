@@ -70,17 +70,22 @@ def test_a_run_stuck_in_a_call_costs_its_process_not_the_worker(tmp_path):
 
 
 def test_a_helper_the_agent_forked_goes_with_its_process(tmp_path):
-    """A helper forked by the agent holds the line to the worker: a run given up kills the
-    agent's whole process group, and the worker goes on. (Killing the agent's process alone,
-    the worker waited for the helper to close that line: 60 s here, forever for a helper
-    that serves.)"""
+    """A helper forked by the agent would hold the line to the worker: a run given up kills
+    the agent's whole process group, and a helper that left the group has the line's
+    descriptors pointed at /dev/null; the worker goes on either way. (Killing the agent's
+    process alone, the worker waited for the helper to close that line: 60 s here, forever
+    for a helper that serves.)"""
     path = init(tmp_path, lease_ttl=30, max_run_seconds=2, max_attempts=1, max_batch=1)
-    for source_id in ("stuck-1", "ok-1"):
+    for source_id in ("stuck-1", "ok-1", "stuck-2-leaves", "ok-2"):
         ingest(path, source_id)
     process = worker(tmp_path, path, "forks_a_helper", "--isolate", "--grace", "0.2")
     helpers = []
     try:
-        wait_for(lambda: settled(path, "stuck-1", "ok-1"), timeout=30, what="both settled")
+        wait_for(
+            lambda: settled(path, "stuck-1", "ok-1", "stuck-2-leaves", "ok-2"),
+            timeout=30,
+            what="all four settled",
+        )
         helpers = [e["helper"] for e in ledger(tmp_path) if "helper" in e]
         assert process.poll() is None, log(tmp_path)
     finally:
@@ -88,9 +93,10 @@ def test_a_helper_the_agent_forked_goes_with_its_process(tmp_path):
         for pid in helpers:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-    assert len(helpers) == 1
+    assert len(helpers) == 2
     wait_for(lambda: not alive(helpers[0]), what="the helper killed with the agent")
-    assert [event_status(path, s) for s in ("stuck-1", "ok-1")] == ["dead", "done"]
+    statuses = [event_status(path, s) for s in ("stuck-1", "ok-1", "stuck-2-leaves", "ok-2")]
+    assert statuses == ["dead", "done", "dead", "done"]
 
 
 def test_an_agent_that_swallows_cancellation_is_killed_and_the_worker_goes_on(tmp_path):

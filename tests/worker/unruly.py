@@ -67,12 +67,15 @@ def hangs_in_a_call(batch, ctx) -> None:
 
 def forks_a_helper(batch, ctx) -> None:
     """For the events named stuck-*, starts a helper by fork (as multiprocessing's default
-    start method does on Linux), which shares every descriptor of the agent's process, the
-    line to the worker too, and then hangs; the others get a reply."""
+    start method does on Linux), which would share every descriptor of the agent's process,
+    the line to the worker too, and then hangs; a helper of stuck-*-leaves also leaves the
+    process group. The others get a reply."""
     for event in batch:
         if event.source_id.startswith("stuck"):
             helper = os.fork()
             if helper == 0:
+                if event.source_id.endswith("leaves"):
+                    os.setsid()  # out of the agent's process group, as a daemon goes
                 time.sleep(60)
                 os._exit(0)
             _ledger(helper=helper)

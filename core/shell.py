@@ -19,7 +19,7 @@ import signal
 import tempfile
 from dataclasses import dataclass
 
-# How much of the end of a command's standard error is read for its last line.
+# How much of the end of a command's standard error is kept, for its last line.
 ERROR_TAIL = 4096
 
 
@@ -125,4 +125,4 @@ class _Tail:
 async def _kill(process: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    await process.wait()  # no pipe to drain: this wait is for the shell alone
+    await process.wait()  # asyncio holds no pipe of it: this wait is for the shell alone

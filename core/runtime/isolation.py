@@ -125,8 +125,8 @@ class _Child:
 
     async def kill(self) -> None:
         """SIGKILL to the process's whole group (it runs in a session of its own): a helper
-        it forked shares the line to the worker, and the wait below lasts until every holder
-        of that line has closed it."""
+        the agent forked goes with it. (A forked helper holds no end of the line to the
+        worker, which the wait below would wait for: core/runtime/child.py `off_the_line`.)"""
         if self.process.returncode is None:  # not yet reaped: its id is still its group's
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)

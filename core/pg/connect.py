@@ -37,6 +37,10 @@ CLIENT_TCP = {
 }
 # The same on the server's side of the socket (settable by any role, per session).
 SERVER_SETTINGS = {
+    # The engine's transactions are READ COMMITTED with one row lock, whatever a database's
+    # or role's default (a stricter one fails a writer that waited for that lock, and lets
+    # a batch's function read through a snapshot taken before it); its reads say their own.
+    "default_transaction_isolation": "read committed",
     "idle_in_transaction_session_timeout": f"{IDLE_IN_TRANSACTION}s",
     "statement_timeout": f"{STATEMENT_TIMEOUT}s",
     "tcp_keepalives_idle": "10",

@@ -44,14 +44,15 @@ async def _until_waiting_for_a_lock(url: str) -> None:
 
 
 def _insert_holding_the_lock(conn, inbox: int, event_id: int, source_id: str, payload: str):
-    """In `conn`'s open transaction: the inbox's row lock, as a writer takes it, and one
-    event inserted under it (not committed)."""
+    """In `conn`'s open transaction, as an onwatch writer does: the inbox's row lock, one
+    event inserted under it, and the change counted in the inbox's row (not committed)."""
     conn.execute("SELECT 1 FROM inboxes WHERE id = %s FOR UPDATE", (inbox,))
     conn.execute(
         "INSERT INTO events(inbox_id, id, source, source_id, payload, available_at, "
         "created, updated) VALUES (%s, %s, 'hook', %s, %s, %s, %s, %s)",
         (inbox, event_id, source_id, payload, T, T, T),
     )
+    conn.execute("UPDATE inboxes SET changes = changes + 1 WHERE id = %s", (inbox,))
 
 
 @pytest.fixture
@@ -121,9 +122,23 @@ async def test_a_batch_on_a_database_of_schema_6_is_one_write_transaction(
     assert _rows(url, "SELECT id, source_id FROM events ORDER BY id") == [(1, "a"), (2, "b")]
 
 
-async def test_a_batch_waiting_for_another_writer_numbers_after_it_and_sees_its_keys(box, url):
+@pytest.mark.parametrize("default", [None, "repeatable read", "serializable"])
+async def test_a_batch_waiting_for_another_writer_numbers_after_it_and_sees_its_keys(url, default):
     """The function reads the events after the lock is granted: the other writer's event
-    keeps its id, and a key it stored meanwhile is a duplicate of the batch."""
+    keeps its id, and a key it stored meanwhile is a duplicate of the batch. Also where the
+    database's default isolation is stricter (the engine's sessions say their own)."""
+    if default is not None:
+        with psycopg.connect(url, autocommit=True) as conn:
+            [(name,)] = conn.execute("SELECT current_database()").fetchall()
+            conn.execute(f"ALTER DATABASE {name} SET default_transaction_isolation = '{default}'")
+    box = await Inbox.open(url)
+    try:
+        await _batch_waits_for_a_writer(box, url)
+    finally:
+        await box.close()
+
+
+async def _batch_waits_for_a_writer(box: Inbox, url: str) -> None:
     assert await box.ingest_batch([("hook", "a", None)], now=T) == [True]
     [(inbox,)] = _rows(url, "SELECT id FROM inboxes")
     with psycopg.connect(url) as other:

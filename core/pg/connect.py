@@ -49,6 +49,15 @@ SERVER_SETTINGS = {
     "tcp_user_timeout": "30000",
 }
 
+# A commit is acknowledged once it is durable (an ingest's answer, a webhook's 200 say so):
+# a default of synchronous_commit off, where a commit is acknowledged before its WAL is
+# written and a server crash loses the last ones, is raised to on for onwatch's sessions;
+# every other level (local, remote_write, on, remote_apply) is the database's to choose.
+DURABLE_COMMITS = (
+    "set_config('synchronous_commit', CASE current_setting('synchronous_commit') "
+    "WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, false)"
+)
+
 
 def connect(url: str, **settings: str) -> "psycopg.Connection[Row]":
     """An autocommit connection with the bounds above, plus these session `settings`."""
@@ -62,6 +71,7 @@ def connect(url: str, **settings: str) -> "psycopg.Connection[Row]":
         # set_config, not SET: each name and value is a parameter, never SQL text; all of
         # them in one statement, one round trip (a fleet opens a connection per inbox).
         calls = ", ".join(["set_config(%s, %s, false)"] * len(session))
+        calls += f", {DURABLE_COMMITS}"
         conn.execute(f"SELECT {calls}", [part for pair in session.items() for part in pair])
     except BaseException:
         conn.close()

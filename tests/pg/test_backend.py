@@ -266,6 +266,31 @@ def _session(box: Inbox, sql: str) -> list[tuple]:
     return box._db.call(run)
 
 
+@pytest.mark.parametrize(
+    "default, session",
+    [
+        ("off", "on"),  # a commit acknowledged before its WAL is written: raised
+        ("local", "local"),
+        ("remote_apply", "remote_apply"),  # the database's stronger choice: kept
+    ],
+)
+async def test_a_session_commits_durably_whatever_the_databases_default(pg, default, session):
+    """synchronous_commit off acknowledges a commit before its WAL is written (a server
+    crash loses it, after onwatch said it was stored); onwatch's sessions raise it to on
+    and keep every durable level. Also READ COMMITTED, whatever the default isolation."""
+    url = pg.new_database()
+    with psycopg.connect(url, autocommit=True) as conn:
+        [(name,)] = conn.execute("SELECT current_database()").fetchall()
+        conn.execute(f"ALTER DATABASE {name} SET synchronous_commit = '{default}'")
+        conn.execute(f"ALTER DATABASE {name} SET default_transaction_isolation = 'serializable'")
+    box = await Inbox.open(url, name="a", create=True)
+    try:
+        assert await _session(box, "SHOW synchronous_commit") == [(session,)]
+        assert await _session(box, "SHOW default_transaction_isolation") == [("read committed",)]
+    finally:
+        await box.close()
+
+
 async def test_a_transaction_begins_and_ends_with_statements_its_session_prepared(
     url, record_statements
 ):

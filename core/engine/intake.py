@@ -79,13 +79,10 @@ def ingest_alone(
     """
     if len(items) != 1:
         return None
-    if "settings" not in seen:
-        seen["settings"] = tx.settings_text()
-    text = seen["settings"]
-    settings = settings_from(text)
-    [(source, source_id, payload, now)] = items
-    if settings.max_pending is not None or len(payload) > settings.max_payload_bytes:
+    allowed, text = _plain_settings(tx, items, seen)
+    if not allowed:
         return None
+    [(source, source_id, payload, now)] = items
     stored = tx.run(
         "event_insert_alone",
         source=source,
@@ -113,13 +110,8 @@ def ingest_batch_alone(
     transaction, which says which."""
     if not tx.batch_alone:
         return None
-    if "settings" not in seen:
-        seen["settings"] = tx.settings_text()
-    text = seen["settings"]
-    settings = settings_from(text)
-    if settings.max_pending is not None or any(
-        len(payload) > settings.max_payload_bytes for _, _, payload, _ in items
-    ):
+    allowed, text = _plain_settings(tx, items, seen)
+    if not allowed:
         return None
     rows = [
         (source, source_id, payload, tx.statement_now(now))
@@ -136,6 +128,21 @@ def ingest_batch_alone(
     for position in stored:
         results[position] = True
     return results
+
+
+def _plain_settings(
+    tx: Tx, items: Sequence[Item], seen: dict[str, str | None]
+) -> tuple[bool, str | None]:
+    """The settings text in `seen` (read once), and whether it lets one autocommit statement
+    store `items`: no max_pending budget to count, every payload within max_payload_bytes."""
+    if "settings" not in seen:
+        seen["settings"] = tx.settings_text()
+    text = seen["settings"]
+    settings = settings_from(text)
+    allowed = settings.max_pending is None and all(
+        len(payload) <= settings.max_payload_bytes for _, _, payload, _ in items
+    )
+    return allowed, text
 
 
 def _too_big(settings: Settings) -> BadInput:

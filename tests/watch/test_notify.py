@@ -5,9 +5,7 @@ a fleet folder; the command's document and environment."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import sqlite3
 import subprocess
@@ -19,7 +17,7 @@ import pytest
 from onwatch.core import FakeClock, Inbox
 from onwatch.core.notify import DEADLINE_WARNING, Notifier, Watched
 
-from tests.worker.helpers import env, stop
+from tests.worker.helpers import env, kill_listed, stop
 
 from .helpers import wait_for
 
@@ -166,9 +164,7 @@ async def test_a_command_is_waited_for_not_what_it_left_running(tmp_path):
         wait_for(lambda: len(said(tmp_path)) == 1, timeout=30, what="the second try to succeed")
     finally:
         assert stop(notifier) == 0, notify_log(tmp_path)
-        for pid in (tmp_path / "daemons").read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+        kill_listed(tmp_path / "daemons")
     assert (tmp_path / "tries").read_text().strip() == "2"
     assert notify_log(tmp_path).count("the command failed (it ran past 1 s and was killed)") == 1
 

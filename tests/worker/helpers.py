@@ -109,6 +109,18 @@ def stop(process: subprocess.Popen, timeout: float = 10.0) -> int:
     return process.returncode
 
 
+def kill_listed(pid_file: Path) -> None:
+    """SIGKILL the processes whose ids a test's command wrote to `pid_file`, one a line
+    (daemons a command left behind), and remove the file."""
+    if pid_file.exists():
+        for pid in pid_file.read_text().split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pid_file.unlink()
+
+
 def query(path, sql: str, params: tuple = ()) -> list[tuple]:
     """Read the inbox file directly (a separate connection, like any other process)."""
     db = sqlite3.connect(path, timeout=10)

@@ -18,6 +18,7 @@ from onwatch.core.runtime.context import LeaseLost, RunAbandoned
 from onwatch.core.runtime.worker import AgentWedged, Worker, run_worker
 
 from .conftest import DAY, T, asleep, status, until
+from .helpers import kill_listed
 
 
 async def echo(batch, ctx):
@@ -541,28 +542,19 @@ async def test_command_channel_waits_for_its_command_not_for_what_it_left_runnin
         await send("hello")
         assert got.read_text() == "hello"
     finally:
-        _kill_listed(daemons)
+        kill_listed(daemons)
     failing = command_channel(f"setsid sleep 60 & echo $! >> {daemons}; echo no >&2; exit 4")
     try:
         with pytest.raises(RuntimeError, match="command exited with 4: no"):
             await failing("hello")
     finally:
-        _kill_listed(daemons)
+        kill_listed(daemons)
     # Five megabytes on stderr, then the line that says why: only the end is kept.
     chatty = command_channel(
         r"head -c 5000000 /dev/zero | tr '\0' x >&2; printf '\nwhy\n' >&2; exit 6"
     )
     with pytest.raises(RuntimeError, match="command exited with 6: why$"):
         await chatty("hello")
-
-
-def _kill_listed(pid_file):
-    """Kill the processes whose pids a test's command wrote to `pid_file`, one a line."""
-    if pid_file.exists():
-        for pid in pid_file.read_text().split():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
-        pid_file.unlink()
 
 
 # --- a misbehaving agent, in-process (docs/rules.md#a-misbehaving-agent) -------------------

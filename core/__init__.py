@@ -11,6 +11,7 @@ from .errors import (
     InboxError,
     NotAnInbox,
     ReadOnlyInbox,
+    StorageFull,
     UpgradeRefused,
 )
 from .checks import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES
@@ -74,6 +75,7 @@ __all__ = [
     "Outgoing",
     "Overview",
     "ReadOnlyInbox",
+    "StorageFull",
     "Reply",
     "Run",
     "RunContext",

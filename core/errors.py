@@ -43,6 +43,13 @@ class UpgradeRefused(InboxError):
     inbox's lease, or the inbox cannot be written. Nothing was changed."""
 
 
+class StorageFull(InboxBusy):
+    """The disk holding the inbox (a SQLite file's file system, or the PostgreSQL server's)
+    had no room for a write: nothing was written. Like a lock held too long it is worth
+    another try later, once space is freed, and everything that retries on InboxBusy
+    retries on it."""
+
+
 class ConnectionLost(InboxBusy):
     """The database server could not be reached (a restart, a network cut, a server that
     stopped answering). Like a lock held too long it is worth another try later, and

@@ -37,7 +37,15 @@ from typing import Any, Callable, TypeVar, cast
 from ..engine.decoding import settings_from
 from ..engine.runs import plain_claim
 from ..engine.tx import Ahead, ClaimAhead, FinishAhead, FinishClaimAhead, LookAhead
-from ..errors import BadInput, ConnectionLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
+from ..errors import (
+    BadInput,
+    ConnectionLost,
+    InboxBusy,
+    InboxError,
+    NotAnInbox,
+    ReadOnlyInbox,
+    StorageFull,
+)
 from ..text import printable
 from . import redact, said, schema
 from .connect import STATEMENT_TIMEOUT, connect
@@ -210,6 +218,11 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
         return InboxBusy(
             f"inbox {where} stayed locked by another connection for more than "
             f"{busy_timeout:g} s; nothing was changed, try again"
+        )
+    if isinstance(exc, pg_errors.DiskFull):  # an OperationalError, but the session lives on
+        return StorageFull(
+            f"inbox {where}: the PostgreSQL server has no room to write ({said(exc)}); "
+            f"nothing was written, try again once space is freed"
         )
     if isinstance(exc, psycopg.OperationalError):
         return ConnectionLost(

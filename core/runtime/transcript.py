@@ -381,7 +381,7 @@ class TranscriptWriter:
             )
         except InboxBusy as exc:
             self.failures += 1
-            log.debug("transcript of run %s waits for the lock: %s", run.run_id, exc)
+            log.debug("transcript of run %s waits (locked, or no room): %s", run.run_id, exc)
             return False
         except InboxError as exc:
             self.failures += 1

@@ -48,7 +48,7 @@ from typing import Any, Awaitable, Callable
 
 from .. import checks
 from ..clock import BackendClock, Clock, SystemClock, show
-from ..errors import BadInput, ConnectionLost, InboxBusy, InboxError
+from ..errors import BadInput, ConnectionLost, InboxBusy, InboxError, StorageFull
 from ..humanize import duration
 from ..inbox import Inbox, SendFn
 from ..pg import is_url
@@ -200,6 +200,9 @@ class Worker:
         self._outage: float | None = None  # (monotonic) since the database stopped answering
         self._outage_logged = 0.0
         self._backoff = 0.0
+        self._full: float | None = None  # (monotonic) since a write found no room on disk
+        self._full_logged = 0.0
+        self._full_backoff = 0.0
         self._main: asyncio.Task[Any] | None = None  # run()'s task, while it runs
         self._deadline: asyncio.TimerHandle | None = None
         self._forced_out = False  # run() was cancelled by _stop_now
@@ -389,6 +392,10 @@ class Worker:
             self.stats.busy += 1
             await self._lost(exc)
             return None
+        except StorageFull as exc:
+            self.stats.busy += 1
+            await self._no_room(exc)
+            return None
         except InboxBusy as exc:
             self.stats.busy += 1
             log.warning("%s", exc)
@@ -414,6 +421,32 @@ class Worker:
         self._backoff = min(max(self._backoff * 2, 0.1), OUTAGE_BACKOFF)
         await self._sleep(self._backoff)
 
+    async def _no_room(self, exc: StorageFull) -> None:
+        """A write found no room on the inbox's disk (nothing was written): back off (0.1 s
+        doubling to OUTAGE_BACKOFF) and say so once, then once per OUTAGE_LOG_EVERY, until a
+        write succeeds (`_written`). Reads still answer meanwhile, so a read's success does
+        not end it; and the disk stays full until someone frees space, so the worker must
+        neither spin nor flood its log while it waits."""
+        now = time.monotonic()
+        if self._full is None:
+            self._full, self._full_logged = now, now
+            log.error("%s; retrying with backoff", exc)
+        elif now - self._full_logged >= OUTAGE_LOG_EVERY:
+            self._full_logged = now
+            log.error("still no room to write after %s: %s", duration(int(now - self._full)), exc)
+        self._full_backoff = min(max(self._full_backoff * 2, 0.1), OUTAGE_BACKOFF)
+        await self._sleep(self._full_backoff)
+
+    def _written(self) -> None:
+        """A write committed: a full disk, if any, has room again."""
+        if self._full is not None:
+            log.warning(
+                "the inbox takes writes again after %s",
+                duration(int(time.monotonic() - self._full)),
+            )
+            self._full = None
+        self._full_backoff = 0.0
+
     def _reached(self) -> None:
         """An inbox call answered: an outage, if any, is over."""
         if self._outage is not None:
@@ -436,6 +469,7 @@ class Worker:
             renewed = await self._step(lambda: self.inbox.renew(self.holder, held))
             if renewed:
                 self._renewed()
+                self._written()
                 return True
             if renewed is None:  # busy: keep the generation, the fence decides later
                 await self._sleep(self.poll_interval)
@@ -469,6 +503,7 @@ class Worker:
             log.info("lease acquired: generation %s", gen)
         self.gen = gen
         self._renewed()
+        self._written()
         return True
 
     def _renew_period(self) -> int:
@@ -570,11 +605,17 @@ class Worker:
             self.gen, self._given_up = None, gen  # see _give_up
             await self._lost(exc)
             return at, mark, None
+        except StorageFull as exc:
+            self.stats.busy += 1
+            await self._no_room(exc)
+            return at, mark, None
         except InboxBusy as exc:
             self.stats.busy += 1
             log.warning("%s", exc)
             return at, mark, None
         self._reached()
+        if claimed.events:
+            self._written()
         self._more_timers = claimed.more_timers
         return at, (claimed.token if self.marks_in_claim else mark), claimed.events
 
@@ -827,6 +868,9 @@ class Worker:
                     log.warning("run %s: %s; lease gone meanwhile, run abandoned", ctx.run_id, exc)
                     self.stats.abandoned += 1
                     return
+                if isinstance(exc, StorageFull):
+                    await self._no_room(exc)  # said once, not at every try
+                    continue
                 log.warning("run %s: %s; retrying the finish", ctx.run_id, exc)
                 await self._sleep(min(self.poll_interval, 0.5))
                 continue
@@ -841,6 +885,7 @@ class Worker:
             # recovers. Handed back, the next generation recovers them (see _give_up).
             self.gen, self._given_up = None, ctx.gen
         if accepted:
+            self._written()
             if error is None:
                 self.stats.done += 1
             log.info("run %s finished: %s", ctx.run_id, "done" if error is None else error)

@@ -54,6 +54,9 @@ def _map_error(
             f"inbox {path} stayed locked by another process for more than "
             f"{busy_timeout:g} s; nothing was changed, try again"
         )
+    full = files.no_room(exc, path)
+    if full is not None:
+        return full
     if "malformed" in text or "not a database" in text:
         return NotAnInbox(f"inbox {path} is damaged: {text}")
     if any(t in text for t in _READ_ONLY_TEXTS):

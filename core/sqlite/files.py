@@ -44,11 +44,14 @@ import ctypes
 import errno
 import fcntl
 import os
+import shutil
 import struct
 import sys
 import termios
 import threading
 from typing import Any
+
+from ..errors import StorageFull
 
 try:  # Linux only; elsewhere every look is three stat calls
     from inotify_simple import INotify, flags, parse_events
@@ -66,6 +69,31 @@ SHARED_FIRST = PENDING_BYTE + 2
 SHARED_SIZE = 510
 
 Identity = tuple[int, int]  # (st_dev, st_ino)
+
+# A write SQLite could not make for want of room: its own code for it (SQLITE_FULL), or an
+# I/O error on a file system with less than ROOM bytes left. (Growing the `-shm` index on a
+# full disk fails as an I/O error: SQLite reports the failure, not its cause.)
+SQLITE_FULL, SQLITE_IOERR = 13, 10
+ROOM = 1 << 20
+
+
+def no_room(exc: BaseException, path: str) -> StorageFull | None:
+    """The error to raise for `exc`, met on the inbox at `path`, if it was for want of room
+    on its disk; None if it was not."""
+    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF
+    if code not in (SQLITE_FULL, SQLITE_IOERR):
+        return None
+    try:
+        free: int | None = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    except OSError:
+        free = None
+    if code == SQLITE_IOERR and (free is None or free >= ROOM):
+        return None  # an I/O error of another kind
+    left = "" if free is None else f", {free:,} bytes free"
+    return StorageFull(
+        f"inbox {path}: no room to write on its disk ({exc}{left}); nothing was written, "
+        f"try again once space is freed"
+    )
 
 
 def identity(path: str) -> Identity | None:

@@ -8,6 +8,7 @@ import time
 from ..actions import AUDIT_RENAMES
 from ..clock import show
 from ..errors import NotAnInbox, UpgradeRefused
+from . import files
 
 # PRAGMA application_id marks a file as an onwatch inbox ("onwt").
 APPLICATION_ID = 0x6F6E7774
@@ -352,6 +353,9 @@ def inspect(db: sqlite3.Connection, path: str) -> int:
     except sqlite3.OperationalError as exc:
         if "locked" in str(exc) or "busy" in str(exc):
             raise  # another process holds it: busy, not foreign (core/sqlite/db.py says so)
+        full = files.no_room(exc, path)  # a full disk: its index could not grow
+        if full is not None:
+            raise full from None
         raise NotAnInbox(f"{path} is not a usable inbox: {exc}") from None
     except sqlite3.DatabaseError as exc:
         raise NotAnInbox(f"{path} is not a usable inbox: {exc}") from None

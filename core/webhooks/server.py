@@ -41,6 +41,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Iterator, Mapping
 from urllib.parse import parse_qs
@@ -49,7 +50,15 @@ from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import ContentLengthError, HttpProcessingError
 
-from onwatch.core import BadInput, BudgetExceeded, Inbox, InboxBusy, InboxError, NotAnInbox
+from onwatch.core import (
+    BadInput,
+    BudgetExceeded,
+    Inbox,
+    InboxBusy,
+    InboxError,
+    NotAnInbox,
+    StorageFull,
+)
 from onwatch.core.text import printable
 
 from .config import SOURCE_PATTERN, Secrets
@@ -90,7 +99,8 @@ BODY_TIMEOUT = 30.0  # seconds to receive a whole body before 408
 # least this, and never less than two bodies of the largest accepted size.
 UNVERIFIED_BYTES = 32 << 20
 RETRY_AFTER_BUSY = 5  # seconds: the database was locked past the busy timeout
-RETRY_AFTER_FULL = 60  # seconds: max_pending reached; the worker has to drain first
+RETRY_AFTER_FULL = 60  # seconds: max_pending reached (the worker has to drain), or disk full
+FULL_SAID_EVERY = 60.0  # seconds between two log lines saying deliveries meet a full disk
 # After an early answer (413, 408) aiohttp reads and discards what the client still sends, so
 # the client gets to read the answer instead of a connection reset; bound that courtesy.
 LINGERING_TIME = 2.0
@@ -320,6 +330,7 @@ class Receiver:
         self.max_body = max_body or inbox.settings.max_payload_bytes
         self.unverified = UnverifiedBytes(max(UNVERIFIED_BYTES, 2 * self.max_body))
         self.allow_hosts = frozenset(_host_name(h) for h in allow_hosts)
+        self._full_said = -FULL_SAID_EVERY  # (monotonic) when the log last said the disk is full
         first = [guard.middleware] if guard is not None else []
         self.app = web.Application(middlewares=[*first, self._host_check])
         self.app.router.add_post(
@@ -470,6 +481,17 @@ class Receiver:
         except BudgetExceeded:
             raise Refused(
                 503, "inbox full (max_pending); retry later", retry_after=RETRY_AFTER_FULL
+            ) from None
+        except StorageFull as exc:
+            # The sender retries later; the log says why, once a minute at most: the disk
+            # stays full until someone frees space, and every delivery meanwhile is refused.
+            if time.monotonic() - self._full_said >= FULL_SAID_EVERY:
+                self._full_said = time.monotonic()
+                log.error("refusing deliveries until there is room: %s", exc)
+            raise Refused(
+                503,
+                "no room to store the delivery (disk full); retry later",
+                retry_after=RETRY_AFTER_FULL,
             ) from None
         except InboxBusy:
             raise Refused(

@@ -40,6 +40,17 @@ async def blocking(batch, ctx) -> None:
         ctx.reply(f"done {event.source_id}")
 
 
+async def held(batch, ctx) -> None:
+    """Mark `inside-<source_id>`, wait until `release` exists, then reply: the run's outcome
+    is written only after the test let it go."""
+    for event in batch:
+        open(os.path.join(_dir(), f"inside-{event.source_id}"), "w").close()
+    while not os.path.exists(os.path.join(_dir(), "release")):
+        await asyncio.sleep(0.02)
+    for event in batch:
+        ctx.reply(f"done {event.source_id}")
+
+
 async def echo(batch, ctx) -> None:
     """One reply per event, after a short random pause (the race test's agent)."""
     await asyncio.sleep(random.uniform(0, float(os.environ.get("ONWATCH_ECHO_PAUSE", "0.15"))))

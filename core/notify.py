@@ -221,6 +221,16 @@ def digest(notices: Sequence[Notice], now: int) -> Notice:
     )
 
 
+class MemoryFailed(InboxError):
+    """The notifier's own memory could not be read or written (a full disk, a file locked
+    past the busy timeout). Nothing new is said until it can be: what is said is first
+    remembered, so that nothing is said twice or lost."""
+
+
+# Seconds between two log lines saying the same failure (the memory, or reading an inbox).
+SAY_FAILURE_EVERY = 60.0
+
+
 class Memory:
     """What the notifier said and has still to say, in a SQLite file of its own (never an
     inbox): every call is one short transaction, run in a thread off the event loop."""
@@ -269,7 +279,10 @@ class Memory:
 
     async def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         async with self._lock:  # one transaction at a time on the one connection
-            return await asyncio.to_thread(fn, *args)
+            try:
+                return await asyncio.to_thread(fn, *args)
+            except sqlite3.Error as exc:
+                raise MemoryFailed(f"cannot use its memory {self.path}: {exc}") from None
 
     def close(self) -> None:
         self._db.close()
@@ -627,6 +640,10 @@ class Notifier:
         self.runs = 0  # commands run (tests and logs)
         self.failures = 0
         self._known: set[str] | None = None  # the keys the memory holds (read once)
+        # Outcomes of commands run whose marks the memory could not take yet: written before
+        # anything else is said (else what was said would be due, and said, again).
+        self._unmarked: list[tuple[list[str], str, str | None, int]] = []
+        self._failure_said: dict[str, tuple[str, float]] = {}  # what: (text, when said)
 
     # --- one pass -----------------------------------------------------------------------
 
@@ -635,17 +652,21 @@ class Notifier:
         return the new things."""
         now = self.clock.now()
         found: list[Notice] = []
+        moved: list[tuple[str, int]] = []
         for look in await self.watched.looks(self.memory, now):
             found += notices_of(look, self.unattended_after)
             if look.died:
-                since = max(e.updated for e in look.died)
-                await self.memory.move_watermark(look.target, since)
-                self.watched.moved(look.target, since)
+                moved.append((look.target, max(e.updated for e in look.died)))
         if self._known is None:
             self._known = await self.memory.keys()
         unknown = [n for n in found if n.key not in self._known]
         new = await self.memory.remember(unknown) if unknown else []
         self._known.update(n.key for n in unknown)
+        # Only once the deaths are remembered does the watermark pass them: a memory that
+        # failed in between finds them again at the next look, never loses them.
+        for target, since in moved:
+            await self.memory.move_watermark(target, since)
+            self.watched.moved(target, since)
         # An approval first seen already near its deadline: its one notice says both.
         waiting = {(n.target, n.ids["request_id"]) for n in new if n.kind == "approval_waiting"}
         covered = [
@@ -668,6 +689,9 @@ class Notifier:
     async def say(self) -> int:
         """Run the command for what is due, as the rate allows; return the runs made."""
         runs = 0
+        while self._unmarked:
+            await self.memory.mark(*self._unmarked[0])
+            self._unmarked.pop(0)
         while True:
             now = self.clock.now()
             due = await self.memory.due(now)
@@ -686,7 +710,7 @@ class Notifier:
             outcome = await self.run_command(notice)
             runs += 1
             if outcome.ok:
-                await self.memory.mark(batch, "said", None, now)
+                await self._mark(batch, "said", None, now)
                 continue
             self.failures += 1
             tries = attempts + 1
@@ -697,7 +721,7 @@ class Notifier:
                     tries,
                     printable(outcome.error or ""),
                 )
-                await self.memory.mark(batch, "gave up", outcome.error, now)
+                await self._mark(batch, "gave up", outcome.error, now)
                 continue
             wait = math.ceil(min(self.retry_cap, self.retry_base * 2 ** (tries - 1)))
             log.warning(
@@ -708,8 +732,16 @@ class Notifier:
                 tries + 1,
                 self.max_attempts,
             )
-            await self.memory.mark(batch, "due", outcome.error, now + max(1, wait))
+            await self._mark(batch, "due", outcome.error, now + max(1, wait))
             return runs
+
+    async def _mark(self, keys: list[str], state: str, error: str | None, at: int) -> None:
+        """Remember a command's outcome; kept to be written first if the memory fails."""
+        try:
+            await self.memory.mark(keys, state, error, at)
+        except MemoryFailed:
+            self._unmarked.append((keys, state, error, at))
+            raise
 
     async def run_command(self, notice: Notice) -> Outcome:
         """Run the command once for `notice`, its document on stdin; bounded by `timeout`
@@ -748,28 +780,58 @@ class Notifier:
         )
         wake = self.watched.wake
         try:
-            await self.memory.retry_now(self.clock.now())
+            retried = False
             while not stop.is_set():
                 seen = wake.seq if wake is not None else 0
                 try:
-                    new = await self.look()
-                    for notice in new:
-                        log.info("notify: %s", printable(notice.text))
-                except InboxError as exc:
-                    log.warning("notify: cannot read %s: %s", printable(self.watched.label), exc)
-                await self.say()
+                    if not retried:
+                        await self.memory.retry_now(self.clock.now())
+                        retried = True
+                    try:
+                        new = await self.look()
+                        for notice in new:
+                            log.info("notify: %s", printable(notice.text))
+                    except MemoryFailed:
+                        raise
+                    except InboxError as exc:
+                        self._failed("read", f"cannot read {printable(self.watched.label)}", exc)
+                    else:
+                        self._recovered("read", f"reads {printable(self.watched.label)} again")
+                    await self.say()
+                except MemoryFailed as exc:
+                    self._failed("memory", "nothing more is said until it can be written", exc)
+                else:
+                    self._recovered("memory", f"its memory {self.memory.path} works again")
                 await self._nap(stop, wake, seen)
         finally:
             self.memory.close()
 
+    def _failed(self, what: str, saying: str, exc: InboxError) -> None:
+        """Log a failure of `what` once, then again only if it changes or once per
+        SAY_FAILURE_EVERY: a look every poll must not fill the log with one line."""
+        text, now = f"notify: {saying}: {exc}", time.monotonic()
+        last = self._failure_said.get(what)
+        if last is None or last[0] != text or now - last[1] >= SAY_FAILURE_EVERY:
+            log.log(logging.ERROR if what == "memory" else logging.WARNING, "%s", text)
+            self._failure_said[what] = (text, now)
+        else:
+            log.debug("%s (again)", text)
+
+    def _recovered(self, what: str, saying: str) -> None:
+        if self._failure_said.pop(what, None) is not None:
+            log.warning("notify: %s", saying)
+
     async def _nap(self, stop: asyncio.Event, wake: Any, seen: int) -> None:
         """Until the next poll, a retry that comes due, a commit to the inbox, or stop."""
         seconds = self.poll
-        retry = await self.memory.next_try()
-        if retry is not None:
-            seconds = min(seconds, max(0.05, retry - self.clock.now()))
-        if self.tokens < 1 and (await self.memory.due(self.clock.now())):
-            seconds = max(seconds, (1 - self.tokens) * 60.0 / self.max_per_minute)
+        try:
+            retry = await self.memory.next_try()
+            if retry is not None:
+                seconds = min(seconds, max(0.05, retry - self.clock.now()))
+            if self.tokens < 1 and (await self.memory.due(self.clock.now())):
+                seconds = max(seconds, (1 - self.tokens) * 60.0 / self.max_per_minute)
+        except MemoryFailed:
+            pass  # the next pass says so; until then, the poll
         waits: list[Awaitable[Any]] = [stop.wait()]
         if wake is not None:
             waits.append(wake.wait(seen, seconds))

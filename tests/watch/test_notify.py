@@ -325,3 +325,27 @@ async def test_what_was_not_said_before_a_restart_is_said_after_it(tmp_path):
         assert stop(notifier) == 0, notify_log(tmp_path)
     [doc] = said(tmp_path)
     assert doc["ids"] == {"request_id": "r-1"}
+
+
+async def test_an_inbox_it_cannot_read_is_said_once_not_at_every_look(tmp_path):
+    """The inbox file deleted under the notifier: every look fails the same way. It said so
+    at every look (several lines a second, each of them long); now once, then once a
+    minute, and the repeats only at debug level."""
+    path = str(tmp_path / "alice.db")
+    async with await Inbox.open(path):
+        pass
+    notifier = start(path, tmp_path, "--log-level", "debug")
+    try:
+        wait_for(lambda: "watching" in notify_log(tmp_path), what="the notifier to start")
+        for side in ("", "-wal", "-shm"):
+            Path(path + side).unlink(missing_ok=True)
+        wait_for(
+            lambda: notify_log(tmp_path).count("notify: cannot read") >= 6,
+            timeout=30,
+            what="six looks that failed",
+        )
+    finally:
+        assert stop(notifier) == 0, notify_log(tmp_path)
+    log = notify_log(tmp_path)
+    said_lines = [line for line in log.splitlines() if "WARNING notify: cannot read" in line]
+    assert len(said_lines) == 1, log

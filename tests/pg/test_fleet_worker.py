@@ -320,8 +320,8 @@ def test_the_look_holds_the_fleet_workers_lock_while_its_connection_lives(pg):
             second.with_work(10, taken=[], resting={}, sends=False)
             elsewhere.check()
             assert fleet_workers(desk) == 2
-            second.close()
-            assert fleet_workers(desk) == 1
+            second.close()  # its server process ends, and lets go, a moment after
+            wait_for(lambda: fleet_workers(desk) == 1, timeout=10, what="the closed one let go")
             assert first.conn is not None
             desk.execute("SELECT pg_terminate_backend(%s)", (first.conn.info.backend_pid,))
             wait_for(lambda: fleet_workers(desk) == 0, timeout=10, what="the cut session gone")

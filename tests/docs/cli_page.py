@@ -25,12 +25,13 @@ Every `onwatch` command with its options, exactly as its `--help` prints it. The
 the end of each are run as written by `tests/cli/test_help_examples.py`. Inside a checkout,
 `python3 dev.py onwatch …` runs any of them in the project's environment.
 
-Exit codes, for every command: 0 done; 1 not applied or refused (what stands is printed);
-2 bad usage, bad input or not an inbox; 3 the inbox stayed locked past `--busy-timeout`, or
-its disk had no room (nothing was written; try again); 4 (`worker`, `run`) the worker ended itself for an agent it could not stop. An operator
-command's exit code follows what the audit log says: 0 when the call changed something, 1
-when it did not (re-approving an approved request, pausing a paused inbox). Each is audited
-under `--actor`, else `$ONWATCH_ACTOR`, else your user name.
+Exit codes, for every command: 0 done; 1 not applied or refused (what stands is printed); 2
+bad usage, bad input or not an inbox; 3 the inbox stayed locked past `--busy-timeout`, or
+its disk had no room (nothing was written; try again); 4 (`worker`, `run`) the worker ended
+itself for an agent it could not stop. An operator command's exit code follows what the
+audit log says: 0 when the call changed something, 1 when it did not (re-approving an
+approved request, pausing a paused inbox). Each is audited under `--actor`, else
+`$ONWATCH_ACTOR`, else your user name.
 
 Errors are one line on stderr; `--json` output has sorted keys. Every argument either does
 the job or is refused (exit 2) with the inbox byte-identical and no file left behind:

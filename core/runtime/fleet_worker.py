@@ -57,7 +57,7 @@ from ..pg.listen import Listener
 from ..pg.shared import Connections
 from ..text import printable
 from .listening_worker import ListeningWorker
-from .worker import STOP_SLACK, AgentWedged
+from .worker import SERVING, STOP_SLACK, AgentWedged, WorkerStats
 
 __all__ = ["FleetWorker"]
 log = logging.getLogger("onwatch.pg.fleet")
@@ -536,9 +536,17 @@ class _Visit(ListeningWorker):
 
     # The visit's change mark is the Listener's (_change_mark), not the claim's token.
     marks_in_claim = False
+    start_level = logging.DEBUG  # the fleet says when it starts; a visit is routine
     # The look found the lease free a moment ago: the visit asks for it at once (taken
     # meanwhile, the acquire says so, and the lease is read then).
     looks_before_acquiring = False
+
+    async def run(self) -> WorkerStats:
+        serving = SERVING.set(printable(self.name))  # its log lines name its inbox
+        try:
+            return await super().run()
+        finally:
+            SERVING.reset(serving)
 
     def _fires_timers(self) -> bool:
         # A visit is short and its inbox was found with work: its claims fire due timers

@@ -44,6 +44,7 @@ import socket
 import time
 import traceback as tb
 from dataclasses import dataclass, field
+from contextvars import ContextVar
 from typing import Any, Awaitable, Callable
 
 from .. import checks
@@ -63,6 +64,25 @@ from .transcript import current as run_log
 from .watchdog import LoopWatch
 
 log = logging.getLogger("onwatch.worker")
+# The inbox whose worker logs, where one process serves many (a fleet's visit: see
+# core/runtime/fleet_worker.py). Set for a visit's task, and so for every task it starts.
+SERVING: ContextVar[str | None] = ContextVar("onwatch_serving", default=None)
+
+
+class _NamesTheInbox(logging.Filter):
+    """Starts each line of the worker's log with "inbox NAME: " while SERVING names one: a
+    fleet's "run 7 finished" must say whose run it was."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = SERVING.get()
+        if name is not None:
+            prefix = f"inbox {name}: "
+            # With arguments the message is a %-format: a % in the name must stay a %.
+            record.msg = (prefix.replace("%", "%%") if record.args else prefix) + str(record.msg)
+        return True
+
+
+log.addFilter(_NamesTheInbox())
 TRANSCRIPT_FLUSH = 5.0  # seconds a finish waits for its run's transcript to be stored
 # Past 2 × grace after a stop request, plus this, run() is cancelled where it waits.
 STOP_SLACK = 5.0
@@ -281,7 +301,8 @@ class Worker:
         capture_logging()
         self.transcripts.start()
         loop_writes, self.inbox.loop_writes = self.inbox.loop_writes, self.loop_writes
-        log.info(
+        log.log(
+            self.start_level,
             "worker %s started on %s (%s)",
             self.holder,
             self.inbox.path,
@@ -342,6 +363,9 @@ class Worker:
     # applies from the next run) and the change token. A subclass that reads its change
     # mark its own way says so (core/runtime/fleet_worker.py).
     marks_in_claim = True
+    # How its start and each lease it takes are logged: a fleet's visits say them only at
+    # debug level (one visit per inbox served, two lines each, would bury its runs).
+    start_level = logging.INFO
     # Whether a worker without the lease reads who holds it before it asks for it: a
     # standby's wake-up then costs a read only (a fleet's visit was sent by a look that
     # found the lease free, and asks at once).
@@ -500,7 +524,7 @@ class Worker:
             return False
         if gen not in self.stats.generations:
             self.stats.generations.append(gen)
-            log.info("lease acquired: generation %s", gen)
+            log.log(self.start_level, "lease acquired: generation %s", gen)
         self.gen = gen
         self._renewed()
         self._written()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -709,3 +710,33 @@ def test_an_inbox_name_cannot_forge_a_log_line(pg, tmp_path):
     assert "evil\\n2026" in err  # named, escaped
     assert not any(line.startswith("2026-01-01 00:00:00,000") for line in err.splitlines())
     assert "\x1b" not in err
+
+
+def test_each_line_of_a_visit_names_its_inbox(pg, tmp_path):
+    """A fleet serves many inboxes at once: "run 1 finished: done" said for each of them
+    could not tell whose run it was. A visit's lines start with its inbox's name (a % in it
+    kept as it is), and its start and lease, two lines per visit, are said at debug level."""
+    url = pg.new_database()
+    names = ["alpha", "50%off"]
+
+    async def setup() -> None:
+        for name in names:
+            box = await make_inbox(url, name)
+            await box.ingest("chat", "m1")
+            await box.close()
+
+    asyncio.run(setup())
+    fleet = start_fleet(url, tmp_path, "--no-dispatch", "--log-level", "info")
+    try:
+        wait_for(
+            lambda: query(url, "SELECT count(*) FROM events WHERE status = 'done'") == [(2,)],
+            20,
+            what="both events done",
+        )
+    finally:
+        assert stop(fleet) == 0
+    err = (tmp_path / "fleet.err").read_text()
+    finished = [line for line in err.splitlines() if " finished: done" in line]
+    said = sorted(re.sub(r"run \d+", "run N", line.split(" INFO ", 1)[1]) for line in finished)
+    assert said == ["inbox 50%off: run N finished: done", "inbox alpha: run N finished: done"], err
+    assert "started on" not in err and "lease acquired" not in err, err

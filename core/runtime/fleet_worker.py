@@ -197,6 +197,13 @@ class FleetWorker:
             return 0
         listener = self._listener = await Listener.open(self.url, poll_interval=self.poll_interval)
         self._shared = Connections(self.url, limit=self.connections)  # a run's own
+        log.info(
+            "fleet worker %s started on %s: up to %s inboxes at once, %s connection(s)",
+            printable(self.holder),
+            printable(redact(self.url)),
+            self.concurrency,
+            self.connections,
+        )
         tasks: set[asyncio.Task[None]] = set()
         backoff = 0.0
         try:

@@ -67,6 +67,48 @@ log = logging.getLogger("onwatch.worker")
 # The inbox whose worker logs, where one process serves many (a fleet's visit: see
 # core/runtime/fleet_worker.py). Set for a visit's task, and so for every task it starts.
 SERVING: ContextVar[str | None] = ContextVar("onwatch_serving", default=None)
+TRANSCRIPT_FLUSH = 5.0  # seconds a finish waits for its run's transcript to be stored
+# Past 2 × grace after a stop request, plus this, run() is cancelled where it waits.
+STOP_SLACK = 5.0
+OUTAGE_BACKOFF = 5.0  # seconds between two tries, at most, while the database cannot be used
+OUTAGE_LOG_EVERY = 60.0  # seconds between two log lines of one outage (or full disk)
+# After a wake-up the change token did not confirm, the idle worker reads it again after
+# these naps (seconds): a commit is announced at its first write, and on a loaded disk it
+# may become visible only after confirm has given up (see core/sqlite/wake.py confirm).
+RECHECKS = (0.25, 0.5, 1.0, 2.0)
+
+
+@dataclass
+class _Spell:
+    """A condition that lasts until something succeeds again (the database unreachable, a
+    disk full): each try backs off (0.1 s doubling to OUTAGE_BACKOFF), and the log says so
+    once, then once per OUTAGE_LOG_EVERY (`still`), and once more when it ends (`over`),
+    never once per try."""
+
+    level: int
+    still: str  # "... after %s: %s", the spell's length and the error
+    over: str  # "... after %s", its length
+    since: float | None = None  # (monotonic) when it began
+    said: float = 0.0
+    backoff: float = 0.0
+
+    def met(self, exc: Exception) -> float:
+        """It happened (again): say so if due; the seconds to wait before the next try."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = self.said = now
+            log.log(self.level, "%s; retrying with backoff", exc)
+        elif now - self.said >= OUTAGE_LOG_EVERY:
+            self.said = now
+            log.log(self.level, self.still, duration(int(now - self.since)), exc)
+        self.backoff = min(max(self.backoff * 2, 0.1), OUTAGE_BACKOFF)
+        return self.backoff
+
+    def end(self) -> None:
+        if self.since is not None:
+            log.warning(self.over, duration(int(time.monotonic() - self.since)))
+            self.since = None
+        self.backoff = 0.0
 
 
 class _NamesTheInbox(logging.Filter):
@@ -83,15 +125,6 @@ class _NamesTheInbox(logging.Filter):
 
 
 log.addFilter(_NamesTheInbox())
-TRANSCRIPT_FLUSH = 5.0  # seconds a finish waits for its run's transcript to be stored
-# Past 2 × grace after a stop request, plus this, run() is cancelled where it waits.
-STOP_SLACK = 5.0
-OUTAGE_BACKOFF = 5.0  # seconds between two tries of a database that does not answer, at most
-OUTAGE_LOG_EVERY = 60.0  # seconds between two log lines of one outage
-# After a wake-up the change token did not confirm, the idle worker reads it again after
-# these naps (seconds): a commit is announced at its first write, and on a loaded disk it
-# may become visible only after confirm has given up (see core/sqlite/wake.py confirm).
-RECHECKS = (0.25, 0.5, 1.0, 2.0)
 
 
 def ctx_run_id(batch: list[Event]) -> int | None:
@@ -217,12 +250,18 @@ class Worker:
         self._renew_mono = 0.0
         self._until = 0
         self._given_up: int | None = None  # a generation to hand back (a claim's fate unknown)
-        self._outage: float | None = None  # (monotonic) since the database stopped answering
-        self._outage_logged = 0.0
-        self._backoff = 0.0
-        self._full: float | None = None  # (monotonic) since a write found no room on disk
-        self._full_logged = 0.0
-        self._full_backoff = 0.0
+        # Until an inbox call answers again: the database does not answer (_lost)...
+        self._outage = _Spell(
+            logging.WARNING,
+            "still cannot reach the database after %s: %s",
+            "the database answers again after %s",
+        )
+        # ... and until a write commits again: a write found no room on disk (_no_room).
+        self._full = _Spell(
+            logging.ERROR,
+            "still no room to write after %s: %s",
+            "the inbox takes writes again after %s",
+        )
         self._main: asyncio.Task[Any] | None = None  # run()'s task, while it runs
         self._deadline: asyncio.TimerHandle | None = None
         self._forced_out = False  # run() was cancelled by _stop_now
@@ -428,58 +467,23 @@ class Worker:
         return result
 
     async def _lost(self, exc: ConnectionLost) -> None:
-        """The database did not answer: back off (0.1 s doubling to OUTAGE_BACKOFF) instead
-        of asking again at once, and say so once, then once per OUTAGE_LOG_EVERY, not once
-        per try: a standby meeting a server that is down must neither spin nor flood."""
-        now = time.monotonic()
-        if self._outage is None:
-            self._outage, self._outage_logged = now, now
-            log.warning("%s; retrying with backoff", exc)
-        elif now - self._outage_logged >= OUTAGE_LOG_EVERY:
-            self._outage_logged = now
-            log.warning(
-                "still cannot reach the database after %s: %s",
-                duration(int(now - self._outage)),
-                exc,
-            )
-        self._backoff = min(max(self._backoff * 2, 0.1), OUTAGE_BACKOFF)
-        await self._sleep(self._backoff)
+        """The database did not answer: back off instead of asking again at once, and say
+        so once: a standby meeting a server that is down must neither spin nor flood."""
+        await self._sleep(self._outage.met(exc))
 
     async def _no_room(self, exc: StorageFull) -> None:
-        """A write found no room on the inbox's disk (nothing was written): back off (0.1 s
-        doubling to OUTAGE_BACKOFF) and say so once, then once per OUTAGE_LOG_EVERY, until a
-        write succeeds (`_written`). Reads still answer meanwhile, so a read's success does
-        not end it; and the disk stays full until someone frees space, so the worker must
-        neither spin nor flood its log while it waits."""
-        now = time.monotonic()
-        if self._full is None:
-            self._full, self._full_logged = now, now
-            log.error("%s; retrying with backoff", exc)
-        elif now - self._full_logged >= OUTAGE_LOG_EVERY:
-            self._full_logged = now
-            log.error("still no room to write after %s: %s", duration(int(now - self._full)), exc)
-        self._full_backoff = min(max(self._full_backoff * 2, 0.1), OUTAGE_BACKOFF)
-        await self._sleep(self._full_backoff)
+        """A write found no room on the inbox's disk (nothing was written): the same, until
+        a write commits (`_written`). Reads still answer meanwhile, so a read's success
+        does not end it; the disk stays full until someone frees space."""
+        await self._sleep(self._full.met(exc))
 
     def _written(self) -> None:
         """A write committed: a full disk, if any, has room again."""
-        if self._full is not None:
-            log.warning(
-                "the inbox takes writes again after %s",
-                duration(int(time.monotonic() - self._full)),
-            )
-            self._full = None
-        self._full_backoff = 0.0
+        self._full.end()
 
     def _reached(self) -> None:
         """An inbox call answered: an outage, if any, is over."""
-        if self._outage is not None:
-            log.warning(
-                "the database answers again after %s",
-                duration(int(time.monotonic() - self._outage)),
-            )
-            self._outage = None
-        self._backoff = 0.0
+        self._outage.end()
 
     async def _hold_lease(self) -> bool:
         """Renew the lease we hold, or take it; False (after waiting) if another holds it."""

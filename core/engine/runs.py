@@ -29,6 +29,9 @@ class Claimed:
     token: tuple[int, int] | None  # the change token as the step began (None: not asked)
     settings: Settings  # as stored when the claim was made
     more_timers: bool  # a storm: more timers are due than this step's slice of the pass fired
+    # A step that fired no timers: whether one is due, where the dialect read that with the
+    # claim at no cost (False lets a worker take this as its idle look); else None.
+    timers_due: bool | None = None
 
 
 def claim_next(
@@ -54,9 +57,13 @@ def claim_next(
     # The claim's look goes with the probe for due timers (one round trip where the
     # dialect can); a timer that fires changes what it would read, and it is read again.
     look = (gen, settings.max_attempts, settings.max_batch)
-    if timers and scheduler.nothing_due(tx, now, look) is None:
-        _, more = scheduler.run_scheduler(tx, now)
-    return Claimed(_claim(tx, state, holder, gen, now), token, settings, more)
+    due = None
+    if timers:
+        if scheduler.nothing_due(tx, now, look) is None:
+            _, more = scheduler.run_scheduler(tx, now)
+    else:
+        due = tx.timer_due_known(now, look)
+    return Claimed(_claim(tx, state, holder, gen, now), token, settings, more, due)
 
 
 def plain_claim(settings: Settings) -> bool:

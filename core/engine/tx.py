@@ -284,6 +284,12 @@ class Tx(Protocol):
         and answer that claim_look from it, if no other statement runs in between."""
         ...
 
+    def timer_due_known(self, now: int, look: tuple[int, int, int]) -> bool | None:
+        """timer_due's answer for a claim_look with `look` at `now` where this transaction
+        has read it already (with the statement it began with), changing nothing; None
+        where the answer would cost a statement."""
+        ...
+
     def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
         """Move recurring timers on after firing (a None last_fired/last_skipped keeps the
         stored value; overflow is added)."""

@@ -592,6 +592,13 @@ class Tx:
             self.taken = ((holder, gen, ids, now), made[0])
         return any(row[-1] == 23 and row[0] == 1 for row in rows)
 
+    def timer_due_known(self, now: int, look: tuple[int, int, int]) -> bool | None:
+        gen, max_attempts, limit = look
+        probed = self.probed  # read with the lock (saw_look, saw_take), left for timer_due
+        if probed is not None and probed[0] == (gen, now, max_attempts, limit):
+            return probed[1]
+        return None
+
     def timer_due(self, now: int, look: tuple[int, int, int] | None = None) -> bool:
         if look is None:
             return self.run("timer_due_any", now=now).fetchone() is not None

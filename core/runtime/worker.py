@@ -417,8 +417,9 @@ class Worker:
     def _fires_timers_ahead(self) -> bool:
         """Whether a finish's claim of the next run fires due timers. One that does not,
         and finds nothing to run, is not taken as the loop's claim when the loop's would
-        fire them (`_claim_fires_timers`): the loop claims again, so a timer due is never
-        left waiting on an idle worker."""
+        fire them (`_claim_fires_timers`), unless it read that none is due
+        (`Claimed.timers_due`): the loop claims again, so a timer due is never left
+        waiting on an idle worker."""
         return self._fires_timers()
 
     def _claim_fires_timers(self) -> bool:
@@ -903,7 +904,12 @@ class Worker:
                 await self._sleep(min(self.poll_interval, 0.5))
                 continue
             break
-        if claimed is not None and (claimed.events or fired or not self._claim_fires_timers()):
+        if claimed is not None and (
+            claimed.events
+            or fired
+            or not self._claim_fires_timers()
+            or claimed.timers_due is False  # the loop's claim would fire none either
+        ):
             self._more_timers = claimed.more_timers
             token = claimed.token if self.marks_in_claim else mark
             self._ahead = (ctx.gen, at, token, claimed.events)

@@ -184,6 +184,9 @@ class SqliteTx:
     def timer_due(self, now: int, look: tuple[int, int, int] | None = None) -> bool:
         return self.run("timer_due_any", now=now).fetchone() is not None
 
+    def timer_due_known(self, now: int, look: tuple[int, int, int]) -> bool | None:
+        return None  # a finish's claim here fires timers: nobody asks
+
     def advance_timers(self, rows: Sequence[TimerAdvance]) -> None:
         self.run("timers_advance", rows=list(rows))
 

@@ -12,6 +12,7 @@ transaction). Both must answer the same and leave the same rows behind.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -357,3 +358,63 @@ async def _finish_in(url: str, name: str, state: dict, one_message: bool, at: in
 
 def test_any_state_a_finish_meets_is_decided_the_same_with_or_without_the_one_message(pg):
     twins_agree(pg, _STATE, _finish_in, 200, rows=_same_rows)
+
+
+async def _worker_until_idle(url: str, monkeypatch, name: str, agent) -> list[str]:
+    """A ListeningWorker on inbox `name` (one event in it) until it first naps idle after a
+    run: the kinds of message it sent (see _record)."""
+    from onwatch.core.runtime.listening_worker import ListeningWorker
+    from tests.waiting import until
+
+    box = await Inbox.open(url, name=name)
+    await box.ingest("chat", "m1", {})
+    sent = _record(monkeypatch)
+    worker = ListeningWorker(box, agent, holder="w", poll_interval=0.1)
+    napped = asyncio.Event()
+    nap = worker._nap
+
+    async def noted(seen: int, seconds: float) -> bool:
+        if worker.stats.runs:
+            napped.set()
+        return await nap(seen, seconds)
+
+    worker._nap = noted  # type: ignore[method-assign]
+    task = asyncio.create_task(worker.run())
+    try:
+        await until(napped.is_set, what="the worker idle after its runs")
+        return list(sent)
+    finally:
+        worker.request_stop()
+        await task
+        await box.close()
+
+
+async def test_a_worker_that_ran_its_inbox_dry_naps_without_claiming_again(url, monkeypatch):
+    """The last finish's claim found nothing, and read with it that no timer is due: that
+    claim is the worker's last look before it naps. It claimed once more (a transaction with
+    the lock: every time a PostgreSQL worker went idle), to fire timers it knew of none."""
+
+    async def agent(batch, ctx) -> None:
+        return None
+
+    sent = await _worker_until_idle(url, monkeypatch, "dry", agent)
+    after = sent[sent.index("finish_take") + 1 :]
+    assert "take" not in after and "claim" not in after, sent
+
+
+async def test_a_timer_due_when_the_last_finish_claimed_nothing_fires_before_the_nap(
+    url, monkeypatch
+):
+    """The same finish, with a timer come due during the run (set by another process): the
+    finish's claim says so, and the worker claims again at once, firing it, before it naps."""
+    other = await Inbox.open(url, name="timed")
+
+    async def agent(batch, ctx) -> None:
+        if batch[0].source == "chat":
+            await other.add_timer("nudge", due=1)  # long past: due now
+
+    try:
+        sent = await _worker_until_idle(url, monkeypatch, "timed", agent)
+        assert [e.source for e in await other.events("done")] == ["chat", "timer"], sent
+    finally:
+        await other.close()

@@ -611,3 +611,16 @@ def test_a_connected_fleet_worker_answers_for_waiting_approvals_not_for_waiting_
     assert needs_worker(busy, T0) and needs_worker(busy, T0, watched=True)
     due = InboxSummary("due", "due", "due", T0, waiting=1, next_timer_due=T0 - 1)
     assert needs_worker(due, T0, watched=True)
+
+
+def test_work_waiting_under_a_connected_fleet_worker_waits_for_a_visit_not_a_worker():
+    """The lease cell of an inbox whose work nobody holds: "no worker" while no fleet worker
+    is connected; with one connected, the inbox waits for its visit (a free slot), and the
+    cell said "no worker" all the same."""
+    from onwatch.core.fleet import InboxSummary
+    from onwatch.tui.fleet.screen import lease_cell
+
+    busy = InboxSummary("busy", "busy", "busy", T0, pending=1, oldest_pending=T0 - 5)
+    assert lease_cell(busy, T0, narrow=False).plain == "no worker · waiting 5s"
+    assert lease_cell(busy, T0, narrow=False, watched=True).plain == "fleet · waiting 5s"
+    assert lease_cell(busy, T0, narrow=True, watched=True).plain == "queued 5s"

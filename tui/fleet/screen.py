@@ -137,8 +137,11 @@ def lease_cell(summary: InboxSummary, now: int, narrow: bool, watched: bool = Fa
     lease = summary.lease
     since = unserved_since(summary, now)
     if since is not None:
-        # Nobody holds the lease and work waits: say so, with how long it has waited.
+        # Nobody holds the lease and work waits: say so, with how long it has waited. With
+        # a fleet worker connected it waits for a visit (a slot), not for a worker to exist.
         waited = coarse(now - since)
+        if watched:
+            return Text(f"queued {waited}" if narrow else f"fleet · waiting {waited}")
         return Text(f"no worker {waited}" if narrow else f"no worker · waiting {waited}")
     if needs_worker(summary, now, watched) and (narrow or lease is None):
         # Approvals wait, and no worker will act on their answers.

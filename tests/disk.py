@@ -1,9 +1,10 @@
 """A small file system of a test's own, to fill and to free: the real "no space left on
 device" that a write meets on a full disk, not an imitation of it.
 
-`small_disk()` mounts a tmpfs of a few hundred KiB, which needs root (the mount
-system call); where that cannot be had, the test is skipped and says why. `fill()` writes
-a filler file until the file system refuses another byte, `free()` removes it.
+`small_disk()` mounts a tmpfs of a few MiB (its size is the test's choice), which needs root
+(the mount system call); where that cannot be had, the test is skipped and says why.
+`fill()` writes a filler file until the file system refuses another byte, `free()` removes
+it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import pytest
 
 
 class Disk:
+    """The mounted file system: `path`, its folder; `fill()` and `free()`."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._filler = path / "filler"

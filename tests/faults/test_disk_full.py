@@ -1,12 +1,13 @@
 """A full disk, for real: the inbox's file system (or the PostgreSQL server's tablespace)
 filled to the last byte while onwatch writes to it, then freed.
 
-The rule it tests (docs/rules.md#a-full-disk): a write that finds no room raises
-StorageFull, a kind of InboxBusy, and changes nothing; whatever retries a locked inbox
-retries it, so nothing is lost and nothing runs twice once space is freed. Before, the
-engine called it a plain error (a damaged inbox, when the `-shm` index could not be made; a
-lost connection on PostgreSQL), the worker exited after the agent's run with its outcome
-unwritten, and the webhook receiver answered 500.
+The rule it tests (docs/rules.md, "A full disk", under the inbox file against the world
+outside it): a write that finds no room raises StorageFull, a kind of InboxBusy, and changes
+nothing; whatever retries a locked inbox retries it, so nothing is lost and nothing runs
+twice once space is freed. Before, the engine called it a plain error (a damaged inbox, when
+the `-shm` index could not be made; a lost connection on PostgreSQL), the worker exited
+after the agent's run with its outcome unwritten, the webhook receiver answered 500, and
+`onwatch notify` with its memory there stopped with an internal error.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import pytest
 from onwatch.core import Inbox, InboxBusy, StorageFull
 from onwatch.core.webhooks import Secrets, start_server
 from tests.disk import Disk, small_disk
+from tests.watch.helpers import die
 from tests.webhook.helpers import HOOK_SECRET, standard_headers
 from tests.worker.helpers import env, log_of, onwatch, start_worker, stop, wait_for
 
@@ -224,7 +225,7 @@ async def test_the_notifier_waits_out_a_full_disk_and_says_each_death_once(tmp_p
             disk.fill()
             async with await Inbox.open(path, create=False) as inbox:
                 for name in ("m-1", "m-2"):
-                    await _die(inbox, name)
+                    await die(inbox, name)
             wait_for(
                 lambda: "nothing more is said" in log.read_text() or notifier.poll() is not None,
                 what="the notifier to meet the full disk",
@@ -245,12 +246,3 @@ async def test_the_notifier_waits_out_a_full_disk_and_says_each_death_once(tmp_p
 def _said(folder: Path) -> int:
     said = folder / "said.jsonl"
     return len(said.read_text().splitlines()) if said.exists() else 0
-
-
-async def _die(inbox: Inbox, source_id: str) -> None:
-    """An event that dies at once (max_attempts 1)."""
-    await inbox.ingest("chat", source_id, {})
-    gen = await inbox.acquire("w")
-    batch = await inbox.claim_batch("w", gen)
-    await inbox.finish("w", gen, [e.id for e in batch], error=f"{source_id} failed")
-    await inbox.release("w", gen)

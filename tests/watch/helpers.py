@@ -50,3 +50,13 @@ def log_of(test_dir: Path, name: str = "worker") -> str:
 
 
 __all__ = ["start_worker", "say", "said", "log_of", "wait_for"]
+
+
+async def die(inbox, source_id: str) -> None:
+    """An event that dies at once (the inbox's max_attempts 1), its error with an escape code
+    in it (what the notifier says of it must be escaped)."""
+    await inbox.ingest("chat", source_id, {})
+    gen = await inbox.acquire("w")
+    batch = await inbox.claim_batch("w", gen)
+    await inbox.finish("w", gen, [e.id for e in batch], error=f"{source_id} failed \x1b[31m")
+    await inbox.release("w", gen)

@@ -19,7 +19,7 @@ from onwatch.core.notify import DEADLINE_WARNING, Notifier, Watched
 
 from tests.worker.helpers import env, kill_listed, stop
 
-from .helpers import wait_for
+from .helpers import die, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -69,15 +69,6 @@ def notify_log(test_dir: Path) -> str:
     return path.read_text(errors="replace") if path.exists() else ""
 
 
-async def _die(inbox: Inbox, source_id: str) -> None:
-    """An event that dies at once (max_attempts 1)."""
-    await inbox.ingest("chat", source_id, {})
-    gen = await inbox.acquire("w")
-    batch = await inbox.claim_batch("w", gen)
-    await inbox.finish("w", gen, [e.id for e in batch], error=f"{source_id} failed \x1b[31m")
-    await inbox.release("w", gen)
-
-
 async def test_each_thing_is_said_once_across_the_notifiers_restart(tmp_path):
     path = str(tmp_path / "alice.db")
     async with await Inbox.open(path) as inbox:
@@ -92,7 +83,7 @@ async def test_each_thing_is_said_once_across_the_notifiers_restart(tmp_path):
         assert "refund 5 EUR to \\x1b]0;pwn\\x07 bob" in first["text"]  # escaped, one line
         assert first["deadline"] - first["at"] in range(7190, 7201)
         async with await Inbox.open(path, create=False) as inbox:
-            await _die(inbox, "m-1")
+            await die(inbox, "m-1")
         wait_for(lambda: len(said(tmp_path)) == 2, what="the death to be said")
         assert said(tmp_path)[1]["kind"] == "event_dead"
         assert said(tmp_path)[1]["ids"]["event_id"] == 1
@@ -108,7 +99,7 @@ async def test_each_thing_is_said_once_across_the_notifiers_restart(tmp_path):
         notifier.wait(10)
         notifier = start(path, tmp_path)
         async with await Inbox.open(path, create=False) as inbox:
-            await _die(inbox, "m-2")
+            await die(inbox, "m-2")
         wait_for(lambda: len(said(tmp_path)) == 4, what="the second death")
         wait_for(lambda: "watching" in notify_log(tmp_path))
     finally:
@@ -216,7 +207,7 @@ async def test_a_folder_of_inboxes(tmp_path):
     try:
         wait_for(lambda: len(said(tmp_path)) == 2, what="one approval per inbox")
         async with await Inbox.open(str(folder / "bob.db"), create=False) as inbox:
-            await _die(inbox, "b-1")
+            await die(inbox, "b-1")
         wait_for(lambda: len(said(tmp_path)) == 3, what="bob's dead event")
     finally:
         assert stop(notifier) == 0, notify_log(tmp_path)
@@ -291,7 +282,7 @@ async def test_every_inbox_of_a_postgresql_database(tmp_path):
         notifier.wait(10)
         notifier = start(url, tmp_path)
         async with await Inbox.open(url, name="bob", create=False) as inbox:
-            await _die(inbox, "b-1")
+            await die(inbox, "b-1")
         wait_for(lambda: len(said(tmp_path)) == 3, timeout=30, what="bob's dead event")
     finally:
         assert stop(notifier) == 0, notify_log(tmp_path)

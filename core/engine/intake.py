@@ -39,6 +39,8 @@ def ingest_many(tx: Tx, items: Sequence[Item]) -> list[bool | Exception]:
             result = exc
         except tx.row_errors as exc:
             result = BadInput(f"event not stored: {reason(exc)}")
+        except tx.database_errors:
+            raise  # not this item's (a full disk, a lost connection): every caller's
         except Exception as exc:  # noqa: BLE001 - this item's own error, given to its caller
             result = InboxError(f"event not stored: {reason(exc)}")
         results.append(result)

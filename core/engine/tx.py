@@ -167,6 +167,10 @@ class Tx(Protocol):
     # What a stored row the engine cannot process raises (decoding and the database's own
     # refusals of a value), beyond core/engine/decoding.py's DECODE_ERRORS.
     row_errors: tuple[type[BaseException], ...]
+    # What the database raises about itself, never about one row: a full disk, a lock held
+    # too long, a lost connection (the driver's OperationalError). Every row's, so never
+    # caught for one row: the transaction fails, and each caller hears why.
+    database_errors: tuple[type[BaseException], ...]
 
     @property
     def batch_alone(self) -> bool:

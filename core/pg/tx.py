@@ -294,6 +294,7 @@ class Tx:
         psycopg.DataError,
         psycopg.IntegrityError,
     )
+    database_errors: tuple[type[BaseException], ...] = (psycopg.OperationalError,)
 
     __slots__ = (
         "conn",

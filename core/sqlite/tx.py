@@ -52,6 +52,7 @@ class SqliteTx:
     # What a stored row the engine cannot process raises: decoding, and the file's own
     # refusal of a value (a CHECK, a key).
     row_errors: tuple[type[BaseException], ...] = DECODE_ERRORS + (sqlite3.IntegrityError,)
+    database_errors: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)
 
     __slots__ = ("conn", "statements", "journal_in_memory")
 

@@ -12,6 +12,7 @@ after the agent's run with its outcome unwritten, the webhook receiver answered 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -164,6 +165,14 @@ async def test_postgresql_out_of_room_is_storage_full_not_a_lost_connection(tmp_
             disk.fill()
             stored, refused = await _ingest_until_refused(box, "k")
             assert "the PostgreSQL server has no room to write" in str(refused)
+            # Ingests that arrive together share a transaction: the disk is no one item's
+            # fault, so none of them is refused as if it were (they were: "event not
+            # stored", a plain error, a receiver's 500).
+            together = await asyncio.gather(
+                *(box.ingest("s", f"g{n}", PAD) for n in range(20)), return_exceptions=True
+            )
+            kinds = [f"{type(result).__name__}: {str(result)[:60]}" for result in together]
+            assert all(isinstance(result, StorageFull) for result in together), kinds
             assert (await box.counts())["pending"] == 1 + stored
             disk.free()
             assert await box.ingest("s", f"k{stored}", PAD) is True

@@ -28,6 +28,8 @@ def ingest_many(tx: Tx, items: Sequence[Item]) -> list[bool | Exception]:
     try:
         with tx.savepoint("intake_group"):
             return _ingest_items(tx, items)
+    except tx.database_errors:
+        raise  # no item's fault (a full disk, a lost connection): every caller's, at once
     except Exception:  # noqa: BLE001 - retried item by item just below
         pass
     results: list[bool | Exception] = []

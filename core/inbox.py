@@ -1259,6 +1259,13 @@ class Inbox:
         """Every run that claimed this event, oldest first."""
         return await self._db.read(reads.runs_for_event, checks.event_id(event_id))
 
+    async def held_back(self) -> str | None:
+        """Why the store cannot clean up after its writes, held back by a reader of another
+        process that does not end (an inbox file's write-ahead log that cannot be copied
+        back; a database's transaction left open), else None: what `onwatch status` and
+        the worker's log say (docs/rules.md, "A read that never ends")."""
+        return await self._db.call(reads.held_back)
+
     async def overview(self, *, now: int | None = None) -> Overview:
         """Counts, lease, flags and budgets in one consistent read."""
         return await self._db.read(reads.overview, self._now(now))

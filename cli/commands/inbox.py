@@ -131,6 +131,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
         spending = await inbox.spending(days=SPEND_DAYS, now=view.now)
         settings = inbox.settings
         offset = inbox.clock_offset
+        held_back = await inbox.held_back()
         shown = inbox.path  # a URL's passwords left out
     data = dataclasses.asdict(view)
     data["path"] = shown
@@ -147,6 +148,7 @@ async def cmd_status(args: argparse.Namespace) -> int:
     data["lease_ttl"] = settings.lease_ttl
     data["on_lost_claim"] = settings.on_lost_claim
     data["workers"] = [dataclasses.asdict(w) for w in workers]
+    data["held_back"] = held_back
     if args.json:
         emit_json(data)
         return OK
@@ -204,6 +206,8 @@ async def cmd_status(args: argparse.Namespace) -> int:
             f"clock       this machine is {abs(offset):.1f} s {side} the server's clock "
             f"(decisions follow the server's; check this machine's time synchronisation)"
         )
+    if held_back is not None:
+        print(f"held back   {held_back}")
     print(f"set aside   {view.set_aside} stored row(s) the engine could not process")
     for unit in spending.units:
         days = " ".join(

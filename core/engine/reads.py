@@ -132,6 +132,10 @@ def run_activity(tx: Tx, since: int) -> tuple[tuple[int, int, int], ...]:
     )
 
 
+def held_back(tx: Tx) -> str | None:
+    return tx.held_back()
+
+
 def overview(tx: Tx, now: int | None) -> Overview:
     now = tx.now(now)
     settings = load_settings(tx)

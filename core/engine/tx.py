@@ -308,6 +308,12 @@ class Tx(Protocol):
         by one."""
         ...
 
+    def held_back(self) -> str | None:
+        """Why the store cannot clean up after its writes, held back by a reader of another
+        process that does not end, else None (docs/rules.md, "A read that never ends"). Run
+        outside a transaction (Connection.call)."""
+        ...
+
     def change_token(self) -> tuple[int, int]:
         """A value that moves whenever anything of this inbox committed (cheap, no table
         scan): what an idle poller compares."""

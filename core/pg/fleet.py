@@ -15,6 +15,7 @@ from ..errors import InboxError, NotAnInbox
 from ..settings import Settings
 from . import redact, schema
 from .connect import CONNECT_TIMEOUT, connect
+from .tx import held_open
 
 __all__ = ["Looker", "Candidate", "Unreachable", "WITH_WORK", "FLEET_WORKER_LOCK"]
 
@@ -213,6 +214,14 @@ class Looker:
         # The server's clock comes with every look (one row even when none has work).
         self.offset = float(rows[0][0]) - time.time()
         return [Candidate(name, changes, since) for _, name, changes, since in rows if name]
+
+    def held_back(self) -> str | None:
+        """Inbox.held_back for the whole database (None also when it cannot be asked now:
+        the next look says why)."""
+        try:
+            return held_open(self._connection().execute)
+        except psycopg.Error:
+            return None
 
     def _connection(self) -> psycopg.Connection:
         conn = self.conn

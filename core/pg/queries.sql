@@ -878,6 +878,19 @@ ORDER BY requested, request_id;
 -- name: inbox_notify
 SELECT pg_notify('onwatch', name) FROM inboxes WHERE id = %(inbox)s;
 
+-- The oldest transaction of another session of this database that has held old rows (a
+-- snapshot, or an id of its own) for over %(seconds)s: until it ends, no row that a write
+-- leaves behind can be cleaned up (vacuumed), in any table of the database. Another role's
+-- sessions show here only to a role that may read their statistics (pg_read_all_stats).
+-- name: held_open
+SELECT pid, usename, application_name, state,
+       floor(extract(epoch FROM clock_timestamp() - xact_start))::bigint
+FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid()
+  AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL)
+  AND xact_start < clock_timestamp() - make_interval(secs => %(seconds)s::double precision)
+ORDER BY xact_start LIMIT 1;
+
 -- --- databases of an older schema, read as they are (reads never migrate) ------------------
 
 -- Before schema 5 no timer could be paused.

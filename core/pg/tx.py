@@ -21,6 +21,8 @@ from ..engine.tx import (
     TimerAdvance,
     savepoint,
 )
+from ..humanize import duration
+from ..text import printable
 from .rows import Row, one
 
 STATEMENTS = load(Path(__file__).with_name("queries.sql"))
@@ -268,6 +270,28 @@ def _finish_and_take_with_lock(take: str, finish: str) -> str:
 FINISH_AND_TAKE_WITH_LOCK = _finish_and_take_with_lock(TAKE_WITH_LOCK, STATEMENTS["finish_done"])
 
 SERVER_TIME = "SELECT extract(epoch FROM clock_timestamp())"
+# A transaction open this long (seconds) holding old rows is worth a person's look: a
+# session left inside BEGIN (psql, a notebook), a report that never ends (`held_back`).
+HELD_OPEN = 900
+
+
+def held_open(execute: Any) -> str | None:
+    """Another session's transaction open for over HELD_OPEN seconds holding old rows, in
+    words (None if there is none): until it ends, vacuum cleans up nothing that a write of
+    the database left behind. `execute` is a connection's or a Tx's."""
+    row = execute(STATEMENTS["held_open"], {"seconds": HELD_OPEN}).fetchone()
+    if row is None:
+        return None
+    pid, role, application, state, seconds = row
+    return (
+        f"a session of this database (pid {pid}, role {printable(role or '?')}, "
+        f"application {printable(application or '-')}, {printable(state or '?')}) has "
+        f"held a transaction open for {duration(seconds)}: PostgreSQL cleans up no row a "
+        f"write leaves behind until it ends, so tables and indexes grow and reads slow "
+        f"(idle_in_transaction_session_timeout ends such sessions)"
+    )
+
+
 UNSEEN = object()  # Tx.seen_settings before any write transaction read them
 # The columns of the locked row (core/pg/db.py INBOX_ROW) that `meta` reads from it.
 _IN_ROW = {"paused": 4, "released_gen": 6}
@@ -665,6 +689,9 @@ class Tx:
         # JSON check an expression can use before version 16: every due timer here takes
         # the scheduler's planner (one statement per kind of write per chunk all the same).
         return 0
+
+    def held_back(self) -> str | None:
+        return held_open(self.execute)
 
     def change_token(self) -> tuple[int, int]:
         """The inbox's change counter: one more for every commit that changed a row of it.

@@ -57,7 +57,7 @@ from ..pg.listen import Listener
 from ..pg.shared import Connections
 from ..text import printable
 from .listening_worker import ListeningWorker
-from .worker import SERVING, STOP_SLACK, AgentWedged, WorkerStats
+from .worker import SERVING, STOP_SLACK, AgentWedged, HeldBack, WorkerStats
 
 __all__ = ["FleetWorker"]
 log = logging.getLogger("onwatch.pg.fleet")
@@ -145,6 +145,7 @@ class FleetWorker:
         self._wedged: AgentWedged | None = None
         self._refused: InboxError | None = None  # the database became one it cannot serve
         self._looker = Looker(url)
+        self._held_back = HeldBack(log, "fleet: ")
         self._listener: Listener | None = None
         self._chores: set[asyncio.Task[None]] = set()
 
@@ -226,6 +227,7 @@ class FleetWorker:
                 if backoff:
                     log.warning("fleet: %s reachable again", printable(redact(self.url)))
                     backoff = 0.0
+                await self._held_back.look(lambda: asyncio.to_thread(self._looker.held_back))
                 if not started:
                     self._changed.clear()
                     await self._wait(listener)
@@ -547,6 +549,7 @@ class _Visit(ListeningWorker):
     # The look found the lease free a moment ago: the visit asks for it at once (taken
     # meanwhile, the acquire says so, and the lease is read then).
     looks_before_acquiring = False
+    looks_held_back = False  # the fleet looks for the whole database (FleetWorker.run)
 
     async def run(self) -> WorkerStats:
         serving = SERVING.set(printable(self.name))  # its log lines name its inbox

@@ -72,6 +72,8 @@ TRANSCRIPT_FLUSH = 5.0  # seconds a finish waits for its run's transcript to be 
 STOP_SLACK = 5.0
 OUTAGE_BACKOFF = 5.0  # seconds between two tries, at most, while the database cannot be used
 OUTAGE_LOG_EVERY = 60.0  # seconds between two log lines of one outage (or full disk)
+HELD_BACK_LOOK_EVERY = 60.0  # seconds between two looks at whether cleanup is held back
+HELD_BACK_SAY_EVERY = 3600.0  # seconds between two log lines while it stays held back
 # After a wake-up the change token did not confirm, the idle worker reads it again after
 # these naps (seconds): a commit is announced at its first write, and on a loaded disk it
 # may become visible only after confirm has given up (see core/sqlite/wake.py confirm).
@@ -109,6 +111,36 @@ class _Spell:
             log.warning(self.over, duration(int(time.monotonic() - self.since)))
             self.since = None
         self.backoff = 0.0
+
+
+class HeldBack:
+    """A reader of another process that keeps the store from cleaning up after its writes
+    (`Inbox.held_back`), in the log: looked at once per HELD_BACK_LOOK_EVERY, a warning when
+    it begins, again once per HELD_BACK_SAY_EVERY while it lasts (it grows slowly), and a
+    line when it ends."""
+
+    def __init__(self, logger: logging.Logger = log, prefix: str = "") -> None:
+        self.log, self.prefix = logger, prefix
+        self.due = 0.0  # (monotonic) when the next look is due
+        self.said = 0.0  # (monotonic) when it was last said
+        self.holding = False
+
+    async def look(self, ask: Callable[[], Awaitable[str | None]]) -> None:
+        now = time.monotonic()
+        if now < self.due:
+            return
+        self.due = now + HELD_BACK_LOOK_EVERY
+        try:
+            why = await ask()
+        except InboxError:
+            return  # a store that cannot answer now: the worker's own steps say why
+        if why is None:
+            if self.holding:
+                self.holding = False
+                self.log.warning("%scleanup is no longer held back", self.prefix)
+        elif not self.holding or now - self.said >= HELD_BACK_SAY_EVERY:
+            self.holding, self.said = True, now
+            self.log.warning("%scleanup held back: %s", self.prefix, why)
 
 
 class _NamesTheInbox(logging.Filter):
@@ -273,6 +305,7 @@ class Worker:
         self._waiting_for: tuple[str, int] | None = None  # the other holder last logged
         self._held_logged: int | None = None  # the paced send a "reply held" line named
         self._beat_due = 0.0  # (monotonic) when this process next records its heartbeat
+        self._held_back = HeldBack()
         self._stop = asyncio.Event()
         self._stop_waiter: asyncio.Task[Any] | None = None  # _stop_wait's, while run() runs
         self._force = asyncio.Event()
@@ -358,6 +391,8 @@ class Worker:
                     continue
                 self._check_file()
                 await self._heartbeat()
+                if self.looks_held_back:
+                    await self._held_back.look(self.inbox.held_back)
                 if not await self._hold_lease():
                     if self.stopping:
                         # Stopping, and the lease cannot be held now (a locked database):
@@ -409,6 +444,9 @@ class Worker:
     # standby's wake-up then costs a read only (a fleet's visit was sent by a look that
     # found the lease free, and asks at once).
     looks_before_acquiring = True
+    # Whether it looks, now and then, for a reader of another process that holds back the
+    # store's cleanup (HeldBack); a fleet looks once for its whole database, not per visit.
+    looks_held_back = True
 
     def _fires_timers(self) -> bool:
         """Whether this claim fires due timers (a subclass may do it less often)."""

@@ -18,7 +18,7 @@ import aiosqlite
 from ..engine.tx import Ahead
 from ..errors import FileLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
 from . import files, schema
-from .tx import STATEMENTS, SqliteTx
+from .tx import STATEMENTS, WAL_KEPT, SqliteTx
 from .wake import Wake
 
 T = TypeVar("T")
@@ -850,6 +850,7 @@ def _prepare(
         _retry_while_busy(lambda: db.execute("PRAGMA journal_mode = WAL"), busy_timeout)
     # FULL: an acknowledged commit survives power loss, not only a process crash.
     db.execute("PRAGMA synchronous = FULL")
+    db.execute(f"PRAGMA journal_size_limit = {WAL_KEPT}")
     if version == 0 or (migrate and version < schema.SCHEMA_VERSION):
         # Creating a new inbox, or a migration asked for (docs/rules.md#upgrading-a-running-
         # deployment): schema.migrate re-reads the version under the write lock.

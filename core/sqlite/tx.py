@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sqlite3
 import time
@@ -12,6 +13,7 @@ from typing import Any, ContextManager, Sequence
 from ..engine.decoding import DECODE_ERRORS
 from ..engine.queries import load
 from ..engine.tx import COUNTERS, META_KEYS, InboxState, NewEvent, Row, TimerAdvance, savepoint
+from ..text import printable
 
 STATEMENTS = load(Path(__file__).with_name("queries.sql"))
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
@@ -43,6 +45,14 @@ def _one_form(statement: str) -> tuple[str, str] | None:
 def _bound_alone(value: Any) -> bool:
     """Whether a list's one element compares alike bound directly and read from JSON."""
     return type(value) is str or (type(value) is int and -(2**63) <= value < 2**63)
+
+
+# A write-ahead log this large has outgrown what the automatic checkpoints leave (about 4
+# MiB: they run at 1,000 pages): `held_back` looks at why.
+WAL_LARGE = 64 << 20
+# What a log that grew (held back, or one huge transaction) is cut back to when the next
+# write starts it over; without it the file keeps its largest size for good.
+WAL_KEPT = 16 << 20
 
 
 class SqliteTx:
@@ -221,6 +231,30 @@ class SqliteTx:
         finally:
             execute("PRAGMA ignore_check_constraints = OFF")
         return run
+
+    def held_back(self) -> str | None:
+        """A write-ahead log past WAL_LARGE that a checkpoint cannot copy back: a read that
+        another process holds open keeps every commit since in the log (SQLite copies a
+        commit back only once no reader may still need the page it replaces)."""
+        path = self.conn.execute("PRAGMA database_list").fetchone()[2]
+        try:
+            size = os.stat(f"{path}-wal").st_size
+        except OSError:
+            return None
+        if size < WAL_LARGE:
+            return None
+        try:  # what every commit's automatic checkpoint does; it never waits
+            frames, copied = self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1:]
+        except sqlite3.Error:  # opened read-only: the size alone tells
+            frames = copied = -1
+        if 0 <= frames <= copied:
+            return None  # all copied back: the next write starts the log over (WAL_KEPT)
+        return (
+            f"its write-ahead log {printable(path)}-wal is {size / 2**20:,.1f} MiB and cannot be "
+            f"copied back into the inbox file: another process holds a read open (a sqlite3 "
+            f"shell inside a transaction, a backup in progress?); the log grows with every "
+            f"write until that read ends"
+        )
 
     def change_token(self) -> tuple[int, int]:
         # Another connection's commit moves data_version; this connection's own, its count.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Hashable, Iterable
@@ -41,6 +42,7 @@ from onwatch.core.actions import check_actor, operator_name
 from onwatch.core.fleet import DatabaseFleet, FleetSource, FolderFleet, run_activity
 from onwatch.core.pg import is_url
 from onwatch.core.connection import SLOW_POLL
+from onwatch.core.runtime.worker import HELD_BACK_LOOK_EVERY
 
 from . import actions as desk
 from . import operator
@@ -184,6 +186,8 @@ class OnwatchApp(App[int]):
         self._polling = False
         self._follower: asyncio.Task[None] | None = None  # wakes the poll, see _follow
         self._problem: str | None = None
+        self._held_back: str | None = None  # what Inbox.held_back last said
+        self._held_back_due = 0.0  # (monotonic) when to ask it again
         self.file_problem: str | None = None  # the path no longer names the opened file
         # A folder (or database) of inboxes: the Fleet view opens over the panes, and the
         # inbox they show is the one chosen there (None until then).
@@ -267,6 +271,7 @@ class OnwatchApp(App[int]):
                 spending = await self.inbox.spending(days=SPEND_DAYS, now=now)
                 await self.inbox.reload_settings()  # `onwatch config` may have run meanwhile
                 fetched = [(p, await p.fetch(self.inbox, p.window, overview)) for p in wanted]
+                await self._look_held_back()
             except InboxError as exc:
                 self._problem = f"cannot read the inbox: {exc}"
                 self._seen_token = None  # the next poll tries again
@@ -289,6 +294,23 @@ class OnwatchApp(App[int]):
                 self.query_one(PaneBar).show_counts(self._counts())
             self.refresh_bindings()
             self.loaded.set()
+
+    async def _look_held_back(self) -> None:
+        """Ask, once per HELD_BACK_LOOK_EVERY, whether another process's read holds the
+        store's cleanup back: a badge while it does, a notice when it begins and ends."""
+        assert self.inbox is not None
+        if time.monotonic() < self._held_back_due:
+            return
+        self._held_back_due = time.monotonic() + HELD_BACK_LOOK_EVERY
+        why = await self.inbox.held_back()
+        if (why is None) != (self._held_back is None):
+            if why is not None:
+                message = safe_plain(f"cleanup held back: {why}", limit=500)
+                self.notify(message, severity="warning", markup=False, timeout=30)
+            else:
+                self.notify("cleanup is no longer held back", severity="information")
+        self._held_back = why
+        self.query_one(StatusStrip).show_held_back(why)
 
     def _counts(self) -> dict[str, str]:
         overview = self.overview
@@ -322,6 +344,7 @@ class OnwatchApp(App[int]):
 
     def _start_following(self) -> None:
         """Follow the inbox shown now (a fleet desk switches it; none before one is chosen)."""
+        self._held_back, self._held_back_due = None, 0.0  # asked anew of this inbox
         if self._follower is not None:
             self._follower.cancel()
             self._follower = None
@@ -361,6 +384,7 @@ class OnwatchApp(App[int]):
             elif self._problem is None:
                 status = self.query_one(StatusStrip)
                 status.updated_at = self.clock.now()
+                await self._look_held_back()  # a read may end while nothing commits
         except InboxError as exc:
             self._problem = f"cannot read the inbox: {exc}"
             self._seen_token = None  # the next poll that gets an answer reads again

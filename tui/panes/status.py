@@ -146,6 +146,8 @@ class StatusStrip(Vertical):
             yield Label("READ-ONLY", id="read-only", classes="badge")
             # A delaying budget used up: runs wait until the window frees or it is raised.
             yield Label("", id="over-budget", classes="badge")
+            # Another process's read keeps the store from cleaning up (Inbox.held_back).
+            yield Label("CLEANUP HELD BACK", id="held-back", classes="badge")
             yield Label("", id="budgets")
             # Runs of the last hour, as on the inbox's fleet row: a stall or failures show.
             yield Label("runs/h", id="runs-label")
@@ -174,6 +176,12 @@ class StatusStrip(Vertical):
                 )
             )
         self.set_class(why is not None, "-alarm")
+
+    def show_held_back(self, why: str | None) -> None:
+        """Show (or, with None, take down) the held-back badge; `why` is its tooltip."""
+        badge = self.query_one("#held-back", Label)
+        badge.display = why is not None
+        badge.tooltip = None if why is None else safe_text(why, limit=500)
 
     def show(
         self,

@@ -246,12 +246,16 @@ class Database:
                     readonly_why = f"SQLite cannot write beside it in {os.path.dirname(real)}"
             if db is None:
                 assert readonly_why is not None
-                if migrate:
-                    raise ReadOnlyInbox(
-                        f"cannot migrate {path}: {readonly_why}; nothing was changed"
-                    )
                 db = await cls._open_read_only(path, real, busy_timeout, factory)
                 db.read_only = f"{path} is read-only: {readonly_why}"
+                if migrate:  # a worker, `init`, `migrate`: each must write
+                    # (A file of this schema needs no migration: say what is refused.)
+                    doing = "migrate" if db.version < schema.SCHEMA_VERSION else "write to"
+                    await db._conn.close()
+                    raise ReadOnlyInbox(
+                        f"cannot {doing} {path}, which is read-only: {readonly_why}; "
+                        f"nothing was changed"
+                    )
             if held is None:
                 held = files.hold(real)  # created just now
             db._held = held

@@ -81,6 +81,7 @@ class _Snapshot:
     soonest_deadline: int | None
     lease_ttl: int
     spending: Spending | None = None
+    held_back: bool = False
 
 
 class _StateCollector:
@@ -159,6 +160,13 @@ class _StateCollector:
                 int(view.outbox_held),
             ),
             gauge("onwatch_paused", "1 while execution is paused by an operator", int(view.paused)),
+            gauge(
+                "onwatch_cleanup_held_back",
+                "1 while another process's read keeps the store from cleaning up after its "
+                "writes (Inbox.held_back: a -wal that cannot be copied back, a transaction "
+                "left open)",
+                int(snapshot.held_back),
+            ),
             gauge(
                 "onwatch_next_timer_seconds",
                 "seconds until the soonest timer is due; absent without timers",
@@ -321,11 +329,12 @@ class InboxMetrics:
             waiting = await self.inbox.approvals(limit=1) if overview.waiting_approvals else []
             settings = await self.inbox.reload_settings()
             spending = await self.inbox.spending(days=1, now=overview.now)
+            held_back = await self.inbox.held_back() is not None
         except InboxError as exc:
             log.warning("metrics: could not read the inbox: %s", exc)
             return None
         soonest = waiting[0].due if waiting and waiting[0].answer is None else None
-        return _Snapshot(overview, soonest, settings.lease_ttl, spending)
+        return _Snapshot(overview, soonest, settings.lease_ttl, spending, held_back)
 
     async def render(self) -> tuple[bytes, str]:
         """The exposition text of everything registered, and its content type."""

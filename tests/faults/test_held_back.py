@@ -82,6 +82,22 @@ async def grow(box: Inbox, path: Path, prefix: str) -> None:
     raise AssertionError(f"the log stayed at {wal_size(path)} bytes")
 
 
+async def scraped(box: Inbox) -> float:
+    """onwatch_cleanup_held_back in a scrape of `box`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from onwatch.core.metrics import InboxMetrics
+
+    text, _ = await InboxMetrics(box, process=False).render()
+    [value] = [
+        sample.value
+        for family in text_string_to_metric_families(text.decode())
+        for sample in family.samples
+        if sample.name == "onwatch_cleanup_held_back"
+    ]
+    return value
+
+
 @pytest.fixture
 def small_logs(monkeypatch) -> None:
     monkeypatch.setattr(sqlite_tx, "WAL_LARGE", LARGE)
@@ -101,6 +117,8 @@ async def test_a_read_held_open_elsewhere_is_said_and_the_log_is_cut_back_after(
             assert why is not None, "a log held back past WAL_LARGE went unsaid"
             assert f"{path}-wal is 0." in why and " MiB and cannot be copied back" in why
             assert "another process holds a read open" in why
+            assert await scraped(box) == 1
+        assert await scraped(box) == 0
         # The read ended: the next checkpoint copies the whole log back, nothing is held.
         assert await box.held_back() is None
         assert wal_size(path) > LARGE  # but the file keeps its size ...

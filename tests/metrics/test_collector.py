@@ -65,6 +65,7 @@ async def test_state_figures_equal_the_inbox_api(inbox):
         >= 1
     )
     assert value(found, "onwatch_paused", inbox="alice") == 0
+    assert value(found, "onwatch_cleanup_held_back", inbox="alice") == 0
     clock.advance(1000)  # past refund-2's deadline: overdue is negative, the lease expired
     found = await render(metrics)
     assert value(found, "onwatch_approval_soonest_deadline_seconds", inbox="alice") == -500

@@ -245,9 +245,9 @@ class SqliteTx:
             return None
         try:  # what every commit's automatic checkpoint does; it never waits
             frames, copied = self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1:]
-        except sqlite3.Error:  # opened read-only: the size alone tells
-            frames = copied = -1
-        if 0 <= frames <= copied:
+        except sqlite3.Error:  # a user who may not write the file: the size alone tells
+            frames, copied = 1, 0
+        if frames < 0 or frames <= copied:  # -1: it could not look now (another checkpoint)
             return None  # all copied back: the next write starts the log over (WAL_KEPT)
         return (
             f"its write-ahead log {printable(path)}-wal is {size / 2**20:,.1f} MiB and cannot be "

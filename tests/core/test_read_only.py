@@ -10,6 +10,7 @@ made read-only for the user running the tests.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -207,3 +208,37 @@ async def test_opened_read_only_every_write_is_refused_and_nothing_is_written(tm
             with pytest.raises(ReadOnlyInbox, match="read-only"):
                 await write
     assert digest(path) == before
+
+
+def test_a_reader_that_may_not_write_is_told_of_a_held_back_log(folder):
+    """Its look cannot run SQLite's checkpoint (that writes the file): the log's size alone
+    tells, and the look must not fail the reader's status."""
+    from tests.faults.test_held_back import LARGE, grow, read_held_open
+
+    path = folder / "held.db"
+    assert onwatch("init", str(path)).returncode == 0
+
+    async def grown() -> None:
+        async with await Inbox.open(path) as box:
+            await grow(box, path, "a")
+
+    script = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        from onwatch.core import Inbox
+        from onwatch.core.sqlite import tx
+        tx.WAL_LARGE = {LARGE}
+
+        async def main(path):
+            async with await Inbox.open(path, read_only=True) as box:
+                print(await box.held_back())
+
+        asyncio.run(main(sys.argv[1]))
+        """
+    )
+    with read_held_open(path):
+        asyncio.run(grown())
+        lock_down(folder, str(path))
+        told = reader(str(path), script=script)
+    assert told.returncode == 0, told.stderr
+    assert "cannot be copied back into the inbox file" in told.stdout, told.stdout

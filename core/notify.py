@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterable, Sequence
 
 from .clock import Clock, SystemClock
-from .errors import BadInput, InboxError
+from .errors import BadInput, FileLost, InboxError
 from .fleet import DatabaseFleet, FleetSource, FolderFleet, InboxSummary
 from .inbox import Inbox
 from .pg import is_url, redact
@@ -794,6 +794,12 @@ class Notifier:
                     except MemoryFailed:
                         raise
                     except InboxError as exc:
+                        if isinstance(exc, FileLost) and self.watched.inbox is not None:
+                            # Its file was deleted or replaced: this process may never open
+                            # the one now at the path (a fleet opens its inboxes at each look).
+                            log.error("notify: stopping: %s (start it again to watch the file "
+                                      "now at that path)", exc)  # fmt: skip
+                            raise
                         self._failed("read", f"cannot read {printable(self.watched.label)}", exc)
                     else:
                         self._recovered("read", f"reads {printable(self.watched.label)} again")

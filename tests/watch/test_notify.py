@@ -5,7 +5,9 @@ a fleet folder; the command's document and environment."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import signal
 import sqlite3
 import subprocess
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from onwatch.core import FakeClock, Inbox
+from onwatch.core import FakeClock, Inbox, InboxBusy
 from onwatch.core.notify import DEADLINE_WARNING, Notifier, Watched
 
 from tests.worker.helpers import env, kill_listed, stop
@@ -318,25 +320,57 @@ async def test_what_was_not_said_before_a_restart_is_said_after_it(tmp_path):
     assert doc["ids"] == {"request_id": "r-1"}
 
 
-async def test_an_inbox_it_cannot_read_is_said_once_not_at_every_look(tmp_path):
-    """The inbox file deleted under the notifier: every look fails the same way. It said so
-    at every look (several lines a second, each of them long); now once, then once a
-    minute, and the repeats only at debug level."""
+async def test_an_inbox_it_cannot_read_is_said_once_not_at_every_look(tmp_path, caplog):
+    """A look that fails the same way every time (here: the inbox locked by another
+    process, for good). It was said at every look (several lines a second, each of them
+    long); now once, then once a minute, and the repeats only at debug level."""
+    path = str(tmp_path / "alice.db")
+    inbox = await Inbox.open(path)
+
+    class Locked(Watched):
+        async def looks(self, memory, now):
+            self.tried = getattr(self, "tried", 0) + 1
+            raise InboxBusy(f"inbox {path} is locked by another process")
+
+    watched = Locked(path, inbox=inbox)
+    notifier = Notifier(watched, RECORD, state=str(tmp_path / "state.db"), poll=0.01)
+    stop = asyncio.Event()
+    caplog.set_level(logging.DEBUG, logger="onwatch.notify")
+    running = asyncio.create_task(notifier.run(stop))
+    try:
+        for _ in range(1000):
+            if getattr(watched, "tried", 0) >= 6:
+                break
+            await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 10)
+        await inbox.close()
+    assert watched.tried >= 6
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        f"notify: cannot read {path}: inbox {path} is locked by another process"
+    ]
+    assert sum("(again)" in r.getMessage() for r in caplog.records) >= 5
+
+
+async def test_an_inbox_file_deleted_under_it_stops_it_saying_why(tmp_path):
+    """The file deleted (or replaced) under the notifier: this process may never open the
+    one at the path now. It went on failing every look, for good, exit 0 when stopped;
+    now it stops at once, exit 1, as a worker does, and a service manager restarts it."""
     path = str(tmp_path / "alice.db")
     async with await Inbox.open(path):
         pass
-    notifier = start(path, tmp_path, "--log-level", "debug")
+    notifier = start(path, tmp_path)
     try:
         wait_for(lambda: "watching" in notify_log(tmp_path), what="the notifier to start")
         for side in ("", "-wal", "-shm"):
             Path(path + side).unlink(missing_ok=True)
-        wait_for(
-            lambda: notify_log(tmp_path).count("notify: cannot read") >= 6,
-            timeout=30,
-            what="six looks that failed",
-        )
+        assert notifier.wait(timeout=30) == 1, notify_log(tmp_path)
     finally:
-        assert stop(notifier) == 0, notify_log(tmp_path)
+        if notifier.poll() is None:
+            stop(notifier)
     log = notify_log(tmp_path)
-    said_lines = [line for line in log.splitlines() if "WARNING notify: cannot read" in line]
-    assert len(said_lines) == 1, log
+    assert "notify: stopping:" in log and "was deleted after it was opened" in log, log
+    assert "start it again to watch the file now at that path" in log
+    assert "notify: cannot read" not in log

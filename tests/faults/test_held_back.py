@@ -244,3 +244,27 @@ async def _grown(path: Path) -> None:
         await grow(box, path, "a")
     finally:
         await box.close()
+
+
+async def test_a_role_that_may_not_read_the_sessions_is_told_nothing_not_failed():
+    """pg_stat_activity revoked from the role (some hosted servers do): `held_back` cannot
+    tell, and says nothing, rather than failing `onwatch status`."""
+    import psycopg
+
+    from tests.pg.server import cluster_or_skip
+
+    url = cluster_or_skip().new_database()
+    await (await Inbox.open(url, name="a")).close()
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "DO $$ BEGIN CREATE ROLE onwatch_reader LOGIN; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        admin.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO onwatch_reader")
+        admin.execute("REVOKE SELECT ON pg_catalog.pg_stat_activity FROM PUBLIC")
+    reader = url.replace("postgres@", "onwatch_reader@", 1)
+    box = await Inbox.open(reader, name="a", read_only=True)
+    try:
+        assert await box.held_back() is None
+    finally:
+        await box.close()

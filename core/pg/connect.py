@@ -59,6 +59,13 @@ DURABLE_COMMITS = (
 )
 
 
+# Why a server's transactions are read-only, as far as a client can tell.
+READ_ONLY_SERVER = (
+    "a standby server, such as a read replica, or default_transaction_read_only on for this "
+    "database or role"
+)
+
+
 def connect(url: str, **settings: str) -> "psycopg.Connection[Row]":
     """An autocommit connection with the bounds above, plus these session `settings`."""
     given = conninfo.conninfo_to_dict(url)

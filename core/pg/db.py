@@ -48,7 +48,7 @@ from ..errors import (
 )
 from ..text import printable
 from . import redact, said, schema
-from .connect import STATEMENT_TIMEOUT, connect
+from .connect import READ_ONLY_SERVER, STATEMENT_TIMEOUT, connect
 from .listen import ListenWake
 from .rows import Row, one
 from .shared import Connections
@@ -210,9 +210,11 @@ _prepared: "weakref.WeakKeyDictionary[psycopg.Connection[Row], set[str]]" = (
 
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
     if isinstance(exc, (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction)):
+        why = str(exc).strip()
+        if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
+            why += f": {READ_ONLY_SERVER}"
         return ReadOnlyInbox(
-            f"inbox {where} cannot be written by this connection ({str(exc).strip()}); "
-            f"nothing was written"
+            f"inbox {where} cannot be written by this connection ({why}); nothing was written"
         )
     if isinstance(exc, pg_errors.LockNotAvailable):
         return InboxBusy(
@@ -594,11 +596,13 @@ class Database:
 
         def prepare(
             conn: "psycopg.Connection[Row] | None",
-        ) -> tuple[psycopg.Connection, int, int, int, float]:
+        ) -> tuple[psycopg.Connection, int, int, int, float, bool]:
             if conn is not None:  # kept idle, from an inbox of this database
                 found = _open_known(conn, name)
                 if found is not None:
-                    return conn, found[0], schema.SCHEMA_VERSION, schema.SCHEMA_VERSION, found[1]
+                    inbox, server_time, refused = found
+                    version = schema.SCHEMA_VERSION
+                    return conn, inbox, version, version, server_time, refused
                 if conn.closed or conn.broken:  # it did not survive (a restart meanwhile)
                     conn.close()
                     conn = None
@@ -632,16 +636,16 @@ class Database:
                         f"{where} --inbox {name}` to create one)"
                     )
                 inbox = _find_inbox(conn, name, create, where)
-                server_time = float(one(conn.execute(SERVER_TIME))[0])
+                server_time, refused = one(conn.execute(_OPENED))
             except psycopg.Error as exc:
                 conn.close()
                 raise _map_error(exc, where, busy_timeout) from None
             except BaseException:
                 conn.close()
                 raise
-            return conn, inbox, before, version, server_time
+            return conn, inbox, before, version, float(server_time), bool(refused)
 
-        def opened() -> tuple[psycopg.Connection, int, int, int, float]:
+        def opened() -> tuple[psycopg.Connection, int, int, int, float, bool]:
             if connections is None:
                 return prepare(_pooled(url, busy_timeout))
             if (connections.url, connections.busy_timeout) != (url, busy_timeout):
@@ -653,12 +657,16 @@ class Database:
             finally:
                 connections.give(None if found is None else found[0])
 
-        conn, inbox, before, version, server_time = await asyncio.to_thread(opened)
+        conn, inbox, before, version, server_time, refused = await asyncio.to_thread(opened)
         db = cls(url, name, inbox, busy_timeout, conn, version, server_time, connections)
         if 0 < before < version:
             db.migrated_from = before
         if read_only:
             db.read_only = f"{db.path} was opened read-only"
+        elif refused:
+            db.read_only = (
+                f"{db.path} is read-only: the server takes no writes ({READ_ONLY_SERVER})"
+            )
         return db
 
     # --- the connection's thread ----------------------------------------------------------
@@ -1026,14 +1034,19 @@ async def migrate_database(url: str, *, busy_timeout: float = 5.0) -> tuple[int,
 # What opening an inbox reads on a connection kept from an inbox of the same database (see
 # _pooled), in one round trip where the full path takes four: the schema as this release
 # writes it, the inbox's id, and the server's clock.
+# The server's time, and whether its transactions are read-only (a replica's URL): an open
+# says so at once, not at its first write.
+_OPENED = f"SELECT ({SERVER_TIME}), current_setting('transaction_read_only') = 'on'"
 _OPEN_KNOWN = (
     "SELECT s.application, s.version, (SELECT id FROM inboxes WHERE name = %s), "
-    f"({SERVER_TIME}) FROM onwatch_schema s WHERE s.id = 1"
+    f"({SERVER_TIME}), current_setting('transaction_read_only') = 'on' "
+    "FROM onwatch_schema s WHERE s.id = 1"
 )
 
 
-def _open_known(conn: "psycopg.Connection[Row]", name: str) -> tuple[int, float] | None:
-    """(the inbox's id, the server's time) when the database is of this release's schema
+def _open_known(conn: "psycopg.Connection[Row]", name: str) -> tuple[int, float, bool] | None:
+    """(the inbox's id, the server's time, whether its transactions are read-only) when the
+    database is of this release's schema
     and holds the inbox `name`; None for anything else (a schema changed since, no such
     inbox, a connection that did not survive), which the full path then decides."""
     try:
@@ -1047,7 +1060,7 @@ def _open_known(conn: "psycopg.Connection[Row]", name: str) -> tuple[int, float]
         or row[2] is None
     ):
         return None
-    return int(row[2]), float(row[3])
+    return int(row[2]), float(row[3]), bool(row[4])
 
 
 NAMES_SHOWN = 5  # of a database's inboxes, named when the one asked for is not there

@@ -14,7 +14,7 @@ from psycopg import conninfo, pq
 from ..errors import InboxError, NotAnInbox
 from ..settings import Settings
 from . import redact, schema
-from .connect import CONNECT_TIMEOUT, connect
+from .connect import CONNECT_TIMEOUT, READ_ONLY_SERVER, connect
 from .tx import held_open
 
 __all__ = ["Looker", "Candidate", "Unreachable", "WITH_WORK", "FLEET_WORKER_LOCK"]
@@ -172,11 +172,18 @@ class Looker:
                         f"{self.where} --inbox NAME` to create one)"
                     )
             missing = [r[0] for r in conn.execute(_MISSING_PRIVILEGES, {"tables": list(TABLES)})]
+            read_only = conn.execute("SELECT current_setting('transaction_read_only')").fetchone()
             server = conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()
             self.offset = float(server[0]) - time.time() if server else 0.0
         except psycopg.Error as exc:
             self.close()
             raise InboxError(f"cannot serve {self.where}: {str(exc).strip()}") from None
+        if read_only is not None and read_only[0] == "on":
+            self.close()
+            raise InboxError(
+                f"cannot serve {self.where}: its transactions are read-only "
+                f"({READ_ONLY_SERVER}); a worker must write"
+            )
         if missing:
             user = conn.info.user
             raise InboxError(

@@ -708,6 +708,12 @@ async def _serve(
         )
         return 2
     try:
+        if inbox.read_only is not None:  # every delivery would be refused: say so now
+            print(
+                f"onwatch serve: cannot store deliveries: {printable(inbox.read_only)}",
+                file=sys.stderr,
+            )
+            return 1
         if stop.is_set():  # stopped while the inbox opened: never listen
             log.info("stopped before listening")
             return 0

@@ -58,13 +58,13 @@ def lock_down(folder, path: str) -> None:
     os.chmod(folder, 0o755 if AS_ROOT else 0o555)
 
 
-def reader(*args: str, script: str | None = None) -> subprocess.CompletedProcess:
+def reader(*args: str, script: str | None = None, **environ: str) -> subprocess.CompletedProcess:
     """A command (or a Python script) run by a user that may read but not write."""
     command = [sys.executable, "-c", script] if script else [sys.executable, "-m", "onwatch"]
     return subprocess.run(
         [*command, *args],
         cwd=ROOT,
-        env=env("/tmp", HOME="/tmp"),
+        env=env("/tmp", HOME="/tmp", **environ),
         capture_output=True,
         text=True,
         timeout=60,
@@ -112,6 +112,10 @@ def test_a_write_says_the_file_is_read_only_and_changes_nothing(inbox_file):
             args,
             result.stderr,
         )
+    # A receiver would refuse every delivery: it does not start.
+    serve = reader("serve", inbox_file, "--port", "0", ONWATCH_GITHUB_SECRET="s3cret")
+    assert serve.returncode == 1, serve.stderr
+    assert f"cannot store deliveries: {inbox_file} is read-only" in serve.stderr, serve.stderr
     worker = reader("worker", inbox_file, "--agent", "tests.worker.agents:echo")
     assert worker.returncode != 0 and "read-only" in worker.stderr, worker.stderr
     # The file is of this release's schema: nothing to migrate, and none is said.

@@ -4,12 +4,14 @@ the fleet listing. (The rules themselves are the conformance suite in tests/core
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import time
 
 import psycopg
 import pytest
 
-from onwatch.core import BadInput, FakeClock, Inbox, InboxBusy, Lease, NotAnInbox
+from onwatch.core import BadInput, FakeClock, Inbox, InboxBusy, Lease, NotAnInbox, ReadOnlyInbox
 from onwatch.core.errors import ConnectionLost
 from onwatch.core.pg import schema
 from onwatch.core.settings import Settings
@@ -75,6 +77,34 @@ async def test_a_missing_inbox_is_refused_with_the_names_the_database_holds(url)
     assert "it holds 'alpha', 'beta', 'delta', 'evil\\x1b[2Jname', 'gamma' and 2 more" in message
     assert "\x1b" not in message and "--inbox NAME" in message
     assert "default" not in listing(url)
+
+
+async def test_a_read_replicas_url_opens_read_only_and_says_so_at_once(url):
+    """A standby's URL (or default_transaction_read_only on): every write failed only when
+    it was tried, and a receiver answered 500 to each delivery. The open now reads that the
+    server takes no writes: the inbox is read-only (reads work, the desk offers no
+    actions), each write is refused saying why, and a receiver does not start."""
+    from tests.worker.helpers import env
+
+    async with await Inbox.open(url, name="a") as box:
+        await box.ingest("s", "before", None)
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    for _ in range(2):  # a new connection (not the first open's), then one kept idle
+        async with await Inbox.open(url, name="a", busy_timeout=7) as box:
+            assert box.read_only is not None and "the server takes no writes" in box.read_only
+            assert (await box.counts())["pending"] == 1
+            with pytest.raises(ReadOnlyInbox, match="a standby server, such as a read replica"):
+                await box.ingest("s", "after", None)
+    served = subprocess.run(
+        [sys.executable, "-m", "onwatch", "serve", url, "--inbox", "a", "--port", "0"],
+        env=env("/tmp", ONWATCH_GITHUB_SECRET="s3cret"),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert served.returncode == 1 and "cannot store deliveries" in served.stderr, served.stderr
 
 
 async def test_a_file_is_one_inbox_so_a_name_is_bad_input(tmp_path):

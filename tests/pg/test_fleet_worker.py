@@ -656,6 +656,9 @@ def _database(pg, kind: str) -> str:
         query(url, "CREATE TABLE customers (id int)")
     elif kind == "newer":
         query(url, "UPDATE onwatch_schema SET version = version + 1")
+    elif kind == "read-only":  # what a read replica's URL gives
+        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        query(url, f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
     elif kind == "no privileges":
         query(
             url,
@@ -675,6 +678,7 @@ def _database(pg, kind: str) -> str:
         ("foreign", 2, "not an onwatch database"),
         ("newer", 2, "written by a newer onwatch"),
         ("no privileges", 1, "lacks privileges"),
+        ("read-only", 1, "its transactions are read-only (a standby server"),
     ],
 )
 def test_a_database_it_cannot_serve_is_refused_at_start(pg, tmp_path, kind, code, words):

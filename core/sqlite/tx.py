@@ -245,8 +245,10 @@ class SqliteTx:
             return None
         try:  # what every commit's automatic checkpoint does; it never waits
             frames, copied = self.conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1:]
-        except sqlite3.Error:  # a user who may not write the file: the size alone tells
-            frames, copied = 1, 0
+        except sqlite3.Error as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_READONLY:
+                return None  # it could not look now: the next look tells
+            frames, copied = 1, 0  # a user who may not write the file: the size alone tells
         if frames < 0 or frames <= copied:  # -1: it could not look now (another checkpoint)
             return None  # all copied back: the next write starts the log over (WAL_KEPT)
         return (

@@ -172,13 +172,15 @@ class Looker:
                         f"{self.where} --inbox NAME` to create one)"
                     )
             missing = [r[0] for r in conn.execute(_MISSING_PRIVILEGES, {"tables": list(TABLES)})]
-            read_only = conn.execute("SELECT current_setting('transaction_read_only')").fetchone()
-            server = conn.execute("SELECT extract(epoch FROM clock_timestamp())").fetchone()
+            server = conn.execute(
+                "SELECT extract(epoch FROM clock_timestamp()), "
+                "current_setting('transaction_read_only') = 'on'"
+            ).fetchone()
             self.offset = float(server[0]) - time.time() if server else 0.0
         except psycopg.Error as exc:
             self.close()
             raise InboxError(f"cannot serve {self.where}: {str(exc).strip()}") from None
-        if read_only is not None and read_only[0] == "on":
+        if server is not None and server[1]:
             self.close()
             raise InboxError(
                 f"cannot serve {self.where}: its transactions are read-only "

@@ -391,8 +391,8 @@ class Worker:
                     continue
                 self._check_file()
                 await self._heartbeat()
-                if self.looks_held_back:
-                    await self._held_back.look(self.inbox.held_back)
+                if self.looks_held_back and time.monotonic() >= self._held_back.due:
+                    await self._held_back.look(self.inbox.held_back)  # once a minute
                 if not await self._hold_lease():
                     if self.stopping:
                         # Stopping, and the lease cannot be held now (a locked database):

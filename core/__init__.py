@@ -11,8 +11,10 @@ from .errors import (
     InboxError,
     NotAnInbox,
     ReadOnlyInbox,
+    ServerReadOnly,
     StorageFull,
     UpgradeRefused,
+    WritesRefused,
 )
 from .checks import MAX_DEPTH, RESERVED_SOURCES, RESERVED_TIMER_PREFIXES
 from .inbox import Inbox, Outgoing
@@ -75,6 +77,7 @@ __all__ = [
     "Outgoing",
     "Overview",
     "ReadOnlyInbox",
+    "ServerReadOnly",
     "StorageFull",
     "Reply",
     "Run",
@@ -86,6 +89,7 @@ __all__ = [
     "Timer",
     "Transcript",
     "UpgradeRefused",
+    "WritesRefused",
     "ApprovalTrail",
     "DeadGroup",
     "Worker",

@@ -43,11 +43,25 @@ class UpgradeRefused(InboxError):
     inbox's lease, or the inbox cannot be written. Nothing was changed."""
 
 
-class StorageFull(InboxBusy):
+class WritesRefused(InboxBusy):
+    """The store takes no writes for now (one of the kinds below): nothing was written.
+    Like a lock held too long it is worth another try later, and everything that retries on
+    InboxBusy retries on it; reads still answer meanwhile, so only a write that commits
+    tells that it is over."""
+
+
+class StorageFull(WritesRefused):
     """The disk holding the inbox (a SQLite file's file system, or the PostgreSQL server's)
-    had no room for a write: nothing was written. Like a lock held too long it is worth
-    another try later, once space is freed, and everything that retries on InboxBusy
-    retries on it."""
+    had no room for a write: nothing was written, until space is freed."""
+
+
+class ServerReadOnly(WritesRefused):
+    """The PostgreSQL server stopped taking writes after the inbox was opened on it (a
+    primary demoted in a failover, or default_transaction_read_only turned on for
+    maintenance): nothing was written. The session is dropped, so the next try opens a new
+    one, which reaches the new primary where the URL names it (a DNS name, a pooler, several
+    hosts with target_session_attrs=read-write). A URL that gives a read-only server from
+    the start opens the inbox read-only instead (ReadOnlyInbox)."""
 
 
 class ConnectionLost(InboxBusy):

@@ -44,6 +44,7 @@ from ..errors import (
     InboxError,
     NotAnInbox,
     ReadOnlyInbox,
+    ServerReadOnly,
     StorageFull,
 )
 from ..text import printable
@@ -770,6 +771,18 @@ class Database:
             raise ConnectionLost(
                 f"inbox {self.path}: the PostgreSQL session lost statements prepared in it "
                 f"(reset by a pooler?); reconnecting, try again"
+            ) from None
+        except pg_errors.ReadOnlySqlTransaction as exc:
+            # The server took writes when the inbox was opened: a failover demoted it, or
+            # writes were turned off for maintenance. The session is dropped (one opened
+            # while writes were off stays read-only for good), and the next job opens one
+            # that reaches whichever server the URL names by then.
+            tx.conn.close()
+            tx.conn = UNHELD
+            raise ServerReadOnly(
+                f"inbox {self.path}: the PostgreSQL server stopped taking writes "
+                f"({said(exc)}: {READ_ONLY_SERVER}; a failover or maintenance?); nothing "
+                f"was written, try again"
             ) from None
         except psycopg.Error as exc:
             raise _map_error(exc, self.path, self.busy_timeout) from None

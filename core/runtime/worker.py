@@ -49,7 +49,7 @@ from typing import Any, Awaitable, Callable
 
 from .. import checks
 from ..clock import BackendClock, Clock, SystemClock, show
-from ..errors import BadInput, ConnectionLost, InboxBusy, InboxError, StorageFull
+from ..errors import BadInput, ConnectionLost, InboxBusy, InboxError, WritesRefused
 from ..humanize import duration
 from ..inbox import Inbox, SendFn
 from ..pg import is_url
@@ -288,10 +288,11 @@ class Worker:
             "still cannot reach the database after %s: %s",
             "the database answers again after %s",
         )
-        # ... and until a write commits again: a write found no room on disk (_no_room).
+        # ... and until a write commits again: a write was refused, for want of room on
+        # the disk or by a server that stopped taking writes (_refused).
         self._full = _Spell(
             logging.ERROR,
-            "still no room to write after %s: %s",
+            "writes still refused after %s: %s",
             "the inbox takes writes again after %s",
         )
         self._main: asyncio.Task[Any] | None = None  # run()'s task, while it runs
@@ -494,9 +495,9 @@ class Worker:
             self.stats.busy += 1
             await self._lost(exc)
             return None
-        except StorageFull as exc:
+        except WritesRefused as exc:
             self.stats.busy += 1
-            await self._no_room(exc)
+            await self._refused(exc)
             return None
         except InboxBusy as exc:
             self.stats.busy += 1
@@ -510,10 +511,10 @@ class Worker:
         so once: a standby meeting a server that is down must neither spin nor flood."""
         await self._sleep(self._outage.met(exc))
 
-    async def _no_room(self, exc: StorageFull) -> None:
-        """A write found no room on the inbox's disk (nothing was written): the same, until
-        a write commits (`_written`). Reads still answer meanwhile, so a read's success
-        does not end it; the disk stays full until someone frees space."""
+    async def _refused(self, exc: WritesRefused) -> None:
+        """A write was refused (nothing was written: no room on the inbox's disk, a server
+        that stopped taking writes): the same, until a write commits (`_written`). Reads
+        still answer meanwhile, so a read's success does not end it."""
         await self._sleep(self._full.met(exc))
 
     def _written(self) -> None:
@@ -672,9 +673,9 @@ class Worker:
             self.gen, self._given_up = None, gen  # see _give_up
             await self._lost(exc)
             return at, mark, None
-        except StorageFull as exc:
+        except WritesRefused as exc:
             self.stats.busy += 1
-            await self._no_room(exc)
+            await self._refused(exc)
             return at, mark, None
         except InboxBusy as exc:
             self.stats.busy += 1
@@ -935,8 +936,8 @@ class Worker:
                     log.warning("run %s: %s; lease gone meanwhile, run abandoned", ctx.run_id, exc)
                     self.stats.abandoned += 1
                     return
-                if isinstance(exc, StorageFull):
-                    await self._no_room(exc)  # said once, not at every try
+                if isinstance(exc, WritesRefused):
+                    await self._refused(exc)  # said once, not at every try
                     continue
                 log.warning("run %s: %s; retrying the finish", ctx.run_id, exc)
                 await self._sleep(min(self.poll_interval, 0.5))

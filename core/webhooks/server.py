@@ -53,11 +53,13 @@ from aiohttp.http_exceptions import ContentLengthError, HttpProcessingError
 from onwatch.core import (
     BadInput,
     BudgetExceeded,
+    ConnectionLost,
     Inbox,
     InboxBusy,
     InboxError,
     NotAnInbox,
     StorageFull,
+    WritesRefused,
 )
 from onwatch.core.text import printable
 
@@ -100,7 +102,7 @@ BODY_TIMEOUT = 30.0  # seconds to receive a whole body before 408
 UNVERIFIED_BYTES = 32 << 20
 RETRY_AFTER_BUSY = 5  # seconds: the database was locked past the busy timeout
 RETRY_AFTER_FULL = 60  # seconds: max_pending reached (the worker has to drain), or disk full
-FULL_SAID_EVERY = 60.0  # seconds between two log lines saying deliveries meet a full disk
+REFUSED_SAID_EVERY = 60.0  # seconds between two log lines saying writes are refused
 # After an early answer (413, 408) aiohttp reads and discards what the client still sends, so
 # the client gets to read the answer instead of a connection reset; bound that courtesy.
 LINGERING_TIME = 2.0
@@ -330,7 +332,9 @@ class Receiver:
         self.max_body = max_body or inbox.settings.max_payload_bytes
         self.unverified = UnverifiedBytes(max(UNVERIFIED_BYTES, 2 * self.max_body))
         self.allow_hosts = frozenset(_host_name(h) for h in allow_hosts)
-        self._full_said = -FULL_SAID_EVERY  # (monotonic) when the log last said the disk is full
+        # (monotonic) when the log last said the store refuses writes (a full disk, a server
+        # that stopped taking writes)
+        self._refused_said = -REFUSED_SAID_EVERY
         first = [guard.middleware] if guard is not None else []
         self.app = web.Application(middlewares=[*first, self._host_check])
         self.app.router.add_post(
@@ -482,16 +486,27 @@ class Receiver:
             raise Refused(
                 503, "inbox full (max_pending); retry later", retry_after=RETRY_AFTER_FULL
             ) from None
-        except StorageFull as exc:
-            # The sender retries later; the log says why, once a minute at most: the disk
-            # stays full until someone frees space, and every delivery meanwhile is refused.
-            if time.monotonic() - self._full_said >= FULL_SAID_EVERY:
-                self._full_said = time.monotonic()
-                log.error("refusing deliveries until there is room: %s", exc)
+        except WritesRefused as exc:
+            # The sender retries later; the log says why, once a minute at most: every
+            # delivery meanwhile is refused for the same reason (a disk stays full until
+            # someone frees space; a failover ends when a primary takes writes again).
+            if time.monotonic() - self._refused_said >= REFUSED_SAID_EVERY:
+                self._refused_said = time.monotonic()
+                log.error("refusing deliveries until the inbox takes writes again: %s", exc)
+            if isinstance(exc, StorageFull):
+                raise Refused(
+                    503,
+                    "no room to store the delivery (disk full); retry later",
+                    retry_after=RETRY_AFTER_FULL,
+                ) from None
             raise Refused(
                 503,
-                "no room to store the delivery (disk full); retry later",
-                retry_after=RETRY_AFTER_FULL,
+                "the database takes no writes for now (a failover?); retry later",
+                retry_after=RETRY_AFTER_BUSY,
+            ) from None
+        except ConnectionLost:
+            raise Refused(
+                503, "cannot reach the database; retry later", retry_after=RETRY_AFTER_BUSY
             ) from None
         except InboxBusy:
             raise Refused(

@@ -47,8 +47,9 @@ examples (every command's --help has its own):
   onwatch tui alice.db
 
 exit codes: 0 done · 1 not applied / refused (what stands is printed) · 2 bad usage, bad
-input or not an inbox · 3 inbox locked by another process for longer than --busy-timeout, or
-no room on its disk (nothing was written: try again)
+input or not an inbox · 3 inbox locked by another process for longer than --busy-timeout, no
+room on its disk, or a database server that does not answer or takes no writes for now
+(nothing was written: try again)
 """
 
 # Every example below is run by tests/cli/test_help_examples.py, in order per command, in a

@@ -52,6 +52,20 @@ async def open_inbox(
     )
 
 
+async def open_serving(args: argparse.Namespace, early: list[int]) -> Inbox | None:
+    """The inbox a command that runs a worker serves (migrated, as a worker of this release
+    does), waiting for a database server that does not answer yet
+    (Inbox.open_when_reachable); None if a stop signal came first (`early`)."""
+    return await Inbox.open_when_reachable(
+        args.path,
+        stopped=lambda: bool(early),
+        name=getattr(args, "inbox", "default"),
+        create=False,
+        busy_timeout=args.busy_timeout,
+        migrate=True,
+    )
+
+
 def run_async(
     coro_fn: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
 ) -> Callable[[argparse.Namespace], int]:

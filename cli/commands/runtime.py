@@ -16,6 +16,7 @@ from onwatch.cli.running import (
     early_stops,
     load_callable,
     open_inbox,
+    open_serving,
     restoring_signals,
     run_loop,
     setup_step,
@@ -224,8 +225,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         # A worker of this release migrates (refused while an older one holds the lease).
+        inbox = await open_serving(args, early)
+        if inbox is None:  # stopped while waiting for the database
+            return OK
         async with (
-            await open_inbox(args, migrate=True) as inbox,
+            inbox,
             _metrics_server(inbox, args) as metrics,
             _agent_processes(agent),
         ):
@@ -365,7 +369,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     async def main() -> int:
         # Runs a worker: migrates.
-        async with await open_inbox(args, migrate=True) as inbox, _agent_processes(agent):
+        inbox = await open_serving(args, early)
+        if inbox is None:  # stopped while waiting for the database
+            return OK
+        async with inbox, _agent_processes(agent):
             worker = _worker(Worker, inbox, agent, setup, args)
             try:
                 server = await start_server(

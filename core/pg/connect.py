@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from psycopg import conninfo
+from psycopg import conninfo, pq
 
 from .rows import Row
 
@@ -84,3 +84,13 @@ def connect(url: str, **settings: str) -> "psycopg.Connection[Row]":
         conn.close()
         raise
     return conn
+
+
+def answers(url: str) -> bool:
+    """Whether the server at `url` answers and takes connections (a ping, which neither
+    authenticates nor names a database): after a connection failed, True means it refused
+    this database, role or password, which will not change by itself; False, that it is
+    down, starting up, shutting down or out of reach, which is worth waiting for. (A failed
+    connection's error carries no SQLSTATE, and its words are in the server's language.)"""
+    target = conninfo.make_conninfo(url, connect_timeout=CONNECT_TIMEOUT)
+    return bool(pq.PGconn.ping(target.encode()) == pq.Ping.OK)

@@ -49,7 +49,7 @@ from ..errors import (
 )
 from ..text import printable
 from . import redact, said, schema
-from .connect import READ_ONLY_SERVER, STATEMENT_TIMEOUT, connect
+from .connect import READ_ONLY_SERVER, STATEMENT_TIMEOUT, answers, connect
 from .listen import ListenWake
 from .rows import Row, one
 from .shared import Connections
@@ -613,7 +613,13 @@ class Database:
                     if connections is not None:
                         connections.opened_one()
             except psycopg.Error as exc:
-                raise InboxError(f"cannot connect to {where}: {said(exc)}") from None
+                message = f"cannot connect to {where}: {said(exc)}"
+                if answers(url):  # it refused this database, role or password
+                    raise InboxError(message) from None
+                raise ConnectionLost(
+                    f"{message} (the server does not answer: down, starting up or out of "
+                    f"reach); try again"
+                ) from None
             try:
                 try:
                     version = schema.inspect(conn, where)

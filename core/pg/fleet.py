@@ -9,12 +9,11 @@ import time
 from dataclasses import dataclass
 
 import psycopg
-from psycopg import conninfo, pq
 
 from ..errors import InboxError, NotAnInbox
 from ..settings import Settings
 from . import redact, schema
-from .connect import CONNECT_TIMEOUT, READ_ONLY_SERVER, connect
+from .connect import READ_ONLY_SERVER, answers, connect
 from .tx import held_open
 
 __all__ = ["Looker", "Candidate", "Unreachable", "WITH_WORK", "FLEET_WORKER_LOCK"]
@@ -156,11 +155,7 @@ class Looker:
             conn = self._connection()
         except psycopg.Error as exc:
             message = f"cannot connect to {self.where}: {str(exc).strip()}"
-            # A server that answers pings refused us (no such database, no such role, a
-            # wrong password): that will not change by itself. (The error carries no
-            # SQLSTATE at connection time, and its words are the server's language.)
-            target = conninfo.make_conninfo(self.url, connect_timeout=CONNECT_TIMEOUT)
-            if pq.PGconn.ping(target.encode()) == pq.Ping.OK:
+            if answers(self.url):
                 raise InboxError(message) from None
             raise Unreachable(message) from None
         try:

@@ -709,7 +709,14 @@ async def _serve(
         except (NotImplementedError, RuntimeError):  # Windows: Ctrl-C raises instead
             pass
     try:
-        inbox = await Inbox.open(path, name=name, create=False, busy_timeout=busy_timeout)
+        opened = await Inbox.open_when_reachable(
+            path,
+            stopped=stop.is_set,
+            logger=log,
+            name=name,
+            create=False,
+            busy_timeout=busy_timeout,
+        )
     except InboxError as exc:
         print(f"onwatch serve: {printable(str(exc))}", file=sys.stderr)
         return (
@@ -722,6 +729,10 @@ async def _serve(
             file=sys.stderr,
         )
         return 2
+    if opened is None:  # stopped while waiting for the database
+        log.info("stopped before listening")
+        return 0
+    inbox = opened
     try:
         if inbox.read_only is not None:  # every delivery would be refused: say so now
             print(

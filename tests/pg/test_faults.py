@@ -428,6 +428,99 @@ def test_a_worker_waits_out_a_server_outage_without_spinning(pg, proxy, tmp_path
     assert len(during) <= 8, during  # log records; was tens of thousands
 
 
+def test_a_worker_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp_path):
+    """A worker that starts before its database answers (a machine booting faster than the
+    database, a server restarting, a failover under way) exited 1 at once: restarted every
+    2 s by its unit, it used up the start limit in half a minute and stayed stopped. It
+    now waits, saying so once, and serves when the server answers; a stop meanwhile is a
+    clean exit."""
+    direct = pg.new_schema()
+    asyncio.run(_make(direct))
+    asyncio.run(_ingest(direct, "waiting"))
+    url = proxy.url(direct)
+    proxy.refuse()
+    worker = start_worker_on(url, tmp_path)
+    log = tmp_path / WORKER_LOG
+    try:
+        wait_until(lambda: log.exists() and "waiting for it" in log.read_text(), "the wait")
+        assert worker.poll() is None, log.read_text()
+        assert "the server does not answer" in log.read_text()
+        proxy.relay()
+        wait_until(lambda: _done(direct), "the run", 60)
+        assert "answers after" in log.read_text()
+    finally:
+        proxy.relay()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0, log.read_text()
+    text = log.read_text()
+    assert text.count("waiting for it") == 1 and "Traceback" not in text, text
+
+    proxy.refuse()
+    stopped = start_worker_on(url, tmp_path)
+    try:
+        wait_until(lambda: log.read_text().count("waiting for it") == 2, "the second wait")
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(60) == 0, log.read_text()  # asked to stop while waiting
+    finally:
+        proxy.relay()
+        if stopped.poll() is None:
+            stopped.kill()
+            stopped.wait()
+
+
+def test_a_server_that_answers_and_refuses_is_not_waited_for(pg, tmp_path):
+    """A server that answers but refuses this database (or role, or password) will not
+    change its mind: the worker and the receiver still stop at once, saying why."""
+    missing = pg.new_schema().rsplit("/", 1)[0] + "/no_such_database"
+    worker = start_worker_on(missing, tmp_path)
+    assert worker.wait(60) == 1
+    assert "cannot connect to" in (tmp_path / WORKER_LOG).read_text()
+    served = subprocess.run(
+        [sys.executable, "-m", "onwatch", "serve", missing, "--port", "0"],
+        cwd=ROOT,
+        env=dict(os.environ, ONWATCH_GITHUB_SECRET="s3cret", PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert served.returncode == 1 and "cannot connect to" in served.stderr, served.stderr
+
+
+def test_a_receiver_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp_path):
+    direct = pg.new_schema()
+    asyncio.run(_make(direct))
+    proxy.refuse()
+    err = open(tmp_path / "serve.err", "ab")
+    try:
+        served = subprocess.Popen(
+            [sys.executable, "-m", "onwatch", "serve", proxy.url(direct), "--port", "0"],
+            cwd=ROOT,
+            env=dict(os.environ, ONWATCH_GITHUB_SECRET="s3cret", PYTHONPATH=str(ROOT)),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    finally:
+        err.close()
+    log = tmp_path / "serve.err"
+    try:
+        wait_until(lambda: "waiting for it" in log.read_text(), "the wait")
+        assert served.poll() is None, log.read_text()
+        proxy.relay()
+        wait_until(lambda: "listening on" in log.read_text(), "the receiver to listen", 60)
+    finally:
+        proxy.relay()
+        served.send_signal(signal.SIGTERM)
+        assert served.wait(60) == 0, log.read_text()
+
+
+def _done(url: str) -> bool:
+    async def done() -> bool:
+        async with await Inbox.open(url) as box:
+            return (await box.counts()).get("done", 0) == 1
+
+    return asyncio.run(done())
+
+
 async def _make(url: str) -> None:
     async with await Inbox.open(url) as box:
         await box.configure(lease_ttl=10)

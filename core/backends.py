@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from . import checks, pg
 from .clock import show
 from .connection import Connection
-from .errors import BadInput
+from .errors import BadInput, ReadOnlyInbox
 
 if TYPE_CHECKING:
     from .pg.shared import Connections  # psycopg only when asked for
@@ -100,15 +100,36 @@ async def migrate(target: str | os.PathLike[str], *, busy_timeout: float = 5.0) 
         from .pg.db import migrate_database  # psycopg only when asked for
 
         return await migrate_database(target, busy_timeout=timeout)
-    db = await connect(
+    try:
+        db = await _file(target, timeout, migrate=True)
+    except ReadOnlyInbox:
+        # A file that cannot be written needs no write if it has this release's schema
+        # already: there is nothing to migrate, which is no failure.
+        from .sqlite.schema import SCHEMA_VERSION
+
+        db = await _file(target, timeout, read_only=True)
+        if db.version < SCHEMA_VERSION:
+            await db.close()
+            raise
+    try:
+        return db.migrated_from or db.version, db.version
+    finally:
+        await db.close()
+
+
+async def _file(
+    target: str | os.PathLike[str],
+    timeout: float,
+    *,
+    migrate: bool = False,
+    read_only: bool = False,
+) -> Connection:
+    return await connect(
         target,
         name="default",
         create=False,
         busy_timeout=timeout,
         connection_factory=None,
-        migrate=True,
+        migrate=migrate,
+        read_only=read_only,
     )
-    try:
-        return db.migrated_from or db.version, db.version
-    finally:
-        await db.close()

@@ -236,6 +236,18 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
     return InboxError(f"inbox {where}: {said(exc)}")
 
 
+def _cannot_connect(exc: BaseException, url: str) -> InboxError:
+    """A connection to `url` failed: a server that answers refused this database, role or
+    password (InboxError: that will not change by itself); one that does not answer is down,
+    starting up or out of reach (ConnectionLost: worth another try)."""
+    message = f"cannot connect to {redact(url)}: {said(exc)}"
+    if answers(url):
+        return InboxError(message)
+    return ConnectionLost(
+        f"{message} (the server does not answer: down, starting up or out of reach); try again"
+    )
+
+
 def _prepare(conn: "psycopg.Connection[Row]", statements: dict[str, str]) -> None:
     """Prepare those of `statements` this session lacks. (The question is never itself a
     statement psycopg prepares: it is asked when a session lost what it had prepared.)"""
@@ -613,13 +625,7 @@ class Database:
                     if connections is not None:
                         connections.opened_one()
             except psycopg.Error as exc:
-                message = f"cannot connect to {where}: {said(exc)}"
-                if answers(url):  # it refused this database, role or password
-                    raise InboxError(message) from None
-                raise ConnectionLost(
-                    f"{message} (the server does not answer: down, starting up or out of "
-                    f"reach); try again"
-                ) from None
+                raise _cannot_connect(exc, url) from None
             try:
                 try:
                     version = schema.inspect(conn, where)
@@ -1034,7 +1040,7 @@ async def migrate_database(url: str, *, busy_timeout: float = 5.0) -> tuple[int,
         try:
             conn = Database._connect(url, busy_timeout)
         except psycopg.Error as exc:
-            raise InboxError(f"cannot connect to {where}: {str(exc).strip()}") from None
+            raise _cannot_connect(exc, url) from None
         try:
             before = schema.migrate(conn, where, create=False)
         except psycopg.Error as exc:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from onwatch.core import FakeClock, Inbox, ReadOnlyInbox
+from onwatch.core.sqlite.schema import SCHEMA_VERSION
 from tests.worker.helpers import ROOT, env, onwatch
 
 from .conftest import T
@@ -104,7 +105,6 @@ def test_a_write_says_the_file_is_read_only_and_changes_nothing(inbox_file):
         ("ingest", inbox_file, "chat", "x"),
         ("approve", inbox_file, "r1"),
         ("pause", inbox_file),
-        ("migrate", inbox_file),
     ):
         result = reader(*args)
         assert result.returncode == 1, (args, result)
@@ -112,6 +112,11 @@ def test_a_write_says_the_file_is_read_only_and_changes_nothing(inbox_file):
             args,
             result.stderr,
         )
+    # The file has this release's schema: nothing to migrate, which needs no write (it
+    # said "cannot write to …, which is read-only", exit 1).
+    migrate = reader("migrate", inbox_file)
+    assert migrate.returncode == 0, migrate.stderr
+    assert migrate.stdout == f"already at schema {SCHEMA_VERSION}: {inbox_file}\n"
     # A receiver would refuse every delivery: it does not start.
     serve = reader("serve", inbox_file, "--port", "0", ONWATCH_GITHUB_SECRET="s3cret")
     assert serve.returncode == 1, serve.stderr
@@ -121,6 +126,24 @@ def test_a_write_says_the_file_is_read_only_and_changes_nothing(inbox_file):
     # The file is of this release's schema: nothing to migrate, and none is said.
     assert f"cannot write to {inbox_file}, which is read-only" in worker.stderr, worker.stderr
     assert digest(inbox_file) == before
+
+
+def test_an_older_file_that_cannot_be_written_cannot_be_migrated(folder):
+    import sqlite3
+
+    from onwatch.core.sqlite import schema
+
+    path = str(folder / "old.db")
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode = WAL")
+    schema.migrate(db, path, target=SCHEMA_VERSION - 1)
+    db.close()
+    lock_down(folder, path)
+    before = digest(path)
+    migrate = reader("migrate", path)
+    assert migrate.returncode == 1, migrate
+    assert f"cannot migrate {path}, which is read-only" in migrate.stderr, migrate.stderr
+    assert digest(path) == before
 
 
 def test_a_reader_sees_a_live_inbox_through_its_log(folder):

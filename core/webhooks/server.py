@@ -760,7 +760,7 @@ async def _serve(
             )
             return 1
         log.info(
-            "inbox %s; listening on %s; max body %d bytes; at most %d connections",
+            "inbox %s; listening on %s; max body %d bytes; at most %d connection(s)",
             os.path.abspath(path),
             server.url,
             server.receiver.max_body,

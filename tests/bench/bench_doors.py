@@ -176,7 +176,7 @@ async def measure(deliveries: int, nofile: int | None) -> dict[str, float | int 
             log = server.log.read_text(errors="replace")
         finally:
             server.stop(15)
-    limit = re.search(r"at most (\d+) connections", log)
+    limit = re.search(r"at most (\d+) connection", log)
     times = sorted(seconds for _, seconds in results)
     statuses = [status for status, _ in results]
 

@@ -126,9 +126,15 @@ def _free_port() -> int:
 
 
 class _OwnedServer:
-    """initdb + pg_ctl through the wheel's binaries, as the wheel's dedicated user if root."""
+    """initdb + pg_ctl through the wheel's binaries, as the wheel's dedicated user if root.
 
-    def __init__(self) -> None:
+    `replication`: a primary that a standby can copy and follow (wal_level replica, WAL
+    senders). `standby_of`: a hot standby of that primary instead (pg_basebackup -R), which
+    takes no writes until promoted (`pg_ctl("-w", "promote")`)."""
+
+    def __init__(
+        self, *, replication: bool = False, standby_of: "_OwnedServer | None" = None
+    ) -> None:
         try:
             with warnings.catch_warnings():  # it looks up a runtime folder it has no use for
                 warnings.simplefilter("ignore")
@@ -160,20 +166,31 @@ class _OwnedServer:
                 utils.ensure_folder_permissions(bin_path.parent / "share", readable)
                 utils.ensure_prefix_permissions(self.root)
                 os.chown(self.root, entry.pw_uid, entry.pw_gid)
-            commands.initdb(
-                ["--auth=trust", "--encoding=utf8", "-U", "postgres", "--no-sync"],
-                pgdata=self.data,
-                user=self.user,
-                timeout=120,
-            )
+            if standby_of is None:
+                commands.initdb(
+                    ["--auth=trust", "--encoding=utf8", "-U", "postgres", "--no-sync"],
+                    pgdata=self.data,
+                    user=self.user,
+                    timeout=120,
+                )
+            else:
+                source = ["-h", "127.0.0.1", "-p", str(standby_of.port), "-U", "postgres"]
+                commands.pg_basebackup(
+                    ["-D", str(self.data), "-R", "-X", "stream", "--no-sync", *source],
+                    user=self.user,
+                    timeout=120,
+                )
             # fsync off: a test cluster need not survive power loss, and every commit would
             # wait for the disk. synchronous_commit stays on, so a crash of the server
             # (pg_ctl restart -m immediate) loses nothing acknowledged.
             options = (
                 f"-p {self.port} -h 127.0.0.1 -k {self.root} -c fsync=off "
                 f"-c max_connections=300 -c full_page_writes=off"
-                f" -c wal_level=minimal -c max_wal_senders=0"
             )
+            if replication or standby_of is not None:
+                options += " -c wal_level=replica -c max_wal_senders=5"
+            else:
+                options += " -c wal_level=minimal -c max_wal_senders=0"
             self.pg_ctl("-w", "-t", "60", "-l", str(self.root / "log"), "-o", options, "start")
         except (OSError, subprocess.SubprocessError) as exc:
             log = self.root / "log"

@@ -1,6 +1,6 @@
 """`onwatch notify`: tell a person when the agent needs one, even when nobody watches a desk.
 
-    notifier = Notifier(Watched.of("alice.db"), "notify-send onwatch \"$ONWATCH_TEXT\"",
+    notifier = Notifier(await Watched.of("alice.db"), "notify-send onwatch \"$ONWATCH_TEXT\"",
                         state="notify.db")
     await notifier.run(stop)
 
@@ -459,17 +459,28 @@ class Watched:
 
     @classmethod
     async def of(
-        cls, target: str, *, name: str | None = None, clock: Clock | None = None
-    ) -> Watched:
+        cls,
+        target: str,
+        *,
+        name: str | None = None,
+        clock: Clock | None = None,
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> Watched | None:
         """TARGET as the command line gives it: a file, a folder of inbox files, or a
         postgresql:// URL (with `name`: that inbox; without: every inbox of it). BadInput
-        or NotAnInbox when it is none of these."""
+        or NotAnInbox when it is none of these. One inbox of a database whose server does
+        not answer yet is waited for (Inbox.open_when_reachable); None if `stopped()`
+        became true first."""
         if name is not None and not is_url(target):
             raise BadInput("--inbox names an inbox of a postgresql:// database, not of a file")
         if is_url(target):
             if name is not None:
-                inbox = await Inbox.open(target, name=name, create=False, clock=clock)
-                return cls(f"{redact(target)} inbox {name}", inbox=inbox)
+                opened = await Inbox.open_when_reachable(
+                    target, stopped=stopped, logger=log, name=name, create=False, clock=clock
+                )
+                if opened is None:
+                    return None
+                return cls(f"{redact(target)} inbox {name}", inbox=opened)
             fleet = DatabaseFleet(target)
             fleet.check()
             return cls(fleet.label, fleet=fleet)

@@ -25,7 +25,9 @@ def cmd_notify(args: argparse.Namespace) -> int:
     state = args.state or default_state(args.target, args.inbox, args.command)
 
     async def main() -> int:
-        watched = await Watched.of(args.target, name=args.inbox)
+        watched = await Watched.of(args.target, name=args.inbox, stopped=lambda: bool(early))
+        if watched is None:  # stopped while waiting for the database
+            return OK
         try:
             notifier = Notifier(
                 watched,

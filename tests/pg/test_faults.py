@@ -513,6 +513,31 @@ def test_a_receiver_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp
         assert served.wait(60) == 0, log.read_text()
 
 
+def test_a_notifier_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp_path):
+    """`onwatch notify URL --inbox a`, a service of its own, the same way."""
+    direct = pg.new_schema()
+    asyncio.run(_make(direct))
+    proxy.refuse()
+    log = tmp_path / "notify.err"
+    with open(log, "ab") as err:
+        notifier = subprocess.Popen(
+            [sys.executable, "-m", "onwatch", "notify", proxy.url(direct), "--inbox", "default"]
+            + ["--command", "true", "--state", str(tmp_path / "state.db"), "--poll", "0.2"],
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            stderr=err,
+        )
+    try:
+        wait_until(lambda: "waiting for it" in log.read_text(), "the wait")
+        assert notifier.poll() is None, log.read_text()
+        proxy.relay()
+        wait_until(lambda: "notify: watching" in log.read_text(), "the notifier to watch", 60)
+    finally:
+        proxy.relay()
+        notifier.send_signal(signal.SIGTERM)
+        assert notifier.wait(60) == 0, log.read_text()
+
+
 def _done(url: str) -> bool:
     async def done() -> bool:
         async with await Inbox.open(url) as box:

@@ -86,11 +86,21 @@ def connect(url: str, **settings: str) -> "psycopg.Connection[Row]":
     return conn
 
 
-def answers(url: str) -> bool:
-    """Whether the server at `url` answers and takes connections (a ping, which neither
-    authenticates nor names a database): after a connection failed, True means it refused
-    this database, role or password, which will not change by itself; False, that it is
-    down, starting up, shutting down or out of reach, which is worth waiting for. (A failed
-    connection's error carries no SQLSTATE, and its words are in the server's language.)"""
+# What a server says (in English, its messages' usual language) when it turns a connection
+# away for now because it is at a connection cap (SQLSTATE 53300, of the server, a database
+# or a role): a ping calls such a server up, and a failed connection's error carries no
+# SQLSTATE, so its words are all there is to tell it from a refusal for good.
+AT_CAPACITY = ("too many connections", "too many clients", "connection slots are reserved")
+
+
+def not_yet(exc: BaseException, url: str) -> str | None:
+    """After a connection to `url` failed with `exc`: why another try later may succeed (the
+    server is at a connection cap; it does not answer: down, starting up, shutting down or
+    out of reach), or None when a server that answers refused this database, role or
+    password, which will not change by itself."""
+    if any(words in str(exc) for words in AT_CAPACITY):
+        return "the server is at a connection limit"
     target = conninfo.make_conninfo(url, connect_timeout=CONNECT_TIMEOUT)
-    return bool(pq.PGconn.ping(target.encode()) == pq.Ping.OK)
+    if pq.PGconn.ping(target.encode()) != pq.Ping.OK:
+        return "the server does not answer: down, starting up or out of reach"
+    return None

@@ -49,7 +49,7 @@ from ..errors import (
 )
 from ..text import printable
 from . import redact, said, schema
-from .connect import READ_ONLY_SERVER, STATEMENT_TIMEOUT, answers, connect
+from .connect import READ_ONLY_SERVER, STATEMENT_TIMEOUT, connect, not_yet
 from .listen import ListenWake
 from .rows import Row, one
 from .shared import Connections
@@ -237,15 +237,14 @@ def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxErro
 
 
 def _cannot_connect(exc: BaseException, url: str) -> InboxError:
-    """A connection to `url` failed: a server that answers refused this database, role or
-    password (InboxError: that will not change by itself); one that does not answer is down,
-    starting up or out of reach (ConnectionLost: worth another try)."""
+    """A connection to `url` failed: ConnectionLost (worth another try) where it may
+    succeed later (`not_yet`), else InboxError (a refusal for good: no such database or
+    role, a wrong password)."""
     message = f"cannot connect to {redact(url)}: {said(exc)}"
-    if answers(url):
+    why = not_yet(exc, url)
+    if why is None:
         return InboxError(message)
-    return ConnectionLost(
-        f"{message} (the server does not answer: down, starting up or out of reach); try again"
-    )
+    return ConnectionLost(f"{message} ({why}); try again")
 
 
 def _prepare(conn: "psycopg.Connection[Row]", statements: dict[str, str]) -> None:

@@ -13,7 +13,7 @@ import psycopg
 from ..errors import InboxError, NotAnInbox
 from ..settings import Settings
 from . import redact, schema
-from .connect import READ_ONLY_SERVER, answers, connect
+from .connect import READ_ONLY_SERVER, connect, not_yet
 from .tx import held_open
 
 __all__ = ["Looker", "Candidate", "Unreachable", "WITH_WORK", "FLEET_WORKER_LOCK"]
@@ -117,8 +117,8 @@ ORDER BY 1
 
 class Unreachable(InboxError):
     """The server did not answer, or answered that it accepts no connections now (starting,
-    stopping, recovering): worth another try, unlike a server that refused this database
-    or this role."""
+    stopping, recovering, at a connection limit): worth another try, unlike a server that
+    refused this database or this role."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +155,7 @@ class Looker:
             conn = self._connection()
         except psycopg.Error as exc:
             message = f"cannot connect to {self.where}: {str(exc).strip()}"
-            if answers(self.url):
+            if not_yet(exc, self.url) is None:
                 raise InboxError(message) from None
             raise Unreachable(message) from None
         try:

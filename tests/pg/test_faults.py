@@ -468,6 +468,36 @@ def test_a_worker_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp_p
             stopped.wait()
 
 
+def test_a_worker_started_while_its_role_is_at_its_connection_limit_waits(pg, tmp_path):
+    """ "too many connections for role" (a fleet scaled past max_connections, or a role's
+    limit) is a server that answers a ping: it was read as a refusal for good, and the
+    worker exited 1 at its start. It is a limit that frees up: waited for, saying why."""
+    url = pg.new_database(schema=False)
+    asyncio.run(_make(url))
+    asyncio.run(_ingest(url, "capped"))
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "DO $$ BEGIN CREATE ROLE onwatch_capped LOGIN CONNECTION LIMIT 1; "
+            "EXCEPTION WHEN duplicate_object THEN NULL; END $$"
+        )
+        admin.execute("GRANT ALL ON ALL TABLES IN SCHEMA public TO onwatch_capped")
+        admin.execute("GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO onwatch_capped")
+    capped = url.replace("postgres@", "onwatch_capped@", 1)
+    holding = psycopg.connect(capped)  # the role's one connection, taken
+    worker = start_worker_on(capped, tmp_path)
+    log = tmp_path / WORKER_LOG
+    try:
+        wait_until(lambda: log.exists() and "waiting for it" in log.read_text(), "the wait")
+        assert "at a connection limit" in log.read_text()
+        assert worker.poll() is None, log.read_text()
+        holding.close()
+        wait_until(lambda: _done(url), "the run", 60)
+    finally:
+        holding.close()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0, log.read_text()
+
+
 def test_a_server_that_answers_and_refuses_is_not_waited_for(pg, tmp_path):
     """A server that answers but refuses this database (or role, or password) will not
     change its mind: the worker and the receiver still stop at once, saying why."""

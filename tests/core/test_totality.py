@@ -227,6 +227,7 @@ NOT_FED = {
     "close": "takes no value; closing is the test's teardown",
     "now": "takes no value",
     "open": "fed below with hostile paths and timeouts",
+    "open_when_reachable": "open's own options, fed below through open; and a callable",
     "file_replaced": "takes no value (two stat calls on the opened file)",
 }
 

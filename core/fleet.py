@@ -26,7 +26,7 @@ from urllib.parse import quote
 from .engine import outbox, reads, switches, timers
 from .engine.plans import DAY
 from .clock import Clock
-from .errors import BadInput, InboxError, NotAnInbox
+from .errors import BadInput, ConnectionLost, InboxError, NotAnInbox
 from .inbox import Inbox
 from .records import Approval, Lease
 from .settings import Settings
@@ -422,13 +422,20 @@ class DatabaseFleet:
 
     def check(self) -> None:
         """Connect now: raise InboxError (NotAnInbox for a foreign or newer database) with a
-        one-line reason, so a wrong URL fails before the desk opens."""
+        one-line reason, so a wrong URL fails before the desk opens; ConnectionLost (an
+        InboxError) where a later try may succeed (core/pg/connect.py `not_yet`)."""
         import psycopg
+
+        from .pg.connect import not_yet
 
         try:
             self._connect()
         except psycopg.Error as exc:
-            raise InboxError(f"{self.shown_url}: {said(exc)}") from None
+            message = f"{self.shown_url}: {said(exc)}"
+            why = not_yet(exc, self.url)
+            if why is None:
+                raise InboxError(message) from None
+            raise ConnectionLost(f"{message} ({why}); try again") from None
 
     def close(self) -> None:
         if self._conn is not None:

@@ -10,7 +10,6 @@ import inspect
 import logging
 import os
 import sqlite3
-import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
 from . import backends, checks
@@ -49,8 +48,7 @@ from .engine.transcripts import NewLine, NewSpend, Transcript
 from .engine.plans import DELIVERY_STATES, SETTLE_OUTCOMES
 from .engine.runs import Claimed
 from .engine.tx import ClaimAhead, FinishAhead, FinishClaimAhead, Tx
-from .errors import BadInput, ConnectionLost
-from .humanize import duration
+from .errors import BadInput
 from .group_commit import GroupCommit
 from .records import (
     EVENT_STATES,
@@ -72,8 +70,8 @@ from .records import (
     Timer,
     Worker,
 )
+from .reachable import until_reachable
 from .settings import Settings
-from .text import printable
 
 if TYPE_CHECKING:
     from .pg.shared import Connections  # psycopg only when asked for
@@ -81,7 +79,6 @@ if TYPE_CHECKING:
 TIMER_STATES = ("scheduled", "paused", "set aside")  # what a timer action is conditional on
 
 CLOSE_WAIT = 5.0  # seconds close() waits for ingests in flight before closing anyway
-WAITING_SAID_EVERY = 60.0  # seconds between two log lines of open_when_reachable's wait
 SendFn = Callable[[str], Any] | Callable[[str], Awaitable[Any]]
 T = TypeVar("T")
 
@@ -184,35 +181,9 @@ class Inbox:
         service manager that restarts it every few seconds stops trying after its start
         limit. None if `stopped()` became true first. Every other refusal raises as
         `open`'s does. The wait is told to `logger` (this module's by default)."""
-        say = logger or log
-        backoff, since, said = 0.0, None, 0.0
-        while True:
-            try:
-                inbox = await cls.open(path, **options)
-            except ConnectionLost as exc:
-                now = time.monotonic()
-                if since is None:
-                    since = said = now
-                    say.warning("%s; waiting for it", printable(str(exc)))
-                elif now - said >= WAITING_SAID_EVERY:
-                    said = now
-                    say.warning(
-                        "still waiting after %s: %s",
-                        duration(int(now - since)),
-                        printable(str(exc)),
-                    )
-                backoff = min(max(backoff * 2, 0.5), 5.0)
-            else:
-                if since is not None:
-                    say.warning(
-                        "%s answers after %s", inbox.path, duration(int(time.monotonic() - since))
-                    )
-                return inbox
-            waited_until = time.monotonic() + backoff
-            while time.monotonic() < waited_until:
-                if stopped():
-                    return None
-                await asyncio.sleep(min(0.1, waited_until - time.monotonic()))
+        return await until_reachable(
+            lambda: cls.open(path, **options), stopped=stopped, logger=logger or log
+        )
 
     async def close(self) -> None:
         """Close, after the ingests in flight are committed (or have failed). Bounded: a

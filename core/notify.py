@@ -43,6 +43,7 @@ from .errors import BadInput, FileLost, InboxError
 from .fleet import DatabaseFleet, FleetSource, FolderFleet, InboxSummary
 from .inbox import Inbox
 from .pg import is_url, redact
+from .reachable import until_reachable
 from .records import Approval, Event, Lease
 from .shell import run_shell
 from .text import printable
@@ -468,9 +469,8 @@ class Watched:
     ) -> Watched | None:
         """TARGET as the command line gives it: a file, a folder of inbox files, or a
         postgresql:// URL (with `name`: that inbox; without: every inbox of it). BadInput
-        or NotAnInbox when it is none of these. One inbox of a database whose server does
-        not answer yet is waited for (Inbox.open_when_reachable); None if `stopped()`
-        became true first."""
+        or NotAnInbox when it is none of these. A database whose server does not answer yet
+        is waited for (core/reachable.py); None if `stopped()` became true first."""
         if name is not None and not is_url(target):
             raise BadInput("--inbox names an inbox of a postgresql:// database, not of a file")
         if is_url(target):
@@ -482,7 +482,13 @@ class Watched:
                     return None
                 return cls(f"{redact(target)} inbox {name}", inbox=opened)
             fleet = DatabaseFleet(target)
-            fleet.check()
+
+            async def checked() -> DatabaseFleet:
+                await asyncio.to_thread(fleet.check)
+                return fleet
+
+            if await until_reachable(checked, stopped=stopped, logger=log) is None:
+                return None
             return cls(fleet.label, fleet=fleet)
         if os.path.isdir(target):
             return cls(target, fleet=FolderFleet(target))

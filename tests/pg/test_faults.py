@@ -543,15 +543,17 @@ def test_a_receiver_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp
         assert served.wait(60) == 0, log.read_text()
 
 
-def test_a_notifier_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp_path):
-    """`onwatch notify URL --inbox a`, a service of its own, the same way."""
+@pytest.mark.parametrize("watching", [("--inbox", "default"), ()], ids=["inbox", "database"])
+def test_a_notifier_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp_path, watching):
+    """`onwatch notify URL`, a service of its own, the same way: watching one inbox of the
+    database, or every inbox of it."""
     direct = pg.new_schema()
     asyncio.run(_make(direct))
     proxy.refuse()
     log = tmp_path / "notify.err"
     with open(log, "ab") as err:
         notifier = subprocess.Popen(
-            [sys.executable, "-m", "onwatch", "notify", proxy.url(direct), "--inbox", "default"]
+            [sys.executable, "-m", "onwatch", "notify", proxy.url(direct), *watching]
             + ["--command", "true", "--state", str(tmp_path / "state.db"), "--poll", "0.2"],
             cwd=ROOT,
             env=dict(os.environ, PYTHONPATH=str(ROOT)),

@@ -174,13 +174,10 @@ class Inbox:
         logger: logging.Logger | None = None,
         **options: Any,
     ) -> "Inbox | None":
-        """`open`, for a process that serves the inbox (a worker, a receiver): a database
-        server that does not answer yet (down, starting up, a failover under way: the open
-        raised ConnectionLost) is waited for, trying again with backoff (0.5 s doubling to
-        5 s) and saying so once, then once a minute, rather than given up at once; a
-        service manager that restarts it every few seconds stops trying after its start
-        limit. None if `stopped()` became true first. Every other refusal raises as
-        `open`'s does. The wait is told to `logger` (this module's by default)."""
+        """`open`, for a process that serves the inbox (a worker, a receiver, a notifier),
+        tried again while the database server does not answer yet (ConnectionLost), with
+        backoff, saying so to `logger` (core/reachable.py). None if `stopped()` became true
+        first; every other refusal raises as `open`'s does."""
         return await until_reachable(
             lambda: cls.open(path, **options), stopped=stopped, logger=logger or log
         )

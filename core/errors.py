@@ -68,5 +68,6 @@ class ConnectionLost(InboxBusy):
     """The database server could not be reached (a restart, a network cut, a server that
     stopped answering, or one that turned the connection away at a connection limit). Like
     a lock held too long it is worth another try later, and everything that retries on
-    InboxBusy retries on it; the connection is reopened at the next transaction. A write cut off may or may not have committed: the caller must find
-    out, or act so that either way is safe (dedupe keys, fencing; docs/rules.md)."""
+    InboxBusy retries on it; the connection is reopened at the next transaction. A write
+    cut off may or may not have committed: the caller must find out, or act so that either
+    way is safe (dedupe keys, fencing; docs/rules.md)."""

@@ -519,28 +519,8 @@ def test_a_server_that_answers_and_refuses_is_not_waited_for(pg, tmp_path):
 def test_a_receiver_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp_path):
     direct = pg.new_schema()
     asyncio.run(_make(direct))
-    proxy.refuse()
-    err = open(tmp_path / "serve.err", "ab")
-    try:
-        served = subprocess.Popen(
-            [sys.executable, "-m", "onwatch", "serve", proxy.url(direct), "--port", "0"],
-            cwd=ROOT,
-            env=dict(os.environ, ONWATCH_GITHUB_SECRET="s3cret", PYTHONPATH=str(ROOT)),
-            stdout=subprocess.DEVNULL,
-            stderr=err,
-        )
-    finally:
-        err.close()
-    log = tmp_path / "serve.err"
-    try:
-        wait_until(lambda: "waiting for it" in log.read_text(), "the wait")
-        assert served.poll() is None, log.read_text()
-        proxy.relay()
-        wait_until(lambda: "listening on" in log.read_text(), "the receiver to listen", 60)
-    finally:
-        proxy.relay()
-        served.send_signal(signal.SIGTERM)
-        assert served.wait(60) == 0, log.read_text()
+    serve = ["serve", proxy.url(direct), "--port", "0"]
+    _waits_for_its_server(proxy, serve, tmp_path / "serve.err", "listening on")
 
 
 @pytest.mark.parametrize("watching", [("--inbox", "default"), ()], ids=["inbox", "database"])
@@ -549,25 +529,33 @@ def test_a_notifier_started_while_its_server_is_down_waits_for_it(pg, proxy, tmp
     database, or every inbox of it."""
     direct = pg.new_schema()
     asyncio.run(_make(direct))
+    notify = ["notify", proxy.url(direct), *watching, "--command", "true"]
+    notify += ["--state", str(tmp_path / "state.db"), "--poll", "0.2"]
+    _waits_for_its_server(proxy, notify, tmp_path / "notify.err", "notify: watching")
+
+
+def _waits_for_its_server(proxy: Proxy, command: list[str], log, ready: str) -> None:
+    """`onwatch COMMAND`, a service, started while the server behind `proxy` turns every
+    connection away: it waits, saying so (it exited 1 at once); once the server answers it
+    gets going (`ready` in its log); a SIGTERM then ends it cleanly."""
     proxy.refuse()
-    log = tmp_path / "notify.err"
     with open(log, "ab") as err:
-        notifier = subprocess.Popen(
-            [sys.executable, "-m", "onwatch", "notify", proxy.url(direct), *watching]
-            + ["--command", "true", "--state", str(tmp_path / "state.db"), "--poll", "0.2"],
+        service = subprocess.Popen(
+            [sys.executable, "-m", "onwatch", *command],
             cwd=ROOT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            env=dict(os.environ, ONWATCH_GITHUB_SECRET="s3cret", PYTHONPATH=str(ROOT)),
+            stdout=subprocess.DEVNULL,
             stderr=err,
         )
     try:
         wait_until(lambda: "waiting for it" in log.read_text(), "the wait")
-        assert notifier.poll() is None, log.read_text()
+        assert service.poll() is None, log.read_text()
         proxy.relay()
-        wait_until(lambda: "notify: watching" in log.read_text(), "the notifier to watch", 60)
+        wait_until(lambda: ready in log.read_text(), ready, 60)
     finally:
         proxy.relay()
-        notifier.send_signal(signal.SIGTERM)
-        assert notifier.wait(60) == 0, log.read_text()
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(60) == 0, log.read_text()
 
 
 def _done(url: str) -> bool:

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, TypeVar, cast
+from typing import Any, Callable, Generic, TypeVar, cast
 
 from ..engine.decoding import settings_from
 from ..engine.runs import plain_claim
@@ -489,6 +489,17 @@ def write_unless(precheck: Callable[..., T | None]) -> Runner[T]:
     return run
 
 
+class _Writes(Generic[T]):
+    """A runner that writes (the Database's write methods), so told apart from one that
+    only reads (see _run_held: after a write was refused)."""
+
+    def __init__(self, runner: Runner[T]) -> None:
+        self.runner = runner
+
+    def __call__(self, tx: Tx, fn: Callable[..., T], args: Args) -> T:
+        return self.runner(tx, fn, args)
+
+
 def read_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
     """`fn(tx, *args)` inside one read-only snapshot."""
     conn = tx.conn
@@ -570,6 +581,7 @@ class Database:
         self._backoff = 0.0  # after a failed reconnection: how long until the next try
         self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
         self._outage_said = 0.0  # (monotonic) when a failed reconnection was last logged
+        self._writes_refused = False  # a write met ServerReadOnly, none committed since
         self._running_since: float | None = None  # (monotonic) since the job in hand began
         # Jobs handed to the thread (counted on the loop) and done (counted on the thread):
         # each counter has one writer.
@@ -730,9 +742,17 @@ class Database:
         reads) or mid-transaction: every statement on it would fail at once ("another
         command is already in progress") without psycopg ever calling it broken, and the
         inbox would refuse every write until restarted. It is closed and reopened as a lost
-        one (the server rolls back whatever it held)."""
+        one (the server rolls back whatever it held).
+
+        After the server refused a write (ServerReadOnly), each write runs on a session
+        opened for it until one commits: a session opened while writes were off (by a read)
+        stays read-only after they are back."""
         tx = self._tx
         conn = tx.conn
+        writes = isinstance(runner, _Writes)
+        if writes and self._writes_refused and not conn.closed:
+            conn.close()
+            tx.conn = UNHELD  # opened again below, as a session wanted, not a lost one
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.close()
         if tx.conn.closed or tx.conn.broken:
@@ -769,7 +789,10 @@ class Database:
         tx.server_time = None  # read again by each job that needs it
         tx.undone = False
         try:
-            return runner(tx, fn, args)
+            result = runner(tx, fn, args)
+            if writes:
+                self._writes_refused = False
+            return result
         except pg_errors.InvalidSqlStatementName:
             # A statement psycopg prepared by itself is gone from the session (DEALLOCATE or
             # DISCARD ALL sent by something between us and the server; ours are prepared
@@ -790,6 +813,7 @@ class Database:
             # that reaches whichever server the URL names by then.
             tx.conn.close()
             tx.conn = UNHELD
+            self._writes_refused = True
             raise ServerReadOnly(
                 f"inbox {self.path}: the PostgreSQL server stopped taking writes "
                 f"({said(exc)}: {READ_ONLY_SERVER}; a failover or maintenance?); nothing "
@@ -923,7 +947,7 @@ class Database:
         write_transaction)."""
         self._writable()
         result = await self._await(
-            lambda tx, fn, args: write_transaction(tx, fn, args, ahead), fn, args
+            _Writes[T](lambda tx, fn, args: write_transaction(tx, fn, args, ahead)), fn, args
         )
         self.wake.notify()
         return result
@@ -932,7 +956,7 @@ class Database:
         """Run `fn`, one statement that commits by itself (it locks the inbox's row and
         counts its change itself): one round trip where a write transaction takes three."""
         self._writable()
-        result = await self._await(_plain, fn, args)
+        result = await self._await(_Writes[T](_plain), fn, args)
         self.wake.notify()
         return result
 
@@ -947,7 +971,7 @@ class Database:
         to write), else `fn` in one transaction holding the inbox's lock. (`bounded` is
         SQLite's: where its statement journals are kept. PostgreSQL keeps none.)"""
         self._writable()
-        result = await self._await(write_unless(precheck), fn, args)
+        result = await self._await(_Writes(write_unless(precheck)), fn, args)
         self.wake.notify()
         return result
 
@@ -979,7 +1003,7 @@ class Database:
                 self.wake.notify()
             done(result, error)
 
-        self._submit(runner, fn, args, committed, asyncio.get_running_loop())
+        self._submit(_Writes(runner), fn, args, committed, asyncio.get_running_loop())
 
     def write_soon_alone(
         self,

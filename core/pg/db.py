@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 import weakref
-from typing import Any, Callable, Generic, TypeVar, cast
+from typing import Any, Callable, TypeVar, cast
 
 from ..engine.decoding import settings_from
 from ..engine.runs import plain_claim
@@ -489,15 +489,15 @@ def write_unless(precheck: Callable[..., T | None]) -> Runner[T]:
     return run
 
 
-class _Writes(Generic[T]):
+class _Writes:
     """A runner that writes (the Database's write methods), so told apart from one that
     only reads (see _run_held: after a write was refused)."""
 
-    def __init__(self, runner: Runner[T]) -> None:
+    def __init__(self, runner: Callable[[Tx, Callable[..., Any], Args], Any]) -> None:
         self.runner = runner
 
     def __call__(self, tx: Tx, fn: Callable[..., T], args: Args) -> T:
-        return self.runner(tx, fn, args)
+        return cast(T, self.runner(tx, fn, args))
 
 
 def read_transaction(tx: Tx, fn: Callable[..., T], args: Args) -> T:
@@ -947,7 +947,7 @@ class Database:
         write_transaction)."""
         self._writable()
         result = await self._await(
-            _Writes[T](lambda tx, fn, args: write_transaction(tx, fn, args, ahead)), fn, args
+            _Writes(lambda tx, fn, args: write_transaction(tx, fn, args, ahead)), fn, args
         )
         self.wake.notify()
         return result
@@ -956,7 +956,7 @@ class Database:
         """Run `fn`, one statement that commits by itself (it locks the inbox's row and
         counts its change itself): one round trip where a write transaction takes three."""
         self._writable()
-        result = await self._await(_Writes[T](_plain), fn, args)
+        result = await self._await(_Writes(_plain), fn, args)
         self.wake.notify()
         return result
 

@@ -61,6 +61,7 @@ from onwatch.core import (
     StorageFull,
     WritesRefused,
 )
+from onwatch.core.pg import is_url
 from onwatch.core.text import printable
 
 from .config import SOURCE_PATTERN, Secrets
@@ -760,8 +761,10 @@ async def _serve(
             )
             return 1
         log.info(
-            "inbox %s; listening on %s; max body %d bytes; at most %d connection(s)",
-            os.path.abspath(path),
+            "%s; listening on %s; max body %d bytes; at most %d connection(s)",
+            # A database as the inbox names it ("URL inbox NAME", no password: a log is
+            # read by others); a file as an absolute path, escaped.
+            inbox.path if is_url(path) else f"inbox {printable(os.path.abspath(path))}",
             server.url,
             server.receiver.max_body,
             server.guard.limit,

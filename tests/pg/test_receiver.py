@@ -118,4 +118,28 @@ def test_deliveries_acknowledged_before_a_server_restart_are_all_stored(pg, tmp_
             )
         ]
     assert sorted(stored) == sorted(f"d-{n}" for n in range(600))
-    assert "lost the connection" in log and "reconnected" in log
+    # The restart is in the log: a session lost under a job, or one the server ended
+    # while it was idle (then replaced before a job was sent on it), and the reconnection.
+    assert "lost the connection" in log or "ended the session while it was idle" in log, log
+    assert "reconnected" in log or "opening a new one" in log, log
+
+
+def test_the_start_line_names_the_database_without_its_password(pg, tmp_path):
+    """The receiver's start line named a URL as if it were a file (the working folder in
+    front, the slashes merged) with its password in it: the log is read by others."""
+    url = pg.new_database()
+    with_password = url.replace("postgres@", "postgres:s3cret-word@", 1)
+    assert with_password != url
+
+    async def main() -> str:
+        await (await Inbox.open(url, name="hooks")).close()
+        log_path = tmp_path / "serve.log"
+        proc, _ = await start_receiver(with_password, "hooks", log_path)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        return log_path.read_text()
+
+    log = asyncio.run(main())
+    shown = url.replace("postgres@", "postgres:***@", 1)
+    assert f"serve: {shown} inbox hooks; listening on http://" in log, log
+    assert "s3cret-word" not in log, log

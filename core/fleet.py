@@ -409,7 +409,10 @@ class DatabaseFleet:
 
         from .pg import schema as pg_schema
         from .pg.connect import connect as pg_connect
+        from .pg.connect import ended_while_idle
 
+        if self._conn is not None and not self._conn.closed and ended_while_idle(self._conn):
+            self._conn.close()  # by the server, between two scans: a new one, nothing lost
         if self._conn is None or self._conn.closed:
             conn = pg_connect(self.url)
             try:

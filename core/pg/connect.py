@@ -16,6 +16,7 @@ A value the URL sets itself (e.g. `?keepalives_idle=60`) is kept.
 
 from __future__ import annotations
 
+import select
 from typing import Any
 
 import psycopg
@@ -66,14 +67,26 @@ READ_ONLY_SERVER = (
 )
 
 
-def connect(url: str, **settings: str) -> "psycopg.Connection[Row]":
-    """An autocommit connection with the bounds above, plus these session `settings`."""
+# A server's idle_session_timeout (PostgreSQL 14 and later; any role may set it for its own
+# session) ends a session that waits between statements. Most of onwatch's sessions take it
+# as it is meant: an inbox's session ended while idle is opened again before its next job
+# (`ended_while_idle`, core/pg/db.py). A session whose work is to wait is exempt (`waits`):
+# the listener's (ended, it would lose the notifications sent until it is back) and the
+# fleet worker's look, whose lock tells the desk that a fleet worker is there.
+IDLE_SESSION_SERVER = 140000
+
+
+def connect(url: str, *, waits: bool = False, **settings: str) -> "psycopg.Connection[Row]":
+    """An autocommit connection with the bounds above, plus these session `settings`;
+    `waits`: a session idle by design, exempt from the server's idle_session_timeout."""
     given = conninfo.conninfo_to_dict(url)
     options: dict[str, Any] = {k: v for k, v in CLIENT_TCP.items() if k not in given}
     if "connect_timeout" not in given:
         options["connect_timeout"] = CONNECT_TIMEOUT
     conn = psycopg.connect(url, autocommit=True, **options)
     session = {**SERVER_SETTINGS, **settings}
+    if waits and conn.info.server_version >= IDLE_SESSION_SERVER:
+        session["idle_session_timeout"] = "0"
     try:
         # set_config, not SET: each name and value is a parameter, never SQL text; all of
         # them in one statement, one round trip (a fleet opens a connection per inbox).
@@ -104,3 +117,20 @@ def not_yet(exc: BaseException, url: str) -> str | None:
     if pq.PGconn.ping(target.encode()) != pq.Ping.OK:
         return "the server does not answer: down, starting up or out of reach"
     return None
+
+
+def ended_while_idle(conn: "psycopg.Connection[Row]") -> bool:
+    """Whether the server ended this idle session since it was last used: it says why
+    (idle_session_timeout, a terminated backend, a restart) and closes, so the socket is
+    readable while nothing was asked. One poll without waiting. The caller opens a new
+    session where sending on this one would fail as a lost connection with nothing lost.
+    (A socket readable for another reason, a notice, keeps its session.)"""
+    try:
+        fd = conn.pgconn.socket
+        for _ in range(3):  # what the server said, then its end (libpq raises at the end)
+            if not select.select([fd], [], [], 0)[0]:
+                return False
+            conn.pgconn.consume_input()
+    except (OSError, ValueError, psycopg.OperationalError):
+        return True
+    return conn.pgconn.status != pq.ConnStatus.OK

@@ -49,10 +49,10 @@ from ..errors import (
 )
 from ..text import printable
 from . import redact, said, schema
-from .connect import READ_ONLY_SERVER, STATEMENT_TIMEOUT, connect, not_yet
+from .connect import READ_ONLY_SERVER, STATEMENT_TIMEOUT, connect, ended_while_idle, not_yet
 from .listen import ListenWake
 from .rows import Row, one
-from .shared import Connections
+from .shared import Connections, WriteRefusals
 from .tx import (
     CLAIM_WITH_COMMIT,
     FINISH_AND_TAKE_WITH_LOCK,
@@ -113,8 +113,9 @@ def _pooled(url: str, busy_timeout: float) -> "psycopg.Connection | None":
         for index in range(len(_pool) - 1, -1, -1):
             if _pool[index][0] == key:
                 conn = _pool.pop(index)[1]
-                if not conn.closed and not conn.broken:
+                if not conn.closed and not conn.broken and not ended_while_idle(conn):
                     return conn
+                conn.close()
     return None
 
 
@@ -581,7 +582,9 @@ class Database:
         self._backoff = 0.0  # after a failed reconnection: how long until the next try
         self._retry_at = 0.0  # (monotonic) no attempt before this; jobs fail fast meanwhile
         self._outage_said = 0.0  # (monotonic) when a failed reconnection was last logged
-        self._writes_refused = False  # a write met ServerReadOnly, none committed since
+        # After a write the server refused: which sessions may take writes (the shared
+        # connections' own, for every inbox that shares them).
+        self._refusals = shared.refusals if shared is not None else WriteRefusals()
         self._running_since: float | None = None  # (monotonic) since the job in hand began
         # Jobs handed to the thread (counted on the loop) and done (counted on the thread):
         # each counter has one writer.
@@ -635,6 +638,7 @@ class Database:
                     conn = cls._connect(url, busy_timeout)
                     if connections is not None:
                         connections.opened_one()
+                        connections.refusals.opened(conn)
             except psycopg.Error as exc:
                 raise _cannot_connect(exc, url) from None
             try:
@@ -707,7 +711,11 @@ class Database:
                 self._running_since = None
                 self._finished += 1
         if self._shared is None:
-            _give_back(self.url, self.busy_timeout, self._tx.conn)
+            conn = self._tx.conn
+            if self._refusals.fit_to_write(conn):
+                _give_back(self.url, self.busy_timeout, conn)
+            else:  # not for the next inbox opened in this process either
+                conn.close()
 
     def _run(self, runner: Runner[T], fn: Callable[..., T], args: Args) -> T:
         """On the thread: run one job on this inbox's connection, or on one taken from the
@@ -742,19 +750,29 @@ class Database:
         reads) or mid-transaction: every statement on it would fail at once ("another
         command is already in progress") without psycopg ever calling it broken, and the
         inbox would refuse every write until restarted. It is closed and reopened as a lost
-        one (the server rolls back whatever it held).
+        one (the server rolls back whatever it held). A session the server ended while it
+        was idle (connect.py `ended_while_idle`) is replaced before the job is sent: nothing
+        was lost, and the log says so at INFO, not as a loss.
 
-        After the server refused a write (ServerReadOnly), each write runs on a session
-        opened for it until one commits: a session opened while writes were off (by a read)
-        stays read-only after they are back."""
+        After the server refused a write (ServerReadOnly), a write runs only on a session
+        that may take it (shared.py `WriteRefusals`): a session opened while writes were off
+        (by a read) stays read-only after they are back."""
         tx = self._tx
         conn = tx.conn
         writes = isinstance(runner, _Writes)
-        if writes and self._writes_refused and not conn.closed:
+        if writes and not conn.closed and not self._refusals.fit_to_write(conn):
             conn.close()
             tx.conn = UNHELD  # opened again below, as a session wanted, not a lost one
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.close()
+        elif not conn.closed and ended_while_idle(conn):
+            conn.close()
+            tx.conn = UNHELD  # opened again below, as a session wanted, not a lost one
+            log.info(
+                "inbox %s: the server ended the session while it was idle "
+                "(idle_session_timeout, a restart?); opening a new one",
+                self.path,
+            )
         if tx.conn.closed or tx.conn.broken:
             # UNHELD: a shared connection to open (none idle), not a loss, unless it fails.
             lost = tx.conn is not UNHELD
@@ -784,6 +802,7 @@ class Database:
             if lost or self._backoff:
                 log.warning("inbox %s: reconnected to PostgreSQL", self.path)
             self._backoff = self._retry_at = self._outage_said = 0.0
+            self._refusals.opened(tx.conn)
             if self._shared is not None:
                 self._shared.opened_one()
         tx.server_time = None  # read again by each job that needs it
@@ -791,7 +810,7 @@ class Database:
         try:
             result = runner(tx, fn, args)
             if writes:
-                self._writes_refused = False
+                self._refusals.committed(tx.conn)
             return result
         except pg_errors.InvalidSqlStatementName:
             # A statement psycopg prepared by itself is gone from the session (DEALLOCATE or
@@ -813,7 +832,7 @@ class Database:
             # that reaches whichever server the URL names by then.
             tx.conn.close()
             tx.conn = UNHELD
-            self._writes_refused = True
+            self._refusals.refused = True
             raise ServerReadOnly(
                 f"inbox {self.path}: the PostgreSQL server stopped taking writes "
                 f"({said(exc)}: {READ_ONLY_SERVER}; a failover or maintenance?); nothing "

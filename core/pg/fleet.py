@@ -230,7 +230,7 @@ class Looker:
     def _connection(self) -> psycopg.Connection:
         conn = self.conn
         if conn is None or conn.closed or conn.broken:
-            conn = connect(self.url)
+            conn = connect(self.url, waits=True)
             try:
                 conn.execute("SELECT pg_advisory_lock_shared(%s)", (FLEET_WORKER_LOCK,))
             except BaseException:

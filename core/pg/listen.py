@@ -87,7 +87,7 @@ class Listener:
 
     @staticmethod
     def _connect(url: str) -> psycopg.Connection:
-        conn = connect(url)
+        conn = connect(url, waits=True)
         conn.execute(f"LISTEN {CHANNEL}")
         return conn
 

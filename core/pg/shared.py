@@ -18,12 +18,49 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING
 
 import psycopg
 
 if TYPE_CHECKING:
     from .rows import Row
+
+
+class WriteRefusals:
+    """What a write the server refused (ServerReadOnly: a failover, or writes turned off)
+    leaves for the writes after it, kept for the sessions one inbox opens, or the sessions
+    inboxes share (one for all of them): a session opened while writes were off stays
+    read-only after they are back (the server reads `default_transaction_read_only` once,
+    at a session's start), and a read opened it, so nobody noticed. Until a write commits,
+    each write runs on a session opened for it (`fit_to_write` false), and a session opened
+    meanwhile never runs a write. Touched by the inboxes' threads: a lock guards it."""
+
+    def __init__(self) -> None:
+        self.refused = False  # a write was refused, and none committed since
+        self._opened: weakref.WeakSet[psycopg.Connection[Row]] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def opened(self, conn: "psycopg.Connection[Row]") -> None:
+        """A session was opened (for any job)."""
+        if self.refused:
+            with self._lock:
+                self._opened.add(conn)
+
+    def fit_to_write(self, conn: "psycopg.Connection[Row]") -> bool:
+        if self.refused:
+            return False
+        if not self._opened:  # the common case: no spell seen since this process began
+            return True
+        with self._lock:
+            return conn not in self._opened
+
+    def committed(self, conn: "psycopg.Connection[Row]") -> None:
+        """A write committed on `conn`: writes are taken, and by this session."""
+        self.refused = False
+        if self._opened:
+            with self._lock:
+                self._opened.discard(conn)
 
 
 class Connections:
@@ -37,6 +74,7 @@ class Connections:
         self.limit = limit
         self.busy_timeout = busy_timeout
         self.opened = 0  # connections opened in all (a test and the benchmark read it)
+        self.refusals = WriteRefusals()  # one for all the inboxes that share them
         self._idle: list[psycopg.Connection[Row]] = []  # the last given back last
         self._out = 0  # taken, or reserved for a connection being opened
         self._closed = False

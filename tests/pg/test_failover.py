@@ -13,6 +13,7 @@ again. A URL that gives a read-only server from the start still opens the inbox 
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import aiohttp
@@ -20,6 +21,7 @@ import psycopg
 import pytest
 
 from onwatch.core import ConnectionLost, Inbox, ServerReadOnly
+from onwatch.core.pg.shared import Connections
 from onwatch.core.webhooks import Secrets, start_server
 from tests.webhook.helpers import HOOK_SECRET, standard_headers
 from tests.worker.helpers import log_of, onwatch, start_worker, stop, wait_for
@@ -83,9 +85,9 @@ async def test_each_write_is_refused_changing_nothing_until_a_server_takes_write
     try:
         assert await box.ingest("s", "before", None)
         _demote(url)
-        with pytest.raises(ConnectionLost, match="terminating connection"):
-            await box.ingest("s", "during-0", None)  # the session it had is gone
-        for key in ("during-1", "during-2"):  # each try opens a new session, refused too
+        # The session it had was ended: replaced before the write, by one that refuses it;
+        # each try opens a new session, refused too.
+        for key in ("during-0", "during-1", "during-2"):
             with pytest.raises(ServerReadOnly, match="stopped taking writes.*nothing was written"):
                 await box.ingest("s", key, None)
         assert box.read_only is None  # the inbox is writable: the server is what refuses
@@ -101,6 +103,48 @@ async def test_each_write_is_refused_changing_nothing_until_a_server_takes_write
         await box.close()
 
 
+async def test_sessions_shared_by_inboxes_and_opened_while_writes_were_off_take_no_write(url):
+    """Inboxes that share connections (a fleet's visits): reads during the spell open
+    sessions that stay read-only, and go back to the shared connections. Neither the inbox
+    whose write was refused nor one that never wrote during the spell runs a write on them
+    afterwards: every write after the promotion is stored at its first try."""
+    shared = Connections(url, limit=2)
+    a = await Inbox.open(url, name="a", connections=shared)
+    b = await Inbox.open(url, name="b", connections=shared)
+    try:
+        assert await a.ingest("s", "before", None) and await b.ingest("s", "before", None)
+        _demote(url)
+        for attempt in range(20):  # the sessions the server ended are met and dropped
+            try:
+                await a.ingest("s", f"during-{attempt}", None)
+            except ServerReadOnly:
+                break
+            except ConnectionLost:
+                await asyncio.sleep(0.1)  # the reconnection's backoff
+        else:
+            pytest.fail("no write was refused as the server's")
+
+        async def read(box: Inbox) -> None:
+            for _ in range(50):
+                try:
+                    await box.counts()
+                    return
+                except ConnectionLost:
+                    await asyncio.sleep(0.1)
+            pytest.fail("a read never answered during the spell")
+
+        await asyncio.gather(read(a), read(b), read(a), read(b))  # sessions opened now
+        _promote(url)
+        for n in range(3):
+            for box in (b, a):
+                assert await box.ingest("s", f"after-{n}", None) is True
+        assert [(await box.counts())["pending"] for box in (a, b)] == [4, 4]
+    finally:
+        await a.close()
+        await b.close()
+        shared.close()
+
+
 async def test_a_receiver_answers_503_and_stores_the_retry_after_the_failover(url):
     box = await Inbox.open(url, name="a")
     server = await start_server(
@@ -110,13 +154,46 @@ async def test_a_receiver_answers_503_and_stores_the_retry_after_the_failover(ur
         async with aiohttp.ClientSession() as http:
             assert (await _post(http, server.url, 0))[0] == 202
             _demote(url)
-            status, body, _ = await _post(http, server.url, 1)
-            assert status == 503 and "cannot reach the database" in body, body
-            status, body, headers = await _post(http, server.url, 1)  # a new session
+            status, body, headers = await _post(http, server.url, 1)  # on a new session
             assert status == 503 and "takes no writes" in body, body
             assert headers["Retry-After"] == "5"
             _promote(url)
             status, body, _ = await _post(http, server.url, 1)  # the sender's retry
+            assert (status, json.loads(body)) == (202, {"stored": True})
+    finally:
+        await server.close()
+        await box.close()
+
+
+async def test_a_receiver_that_cannot_reach_its_database_answers_503_saying_so(url):
+    """Not a failover but its neighbour: the database turns every connection away (its
+    sessions ended, new ones refused). The receiver answers 503 saying it cannot reach the
+    database, and stores the sender's retry once connections are taken again."""
+    box = await Inbox.open(url, name="a")
+    server = await start_server(
+        box, secrets=Secrets.of(ci=HOOK_SECRET), host="127.0.0.1", port=0, max_body=None
+    )
+    name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert (await _post(http, server.url, 0))[0] == 202
+            elsewhere = url.rsplit("/", 1)[0] + "/postgres"  # the server's own database
+            with psycopg.connect(elsewhere, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
+                )
+            status, body, headers = await _post(http, server.url, 1)
+            assert status == 503 and "cannot reach the database" in body, body
+            with psycopg.connect(elsewhere, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+            for _ in range(100):  # the sender's retries, past the reconnection's backoff
+                status, body, _ = await _post(http, server.url, 1)
+                if status != 503:
+                    break
+                await asyncio.sleep(0.05)
             assert (status, json.loads(body)) == (202, {"stored": True})
     finally:
         await server.close()

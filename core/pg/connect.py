@@ -83,7 +83,17 @@ def connect(url: str, *, waits: bool = False, **settings: str) -> "psycopg.Conne
     options: dict[str, Any] = {k: v for k, v in CLIENT_TCP.items() if k not in given}
     if "connect_timeout" not in given:
         options["connect_timeout"] = CONNECT_TIMEOUT
-    conn = psycopg.connect(url, autocommit=True, **options)
+    # Text crosses as UTF-8 whatever the database's or the role's default client encoding
+    # (psycopg encodes every string, onwatch's own statements included, in that encoding).
+    conn = psycopg.connect(url, autocommit=True, client_encoding="UTF8", **options)
+    encoding = conn.info.parameter_status("server_encoding")  # sent with the greeting
+    if encoding != "UTF8":
+        conn.close()
+        raise psycopg.NotSupportedError(
+            f"the database's encoding is {encoding}, and onwatch stores its text as UTF-8 "
+            f"(payloads, keys and errors in any language); use a database created with "
+            f"ENCODING 'UTF8'"
+        )
     session = {**SERVER_SETTINGS, **settings}
     if waits and conn.info.server_version >= IDLE_SESSION_SERVER:
         session["idle_session_timeout"] = "0"

@@ -212,7 +212,7 @@ _prepared: "weakref.WeakKeyDictionary[psycopg.Connection[Row], set[str]]" = (
 
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
     if isinstance(exc, (pg_errors.InsufficientPrivilege, pg_errors.ReadOnlySqlTransaction)):
-        why = str(exc).strip()
+        why = said(exc)  # its first line: the statement quoted after it is not for users
         if isinstance(exc, pg_errors.ReadOnlySqlTransaction):
             why += f": {READ_ONLY_SERVER}"
         return ReadOnlyInbox(

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from ..actions import AUDIT_RENAMES
 from ..clock import show
-from ..errors import NotAnInbox, UpgradeRefused
+from ..errors import InboxError, NotAnInbox, UpgradeRefused
+from . import said
 from .rows import Row, one
 
 if TYPE_CHECKING:
@@ -462,6 +463,8 @@ def migrate(
     # that waited for a lock inside itself may still see the catalogue from before (its
     # catalogue snapshot is not renewed by an advisory lock), and call a database being
     # created meanwhile foreign.
+    from psycopg import errors as psycopg_errors
+
     conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK,))
     try:
         with conn.transaction():
@@ -470,14 +473,32 @@ def migrate(
                 return 0
             if 0 < version < target:
                 refuse_under_lease(conn, where, version, target)
-            for step in range(version, target):
-                conn.execute(MIGRATIONS[step])
+            try:
+                for step in range(version, target):
+                    conn.execute(MIGRATIONS[step])
+            except psycopg_errors.InsufficientPrivilege as exc:
+                raise InboxError(_not_allowed(where, version, target, said(exc))) from None
             if version < target:
                 conn.execute("UPDATE onwatch_schema SET version = %s WHERE id = 1", (target,))
     finally:
         if not conn.broken:
             conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
     return version
+
+
+def _not_allowed(where: str, version: int, target: int, why: str) -> str:
+    """Why the role could not create or migrate the schema, and what to do about it."""
+    if version == 0:
+        return (
+            f"cannot create onwatch's tables in {where}: {why}; grant the role CREATE on "
+            f"that schema (PostgreSQL 15 and later give it to the database's owner only), "
+            f"or point the URL's search_path at a schema the role may create in "
+            f"(?options=-csearch_path%3DNAME)"
+        )
+    return (
+        f"cannot migrate {where} from schema {version} to {target}: {why}; migrate as "
+        f"the role that owns onwatch's tables (`onwatch migrate URL`)"
+    )
 
 
 def refuse_under_lease(

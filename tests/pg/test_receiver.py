@@ -118,10 +118,11 @@ def test_deliveries_acknowledged_before_a_server_restart_are_all_stored(pg, tmp_
             )
         ]
     assert sorted(stored) == sorted(f"d-{n}" for n in range(600))
-    # The restart is in the log: a session lost under a job, or one the server ended
-    # while it was idle (then replaced before a job was sent on it), and the reconnection.
-    assert "lost the connection" in log or "ended the session while it was idle" in log, log
-    assert "reconnected" in log or "opening a new one" in log, log
+    # The restart is in the log (each 503 above was one of these): a session lost under a
+    # job, or a new one the server refused while it restarted; then the reconnection. (A
+    # session it ended while idle is replaced quietly, at INFO: nothing was lost.)
+    assert "lost the connection" in log or "cannot reconnect" in log, log
+    assert "reconnected" in log, log
 
 
 def test_the_start_line_names_the_database_without_its_password(pg, tmp_path):

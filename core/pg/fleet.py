@@ -4,7 +4,6 @@ fleet desk's listing is core/pg/summaries.py.)"""
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ __all__ = ["Looker", "Candidate", "Unreachable", "WITH_WORK", "FLEET_WORKER_LOCK
 FLEET_WORKER_LOCK = 0x6F6E7766
 
 # The onwatch tables (and the sequences behind their ids), named once by the migrations.
-TABLES = tuple(dict.fromkeys(re.findall(r"CREATE TABLE (\w+)", "".join(schema.MIGRATIONS))))
+TABLES = schema.TABLES
 
 # One setting read from the stored JSON text without decoding it: the engine writes it as
 # json.dumps does ("name": 123). A value written otherwise by hand is not matched, and the

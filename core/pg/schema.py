@@ -8,6 +8,7 @@ the fleet listing (core/pg/summaries.py) is one walk of the small `inboxes` tabl
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from ..actions import AUDIT_RENAMES
@@ -414,12 +415,30 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)
+TABLES = tuple(dict.fromkeys(re.findall(r"CREATE TABLE (\w+)", "".join(MIGRATIONS))))
+
+
+# Whether onwatch_schema is found; its schema; and any of onwatch's table names the
+# search_path finds in another schema (onwatch's statements name their tables without a
+# schema: a table of another application earlier in the path would be the one they used).
+_FOUND = """
+SELECT o.oid IS NOT NULL, o.nspname, array(
+    SELECT format('%%s (in %%s)', t, n.nspname)
+    FROM unnest(%(tables)s::text[]) AS t
+    JOIN pg_class c ON c.oid = to_regclass(t)
+    JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE o.oid IS NOT NULL AND c.relnamespace <> o.relnamespace ORDER BY t)
+FROM (SELECT to_regclass('onwatch_schema') AS oid) AS r
+LEFT JOIN LATERAL (
+    SELECT c.oid, c.relnamespace, n.nspname FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = r.oid) AS o ON true
+"""
 
 
 def inspect(conn: psycopg.Connection[Row], where: str) -> int:
     """Return the database's schema version (0 for a database with no tables of its own) or
     raise NotAnInbox: tables of someone else, or a newer onwatch."""
-    row = one(conn.execute("SELECT to_regclass('onwatch_schema') IS NOT NULL"))
+    row = one(conn.execute(_FOUND, {"tables": list(TABLES)}))
     if not row[0]:
         tables = [
             r[0]
@@ -434,6 +453,12 @@ def inspect(conn: psycopg.Connection[Row], where: str) -> int:
         raise NotAnInbox(
             f"{where} is a PostgreSQL database but not an onwatch database "
             f"(tables: {listed}); refusing to touch it"
+        )
+    if row[2]:
+        raise NotAnInbox(
+            f"{where}: the search_path finds {', '.join(row[2])} before onwatch's own, in "
+            f"schema {row[1]}; onwatch's statements would use them. Put {row[1]} first "
+            f"(?options=-csearch_path%3D{row[1]} in the URL, or ALTER ROLE … SET search_path)"
         )
     application, version = one(
         conn.execute("SELECT application, version FROM onwatch_schema WHERE id = 1")

@@ -74,3 +74,27 @@ def test_an_inbox_in_a_schema_of_its_own_runs_the_whole_cycle(app_url, tmp_path)
     assert tables.get("agents", 0) > 10 and "public" not in tables, tables
     elsewhere = onwatch("status", app_url, "--inbox", "a", test_dir=tmp_path)
     assert elsewhere.returncode == 2 and "no onwatch database" in elsewhere.stderr
+
+
+def test_a_search_path_that_finds_another_applications_table_first_is_refused(pg, tmp_path):
+    """onwatch's statements name their tables without a schema: with another application's
+    `events` earlier in the search_path, they would read and write that table. Such a path
+    is refused at open, naming the table and the fix; the other table is left as it was."""
+    url = pg.new_database()
+    assert onwatch("init", url, "--inbox", "a", test_dir=tmp_path).returncode == 0
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("CREATE SCHEMA shop")
+        admin.execute("CREATE TABLE shop.events (id int PRIMARY KEY, what text)")
+        admin.execute("INSERT INTO shop.events VALUES (1, 'an order')")
+    shadowed = url + "?options=-csearch_path%3Dshop,public"
+    for command in (
+        ["ingest", shadowed, "--inbox", "a", "chat", "m1", "{}"],
+        ["migrate", shadowed],
+    ):
+        done = onwatch(*command, test_dir=tmp_path)
+        assert done.returncode == 2, (command, done.stdout, done.stderr)
+        assert "finds events (in shop) before onwatch's own, in schema public" in done.stderr
+        assert "search_path%3Dpublic" in done.stderr and "Traceback" not in done.stderr
+    with psycopg.connect(url, autocommit=True) as admin:
+        assert admin.execute("SELECT * FROM shop.events").fetchall() == [(1, "an order")]
+    assert onwatch("status", url, "--inbox", "a", test_dir=tmp_path).returncode == 0

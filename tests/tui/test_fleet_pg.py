@@ -164,9 +164,14 @@ async def test_a_new_inbox_shows_up_live(database):
 
 
 async def test_a_lost_connection_is_said_once_and_the_fleet_is_read_again(database):
-    """The desk's connection is cut (its server process terminated): one toast says so, the
-    rows read before stay, and the next scan reconnects and says that too."""
+    """The desk's connection is cut (its server process terminated) and the database turns
+    new ones away for a while: one toast says so, the rows read before stay, and the scan
+    after connections are taken again reads the fleet and says that too. (A session ended
+    while idle and replaced at once says nothing: test_idle_sessions.py.)"""
     import psycopg
+
+    name = psycopg.conninfo.conninfo_to_dict(database)["dbname"]
+    elsewhere = database.rsplit("/", 1)[0] + "/postgres"  # the server's own database
 
     source = DatabaseFleet(database)
     app = OnwatchApp(None, clock=SystemClock(), fleet=source)
@@ -184,16 +189,20 @@ async def test_a_lost_connection_is_said_once_and_the_fleet_is_read_again(databa
         async with app.run_test(size=(120, 40), notifications=True) as pilot:
             await loaded(app, pilot)
             desk = app.fleet_desk
-            with psycopg.connect(database, autocommit=True) as admin:
+            with psycopg.connect(elsewhere, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
                 admin.execute(
                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    "WHERE datname = %s AND pid <> pg_backend_pid()",
+                    (name,),
                 )
             await wait_for(
                 pilot, lambda: desk.failure is not None, what="the lost connection", timeout=10
             )
             assert "lost the connection" in desk.failure
             assert len(desk.summaries) == INBOXES  # what was read last stays on screen
+            with psycopg.connect(elsewhere, autocommit=True) as admin:
+                admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
             await wait_for(pilot, lambda: desk.failure is None, what="the reconnection", timeout=15)
             assert sum("cannot scan the fleet" in m for m in toasts) == 1
             assert sum("read again" in m for m in toasts) == 1

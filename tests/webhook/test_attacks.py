@@ -108,6 +108,16 @@ async def test_idle_connections_past_the_descriptor_limit_block_no_delivery_and_
     assert_quiet(server)
 
 
+async def _closed_by_the_server(reader: asyncio.StreamReader) -> bool:
+    """True once the server has closed the connection: its end of the stream, or a reset
+    (a byte the client sent after the server's close is answered by one, and a reset that
+    comes before the read takes the place of the end)."""
+    try:
+        return await asyncio.wait_for(reader.read(), 30) == b""
+    except ConnectionResetError:
+        return True
+
+
 async def test_silent_and_slow_heads_are_closed_by_the_server(serve):
     """A connection that sends nothing, and one that sends its head a byte at a time, are
     both closed within the head timeout (10 s); before, both stayed for an hour."""
@@ -128,8 +138,8 @@ async def test_silent_and_slow_heads_are_closed_by_the_server(serve):
 
     trickling = asyncio.create_task(trickle())
     try:
-        assert await asyncio.wait_for(silent_reader.read(), 30) == b""
-        assert await asyncio.wait_for(slow_reader.read(), 30) == b""
+        assert await _closed_by_the_server(silent_reader)
+        assert await _closed_by_the_server(slow_reader)
         assert not trickling.done(), "the head was sent whole: the test proves nothing"
     finally:
         trickling.cancel()

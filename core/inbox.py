@@ -257,6 +257,12 @@ class Inbox:
         count). One cheap call, no table read: what an idle poller compares."""
         return await self._db.call(reads.change_token)
 
+    async def settled_change_token(self) -> tuple[int, int] | None:
+        """change_token, read while no other connection is half-way through a commit (so
+        every commit it was told of is visible to it), or None if one is: what a waiter
+        woken by the file's notification reads to tell a spurious wake-up for certain."""
+        return await self._db.call(reads.settled_change_token)
+
     @property
     def wake(self) -> Waker:
         """Wakes this process's waiters when the inbox may have changed (core/sqlite/wake.py):

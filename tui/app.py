@@ -376,7 +376,9 @@ class OnwatchApp(App[int]):
                 return
             # After a wake-up the commit may not be visible yet: confirm reads a little longer.
             if (
-                await inbox.wake.confirm(inbox.change_token, self._seen_token)
+                await inbox.wake.confirm(
+                    inbox.change_token, self._seen_token, inbox.settled_change_token
+                )
                 if confirm
                 else await inbox.change_token() != self._seen_token
             ):

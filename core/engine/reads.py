@@ -37,6 +37,11 @@ def change_token(tx: Tx) -> tuple[int, int]:
     return tx.change_token()
 
 
+def settled_change_token(tx: Tx) -> tuple[int, int] | None:
+    """change_token once no other connection is half-way through a commit, else None."""
+    return tx.settled_change_token()
+
+
 def get_event(tx: Tx, event_id: int) -> Event | None:
     row = tx.run("event_get", id=event_id).fetchone()
     return None if row is None else event_from_row(row)

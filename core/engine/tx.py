@@ -319,6 +319,12 @@ class Tx(Protocol):
         scan): what an idle poller compares."""
         ...
 
+    def settled_change_token(self) -> tuple[int, int] | None:
+        """change_token, read while no other connection is in the middle of a commit; None
+        if one is (its commit may not be visible yet). Run outside a transaction
+        (Connection.call)."""
+        ...
+
 
 @contextmanager
 def savepoint(

@@ -277,10 +277,17 @@ class ListenWake(WaiterCounts):
                 listener.unwatch(self.name, future)
         return self.seq != since
 
-    async def confirm(self, read_token: Callable[[], Awaitable[T]], old: T) -> bool:
+    async def confirm(
+        self,
+        read_token: Callable[[], Awaitable[T]],
+        old: T,
+        settled: Callable[[], Awaitable[T | None]] | None = None,
+    ) -> bool | None:
         """Whether the inbox changed since `old`. A NOTIFY naming this inbox heard during
         the wait says so without asking (it is sent only by a commit, and only once that
-        commit is visible): one round trip less between a new event and its run."""
+        commit is visible): one round trip less between a new event and its run. The
+        answer is certain either way (a commit is visible to all at once), so `settled`
+        is not needed."""
         listener = self.listener
         if listener is not None and 0 <= self._heard_before < listener.seen(self.name)[0]:
             return True

@@ -706,3 +706,6 @@ class Tx:
             self.execute("SELECT changes FROM inboxes WHERE id = %s", (self.inbox,))
         )[0]
         return changes, 0
+
+    def settled_change_token(self) -> tuple[int, int] | None:
+        return self.change_token()  # a commit is visible to all at once: none is half-way

@@ -1130,10 +1130,14 @@ class Worker:
             seen = notifier.seq
             try:
                 if woke:
-                    if await notifier.confirm(self._changes, version):
+                    changed = await notifier.confirm(
+                        self._changes, version, self.inbox.settled_change_token
+                    )
+                    if changed:
                         return
-                    # Not visible yet, or nothing: the nap goes on, briefly, between reads.
-                    rechecks = RECHECKS
+                    if changed is None:
+                        # Not visible yet, or nothing: the nap goes on, briefly, between reads.
+                        rechecks = RECHECKS
                     continue
                 if rechecks:
                     rechecks = rechecks[1:]

@@ -262,3 +262,15 @@ class SqliteTx:
         # Another connection's commit moves data_version; this connection's own, its count.
         version: int = self.conn.execute("PRAGMA data_version").fetchone()[0]
         return version, self.conn.total_changes
+
+    def settled_change_token(self) -> tuple[int, int] | None:
+        # A writer holds the write lock from its first write to the WAL until its commit is
+        # visible: taken here (the connection's busy timeout is 0), nobody is half-way.
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:  # held by another connection, or a read-only file
+            return None
+        try:
+            return self.change_token()
+        finally:
+            self.conn.execute("ROLLBACK")

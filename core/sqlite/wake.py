@@ -97,15 +97,25 @@ class Wake(WaiterCounts):
             if not self._waiters:
                 self._disarm()
 
-    async def confirm(self, read_token: Callable[[], Awaitable[T]], old: T) -> bool:
-        """After a wake-up: True once `read_token()` differs from `old`, False if it stays.
+    async def confirm(
+        self,
+        read_token: Callable[[], Awaitable[T]],
+        old: T,
+        settled: Callable[[], Awaitable[T | None]] | None = None,
+    ) -> bool | None:
+        """After a wake-up: True once `read_token()` differs from `old`; False if nothing
+        changed, for certain; None if the token stayed as it was but that is not certain.
 
         The OS reports another process's commit at its first write to the WAL, before the
         commit is visible (the fsync and the WAL index update come after, and the index is
-        shared memory, which sends no notification). So an unchanged token is read again a
-        few times over about 0.1 s before the wake-up is called spurious: our own writes and
-        a checkpoint cost those reads and nothing more. A notification that arrives
-        meanwhile cuts the wait short, so a real commit is not kept behind a spurious one.
+        shared memory, which sends no notification). So an unchanged token is not yet an
+        answer. `settled` (Inbox.settled_change_token) makes it one: read while no other
+        connection is half-way through a commit, so every commit the wake-up told of is
+        visible to it. Our own writes and a checkpoint, the usual wake-ups that find
+        nothing, then cost two reads. Without it, or while another connection is half-way,
+        the token is read again a few times over about 0.1 s before the wake-up is called
+        spurious (None). A notification that arrives meanwhile cuts the wait short, so a
+        real commit is not kept behind a spurious one.
         """
         seen, step, reads = self.seq, 0, 0
         while step < len(CONFIRM_DELAYS) and reads < CONFIRM_READS:
@@ -118,7 +128,12 @@ class Wake(WaiterCounts):
             reads += 1
             if await read_token() != old:
                 return True
-        return False
+            if settled is not None:
+                token = await settled()
+                if token is not None:
+                    return token != old
+                settled = None  # a commit is half-way: the reads above will see it land
+        return None
 
     def close(self) -> None:
         """Stop watching; waiters fall back to their timeouts."""

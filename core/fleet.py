@@ -395,8 +395,7 @@ class DatabaseFleet:
     """
 
     def __init__(self, url: str, *, label: str | None = None) -> None:
-        from .pg import is_url
-        from .pg import redact
+        from .pg import is_url, redact
 
         if not is_url(url):
             raise BadInput(f"{url!r} is not a postgresql:// URL")
@@ -408,8 +407,7 @@ class DatabaseFleet:
     def _connect(self) -> psycopg.Connection[tuple[Any, ...]]:
 
         from .pg import schema as pg_schema
-        from .pg.connect import connect as pg_connect
-        from .pg.connect import ended_while_idle
+        from .pg.connect import connect as pg_connect, ended_while_idle
 
         if self._conn is not None and not self._conn.closed and ended_while_idle(self._conn):
             self._conn.close()  # by the server, between two scans: a new one, nothing lost

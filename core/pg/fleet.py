@@ -24,9 +24,6 @@ __all__ = ["Looker", "Candidate", "Unreachable", "WITH_WORK", "FLEET_WORKER_LOCK
 # number below 2**31 (pg_locks then shows it whole in `objid`), apart from schema.py's.
 FLEET_WORKER_LOCK = 0x6F6E7766
 
-# The onwatch tables (and the sequences behind their ids), named once by the migrations.
-TABLES = schema.TABLES
-
 # One setting read from the stored JSON text without decoding it: the engine writes it as
 # json.dumps does ("name": 123). A value written otherwise by hand is not matched, and the
 # engine then falls back to the default as well (Settings.from_json); a mismatch left over
@@ -165,7 +162,8 @@ class Looker:
                         f"no onwatch database at {self.where} (run `onwatch init "
                         f"{self.where} --inbox NAME` to create one)"
                     )
-            missing = [r[0] for r in conn.execute(_MISSING_PRIVILEGES, {"tables": list(TABLES)})]
+            tables = {"tables": list(schema.TABLES)}
+            missing = [r[0] for r in conn.execute(_MISSING_PRIVILEGES, tables)]
             server = conn.execute(
                 "SELECT extract(epoch FROM clock_timestamp()), "
                 "current_setting('transaction_read_only') = 'on'"

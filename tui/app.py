@@ -46,6 +46,7 @@ from onwatch.core.runtime.worker import HELD_BACK_LOOK_EVERY
 
 from . import actions as desk
 from . import operator
+from .footer import KeysFooter
 from .panes import PANES, Pane
 from .panes.base import PaneTable, Window
 from .panes.panebar import PaneBar
@@ -209,7 +210,7 @@ class OnwatchApp(App[int]):
                 pane.read_only = self.read_only
                 pane.times = self.times
                 yield pane
-        yield Footer()
+        yield KeysFooter()
 
     def on_resize(self, event: events.Resize) -> None:
         # Below the design width the footer drops its padding so every key still fits.

@@ -15,11 +15,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Label, Static
+from textual.widgets import Label, Static
 
 from onwatch.core import Approval, InboxError
 from onwatch.core.fleet import InboxSummary
 
+from ..footer import KeysFooter
 from .. import actions as desk_actions
 from .. import operator
 from ..panes.layout import ID_CHARS, middle
@@ -131,7 +132,7 @@ class ApprovalQueueScreen(ModalScreen[None]):
             yield QueueRows(
                 queue_row, lambda item: (item[0].key, item[1].request_id), id="queue-rows"
             )
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one(RowWindow).focus()

@@ -17,13 +17,14 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
-from textual.widgets import Footer, Label, Static
+from textual.widgets import Label, Static
 
 from onwatch.core import InboxError
 from onwatch.core.engine.transcripts import shown_amount
 from onwatch.core.fleet import DatabaseFleet, FolderFleet, InboxSummary, run_buckets
 
 from .. import actions as desk_actions
+from ..footer import KeysFooter
 from ..panes.layout import middle
 from ..timefmt import duration
 from ..safe import join, safe_text
@@ -421,7 +422,7 @@ class FleetScreen(ModalScreen[None]):
             yield Static("", id="fleet-columns", markup=False)
             yield Static("", id="fleet-empty", markup=False)
             yield FleetRows(self._row, lambda s: s.key, id="fleet-rows")
-        yield Footer()
+        yield KeysFooter()
 
     def on_mount(self) -> None:
         self.query_one(RowWindow).focus()

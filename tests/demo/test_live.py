@@ -40,7 +40,13 @@ async def test_kill_the_active_worker_under_both_policies(tmp_path):
             async def running(n=3):
                 return (await inbox.counts()).get("running", 0) == n
 
+            async def offers_the_kill():
+                # K applies once the desk has itself seen the live holder (it looks every
+                # OBSERVE_SECONDS); pressed before that, the key is greyed and does nothing.
+                return app.check_action("kill", ()) is True
+
             await wait_for(pilot, running, seconds=20, what="the run of three messages")
+            await wait_for(pilot, offers_the_kill, seconds=5, what="the desk to offer K")
             await pilot.press("K")
             await wait_for(
                 pilot,
@@ -74,6 +80,7 @@ async def test_kill_the_active_worker_under_both_policies(tmp_path):
             )
             await pilot.press("i")
             await wait_for(pilot, running, seconds=20, what="the second run")
+            await wait_for(pilot, offers_the_kill, seconds=5, what="the desk to offer K again")
             await pilot.press("K")
             await wait_for(
                 pilot,

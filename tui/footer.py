@@ -1,11 +1,11 @@
 """The desk's footer: Textual's, rebuilt only when the keys it shows changed.
 
 Textual's Footer recomposes (unmounts and mounts a widget per key) whenever anything calls
-refresh_bindings, which the desk does after every refresh so that a key that stopped
-applying greys out. Most refreshes change no key: a worker renewing its lease moves the
-inbox, the desk reads it again, and the same keys are shown. That recompose was nearly all
-of a refresh's CPU (about 14 ms of 14), paid on every commit the desk follows and at every
-tick of its clock.
+refresh_bindings, which the desk does after every refresh (and when the cursor moves) so
+that a key that stopped applying greys out. Most refreshes change no key: a worker renewing
+its lease moves the inbox, the desk reads it again, and the same keys are shown. That
+recompose was two thirds of a refresh's CPU (a refresh and its screen update: 28 ms with
+it, 9.5 ms without), paid on every commit the desk follows.
 """
 
 from __future__ import annotations

@@ -389,10 +389,30 @@ class Inbox:
             lease.renewed_without_write, lease.acquire, holder, when, fresh
         )
 
-    async def renew(self, holder: str, gen: int, *, now: int | None = None) -> bool:
-        """Extend the lease for exactly this unexpired generation (fenced)."""
+    async def renew(
+        self,
+        holder: str,
+        gen: int,
+        *,
+        now: int | None = None,
+        host: str | None = None,
+        pid: int | None = None,
+    ) -> bool:
+        """Extend the lease for exactly this unexpired generation (fenced). With `host` and
+        `pid`, the worker's heartbeat (worker_seen) goes in the same transaction, recorded
+        whatever the renewal answers."""
+        holder, gen = checks.text("holder", holder), checks.positive("gen", gen)
+        if host is None and pid is None:
+            return await self._write(lease.renew, holder, gen, self._now(now))
+        if host is None or pid is None:
+            raise BadInput("host and pid go together: a worker's heartbeat names both")
         return await self._write(
-            lease.renew, checks.text("holder", holder), checks.positive("gen", gen), self._now(now)
+            lease.renew_seen,
+            holder,
+            gen,
+            self._now(now),
+            checks.text("host", host, limit=255),
+            check_int(pid, "pid", 0, 1 << 31),
         )
 
     async def release(self, holder: str, gen: int, *, now: int | None = None) -> bool:

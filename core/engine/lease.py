@@ -80,6 +80,17 @@ def renew(tx: Tx, holder: str, gen: int, now: int | None) -> bool:
     return True
 
 
+def renew_seen(tx: Tx, holder: str, gen: int, now: int | None, host: str, pid: int) -> bool:
+    """renew, and the worker's heartbeat (desk.worker_seen: it runs on `host` as `pid`) in
+    the same transaction: a holding worker's one commit every third of its lease, where the
+    two made two. The heartbeat is recorded whatever the renewal answers: a worker whose
+    lease was lost still stands by."""
+    now = tx.now(now)
+    renewed = renew(tx, holder, gen, now)
+    tx.run("worker_seen", holder=holder, host=host, pid=pid, now=now)
+    return renewed
+
+
 def release_alone(tx: Tx, holder: str, gen: int, now: int | None) -> bool | None:
     """`release` in one autocommit statement where the dialect has one (PostgreSQL keeps
     the lease in the inbox's row): True once handed back, None when `release` must decide

@@ -534,7 +534,7 @@ class Worker:
         if held is not None:
             if not self._renew_due():
                 return True
-            renewed = await self._step(lambda: self.inbox.renew(self.holder, held))
+            renewed = await self._step(lambda: self._renew(held))
             if renewed:
                 self._renewed()
                 self._written()
@@ -549,7 +549,7 @@ class Worker:
             mine = lease.gen
             if lease.holder == self.holder and mine in self.stats.generations:
                 # A generation this worker took, still live: take it up again, fenced.
-                if await self._step(lambda: self.inbox.renew(self.holder, mine)):
+                if await self._step(lambda: self._renew(mine)):
                     self.gen = mine
                     self._renewed()
                     return True
@@ -733,7 +733,7 @@ class Worker:
                     if self._force.is_set() or time.monotonic() - stop_seen >= self.grace:
                         abandon_why = "stopping"
                 elif self._renew_due():
-                    renewed = await self._step(lambda: self.inbox.renew(self.holder, gen))
+                    renewed = await self._step(lambda: self._renew(gen))
                     if renewed is False:
                         abandon_why = "lease lost"
                         self.gen = None
@@ -1034,13 +1034,20 @@ class Worker:
             raise
 
     async def _heartbeat(self) -> None:
-        """Record this process (host, pid) in the inbox every third of the lease TTL, holding
-        the lease or standing by, so the desk and `onwatch status` can say who watches."""
-        if time.monotonic() < self._beat_due:
+        """Record this process (host, pid) in the inbox every third of the lease TTL, so the
+        desk and `onwatch status` can say who watches: standing by, on its own; holding the
+        lease, with each renewal, in its transaction (`_renew`: one commit, not two)."""
+        if self.gen is not None or time.monotonic() < self._beat_due:
             return
         self._beat_due = time.monotonic() + self._renew_period()
-        host, pid = socket.gethostname() or "?", os.getpid()
+        host, pid = _whoami()
         await self._step(lambda: self.inbox.worker_seen(self.holder, host=host, pid=pid))
+
+    async def _renew(self, gen: int) -> bool:
+        """Renew this generation's lease, this process's heartbeat in the same commit."""
+        self._beat_due = time.monotonic() + self._renew_period()
+        host, pid = _whoami()
+        return await self.inbox.renew(self.holder, gen, host=host, pid=pid)
 
     async def _leave(self) -> None:
         """No longer standing by: remove this process's heartbeat (bounded; a database that
@@ -1260,3 +1267,8 @@ def resolved(target: str | os.PathLike[str]) -> str | os.PathLike[str]:
         return os.path.abspath(text)
     except (TypeError, ValueError):
         return target
+
+
+def _whoami() -> tuple[str, int]:
+    """This process, as its heartbeat names it: (host, pid)."""
+    return socket.gethostname() or "?", os.getpid()

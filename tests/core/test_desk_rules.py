@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from onwatch.core import Reply
+from onwatch.core import BadInput, Reply
 
 from .conftest import T
 
@@ -303,6 +303,30 @@ async def test_workers_say_who_holds_the_lease_and_who_stands_by(inbox):
     await inbox.worker_seen("box-1:11", host="box-1", pid=99, now=T + 40)
     [again] = await inbox.workers(now=T + 40)
     assert (again.pid, again.started) == (99, T + 40)
+
+
+async def test_a_renewal_carries_the_holders_heartbeat_in_its_transaction(inbox):
+    gen = await inbox.acquire("box-1:11", now=T)
+    assert await inbox.renew("box-1:11", gen, now=T + 10, host="box-1", pid=11) is True
+    [holder] = await inbox.workers(now=T + 10)
+    assert (holder.holds, holder.host, holder.pid, holder.started, holder.seen) == (
+        True,
+        "box-1",
+        11,
+        T + 10,
+        T + 10,
+    )
+    assert (await inbox.lease_info()).until == T + 10 + inbox.settings.lease_ttl
+    # A renewal refused (another generation holds now) still says the process is there.
+    assert await inbox.acquire("box-2:22", now=T + 10_000) == gen + 1
+    assert await inbox.renew("box-1:11", gen, now=T + 10_001, host="box-1", pid=11) is False
+    seen = {w.holder: w.seen for w in await inbox.workers(now=T + 10_001)}
+    assert seen == {"box-1:11": T + 10_001}
+    # Half a heartbeat is refused, and nothing is written.
+    with pytest.raises(BadInput, match="host and pid"):
+        await inbox.renew("box-2:22", gen + 1, now=T + 10_002, host="box-2")
+    assert (await inbox.lease_info()).until == T + 10_000 + inbox.settings.lease_ttl
+    assert {w.holder for w in await inbox.workers(now=T + 10_002)} == {"box-1:11"}
 
 
 # --- an approval's trail ------------------------------------------------------------------------

@@ -292,6 +292,54 @@ async def test_the_idle_workers_own_writes_cost_it_a_read_or_two(tmp_path):
     assert per_pass <= 4
 
 
+async def test_a_holding_workers_heartbeat_rides_on_its_renewal(tmp_path):
+    """A worker holding the lease records its heartbeat in its renewal's transaction: one
+    commit every third of the lease, where a renewal and a heartbeat made two (and woke the
+    worker, and every desk watching, twice). The heartbeat still moves with each renewal,
+    idle and during a run longer than the lease (it used to stop until the run ended)."""
+    async with await Inbox.open(str(tmp_path / "inbox.db")) as box:
+        await box.configure(lease_ttl=3)  # a renewal every second
+        calls = {"renew": 0, "worker_seen": 0}
+
+        def counting(name, real):
+            async def counted(*args, **kwargs):
+                calls[name] += 1
+                return await real(*args, **kwargs)
+
+            return counted
+
+        box.renew = counting("renew", box.renew)
+        box.worker_seen = counting("worker_seen", box.worker_seen)
+        seen_in_run = []
+
+        async def three_renewals(what):
+            start = calls["renew"]
+            await until(lambda: calls["renew"] >= start + 3, timeout=30, what=what)
+
+        async def agent(batch, ctx):  # a run across three renewals
+            [before] = await box.workers()
+            await three_renewals("three renewals in a run")
+            [after] = await box.workers()
+            seen_in_run.extend([before.seen, after.seen])
+
+        worker = Worker(box, agent, poll_interval=30)
+        running = asyncio.create_task(worker.run())
+        try:
+            await until(lambda: worker.gen is not None, what="the lease taken")
+            [before] = await box.workers()
+            own_beats = calls["worker_seen"]
+            await three_renewals("three idle renewals")
+            [after] = await box.workers()
+            await box.ingest("chat", "long")
+            await until(lambda: worker.stats.done == 1, timeout=30, what="the long run")
+        finally:
+            worker.request_stop()
+            await running
+    assert calls["worker_seen"] == own_beats  # no heartbeat of its own while it holds
+    assert after.seen > before.seen and after.pid == os.getpid()
+    assert seen_in_run[1] > seen_in_run[0]
+
+
 async def test_in_process_commit_wakes_a_waiter_directly(tmp_path, monkeypatch):
     monkeypatch.setenv("ONWATCH_NO_NOTIFY", "1")  # only the in-process path is left
     async with await Inbox.open(str(tmp_path / "inbox.db")) as box:

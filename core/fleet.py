@@ -32,6 +32,7 @@ from .records import Approval, Lease
 from .settings import Settings
 from .sqlite import schema
 from .sqlite.tx import SqliteTx
+from .pg import SILENT_AFTER as SILENT_AFTER  # the desk says a fleet worker is silent after it
 from .pg import said
 
 if TYPE_CHECKING:
@@ -123,8 +124,11 @@ class FleetScan:
     read: frozenset[str]
     removed: frozenset[str]
     # Fleet workers connected to the source (a PostgreSQL database's `--all-inboxes`
-    # workers; none for a folder, whose inboxes each have a worker of their own).
+    # workers; none for a folder, whose inboxes each have a worker of their own), serving;
+    # and those connected but silent (no look for SILENT_AFTER: stopped, or their loop
+    # blocked), which serve nothing while they are.
     workers: int = 0
+    silent: int = 0
 
 
 class FleetSource(Protocol):
@@ -467,7 +471,7 @@ class DatabaseFleet:
                 else []
             )
             spent = sql.spend(conn, stale, now - DAY) if stale else {}
-            workers = sql.fleet_workers(conn)
+            workers, silent = sql.fleet_workers(conn)
         except (psycopg.Error, InboxError, OSError) as exc:
             self.close()
             raise InboxError(
@@ -481,7 +485,7 @@ class DatabaseFleet:
             if name in fresh or name in known
         }
         removed = frozenset(set(known) - set(summaries))
-        return FleetScan(summaries, frozenset(fresh), removed, workers)
+        return FleetScan(summaries, frozenset(fresh), removed, workers, silent)
 
     def _summary(
         self, row: tuple[Any, ...], now: int, spent: Sequence[tuple[str, Any]] = ()

@@ -5,6 +5,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 URL_PREFIXES = ("postgresql://", "postgres://")
 
+# A fleet worker (core/pg/fleet.py) looks at least this often (seconds), whatever its poll
+# interval: its look is what tells the desk (core/pg/summaries.py) that it is alive. A
+# connected fleet worker whose session has been idle for SILENT_AFTER (three looks missed)
+# is counted silent, not serving: stopped (SIGSTOP, a debugger), or its event loop blocked.
+# Its session, and the lock that says it is connected, live on regardless.
+LOOK_AT_LEAST_EVERY = 10.0
+SILENT_AFTER = 3 * LOOK_AT_LEAST_EVERY
+
 
 def is_url(target: object) -> TypeGuard[str]:
     """Whether an `Inbox.open` target names a PostgreSQL database rather than a file."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
+from . import SILENT_AFTER
 from .fleet import FLEET_WORKER_LOCK
 from .rows import Row, one
 
@@ -22,12 +23,20 @@ if TYPE_CHECKING:
 CHANGES = "SELECT id, name, changes FROM inboxes"
 
 # The fleet workers connected to this database: each holds FLEET_WORKER_LOCK, shared
-# (pg_locks lists every session's locks to every role).
+# (pg_locks lists every session's locks to every role); those whose session has been idle
+# for `silent` seconds, counted apart. pg_stat_activity shows another role's sessions'
+# state only to a member of pg_read_all_stats: a session whose state cannot be read counts
+# as serving, as every connected one did before.
 FLEET_WORKERS = """
-SELECT count(*) FROM pg_locks
-WHERE locktype = 'advisory' AND granted AND classid = 0 AND objsubid = 1
-  AND objid::bigint = %(key)s
-  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+SELECT count(*) FILTER (WHERE NOT w.silent), count(*) FILTER (WHERE w.silent)
+FROM (SELECT coalesce(a.state = 'idle'
+                      AND a.state_change < clock_timestamp() - make_interval(secs => %(silent)s),
+                      false) AS silent
+      FROM pg_locks AS l LEFT JOIN pg_stat_activity AS a ON a.pid = l.pid
+      WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 0 AND l.objsubid = 1
+        AND l.objid::bigint = %(key)s
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+     ) AS w
 """
 
 SUMMARIES = """
@@ -70,9 +79,13 @@ WHERE i.id = ANY(%(ids)s)
 """
 
 
-def fleet_workers(conn: psycopg.Connection[Row]) -> int:
-    """How many fleet workers (`onwatch worker URL --all-inboxes`) are connected now."""
-    return int(one(conn.execute(FLEET_WORKERS, {"key": FLEET_WORKER_LOCK}))[0])
+def fleet_workers(conn: psycopg.Connection[Row]) -> tuple[int, int]:
+    """How many fleet workers (`onwatch worker URL --all-inboxes`) are connected now:
+    (serving, silent), silent being those that have not looked for SILENT_AFTER seconds."""
+    serving, silent = one(
+        conn.execute(FLEET_WORKERS, {"key": FLEET_WORKER_LOCK, "silent": SILENT_AFTER})
+    )
+    return int(serving), int(silent)
 
 
 def changes(conn: psycopg.Connection[Row]) -> list[tuple[int, str, int]]:

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import psycopg
 
 from ..errors import InboxError, NotAnInbox
-from ..pg import redact
+from ..pg import LOOK_AT_LEAST_EVERY, redact
 from ..pg.fleet import Candidate, Looker, Unreachable
 from ..pg.listen import Listener
 from ..pg.shared import Connections
@@ -280,9 +280,11 @@ class FleetWorker:
 
     async def _wait(self, listener: Listener) -> None:
         """Until a slot frees, any inbox is notified, a stop, or the poll interval (a
-        quarter second while every slot is taken: whether others wait decides shares)."""
+        quarter second while every slot is taken: whether others wait decides shares; at
+        most LOOK_AT_LEAST_EVERY, the look telling the desk this worker is alive)."""
         full = len(self._workers) >= self.concurrency
-        timeout = min(self.poll_interval, LOOK_WHEN_FULL) if full else self.poll_interval
+        timeout = min(self.poll_interval, LOOK_AT_LEAST_EVERY)
+        timeout = min(timeout, LOOK_WHEN_FULL) if full else timeout
         now = self._looker.now()
         for due in [r.until for r in self._rests.values()] + [
             k.release_at for k in self._kept.values()

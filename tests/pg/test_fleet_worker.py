@@ -316,23 +316,65 @@ def test_the_look_holds_the_fleet_workers_lock_while_its_connection_lives(pg):
     first, second, elsewhere = Looker(url), Looker(url), Looker(other)
     try:
         with psycopg.connect(url, autocommit=True) as desk:
-            assert fleet_workers(desk) == 0
+            assert fleet_workers(desk) == (0, 0)
             first.check()
             second.with_work(10, taken=[], resting={}, sends=False)
             elsewhere.check()
-            assert fleet_workers(desk) == 2
+            assert fleet_workers(desk) == (2, 0)
             second.close()  # its server process ends, and lets go, a moment after
-            wait_for(lambda: fleet_workers(desk) == 1, timeout=10, what="the closed one let go")
+            wait_for(
+                lambda: fleet_workers(desk) == (1, 0), timeout=10, what="the closed one let go"
+            )
             assert first.conn is not None
             desk.execute("SELECT pg_terminate_backend(%s)", (first.conn.info.backend_pid,))
-            wait_for(lambda: fleet_workers(desk) == 0, timeout=10, what="the cut session gone")
+            wait_for(lambda: fleet_workers(desk) == (0, 0), timeout=10, what="the cut session gone")
             with pytest.raises(psycopg.OperationalError):  # the look that finds it cut
                 first.with_work(10, taken=[], resting={}, sends=False)
             first.with_work(10, taken=[], resting={}, sends=False)
-            assert fleet_workers(desk) == 1
+            assert fleet_workers(desk) == (1, 0)
     finally:
         for looker in (first, second, elsewhere):
             looker.close()
+
+
+def test_an_idle_fleet_worker_looks_at_least_every_few_seconds_whatever_its_poll(pg, monkeypatch):
+    """Its look is what tells the desk it is alive (a silent one is flagged): with a poll
+    interval of an hour and nothing to do, it still looks every LOOK_AT_LEAST_EVERY
+    (shortened here), and its look's session is never idle for longer than that."""
+    from onwatch.core.pg.fleet import Looker
+    from onwatch.core.runtime import fleet_worker
+
+    monkeypatch.setattr(fleet_worker, "LOOK_AT_LEAST_EVERY", 0.2)
+    url = pg.new_database()
+    looks = 0
+    real = Looker.with_work
+
+    def counted(self, *args, **kwargs):
+        nonlocal looks
+        looks += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Looker, "with_work", counted)
+
+    async def agent(batch, ctx) -> None:
+        pass
+
+    async def main() -> None:
+        fleet = fleet_worker.FleetWorker(
+            url, agent, holder="fleet", concurrency=2, poll_interval=3600
+        )
+        task = asyncio.create_task(fleet.run())
+        try:
+            for _ in range(3000):
+                if looks >= 5 or task.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert looks >= 5, f"{looks} looks"
+        finally:
+            fleet.request_stop()
+            await asyncio.wait_for(task, 30)
+
+    asyncio.run(main())
 
 
 @pytest.mark.parametrize("committed", [False, True], ids=["not committed", "committed"])

@@ -323,3 +323,44 @@ async def test_an_inbox_between_a_fleet_workers_visits_is_not_taken_for_one_nobo
             fleet.kill()
             fleet.wait(timeout=10)
         source.close()
+
+
+async def test_a_stopped_fleet_worker_is_said_silent_and_serves_nothing(tmp_path, monkeypatch):
+    """A fleet worker stopped with SIGSTOP (a debugger, a frozen container) keeps its session
+    and its lock: the kernel still answers for its socket. Counted as connected, it hid the
+    inboxes it no longer serves. Its look stops, and with it the session's activity: once
+    idle for SILENT_AFTER (shortened here), the desk says it is silent and flags the inbox as
+    needing a worker again; resumed (SIGCONT), it serves and is counted again."""
+    monkeypatch.setattr("onwatch.core.pg.summaries.SILENT_AFTER", 5.0)
+    url = cluster_or_skip().new_database()
+    async with await Inbox.open(url, name="asks") as inbox:
+        await inbox.request_approval("refund-1", 3600, "refund 40")
+    source = DatabaseFleet(url, label="fleet-db")
+    app = OnwatchApp(None, clock=SystemClock(), fleet=source)
+    fleet = subprocess.Popen(
+        [sys.executable, "-m", "onwatch", "worker", url, "--all-inboxes"]
+        + ["--agent", "tests.pg.actors:io_bound", "--holder", "fleet-1"],
+        cwd=ROOT,
+        env=env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        async with app.run_test(size=(120, 40)) as pilot:
+            await loaded(app, pilot)
+            await wait_for_text(pilot, "1 fleet worker connected", timeout=30)
+            assert "need" not in screen_text(app).splitlines()[0]
+            fleet.send_signal(signal.SIGSTOP)
+            await wait_for_text(pilot, "1 fleet worker silent", timeout=30)
+            header = screen_text(app).splitlines()[0]
+            assert "1 needs a worker" in header and "connected" not in header
+            assert lease_of(app, "asks") == "no worker · never started"
+            fleet.send_signal(signal.SIGCONT)
+            await wait_for_text(pilot, "1 fleet worker connected", timeout=30)
+            header = screen_text(app).splitlines()[0]
+            assert "silent" not in header and "need" not in header
+    finally:
+        fleet.send_signal(signal.SIGCONT)
+        fleet.kill()
+        fleet.wait(timeout=10)
+        source.close()

@@ -170,7 +170,8 @@ class FleetDesk:
         self.source = source
         self.read_only = read_only
         self.summaries: dict[str, InboxSummary] = {}
-        self.workers = 0  # fleet workers connected to the source, as of the last scan
+        self.workers = 0  # fleet workers serving the source, as of the last scan
+        self.silent = 0  # fleet workers connected but silent (FleetScan.silent)
         self.loaded = False  # the first scan has been applied
         self.scans = 0
         self.bells = 0
@@ -231,7 +232,8 @@ class FleetDesk:
             self.app.notify("the fleet is read again", severity="information")
         first = not self.loaded
         self.summaries = scan.summaries
-        workers_moved, self.workers = scan.workers != self.workers, scan.workers
+        workers_moved = (scan.workers, scan.silent) != (self.workers, self.silent)
+        self.workers, self.silent = scan.workers, scan.silent
         self.loaded = True
         self.scans += 1
         now = self.now()

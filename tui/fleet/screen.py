@@ -21,7 +21,13 @@ from textual.widgets import Label, Static
 
 from onwatch.core import InboxError
 from onwatch.core.engine.transcripts import shown_amount
-from onwatch.core.fleet import DatabaseFleet, FolderFleet, InboxSummary, run_buckets
+from onwatch.core.fleet import (
+    SILENT_AFTER,
+    DatabaseFleet,
+    FolderFleet,
+    InboxSummary,
+    run_buckets,
+)
 
 from .. import actions as desk_actions
 from ..footer import KeysFooter
@@ -514,6 +520,12 @@ class FleetScreen(ModalScreen[None]):
             parts.append(
                 f"{workers:,} fleet worker{'s' if workers != 1 else ''}"
                 + ("" if short else " connected")
+            )
+        silent = self.desk.silent
+        if silent:  # connected, yet looking no more: it serves nothing (needs_worker)
+            parts.append(
+                f"{silent:,} fleet worker{'s' if silent != 1 else ''} silent"
+                + ("" if short else f" for {SILENT_AFTER:g} s+")
             )
         return parts
 

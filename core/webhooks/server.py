@@ -671,12 +671,16 @@ def run(
     """Serve until SIGINT or SIGTERM. Returns the exit status, as the onwatch CLI counts
     them: 0 after a clean stop; 2 if PATH is not an inbox (missing: `onwatch init` makes one);
     3 if it stayed locked; 1 if it cannot be opened otherwise or the port cannot be bound."""
+    # Every onwatch line, the engine's too (a lost connection, a session the server ended
+    # while idle): one format, from INFO up. Without a handler of their own they went to
+    # Python's last resort, warnings bare and INFO lines dropped.
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s onwatch serve: %(message)s"))
-    saved = log.level, log.propagate
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    ours = logging.getLogger("onwatch")
+    saved = ours.level, ours.propagate
+    ours.addHandler(handler)
+    ours.setLevel(logging.INFO)
+    ours.propagate = False
     try:
         return asyncio.run(
             _serve(path, host, port, secrets, max_body, busy_timeout, name, tuple(allow_hosts))
@@ -684,9 +688,9 @@ def run(
     except KeyboardInterrupt:  # platforms without loop signal handlers
         return 0
     finally:
-        log.removeHandler(handler)
-        log.setLevel(saved[0])
-        log.propagate = saved[1]
+        ours.removeHandler(handler)
+        ours.setLevel(saved[0])
+        ours.propagate = saved[1]
 
 
 async def _serve(

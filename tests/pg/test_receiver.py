@@ -144,3 +144,39 @@ def test_the_start_line_names_the_database_without_its_password(pg, tmp_path):
     shown = url.replace("postgres@", "postgres:***@", 1)
     assert f"serve: {shown} inbox hooks; listening on http://" in log, log
     assert "s3cret-word" not in log, log
+
+
+def test_the_engines_lines_reach_the_receivers_log_in_its_format(pg, tmp_path):
+    """The receiver logged only its own lines: the engine's went to Python's last-resort
+    handler, its warnings bare (no time, no name) and its INFO lines not at all, so a
+    session the server ended while idle, replaced before the next delivery, left no trace.
+    Now every onwatch line is in the log, each with the time and `onwatch serve:`."""
+    url = pg.new_database()
+
+    async def main() -> str:
+        await (await Inbox.open(url, name="hooks")).close()
+        log_path = tmp_path / "serve.log"
+        proc, hook = await start_receiver(url, "hooks", log_path)
+        try:
+            async with aiohttp.ClientSession() as http:
+                assert await deliver(http, hook, 1) == 202
+                with psycopg.connect(url, autocommit=True) as admin:
+                    admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                assert await deliver(http, hook, 2) == 202  # on a session opened anew
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=30) == 0
+        return log_path.read_text()
+
+    log = asyncio.run(main())
+    [line] = [line for line in log.splitlines() if "ended the session while it was idle" in line]
+    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} onwatch serve: inbox ", line), line
+
+    async def stored() -> int:
+        async with await Inbox.open(url, name="hooks") as inbox:
+            return (await inbox.counts()).get("pending", 0)
+
+    assert asyncio.run(stored()) == 2

@@ -1,8 +1,9 @@
 """Instant wake on PostgreSQL: LISTEN on a dedicated connection, in a thread.
 
 A commit that gives an inbox work (a new event: ingest, an approval's answer or expiry, a
-timer; or an event made pending again by hand) sends `NOTIFY onwatch, '<inbox name>'` from
-the events triggers (core/pg/schema.py), delivered only if and when it commits. A
+timer; or an event made pending again by hand) sends a NOTIFY with the inbox's name from
+the events triggers (core/pg/schema.py), on its schema's channel (SCHEMA_CHANNEL; `onwatch`
+for every schema before database schema 8), delivered only if and when it commits. A
 `Listener` turns those into wake-ups a worker awaits:
 
     listener = await Listener.open(url)
@@ -29,6 +30,7 @@ from collections import defaultdict
 from typing import Awaitable, Callable, TypeVar
 
 import psycopg
+from psycopg import sql
 
 from ..connection import WaiterCounts, until_set
 from . import redact, said
@@ -36,7 +38,16 @@ from .connect import connect
 
 T = TypeVar("T")
 log = logging.getLogger("onwatch.pg.listen")
-CHANNEL = "onwatch"
+CHANNEL = "onwatch"  # every schema's, before database schema 8
+# The channel of the schema whose tables this session's statements name (the events' own, or
+# where they would be made): what the trigger of database schema 8 sends on (schema.py
+# CHANNEL_OF_SCHEMA, with TG_TABLE_SCHEMA).
+SCHEMA_CHANNEL = """
+SELECT 'onwatch.' || md5(coalesce(
+    (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+     WHERE c.oid = to_regclass('events')),
+    current_schema()))
+"""
 # Seconds the listening thread waits on its socket at most before it reads again: a
 # notification wakes it at once, a close too (its own socket pair). The bound is for what
 # the socket may not show: a notification already read into a TLS layer's buffer.
@@ -87,8 +98,17 @@ class Listener:
 
     @staticmethod
     def _connect(url: str) -> psycopg.Connection:
+        """A session listening on its schema's channel, and on the one every schema used
+        before database schema 8 (a database not migrated yet, or migrated meanwhile)."""
         conn = connect(url, waits=True)
-        conn.execute(f"LISTEN {CHANNEL}")
+        try:
+            [own] = conn.execute(SCHEMA_CHANNEL).fetchone() or [None]
+            for channel in (CHANNEL, own):
+                if channel is not None:
+                    conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     # --- on the loop ----------------------------------------------------------------------

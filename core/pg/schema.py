@@ -22,8 +22,42 @@ if TYPE_CHECKING:
 
 APPLICATION = "onwatch"
 EVENT_STATES_SQL = "('pending','running','done','dead','interrupted','cancelled')"
+# The channel on which the events' trigger tells a schema's listeners (schema 8 on): `onwatch.`
+# and the md5 of the schema's name (a channel's name is at most 63 bytes, a schema's too).
+# Before schema 8, every schema of a database sent on `onwatch`.
+CHANNEL_OF_SCHEMA = "'onwatch.' || md5(TG_TABLE_SCHEMA)"
 # Any fixed number: every process migrating the same database takes this advisory lock.
 MIGRATION_LOCK = 0x6F6E7774
+
+
+def _events_changed(channel: str) -> str:
+    """The events' statement trigger function (after `CREATE` or `CREATE OR REPLACE`): it
+    keeps event_counts, and sends NOTIFY on `channel` (an SQL expression) with the inbox's
+    name for each inbox given work by the statement."""
+    return f"""FUNCTION onwatch_events_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF TG_OP IN ('UPDATE', 'DELETE') THEN
+            UPDATE event_counts c SET n = c.n - d.k
+            FROM (SELECT inbox_id, status, count(*) AS k FROM old_rows GROUP BY 1, 2) d
+            WHERE c.inbox_id = d.inbox_id AND c.status = d.status;
+        END IF;
+        IF TG_OP IN ('UPDATE', 'INSERT') THEN
+            UPDATE event_counts c SET n = c.n + d.k
+            FROM (SELECT inbox_id, status, count(*) AS k FROM new_rows GROUP BY 1, 2) d
+            WHERE c.inbox_id = d.inbox_id AND c.status = d.status;
+        END IF;
+        IF TG_OP = 'INSERT' THEN
+            PERFORM pg_notify({channel}, i.name) FROM inboxes i
+            WHERE i.id IN (SELECT inbox_id FROM new_rows WHERE status = 'pending');
+        ELSIF TG_OP = 'UPDATE' THEN
+            PERFORM pg_notify({channel}, i.name) FROM inboxes i
+            WHERE i.id IN (SELECT n.inbox_id FROM new_rows n JOIN old_rows o
+                           USING (inbox_id, id)
+                           WHERE n.status = 'pending' AND o.status <> 'pending');
+        END IF;
+        RETURN NULL;
+    END $$;"""
+
 
 # Each entry migrates from version i to i + 1; a database at version N has run the first N.
 MIGRATIONS: tuple[str, ...] = (
@@ -95,29 +129,7 @@ MIGRATIONS: tuple[str, ...] = (
 
     -- A commit that gives an inbox work (a new event, an answer, an expiry, a requeue)
     -- tells its listeners: NOTIFY is delivered at commit, and only if it commits.
-    CREATE FUNCTION onwatch_events_changed() RETURNS trigger LANGUAGE plpgsql AS $$
-    BEGIN
-        IF TG_OP IN ('UPDATE', 'DELETE') THEN
-            UPDATE event_counts c SET n = c.n - d.k
-            FROM (SELECT inbox_id, status, count(*) AS k FROM old_rows GROUP BY 1, 2) d
-            WHERE c.inbox_id = d.inbox_id AND c.status = d.status;
-        END IF;
-        IF TG_OP IN ('UPDATE', 'INSERT') THEN
-            UPDATE event_counts c SET n = c.n + d.k
-            FROM (SELECT inbox_id, status, count(*) AS k FROM new_rows GROUP BY 1, 2) d
-            WHERE c.inbox_id = d.inbox_id AND c.status = d.status;
-        END IF;
-        IF TG_OP = 'INSERT' THEN
-            PERFORM pg_notify('onwatch', i.name) FROM inboxes i
-            WHERE i.id IN (SELECT inbox_id FROM new_rows WHERE status = 'pending');
-        ELSIF TG_OP = 'UPDATE' THEN
-            PERFORM pg_notify('onwatch', i.name) FROM inboxes i
-            WHERE i.id IN (SELECT n.inbox_id FROM new_rows n JOIN old_rows o
-                           USING (inbox_id, id)
-                           WHERE n.status = 'pending' AND o.status <> 'pending');
-        END IF;
-        RETURN NULL;
-    END $$;
+    CREATE {_events_changed("'onwatch'")}
     CREATE TRIGGER events_counted_insert AFTER INSERT ON events
         REFERENCING NEW TABLE AS new_rows
         FOR EACH STATEMENT EXECUTE FUNCTION onwatch_events_changed();
@@ -412,6 +424,12 @@ MIGRATIONS: tuple[str, ...] = (
         RETURN stored;
     END $$;
     """,
+    # 8: each schema's notifications on a channel of its own (CHANNEL_OF_SCHEMA): the
+    # listeners of one schema no longer wake for another's events (an idle fleet worker
+    # looked once for each NOTIFY of a busy schema beside it). A listener of this release
+    # listens on both channels, so it hears a database of schema 7 too, and one migrated
+    # under it; a listener of the previous release hears nothing more and polls.
+    f"CREATE OR REPLACE {_events_changed(CHANNEL_OF_SCHEMA)}",
 )
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -377,6 +377,56 @@ def test_an_idle_fleet_worker_looks_at_least_every_few_seconds_whatever_its_poll
     asyncio.run(main())
 
 
+def test_an_idle_fleet_worker_does_not_look_at_each_notify_of_another_schema(pg, monkeypatch):
+    """Two schemas of one database, an inbox `support` in each: while events pour into the
+    other schema one at a time, an idle fleet worker on this one looks a few times (its
+    poll), not once per event (every schema sent on one channel: 916 looks for 2,000 events
+    of the other schema). It still wakes at once for its own."""
+    from onwatch.core.pg.fleet import Looker
+    from onwatch.core.runtime.fleet_worker import FleetWorker
+
+    here, there = pg.new_schema(), pg.new_schema()
+    looks, ran = 0, []
+    real = Looker.with_work
+
+    def counted(self, *args, **kwargs):
+        nonlocal looks
+        looks += 1
+        return real(self, *args, **kwargs)
+
+    async def agent(batch, ctx) -> None:
+        ran.extend(e.source_id for e in batch)
+
+    async def main() -> int:
+        for url in (here, there):
+            await (await make_inbox(url, "support", max_batch=1)).close()
+        fleet = FleetWorker(here, agent, holder="fleet", concurrency=2)
+        task = asyncio.create_task(fleet.run())
+        try:
+            async with await Inbox.open(there, name="support") as other:
+                await other.ingest("chat", "warm-up", None)
+                await asyncio.sleep(0.5)  # the fleet started, and looked
+                before = looks
+                for k in range(300):
+                    await other.ingest("chat", f"m{k}", None)
+                during = looks - before
+            async with await Inbox.open(here, name="support") as mine:
+                await mine.ingest("chat", "mine", None)
+            for _ in range(1000):
+                if ran or task.done():
+                    break
+                await asyncio.sleep(0.01)
+            assert ran == ["mine"]
+            return during
+        finally:
+            fleet.request_stop()
+            await asyncio.wait_for(task, 30)
+
+    monkeypatch.setattr(Looker, "with_work", counted)
+    during = asyncio.run(main())
+    assert during < 30, f"{during} looks while 300 events came into the other schema"
+
+
 @pytest.mark.parametrize("committed", [False, True], ids=["not committed", "committed"])
 def test_a_lost_answer_to_its_own_release_neither_spins_nor_delays_the_next_event(pg, committed):
     """The release is cut off (the connection lost under it, before or after its commit):

@@ -95,7 +95,7 @@ async def test_a_lost_listening_connection_falls_back_and_reconnects(boxes, url,
     with psycopg.connect(url, autocommit=True) as admin:
         killed = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-            "query = 'LISTEN onwatch' AND pid <> pg_backend_pid() "
+            "query LIKE 'LISTEN %' AND pid <> pg_backend_pid() "
             "AND datname = current_database()"  # not another test's, on the shared server
         ).fetchall()
     assert killed == [(True,)]
@@ -227,3 +227,51 @@ async def test_the_listening_thread_waits_on_its_socket_and_a_close_ends_it_at_o
     finally:
         await asyncio.wait_for(listener.close(), 30)
     assert not listener._thread.is_alive()
+
+
+async def test_a_schema_does_not_hear_another_schemas_inbox_of_the_same_name(pg):
+    """Two schemas of one database, each with an inbox `support`: a listener hears its own
+    schema's, not the other's (each schema sends on a channel of its own). Notifications
+    come in commit order, so once `marker` (committed last) is heard, every notification
+    committed before it has been."""
+    here, there = pg.new_schema(), pg.new_schema()  # two schemas of one database
+    mine = await Inbox.open(here, name="support")
+    marker = await Inbox.open(here, name="marker")
+    other = await Inbox.open(there, name="support")
+    listener = await Listener.open(here)
+    try:
+        seen, seen_marker = listener.seen("support"), listener.seen("marker")
+        await other.ingest("chat", "m1", None)
+        await mine.ingest("chat", "m1", None)
+        await other.ingest("chat", "m2", None)
+        await marker.ingest("chat", "m1", None)
+        await heard(listener, "marker", seen_marker)
+        assert listener.seen("support")[0] == seen[0] + 1  # its own only
+    finally:
+        await listener.close()
+        for box in (mine, marker, other):
+            await box.close()
+
+
+async def test_a_listener_hears_a_database_of_schema_7_and_one_migrated_under_it(pg):
+    """Before database schema 8 every schema sent on `onwatch`: a listener of this release
+    listens there too, so it hears a database not migrated yet, and the same database once
+    migrated under it (its own schema's channel from then on)."""
+    from onwatch.core.pg import schema
+
+    url = pg.new_database(schema=False)
+    with psycopg.connect(url, autocommit=True) as conn:
+        schema.migrate(conn, url, target=7)
+    box = await Inbox.open(url, name="support")
+    listener = await Listener.open(url)
+    try:
+        for step, key in (("schema 7", "m1"), ("migrated", "m2")):
+            if step == "migrated":
+                with psycopg.connect(url, autocommit=True) as conn:
+                    assert schema.migrate(conn, url) == 7
+            seen = listener.seen("support")
+            await box.ingest("chat", key, None)
+            await heard(listener, "support", seen)
+    finally:
+        await listener.close()
+        await box.close()

@@ -282,6 +282,18 @@ def lease_of(app, name: str) -> str:
     return line[start : start + 26].strip()
 
 
+def start_fleet_worker(url: str, tmp_path) -> subprocess.Popen:
+    """`onwatch worker URL --all-inboxes` in a process of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "onwatch", "worker", url, "--all-inboxes"]
+        + ["--agent", "tests.pg.actors:io_bound", "--holder", "fleet-1"],
+        cwd=ROOT,
+        env=env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 async def test_an_inbox_between_a_fleet_workers_visits_is_not_taken_for_one_nobody_serves(
     tmp_path,
 ):
@@ -301,14 +313,7 @@ async def test_an_inbox_between_a_fleet_workers_visits_is_not_taken_for_one_nobo
             await loaded(app, pilot)
             await wait_for_text(pilot, "1 needs a worker")
             assert lease_of(app, "asks") == "no worker · never started"
-            fleet = subprocess.Popen(
-                [sys.executable, "-m", "onwatch", "worker", url, "--all-inboxes"]
-                + ["--agent", "tests.pg.actors:io_bound", "--holder", "fleet-1"],
-                cwd=ROOT,
-                env=env(tmp_path),
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            fleet = start_fleet_worker(url, tmp_path)
             await wait_for_text(pilot, "1 fleet worker", timeout=30)
             text = screen_text(app)
             assert "need" not in text.splitlines()[0]
@@ -337,14 +342,7 @@ async def test_a_stopped_fleet_worker_is_said_silent_and_serves_nothing(tmp_path
         await inbox.request_approval("refund-1", 3600, "refund 40")
     source = DatabaseFleet(url, label="fleet-db")
     app = OnwatchApp(None, clock=SystemClock(), fleet=source)
-    fleet = subprocess.Popen(
-        [sys.executable, "-m", "onwatch", "worker", url, "--all-inboxes"]
-        + ["--agent", "tests.pg.actors:io_bound", "--holder", "fleet-1"],
-        cwd=ROOT,
-        env=env(tmp_path),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    fleet = start_fleet_worker(url, tmp_path)
     try:
         async with app.run_test(size=(120, 40)) as pilot:
             await loaded(app, pilot)

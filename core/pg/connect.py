@@ -101,12 +101,32 @@ def connect(url: str, *, waits: bool = False, **settings: str) -> "psycopg.Conne
         # set_config, not SET: each name and value is a parameter, never SQL text; all of
         # them in one statement, one round trip (a fleet opens a connection per inbox).
         calls = ", ".join(["set_config(%s, %s, false)"] * len(session))
-        calls += f", {DURABLE_COMMITS}"
-        conn.execute(f"SELECT {calls}", [part for pair in session.items() for part in pair])
+        calls += f", {DURABLE_COMMITS}, current_setting('session_replication_role')"
+        row = conn.execute(
+            f"SELECT {calls}", [part for pair in session.items() for part in pair]
+        ).fetchone()
+        if row is not None and row[-1] == "replica":
+            _fire_triggers(conn)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _fire_triggers(conn: "psycopg.Connection[Row]") -> None:
+    """A session whose role or database says session_replication_role = replica (a
+    replication apply worker's mode, a bulk load's) fires no ordinary trigger and checks no
+    foreign key: onwatch's event counts, its wake-ups and the guard on an inbox's row would
+    silently stop. Take `origin` back for this session, or refuse where the role may not."""
+    try:
+        conn.execute("SELECT set_config('session_replication_role', 'origin', false)")
+    except psycopg.errors.InsufficientPrivilege:
+        raise psycopg.NotSupportedError(
+            "this role's or database's session_replication_role is replica, under which "
+            "PostgreSQL fires none of onwatch's triggers (its event counts, its wake-ups), "
+            "and this role may not set it back; reset it for this role or database "
+            "(ALTER ROLE … RESET session_replication_role)"
+        ) from None
 
 
 # What a server says (in English, its messages' usual language) when it turns a connection

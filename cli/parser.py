@@ -380,8 +380,9 @@ def build_parser() -> Parser:
         "--commits-off-loop",
         action="store_true",
         help="commit every claim, finish and ingest on the connection's thread, never on "
-        "the worker's event loop (SQLite; by default they commit on the loop while that is "
-        "quick and the file is not locked: for a loop that must never wait for a disk)",
+        "the worker's event loop (by default they commit on the loop while that is quick "
+        "and the inbox is not locked: for a loop that must never wait for a disk or a "
+        "server)",
     )
     agent.add_argument(
         "--isolate",

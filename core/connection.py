@@ -7,6 +7,7 @@ cannot drift apart. What a transaction is given is core/engine/tx.py's Tx.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any, Awaitable, Callable, Protocol, TypeVar
 
 from .engine.tx import Ahead
@@ -15,6 +16,36 @@ T = TypeVar("T")
 # How often a waiter looks for changes itself although a notifier runs (its insurance), and
 # how often everyone polls where nothing notifies (Waker.watching is False).
 SLOW_POLL = 5.0
+# A write on the event loop's own thread (Connection.may_write_here) that took longer than
+# this (seconds) sends the connection's writes back to its thread for LOOP_WRITE_REST seconds.
+LOOP_WRITE_SLOW = 0.1
+LOOP_WRITE_REST = 60.0
+
+
+class LoopRest:
+    """Whether a connection's writes rest from the event loop's thread: for LOOP_WRITE_REST
+    seconds after one there took longer than LOOP_WRITE_SLOW (a slow disk or server, a
+    checkpoint, a storm of timers), said once in the log. Instants are the caller's
+    monotonic clock."""
+
+    def __init__(self, log: logging.Logger) -> None:
+        self._log = log
+        self._until = 0.0  # no write on the loop's thread until then
+
+    def resting(self, now: float) -> bool:
+        return now < self._until
+
+    def after(self, path: str, started: float, now: float) -> None:
+        """A write on the loop ran from `started` to `now`: if it was slow, rest."""
+        if now - started > LOOP_WRITE_SLOW:
+            self._until = now + LOOP_WRITE_REST
+            self._log.warning(
+                "inbox %s: a write on the event loop took %.3f s; the inbox's writes go "
+                "through the connection's thread for %g s",
+                path,
+                now - started,
+                LOOP_WRITE_REST,
+            )
 
 
 class Waker(Protocol):
@@ -65,8 +96,7 @@ class Connection(Protocol):
     version: int
     migrated_from: int | None
     # True (set by a Worker for its inbox): write_ahead and write_here_alone may run on the
-    # event loop's own thread where that is safe and quick (SQLite: Database.may_write_here).
-    # PostgreSQL ignores it: its statements wait on a network, which must never hold the loop.
+    # event loop's own thread where that is safe and quick (each backend's may_write_here).
     loop_writes: bool
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T: ...
@@ -97,7 +127,7 @@ class Connection(Protocol):
         done: Callable[[T | None, BaseException | None], None],
     ) -> None: ...
     # True if a write may run on the event loop's own thread now (`loop_writes` and the
-    # backend's conditions; PostgreSQL: never). write_here_alone is write_soon_alone's work
+    # backend's conditions). write_here_alone is write_soon_alone's work
     # done there at once: (True, its result), or (False, None) with nothing written.
     def may_write_here(self) -> bool: ...
     def write_here_alone(

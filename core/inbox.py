@@ -273,11 +273,11 @@ class Inbox:
     def loop_writes(self) -> bool:
         """True: claims and finishes (the transactions between two runs) and an ingest that
         comes alone in its turn of the loop may commit on the event loop's own thread where
-        that is safe and quick, sparing the hand-off to the connection's thread (SQLite
-        only; Connection.loop_writes; ingests that come together still share one
-        transaction on that thread). A Worker sets it while it runs; a producer whose loop
-        does nothing else may set it; never set it on a loop that must not wait for a disk
-        (a desk's)."""
+        that is safe and quick, sparing the hand-off to the connection's thread
+        (Connection.loop_writes; ingests that come together still share one transaction on
+        that thread; on PostgreSQL never for an inbox on a fleet's shared connections). A
+        Worker sets it while it runs; a producer whose loop does nothing else may set it;
+        never set it on a loop that must not wait for a disk or a server (a desk's)."""
         return self._db.loop_writes
 
     @loop_writes.setter

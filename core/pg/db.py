@@ -34,6 +34,7 @@ import time
 import weakref
 from typing import Any, Callable, TypeVar, cast
 
+from ..connection import LoopRest
 from ..engine.decoding import settings_from
 from ..engine.runs import plain_claim
 from ..engine.tx import Ahead, ClaimAhead, FinishAhead, FinishClaimAhead, LookAhead
@@ -79,6 +80,11 @@ OUTAGE_LOG_EVERY = 60.0  # seconds between two log lines of one outage
 # like one) instead of holding the connection's thread, and whoever waits on it, for ever.
 # A live server ends any statement at STATEMENT_TIMEOUT and any lock wait at the busy timeout.
 JOB_GRACE = STATEMENT_TIMEOUT + 15.0
+# A write on the event loop's own thread (Database._write_here) that the server has not
+# answered in this many seconds is cut, as a job of the connection's thread is at its
+# deadline: the loop, waiting, cannot watch itself. A commit takes milliseconds; a lock held
+# by another session is never waited for there.
+LOOP_WRITE_STALL = 2.0
 CLOSE_WAIT = 3.0  # seconds close() waits for a job in flight before cutting its socket
 SKEW_LOG_EVERY = 600.0
 
@@ -175,6 +181,9 @@ INBOX_ROW = "lease_holder, lease_gen, lease_until, settings, paused, changes, re
 # name the newest schema's columns.
 SESSION_STATEMENTS = {
     "onwatch_lock(bigint)": f"SELECT {INBOX_ROW} FROM inboxes WHERE id = $1 FOR UPDATE",
+    "onwatch_lock_nowait(bigint)": (
+        f"SELECT {INBOX_ROW} FROM inboxes WHERE id = $1 FOR UPDATE NOWAIT"
+    ),
     "onwatch_count(bigint)": "UPDATE inboxes SET changes = changes + 1 WHERE id = $1",
     "onwatch_now": SERVER_TIME,
 }
@@ -208,6 +217,49 @@ TAKE_SERVER = 160000
 _prepared: "weakref.WeakKeyDictionary[psycopg.Connection[Row], set[str]]" = (
     weakref.WeakKeyDictionary()
 )
+
+
+class _StallWatch:
+    """Cuts the socket of a write on an event loop's own thread that the server has not
+    answered in LOOP_WRITE_STALL (Database._stalled). A thread of its own looks four times
+    in that span while an inbox that has written there is open, and ends when none is."""
+
+    def __init__(self) -> None:
+        self._writers: weakref.WeakSet[Database] = weakref.WeakSet()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, db: "Database") -> None:
+        if db in self._writers:
+            return
+        with self._lock:
+            self._writers.add(db)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._look, name="onwatch-pg-stalls", daemon=True
+                )
+                self._thread.start()
+
+    def forget(self, db: "Database") -> None:
+        with self._lock:
+            self._writers.discard(db)
+
+    def _look(self) -> None:
+        while True:
+            time.sleep(LOOP_WRITE_STALL / 4)
+            with self._lock:
+                writers = list(self._writers)
+                if not writers:
+                    self._thread = None
+                    return
+            now = time.monotonic()
+            for db in writers:
+                since = db._here_since
+                if since is not None and now - since > LOOP_WRITE_STALL:
+                    db._stalled(since)
+
+
+_STALLS = _StallWatch()
 
 
 def _map_error(exc: BaseException, where: str, busy_timeout: float) -> InboxError:
@@ -305,7 +357,7 @@ def write_transaction(tx: Tx, fn: Callable[..., T], args: Args, ahead: Ahead | N
     conn = tx.conn
     tx.changed = False
     inbox = int(tx.inbox)
-    text = f"BEGIN; EXECUTE onwatch_lock({inbox})"
+    text = f"BEGIN; EXECUTE {tx.lock}({inbox})"
     statements = SESSION_STATEMENTS
     if _newest(tx, ("claim",)):
         tx.commit_tail = f"EXECUTE onwatch_count({inbox}); COMMIT"
@@ -413,7 +465,7 @@ def _take(
         statements = {**SESSION_STATEMENTS, **FINISH_TAKE_STATEMENT}
     tx.changed = False
     try:
-        cursor = _begin(conn, f"BEGIN; EXECUTE onwatch_lock({inbox}); {take}; COMMIT", statements)
+        cursor = _begin(conn, f"BEGIN; EXECUTE {tx.lock}({inbox}); {take}; COMMIT", statements)
         cursor.nextset()
         _locked(tx, cursor.fetchone())
         cursor.nextset()
@@ -488,6 +540,16 @@ def write_unless(precheck: Callable[..., T | None]) -> Runner[T]:
         return write_transaction(tx, fn, args) if answer is None else answer
 
     return run
+
+
+def _written(ahead: Ahead | None) -> Runner[Any]:
+    """A runner: `fn` in a write transaction, told what it does first (write_transaction)."""
+    return lambda tx, fn, args: write_transaction(tx, fn, args, ahead)
+
+
+class _Elsewhere(Exception):
+    """A job on the event loop's thread that must run on the connection's thread instead
+    (Database._write_here); it changed nothing."""
 
 
 class _Writes:
@@ -565,7 +627,9 @@ class Database:
         self.version = version
         self.migrated_from: int | None = None
         self.read_only: str | None = None
-        self.loop_writes = False  # ignored: a statement waits on the network (Connection)
+        self.loop_writes = False  # see may_write_here
+        self._rest = LoopRest(log)  # no write on the loop's thread for a while after a slow one
+        self._here_since: float | None = None  # (monotonic) a write on the loop's thread began
         self.name = name
         self.inbox = inbox
         # What messages and logs call it: no password, and a name with control characters
@@ -586,8 +650,8 @@ class Database:
         # connections' own, for every inbox that shares them).
         self._refusals = shared.refusals if shared is not None else WriteRefusals()
         self._running_since: float | None = None  # (monotonic) since the job in hand began
-        # Jobs handed to the thread (counted on the loop) and done (counted on the thread):
-        # each counter has one writer.
+        # Jobs handed to the thread (counted on the loop) and done (counted on the thread,
+        # before the answer is handed back): each counter has one writer.
         self._submitted = self._finished = 0
         self._watch: asyncio.TimerHandle | None = None  # see _check_overdue
         self.wake = ListenWake(name)  # our commits notify it; others' through a Listener
@@ -709,7 +773,6 @@ class Database:
                 job()
             finally:
                 self._running_since = None
-                self._finished += 1
         if self._shared is None:
             conn = self._tx.conn
             if self._refusals.fit_to_write(conn):
@@ -765,14 +828,8 @@ class Database:
             tx.conn = UNHELD  # opened again below, as a session wanted, not a lost one
         if not conn.closed and conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.close()
-        elif not conn.closed and ended_while_idle(conn):
-            conn.close()
-            tx.conn = UNHELD  # opened again below, as a session wanted, not a lost one
-            log.info(
-                "inbox %s: the server ended the session while it was idle "
-                "(idle_session_timeout, a restart?); opening a new one",
-                self.path,
-            )
+        elif not conn.closed:
+            self._drop_if_ended()  # opened again below, as a session wanted, not a lost one
         if tx.conn.closed or tx.conn.broken:
             # UNHELD: a shared connection to open (none idle), not a loss, unless it fails.
             lost = tx.conn is not UNHELD
@@ -805,13 +862,29 @@ class Database:
             self._refusals.opened(tx.conn)
             if self._shared is not None:
                 self._shared.opened_one()
+        return self._run_ready(runner, fn, args, again)
+
+    def _run_ready(
+        self, runner: Runner[T], fn: Callable[..., T], args: Args, again: bool, here: bool = False
+    ) -> T:
+        """Run one job on a connection ready for it (_run_held), its errors mapped; `here`:
+        on the event loop's own thread (_write_here), where a job that must wait or begin
+        again in a new session raises _Elsewhere, having changed nothing."""
+        tx = self._tx
         tx.server_time = None  # read again by each job that needs it
         tx.undone = False
         try:
             result = runner(tx, fn, args)
-            if writes:
+            if isinstance(runner, _Writes):
                 self._refusals.committed(tx.conn)
             return result
+        except pg_errors.LockNotAvailable as exc:
+            # NOWAIT on the loop's thread: another session holds the inbox's row, and the
+            # statement that asked for it changed nothing (an autocommit statement, or the
+            # first of a transaction, rolled back). The connection's thread waits for it.
+            if here:
+                raise _Elsewhere from None
+            raise _map_error(exc, self.path, self.busy_timeout) from None
         except pg_errors.InvalidSqlStatementName:
             # A statement psycopg prepared by itself is gone from the session (DEALLOCATE or
             # DISCARD ALL sent by something between us and the server; ours are prepared
@@ -820,6 +893,8 @@ class Database:
             # runs once more in it; any other stopped at the statement that failed.
             tx.conn.close()
             if tx.undone and not again:
+                if here:  # the connection's thread opens the new session
+                    raise _Elsewhere from None
                 return self._run_held(runner, fn, args, again=True)
             raise ConnectionLost(
                 f"inbox {self.path}: the PostgreSQL session lost statements prepared in it "
@@ -885,6 +960,9 @@ class Database:
                 result = None
             else:
                 error = None
+            # Counted done before it is answered: the loop, answered, finds the thread idle
+            # (may_write_here) and the connection free.
+            self._finished += 1
             try:
                 loop.call_soon_threadsafe(done, result, error)
             except RuntimeError:  # the loop is gone: nobody is waiting any more
@@ -959,15 +1037,21 @@ class Database:
 
     async def write(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn` in one transaction holding the inbox's lock; roll back on any exception."""
-        return await self.write_ahead(None, fn, *args)
+        self._writable()
+        result = await self._await(_Writes(_written(None)), fn, args)
+        self.wake.notify()
+        return result
 
     async def write_ahead(self, ahead: Ahead | None, fn: Callable[..., T], *args: Any) -> T:
         """write, with what `fn` does first sent with the lock (one round trip fewer; see
-        write_transaction)."""
+        write_transaction), on the event loop's own thread where `loop_writes` allows it
+        (_write_here)."""
         self._writable()
-        result = await self._await(
-            _Writes(lambda tx, fn, args: write_transaction(tx, fn, args, ahead)), fn, args
-        )
+        runner = _Writes(_written(ahead))
+        done, result = self._write_here(runner, fn, args)
+        if done:
+            return cast(T, result)
+        result = await self._await(runner, fn, args)
         self.wake.notify()
         return result
 
@@ -1038,14 +1122,103 @@ class Database:
         self._queue_write(fn, args, done, runner=write_unless(alone))
 
     def may_write_here(self) -> bool:
-        """False: a statement waits on the network, which must never hold the event loop."""
-        return False
+        """True if a write may run on the event loop's own thread now (write_ahead,
+        write_here_alone): `loop_writes` is set, the inbox holds a connection of its own (a
+        fleet's shared ones serve other inboxes meanwhile), nothing is queued on the
+        connection's thread (the order of calls is kept), and the last such write was
+        quick."""
+        return (
+            self.loop_writes
+            and self._shared is None
+            and self._submitted == self._finished
+            and not self._closed
+            and not self._rest.resting(time.monotonic())
+        )
 
     def write_here_alone(
         self, alone: Callable[..., T | None], fn: Callable[..., T], args: Args
     ) -> tuple[bool, T | None]:
-        """(False, None): never on the event loop's thread (may_write_here)."""
-        return False, None
+        """write_soon_alone's work on the event loop's own thread, now, where _write_here
+        may: (True, its result), or (False, None) with nothing written (the caller then
+        queues it on the connection's thread). An error is raised, mapped."""
+        return self._write_here(_Writes(write_unless(alone)), fn, args)
+
+    def _write_here(
+        self, runner: Runner[T], fn: Callable[..., T], args: Args
+    ) -> tuple[bool, T | None]:
+        """One write job on this thread, the event loop's, tried once where may_write_here
+        allows it and the connection is ready (else the connection's thread, which reopens
+        it, takes the job): (True, its result), or (False, None) with nothing written.
+
+        A worker's claims and finishes, and a producer's lone ingests (`loop_writes`), are a
+        round trip each, and the hand-off to the connection's thread and back costs about
+        30 µs of CPU and as much time again (docs/performance.md). Here the loop waits for
+        the server, but never for another session: the inbox's row is locked NOWAIT, and
+        held elsewhere the statement changes nothing and the job goes to the connection's
+        thread, which waits as every write does. Nor for a silent server: a write the server
+        has not answered in LOOP_WRITE_STALL is cut (_StallWatch) and fails as a lost
+        connection, as the thread's overdue job does later. One that took longer than
+        LOOP_WRITE_SLOW sends the next ones to the thread for LOOP_WRITE_REST seconds."""
+        if not self.may_write_here() or not self._ready_here():
+            return False, None
+        self._writable()
+        tx = self._tx
+        tx.nowait = True
+        started = self._here_since = time.monotonic()
+        _STALLS.watch(self)
+        try:
+            result = self._run_ready(runner, fn, args, again=False, here=True)
+        except _Elsewhere:
+            return False, None
+        finally:
+            self._here_since = None
+            tx.nowait = False
+            self._rest.after(self.path, started, time.monotonic())
+        self.wake.notify()
+        return True, result
+
+    def _drop_if_ended(self) -> bool:
+        """Whether the server ended the inbox's session while it was idle (connect.py
+        `ended_while_idle`): then it is closed and let go (the next job opens a session as
+        one wanted, not a lost one), and the log says so at INFO."""
+        tx = self._tx
+        if not ended_while_idle(tx.conn):
+            return False
+        tx.conn.close()
+        tx.conn = UNHELD
+        log.info(
+            "inbox %s: the server ended the session while it was idle "
+            "(idle_session_timeout, a restart?); opening a new one",
+            self.path,
+        )
+        return True
+
+    def _ready_here(self) -> bool:
+        """Whether this inbox's own connection can take a job on the loop's thread as it
+        is: open, idle, fit to write, not ended by the server meanwhile (else _run_held
+        mends it on the connection's thread, reconnecting)."""
+        conn = self._tx.conn
+        return (
+            not conn.closed
+            and not conn.broken
+            and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            and self._refusals.fit_to_write(conn)
+            and not self._drop_if_ended()
+        )
+
+    def _stalled(self, since: float) -> None:
+        """From _StallWatch's thread: the write on the loop's thread that began at `since`
+        has had no answer for LOOP_WRITE_STALL; cut its socket (once)."""
+        if self._here_since != since:
+            return  # it ended meanwhile
+        self._here_since = None
+        log.warning(
+            "inbox %s: PostgreSQL did not answer a write on the event loop for %.1f s; "
+            "dropping the connection",
+            self.path,
+            time.monotonic() - since,
+        )
+        self._cut()
 
     def file_replaced(self) -> str | None:
         """Always None: an inbox in a database server has no file to be deleted or swapped."""
@@ -1060,6 +1233,7 @@ class Database:
         if self._closed:
             return
         self._closed = True
+        _STALLS.forget(self)
         self.wake.close()
         self._jobs.put(None)
         if self._watch is not None:

@@ -300,6 +300,17 @@ UNSEEN = object()  # Tx.seen_settings before any write transaction read them
 _IN_ROW = {"paused": 4, "released_gen": 6}
 # The statements that change the inbox's own row (its lease, switches or settings): after
 # one, the row a write transaction locked and read (`Tx.row`) is no longer current.
+_NOWAIT: dict[str, str] = {}  # a statement's text → the same, not waiting for row locks
+
+
+def _nowait(sql: str) -> str:
+    """`sql` with each row lock it takes not waited for: `FOR UPDATE NOWAIT`."""
+    text = _NOWAIT.get(sql)
+    if text is None:
+        text = _NOWAIT[sql] = sql.replace("FOR UPDATE", "FOR UPDATE NOWAIT")
+    return text
+
+
 _CHANGE_INBOX_ROW = frozenset(
     name for name, sql in STATEMENTS.items() if sql.startswith("UPDATE inboxes")
 )
@@ -342,6 +353,7 @@ class Tx:
         "take_missed",
         "committed",
         "undone",
+        "nowait",
     )
 
     def __init__(
@@ -391,6 +403,9 @@ class Tx:
         # Whether the job's transaction rolled back on an error: the job changed nothing
         # (core/pg/db.py may then run it once more).
         self.undone = False
+        # Whether the job runs on the event loop's own thread (core/pg/db.py `_write_here`):
+        # it never waits for a row lock another session holds (NOWAIT), it fails at once.
+        self.nowait = False
 
     def execute(self, sql: str, params: Any = None) -> "psycopg.Cursor[Row]":
         """One statement of this dialect's own (the switches, the counters)."""
@@ -410,7 +425,14 @@ class Tx:
         if name in _CHANGE_INBOX_ROW:
             self.row = None
         params["inbox"] = self.inbox
-        return self.execute(self.statements[name], params)
+        sql = self.statements[name]
+        return self.execute(_nowait(sql) if self.nowait else sql, params)
+
+    @property
+    def lock(self) -> str:
+        """The session statement that opens a write transaction by locking the inbox's row
+        (core/pg/db.py SESSION_STATEMENTS): waiting for it, or not (`nowait`)."""
+        return "onwatch_lock_nowait" if self.nowait else "onwatch_lock"
 
     def one(self, name: str, /, **params: Any) -> Row:
         return one(self.run(name, **params))

@@ -272,8 +272,8 @@ class Worker:
         # the lease TTL plus the grace; the command line ends the process there.
         self.on_stuck = on_stuck
         # Its claims, finishes and lone ingests commit on its own loop's thread where safe
-        # and quick (Inbox.loop_writes, SQLite): False for a loop that must never wait for a
-        # disk.
+        # and quick (Inbox.loop_writes): False for a loop that must never wait for a disk
+        # or a server.
         self.loop_writes = loop_writes
         self.stats = WorkerStats()
         self.gen: int | None = None

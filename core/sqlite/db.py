@@ -15,6 +15,7 @@ from typing import Any, Callable, TypeVar, cast
 
 import aiosqlite
 
+from ..connection import LoopRest
 from ..engine.tx import Ahead
 from ..errors import FileLost, InboxBusy, InboxError, NotAnInbox, ReadOnlyInbox
 from . import files, schema
@@ -34,10 +35,6 @@ _OLDER_SCHEMA_TEXTS = ("no such column", "no such table", "no such index")
 # How often a job waiting for another connection's write lock looks again (at most): see
 # Database._patiently.
 LOCK_POLL = 0.001
-# A write on the loop's own thread (Database.may_write_here) that took longer than this
-# (seconds) sends the writes back to the connection's thread for LOOP_WRITE_REST seconds.
-LOOP_WRITE_SLOW = 0.1
-LOOP_WRITE_REST = 60.0
 
 
 def _locked(exc: sqlite3.Error) -> bool:
@@ -185,7 +182,7 @@ class Database:
         self._sent = 0
         self._ended = 0
         self.loop_writes = False  # see may_write_here
-        self._thread_until = 0.0  # no write on the loop's thread until then (monotonic)
+        self._rest = LoopRest(log)  # no write on the loop's thread for a while after a slow one
 
     @classmethod
     async def open(
@@ -645,7 +642,7 @@ class Database:
         return (
             self.loop_writes
             and self._sent == self._ended
-            and time.monotonic() >= self._thread_until
+            and not self._rest.resting(time.monotonic())
         )
 
     def write_here_alone(
@@ -657,25 +654,11 @@ class Database:
         queues it on the connection's thread). An error is raised, mapped."""
         return self._write_here(lambda tx: _alone_or_transaction(tx, alone, fn, args))
 
-    def _rest_if_slow(self, started: float) -> None:
-        """After a write on the loop that began at `started`: if it was slow, the next ones
-        go to the connection's thread for LOOP_WRITE_REST seconds, and the log says so."""
-        now = time.monotonic()
-        if now - started > LOOP_WRITE_SLOW:
-            self._thread_until = now + LOOP_WRITE_REST
-            log.warning(
-                "inbox %s: a write on the event loop took %.3f s; the inbox's writes go "
-                "through the connection's thread for %g s",
-                self.path,
-                now - started,
-                LOOP_WRITE_REST,
-            )
-
     def _write_here(self, run: Callable[[SqliteTx], T]) -> tuple[bool, T | None]:
         """`run(tx)`, a write that commits by itself, on this thread, tried once where
         may_write_here allows it: (True, its result), or (False, None) when it may not or
         another connection holds the write lock (nothing was written). A slow one sends the
-        next ones to the thread for a while (_rest_if_slow)."""
+        next ones to the thread for a while (LoopRest)."""
         if not self.may_write_here():
             return False, None
         self._writable()
@@ -688,7 +671,7 @@ class Database:
                 return False, None
             raise _map_error(exc, self.path, self.busy_timeout, self.version) from None
         finally:
-            self._rest_if_slow(started)
+            self._rest.after(self.path, started, time.monotonic())
         self.wake.notify()
         return True, result
 

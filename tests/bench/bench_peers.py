@@ -34,7 +34,10 @@ workload, not the start-up.
   the enqueue returned (committed); the handler notes when it is called: p50 / p99 of the
   difference. onwatch's worker (`onwatch worker`, the file notifier) against huey's
   consumer at its defaults, and huey, persist-queue and litequeue polling every 10 ms.
-- PostgreSQL (one inbox / one queue): enqueue one at a time; enqueue 100 in one call; drain
+- PostgreSQL (one inbox / one queue): enqueue one at a time (onwatch at its default, each
+  commit on the connection's thread, then with `loop_writes` on, each on the caller's loop;
+  pgqueuer and procrastinate are asynchronous: their calls wait on the loop either way);
+  enqueue 100 in one call; drain
   one job per run (onwatch `max_batch=1`, pgqueuer batch_size=1, procrastinate's worker at
   concurrency 1, which takes one job at a time); drain with default batching (onwatch's
   `max_batch` 20, pgqueuer's defaults).
@@ -173,6 +176,19 @@ ROWS = [
         PG_DURABLE,
     ),
     Row(
+        "pg-enqueue-loop",
+        "PostgreSQL, enqueue one at a time, onwatch with loop_writes",
+        "postgresql",
+        "rate",
+        ["onwatch", "pgqueuer", "procrastinate"],
+        PG_DURABLE,
+        [
+            "onwatch with Inbox.loop_writes on: its commits on the caller's loop, where the "
+            "peers' asynchronous calls wait too (the row above: at its default, on the "
+            "connection's thread)"
+        ],
+    ),
+    Row(
         "pg-batch",
         "PostgreSQL, enqueue 100 in one call",
         "postgresql",
@@ -211,7 +227,11 @@ PEER_NAMES = {
 }
 
 # onwatch's way of running a row, where it differs from the peers' (the row's notes say why).
-ONWATCH_MODES = {"sqlite-enqueue": "loop", "sqlite-enqueue-thread": "direct"}
+ONWATCH_MODES = {
+    "sqlite-enqueue": "loop",
+    "sqlite-enqueue-thread": "direct",
+    "pg-enqueue-loop": "loop",
+}
 
 # Jobs per contestant and round (wake: samples per contestant and round).
 SIZES = {
@@ -221,6 +241,7 @@ SIZES = {
     "sqlite-drain": 5000,
     "sqlite-wake": 100,
     "pg-enqueue": 1000,
+    "pg-enqueue-loop": 1000,
     "pg-batch": 10_000,
     "pg-drain": 2000,
     "pg-drain-batched": 5000,
@@ -232,6 +253,7 @@ QUICK_SIZES = {
     "sqlite-drain": 60,
     "sqlite-wake": 5,
     "pg-enqueue": 30,
+    "pg-enqueue-loop": 30,
     "pg-batch": 300,
     "pg-drain": 30,
     "pg-drain-batched": 100,
@@ -555,6 +577,7 @@ class Bench:
                 "sqlite-batch": ("enqueue", "batch"),
                 "sqlite-drain": ("drain", "one"),
                 "pg-enqueue": ("enqueue", "direct"),
+                "pg-enqueue-loop": ("enqueue", "direct"),
                 "pg-batch": ("enqueue", "batch"),
                 "pg-drain": ("drain", "one"),
                 "pg-drain-batched": ("drain", "default"),
@@ -703,10 +726,11 @@ def table(rows: list[Row], summary: dict[str, dict[str, Any]]) -> list[str]:
 
 
 # Rows whose figures are compared with each other run interleaved: the same peer called
-# directly and through asyncio.to_thread, one right after the other (the disk's fsync time
+# directly and through asyncio.to_thread (or onwatch with and without loop_writes), one
+# right after the other (the disk's fsync time
 # drifts by a factor of two over minutes on a shared machine, which would otherwise land on
 # one row and not the other).
-TOGETHER = [("sqlite-enqueue", "sqlite-enqueue-thread")]
+TOGETHER = [("sqlite-enqueue", "sqlite-enqueue-thread"), ("pg-enqueue", "pg-enqueue-loop")]
 
 
 def schedule(rows: list[Row], n: int) -> list[tuple[Row, str]]:

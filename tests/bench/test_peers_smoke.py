@@ -27,7 +27,7 @@ ROWS = {
         "sqlite-drain",
         "sqlite-wake",
     ],
-    "postgresql": ["pg-enqueue", "pg-batch", "pg-drain", "pg-drain-batched"],
+    "postgresql": ["pg-enqueue", "pg-enqueue-loop", "pg-batch", "pg-drain", "pg-drain-batched"],
 }
 
 

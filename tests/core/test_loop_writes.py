@@ -19,6 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from onwatch.core.connection import LOOP_WRITE_REST, LOOP_WRITE_SLOW
 from onwatch.core import BadInput, BudgetExceeded, FakeClock, FileLost, Inbox, InboxError
 from onwatch.core.engine import intake, runs
 from onwatch.core.runtime import Worker
@@ -224,7 +225,7 @@ async def test_a_slow_write_sends_the_next_ones_to_the_thread_for_a_while(box, m
     threads: list[str] = []
 
     def slow(tx) -> None:
-        now[0] += sqlite_db.LOOP_WRITE_SLOW * 2  # a disk that took its time
+        now[0] += LOOP_WRITE_SLOW * 2  # a disk that took its time
         where(threads)(tx)
 
     with caplog.at_level(logging.WARNING, logger="onwatch.sqlite"):
@@ -232,7 +233,7 @@ async def test_a_slow_write_sends_the_next_ones_to_the_thread_for_a_while(box, m
     assert threads == ["loop"]
     assert "a write on the event loop took 0.200 s" in caplog.text
     await db.write_ahead(None, where(threads))
-    now[0] += sqlite_db.LOOP_WRITE_REST - 1
+    now[0] += LOOP_WRITE_REST - 1
     await db.write_ahead(None, where(threads))
     assert threads == ["loop", "connection", "connection"]
     now[0] += 2  # the rest is over
@@ -383,7 +384,7 @@ async def test_a_slow_lone_ingest_sends_the_next_writes_to_the_thread(
 
     def slow_once(*args, **kwargs):
         if slow.pop() if slow else False:
-            now[0] += sqlite_db.LOOP_WRITE_SLOW * 2  # a disk that took its time
+            now[0] += LOOP_WRITE_SLOW * 2  # a disk that took its time
         return real(*args, **kwargs)
 
     monkeypatch.setattr(intake, "ingest_alone", slow_once)  # bound when the inbox opens

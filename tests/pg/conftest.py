@@ -9,6 +9,7 @@ from typing import Callable
 
 import pytest
 
+from tests.pg.proxy import Proxy
 from tests.pg.server import Cluster, cluster_or_skip
 
 
@@ -45,3 +46,13 @@ def record_statements(monkeypatch) -> Callable[[], list[str]]:
 def url(pg) -> str:
     """An empty database: these tests also check what opening one creates."""
     return pg.new_database(schema=False)
+
+
+@pytest.fixture
+def proxy(pg):
+    """A TCP proxy in front of the test server (tests/pg/proxy.py): its faults on demand."""
+    if pg.owned is None:
+        pytest.skip("needs the server the tests started (its port is proxied)")
+    proxied = Proxy(pg.owned.port)
+    yield proxied
+    proxied.close()

@@ -100,15 +100,6 @@ async def test_a_process_stopped_inside_any_write_cannot_wedge_its_inbox(pg, kin
 # --- a server that stops answering -------------------------------------------------------
 
 
-@pytest.fixture
-def proxy(pg):
-    if pg.owned is None:
-        pytest.skip("needs the server the tests started (its port is proxied)")
-    proxied = Proxy(pg.owned.port)
-    yield proxied
-    proxied.close()
-
-
 def test_every_connection_carries_the_bounds_that_notice_a_silent_server(pg, monkeypatch):
     # Both sides of the socket give up on a peer that stopped answering, and a statement or
     # an idle transaction has a limit on the server; set in one statement at connect, each

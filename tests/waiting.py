@@ -62,3 +62,20 @@ def until_sync(
         if time.monotonic() > deadline:
             raise _failed(what, timeout, None)
         time.sleep(interval)
+
+
+class Ticker:
+    """A task counting its turns of the running event loop (one every 5 ms at most) until
+    stopped: a count that stops moving says something holds the loop."""
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self._task = asyncio.ensure_future(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            self.ticks += 1
+            await asyncio.sleep(0.005)
+
+    def stop(self) -> None:
+        self._task.cancel()

@@ -19,11 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onwatch.core.connection import LOOP_WRITE_REST, LOOP_WRITE_SLOW
 from onwatch.core import BadInput, BudgetExceeded, FakeClock, FileLost, Inbox, InboxError
+from onwatch.core.connection import LOOP_WRITE_REST, LOOP_WRITE_SLOW
 from onwatch.core.engine import intake, runs
 from onwatch.core.runtime import Worker
 from onwatch.core.sqlite import db as sqlite_db
+from tests.waiting import Ticker
 
 from .conftest import T
 
@@ -191,28 +192,20 @@ async def test_a_write_lock_held_elsewhere_sends_it_to_the_thread_without_holdin
     other = sqlite3.connect(box.path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     threads: list[str] = []
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.005)
-
-    ticking = asyncio.ensure_future(ticker())
+    ticking = Ticker()
     try:
         write = asyncio.ensure_future(db.write_ahead(None, where(threads)))
         await asyncio.sleep(0.1)
         assert not write.done() and threads == []  # waiting, having written nothing
-        before = ticks
+        before = ticking.ticks
         await asyncio.sleep(0.05)
-        assert ticks > before  # the loop turns meanwhile
+        assert ticking.ticks > before  # the loop turns meanwhile
         other.execute("COMMIT")
         assert await write == "connection"
         assert threads == ["connection"]  # run once, once the lock was free
         assert "connection" in naps and "loop" not in naps  # the loop never waited
     finally:
-        ticking.cancel()
+        ticking.stop()
         other.close()
 
 

@@ -19,6 +19,7 @@ from onwatch.core import ConnectionLost, Inbox
 from onwatch.core import connection as connection_mod
 from onwatch.core.pg import db as pg_db
 from onwatch.core.pg.shared import Connections
+from tests.waiting import Ticker
 
 T = 1_000_000
 
@@ -63,15 +64,7 @@ async def test_a_write_on_the_loop_never_waits_for_a_lock_another_session_holds(
     url = pg.new_schema()
     box = await _open(url)
     other = psycopg.connect(url)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0.005)
-
-    ticking = asyncio.ensure_future(ticker())
+    ticking = Ticker()
     try:
         gen = await box.acquire("w", now=T)
         before = _thread_jobs(box)
@@ -81,16 +74,16 @@ async def test_a_write_on_the_loop_never_waits_for_a_lock_another_session_holds(
         claim = asyncio.ensure_future(box.claim_next("w", gen, now=T))
         await asyncio.sleep(0.2)
         assert not ingest.done() and not claim.done()  # both wait, having written nothing
-        seen = ticks
+        seen = ticking.ticks
         await asyncio.sleep(0.1)
-        assert ticks > seen  # and the loop turns meanwhile: they wait on the thread
+        assert ticking.ticks > seen  # and the loop turns meanwhile: they wait on the thread
         other.commit()
         assert await ingest is True
         await claim
         assert _thread_jobs(box) > before
         assert sum((await box.counts()).values()) == 1  # stored once, wherever it is now
     finally:
-        ticking.cancel()
+        ticking.stop()
         other.close()
         await box.close()
 

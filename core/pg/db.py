@@ -234,7 +234,7 @@ class _StallWatch:
             return
         with self._lock:
             self._writers.add(db)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # none yet, or forked
                 self._thread = threading.Thread(
                     target=self._look, name="onwatch-pg-stalls", daemon=True
                 )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 
 import psycopg
 import pytest
@@ -165,3 +166,23 @@ async def test_an_inbox_on_a_fleets_shared_connections_never_writes_on_the_loop(
     finally:
         await box.close()
         await asyncio.to_thread(shared.close)
+
+
+def test_the_stall_watch_starts_again_in_a_forked_process():
+    """A process forked from one whose watch ran inherits its record of a thread but not
+    the thread: the first write on the loop there starts one of its own."""
+
+    class Writer:  # what the watch reads of a Database
+        _here_since = None
+
+    inherited = threading.Thread(target=lambda: None)
+    inherited.start()
+    inherited.join()
+    watch = pg_db._StallWatch()
+    watch._thread = inherited  # as fork leaves it: recorded, not running
+    writer = Writer()
+    watch.watch(writer)
+    try:
+        assert watch._thread is not inherited and watch._thread.is_alive()
+    finally:
+        watch.forget(writer)

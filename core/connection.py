@@ -127,8 +127,8 @@ class Connection(Protocol):
         done: Callable[[T | None, BaseException | None], None],
     ) -> None: ...
     # True if a write may run on the event loop's own thread now (`loop_writes` and the
-    # backend's conditions). write_here_alone is write_soon_alone's work
-    # done there at once: (True, its result), or (False, None) with nothing written.
+    # backend's conditions). write_here_alone is write_soon_alone's work done there at
+    # once: (True, its result), or (False, None) with nothing written.
     def may_write_here(self) -> bool: ...
     def write_here_alone(
         self, alone: Callable[..., T | None], fn: Callable[..., T], args: tuple[Any, ...]

@@ -298,8 +298,6 @@ def held_open(execute: Any) -> str | None:
 UNSEEN = object()  # Tx.seen_settings before any write transaction read them
 # The columns of the locked row (core/pg/db.py INBOX_ROW) that `meta` reads from it.
 _IN_ROW = {"paused": 4, "released_gen": 6}
-# The statements that change the inbox's own row (its lease, switches or settings): after
-# one, the row a write transaction locked and read (`Tx.row`) is no longer current.
 _NOWAIT: dict[str, str] = {}  # a statement's text → the same, not waiting for row locks
 
 
@@ -311,6 +309,8 @@ def _nowait(sql: str) -> str:
     return text
 
 
+# The statements that change the inbox's own row (its lease, switches or settings): after
+# one, the row a write transaction locked and read (`Tx.row`) is no longer current.
 _CHANGE_INBOX_ROW = frozenset(
     name for name, sql in STATEMENTS.items() if sql.startswith("UPDATE inboxes")
 )

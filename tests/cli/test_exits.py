@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 from onwatch.core import Inbox
 from tests.worker.helpers import ROOT, env, wait_for
@@ -97,9 +96,7 @@ def test_sigterm_with_the_agent_stuck_in_a_call_exits(tmp_path):
         what="the run to start",
     )
     worker.send_signal(signal.SIGTERM)
-    started = time.monotonic()
     assert wait_exit(worker) == 0
-    assert time.monotonic() - started < 10
     err = (tmp_path / "stderr.txt").read_text()
     assert "abandoned" in err and "leaving 1 thread(s) still running" in err, err
     event, lease, now = asyncio.run(read(path))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import psycopg
 import pytest
@@ -91,10 +90,9 @@ def test_a_worker_wakes_on_notify_long_before_its_next_poll(url, tmp_path):
 
         assert onwatch("ingest", url, "chat", "first", "--inbox", "support").returncode == 0
         wait_for(lambda: status("first"), 20, what="the first run")
-        started = time.monotonic()
         assert onwatch("ingest", url, "chat", "second", "--inbox", "support").returncode == 0
+        # A poll would have taken up to 60 s.
         wait_for(lambda: status("second"), 10, what="the second run, woken by NOTIFY")
-        assert time.monotonic() - started < 10  # a poll would have taken up to 60 s
         worker.wait(timeout=30)
     finally:
         stop(worker)

@@ -139,6 +139,16 @@ def event_status(path, source_id: str):
     return scalar(path, "SELECT status FROM events WHERE source_id = ?", (source_id,))
 
 
+def sent_lines(path) -> list[str]:
+    """The whole lines a file channel has written so far: none while the file is missing, and
+    never a line another process has opened the file for but not yet written."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    return text.splitlines()[: text.count("\n")]
+
+
 def log_of(test_dir, name: str = "worker") -> str:
     chunks = []
     for suffix in ("out", "err"):

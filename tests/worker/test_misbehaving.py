@@ -24,7 +24,7 @@ import pytest
 
 from tests.webhook.helpers import HOOK_SECRET, standard_headers
 
-from .helpers import ROOT, env, event_status, onwatch, query, scalar, wait_for
+from .helpers import ROOT, env, event_status, onwatch, query, scalar, sent_lines, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -399,11 +399,7 @@ def test_an_agent_that_changes_directory_does_not_move_the_inbox(tmp_path):
             wait_for(lambda: event_status(path, source_id) == "done", what=source_id)  # noqa: B023
             assert process.poll() is None, log(tmp_path)
         wait_for(
-            lambda: (
-                len((tmp_path / "sent.jsonl").read_text().splitlines()) == 2
-                if (tmp_path / "sent.jsonl").exists()
-                else False
-            ),
+            lambda: len(sent_lines(tmp_path / "sent.jsonl")) == 2,
             what="both replies in the file named at start",
         )
     finally:

@@ -22,6 +22,7 @@ from .helpers import (
     onwatch,
     query,
     scalar,
+    sent_lines,
     start_worker,
     stop,
     wait_asleep,
@@ -77,18 +78,16 @@ def kill_mid_run(tmp_path, policy: str):
         if first.poll() is None:
             first.kill()
     (tmp_path / "release").touch()  # the successor's run is not blocked
-    killed_at = time.monotonic()
     second = start_worker(path, "blocking", tmp_path, "--no-dispatch", holder="B", name="b")
-    return path, second, killed_at
+    return path, second
 
 
 def test_sigkill_mid_run_retry_runs_again_under_a_new_generation(tmp_path):
-    path, second, killed_at = kill_mid_run(tmp_path, "retry")
+    path, second = kill_mid_run(tmp_path, "retry")
     try:
         wait_for(
-            lambda: event_status(path, "m1") == "done", timeout=15, what="worker B to finish m1"
+            lambda: event_status(path, "m1") == "done", timeout=30, what="worker B to finish m1"
         )
-        took_over = time.monotonic() - killed_at
     finally:
         assert stop(second) == 0, log_of(tmp_path, "b")
     assert scalar(path, "SELECT gen FROM lease_history WHERE holder = 'B'") == 2
@@ -108,11 +107,10 @@ def test_sigkill_mid_run_retry_runs_again_under_a_new_generation(tmp_path):
     # it charges once.
     charges = [e for e in ledger(tmp_path) if e["effect"] == "charge"]
     assert len(charges) == 2 and charges[0]["key"] == charges[1]["key"]
-    assert took_over < 10
 
 
 def test_sigkill_mid_run_interrupt_waits_for_the_operator(tmp_path):
-    path, second, _ = kill_mid_run(tmp_path, "interrupt")
+    path, second = kill_mid_run(tmp_path, "interrupt")
     try:
         wait_for(
             lambda: event_status(path, "m1") == "interrupted",
@@ -235,10 +233,8 @@ def test_sigterm_idle_releases_the_lease_and_exits_0(tmp_path):
     worker = start_worker(path, "echo", tmp_path, *SHOW_NAPS, holder="A")
     wait_for(lambda: scalar(path, "SELECT holder FROM lease") == "A", what="A's lease")
     wait_asleep(tmp_path)  # idle, the case under test
-    started = time.monotonic()
     worker.send_signal(signal.SIGTERM)
     assert worker.wait(5) == 0, log_of(tmp_path)
-    assert time.monotonic() - started < 3
     until = scalar(path, "SELECT until FROM lease")
     assert until < time.time()  # released: a successor need not wait 60 s
     assert "released" in log_of(tmp_path)
@@ -254,28 +250,25 @@ def test_sigterm_mid_run_abandons_after_grace_and_successor_starts_at_once(tmp_p
     assert "abandoned (stopping)" in log_of(tmp_path, "a")
     successor = start_worker(path, "echo", tmp_path, holder="B", name="b")
     try:
-        started = time.monotonic()
-        wait_for(lambda: event_status(path, "m1") == "done", timeout=10, what="B")
-        assert time.monotonic() - started < 8  # far less than the 60 s TTL
+        # far less than the 60 s TTL: B need not wait out A's lease
+        wait_for(lambda: event_status(path, "m1") == "done", timeout=20, what="B")
     finally:
         assert stop(successor) == 0
     assert query(path, "SELECT gen, outcome FROM runs ORDER BY id") == [(1, "lost"), (2, "done")]
 
 
 def test_new_events_and_timers_wake_an_idle_worker_quickly(tmp_path):
-    path = make_inbox(tmp_path, lease_ttl=30)
+    path = make_inbox(tmp_path, lease_ttl=600)  # renewed every 200 s
     worker = start_worker(
-        path, "echo", tmp_path, "--file", str(tmp_path / "sent.jsonl"), *SHOW_NAPS
+        path, "echo", tmp_path, "--file", str(tmp_path / "sent.jsonl"), "--poll", "120", *SHOW_NAPS
     )
     try:
         wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
         wait_asleep(tmp_path)  # idle: only a wake-up brings it to the new event
-        started = time.monotonic()
         onwatch("ingest", path, "chat", "wake", '"x"')
-        wait_for(lambda: event_status(path, "wake") == "done", timeout=5, what="the run")
-        assert time.monotonic() - started < 2.5
-        wait_for(lambda: (tmp_path / "sent.jsonl").exists(), what="the send")
-        sent = json.loads((tmp_path / "sent.jsonl").read_text().splitlines()[0])
+        # Its nap lasts 120 s (the poll) unless woken: a run within 30 s is the wake's.
+        wait_for(lambda: event_status(path, "wake") == "done", timeout=30, what="the run")
+        sent = json.loads(wait_for(lambda: sent_lines(tmp_path / "sent.jsonl"), what="the send")[0])
         assert sent["text"] == "reply chat/wake" and sent["key"].startswith("onwatch-")
     finally:
         assert stop(worker) == 0, log_of(tmp_path)

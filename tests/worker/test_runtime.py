@@ -509,10 +509,9 @@ async def test_run_worker_closes_the_inbox_it_opened_when_the_worker_is_refused(
 
 
 async def test_command_channel_never_leaves_its_command_running(tmp_path):
-    started = time.monotonic()
     with pytest.raises(RuntimeError, match="longer than 0.2 s"):
-        await command_channel("sleep 30; true", timeout=0.2)("hello")
-    assert time.monotonic() - started < 5  # the shell's child went with it
+        # Within 15 s, not 30: the shell's child went with it (else it holds the pipes open).
+        await asyncio.wait_for(command_channel("sleep 30; true", timeout=0.2)("hello"), 15)
     pid_file = tmp_path / "pid"
     task = asyncio.create_task(command_channel(f"echo $$ > {pid_file}; exec sleep 30")("hi"))
     pid = int(

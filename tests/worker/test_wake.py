@@ -41,9 +41,9 @@ needs_inotify = pytest.mark.skipif(
 )
 
 
-def make_inbox(tmp_path) -> str:
+def make_inbox(tmp_path, lease_ttl: int = 30) -> str:
     path = str(tmp_path / "inbox.db")
-    assert onwatch("init", path, "lease_ttl=30", "outbox_gap=0").returncode == 0
+    assert onwatch("init", path, f"lease_ttl={lease_ttl}", "outbox_gap=0").returncode == 0
     return path
 
 
@@ -54,17 +54,16 @@ async def waiters(wake, count: int = 1, timeout: float = 5.0) -> None:
     )
 
 
-async def ingest(path: str, source_id: str) -> float:
-    """Ingest from this process (another process to the worker); return when it committed."""
+async def ingest(path: str, source_id: str) -> None:
+    """Ingest from this process (another process to the worker)."""
     async with await Inbox.open(path, create=False) as box:
         await box.ingest("chat", source_id, {"text": source_id})
-        return time.monotonic()
 
 
 @needs_inotify
-def test_another_process_commit_wakes_an_idle_worker_within_a_second(tmp_path):
-    path = make_inbox(tmp_path)
-    worker = start_worker(path, "echo", tmp_path, "--poll", "30", *SHOW_NAPS)
+def test_another_process_commit_wakes_an_idle_worker_before_its_poll(tmp_path):
+    path = make_inbox(tmp_path, lease_ttl=600)  # renewed every 200 s
+    worker = start_worker(path, "echo", tmp_path, "--poll", "120", *SHOW_NAPS)
     try:
         wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
         wait_for(
@@ -72,14 +71,13 @@ def test_another_process_commit_wakes_an_idle_worker_within_a_second(tmp_path):
         )
         for n in range(3):  # more than once: the notifier re-arms after each wake
             wait_asleep(tmp_path)  # idle: only a wake-up can bring it to the next run
-            committed = asyncio.run(ingest(path, f"wake-{n}"))
+            asyncio.run(ingest(path, f"wake-{n}"))
+            # Its nap lasts 120 s unless woken: a run within 30 s is the wake's.
             wait_for(
                 lambda: event_status(path, f"wake-{n}") == "done",  # noqa: B023 - called now
-                timeout=10,
-                interval=0.005,
+                timeout=30,
                 what="the run",
             )
-            assert time.monotonic() - committed < 1.0, log_of(tmp_path)
     finally:
         assert stop(worker) == 0, log_of(tmp_path)
 
@@ -111,9 +109,8 @@ def test_without_the_notifier_the_fallback_poll_still_wakes_the_worker(tmp_path)
         )
         wait_for(lambda: scalar(path, "SELECT count(*) FROM lease"), what="the lease")
         wait_asleep(tmp_path)  # idle: only its poll can find the event
-        committed = asyncio.run(ingest(path, "polled"))
+        asyncio.run(ingest(path, "polled"))
         wait_for(lambda: event_status(path, "polled") == "done", timeout=10, what="the run")
-        assert time.monotonic() - committed < 3.0  # one poll period, with room for load
     finally:
         assert stop(worker) == 0, log_of(tmp_path)
 
@@ -346,10 +343,8 @@ async def test_in_process_commit_wakes_a_waiter_directly(tmp_path, monkeypatch):
         seen = box.wake.seq
         waiting = asyncio.ensure_future(box.wake.wait(seen, 30))
         await waiters(box.wake)
-        started = time.monotonic()
         await box.ingest("chat", "1")
-        assert await asyncio.wait_for(waiting, 1)
-        assert time.monotonic() - started < 0.5
+        assert await asyncio.wait_for(waiting, 10)  # woken, not timed out (30 s)
         assert not box.wake.watching
 
 
@@ -471,7 +466,5 @@ async def test_nobody_waiting_means_the_notifier_is_not_read(tmp_path):
             for i in range(200):
                 await other.ingest("chat", str(i))
         assert wake.reads == 0
-        started = time.monotonic()
         assert await wake.wait(wake.seq, 5)  # the queued notification, read now
-        assert time.monotonic() - started < 0.5
         assert wake.reads == 1

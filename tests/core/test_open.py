@@ -11,6 +11,7 @@ import pytest
 
 from onwatch.core import FakeClock, Inbox, InboxBusy, InboxError, NotAnInbox
 from onwatch.core.sqlite import schema
+from onwatch.core.sqlite.db import PAGE_SIZE
 
 
 def digest(path: str) -> str:
@@ -29,6 +30,27 @@ async def test_new_file_is_created_in_wal_mode_with_the_current_schema(path):
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert db.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION
     assert db.execute("PRAGMA application_id").fetchone()[0] == schema.APPLICATION_ID
+    assert db.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE
+    db.close()
+
+
+async def test_a_file_made_with_sqlites_default_page_size_keeps_it_and_works(path):
+    # As an earlier release made it: SQLite's default page size, not PAGE_SIZE.
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA page_size = 4096")
+    db.execute("PRAGMA journal_mode = WAL")
+    schema.migrate(db, path)
+    db.close()
+    async with await Inbox.open(path, create=False) as box:
+        assert await box.ingest("chat", "1", {"text": "x" * 5000}) is True
+        gen = await box.acquire("w")
+        [event] = await box.claim_batch("w", gen)
+        assert event.payload == {"text": "x" * 5000}
+        assert await box.finish("w", gen, [event.id]) is True
+        assert (await box.counts())["done"] == 1
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA page_size").fetchone()[0] == 4096
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     db.close()
 
 

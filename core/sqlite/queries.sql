@@ -193,6 +193,10 @@ INSERT INTO runs(holder, gen, event_ids, claimed_at) VALUES (:holder, :gen, :ids
 -- name: run_events_link
 INSERT INTO run_events(event_id, run_id) SELECT value, :run FROM json_each(:ids);
 
+-- The same for a run of one event (a worker's `max_batch=1`): no JSON to read.
+-- name: run_event_link
+INSERT INTO run_events(event_id, run_id) VALUES (:id, :run);
+
 -- Attempts are counted here, at claim time: a worker that crashes never reports failure.
 -- An event stored without a key salt (by a release before schema 8) draws one at its
 -- first claim; one that already ran keeps none, and the keys it had.

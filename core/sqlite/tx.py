@@ -151,7 +151,10 @@ class SqliteTx:
         listed = list(ids)
         run = self.run("run_insert", holder=holder, gen=gen, ids=_dumps(listed), now=now).lastrowid
         assert run is not None  # an INSERT that returned has a rowid
-        self.run("run_events_link", ids=listed, run=run)
+        if len(listed) == 1:
+            self.run("run_event_link", id=listed[0], run=run)
+        else:
+            self.run("run_events_link", ids=listed, run=run)
         self.run("events_claim", ids=listed, gen=gen, now=now, run=run)
         return run
 

@@ -266,6 +266,19 @@ async def test_stop_lets_the_current_run_finish_within_grace(inbox, start, clock
     assert (await inbox.lease_info()).until < inbox.now()
 
 
+async def test_a_stop_ends_an_idle_workers_nap_at_once(inbox, start):
+    """The nap lasts an hour (a fake clock keeps the poll interval): only the stop can end
+    it within the 10 s Running.stop gives, and the wait it ended is gone."""
+
+    async def agent(batch, ctx):
+        raise AssertionError("nothing to run")
+
+    running = start(agent, poll_interval=3600)
+    await asleep(running, inbox)
+    stats = await running.stop()
+    assert stats.runs == 0 and inbox.wake.waiting == 0
+
+
 async def test_a_second_stop_abandons_the_run_at_once(inbox, start):
     async def agent(batch, ctx):
         await asyncio.sleep(3600)

@@ -11,6 +11,7 @@ import psycopg
 
 from onwatch.core import Inbox
 from onwatch.core.pg import schema
+from onwatch.core.pg.listen import SCHEMA_CHANNEL
 
 
 def counts(conn: psycopg.Connection) -> dict[tuple[str, str], int]:
@@ -132,7 +133,7 @@ async def test_the_migration_to_schema_9_replaces_the_trigger_of_schema_8(url):
 async def test_a_row_made_pending_is_heard_and_a_claim_is_not(url):
     await two_inboxes(url)
     with psycopg.connect(url, autocommit=True) as listener:
-        [(channel,)] = listener.execute("SELECT 'onwatch.' || md5(current_schema())").fetchall()
+        [(channel,)] = listener.execute(SCHEMA_CHANNEL).fetchall()  # the trigger's channel
         listener.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel)))
         with psycopg.connect(url, autocommit=True) as conn:
             first = ids(conn, "a")[0]

@@ -399,19 +399,29 @@ class OnwatchApp(App[int]):
         """The one clock: every countdown on screen derives from this `now`."""
         now = self.clock.now()
         self.now = now
+        top = self.top_screen
+        if top is None:
+            return
         try:
             self.check_file()
             # Under the fleet's opaque screens the panes are hidden: moving their countdowns
             # would only redraw the screen on top (they are ticked again when uncovered).
-            if not getattr(self.screen, "covers_panes", False):
+            if not getattr(top, "covers_panes", False):
                 self.query_one(StatusStrip).tick(now)
                 self.active_pane.tick(now)
             if self.fleet_desk is not None:
                 self.fleet_desk.tick(now)
         except NoMatches:  # starting up or shutting down: nothing on screen to move
             return
-        if isinstance(self.screen, ConfirmScreen):
-            self.screen.tick(now)
+        if isinstance(top, ConfirmScreen):
+            top.tick(now)
+
+    @property
+    def top_screen(self) -> Screen[Any] | None:
+        """The screen on top, or None once the app has popped its last one on the way out:
+        a timer (the clock, the fleet's scan) can still fire then, and `screen` would raise."""
+        stack = self.screen_stack
+        return stack[-1] if stack else None
 
     def check_file(self) -> str | None:
         """Is the path still the file we opened? If not: a standing alarm, every action

@@ -624,3 +624,19 @@ def test_work_waiting_under_a_connected_fleet_worker_waits_for_a_visit_not_a_wor
     assert lease_cell(busy, T0, narrow=False).plain == "no worker · waiting 5s"
     assert lease_cell(busy, T0, narrow=False, watched=True).plain == "fleet · waiting 5s"
     assert lease_cell(busy, T0, narrow=True, watched=True).plain == "queued 5s"
+
+
+async def test_a_clock_tick_that_lands_while_the_app_shuts_down_does_nothing(fleet):
+    """The clock and the fleet's scan are timers: one can fire after the last screen has
+    been popped on the way out. It must find nothing to move and return, never raise."""
+    folder, clock = fleet
+    app = make_app(folder, clock)
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await loaded(app, pilot)
+        await pilot.press("enter")  # an inbox open under the fleet: every pane is there
+        await wait_for(pilot, lambda: app.inbox is not None, what="the drill-in")
+    assert not app.screen_stack  # shut down: the stack is empty, as when the timer fired
+    clock.advance(5)
+    app.tick()
+    assert app.fleet_desk.view() is None
+    await close(app)

@@ -139,6 +139,8 @@ class Supervisor(Protocol):
     @property
     def screen_stack(self) -> list[Any]: ...
     @property
+    def top_screen(self) -> Any: ...
+    @property
     def is_headless(self) -> bool: ...
     def tick(self) -> None: ...
     async def switch_inbox(self, inbox: Inbox) -> None: ...
@@ -253,7 +255,7 @@ class FleetDesk:
             self.app.call_later(self.scan)
 
     def view(self) -> FleetView | None:
-        screen = self.app.screen
+        screen = self.app.top_screen
         return screen if isinstance(screen, FleetView) else None
 
     # --- the alarm ------------------------------------------------------------------------

@@ -7,7 +7,8 @@ of its own; `url(base)` rewrites a server URL to go through it. Modes, switched 
 
 - `relay()`: bytes go through both ways (the start);
 - `blackhole()`: nothing more goes through either way, every socket stays open: to a client
-  the server has stopped answering;
+  the server has stopped answering. After `relay()`, a connection that swallowed bytes is
+  closed, both ways: they are never delivered;
 - `refuse()`: every open connection is closed and new ones are closed at once: to a client
   the server is down;
 - `cut_after_commit()`: the next client message holding a COMMIT is relayed to the server,
@@ -90,8 +91,11 @@ class Proxy:
                         break
                     if self.mode == "blackhole":
                         self.held += 1
-                    while self.mode == "blackhole":
-                        await asyncio.sleep(0.05)  # swallowed: held, never delivered
+                        while self.mode == "blackhole":
+                            await asyncio.sleep(0.05)  # swallowed: held, never delivered
+                        # Out of the black hole: this connection is dropped, both ways, and
+                        # what it swallowed is not delivered late.
+                        cut.set()
                     if cut.is_set():
                         break
                     writer.write(data)

@@ -2,7 +2,7 @@
 """onwatch's fleet worker against the PostgreSQL job queues a team would pick instead
 (pgqueuer, procrastinate), on one server, in one run, contestants taking turns.
 
-    python3 tests/bench/bench_queues.py                   3 rounds (about 5 minutes)
+    python3 tests/bench/bench_queues.py                   3 rounds (about 7 minutes)
     python3 tests/bench/bench_queues.py --rounds 1
     python3 tests/bench/bench_queues.py --quick           a smoke run, figures meaningless
     python3 tests/bench/bench_queues.py --contestants onwatch      onwatch alone
@@ -22,7 +22,11 @@ each for onwatch, a queue (entrypoint / task) each for the peers — holding JOB
 spread evenly; the handler waits 50 ms (a model call, an HTTP request); one worker process
 runs CONCURRENCY jobs at once, 25 unless `--concurrency` says (onwatch: `--concurrency`,
 one event per run, max_batch 1; pgqueuer: max_concurrent_tasks; procrastinate:
-concurrency). Measured from the worker's start until every job is done:
+concurrency). pgqueuer runs twice: `pgqueuer` with batches as a team would set them for this
+concurrency (up to 10 jobs a dequeue, their completions kept in memory and written 10 at a
+time, so a crash may run finished jobs again), and `pgqueuer-1` with batch_size 1: each job
+dequeued alone, its completion written as soon as it ends, as onwatch claims one event and
+commits each run's finish. Measured from the worker's start until every job is done:
 
 - jobs/s;
 - CPU seconds per 1,000 jobs: the worker process (start-up included) and the server (every
@@ -41,9 +45,10 @@ concurrency). Measured from the worker's start until every job is done:
   the run (/proc/stat's steal; a round with many ran on a slower machine), and the load
   average before and after, printed with the table.
 
-**A wake** (each contestant, each round): one queue, its worker idle; another process
-enqueues a job every 60–120 ms and notes the time each enqueue returned (committed); the
-handler notes when it is called. p50 / p99 of the difference.
+**A wake** (each contestant but `pgqueuer-1`, whose wake is pgqueuer's, each round): one
+queue, its worker idle; another process enqueues a job every 60–120 ms and notes the time
+each enqueue returned (committed); the handler notes when it is called. p50 / p99 of the
+difference.
 
 The server is a throwaway cluster of tests/pg/server.py (fsync off, as for the tests),
 restarted once with pg_stat_statements loaded; ONWATCH_TEST_DATABASE_URL names another
@@ -82,7 +87,11 @@ from tests.bench.bench_fleet_worker import _postgres_cpu  # noqa: E402
 from tests.bench.bench_peers import stolen  # noqa: E402
 from tests.bench.peers_env import peers_python  # noqa: E402
 
-CONTESTANTS = ("onwatch", "pgqueuer", "procrastinate")
+CONTESTANTS = ("onwatch", "pgqueuer", "pgqueuer-1", "procrastinate")
+# A contestant that is another's library set otherwise: its name there, and its extra
+# arguments to PEERS_SCRIPT's `work`. Its wake would be that other's (pgqueuer's listener
+# takes one job at a time already): not run again.
+VARIANTS = {"pgqueuer-1": ("pgqueuer", ["1"])}
 PEERS_SCRIPT = ROOT / "tests" / "bench" / "queue_peers.py"
 LEDGER_ENV = "ONWATCH_BENCH_LEDGER"
 
@@ -277,8 +286,9 @@ def run_throughput(
             "warning",
         ]
     else:
+        library, extra = VARIANTS.get(kind, (kind, []))
         subprocess.run(
-            [peers, str(PEERS_SCRIPT), "fill", kind, url, str(queues), str(jobs)],
+            [peers, str(PEERS_SCRIPT), "fill", library, url, str(queues), str(jobs)],
             check=True,
             env=env,
         )
@@ -286,11 +296,12 @@ def run_throughput(
             peers,
             str(PEERS_SCRIPT),
             "work",
-            kind,
+            library,
             url,
             str(queues),
             str(jobs),
             str(concurrency),
+            *extra,
         ]
     settle(url, server.admin)
     before, times_before = counters(server.admin, url)
@@ -306,7 +317,8 @@ def run_throughput(
                 polls += 1
                 # (onwatch-bench: the marker that leaves these polls out of the statements)
                 done = conn.execute(
-                    DONE[kind] + " /* onwatch-bench */", {"total": jobs}
+                    DONE[VARIANTS.get(kind, (kind,))[0]] + " /* onwatch-bench */",
+                    {"total": jobs},
                 ).fetchone()[0]
                 if done >= jobs:
                     break
@@ -467,7 +479,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"round {r + 1} {kind:13} {shown}", flush=True)
             if busy:
                 print(f"round {r + 1} {kind:13} the costliest statements:", *busy, sep="\n")
-            if not args.no_wake:
+            if not args.no_wake and kind not in VARIANTS:
                 url = server.database()
                 waits = run_wake(kind, url, peers, samples, folder)
                 server.drop(url)
@@ -506,10 +518,14 @@ def main(argv: list[str] | None = None) -> int:
     if "onwatch" in medians:
         for peer in [c for c in contestants if c != "onwatch"]:
             o, p = medians["onwatch"], medians[peer]
+            wake = (
+                f"wake p50 {o['p50'] / p['p50']:.2f}×, p99 {o['p99'] / p['p99']:.2f}×"
+                if peer not in VARIANTS
+                else f"wake: {VARIANTS[peer][0]}'s"
+            )
             print(
                 f"onwatch / {peer}: throughput {o['rate'] / p['rate']:.2f}×, CPU per job "
-                f"{o['total_cpu'] / p['total_cpu']:.2f}×, wake p50 {o['p50'] / p['p50']:.2f}×, "
-                f"p99 {o['p99'] / p['p99']:.2f}×"
+                f"{o['total_cpu'] / p['total_cpu']:.2f}×, {wake}"
             )
     return 0
 

@@ -3,13 +3,14 @@ tests/bench/bench_queues.py drives the fleet. Runs in the benchmark's own enviro
 those libraries are installed (never in onwatch's):
 
     PEERS_PYTHON queue_peers.py fill    KIND URL QUEUES JOBS
-    PEERS_PYTHON queue_peers.py work    KIND URL QUEUES JOBS CONCURRENCY
+    PEERS_PYTHON queue_peers.py work    KIND URL QUEUES JOBS CONCURRENCY [BATCH]
     PEERS_PYTHON queue_peers.py produce KIND URL SAMPLES LEDGER
     PEERS_PYTHON queue_peers.py listen  KIND URL LEDGER
 
 KIND is pgqueuer or procrastinate. `fill` installs the library's schema and enqueues JOBS
 jobs spread over QUEUES queues ("q000", …); `work` runs one worker over every queue at
-CONCURRENCY jobs at once until JOBS jobs ran (each job waits 50 ms), then exits. `produce`
+CONCURRENCY jobs at once until JOBS jobs ran (each job waits 50 ms), then exits (pgqueuer:
+BATCH jobs a dequeue and completions written BATCH at a time, by default up to 10). `produce`
 and `listen` measure a wake: `listen` serves the queue "wake" and writes "key time" when a
 job's handler is called; `produce` enqueues SAMPLES jobs 60–120 ms apart, writing "key time"
 once each enqueue has returned (committed).
@@ -51,7 +52,12 @@ async def pgqueuer_fill(url: str, queues: int, jobs: int) -> None:
     await conn.close()
 
 
-async def pgqueuer_work(url: str, queues: int, jobs: int, concurrency: int) -> None:
+async def pgqueuer_work(
+    url: str, queues: int, jobs: int, concurrency: int, batch: int | None = None
+) -> None:
+    """pgqueuer's worker; `batch` None: its batches as a team would set them for this
+    concurrency (up to 10 jobs a dequeue, their completions buffered and written 10 at a
+    time); 1: each job dequeued alone and its completion written as soon as it ends."""
     from pgqueuer import QueueManager
 
     conn, driver, Queries = await _pgqueuer(url)
@@ -67,7 +73,8 @@ async def pgqueuer_work(url: str, queues: int, jobs: int, concurrency: int) -> N
 
     for q in range(queues):
         manager.entrypoint(f"q{q:03d}")(handler)
-    batch = max(1, min(10, concurrency // 2))
+    if batch is None:
+        batch = max(1, min(10, concurrency // 2))
     await manager.run(batch_size=batch, max_concurrent_tasks=concurrency)
     await conn.close()
 
@@ -172,7 +179,9 @@ def main(argv: list[str]) -> int:
     command, kind, url, *rest = argv
     calls = {
         ("fill", "pgqueuer"): lambda: pgqueuer_fill(url, int(rest[0]), int(rest[1])),
-        ("work", "pgqueuer"): lambda: pgqueuer_work(url, int(rest[0]), int(rest[1]), int(rest[2])),
+        ("work", "pgqueuer"): lambda: pgqueuer_work(
+            url, int(rest[0]), int(rest[1]), int(rest[2]), int(rest[3]) if rest[3:] else None
+        ),
         ("listen", "pgqueuer"): lambda: pgqueuer_listen(url, rest[0]),
         ("produce", "pgqueuer"): lambda: pgqueuer_produce(url, int(rest[0]), rest[1]),
         ("fill", "procrastinate"): lambda: procrastinate_fill(url, int(rest[0]), int(rest[1])),

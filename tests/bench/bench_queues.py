@@ -518,11 +518,12 @@ def main(argv: list[str] | None = None) -> int:
     if "onwatch" in medians:
         for peer in [c for c in contestants if c != "onwatch"]:
             o, p = medians["onwatch"], medians[peer]
-            wake = (
-                f"wake p50 {o['p50'] / p['p50']:.2f}×, p99 {o['p99'] / p['p99']:.2f}×"
-                if peer not in VARIANTS
-                else f"wake: {VARIANTS[peer][0]}'s"
-            )
+            if peer in VARIANTS:
+                wake = f"wake: {VARIANTS[peer][0]}'s"
+            elif args.no_wake:
+                wake = "no wake run"
+            else:
+                wake = f"wake p50 {o['p50'] / p['p50']:.2f}×, p99 {o['p99'] / p['p99']:.2f}×"
             print(
                 f"onwatch / {peer}: throughput {o['rate'] / p['rate']:.2f}×, CPU per job "
                 f"{o['total_cpu'] / p['total_cpu']:.2f}×, {wake}"

@@ -266,6 +266,7 @@ def run_throughput(
     statements (busiest; none when 0, one line saying why when the server cannot tell)."""
     url, data = server.database(), server.data
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    library, extra = VARIANTS.get(kind, (kind, []))
     if kind == "onwatch":
         asyncio.run(onwatch_fill(url, queues, jobs))
         command = [
@@ -286,7 +287,6 @@ def run_throughput(
             "warning",
         ]
     else:
-        library, extra = VARIANTS.get(kind, (kind, []))
         subprocess.run(
             [peers, str(PEERS_SCRIPT), "fill", library, url, str(queues), str(jobs)],
             check=True,
@@ -317,8 +317,7 @@ def run_throughput(
                 polls += 1
                 # (onwatch-bench: the marker that leaves these polls out of the statements)
                 done = conn.execute(
-                    DONE[VARIANTS.get(kind, (kind,))[0]] + " /* onwatch-bench */",
-                    {"total": jobs},
+                    DONE[library] + " /* onwatch-bench */", {"total": jobs}
                 ).fetchone()[0]
                 if done >= jobs:
                     break

@@ -102,3 +102,20 @@ def test_the_costliest_statements_are_what_ran_between_two_readings():
         "    2.50 a job    500.0 µs a job     200.0 µs a call  top     SELECT 1",
     ]
     assert len(busiest(before, after, jobs=4, n=10)) == 3
+
+
+def test_fleet_batch_model_runs_quick_and_checks_what_it_wrote(pg):
+    """The model of a cross-inbox batch: each contestant's line, every job done as the engine
+    would have done it (the script checks the events, runs and counts after each run, and
+    fails otherwise), and a figure (a quick run may be under one clock tick of the server's)
+    or "n/a" for the server where it cannot read its CPU."""
+    result = _bench(pg, "bench_fleet_batch.py", "--quick")
+    rows = {
+        line[:16].strip(): line[16:].split()
+        for line in result.stdout.splitlines()
+        if line.startswith(("engine ", "batch of "))
+    }
+    assert list(rows) == ["engine", "batch of 1", "batch of 4"], result.stdout
+    for server, _, client, _ in rows.values():
+        assert server == "n/a" or float(server) >= 0, result.stdout
+        assert float(client) > 0, result.stdout

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -245,7 +246,6 @@ def _batches(conn: Any, claims: Claims, size: int) -> int:
     try:
         names = dict(conn.execute("SELECT name, id FROM inboxes").fetchall())
         conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute("DEALLOCATE ALL")
         conn.execute(
             "PREPARE bench_batch(bigint[], bigint[], bigint[], bigint[], bigint, bigint, text,"
             f" text) AS {BATCH}"
@@ -277,8 +277,11 @@ def _batches(conn: Any, claims: Claims, size: int) -> int:
                         held[inbox] = (held[inbox][0], run, event)
         return jobs
     finally:
+        # The session goes back to the engine as it was (its own statements kept).
         conn.execute("SET plan_cache_mode = DEFAULT")
-        conn.execute("DEALLOCATE ALL")
+        for name in ("bench_batch", "bench_lock"):
+            with contextlib.suppress(psycopg.errors.InvalidSqlStatementName):
+                conn.execute(f"DEALLOCATE {name}")
         conn.autocommit = False
 
 

@@ -54,6 +54,8 @@ if str(ROOT) not in sys.path:
 import psycopg  # noqa: E402
 import psycopg.sql  # noqa: E402
 
+from tests.bench.peer_queues import backend_cpu  # noqa: E402
+
 HOLDER = "bench"
 MAX_ATTEMPTS = 3  # Settings' default: what BATCH is given for every inbox
 
@@ -157,18 +159,6 @@ LEFT JOIN taking t ON t.inbox = b.inbox LEFT JOIN run r ON r.inbox_id = b.inbox
 LOCK = "SELECT id FROM inboxes WHERE id = ANY($1) ORDER BY id FOR UPDATE"
 
 Claims = dict[int, tuple[Any, int, int, int]]  # inbox id -> (Inbox, generation, run, event)
-
-
-def backend_cpu(pid: int) -> float | None:
-    """CPU seconds of the server's backend `pid` so far; None where it is not on this
-    machine (or not readable)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def prepare(url: str, inboxes: int, per: int) -> tuple[Any, Claims]:

@@ -16,7 +16,8 @@ a synchronous library) or in calls of 100 (`batch`). `drain` fills the queue wit
 (not measured), then times a worker that runs them all, its handler doing nothing. `listen`
 serves the queue, writing "key time" when the handler is called (after printing "ready");
 `produce` enqueues SAMPLES jobs 60–120 ms apart, writing "key time" once each enqueue
-returned (committed).
+returned (committed). For pgqueuer, `enqueue` also prints the CPU seconds of the server's
+backend serving it over the measured part ("server"; null where the server runs elsewhere).
 """
 
 from __future__ import annotations
@@ -40,8 +41,20 @@ def cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def report(jobs: int, seconds: float, cpu_seconds: float) -> None:
-    print(json.dumps({"jobs": jobs, "seconds": seconds, "cpu": cpu_seconds}), flush=True)
+def backend_cpu(pid: int) -> float | None:
+    """CPU seconds of the server's backend `pid` so far; None where it is not on this
+    machine (or not readable)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return (float(fields[11]) + float(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def report(jobs: int, seconds: float, cpu_seconds: float, **more: Any) -> None:
+    print(json.dumps({"jobs": jobs, "seconds": seconds, "cpu": cpu_seconds, **more}), flush=True)
 
 
 class Timed:
@@ -268,9 +281,12 @@ def procrastinate_app(url: str, record: Any = None, done: Any = None):
 
 async def pg_enqueue(peer: str, url: str, jobs: int, mode: str) -> None:
     keys = [f"e{k}" for k in range(jobs)]
+    more: dict[str, Any] = {}
     if peer == "pgqueuer":
         conn, queries = await pgqueuer_queries(url)
         await queries.install()
+        pid = conn.get_server_pid()
+        server = backend_cpu(pid)
         with Timed() as t:
             if mode == "batch":
                 for start in range(0, jobs, BATCH):
@@ -281,7 +297,9 @@ async def pg_enqueue(peer: str, url: str, jobs: int, mode: str) -> None:
             else:
                 for key in keys:
                     await queries.enqueue("bench", key.encode())
+        after = backend_cpu(pid)
         await conn.close()
+        more["server"] = None if server is None or after is None else after - server
     elif peer == "procrastinate":
         app, job = procrastinate_app(url)
         async with app.open_async():
@@ -296,7 +314,7 @@ async def pg_enqueue(peer: str, url: str, jobs: int, mode: str) -> None:
                         await job.defer_async(key=key)
     else:
         raise SystemExit(f"unknown PostgreSQL peer {peer}")
-    report(jobs, t.wall, t.cpu)
+    report(jobs, t.wall, t.cpu, **more)
 
 
 async def pg_drain(peer: str, url: str, jobs: int, batching: str) -> None:

@@ -120,3 +120,28 @@ def test_fleet_batch_model_runs_quick_and_checks_what_it_wrote(pg):
         server, client = figures[0], figures[-2]
         assert server == "n/a" or float(server) >= 0, result.stdout
         assert float(client) > 0, result.stdout
+
+
+def test_ingest_split_runs_quick_and_checks_every_variant_stored_and_counted(pg):
+    """Where a lone ingest's time goes: a line for each server variant and each client path,
+    each with its wall time (and "n/a" or a figure for the server's CPU); the script checks
+    that every variant stored each event it was given and, where it counts, counted it once,
+    and fails otherwise."""
+    result = _bench(pg, "bench_pg_ingest.py", "--quick", "--no-peer")
+    lines = result.stdout.splitlines()
+    labels = [
+        "engine",
+        "no counting trigger",
+        "counted by the statement",
+        "... trigger kept for others",
+        "no lock, no change count",
+        "two indexes fewer",
+        "Inbox.ingest",
+        "Inbox.ingest, loop_writes",
+        "the statement alone",
+    ]
+    rows = {line[:39].strip(): line[39:].split() for line in lines if line[:39].strip() in labels}
+    assert list(rows) == labels, result.stdout
+    for figures in rows.values():  # "508 (508–508)", then "500 (500–500)" or "n/a"
+        assert float(figures[0]) > 0, result.stdout
+        assert figures[-1] == "n/a" or float(figures[-2]) >= 0, result.stdout

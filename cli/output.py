@@ -29,6 +29,15 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
+def field(value: object) -> str:
+    """Inbox text as one field of a printed line (a column of `events`, a name in a header):
+    every control character escaped, newlines and tabs too. The output stream keeps those
+    two for the commands' own layout (_TerminalSafe), so a value printed raw could start a
+    line of its own or shift the columns a script reads: a source id "x\\n7\\tchat..." from
+    a webhook would print as an event that is not there."""
+    return printable(str(value))
+
+
 def emit_json(data: Any) -> None:
     # ASCII-only: every control or invisible character in inbox text stays a JSON escape.
     print(json.dumps(data, sort_keys=True, ensure_ascii=True, default=_json_default))

@@ -17,6 +17,7 @@ from onwatch.cli.output import (
     CliError,
     clip,
     emit_json,
+    field,
     local_time,
     one_line,
     when,
@@ -263,7 +264,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
         emit_json({"effects": effects, "event": event, "runs": runs})
         return OK
     print(
-        f"event {event.id}  {event.source} / {event.source_id}  {event.status}  "
+        f"event {event.id}  {field(event.source)} / {field(event.source_id)}  {event.status}  "
         f"attempts {event.attempts}"
     )
     print(f"created     {local_time(event.created, now)}")
@@ -274,7 +275,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
     for run in runs:
         finished = f"  finished {local_time(run.finished_at, now)}" if run.finished_at else ""
         print(
-            f"run {run.id}  {run.holder} generation {run.gen}  claimed "
+            f"run {run.id}  {field(run.holder)} generation {run.gen}  claimed "
             f"{local_time(run.claimed_at, now)}{finished}  outcome {run.outcome or 'running'}"
             + (f"  ({one_line(run.error)})" if run.error else "")
         )
@@ -284,7 +285,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
                 print(f"    {line}")
     for effect in effects:
         print(
-            f"effect {effect.name}  {effect.state}  key {effect.key}  run {effect.run_id}  "
+            f"effect {field(effect.name)}  {effect.state}  key {field(effect.key)}  "
+            f"run {effect.run_id}  "
             f"detail {json.dumps(effect.detail, ensure_ascii=False, sort_keys=True)}"
         )
     return OK
@@ -298,7 +300,10 @@ async def cmd_events(args: argparse.Namespace) -> int:
         return OK
     for e in rows:
         error = f"  {one_line(e.error)[:80]}" if e.error else ""
-        print(f"{e.id}\t{e.source}\t{e.source_id}\t{e.status}\tattempts {e.attempts}{error}")
+        print(
+            f"{e.id}\t{field(e.source)}\t{field(e.source_id)}\t{e.status}\t"
+            f"attempts {e.attempts}{error}"
+        )
     return OK
 
 
@@ -315,7 +320,7 @@ async def cmd_approvals(args: argparse.Namespace) -> int:
             if a.answer is None
             else f"{a.answer} by {a.answered_by}"
         )
-        print(f"{a.request_id}\t{one_line(a.action)}\t{state}")
+        print(f"{field(a.request_id)}\t{one_line(a.action)}\t{state}")
     return OK
 
 
@@ -331,13 +336,13 @@ async def cmd_audit(args: argparse.Namespace) -> int:
     for entry in reversed(rows):
         at = local_time(entry.at, now)
         if entry.applied:
-            change = f"{entry.before} → {entry.after}"
+            change = f"{field(entry.before)} → {field(entry.after)}"
             outcome = f"applied: {one_line(entry.reason)}" if entry.reason else "applied"
         else:
-            change = f"{entry.before} (unchanged)"
+            change = f"{field(entry.before)} (unchanged)"
             outcome = f"refused: {one_line(entry.reason or 'no reason recorded')}"
         print(
-            f"{at}\t{one_line(entry.actor)}\t{entry.action}\t{one_line(entry.target)}"
+            f"{at}\t{one_line(entry.actor)}\t{field(entry.action)}\t{one_line(entry.target)}"
             f"\t{change}\t{outcome}"
         )
     return OK

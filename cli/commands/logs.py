@@ -11,7 +11,7 @@ import json
 import time
 from typing import Any
 
-from onwatch.cli.output import NOT_APPLIED, OK, CliError, local_time, one_line
+from onwatch.cli.output import NOT_APPLIED, OK, CliError, field, local_time, one_line
 from onwatch.cli.running import STOP_SIGNALS, open_inbox
 from onwatch.core import Inbox, LogLine, Run, Transcript
 from onwatch.core.engine.transcripts import shown_amount
@@ -57,7 +57,7 @@ class Printer:
         if run.error:
             outcome += f": {one_line(run.error)[:200]}"
         print(
-            f"── run {run.id} · attempt {attempt} · gen {run.gen} · {run.holder} · claimed "
+            f"── run {run.id} · attempt {attempt} · gen {run.gen} · {field(run.holder)} · claimed "
             f"{local_time(run.claimed_at, self.now)} · {outcome}"
             + (f" · {spent}" if spent else "")
             + " ──",
@@ -85,7 +85,7 @@ class Printer:
             return
         head = f"{_clock(line.at)} {line.level:<7} "
         if line.logger:
-            head += f"{line.logger}: "
+            head += f"{field(line.logger)}: "
         text = line.text.replace("\n", "\n    ")
         fields = ""
         if isinstance(line.fields, dict) and line.level != "spend":  # its text says it all

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Callable
 
-from onwatch.cli.output import NOT_APPLIED, OK, clip, emit_json, one_line
+from onwatch.cli.output import NOT_APPLIED, OK, clip, emit_json, field, one_line
 from onwatch.cli.running import open_inbox, run_async
 from onwatch.cli.values import actor_of
 from onwatch.core import ACTIONS, Outcome
@@ -61,7 +61,7 @@ async def _act(args: argparse.Namespace, name: str) -> int:
         if args.json:
             emit_json({"applied": done, "request_id": args.request_id, "standing": outcome.result})
         else:
-            print(outcome.result)
+            print(field(outcome.result))
     elif action.target == "inbox":
         state = _SWITCHED[name]
         if args.json:
@@ -81,7 +81,9 @@ async def _act(args: argparse.Namespace, name: str) -> int:
                 }
             )
         elif done:
-            print(f"raised {outcome.target}: {outcome.before} → {outcome.after}")
+            print(
+                f"raised {field(outcome.target)}: {field(outcome.before)} → {field(outcome.after)}"
+            )
     elif args.json:
         assert target is not None  # only the inbox switches have none, handled above
         emit_json(
@@ -95,7 +97,10 @@ async def _act(args: argparse.Namespace, name: str) -> int:
             }
         )
     elif done:
-        print(f"{name}: {outcome.target} was {outcome.before}, is now {outcome.after}")
+        print(
+            f"{name}: {field(outcome.target)} was {field(outcome.before)}, "
+            f"is now {field(outcome.after)}"
+        )
     if done:
         return OK
     if not args.json:

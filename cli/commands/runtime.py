@@ -196,7 +196,10 @@ async def cmd_dispatch(args: argparse.Namespace) -> int:
         print(f"onwatch: {note}", file=sys.stderr)
     if send.error is not None:
         if not args.json:
-            print(f"onwatch: delivery failed, messages stay held: {send.error}", file=sys.stderr)
+            print(
+                f"onwatch: delivery failed, messages stay held: {one_line(send.error)}",
+                file=sys.stderr,
+            )
         return NOT_APPLIED
     return OK
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 
 import pytest
 
+from onwatch.core import Inbox
 from onwatch.core.text import printable
 
 HOSTILE = "x\x1b]0;pwned\x07 \x1b[2J\rback\b \u202eevil \x9b31m"
@@ -54,3 +56,38 @@ def test_json_output_is_ascii_and_round_trips(inbox):
     assert result.stdout.isascii()
     [event] = json.loads(result.stdout)
     assert event["source_id"] == HOSTILE and event["payload"] == {"t": HOSTILE}
+
+
+# A source id a webhook sender chose: printed raw, `events` would show a second event that is
+# not there, and `show` a header line of its own.
+FORGED = "a\n7\tchat\tforged\tdone\tattempts 0"
+SHOWN = "a\\n7\\tchat\\tforged\\tdone\\tattempts 0"
+
+
+@pytest.fixture
+def forging(tmp_path):
+    path = str(tmp_path / "inbox.db")
+    assert onwatch("init", path).returncode == 0
+    assert onwatch("ingest", path, "ho\tok", FORGED, "{}").returncode == 0
+
+    async def ask() -> None:  # an approval the agent asked for, under the same id
+        async with await Inbox.open(path) as inbox:
+            await inbox.request_approval(FORGED, 3600, "refund 5")
+
+    asyncio.run(ask())
+    return path
+
+
+def test_newlines_and_tabs_in_inbox_text_forge_no_line_and_no_column(forging):
+    assert onwatch("events", forging).stdout.splitlines() == [
+        f"1\tho\\tok\t{SHOWN}\tpending\tattempts 0"
+    ]
+    show = onwatch("show", forging, "1").stdout.splitlines()
+    assert show[0] == f"event 1  ho\\tok / {SHOWN}  pending  attempts 0"
+    assert not any(line.startswith("7") for line in show)
+    [approval] = onwatch("approvals", forging).stdout.splitlines()
+    assert approval.split("\t")[:2] == [SHOWN, "refund 5"]
+    approve = onwatch("approve", forging, FORGED)
+    assert approve.returncode == 0 and approve.stdout == "yes\n"
+    audit = onwatch("audit", forging).stdout.splitlines()
+    assert len(audit) == 1 and audit[0].count("\t") == 5

@@ -38,6 +38,12 @@ the job or is refused (exit 2) with the inbox byte-identical and no file left be
 numbers past a 64-bit integer, seconds past a day, JSON nested too deeply, text that is not
 UTF-8. A long-running command that stops or crashes exits even if a thread it started is
 stuck (a plain-def agent blocked in a call is abandoned after `--grace`).
+
+Text that came from outside (sources, ids, payloads, actions, errors, transcripts) never
+drives the terminal: control and invisible characters print escaped (`\\x1b`, `\\u202e`, …).
+Inside a field of a line (a column of `events` or `approvals`, the names in `show`'s
+header) a tab or a newline prints as `\\t` or `\\n` too, so each line is one record and
+its columns are the command's own.
 """
 
 

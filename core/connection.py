@@ -95,6 +95,8 @@ class Connection(Protocol):
     # and the one it had before this open migrated it (None: not migrated now).
     version: int
     migrated_from: int | None
+    # Whether this open made the inbox (a new file, or a new inbox in a database).
+    created: bool
     # True (set by a Worker for its inbox): write_ahead and write_here_alone may run on the
     # event loop's own thread where that is safe and quick (each backend's may_write_here).
     loop_writes: bool

@@ -215,6 +215,13 @@ class Inbox:
         return self._db.version, self._db.migrated_from
 
     @property
+    def created(self) -> bool:
+        """Whether this open made the inbox: a new (or empty) file, or a new inbox in a
+        PostgreSQL database. False for one that was there, and for one another process made
+        at the same moment (exactly one of the two opens says True)."""
+        return self._db.created
+
+    @property
     def name(self) -> str:
         """Which inbox of its database this is ("default" for a file, which is one inbox)."""
         return getattr(self._db, "name", "default")

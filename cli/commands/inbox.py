@@ -48,6 +48,7 @@ async def cmd_init(args: argparse.Namespace) -> int:
             settings = json.loads(inbox.settings.to_json())
             shown = inbox.path  # a URL's passwords left out
             schema, migrated_from = inbox.schema
+            existed = not inbox.created  # a database's inbox: known only once opened
     except BaseException:
         for name in files:
             if name not in before:

@@ -626,6 +626,7 @@ class Database:
         # one it had before this open migrated it, and why writes are refused (read-only).
         self.version = version
         self.migrated_from: int | None = None
+        self.created = False  # whether this open made the inbox (Inbox.created)
         self.read_only: str | None = None
         self.loop_writes = False  # see may_write_here
         self._rest = LoopRest(log)  # no write on the loop's thread for a while after a slow one
@@ -687,13 +688,13 @@ class Database:
 
         def prepare(
             conn: "psycopg.Connection[Row] | None",
-        ) -> tuple[psycopg.Connection, int, int, int, float, bool]:
+        ) -> tuple[psycopg.Connection, int, int, int, float, bool, bool]:
             if conn is not None:  # kept idle, from an inbox of this database
                 found = _open_known(conn, name)
                 if found is not None:
                     inbox, server_time, refused = found
                     version = schema.SCHEMA_VERSION
-                    return conn, inbox, version, version, server_time, refused
+                    return conn, inbox, version, version, server_time, refused, False
                 if conn.closed or conn.broken:  # it did not survive (a restart meanwhile)
                     conn.close()
                     conn = None
@@ -727,7 +728,7 @@ class Database:
                         f"no onwatch database at {where} (run `onwatch init "
                         f"{where} --inbox {name}` to create one)"
                     )
-                inbox = _find_inbox(conn, name, create, where)
+                inbox, created = _find_inbox(conn, name, create, where)
                 server_time, refused = one(conn.execute(_OPENED))
             except psycopg.Error as exc:
                 conn.close()
@@ -735,9 +736,9 @@ class Database:
             except BaseException:
                 conn.close()
                 raise
-            return conn, inbox, before, version, float(server_time), bool(refused)
+            return conn, inbox, before, version, float(server_time), bool(refused), created
 
-        def opened() -> tuple[psycopg.Connection, int, int, int, float, bool]:
+        def opened() -> tuple[psycopg.Connection, int, int, int, float, bool, bool]:
             if connections is None:
                 return prepare(_pooled(url, busy_timeout))
             if (connections.url, connections.busy_timeout) != (url, busy_timeout):
@@ -749,8 +750,11 @@ class Database:
             finally:
                 connections.give(None if found is None else found[0])
 
-        conn, inbox, before, version, server_time, refused = await asyncio.to_thread(opened)
+        conn, inbox, before, version, server_time, refused, created = await asyncio.to_thread(
+            opened
+        )
         db = cls(url, name, inbox, busy_timeout, conn, version, server_time, connections)
+        db.created = created
         if 0 < before < version:
             db.migrated_from = before
         if read_only:
@@ -1318,14 +1322,17 @@ def _inbox_names(conn: "psycopg.Connection[Row]") -> str:
     return names + (f" and {count - len(rows):,} more" if count > len(rows) else "")
 
 
-def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where: str) -> int:
-    """The inbox's id, creating it (one insert) unless create=False."""
+def _find_inbox(
+    conn: "psycopg.Connection[Row]", name: str, create: bool, where: str
+) -> tuple[int, bool]:
+    """The inbox's id, creating it (one insert) unless create=False; and whether this call
+    created it (False where another process created it meanwhile)."""
     import time
 
     row = conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)).fetchone()
     if row is not None:
         found: int = row[0]
-        return found
+        return found, False
     if not create:
         others = _inbox_names(conn)
         if not others:
@@ -1343,6 +1350,7 @@ def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where:
             "RETURNING id",
             (name, int(time.time())),
         ).fetchone()
+        created = row is not None
         if row is None:  # created by someone else meanwhile
             row = one(conn.execute("SELECT id FROM inboxes WHERE name = %s", (name,)))
         else:
@@ -1352,4 +1360,4 @@ def _find_inbox(conn: "psycopg.Connection[Row]", name: str, create: bool, where:
                 (row[0],),
             )
     inbox: int = row[0]
-    return inbox
+    return inbox, created

@@ -177,6 +177,7 @@ class Database:
         self.wake = Wake(path)  # our own commits notify it; other processes' through the OS
         self.version = schema.SCHEMA_VERSION  # the file's schema, as opened
         self.migrated_from: int | None = None  # the schema it had, if this open migrated it
+        self.created = False  # whether this open made the inbox (Inbox.created)
         self.statements: dict[str, str] = STATEMENTS
         # Why every write is refused, when the file cannot be written (or was opened so).
         self.read_only: str | None = None
@@ -240,6 +241,7 @@ class Database:
                     )
                     if 0 < before < db.version:
                         db.migrated_from = before
+                    db.created = before == 0
                 except InboxError as exc:
                     if db is not None:
                         await db._conn.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -32,6 +33,25 @@ async def test_new_file_is_created_in_wal_mode_with_the_current_schema(path):
     assert db.execute("PRAGMA application_id").fetchone()[0] == schema.APPLICATION_ID
     assert db.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE
     db.close()
+
+
+async def test_an_open_says_whether_it_made_the_inbox(path, tmp_path):
+    async with await Inbox.open(path) as box:
+        assert box.created
+    async with await Inbox.open(path) as box:
+        assert not box.created
+    empty = str(tmp_path / "empty.db")
+    open(empty, "wb").close()  # an empty file is made an inbox by the open that creates
+    async with await Inbox.open(empty) as box:
+        assert box.created
+
+    async def opened(where: str) -> bool:
+        async with await Inbox.open(where) as box:
+            return box.created
+
+    for k in range(5):  # two opens making one new file at once: exactly one made it
+        where = str(tmp_path / f"race{k}.db")
+        assert sorted(await asyncio.gather(opened(where), opened(where))) == [False, True]
 
 
 async def test_a_file_made_with_sqlites_default_page_size_keeps_it_and_works(path):

@@ -155,7 +155,7 @@ def test_thousands_of_inboxes_are_listed_by_two_queries_that_use_indexes(url):
     every inbox, then the summaries of the changed ones, each figure an index probe."""
     with psycopg.connect(url, autocommit=True) as conn:
         schema.migrate(conn, "test")
-        ids = [_find_inbox(conn, f"inbox-{i:05d}", True, "test") for i in range(2000)]
+        ids = [_find_inbox(conn, f"inbox-{i:05d}", True, "test")[0] for i in range(2000)]
         conn.execute(
             "INSERT INTO approvals(inbox_id, request_id, action, requested, due) "
             "SELECT id, 'r', 'x', 0, id FROM inboxes WHERE id % 3 = 0"
@@ -191,7 +191,7 @@ def listing(url: str) -> dict:
 async def test_migration_2_renames_the_old_audit_words_of_a_version_1_database(url):
     with psycopg.connect(url, autocommit=True) as conn:
         schema.migrate(conn, "test", target=1)
-        inbox_id = _find_inbox(conn, "a", True, "test")
+        inbox_id, _ = _find_inbox(conn, "a", True, "test")
         for word, target in [
             ("answer yes", "approval r1"),
             ("delivery send again", "delivery 2"),

@@ -3,6 +3,7 @@ serves it end to end."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 
@@ -37,6 +38,34 @@ def test_init_ingest_status_and_a_worker_on_one_inbox_of_a_database(url, tmp_pat
             "SELECT i.name, e.status FROM events e JOIN inboxes i ON i.id = e.inbox_id"
         ).fetchall()
     assert rows == [("support", "done")]
+
+
+def test_init_says_whether_it_created_the_inbox_or_found_it(url):
+    """A database's inbox exists or not whatever the URL's files: the first init of a name
+    creates it, the next ones find it (text and --json), another name is created again."""
+    first = onwatch("init", url, "--inbox", "support")
+    assert first.returncode == 0 and first.stdout.startswith("created: "), first.stdout
+    again = onwatch("init", url, "--inbox", "support")
+    assert again.returncode == 0 and again.stdout.startswith("already an inbox: "), again.stdout
+    assert (
+        json.loads(onwatch("init", url, "--inbox", "support", "--json").stdout)["created"] is False
+    )
+    assert json.loads(onwatch("init", url, "--inbox", "sales", "--json").stdout)["created"] is True
+
+
+async def test_of_two_opens_making_one_inbox_at_once_exactly_one_created_it(url):
+    from onwatch.core import Inbox
+
+    async def opened(name: str) -> bool:
+        async with await Inbox.open(url, name=name) as inbox:
+            return inbox.created
+
+    for k in range(5):
+        assert sorted(await asyncio.gather(opened(f"race{k}"), opened(f"race{k}"))) == [
+            False,
+            True,
+        ]
+        assert not await opened(f"race{k}")
 
 
 def test_a_name_for_a_file_is_refused_with_exit_2(tmp_path):

@@ -7,11 +7,12 @@ import contextlib
 import dataclasses
 import datetime as dt
 import json
+import logging
 import sys
 from typing import Any, Iterator
 
 from onwatch.core.humanize import duration
-from onwatch.core.text import printable
+from onwatch.core.text import LineFormatter, printable
 
 PROG = "onwatch"
 OK, NOT_APPLIED, BAD, BUSY = 0, 1, 2, 3
@@ -114,6 +115,14 @@ def terminal_safe_output() -> Iterator[None]:
         yield
     finally:
         sys.stdout, sys.stderr = saved
+
+
+def log_to_stderr(level: str, who: str) -> None:
+    """A long-running command's log on stderr: one line a record, each with the time and
+    `who` (continuation lines indented: core/text.py LineFormatter)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter(f"%(asctime)s {who} %(levelname)s %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
 
 
 def fail(message: str) -> None:

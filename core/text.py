@@ -8,6 +8,7 @@ line, the stdout channel) escape the same characters, defined once here.
 
 from __future__ import annotations
 
+import logging
 import re
 
 # C0 controls, DEL and C1 controls, invisible/format characters that reorder or hide text
@@ -40,3 +41,14 @@ def printable(text: str, *, keep: str = "") -> str:
     """Return `text` with every unsafe character escaped, except those in `keep` (e.g.
     "\\n\\t" for multi-line output). Idempotent: escaped text has nothing left to escape."""
     return UNSAFE.sub(lambda m: m.group() if m.group() in keep else escape_char(m.group()), text)
+
+
+class LineFormatter(logging.Formatter):
+    """Log records as lines that cannot pass for another record's: control and invisible
+    characters escaped (tabs kept), and every line after a record's first indented. A
+    message or traceback with a newline in it (an agent's error, text from an inbox) would
+    otherwise print a line that starts as a record does ("2026-… onwatch-worker INFO run 9
+    finished: done") in a log that people and their tools read line by line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return printable(super().format(record), keep="\n\t").replace("\n", "\n    ")

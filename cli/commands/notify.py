@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
-import sys
 
-from onwatch.cli.output import OK
+from onwatch.cli.output import OK, log_to_stderr
 from onwatch.cli.running import early_stops, restoring_signals, run_loop, stop_on_signals
 from onwatch.core.notify import Notifier, Watched, default_state
 
@@ -17,11 +15,7 @@ from onwatch.core.notify import Notifier, Watched, default_state
 @restoring_signals
 def cmd_notify(args: argparse.Namespace) -> int:
     early = early_stops()
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        stream=sys.stderr,
-        format="%(asctime)s onwatch-notify %(levelname)s %(message)s",
-    )
+    log_to_stderr(args.log_level, "onwatch-notify")
     state = args.state or default_state(args.target, args.inbox, args.command)
 
     async def main() -> int:

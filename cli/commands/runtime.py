@@ -11,7 +11,17 @@ import sys
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from onwatch.cli import running
-from onwatch.cli.output import NOT_APPLIED, OK, CliError, clip, emit_json, fail, one_line, when
+from onwatch.cli.output import (
+    NOT_APPLIED,
+    OK,
+    CliError,
+    clip,
+    emit_json,
+    fail,
+    log_to_stderr,
+    one_line,
+    when,
+)
 from onwatch.cli.running import (
     early_stops,
     load_callable,
@@ -213,11 +223,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     _resolve_paths(args)
     agent = _load_agent(args)
     setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup else None
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        stream=sys.stderr,
-        format="%(asctime)s onwatch-worker %(levelname)s %(message)s",
-    )
+    log_to_stderr(args.log_level, "onwatch-worker")
 
     if _is_postgres_url(args.path):  # woken by NOTIFY, polling only as the fallback
         from onwatch.core.runtime.listening_worker import ListeningWorker as Worker
@@ -364,11 +370,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"onwatch: warning: {warning}", file=sys.stderr)
     agent = _load_agent(args)
     setup = setup_step(load_callable(args.setup, "--setup"), args.setup) if args.setup else None
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()),
-        stream=sys.stderr,
-        format="%(asctime)s onwatch-run %(levelname)s %(message)s",
-    )
+    log_to_stderr(args.log_level, "onwatch-run")
 
     async def main() -> int:
         # Runs a worker: migrates.

@@ -33,6 +33,7 @@ from .. import checks
 from ..errors import BadInput, InboxError
 from ..records import Event
 from ..settings import spend_unit, to_micros
+from ..text import LineFormatter
 from .context import LeaseLost, RunAbandoned
 from .loading import LoadError, load
 from .transcript import capture_logging, current, fields_text, in_run, record_line, storable
@@ -305,10 +306,10 @@ def main(argv: list[str]) -> int:
         os.close(null)
 
     os.register_at_fork(after_in_child=off_the_line)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(LineFormatter("%(asctime)s onwatch-agent %(levelname)s %(message)s"))
     logging.basicConfig(
-        level=os.environ.get("ONWATCH_LOG_LEVEL", "INFO").upper(),
-        stream=sys.stderr,
-        format="%(asctime)s onwatch-agent %(levelname)s %(message)s",
+        level=os.environ.get("ONWATCH_LOG_LEVEL", "INFO").upper(), handlers=[handler]
     )
     link = Link(incoming, outgoing)
     capture_logging()

@@ -62,7 +62,7 @@ from onwatch.core import (
     WritesRefused,
 )
 from onwatch.core.pg import is_url
-from onwatch.core.text import printable
+from onwatch.core.text import LineFormatter, printable
 
 from .config import SOURCE_PATTERN, Secrets
 from .connections import (
@@ -675,7 +675,7 @@ def run(
     # while idle): one format, from INFO up. Without a handler of their own they went to
     # Python's last resort, warnings bare and INFO lines dropped.
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s onwatch serve: %(message)s"))
+    handler.setFormatter(LineFormatter("%(asctime)s onwatch serve: %(message)s"))
     ours = logging.getLogger("onwatch")
     saved = ours.level, ours.propagate
     ours.addHandler(handler)

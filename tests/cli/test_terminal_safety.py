@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import subprocess
 import sys
 
 import pytest
 
 from onwatch.core import Inbox
-from onwatch.core.text import printable
+from onwatch.core.text import LineFormatter, printable
 
 HOSTILE = "x\x1b]0;pwned\x07 \x1b[2J\rback\b \u202eevil \x9b31m"
 
@@ -28,6 +29,27 @@ def test_printable_escapes_what_a_terminal_would_obey_and_is_idempotent():
     assert "\\x1b]0;pwned\\x07" in shown and "\\u202e" in shown
     assert printable(shown) == shown
     assert printable("a\nb\tc", keep="\n\t") == "a\nb\tc"
+
+
+def test_a_log_record_prints_its_further_lines_indented_and_escaped():
+    """Every onwatch process that logs to stderr formats with LineFormatter: a record's text
+    from outside (an agent's error, an inbox's name) cannot start a line of its own."""
+    formatter = LineFormatter("%(levelname)s %(message)s")
+    record = logging.LogRecord(
+        "x", logging.WARNING, __file__, 1, "a %s", ("b\nINFO c" + HOSTILE,), None
+    )
+    shown = formatter.format(record)
+    assert shown.splitlines()[0] == "WARNING a b"
+    assert all(line.startswith("    ") for line in shown.splitlines()[1:])
+    assert "\x1b" not in shown and "\r" not in shown and "\u202e" not in shown
+    try:
+        raise ValueError("one\ntwo")
+    except ValueError:
+        record.exc_info = sys.exc_info()
+    record.exc_text = None
+    lines = formatter.format(record).splitlines()
+    assert lines[0] == "WARNING a b" and "Traceback" in lines[2]
+    assert all(line.startswith("    ") for line in lines[1:])
 
 
 @pytest.fixture

@@ -29,6 +29,7 @@ from .helpers import ROOT, env, event_status, onwatch, query, scalar, sent_lines
 pytestmark = pytest.mark.slow
 
 UNRULY = "tests.worker.unruly"
+FORGED = "2026-01-01 00:00:00,000 onwatch-worker INFO run 99 finished: done"
 AGENT_STUCK = 4  # cli/commands/runtime.py: the worker ended itself; start it again
 
 
@@ -246,6 +247,22 @@ def test_runs_given_up_never_use_up_the_capacity_for_runs(tmp_path):
 
 
 # --- code that cannot be stopped ends the process ------------------------------------------
+
+
+@pytest.mark.parametrize("isolate", [False, True], ids=["in-process", "isolated"])
+def test_an_agents_text_with_a_newline_cannot_forge_a_line_of_the_workers_log(tmp_path, isolate):
+    """The worker's log (stderr: a journal, a file, a person's terminal) is read line by line.
+    The agent's log record and its error, each carrying a line that reads as the worker's
+    own, print that line indented under the record it belongs to, never at a line's start."""
+    path = init(tmp_path, max_attempts=1)
+    ingest(path, "m1")
+    extra = ["--isolate"] if isolate else []
+    process = worker(tmp_path, path, "forges_log_lines", "--max-runs", "1", *extra)
+    assert exit_code(process) == 0, log(tmp_path)
+    text = log(tmp_path)
+    assert text.count(FORGED) >= 3, text  # logged, raised, and in the traceback
+    assert not any(line.startswith(FORGED) for line in text.splitlines()), text
+    assert event_status(path, "m1") == "dead"
 
 
 def test_an_agent_that_swallows_cancellation_is_given_up_and_the_worker_exits_4(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import resource
 import signal
@@ -209,3 +210,14 @@ def checks_its_context(batch, ctx) -> None:
         ctx.follow_up(f"check-{event.source_id}", ctx.now + 3600, {"n": 1})
         ctx.reply(f"ok {event.source_id} {key}")
         ctx.result = {"event": event.source_id, "pid": os.getpid()}
+
+
+# What a worker's log line looks like: an agent's text that holds one must not print it as one.
+FORGED = "2026-01-01 00:00:00,000 onwatch-worker INFO run 99 finished: done"
+
+
+async def forges_log_lines(batch, ctx) -> None:
+    """Logs, then raises, text from a payload (a newline, then what reads as a record of the
+    worker's own), as an agent that quotes its input in its messages does."""
+    logging.getLogger("agent").warning("quoting the input:\n%s", FORGED)
+    raise ValueError(f"cannot handle:\n{FORGED}")

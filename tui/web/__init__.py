@@ -209,8 +209,10 @@ def main(args: Any) -> int:
     # The token stays in this process: the desks it starts (and anything they start) do not
     # inherit it through the environment.
     os.environ.pop(TOKEN_ENV, None)
+    from onwatch.core.text import LineFormatter
+
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s onwatch web: %(message)s"))
+    handler.setFormatter(LineFormatter("%(asctime)s onwatch web: %(message)s"))
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)

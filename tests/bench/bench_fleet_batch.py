@@ -323,13 +323,7 @@ def measure(cluster: Any, kind: str, inboxes: int, per: int) -> tuple[float | No
     try:
         return asyncio.run(run())
     finally:
-        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-        with cluster.admin() as conn:
-            conn.execute(
-                psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    psycopg.sql.Identifier(name)
-                )
-            )
+        cluster.drop_database(url)
 
 
 def main() -> None:

@@ -62,7 +62,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
-import psycopg.sql  # noqa: E402
 
 from onwatch.core import Inbox  # noqa: E402
 from onwatch.core.pg.listen import SCHEMA_CHANNEL  # noqa: E402
@@ -259,13 +258,7 @@ def pgqueuer_round(peers: str, cluster: Any, n: int) -> tuple[float, float | Non
             [peers, str(PEER_SCRIPT), "enqueue", "pgqueuer", url, str(n), "direct"], "pgqueuer"
         )
     finally:
-        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-        with cluster.admin() as conn:
-            conn.execute(
-                psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    psycopg.sql.Identifier(name)
-                )
-            )
+        cluster.drop_database(url)
     jobs, server = figures["jobs"], figures.get("server")
     return figures["seconds"] / jobs * 1e6, None if server is None else server / jobs * 1e6
 

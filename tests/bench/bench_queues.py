@@ -81,7 +81,6 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
-import psycopg.sql  # noqa: E402
 
 from tests.bench.bench_fleet_worker import _postgres_cpu  # noqa: E402
 from tests.bench.bench_peers import stolen  # noqa: E402
@@ -160,13 +159,7 @@ class Server:
         """Drop a run's database once measured (its sessions ended, this process's pooled
         ones too): nothing of it is left for autovacuum to clean up while a later
         contestant is measured."""
-        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-        with psycopg.connect(self.admin, autocommit=True) as conn:
-            conn.execute(
-                psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                    psycopg.sql.Identifier(name)
-                )
-            )
+        self.cluster.drop_database(url)
 
 
 # One pg_stat_statements entry: (calls, milliseconds of execution, the statement's text).

@@ -81,6 +81,21 @@ class Cluster:
                 )
         return self.url(name)
 
+    def drop_database(self, url: str) -> None:
+        """Drop the database `url` names (one new_database made), its sessions ended: what a
+        benchmark does once a run is measured, so that nothing of it is left for autovacuum
+        to clean up while the next is."""
+        import psycopg
+        import psycopg.sql
+
+        name = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        with self.admin() as conn:
+            conn.execute(
+                psycopg.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    psycopg.sql.Identifier(name)
+                )
+            )
+
     def new_schema(self) -> str:
         """The URL of a fresh schema with the onwatch tables, in one shared database: what
         the conformance suite opens per test (a schema's DDL costs a fraction of a

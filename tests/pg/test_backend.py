@@ -65,6 +65,19 @@ async def test_create_false_refuses_a_missing_database_schema_or_inbox(url):
     assert list(listing(url)) == ["a"]
 
 
+async def test_of_two_opens_making_one_inbox_at_once_exactly_one_created_it(url):
+    async def opened(name: str) -> bool:
+        async with await Inbox.open(url, name=name) as inbox:
+            return inbox.created
+
+    for k in range(5):
+        assert sorted(await asyncio.gather(opened(f"race{k}"), opened(f"race{k}"))) == [
+            False,
+            True,
+        ]
+        assert not await opened(f"race{k}")
+
+
 async def test_a_missing_inbox_is_refused_with_the_names_the_database_holds(url):
     """`--inbox` missing or mistyped: the refusal names the inboxes there are (the first
     five, escaped: a name is anyone's text), and creates nothing."""

@@ -3,7 +3,6 @@ serves it end to end."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 
@@ -51,21 +50,6 @@ def test_init_says_whether_it_created_the_inbox_or_found_it(url):
         json.loads(onwatch("init", url, "--inbox", "support", "--json").stdout)["created"] is False
     )
     assert json.loads(onwatch("init", url, "--inbox", "sales", "--json").stdout)["created"] is True
-
-
-async def test_of_two_opens_making_one_inbox_at_once_exactly_one_created_it(url):
-    from onwatch.core import Inbox
-
-    async def opened(name: str) -> bool:
-        async with await Inbox.open(url, name=name) as inbox:
-            return inbox.created
-
-    for k in range(5):
-        assert sorted(await asyncio.gather(opened(f"race{k}"), opened(f"race{k}"))) == [
-            False,
-            True,
-        ]
-        assert not await opened(f"race{k}")
 
 
 def test_a_name_for_a_file_is_refused_with_exit_2(tmp_path):

@@ -25,11 +25,11 @@ import pytest
 from tests.webhook.helpers import HOOK_SECRET, standard_headers
 
 from .helpers import ROOT, env, event_status, onwatch, query, scalar, sent_lines, wait_for
+from .unruly import FORGED
 
 pytestmark = pytest.mark.slow
 
 UNRULY = "tests.worker.unruly"
-FORGED = "2026-01-01 00:00:00,000 onwatch-worker INFO run 99 finished: done"
 AGENT_STUCK = 4  # cli/commands/runtime.py: the worker ended itself; start it again
 
 

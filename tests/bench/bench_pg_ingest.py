@@ -205,9 +205,7 @@ def send(conn: psycopg.Connection[Any], statement: str, where: Place, n: int, ta
     where.given += n
 
 
-async def server_round(
-    where: Place, statement: str, n: int, tag: str
-) -> tuple[float, float | None]:
+def server_round(where: Place, statement: str, n: int, tag: str) -> tuple[float, float | None]:
     """n statements on the variant's own session: µs of wall time and of the backend's CPU,
     an ingest."""
     if where.session is None:
@@ -278,7 +276,7 @@ async def run(cluster: Any, rounds: int, n: int, peers: str | None) -> None:
                     assert peers is not None
                     server[key].append(pgqueuer_round(peers, cluster, n))
                     continue
-                figures = await server_round(places[key], SERVER[key][2], n, f"r{r}")
+                figures = server_round(places[key], SERVER[key][2], n, f"r{r}")
                 server[key].append(figures)
             kinds = list(CLIENT)
             for kind in kinds[r % len(kinds) :] + kinds[: r % len(kinds)]:
